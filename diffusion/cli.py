@@ -1,0 +1,117 @@
+"""The command line: LightningCLI with shorthands, the default recipe and run folders.
+
+`python train.py` trains the default recipe (digits, CPU-friendly). Every Trainer, model and data argument
+is a flag (`--trainer.*`, `--model.*`, `--data.*`, `--ema.*`, `--checkpoint.*`, `--sample_grid.*`), configs
+in `configs/` hold overrides, and the common Trainer flags have shorthands (`--devices 4`).
+"""
+
+import re
+import sys
+from pathlib import Path
+
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_warn
+
+from diffusion.callbacks import EMA, SampleGrid
+from diffusion.module import DiffusionModule
+
+SHORTHANDS = (
+    "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
+    "accumulate_grad_batches",
+)  # fmt: skip
+
+
+def expand_shorthands(args: list[str]) -> list[str]:
+    """Rewrite `--devices 4` / `--devices=4` as `--trainer.devices ...` (LightningCLI's own flags stay)."""
+    pattern = re.compile(rf"--({'|'.join(SHORTHANDS)})(=.*)?$")
+    return [pattern.sub(r"--trainer.\1\2", arg) for arg in args]
+
+
+def resolve_last_checkpoint(save_dir: str, name: str) -> tuple[Path, int]:
+    """The newest `<save_dir>/<name>/version_N/checkpoints/last.ckpt` and its N, for `--ckpt_path last`."""
+    candidates = []
+    for path in Path(save_dir, name).glob("version_*/checkpoints/last.ckpt"):
+        version = path.parent.parent.name.removeprefix("version_")
+        if version.isdigit():
+            candidates.append((int(version), path))
+    if not candidates:
+        raise FileNotFoundError(
+            f"--ckpt_path last: no last.ckpt under {Path(save_dir, name)}/version_*/checkpoints/; "
+            "train first, or pass the path of a checkpoint"
+        )
+    version, path = max(candidates)
+    return path, version
+
+
+class DiffusionCLI(LightningCLI):
+    def __init__(self, args: list[str] | None = None, **kwargs) -> None:
+        super().__init__(
+            DiffusionModule,
+            LightningDataModule,
+            subclass_mode_data=True,
+            run=False,
+            seed_everything_default=0,
+            save_config_kwargs={"overwrite": True},  # a resumed run writes its config into the same folder
+            trainer_defaults={
+                "max_steps": 4000,
+                "val_check_interval": 500,
+                "check_val_every_n_epoch": None,
+                "gradient_clip_val": 1.0,
+                "log_every_n_steps": 10,
+                "logger": {
+                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                    "init_args": {"save_dir": "runs", "name": "digits"},
+                },
+            },
+            args=expand_shorthands(sys.argv[1:] if args is None else list(args)),
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--ckpt_path", type=str | None, default=None,
+            help="resume training from this checkpoint; 'last' = the newest last.ckpt of this run's name",
+        )  # fmt: skip
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.filename": "step={step}"})
+        parser.add_lightning_class_args(EMA, "ema")
+        parser.add_lightning_class_args(SampleGrid, "sample_grid")
+        parser.set_defaults(
+            {
+                "data": {"class_path": "diffusion.data.ImageDataModule"},
+                "model.network": {"class_path": "diffusion.models.UNet"},
+            }
+        )
+        # The data decides the shape of a sample: the network's input width and the sampler's output shape.
+        parser.link_arguments("data.sample_shape", "model.sample_shape", apply_on="instantiate")
+        parser.link_arguments("data.normalization", "model.normalization", apply_on="instantiate")
+        parser.link_arguments(
+            "data.sample_shape", "model.network.init_args.in_channels", compute_fn=lambda shape: shape[0],
+            apply_on="instantiate",
+        )  # fmt: skip
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config
+        if config.ckpt_path == "last":
+            logger = config.trainer.logger
+            if not (logger and "TensorBoardLogger" in str(logger.get("class_path", ""))):
+                raise ValueError(
+                    "--ckpt_path last needs the default TensorBoardLogger; pass a checkpoint path"
+                )
+            path, version = resolve_last_checkpoint(logger.init_args.save_dir, logger.init_args.name)
+            config.ckpt_path = str(path)
+            logger.init_args.version = version  # keep logging into the run being resumed
+        precision = str(config.trainer.precision)
+        if "mixed" in precision and config.trainer.accelerator == "cpu":
+            rank_zero_warn(
+                f"precision={precision} on CPU runs about 10x slower than 32-bit here; mixed precision pays off "
+                "on CUDA GPUs. For CPU runs use --precision 32."
+            )
+
+
+def main(args: list[str] | None = None) -> DiffusionCLI:
+    cli = DiffusionCLI(args)
+    cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    return cli

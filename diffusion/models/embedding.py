@@ -1,0 +1,36 @@
+"""Sinusoidal timestep embedding (Vaswani et al. 2017, as used by Ho et al. 2020)."""
+
+import math
+
+import torch
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Embed integer timesteps as ``[sin(t * f_0), ..., sin(t * f_{k-1}), cos(t * f_0), ..., cos(t * f_{k-1})]``.
+
+    The frequencies ``f_i = max_period ** (-i / (k - 1))`` with ``k = dim // 2`` follow
+    ``get_timestep_embedding`` in the original DDPM code (``diffusion_tf/nn.py``), so the
+    first column has period 2*pi and the last has period ``2 * pi * max_period``.
+
+    Args:
+        t: timesteps, shape (B,), usually int64.
+        dim: embedding width; an odd ``dim`` gets one zero column appended.
+        max_period: the longest period, controls the lowest frequency.
+
+    Returns:
+        float32 tensor of shape (B, dim), whatever the autocast state: ``t`` can be as large as
+        ~1000, and ``t * f`` in half precision would lose the fine frequencies.
+    """
+    if t.ndim != 1:
+        raise ValueError(f"t must have shape (B,), got shape {tuple(t.shape)}")
+    if dim < 2:
+        raise ValueError(f"dim must be >= 2, got {dim}")
+    half = dim // 2
+    # max(half - 1, 1) keeps dim in {2, 3} finite (the original divides by half - 1).
+    exponent = -math.log(max_period) / max(half - 1, 1)
+    freqs = torch.exp(torch.arange(half, device=t.device, dtype=torch.float32) * exponent)  # (half,)
+    args = t.to(torch.float32)[:, None] * freqs[None, :]  # (B, half)
+    emb = torch.cat([torch.sin(args), torch.cos(args)], dim=1)  # (B, 2 * half)
+    if dim % 2 == 1:
+        emb = torch.nn.functional.pad(emb, (0, 1))  # (B, dim)
+    return emb

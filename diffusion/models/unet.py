@@ -1,0 +1,285 @@
+"""The UNet of Ho et al. 2020 (``diffusion_tf/models/unet.py``, as ported in pesser/pytorch_diffusion).
+
+Layer for layer the same network, so the CIFAR-10 configuration has the paper's 35.7M parameters.
+Two generalisations: attention levels are given as indices into ``channel_mult`` instead of
+resolutions (the network does not need to know the image size), and attention can be multi-head.
+"""
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from diffusion.models.embedding import sinusoidal_embedding
+
+MAX_GROUPS = 32
+
+
+def group_norm(channels: int, groups: int) -> nn.GroupNorm:
+    # eps=1e-6 as in the original code (tf.contrib.layers.group_norm).
+    return nn.GroupNorm(groups, channels, eps=1e-6)
+
+
+class ResBlock(nn.Module):
+    """Two 3x3 convs with the time embedding added in between; 1x1 skip when widths differ."""
+
+    def __init__(self, in_ch: int, out_ch: int, temb_ch: int, groups: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = group_norm(in_ch, groups)
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, padding=1)
+        self.temb_proj = nn.Linear(temb_ch, out_ch)
+        self.norm2 = group_norm(out_ch, groups)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1)
+        self.skip = nn.Conv2d(in_ch, out_ch, 1) if in_ch != out_ch else nn.Identity()
+        # The original's init_scale=0: each block starts as the identity.
+        nn.init.zeros_(self.conv2.weight)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        # x: (B, in_ch, H, W), temb: (B, temb_ch)
+        h = self.conv1(F.silu(self.norm1(x)))  # (B, out_ch, H, W)
+        h = h + rearrange(self.temb_proj(F.silu(temb)), "b c -> b c 1 1")
+        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
+        return self.skip(x) + h
+
+
+class AttnBlock(nn.Module):
+    """Self-attention over the H*W positions, with ``num_heads`` heads, and a residual add."""
+
+    def __init__(self, channels: int, groups: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm = group_norm(channels, groups)
+        # One 1x1 conv for q, k and v: the same parameters as the original's three NIN layers.
+        self.qkv = nn.Conv2d(channels, 3 * channels, 1)
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+        # The original's init_scale=0: the block starts as the identity.
+        nn.init.zeros_(self.proj_out.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, _, height, width = x.shape  # (B, C, H, W)
+        qkv = self.qkv(self.norm(x))  # (B, 3C, H, W)
+        q, k, v = rearrange(qkv, "b (three g d) h w -> three b g (h w) d", three=3, g=self.num_heads)
+        # Scale 1/sqrt(C / heads); with one head this is the original's C ** -0.5.
+        h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, H*W, C/heads)
+        h = rearrange(h, "b g (h w) d -> b (g d) h w", h=height, w=width)  # (B, C, H, W)
+        return x + self.proj_out(h)
+
+
+class Downsample(nn.Module):
+    """3x3 conv with stride 2; padding right/bottom only, like TF's 'SAME' padding on even sizes."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1)))  # (B, C, H/2, W/2)
+
+
+class Upsample(nn.Module):
+    """Nearest-neighbour x2 followed by a 3x3 conv."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))  # (B, C, 2H, 2W)
+
+
+class UNet(nn.Module):
+    """Noise-prediction UNet for images: ``model(x, t)`` with x (B, C, H, W), returns (B, C_out, H, W).
+
+    Level ``i`` of ``channel_mult`` works with ``channels * channel_mult[i]`` channels at resolution
+    ``image_size / 2**i``. ``attention_levels`` are indices into ``channel_mult``: for 32x32
+    CIFAR-10 with ``channel_mult=(1, 2, 2, 2)``, the paper's attention "at 16x16" is
+    ``attention_levels=(1,)``. The middle block always has attention.
+
+    The paper's CIFAR-10 model (35.7M parameters) is ``UNet(in_channels=3, channels=128,
+    channel_mult=(1, 2, 2, 2), num_res_blocks=2, attention_levels=(1,), dropout=0.1)``.
+
+    Args:
+        in_channels: image channels C (1 for grey, 3 for RGB).
+        channels: base width; GroupNorm uses ``min(32, channels)`` groups.
+        channel_mult: width multiplier per resolution level; H and W must be divisible by
+            ``2 ** (len(channel_mult) - 1)``.
+        num_res_blocks: ResBlocks per level on the way down (one more on the way up).
+        attention_levels: levels (indices into ``channel_mult``) with self-attention.
+        dropout: dropout inside each ResBlock.
+        num_heads: attention heads; must divide the width of every attention level.
+        out_channels: output channels, ``in_channels`` when None.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        channels: int = 64,
+        channel_mult: Sequence[int] = (1, 2, 2),
+        num_res_blocks: int = 2,
+        attention_levels: Sequence[int] = (1,),
+        dropout: float = 0.0,
+        num_heads: int = 1,
+        out_channels: int | None = None,
+    ) -> None:
+        super().__init__()
+        channel_mult = tuple(channel_mult)
+        attention_levels = tuple(attention_levels)
+        self._validate(
+            in_channels, channels, channel_mult, num_res_blocks, attention_levels, dropout, num_heads
+        )
+        out_channels = in_channels if out_channels is None else out_channels
+        if out_channels < 1:
+            raise ValueError(f"out_channels must be >= 1, got {out_channels}")
+        self.in_channels = in_channels
+        self.channels = channels
+        self.num_levels = len(channel_mult)
+        groups = min(MAX_GROUPS, channels)
+        temb_ch = 4 * channels
+
+        self.time_embed = nn.Sequential(
+            nn.Linear(channels, temb_ch),
+            nn.SiLU(),
+            nn.Linear(temb_ch, temb_ch),
+        )
+        self.conv_in = nn.Conv2d(in_channels, channels, 3, padding=1)
+
+        # Down path. skip_chs records the width of every tensor pushed on the skip stack.
+        self.down = nn.ModuleList()
+        skip_chs = [channels]
+        ch = channels
+        for level, mult in enumerate(channel_mult):
+            stage = nn.Module()
+            stage.blocks = nn.ModuleList()
+            stage.attns = nn.ModuleList()
+            for _ in range(num_res_blocks):
+                stage.blocks.append(ResBlock(ch, channels * mult, temb_ch, groups, dropout))
+                ch = channels * mult
+                stage.attns.append(
+                    AttnBlock(ch, groups, num_heads) if level in attention_levels else nn.Identity()
+                )
+                skip_chs.append(ch)
+            stage.downsample = Downsample(ch) if level != self.num_levels - 1 else nn.Identity()
+            if level != self.num_levels - 1:
+                skip_chs.append(ch)
+            self.down.append(stage)
+
+        self.mid_block1 = ResBlock(ch, ch, temb_ch, groups, dropout)
+        self.mid_attn = AttnBlock(ch, groups, num_heads)
+        self.mid_block2 = ResBlock(ch, ch, temb_ch, groups, dropout)
+
+        # Up path, stored in forward order (deepest level first).
+        self.up = nn.ModuleList()
+        for level, mult in reversed(list(enumerate(channel_mult))):
+            stage = nn.Module()
+            stage.blocks = nn.ModuleList()
+            stage.attns = nn.ModuleList()
+            for _ in range(num_res_blocks + 1):
+                stage.blocks.append(ResBlock(ch + skip_chs.pop(), channels * mult, temb_ch, groups, dropout))
+                ch = channels * mult
+                stage.attns.append(
+                    AttnBlock(ch, groups, num_heads) if level in attention_levels else nn.Identity()
+                )
+            stage.upsample = Upsample(ch) if level != 0 else nn.Identity()
+            self.up.append(stage)
+
+        self.norm_out = group_norm(ch, groups)
+        self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
+        self._init_weights()
+
+    @staticmethod
+    def _validate(
+        in_channels: int,
+        channels: int,
+        channel_mult: tuple[int, ...],
+        num_res_blocks: int,
+        attention_levels: tuple[int, ...],
+        dropout: float,
+        num_heads: int,
+    ) -> None:
+        if in_channels < 1:
+            raise ValueError(f"in_channels must be >= 1, got {in_channels}")
+        if channels < 1:
+            raise ValueError(f"channels must be >= 1, got {channels}")
+        if not channel_mult or any(m < 1 for m in channel_mult):
+            raise ValueError(
+                f"channel_mult must be a non-empty sequence of positive ints, got {channel_mult}"
+            )
+        if num_res_blocks < 0:
+            raise ValueError(f"num_res_blocks must be >= 0, got {num_res_blocks}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        for level in attention_levels:
+            if not 0 <= level < len(channel_mult):
+                raise ValueError(
+                    f"attention level {level} is out of range: levels are indices into "
+                    f"channel_mult={channel_mult}, allowed 0..{len(channel_mult) - 1}"
+                )
+        groups = min(MAX_GROUPS, channels)
+        for level, mult in enumerate(channel_mult):
+            width = channels * mult
+            if width % groups != 0:
+                raise ValueError(
+                    f"level {level} has {width} channels (channels={channels} x channel_mult[{level}]={mult}), "
+                    f"not divisible by the {groups} GroupNorm groups; use channels that is a multiple of "
+                    f"{MAX_GROUPS} (or below {MAX_GROUPS})"
+                )
+        # Attention runs at the listed levels and always in the middle (the last level's width).
+        for level in {*attention_levels, len(channel_mult) - 1}:
+            width = channels * channel_mult[level]
+            if width % num_heads != 0:
+                raise ValueError(
+                    f"num_heads={num_heads} does not divide the {width} channels of attention level {level}; "
+                    f"pick num_heads dividing channels={channels}"
+                )
+
+    def _init_weights(self) -> None:
+        # The original initialises every dense/conv layer with variance_scaling(1, 'fan_avg', 'uniform'),
+        # which is Xavier-uniform, and biases with zeros; layers with init_scale=0 stay zero.
+        zero_init = (
+            {self.conv_out}
+            | {m.conv2 for m in self.modules() if isinstance(m, ResBlock)}
+            | {m.proj_out for m in self.modules() if isinstance(m, AttnBlock)}
+        )
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d | nn.Linear):
+                if module in zero_init:
+                    nn.init.zeros_(module.weight)
+                else:
+                    nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """x: (B, C, H, W) float, t: (B,) int64 -> predicted noise (B, C_out, H, W)."""
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"UNet expects x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        factor = 2 ** (self.num_levels - 1)
+        height, width = x.shape[-2:]
+        if height % factor != 0 or width % factor != 0:
+            raise ValueError(
+                f"image size {height}x{width} is not divisible by {factor} = 2**(len(channel_mult) - 1) "
+                f"for {self.num_levels} levels; pick an image_size divisible by {factor} or use fewer levels"
+            )
+        temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
+
+        hs = [self.conv_in(x)]  # skip stack, each (B, C_level, H_level, W_level)
+        for level, stage in enumerate(self.down):
+            for block, attn in zip(stage.blocks, stage.attns, strict=True):
+                hs.append(attn(block(hs[-1], temb)))
+            if level != self.num_levels - 1:
+                hs.append(stage.downsample(hs[-1]))
+
+        h = self.mid_block2(self.mid_attn(self.mid_block1(hs[-1], temb)), temb)
+
+        for stage in self.up:
+            for block, attn in zip(stage.blocks, stage.attns, strict=True):
+                h = attn(
+                    block(torch.cat([h, hs.pop()], dim=1), temb)
+                )  # (B, C_h + C_skip, ...) -> (B, C, ...)
+            h = stage.upsample(h)
+
+        return self.conv_out(F.silu(self.norm_out(h)))  # (B, C_out, H, W)

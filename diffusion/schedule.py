@@ -1,0 +1,170 @@
+"""Noise schedules and the closed-form pieces of the forward process (Ho et al. 2020, Sec. 2).
+
+Every quantity is computed in float64 and stored as a float32 buffer, so it moves with ``.to()``, lives in
+checkpoints and never loses precision under mixed-precision training (buffers are not autocast).
+"""
+
+import math
+from typing import Literal, get_args
+
+import torch
+from torch import nn
+
+BetaSchedule = Literal["linear", "cosine", "sigmoid"]
+PredictionType = Literal["eps", "x0", "v"]
+
+
+def _check_choice(name: str, value: str, allowed: object) -> None:
+    choices = get_args(allowed)
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
+
+
+def make_betas(
+    schedule: BetaSchedule, num_timesteps: int, beta_start: float = 1e-4, beta_end: float = 0.02
+) -> torch.Tensor:
+    """Return float64 betas of shape (num_timesteps,).
+
+    linear: Ho et al. 2020 (1e-4 to 0.02 over T=1000).
+    cosine: Nichol & Dhariwal 2021, alphas_cumprod = cos^2(((t/T + s) / (1 + s)) * pi/2), s = 0.008,
+        betas clipped at 0.999.
+    sigmoid: Jabri et al. 2022 (RIN), alphas_cumprod follows a reversed sigmoid of t/T mapped to [-3, 3],
+        which keeps more signal at high t than linear.
+    """
+    _check_choice("beta_schedule", schedule, BetaSchedule)
+    if num_timesteps < 1:
+        raise ValueError(f"num_timesteps={num_timesteps} must be a positive integer (Ho et al. use 1000)")
+    if schedule == "linear":
+        if not 0 < beta_start < beta_end < 1:
+            raise ValueError(f"need 0 < beta_start < beta_end < 1, got {beta_start} and {beta_end}")
+        return torch.linspace(beta_start, beta_end, num_timesteps, dtype=torch.float64)
+    steps = torch.arange(num_timesteps + 1, dtype=torch.float64) / num_timesteps  # t/T for t = 0..T
+    if schedule == "cosine":
+        s = 0.008
+        alphas_cumprod = torch.cos((steps + s) / (1 + s) * math.pi / 2) ** 2
+    else:  # sigmoid
+        start, end, tau = -3.0, 3.0, 1.0
+        v_start, v_end = torch.tensor(start / tau).sigmoid(), torch.tensor(end / tau).sigmoid()
+        alphas_cumprod = (-((steps * (end - start) + start) / tau).sigmoid() + v_end) / (v_end - v_start)
+    alphas_cumprod = alphas_cumprod / alphas_cumprod[0]
+    betas = 1 - alphas_cumprod[1:] / alphas_cumprod[:-1]
+    return betas.clamp(0, 0.999)
+
+
+def extract(values: torch.Tensor, t: torch.Tensor, ndim: int) -> torch.Tensor:
+    """Gather values[t] for a batch of timesteps and shape it (B, 1, ..., 1) to broadcast against x."""
+    return values[t].reshape(-1, *([1] * (ndim - 1)))
+
+
+class NoiseSchedule(nn.Module):
+    """The forward process q(x_t | x_0) and its posterior q(x_{t-1} | x_t, x_0) for a beta schedule.
+
+    No learnable parameters; all tensors are buffers indexed by the timestep t in [0, T).
+    """
+
+    def __init__(
+        self,
+        beta_schedule: BetaSchedule = "linear",
+        num_timesteps: int = 1000,
+        beta_start: float = 1e-4,
+        beta_end: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.beta_schedule = beta_schedule
+        self.num_timesteps = num_timesteps
+        betas = make_betas(beta_schedule, num_timesteps, beta_start, beta_end)
+        alphas = 1.0 - betas
+        alphas_cumprod = torch.cumprod(alphas, dim=0)
+        alphas_cumprod_prev = torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])
+        # Posterior q(x_{t-1} | x_t, x_0), Ho et al. 2020 Eq. (6)-(7).
+        posterior_variance = betas * (1 - alphas_cumprod_prev) / (1 - alphas_cumprod)
+        buffers = {
+            "betas": betas,
+            "alphas": alphas,
+            "alphas_cumprod": alphas_cumprod,
+            "alphas_cumprod_prev": alphas_cumprod_prev,
+            "sqrt_alphas_cumprod": alphas_cumprod.sqrt(),
+            "sqrt_one_minus_alphas_cumprod": (1 - alphas_cumprod).sqrt(),
+            "sqrt_recip_alphas_cumprod": alphas_cumprod.rsqrt(),
+            "sqrt_recipm1_alphas_cumprod": (1 / alphas_cumprod - 1).sqrt(),
+            "posterior_variance": posterior_variance,
+            # posterior_variance is 0 at t=0; clip the log as in Ho et al.'s code.
+            "posterior_log_variance_clipped": torch.cat(
+                [posterior_variance[1:2], posterior_variance[1:]]
+            ).log(),
+            "posterior_mean_coef1": betas * alphas_cumprod_prev.sqrt() / (1 - alphas_cumprod),
+            "posterior_mean_coef2": (1 - alphas_cumprod_prev) * alphas.sqrt() / (1 - alphas_cumprod),
+        }
+        for name, value in buffers.items():
+            self.register_buffer(name, value.to(torch.float32))
+
+    def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Sample x_t ~ q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I), Eq. (4)."""
+        return (
+            extract(self.sqrt_alphas_cumprod, t, x0.ndim) * x0
+            + extract(self.sqrt_one_minus_alphas_cumprod, t, x0.ndim) * noise
+        )
+
+    def predict_x0_from_eps(self, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """Invert Eq. (4): x_0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)."""
+        return (
+            extract(self.sqrt_recip_alphas_cumprod, t, x_t.ndim) * x_t
+            - extract(self.sqrt_recipm1_alphas_cumprod, t, x_t.ndim) * eps
+        )
+
+    def predict_eps_from_x0(self, x_t: torch.Tensor, t: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        return (extract(self.sqrt_recip_alphas_cumprod, t, x_t.ndim) * x_t - x0) / extract(
+            self.sqrt_recipm1_alphas_cumprod, t, x_t.ndim
+        )
+
+    def velocity(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """v = sqrt(abar_t) eps - sqrt(1 - abar_t) x_0 (Salimans & Ho 2022)."""
+        return (
+            extract(self.sqrt_alphas_cumprod, t, x0.ndim) * noise
+            - extract(self.sqrt_one_minus_alphas_cumprod, t, x0.ndim) * x0
+        )
+
+    def training_target(
+        self, prediction_type: PredictionType, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor
+    ) -> torch.Tensor:
+        """What the network is trained to output for this prediction type."""
+        if prediction_type == "eps":
+            return noise
+        if prediction_type == "x0":
+            return x0
+        return self.velocity(x0, t, noise)
+
+    def split_prediction(
+        self, prediction_type: PredictionType, x_t: torch.Tensor, t: torch.Tensor, output: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Turn a network output into (predicted x_0, predicted eps), whatever the network predicts."""
+        if prediction_type == "eps":
+            return self.predict_x0_from_eps(x_t, t, output), output
+        if prediction_type == "x0":
+            return output, self.predict_eps_from_x0(x_t, t, output)
+        # v: x_0 = sqrt(abar) x_t - sqrt(1 - abar) v ; eps = sqrt(1 - abar) x_t + sqrt(abar) v
+        sqrt_abar = extract(self.sqrt_alphas_cumprod, t, x_t.ndim)
+        sqrt_one_minus_abar = extract(self.sqrt_one_minus_alphas_cumprod, t, x_t.ndim)
+        return sqrt_abar * x_t - sqrt_one_minus_abar * output, sqrt_one_minus_abar * x_t + sqrt_abar * output
+
+    def q_posterior(
+        self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0), Eq. (6)-(7)."""
+        mean = (
+            extract(self.posterior_mean_coef1, t, x_t.ndim) * x0
+            + extract(self.posterior_mean_coef2, t, x_t.ndim) * x_t
+        )
+        return (
+            mean,
+            extract(self.posterior_variance, t, x_t.ndim),
+            extract(self.posterior_log_variance_clipped, t, x_t.ndim),
+        )
+
+    def snr(self, t: torch.Tensor) -> torch.Tensor:
+        """Signal-to-noise ratio abar_t / (1 - abar_t), shape (B,)."""
+        alphas_cumprod = self.alphas_cumprod[t]
+        return alphas_cumprod / (1 - alphas_cumprod)
+
+    def extra_repr(self) -> str:
+        return f"beta_schedule={self.beta_schedule!r}, num_timesteps={self.num_timesteps}"
