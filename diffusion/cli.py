@@ -47,6 +47,10 @@ def resolve_last_checkpoint(save_dir: str, name: str) -> tuple[Path, int]:
 
 class DiffusionCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, **kwargs) -> None:
+        if args is None:  # from the command line: LightningCLI reads sys.argv itself
+            sys.argv[1:] = expand_shorthands(sys.argv[1:])
+        else:
+            args = expand_shorthands(list(args))
         super().__init__(
             DiffusionModule,
             LightningDataModule,
@@ -65,7 +69,7 @@ class DiffusionCLI(LightningCLI):
                     "init_args": {"save_dir": "runs", "name": "digits"},
                 },
             },
-            args=expand_shorthands(sys.argv[1:] if args is None else list(args)),
+            args=args,
             **kwargs,
         )
 
@@ -75,7 +79,7 @@ class DiffusionCLI(LightningCLI):
             help="resume training from this checkpoint; 'last' = the newest last.ckpt of this run's name",
         )  # fmt: skip
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.filename": "step={step}"})
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.filename": "{step}"})
         parser.add_lightning_class_args(EMA, "ema")
         parser.add_lightning_class_args(SampleGrid, "sample_grid")
         parser.set_defaults(

@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from diffusion.sampling import Generators, Sampler, VarianceType, randn, reverse_steps
+from diffusion.sampling import Generators, Sampler, VarianceType, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType, _check_choice
 
 LossWeighting = Literal["none", "min_snr"]
@@ -208,12 +208,10 @@ class DiffusionModule(L.LightningModule):
         was_training = self.training
         self.eval()
         x_T = randn((num_samples, *self.sample_shape), generator, self.device)
-        x = x_T
-        for _, x, _ in reverse_steps(
-            self.network, self.schedule, x_T, generator=generator, progress=progress,
-            **self.sampling_options(**overrides),
-        ):  # fmt: skip
-            pass
+        options = self.sampling_options(**overrides)
+        x = final_sample(
+            reverse_steps(self.network, self.schedule, x_T, generator=generator, progress=progress, **options)
+        )
         self.train(was_training)
         return x
 

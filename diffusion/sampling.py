@@ -9,6 +9,7 @@ sample. Per-sample generators make sample i depend only on its own seed, so N sa
 number of processes (or batches) are the same as N samples drawn at once.
 """
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
@@ -75,7 +76,7 @@ def reverse_steps(
     timesteps = spaced_timesteps(T, steps or (T if sampler == "ddpm" else min(50, T))).tolist()
     alphas_cumprod = schedule.alphas_cumprod.double()
     x = x_T
-    batch, ndim = x.shape[0], x.ndim
+    batch = x.shape[0]
     pairs = list(zip(reversed(timesteps), [*reversed(timesteps[:-1]), -1], strict=True))
     for t, t_prev in tqdm(pairs, desc=f"{sampler} sampling", disable=not progress, leave=False):
         t_batch = torch.full((batch,), t, device=x.device, dtype=torch.long)
@@ -107,14 +108,16 @@ def reverse_steps(
         yield t, x, x0
 
 
+def final_sample(steps: Iterator[tuple[int, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Run a reverse process to the end and return its last x (x_0), keeping no intermediate x_t."""
+    return deque(steps, maxlen=1)[0][1]
+
+
 def _sample(
     model: nn.Module, schedule: NoiseSchedule, shape: Sequence[int], generator: Generators, **kwargs
 ) -> torch.Tensor:
     x_T = randn(shape, generator, schedule.betas.device)
-    x = x_T
-    for _, x, _ in reverse_steps(model, schedule, x_T, generator=generator, **kwargs):
-        pass
-    return x
+    return final_sample(reverse_steps(model, schedule, x_T, generator=generator, **kwargs))
 
 
 def ddpm_sample(

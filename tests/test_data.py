@@ -1,0 +1,229 @@
+"""Data modules: offline only (scikit-learn's bundled digits and files written into tmp_path)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from sklearn.datasets import load_digits
+from torch.utils.data import DistributedSampler, RandomSampler
+
+from diffusion.data import ImageDataModule, VectorDataModule, denormalize, to_uint8_images
+
+
+def _all_items(dm):
+    return [dm.train_set[i] for i in range(len(dm.train_set))], [
+        dm.val_set[i] for i in range(len(dm.val_set))
+    ]
+
+
+@pytest.fixture(scope="module")
+def digits():
+    dm = ImageDataModule("digits", seed=0)
+    dm.setup("fit")
+    return dm
+
+
+def test_digits_items_shapes_and_range(digits):
+    assert digits.sample_shape == (1, 16, 16)
+    assert digits.normalization == {"shift": [0.5], "scale": [0.5]}
+    train, val = _all_items(digits)
+    assert len(train) + len(val) == 1797 and len(val) == round(1797 * 0.05)
+    x, index = train[0]
+    assert x.dtype == torch.float32 and x.shape == (1, 16, 16) and isinstance(index, int)
+    stacked = torch.stack([x for x, _ in train + val])
+    assert stacked.min() == -1 and stacked.max() == 1
+    # Index is the position in the full dataset: train/val disjoint, together 0..1796.
+    train_idx, val_idx = {i for _, i in train}, {i for _, i in val}
+    assert not train_idx & val_idx and train_idx | val_idx == set(range(1797))
+    full = digits.train_set.dataset
+    for pos in (0, 5, 100):
+        x, index = digits.train_set[pos]
+        assert index == digits.train_set.indices[pos] and torch.equal(x, full[index][0])
+
+
+def test_digits_area_average_recovers_original(digits):
+    x = torch.stack([digits.train_set.dataset[i][0] for i in range(1797)])  # (N, 1, 16, 16)
+    original = torch.from_numpy(load_digits().images / 16 * 2 - 1).float().unsqueeze(1)
+    assert torch.equal(F.avg_pool2d(x, 2), original)
+
+
+def test_digits_split_depends_only_on_seed(digits):
+    same, other = ImageDataModule("digits", seed=0), ImageDataModule("digits", seed=1)
+    same.setup("fit")
+    other.setup("fit")
+    assert same.val_set.indices == digits.val_set.indices
+    assert other.val_set.indices != digits.val_set.indices
+
+
+def test_dataloader_batches_are_indexed(digits):
+    x, index = next(iter(digits.train_dataloader()))
+    assert x.shape == (64, 1, 16, 16) and index.dtype == torch.int64 and index.shape == (64,)
+
+
+def test_train_sampler_matches_lightnings_ddp_sampler():
+    dm = VectorDataModule("moons", num_samples=100)
+    dm.setup("fit")
+    dm.trainer = SimpleNamespace(world_size=1)
+    sampler = dm.train_dataloader().sampler
+    assert isinstance(sampler, DistributedSampler) and sampler.num_replicas == 1 and sampler.shuffle
+    dm.trainer = SimpleNamespace(world_size=2)
+    assert isinstance(dm.train_dataloader().sampler, RandomSampler)  # Lightning injects its own
+    dm.trainer = None
+    assert isinstance(dm.train_dataloader().sampler, RandomSampler)
+
+
+def test_val_fraction_zero_disables_validation():
+    dm = VectorDataModule("moons", num_samples=50, val_fraction=0)
+    dm.setup("fit")
+    assert len(dm.train_set) == 50 and dm.val_dataloader() == []
+
+
+def test_torchvision_shapes_known_without_download(tmp_path):
+    root = str(tmp_path / "missing")
+    assert ImageDataModule("mnist", root=root).sample_shape == (1, 28, 28)
+    assert ImageDataModule("fashion_mnist", root=root, image_size=32).sample_shape == (1, 32, 32)
+    cifar = ImageDataModule("cifar10", root=root)
+    assert cifar.sample_shape == (3, 32, 32) and cifar.random_flip
+    assert cifar.normalization == {"shift": [0.5] * 3, "scale": [0.5] * 3}
+
+
+def _write_fake_mnist(root, n=6):
+    """MNIST's raw idx files (what prepare_data would download), tiny and random."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    images = np.random.default_rng(0).integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    for split in ("train", "t10k"):
+        header = np.array([2051, n, 28, 28], dtype=">i4").tobytes()
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(header + images.tobytes())
+        header = np.array([2049, n], dtype=">i4").tobytes()
+        (raw / f"{split}-labels-idx1-ubyte").write_bytes(header + bytes(n))
+    return images
+
+
+def test_mnist_setup_from_local_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="prepare_data"):
+        ImageDataModule("mnist", root=str(tmp_path)).setup("fit")
+    images = _write_fake_mnist(tmp_path)
+    dm = ImageDataModule("mnist", root=str(tmp_path), val_fraction=0)
+    dm.setup("fit")
+    x, index = dm.train_set[3]
+    assert type(x) is torch.Tensor and index == 3
+    assert torch.allclose(
+        x, torch.from_numpy(images[3]).float().div(255).mul(2).sub(1).unsqueeze(0), atol=1e-6
+    )
+    resized = ImageDataModule("mnist", root=str(tmp_path), image_size=32, val_fraction=0)
+    resized.setup("fit")
+    assert resized.train_set[0][0].shape == (1, 32, 32)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dataset": "imagenet"}, "imagenet.*digits"),
+        ({"image_size": 4}, "image_size"),
+        ({"dataset": "cifar10", "channels": 1}, "channels=1"),
+        ({"val_fraction": 1.0}, "val_fraction"),
+        ({"dataset": "folder"}, "--data.image_size"),
+    ],
+)
+def test_image_options_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ImageDataModule(**kwargs)
+
+
+def _write_images(folder):
+    (folder / "sub").mkdir(parents=True)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)).save(
+        folder / "a.png"
+    )
+    Image.fromarray(np.full((40, 25), 255, dtype=np.uint8), mode="L").save(folder / "sub" / "b.PNG")
+    (folder / "notes.txt").write_text("not an image")
+
+
+@pytest.mark.parametrize("channels", [None, 1])
+def test_folder_images(tmp_path, channels):
+    _write_images(tmp_path)
+    dm = ImageDataModule("folder", root=str(tmp_path), image_size=12, channels=channels, val_fraction=0)
+    c = channels or 3
+    assert dm.sample_shape == (c, 12, 12)
+    dm.setup("fit")
+    assert len(dm.train_set) == 2
+    for x, _ in (dm.train_set[0], dm.train_set[1]):
+        assert type(x) is torch.Tensor and x.shape == (c, 12, 12) and x.dtype == torch.float32
+        assert x.min() >= -1 and x.max() <= 1
+    assert torch.all(dm.train_set[1][0] == 1)  # the white grayscale image
+
+
+def test_folder_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        ImageDataModule("folder", root=str(tmp_path / "nope"), image_size=16)
+    with pytest.raises(FileNotFoundError, match=r"\.png"):
+        ImageDataModule("folder", root=str(tmp_path), image_size=16)
+    (tmp_path / "broken.png").write_bytes(b"definitely not a png")
+    dm = ImageDataModule("folder", root=str(tmp_path), image_size=16, val_fraction=0)
+    dm.setup("fit")
+    with pytest.raises(ValueError, match="broken.png"):
+        dm.train_set[0]
+
+
+@pytest.mark.parametrize("name", ["swiss_roll", "moons", "8gaussians"])
+def test_toy_sets(name):
+    dm = VectorDataModule(name, num_samples=500)
+    assert dm.sample_shape == (2,) and dm.data.shape == (500, 2)
+    assert dm.data.min() == -1 and dm.data.max() == 1
+    assert torch.equal(dm.data, VectorDataModule(name, num_samples=500).data)  # deterministic from seed
+
+
+def test_gaussian_dim():
+    dm = VectorDataModule("gaussian", num_samples=200, dim=7)
+    assert dm.sample_shape == (7,) and len(dm.normalization["shift"]) == 7
+
+
+def test_npy_round_trip(tmp_path):
+    original = np.random.default_rng(0).normal(3.0, 2.0, (100, 5)).astype(np.float32)
+    original[:, 4] = 7.0  # a constant feature
+    path = tmp_path / "points.npy"
+    np.save(path, original)
+    dm = VectorDataModule("swiss_roll", path=str(path))  # path wins over dataset
+    assert dm.dataset == "npy" and dm.sample_shape == (5,)
+    assert dm.data.min() >= -1 and dm.data.max() <= 1
+    assert torch.allclose(denormalize(dm.data, dm.normalization), torch.from_numpy(original), atol=1e-5)
+    dm.setup("fit")
+    x, index = dm.train_set[0]
+    assert x.shape == (5,) and torch.equal(x, dm.data[index])
+
+
+@pytest.mark.parametrize(
+    "array, error, match",
+    [
+        (np.zeros(10), ValueError, r"shape \(10,\), expected \(N, D\)"),
+        (np.zeros((4, 2, 2)), ValueError, "expected \\(N, D\\)"),
+        (np.array([[0.0, 1.0], [np.nan, 2.0]]), ValueError, "NaN"),
+        (np.array([["a", "b"], ["c", "d"]]), ValueError, "dtype"),
+    ],
+)
+def test_npy_errors(tmp_path, array, error, match):
+    path = tmp_path / "bad.npy"
+    np.save(path, array)
+    with pytest.raises(error, match=match):
+        VectorDataModule(path=str(path))
+
+
+def test_npy_missing_or_unreadable(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.npy"):
+        VectorDataModule(path=str(tmp_path / "missing.npy"))
+    (tmp_path / "text.npy").write_text("1,2,3")
+    with pytest.raises(ValueError, match="cannot read"):
+        VectorDataModule(path=str(tmp_path / "text.npy"))
+    with pytest.raises(ValueError, match="--data.path"):
+        VectorDataModule("npy")
+
+
+def test_to_uint8_images():
+    x = torch.tensor([-1.0, 1.0, 0.0, 2.0]).view(1, 1, 2, 2).expand(3, 3, 2, 2)
+    images = to_uint8_images(x, {"shift": [0.5] * 3, "scale": [0.5] * 3})
+    assert images.dtype == np.uint8 and images.shape == (3, 2, 2, 3)
+    assert images[0, :, :, 0].tolist() == [[0, 255], [128, 255]]
