@@ -85,6 +85,12 @@ class SampleGrid(L.Callback):
         self.sampler = sampler
         self.steps = steps
         self._validations = 0
+        self._out_dir: Path | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # trainer.log_dir is a collective under DDP (rank 0 broadcasts it): read it here on every rank,
+        # never inside the rank-zero-only save, where the other ranks would not join and it would deadlock.
+        self._out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "samples"
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if trainer.sanity_checking:
@@ -99,10 +105,10 @@ class SampleGrid(L.Callback):
 
     @rank_zero_only
     def _save(self, trainer: L.Trainer, pl_module: DiffusionModule, samples: torch.Tensor) -> None:
-        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "samples"
+        out_dir = self._out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"step_{trainer.global_step:07d}.png"
-        data = denormalize(samples.float().cpu(), pl_module.hparams.normalization)
+        data = denormalize(samples.float().cpu(), pl_module.normalization)
         if samples.ndim == 4:
             grid = save_image_grid(data, path)
             experiment = getattr(trainer.logger, "experiment", None)

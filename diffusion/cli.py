@@ -15,7 +15,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from diffusion.callbacks import EMA, SampleGrid
-from diffusion.module import DiffusionModule
+from diffusion.module import DiffusionModule, latest_checkpoint
 
 SHORTHANDS = (
     "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
@@ -27,22 +27,6 @@ def expand_shorthands(args: list[str]) -> list[str]:
     """Rewrite `--devices 4` / `--devices=4` as `--trainer.devices ...` (LightningCLI's own flags stay)."""
     pattern = re.compile(rf"--({'|'.join(SHORTHANDS)})(=.*)?$")
     return [pattern.sub(r"--trainer.\1\2", arg) for arg in args]
-
-
-def resolve_last_checkpoint(save_dir: str, name: str) -> tuple[Path, int]:
-    """The newest `<save_dir>/<name>/version_N/checkpoints/last.ckpt` and its N, for `--ckpt_path last`."""
-    candidates = []
-    for path in Path(save_dir, name).glob("version_*/checkpoints/last.ckpt"):
-        version = path.parent.parent.name.removeprefix("version_")
-        if version.isdigit():
-            candidates.append((int(version), path))
-    if not candidates:
-        raise FileNotFoundError(
-            f"--ckpt_path last: no last.ckpt under {Path(save_dir, name)}/version_*/checkpoints/; "
-            "train first, or pass the path of a checkpoint"
-        )
-    version, path = max(candidates)
-    return path, version
 
 
 class DiffusionCLI(LightningCLI):
@@ -104,7 +88,8 @@ class DiffusionCLI(LightningCLI):
                 raise ValueError(
                     "--ckpt_path last needs the default TensorBoardLogger; pass a checkpoint path"
                 )
-            path, version = resolve_last_checkpoint(logger.init_args.save_dir, logger.init_args.name)
+            path = latest_checkpoint(logger.init_args.save_dir, logger.init_args.name)
+            version = int(path.parent.parent.name.removeprefix("version_"))
             config.ckpt_path = str(path)
             logger.init_args.version = version  # keep logging into the run being resumed
         precision = str(config.trainer.precision)
@@ -115,7 +100,21 @@ class DiffusionCLI(LightningCLI):
             )
 
 
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.yaml"
+
+
+def with_default_config(args: list[str]) -> list[str]:
+    """No --config given: train the default recipe, configs/digits.yaml (when this is a source checkout)."""
+    if any(arg == "--config" or arg.startswith("--config=") for arg in args) or not DEFAULT_CONFIG.is_file():
+        return args
+    return ["--config", str(DEFAULT_CONFIG), *args]
+
+
 def main(args: list[str] | None = None) -> DiffusionCLI:
+    if args is None:
+        sys.argv[1:] = with_default_config(sys.argv[1:])
+    else:
+        args = with_default_config(list(args))
     cli = DiffusionCLI(args)
     cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
     return cli

@@ -170,6 +170,18 @@ class DiffusionModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---- sampling -------------------------------------------------------------------------------------
+    @property
+    def normalization(self) -> dict[str, list[float]]:
+        """Maps model units to data units (x * scale + shift); images default to [-1, 1] -> [0, 1]."""
+        if self.hparams.get("normalization"):
+            return self.hparams.normalization
+        is_image = len(self.sample_shape) == 3
+        channels = self.sample_shape[0]
+        return {
+            "shift": [0.5 if is_image else 0.0] * channels,
+            "scale": [0.5 if is_image else 1.0] * channels,
+        }
+
     def sampling_options(self, **overrides: Any) -> dict[str, Any]:
         """The reverse-process options stored in hparams, with non-None overrides applied."""
         options = {
@@ -251,3 +263,18 @@ def load_checkpoint(
         if "current_model_state" in checkpoint:
             module.load_state_dict(checkpoint["current_model_state"])
     return module.eval()
+
+
+def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
+    """The newest `<save_dir>/<name>/version_N/checkpoints/last.ckpt` (highest N)."""
+    candidates = []
+    for path in Path(save_dir, name).glob("version_*/checkpoints/last.ckpt"):
+        version = path.parent.parent.name.removeprefix("version_")
+        if version.isdigit():
+            candidates.append((int(version), path))
+    if not candidates:
+        raise FileNotFoundError(
+            f"no last.ckpt under {Path(save_dir, name)}/version_*/checkpoints/: train first "
+            f"(python train.py), or pass the path of a checkpoint"
+        )
+    return max(candidates)[1]

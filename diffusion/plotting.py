@@ -3,13 +3,10 @@
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers or in CI
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torchvision.utils import make_grid, save_image  # noqa: E402
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torchvision.utils import make_grid, save_image
 
 
 def save_image_grid(images: torch.Tensor, path: str | Path) -> torch.Tensor:
@@ -21,15 +18,15 @@ def save_image_grid(images: torch.Tensor, path: str | Path) -> torch.Tensor:
 
 def save_scatter(points: np.ndarray, path: str | Path, reference: np.ndarray | None = None) -> None:
     """Scatter plot of the first two features of (N, D) points, optionally over reference data."""
-    fig, ax = plt.subplots(figsize=(5, 5), dpi=100)
+    # A bare Figure needs no pyplot backend: works headless and leaves a notebook's backend alone.
+    fig = Figure(figsize=(5, 5), dpi=100)
+    ax = fig.subplots()
+    second = lambda a: a[:, 1 % a.shape[1]]  # noqa: E731  (1-D data: plot the feature against itself)
     if reference is not None:
-        ax.scatter(
-            reference[:, 0], reference[:, 1 % reference.shape[1]], s=2, alpha=0.3, c="tab:gray", label="data"
-        )
-    ax.scatter(points[:, 0], points[:, 1 % points.shape[1]], s=2, alpha=0.6, c="tab:blue", label="samples")
+        ax.scatter(reference[:, 0], second(reference), s=2, alpha=0.3, c="tab:gray", label="data")
+    ax.scatter(points[:, 0], second(points), s=2, alpha=0.6, c="tab:blue", label="samples")
     ax.set_aspect("equal", adjustable="datalim")
     if reference is not None:
         ax.legend(loc="upper right", markerscale=4)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)

@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from diffusion.schedule import NoiseSchedule, PredictionType, _check_choice
 

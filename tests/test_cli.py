@@ -1,0 +1,132 @@
+"""The command line as users type it: configs, shorthands, run folders, resume and bad input."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import QUICK, TINY_MLP, TINY_UNET, tiny_run
+from PIL import Image
+
+from diffusion.cli import DiffusionCLI, expand_shorthands, main
+from diffusion.module import latest_checkpoint
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+def test_shorthands_expand_to_trainer_flags():
+    args = [
+        "--devices",
+        "4",
+        "--strategy=ddp",
+        "--model.lr",
+        "1e-3",
+        "--max_steps",
+        "10",
+        "--config",
+        "x.yaml",
+    ]
+    assert expand_shorthands(args) == [
+        "--trainer.devices", "4", "--trainer.strategy=ddp", "--model.lr", "1e-3", "--trainer.max_steps", "10",
+        "--config", "x.yaml",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_every_config_parses_and_builds(config, tmp_path):
+    extra = ["--data.init_args.root", str(tmp_path)]
+    if config.stem == "folder":
+        Image.new("RGB", (40, 30), "red").save(tmp_path / "a.png")
+        extra += ["--data.init_args.image_size", "32"]
+    if config.stem == "toy2d":
+        extra = []
+    cli = DiffusionCLI(["--config", str(config), *extra, "--trainer.logger", "false"])
+    assert cli.model.sample_shape == cli.datamodule.sample_shape
+    assert cli.config.trainer.max_steps > 0
+
+
+def test_cifar10_recipe_is_the_paper_network():
+    cli = DiffusionCLI(["--config", str(CONFIGS[0].parent / "cifar10.yaml"), "--trainer.logger", "false"])
+    n_params = sum(p.numel() for p in cli.model.network.parameters())
+    assert abs(n_params - 35.7e6) / 35.7e6 < 0.01
+    assert cli.model.hparams.lr == 2e-4 and cli.model.hparams.warmup_steps == 5000
+    assert cli.datamodule.sample_shape == (3, 32, 32)
+    assert cli.config.trainer.precision == "16-mixed" and cli.config.data.init_args.batch_size == 128
+
+
+def test_default_run_leaves_checkpoint_logs_and_grid_in_one_folder(tmp_path):
+    tiny_run(tmp_path)
+    run = tmp_path / "digits" / "version_0"
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert list(run.glob("events.out.tfevents.*"))
+    assert (run / "samples" / "latest.png").is_file() and (run / "config.yaml").is_file()
+    assert Image.open(run / "samples" / "latest.png").size[0] > 16
+
+
+def test_resume_with_ckpt_path_last_continues_the_same_run(tmp_path):
+    tiny_run(tmp_path)
+    cli = tiny_run(tmp_path, "--ckpt_path", "last", "--max_steps", "6")
+    assert cli.trainer.global_step == 6  # continued from step 4, not restarted
+    assert Path(cli.trainer.log_dir).name == "version_0"
+    assert not (tmp_path / "digits" / "version_1").exists()
+
+
+def test_ckpt_path_last_without_a_run_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train first"):
+        latest_checkpoint(tmp_path, "digits")
+
+
+def test_fast_dev_run_on_vector_data_and_a_users_npy_file(tmp_path):
+    points = np.random.default_rng(0).normal(size=(300, 5)).astype(np.float32)
+    np.save(tmp_path / "points.npy", points)
+    config = str(CONFIGS[0].parent / "toy2d.yaml")
+    cli = main(["--config", config, *TINY_MLP, "--data.path", str(tmp_path / "points.npy"),
+                "--trainer.fast_dev_run", "true", "--trainer.logger", "false"])  # fmt: skip
+    assert cli.model.sample_shape == (5,) and cli.model.network(
+        torch.zeros(2, 5), torch.zeros(2).long()
+    ).shape == (2, 5)
+    assert cli.trainer.global_step == 1
+
+
+def test_fast_dev_run_on_a_folder_of_images(tmp_path):
+    images = tmp_path / "my_images"
+    images.mkdir()
+    for i in range(6):
+        Image.fromarray(np.full((20, 24, 3), i * 40, np.uint8)).save(images / f"{i}.png")
+    config = str(CONFIGS[0].parent / "folder.yaml")
+    cli = main(["--config", config, *TINY_UNET, "--data.root", str(images), "--data.image_size", "16",
+                "--trainer.fast_dev_run", "true", "--trainer.logger", "false"])  # fmt: skip
+    assert cli.model.sample_shape == (3, 16, 16) and cli.trainer.global_step == 1
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--model.beta_schedule", "quadratic", "beta_schedule"),
+        ("--model.prediction_type", "score", "prediction_type"),
+        ("--data.dataset", "imagenet", "dataset"),
+    ],
+)
+def test_bad_options_are_rejected_naming_the_option(flag, value, message, capsys):
+    with pytest.raises(SystemExit):
+        DiffusionCLI([flag, value, "--trainer.logger", "false"])
+    assert message in capsys.readouterr().err
+
+
+def test_mixed_precision_on_cpu_warns_that_it_is_slow():
+    with pytest.warns(UserWarning, match="precision=16-mixed on CPU"):
+        DiffusionCLI(["--accelerator", "cpu", "--precision", "16-mixed", "--trainer.logger", "false"])
+
+
+@pytest.mark.multiprocess
+def test_train_py_with_two_ddp_processes_on_cpu(tmp_path):
+    import subprocess
+
+    repo = Path(__file__).parents[1]
+    cmd = [sys.executable, str(repo / "train.py"), "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
+           *TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "digits" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert "distributed_backend=gloo" in result.stderr + result.stdout

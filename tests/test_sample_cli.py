@@ -1,0 +1,120 @@
+"""`python -m diffusion.sample`: checkpoint in, samples.npz + grid.png out, on the tiny fixture checkpoints.
+
+Every run passes --steps: the fixtures' default sampler is DDPM over all 1000 steps.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from diffusion.module import load_checkpoint
+from diffusion.sample import main
+
+REPO_ROOT = Path(__file__).parents[1]
+BASE = ["--num_samples", "5", "--batch_size", "5", "--seed", "7", "--sampler", "ddim", "--steps", "3",
+        "--device", "cpu"]  # fmt: skip
+
+
+def override(args: list[str], **flags: str) -> list[str]:
+    """`args` with the value after each --flag replaced (flag names as keyword arguments)."""
+    args = list(args)
+    for flag, value in flags.items():
+        args[args.index(f"--{flag}") + 1] = value
+    return args
+
+
+@pytest.fixture(scope="module")
+def sample_digits(digits_checkpoint, tmp_path_factory):
+    """Run the CLI on the digits checkpoint with BASE (+ overrides) into a fresh folder; memoized per args."""
+    runs: dict[tuple[str, ...], tuple[np.ndarray, Path]] = {}
+
+    def run(*extra: str, **flags: str) -> tuple[np.ndarray, Path]:
+        args = (*override(BASE, **flags), *extra)
+        if args not in runs:
+            out = tmp_path_factory.mktemp("samples")
+            path = main(["--ckpt", str(digits_checkpoint), "--out", str(out), *args])
+            assert path == out / "samples.npz"
+            runs[args] = np.load(path)["arr_0"], out
+        return runs[args]
+
+    return run
+
+
+def test_image_samples_are_uint8_nhwc_with_a_grid(sample_digits):
+    samples, out = sample_digits()
+    assert samples.dtype == np.uint8
+    assert samples.shape == (5, 16, 16, 1)
+    with Image.open(out / "grid.png") as grid:
+        grid.load()
+        assert grid.width > 16 and grid.height > 16
+
+
+def test_samples_depend_on_the_seed_but_not_on_the_batch_size(sample_digits):
+    reference, _ = sample_digits()  # --batch_size 5: one batch
+    np.testing.assert_array_equal(sample_digits(batch_size="2")[0], reference)  # batches of 2, 2, 1
+    assert not np.array_equal(sample_digits(seed="8")[0], reference)
+
+
+def test_raw_weights_give_different_samples_than_ema(sample_digits, digits_checkpoint):
+    # Precondition: after a few training steps the fixture's EMA weights differ from the raw ones.
+    ema = load_checkpoint(digits_checkpoint, weights="ema").state_dict()
+    raw = load_checkpoint(digits_checkpoint, weights="raw").state_dict()
+    assert any(not torch.equal(ema[key], raw[key]) for key in ema), "fixture EMA equals raw weights"
+    assert not np.array_equal(sample_digits("--weights", "raw")[0], sample_digits()[0])
+
+
+def test_ddim_and_ddpm_samplers_both_run_and_differ(sample_digits):
+    ddim, _ = sample_digits()
+    ddpm, _ = sample_digits(sampler="ddpm", steps="5")
+    assert ddpm.shape == ddim.shape == (5, 16, 16, 1)
+    assert not np.array_equal(ddim, ddpm)
+
+
+def test_vector_samples_are_float32_points_with_a_scatter_plot(toy2d_checkpoint, tmp_path):
+    path = main(["--ckpt", str(toy2d_checkpoint), "--out", str(tmp_path), *override(BASE, num_samples="6")])
+    samples = np.load(path)["arr_0"]
+    assert samples.dtype == np.float32
+    assert samples.shape == (6, 2)
+    assert np.isfinite(samples).all()
+    with Image.open(tmp_path / "grid.png") as grid:
+        grid.load()
+
+
+def test_module_runs_as_a_script(digits_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "diffusion.sample", "--ckpt", str(digits_checkpoint), "--num_samples", "3",
+         "--steps", "3", "--device", "cpu", "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert str(out / "samples.npz") in result.stdout
+    assert np.load(out / "samples.npz")["arr_0"].shape == (3, 16, 16, 1)
+
+
+def test_missing_checkpoint_names_the_path(tmp_path):
+    missing = tmp_path / "nope" / "last.ckpt"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        main(["--ckpt", str(missing), "--out", str(tmp_path / "out"), "--steps", "3", "--device", "cpu"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_zero_samples_is_an_argparse_error(digits_checkpoint, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ckpt", str(digits_checkpoint), "--num_samples", "0", "--steps", "3"])
+    assert exit_info.value.code == 2
+    assert "--num_samples" in capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_says_to_use_the_cpu(digits_checkpoint, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on machines that have a GPU
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ckpt", str(digits_checkpoint), "--device", "cuda", "--steps", "3"])
+    assert exit_info.value.code == 2
+    assert "--device cpu" in capsys.readouterr().err
