@@ -1,0 +1,179 @@
+"""FID and KID of a samples file: `python -m diffusion.evaluate --samples samples.npz --reference REF`.
+
+REF is another .npz (``arr_0``: uint8 N x H x W x C, the samples-file format) or the name of a dataset of
+`diffusion.data.ImageDataModule` (``digits``, ``mnist``, ``fashion_mnist``, ``cifar10``; ``--data_root``
+for the downloaded ones, ``folder`` with ``--data_root DIR``): its whole train split (or a fixed random
+``--num_reference`` of it), rendered at the samples' image size.
+
+``--features inception`` (default) is the standard FID/KID (torch-fidelity's InceptionV3, weights
+downloaded on first use); ``--features pixels`` is the offline pixel-space FD of the digits benchmark.
+Image sizes must match for Inception features: comparing two resolutions would score the resizing. Pixel
+features area-average both sets to 8x8, so they accept different sizes (e.g. 16x16 samples against the
+8x8 originals); channel counts must always match.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import get_args
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from diffusion.data import ImageDataModule, ImageDatasetName, to_uint8_images
+from diffusion.metrics import Features, compute_metrics, make_metrics
+
+
+def load_npz_images(path: str | Path) -> np.ndarray:
+    """``arr_0`` of a samples file, checked to be uint8 (N, H, W, C) images with C in {1, 3}."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {path}; make one with python -m diffusion.sample")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ValueError(f"cannot read {path} as a .npz archive: {err}") from err
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} is a single .npy array; save images with np.savez(path, images)")
+    with archive:
+        if "arr_0" not in archive.files:
+            raise ValueError(
+                f"{path} has no arr_0 (it holds {archive.files}); samples files store the images as arr_0, "
+                "e.g. np.savez(path, images)"
+            )
+        images = archive["arr_0"]
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise ValueError(
+            f"{path}: arr_0 has dtype {images.dtype} and shape {images.shape}; expected uint8 images of shape "
+            "(N, H, W, C) with C = 1 or 3 (vector samples have no FID)"
+        )
+    if len(images) < 2:
+        raise ValueError(f"{path} holds {len(images)} image(s); FID needs at least 2")
+    return images
+
+
+def load_reference(
+    reference: str,
+    image_size: int,
+    channels: int,
+    data_root: str = "data",
+    num_reference: int | None = None,
+    seed: int = 0,
+) -> np.ndarray:
+    """Reference images as uint8 (N, H, W, C): an .npz file, or a dataset's train split at ``image_size``."""
+    if reference.endswith(".npz") or Path(reference).is_file():
+        images = load_npz_images(reference)
+        return images[_subset(len(images), num_reference, seed)]
+    if reference not in get_args(ImageDatasetName):
+        raise ValueError(
+            f"--reference {reference!r} is neither an existing .npz file nor a dataset; "
+            f"datasets: {get_args(ImageDatasetName)}"
+        )
+    folder_channels = channels if reference == "folder" else None
+    data = ImageDataModule(
+        reference, root=data_root, image_size=image_size, channels=folder_channels, random_flip=False,
+        val_fraction=0.0,
+    )  # fmt: skip
+    data.prepare_data()  # downloads torchvision datasets on first use
+    data.setup("fit")
+    dataset = Subset(data.train_set, _subset(len(data.train_set), num_reference, seed).tolist())
+    loader = DataLoader(dataset, batch_size=500, shuffle=False)
+    return np.concatenate([to_uint8_images(x, data.normalization) for x, _ in loader])
+
+
+def _subset(n: int, num: int | None, seed: int) -> np.ndarray:
+    """All n indices, or a fixed random ``num`` of them in increasing order."""
+    if num is None or num >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).permutation(n)[:num])
+
+
+def evaluate(
+    samples: np.ndarray,
+    reference: np.ndarray,
+    features: Features = "inception",
+    kid_subset_size: int = 50,
+    batch_size: int = 250,
+    device: str = "cpu",
+    inception_weights: str | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    """FID, KID mean and std between two uint8 (N, H, W, C) image arrays (see the module docstring)."""
+    if samples.shape[-1] != reference.shape[-1]:
+        raise ValueError(
+            f"samples have {samples.shape[-1]} channel(s) but the reference has {reference.shape[-1]}; "
+            "compare images with the same channel count"
+        )
+    if features == "inception" and samples.shape[1:3] != reference.shape[1:3]:
+        raise ValueError(
+            f"samples are {samples.shape[1]}x{samples.shape[2]} but the reference is "
+            f"{reference.shape[1]}x{reference.shape[2]}; Inception FID needs one size (pass a dataset name as "
+            "--reference to render it at the samples' size, or use --features pixels, which pools both to 8x8)"
+        )
+    # KID's subsets cannot be larger than either set; a smaller subset gives a noisier estimate.
+    subset_size = min(kid_subset_size, len(samples), len(reference))
+    metrics = make_metrics(
+        features, subset_size, channels=samples.shape[-1], inception_weights=inception_weights
+    )
+    for metric in metrics.values():
+        metric.to(device)
+    for images, real in [(reference, True), (samples, False)]:
+        for start in range(0, len(images), batch_size):
+            batch = torch.from_numpy(images[start : start + batch_size]).permute(0, 3, 1, 2).to(device)
+            for metric in metrics.values():
+                metric.update(batch, real=real)  # (B, C, H, W) uint8
+    return compute_metrics(metrics, seed)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--samples", required=True, help="samples.npz (arr_0: uint8 N x H x W x C)")
+    parser.add_argument(
+        "--reference", required=True, help=f"an .npz file or a dataset: {get_args(ImageDatasetName)}"
+    )
+    parser.add_argument("--features", choices=get_args(Features), default="inception")
+    parser.add_argument("--kid_subset_size", type=int, default=50)
+    parser.add_argument(
+        "--num_reference", type=int, default=None, help="a fixed random subset of the reference"
+    )
+    parser.add_argument(
+        "--data_root", default="data", help="download folder of torchvision datasets; folder root"
+    )
+    parser.add_argument("--batch_size", type=int, default=250)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--inception_weights", default=None, help="a local copy of the InceptionV3 weights")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the reference subset and KID's subsets")
+    args = parser.parse_args(argv)
+    for name in ("kid_subset_size", "num_reference", "batch_size"):
+        value, low = getattr(args, name), 2 if name != "batch_size" else 1
+        if value is not None and value < low:
+            parser.error(f"--{name} must be >= {low}, got {value}")
+    return parser, args
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser, args = parse_args(argv)
+    try:
+        samples = load_npz_images(args.samples)
+        reference = load_reference(
+            args.reference, samples.shape[1], samples.shape[-1], args.data_root, args.num_reference, args.seed
+        )
+        result = evaluate(
+            samples, reference, args.features, args.kid_subset_size, args.batch_size, args.device,
+            args.inception_weights, args.seed,
+        )  # fmt: skip
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
+        parser.error(str(err))  # a one-line message and exit status 2 rather than a traceback
+    print(f"samples:   {args.samples} ({len(samples)} images, {samples.shape[1]}x{samples.shape[2]})")
+    print(f"reference: {args.reference} ({result['num_real']} images); features: {args.features}")
+    print(f"FID: {result['fid']:.4f}")
+    print(f"KID: {result['kid_mean']:.6f} ± {result['kid_std']:.6f}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""Sample quality: FID and KID (torchmetrics) with Inception or pixel features, and a training callback.
+
+Two feature extractors, both taking uint8 images (N, C, H, W) in 0..255, the layout and range the
+samples file holds (images pass through `diffusion.data.to_uint8_images` first, so the callback, the
+sample CLI and `python -m diffusion.evaluate` all score the same quantized pixels):
+
+- ``"inception"``: torch-fidelity's InceptionV3 pool features (2048-d), the network torchmetrics'
+  ``FrechetInceptionDistance(feature=2048)`` uses; the standard FID/KID. Its weights (~92 MB) are
+  downloaded from GitHub on first use (``pip install -e ".[fid]"`` for torch-fidelity); offline, give a
+  local copy with ``inception_weights``. Grayscale images are repeated to 3 channels.
+- ``"pixels"``: `PixelFeatures`, offline and deterministic: images area-averaged to 8x8 per channel, in
+  scikit-learn's digits range 0..16. The Fréchet distance on these is the pixel-space FD of the digits
+  quality benchmark (two halves of the real digits score about 16.3, the floor a model can reach).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal, get_args
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchmetrics import Metric
+from torchmetrics.image.fid import FrechetInceptionDistance
+from torchmetrics.image.kid import KernelInceptionDistance
+from torchmetrics.utilities.distributed import gather_all_tensors
+
+from diffusion.data import to_uint8_images
+from diffusion.module import DiffusionModule
+from diffusion.sampling import Sampler
+
+Features = Literal["inception", "pixels"]
+
+
+class PixelFeatures(nn.Module):
+    """Images area-averaged (`adaptive_avg_pool2d`) to size x size per channel and flattened, in 0..16.
+
+    torchmetrics hands a custom feature module the images exactly as given to `update` (its ``normalize``
+    flag only converts for its own Inception), so both ranges are accepted: uint8 in 0..255 (what this
+    project passes) maps to value / 255 * 16, floats are taken as 0..1 and map to value * 16.
+    ``num_features`` lets torchmetrics size its states without a dummy forward pass on 3 x 299 x 299.
+    """
+
+    def __init__(self, size: int = 8, channels: int = 1) -> None:
+        super().__init__()
+        if size < 1 or channels < 1:
+            raise ValueError(f"PixelFeatures needs size >= 1 and channels >= 1, got {size=}, {channels=}")
+        self.size = size
+        self.channels = channels
+        self.num_features = channels * size * size
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.ndim != 4 or images.shape[1] != self.channels:
+            raise ValueError(
+                f"PixelFeatures(channels={self.channels}) expects images (N, {self.channels}, H, W), "
+                f"got shape {tuple(images.shape)}"
+            )
+        scale = 16 / 255 if images.dtype == torch.uint8 else 16.0
+        pooled = F.adaptive_avg_pool2d(images.float() * scale, self.size)  # (N, C, size, size)
+        return pooled.flatten(1)  # (N, C * size * size)
+
+
+class InceptionFeatures(nn.Module):
+    """torch-fidelity's InceptionV3 2048-d pool features (as torchmetrics' FID default) for uint8 images
+    with 1 or 3 channels; the network resizes to 299 x 299 itself. Downloads its weights on first use
+    unless ``weights_path`` points at a local copy."""
+
+    num_features = 2048
+
+    def __init__(self, weights_path: str | None = None) -> None:
+        super().__init__()
+        from torchmetrics.utilities.imports import _TORCH_FIDELITY_AVAILABLE
+
+        if not _TORCH_FIDELITY_AVAILABLE:
+            raise ModuleNotFoundError(
+                "features='inception' needs torch-fidelity: pip install -e '.[fid]' (or use features='pixels')"
+            )
+        from torchmetrics.image.fid import NoTrainInceptionV3
+
+        try:
+            self.inception = NoTrainInceptionV3(
+                name="inception-v3-compat",
+                features_list=["2048"],
+                feature_extractor_weights_path=weights_path,
+            )
+        except OSError as err:  # urllib's URLError is an OSError: no network, or a bad weights_path
+            raise RuntimeError(
+                f"could not load the InceptionV3 weights ({err}). They are downloaded from GitHub on first use; "
+                "offline, pass a local copy (inception_weights / --inception_weights) or use features='pixels'"
+            ) from err
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.ndim != 4 or images.shape[1] not in (1, 3):
+            raise ValueError(
+                f"Inception features need (N, 1 or 3, H, W) images, got shape {tuple(images.shape)}"
+            )
+        if images.shape[1] == 1:
+            images = images.expand(-1, 3, -1, -1)  # grayscale -> RGB: Inception was trained on colour
+        return self.inception(images)
+
+
+def make_feature_extractor(
+    features: Features = "inception", channels: int = 3, inception_weights: str | None = None
+) -> nn.Module:
+    if features not in get_args(Features):
+        raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
+    if features == "pixels":
+        return PixelFeatures(size=8, channels=channels)
+    return InceptionFeatures(inception_weights)
+
+
+def make_metrics(
+    features: Features = "inception",
+    kid_subset_size: int = 50,
+    *,
+    channels: int = 3,
+    kid_subsets: int = 100,
+    inception_weights: str | None = None,
+    **metric_kwargs,
+) -> dict[str, Metric]:
+    """``{"fid": FrechetInceptionDistance, "kid": KernelInceptionDistance}`` sharing one feature module.
+
+    Feed both uint8 (N, C, H, W) images with ``update(images, real=...)``. Real statistics survive
+    ``reset()`` (``reset_real_features=False``), so they are computed once and each evaluation feeds only
+    generated images. ``channels`` sizes the pixel features; ``metric_kwargs`` (torchmetrics' Metric options,
+    e.g. ``compute_on_cpu``) go to both. KID needs at least ``kid_subset_size`` real and generated images.
+    """
+    if kid_subset_size < 2:
+        raise ValueError(f"kid_subset_size={kid_subset_size} must be >= 2 (KID's unbiased estimator)")
+    extractor = make_feature_extractor(features, channels, inception_weights)
+    fid = FrechetInceptionDistance(feature=extractor, reset_real_features=False, **metric_kwargs)
+    with warnings.catch_warnings():
+        # KID keeps every feature vector (N x 2048 floats: 8 MB per 1000 images); no need to warn each time.
+        warnings.filterwarnings("ignore", message=".*will save all extracted features in buffer.*")
+        kid = KernelInceptionDistance(
+            feature=extractor, subsets=kid_subsets, subset_size=kid_subset_size,
+            reset_real_features=False, **metric_kwargs,
+        )  # fmt: skip
+    return {"fid": fid, "kid": kid}
+
+
+def compute_metrics(metrics: dict[str, Metric], seed: int = 0) -> dict[str, float]:
+    """FID (and KID mean and std when ``"kid"`` is present) and the image counts, over all ranks.
+
+    A collective when distributed (torchmetrics gathers the states in ``compute``): every rank must call
+    it, and every rank gets the same values. KID draws its random subsets under a fixed seed in a forked
+    RNG, so ranks agree and training randomness is left untouched.
+    """
+    fid = metrics["fid"]
+    result = {
+        "num_real": _gathered_sum(fid, fid.real_features_num_samples),
+        "num_fake": _gathered_sum(fid, fid.fake_features_num_samples),
+        "fid": float(fid.compute()),
+    }
+    if "kid" in metrics:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            kid_mean, kid_std = metrics["kid"].compute()
+        result.update(kid_mean=float(kid_mean), kid_std=float(kid_std))
+    return result
+
+
+def _gathered_sum(metric: Metric, count: torch.Tensor) -> int:
+    """A count state summed over ranks, as the metric's own sync sums it (shows what was fed in total)."""
+    if metric.distributed_available_fn():
+        return int(sum(gather_all_tensors(count)))
+    return int(count)
+
+
+class FIDCallback(L.Callback):
+    """FID (and KID) of generated samples against the training images, logged as ``val/fid``, ``val/kid``.
+
+    Runs at the end of validation (not in the sanity check), so with EMA weights when EMA is on, every
+    ``every_n_validations`` validations. ``ModelCheckpoint(monitor="val/fid", mode="min")`` can keep the
+    best model. With ``features="pixels"`` the logged value is the pixel-space FD (offline), not Inception FID.
+
+    Under DDP nothing is duplicated and no rank idles: rank r feeds real images r, r + world, ... of a
+    fixed random subset of ``num_real`` training images (once; real statistics are kept) and generates
+    samples r, r + world, ... of ``num_samples`` (per-sample seeds: the same images whatever the world
+    size); torchmetrics then sums the states over ranks. FID depends on the sample count: compare values
+    computed with the same ``num_samples``.
+
+    Args:
+        num_samples: generated images per evaluation (FID papers use 50,000; 1,000 keeps CPU runs short).
+        features: "inception" (standard FID, weights downloaded on first use) or "pixels" (offline).
+        every_n_validations: evaluate at every n-th validation.
+        sampler: reverse process for `DiffusionModule.sample` (default: the model's).
+        steps: reverse steps (default: the model's).
+        seed: seed of the generated samples, of the real subset and of KID's subsets.
+        kid: also compute KID (keeps all features in memory).
+        kid_subset_size: KID subset size, capped at the number of images available.
+        num_real: real images for the reference statistics (default: num_samples, capped at the train set).
+        batch_size: images per sampling / feature batch on each rank.
+        inception_weights: a local copy of the InceptionV3 weights (offline clusters).
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 1000,
+        features: Features = "inception",
+        every_n_validations: int = 1,
+        sampler: Sampler | None = None,
+        steps: int | None = None,
+        seed: int = 0,
+        kid: bool = True,
+        kid_subset_size: int = 50,
+        num_real: int | None = None,
+        batch_size: int = 256,
+        inception_weights: str | None = None,
+    ) -> None:
+        if features not in get_args(Features):
+            raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
+        for name, value, low in [
+            ("num_samples", num_samples, 2), ("every_n_validations", every_n_validations, 1),
+            ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
+        ]:  # fmt: skip
+            if value < low:
+                raise ValueError(f"FIDCallback {name}={value} must be >= {low}")
+        self.num_samples = num_samples
+        self.features = features
+        self.every_n_validations = every_n_validations
+        self.sampler = sampler
+        self.steps = steps
+        self.seed = seed
+        self.kid = kid
+        self.kid_subset_size = kid_subset_size
+        self.num_real = num_real or num_samples
+        self.batch_size = batch_size
+        self.inception_weights = inception_weights
+        self.metrics: dict[str, Metric] | None = None
+        self.last: dict[str, float] = {}  # the latest result (all ranks), with the gathered image counts
+        self._real_fed = False
+        self._num_real_total = 0
+        self._validations = 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        shape = tuple(getattr(pl_module, "sample_shape", ()))
+        if len(shape) != 3:
+            raise ValueError(
+                f"FIDCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is {shape}; "
+                "FID/KID compare images. Remove the callback for vector data."
+            )
+        if self.num_samples < trainer.world_size:
+            raise ValueError(
+                f"FIDCallback num_samples={self.num_samples} must be >= the world size {trainer.world_size}"
+            )
+        if self.metrics is None:
+            # Built here on every rank (not in __init__) so that a bad Inception download fails at setup,
+            # and so the pixel features know the channel count.
+            self.metrics = make_metrics(
+                self.features, self.kid_subset_size, channels=shape[0],
+                inception_weights=self.inception_weights,
+            )  # fmt: skip
+            if not self.kid:
+                del self.metrics["kid"]
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._validations += 1
+        if (self._validations - 1) % self.every_n_validations:
+            return
+        for metric in self.metrics.values():
+            metric.to(pl_module.device)  # no-op after the first time; the module moves after setup
+        if not self._real_fed:
+            self._feed_real(trainer, pl_module)
+            self._real_fed = True
+        self._feed_generated(trainer, pl_module)
+        if self.kid:
+            # KID's subsets are drawn from all gathered features: they cannot outnumber them.
+            self.metrics["kid"].subset_size = min(
+                self.kid_subset_size, self.num_samples, self._num_real_total
+            )
+        result = compute_metrics(self.metrics, self.seed)
+        for metric in self.metrics.values():
+            metric.reset()  # generated features only (reset_real_features=False); also clears the cached value
+        self.last = result
+        # Every rank computed the same value from the same gathered states; sync_dist averages identical
+        # numbers (exact) and spares Lightning's "use sync_dist=True" warning. Logged on every rank so a
+        # ModelCheckpoint monitoring val/fid finds it wherever it runs.
+        pl_module.log("val/fid", result["fid"], sync_dist=True)
+        if self.kid:
+            pl_module.log("val/kid", result["kid_mean"], sync_dist=True)
+        rank_zero_info(
+            f"step {trainer.global_step}: FID ({self.features} features) {result['fid']:.4g} from "
+            f"{result['num_fake']} generated and {result['num_real']} real images"
+        )
+
+    def _feed_real(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        dataset = _train_dataset(trainer)
+        self._num_real_total = min(self.num_real, len(dataset))
+        # A fixed random subset rather than the first items: folders sorted by class would bias those.
+        subset = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed))
+        shard = subset[: self._num_real_total][pl_module.global_rank :: trainer.world_size]
+        loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=self.batch_size, shuffle=False)
+        # Transforms such as random flips draw from the global RNG: fork it so training noise is unchanged.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            for batch in loader:
+                images = batch[0] if isinstance(batch, tuple | list) else batch
+                self._update(images, pl_module, real=True)
+
+    def _feed_generated(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        indices = torch.arange(pl_module.global_rank, self.num_samples, trainer.world_size)
+        for chunk in indices.split(self.batch_size):
+            samples = pl_module.sample(
+                len(chunk), seed=self.seed, indices=chunk, sampler=self.sampler, steps=self.steps
+            )
+            self._update(samples, pl_module, real=False)
+
+    def _update(self, images: torch.Tensor, pl_module: DiffusionModule, real: bool) -> None:
+        uint8 = torch.from_numpy(to_uint8_images(images, pl_module.normalization))  # (N, H, W, C)
+        uint8 = uint8.permute(0, 3, 1, 2).to(pl_module.device)  # (N, C, H, W)
+        for metric in self.metrics.values():
+            metric.update(uint8, real=real)
+
+
+def _train_dataset(trainer: L.Trainer) -> Dataset:
+    """The training set (items ``x`` or ``(x, ...)`` in model units) of the datamodule or the fit loop."""
+    if trainer.datamodule is not None:
+        loader = trainer.datamodule.train_dataloader()
+    else:
+        loader = trainer.train_dataloader
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            f"FIDCallback takes real images from the training DataLoader's dataset, but got {type(loader).__name__}"
+        )
+    return dataset

@@ -1,0 +1,240 @@
+"""FID/KID: pixel features, the digits floor, the evaluate CLI and FIDCallback in real (and DDP) fits.
+
+Nothing here downloads: Inception is replaced by a stand-in where its wiring is tested; every FID value
+uses the project's offline pixel features.
+"""
+
+import math
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from conftest import QUICK, TINY_UNET, tiny_run
+from sklearn.datasets import load_digits
+
+from diffusion import evaluate as evaluate_cli
+from diffusion.data import ImageDataModule, to_uint8_images
+from diffusion.metrics import FIDCallback, InceptionFeatures, PixelFeatures, compute_metrics, make_metrics
+
+REPO = Path(__file__).parents[1]
+FID_FLAGS = [
+    "--trainer.callbacks+=diffusion.metrics.FIDCallback",
+    "--trainer.callbacks.init_args.features", "pixels",
+    "--trainer.callbacks.init_args.num_samples", "16",
+    "--trainer.callbacks.init_args.steps", "3",
+    "--trainer.callbacks.init_args.kid_subset_size", "8",
+    "--checkpoint.monitor", "val/fid",
+    "--checkpoint.mode", "min",
+]  # fmt: skip
+
+
+def scipy_fd(a: np.ndarray, b: np.ndarray) -> float:
+    """The Fréchet distance as the digits benchmark computes it (scipy's sqrtm), for float (N, D) features."""
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    with warnings.catch_warnings():  # the digits' always-blank border pixels make the covariances singular
+        warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
+        covmean = scipy.linalg.sqrtm(cov_a @ cov_b).real
+    return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * covmean))
+
+
+def pixel_scores(real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
+    metrics = make_metrics("pixels", kid_subset_size=min(50, len(real), len(fake)), channels=real.shape[1])
+    for metric in metrics.values():
+        metric.update(real, real=True)
+        metric.update(fake, real=False)
+    return compute_metrics(metrics)
+
+
+@pytest.fixture(scope="module")
+def digit_halves() -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits as the training pipeline yields them (16x16 in [-1, 1]) turned into uint8 (N, 1, 16, 16),
+    split as the issue does: default_rng(0).permutation(1797), first 898 against the other 899."""
+    data = ImageDataModule("digits", val_fraction=0.0)
+    data.setup("fit")
+    images = torch.stack([data.train_set[i][0] for i in range(len(data.train_set))])
+    uint8 = torch.from_numpy(to_uint8_images(images, data.normalization)).permute(0, 3, 1, 2)
+    perm = torch.from_numpy(np.random.default_rng(0).permutation(len(uint8)))
+    return uint8[perm[:898]], uint8[perm[898:]]
+
+
+def test_pixel_features_golden_values():
+    features = PixelFeatures(size=8, channels=3)
+    constant = torch.full((2, 3, 16, 12), 51, dtype=torch.uint8)  # 51 / 255 * 16 = 3.2
+    out = features(constant)
+    assert out.shape == (2, 3 * 8 * 8) and out.dtype == torch.float32 and features.num_features == 192
+    torch.testing.assert_close(out, torch.full((2, 192), 3.2))
+    # Floats are read as 0..1 (what torchmetrics passes along with normalize=True).
+    torch.testing.assert_close(features(torch.full((1, 3, 8, 8), 0.25)), torch.full((1, 192), 4.0))
+    # Area averaging: a 16x16 image, white left half, pools to 8x8 with 16 in the left 4 columns.
+    half = torch.zeros(1, 1, 16, 16, dtype=torch.uint8)
+    half[..., :8] = 255
+    expected = torch.zeros(8, 8)
+    expected[:, :4] = 16
+    torch.testing.assert_close(PixelFeatures(channels=1)(half), expected.flatten()[None])
+    with pytest.raises(ValueError, match=r"channels=3.*got shape \(1, 1, 8, 8\)"):
+        features(torch.zeros(1, 1, 8, 8, dtype=torch.uint8))
+
+
+def test_fd_is_zero_for_a_set_against_itself_and_positive_between_distributions():
+    generator = torch.Generator().manual_seed(0)
+    dark = torch.randint(0, 128, (200, 1, 8, 8), generator=generator, dtype=torch.uint8)
+    bright = torch.randint(96, 256, (200, 1, 8, 8), generator=generator, dtype=torch.uint8)
+    same = pixel_scores(dark, dark)
+    assert abs(same["fid"]) < 1e-2 and same["num_real"] == same["num_fake"] == 200
+    different = pixel_scores(dark, bright)
+    assert different["fid"] > 100 * max(abs(same["fid"]), 1e-3)
+    assert different["kid_mean"] > 0
+
+
+def test_fd_of_two_halves_of_the_digits_is_the_benchmark_floor(digit_halves):
+    # The issue's floor, on the raw 0..16 pixels with scipy: 16.34.
+    x = load_digits().data
+    perm = np.random.default_rng(0).permutation(len(x))
+    floor = scipy_fd(x[perm[:898]], x[perm[898:]])
+    assert floor == pytest.approx(16.343, abs=1e-3)
+    # torchmetrics on the same exact pixels (floats in 0..1 -> value * 16) agrees to float precision.
+    raw = torch.from_numpy(load_digits().images).float().div(16).unsqueeze(1)
+    assert pixel_scores(raw[perm[:898]], raw[perm[898:]])["fid"] == pytest.approx(floor, rel=1e-4)
+    # Through the training pipeline (16x16, uint8: what the callback and the samples file score), 2x2 area
+    # averaging undoes the upscaling and only uint8 rounding (<= 16/510 per pixel) remains: 16.31.
+    scores = pixel_scores(*digit_halves)
+    assert scores["fid"] == pytest.approx(floor, abs=0.1)
+    assert scores["num_real"] == 898 and scores["num_fake"] == 899
+
+
+def test_make_metrics_and_callback_reject_bad_options():
+    with pytest.raises(ValueError, match="'clip'.*inception.*pixels"):
+        make_metrics("clip")
+    with pytest.raises(ValueError, match="kid_subset_size=1"):
+        make_metrics("pixels", kid_subset_size=1)
+    with pytest.raises(ValueError, match="'fancy'"):
+        FIDCallback(features="fancy")
+    with pytest.raises(ValueError, match="num_samples=1"):
+        FIDCallback(num_samples=1)
+    vector_model = SimpleNamespace(sample_shape=(2,))
+    with pytest.raises(ValueError, match=r"needs image data.*\(2,\)"):
+        FIDCallback(features="pixels").setup(SimpleNamespace(world_size=1), vector_model, "fit")
+    fid_only = FIDCallback(features="pixels", kid=False)
+    fid_only.setup(SimpleNamespace(world_size=1), SimpleNamespace(sample_shape=(3, 8, 8)), "fit")
+    assert list(fid_only.metrics) == ["fid"] and fid_only.metrics["fid"].inception.num_features == 3 * 64
+
+
+def test_inception_features_repeat_grayscale_and_explain_a_failed_download(monkeypatch):
+    import torchmetrics.image.fid as tm_fid
+
+    seen = []
+
+    class StandIn(torch.nn.Module):  # the real network downloads its weights: not in tests
+        def __init__(self, **kwargs):
+            super().__init__()
+            assert kwargs["features_list"] == ["2048"]
+
+        def forward(self, images):
+            seen.append((images.shape, images.dtype))
+            return torch.zeros(len(images), 2048)
+
+    monkeypatch.setattr(tm_fid, "NoTrainInceptionV3", StandIn)
+    features = InceptionFeatures()
+    assert features(torch.zeros(2, 1, 16, 16, dtype=torch.uint8)).shape == (2, 2048)
+    assert seen == [(torch.Size([2, 3, 16, 16]), torch.uint8)]
+    metrics = make_metrics("inception", channels=1)
+    assert metrics["fid"].inception is metrics["kid"].inception  # one network, shared
+
+    def offline(**kwargs):
+        raise OSError("<urlopen error [Errno -2] Name or service not known>")
+
+    monkeypatch.setattr(tm_fid, "NoTrainInceptionV3", offline)
+    with pytest.raises(RuntimeError, match="downloaded from GitHub.*features='pixels'"):
+        InceptionFeatures()
+
+
+def test_evaluate_cli_on_npz_files_and_a_dataset_name(tmp_path, digit_halves, capsys):
+    first, second = (tmp_path / "first.npz", tmp_path / "second.npz")
+    np.savez(first, digit_halves[0].permute(0, 2, 3, 1).numpy())
+    np.savez(second, digit_halves[1].permute(0, 2, 3, 1).numpy())
+    result = evaluate_cli.main(["--samples", str(first), "--reference", str(second), "--features", "pixels"])
+    assert result["fid"] == pytest.approx(16.31, abs=0.05) and math.isfinite(result["kid_mean"])
+    assert "FID: 16.3" in capsys.readouterr().out
+    # A dataset name: the whole digits train split (1797 images) rendered at the samples' 16x16.
+    result = evaluate_cli.main(["--samples", str(first), "--reference", "digits", "--features", "pixels"])
+    assert result["num_real"] == 1797 and 0 < result["fid"] < 16.31
+    # Pixel features pool both sets to 8x8, so the original 8x8 digits are a valid reference for 16x16 samples.
+    originals = tmp_path / "originals.npz"
+    np.savez(originals, load_digits().images.astype(np.uint8)[..., None])  # 0..16 as uint8: a darker set
+    result = evaluate_cli.main(
+        [
+            "--samples",
+            str(first),
+            "--reference",
+            str(originals),
+            "--features",
+            "pixels",
+            "--num_reference",
+            "500",
+        ]
+    )
+    assert result["num_real"] == 500 and result["fid"] > 100
+
+
+@pytest.mark.parametrize(
+    ("arrays", "reference", "message"),
+    [
+        (None, "second", "no such file"),
+        ({"images": np.zeros((4, 8, 8, 1), np.uint8)}, "second", "no arr_0.*'images'"),
+        ({"arr_0": np.zeros((4, 8, 8, 1), np.float32)}, "second", "dtype float32.*uint8"),
+        ({"arr_0": np.zeros((4, 2), np.uint8)}, "second", r"shape \(4, 2\).*\(N, H, W, C\)"),
+        ({"arr_0": np.zeros((4, 8, 8, 1), np.uint8)}, "second", "samples are 8x8 but the reference is 16x16"),
+        ({"arr_0": np.zeros((4, 16, 16, 3), np.uint8)}, "second", "3 channel.*reference has 1"),
+        ({"arr_0": np.zeros((4, 16, 16, 1), np.uint8)}, "imagenet", "'imagenet' is neither.*digits"),
+    ],
+)
+def test_evaluate_cli_errors_say_what_is_wrong(tmp_path, arrays, reference, message, capsys):
+    samples = tmp_path / "samples.npz"
+    if arrays is not None:
+        np.savez(samples, **arrays)
+    second = tmp_path / "second.npz"
+    np.savez(second, np.zeros((4, 16, 16, 1), np.uint8))
+    reference = str(second) if reference == "second" else reference
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_cli.main(["--samples", str(samples), "--reference", reference])  # inception: never built
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_fid_callback_logs_val_fid_and_a_checkpoint_keeps_the_best(tmp_path):
+    cli = tiny_run(tmp_path, *FID_FLAGS)
+    callback = next(c for c in cli.trainer.callbacks if isinstance(c, FIDCallback))
+    fid = cli.trainer.callback_metrics["val/fid"]
+    assert math.isfinite(float(fid)) and "val/kid" in cli.trainer.callback_metrics
+    assert callback.last["num_fake"] == 16 and callback.last["num_real"] == 16
+    assert callback.last["fid"] == pytest.approx(float(fid))
+    checkpoint = cli.trainer.checkpoint_callback
+    assert checkpoint.monitor == "val/fid" and Path(checkpoint.best_model_path).is_file()
+    assert "step=" in Path(checkpoint.best_model_path).name and math.isfinite(
+        float(checkpoint.best_model_score)
+    )
+
+
+@pytest.mark.multiprocess
+def test_fid_callback_under_two_ddp_processes_feeds_each_image_once(tmp_path):
+    # 15 samples over 2 ranks (8 + 7): the logged counts are those of the metric states gathered over ranks.
+    flags = [f if f != "16" else "15" for f in FID_FLAGS]
+    cmd = [sys.executable, str(REPO / "train.py"), "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
+           *TINY_UNET, *QUICK, *flags, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    lines = re.findall(
+        r"step (\d+): FID \(pixels features\) (\S+) from (\d+) generated and (\d+) real", output
+    )
+    assert [(step, fake, real) for step, _, fake, real in lines] == [("2", "15", "15"), ("4", "15", "15")]
+    assert all(math.isfinite(float(value)) for _, value, _, _ in lines)
+    assert list((tmp_path / "digits" / "version_0" / "checkpoints").glob("step=*.ckpt"))
