@@ -5,7 +5,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.data import denormalize
@@ -26,6 +26,10 @@ class EMA(WeightAveraging):
     Lightning swaps the EMA weights in for validation; this subclass swaps them back only in
     `on_validation_end`, so every `on_validation_epoch_end` hook (sample grids, FID) sees EMA weights
     whatever the order of the callbacks.
+
+    Only parameters are averaged (use_buffers=False): the module's buffers are the constant noise schedule,
+    which averaging could only blur by rounding. A network with running statistics (BatchNorm) would keep
+    its initial statistics in the EMA copy; this project's networks use GroupNorm.
     """
 
     def __init__(self, decay: float = 0.9999, warmup: bool = True, update_every_n_steps: int = 1) -> None:
@@ -36,17 +40,18 @@ class EMA(WeightAveraging):
         self.decay = decay
         self.warmup = warmup
         self.update_every_n_steps = update_every_n_steps
-        super().__init__(use_buffers=True, avg_fn=self._average)
+        self._raw_state_at_end: dict[str, torch.Tensor] | None = None
+        super().__init__(use_buffers=False, avg_fn=self._average)
 
-    def current_decay(self, num_updates: int) -> float:
+    def current_decay(self, num_updates: torch.Tensor) -> torch.Tensor:
+        """The decay after `num_updates` updates, as a tensor (no device-to-host sync on GPUs)."""
+        decay = torch.full_like(num_updates, self.decay, dtype=torch.float32)
         if not self.warmup:
-            return self.decay
-        return min(self.decay, (1 + num_updates) / (10 + num_updates))
+            return decay
+        return torch.minimum(decay, (1 + num_updates) / (10 + num_updates))
 
-    def _average(
-        self, averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor
-    ) -> torch.Tensor:
-        decay = self.current_decay(int(num_averaged))
+    def _average(self, averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor) -> torch.Tensor:
+        decay = self.current_decay(num_averaged).to(averaged.dtype)
         return decay * averaged + (1 - decay) * current
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
@@ -58,6 +63,31 @@ class EMA(WeightAveraging):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._average_model is not None:
             self._swap_models(pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning copies the EMA weights into the module here, before the final last.ckpt is written:
+        # keep the raw weights so that checkpoint still holds both (and resuming continues the raw ones).
+        self._raw_state_at_end = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        super().on_train_end(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._raw_state_at_end is not None and "current_model_state" in checkpoint:
+            checkpoint["current_model_state"] = self._raw_state_at_end
+
+
+class Checkpoint(ModelCheckpoint):
+    """ModelCheckpoint whose last.ckpt is always the final step.
+
+    Lightning writes last.ckpt at train end only if it never wrote one, so a run whose max_steps is not a
+    multiple of the validation interval would keep a last.ckpt from before its final steps.
+    """
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.save_last and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        else:
+            super().on_train_end(trainer, pl_module)
 
 
 class SampleGrid(L.Callback):
