@@ -4,6 +4,7 @@ The Trainer owns everything distributed (DDP, samplers, gradient sync, accumulat
 checkpointing); this file owns only the diffusion objective, the optimizer and sampling.
 """
 
+import math
 import os
 import warnings
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from diffusion.sampling import Generators, Sampler, VarianceType, final_sample, randn, reverse_steps
@@ -117,6 +119,9 @@ class DiffusionModule(L.LightningModule):
         # continue with fresh noise rather than replaying the first steps.
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(sample_seed(self._noise_seed, self.global_step, self.global_rank + 1))
+
+    def on_train_start(self) -> None:
+        rank_zero_info(describe_batches(self.trainer))
 
     def draw_noise_and_timesteps(
         self, x0: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool
@@ -226,6 +231,25 @@ class DiffusionModule(L.LightningModule):
         )
         self.train(was_training)
         return x
+
+
+def describe_batches(trainer: L.Trainer) -> str:
+    """'N samples, B per device x W devices x A accumulation = global batch G, S optimizer steps per epoch'.
+
+    Per rank, an epoch has ceil(N / (B x W)) batches (DistributedSampler pads the last shard) and Lightning
+    steps the optimizer every A batches and at the end of the epoch.
+    """
+    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches
+    loader = trainer.train_dataloader
+    dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
+    if batch_size is None or not hasattr(dataset, "__len__"):  # an iterable dataset or a batch sampler
+        return f"{world} devices x {accumulate} accumulation"
+    batches = trainer.num_training_batches
+    steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
+    return (
+        f"{len(dataset)} samples, {batch_size} per device x {world} devices x {accumulate} accumulation "
+        f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
+    )
 
 
 def read_network_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -1,0 +1,106 @@
+"""Test-only callbacks and a data module for tests/test_distributed.py.
+
+`train.py` subprocesses import them by class path (`ddp_helpers.Recorder`), so tests/ must be on PYTHONPATH.
+Each rank writes what it saw to its own JSON file; the tests compare the files across ranks and runs.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from diffusion.data import VectorDataModule
+
+
+class Recorder(L.Callback):
+    """Writes `<out_dir>/rank<global rank>.json` at the end of fit with what this rank saw:
+
+    - `indices`: the dataset indices of every micro-batch, per epoch (items are `(x, index)`);
+    - `first_t`, `first_noise`: the timesteps and noise `training_step` drew for the first micro-batch;
+    - `losses`: the rank's own (not synced) loss of every micro-batch;
+    - `synced_losses`: `trainer.callback_metrics["train/loss"]` after every micro-batch (the synced value);
+    - `allreduce_calls`: how many times DDP's communication hook had run after every micro-batch;
+    - `num_training_batches`, `global_step`, `world_size`, `accumulate_grad_batches`.
+    """
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self.record: dict[str, Any] = {
+            k: [] for k in ("indices", "losses", "synced_losses", "allreduce_calls")
+        }
+        self._allreduce_calls = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.record.update(
+            num_training_batches=trainer.num_training_batches,
+            world_size=trainer.world_size,
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            ddp=isinstance(trainer.strategy.model, DistributedDataParallel),
+        )
+        if self.record["ddp"]:
+            # Registered before the first backward, as DDP requires; counts every bucket all-reduce.
+            trainer.strategy.model.register_comm_hook(None, self._counting_allreduce)
+        draw = pl_module.draw_noise_and_timesteps
+
+        def recording_draw(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            noise, t = draw(*args, **kwargs)
+            if "first_t" not in self.record:
+                self.record.update(first_t=t.tolist(), first_noise=noise.flatten().tolist())
+            return noise, t
+
+        pl_module.draw_noise_and_timesteps = recording_draw  # instance attribute: only this run
+
+    def _counting_allreduce(
+        self, state: Any, bucket: torch.distributed.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        self._allreduce_calls += 1
+        return default_hooks.allreduce_hook(None, bucket)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.record["indices"].append([])
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.record["indices"][-1].append(batch[1].tolist())
+        # Lightning divides the loss it returns here by accumulate_grad_batches.
+        self.record["losses"].append(float(outputs["loss"]) * trainer.accumulate_grad_batches)
+        self.record["synced_losses"].append(float(trainer.callback_metrics["train/loss"]))
+        self.record["allreduce_calls"].append(self._allreduce_calls)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.record["global_step"] = trainer.global_step
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
+
+
+class FailOnRank(L.Callback):
+    """Raises on `rank` when the run reaches optimizer step `step`, to check that the other ranks do not hang."""
+
+    def __init__(self, rank: int = 1, step: int = 2) -> None:
+        self.rank = rank
+        self.step = step
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            raise RuntimeError(f"deliberate failure on rank {self.rank} at step {self.step}")
+
+
+class CountingVectorData(VectorDataModule):
+    """VectorDataModule whose `prepare_data` appends one line (global rank, local rank, pid) to `prepare_log`."""
+
+    def __init__(self, prepare_log: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.prepare_log = prepare_log
+
+    def prepare_data(self) -> None:
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        with open(self.prepare_log, "a") as f:
+            f.write(f"{rank} {os.environ.get('LOCAL_RANK', 0)} {os.getpid()}\n")
