@@ -5,10 +5,12 @@ is a flag (`--trainer.*`, `--model.*`, `--data.*`, `--ema.*`, `--checkpoint.*`, 
 in `configs/` hold overrides, and the common Trainer flags have shorthands (`--devices 4`).
 """
 
+import os
 import re
 import sys
 from pathlib import Path
 
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -94,10 +96,38 @@ class DiffusionCLI(LightningCLI):
             logger.init_args.version = version  # keep logging into the run being resumed
         precision = str(config.trainer.precision)
         if "mixed" in precision and config.trainer.accelerator == "cpu":
-            rank_zero_warn(
-                f"precision={precision} on CPU runs about 10x slower than 32-bit here; mixed precision pays off "
-                "on CUDA GPUs. For CPU runs use --precision 32."
+            # Lightning has no fp16 AMP on CPU: it swaps in bf16-mixed, so no GradScaler runs either.
+            substitute = (
+                " (Lightning runs bf16-mixed instead: fp16 AMP needs CUDA)" if precision == "16-mixed" else ""
             )
+            rank_zero_warn(
+                f"precision={precision} on CPU runs about 10x slower than 32-bit here{substitute}; mixed "
+                "precision pays off on CUDA GPUs. For CPU runs use --precision 32."
+            )
+
+    def after_instantiate_classes(self) -> None:
+        check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
+
+
+def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:
+    """Under torchrun, the Trainer must use exactly the processes torchrun started.
+
+    Lightning checks this only at fit time and only for a multi-device strategy: with the default
+    `--devices auto` on CPU (or `--devices 1`) each of torchrun's processes silently trains its own copy of
+    the model, all writing the same run folder. Fail at startup instead, saying which flags to pass.
+    """
+    if not TorchElasticEnvironment.detect():
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    if num_devices * num_nodes == world_size:
+        return
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    raise ValueError(
+        f"torchrun started WORLD_SIZE={world_size} processes ({per_node} per node), but the Trainer is set to "
+        f"devices={num_devices} x num_nodes={num_nodes} = {num_devices * num_nodes}. Pass --devices {per_node} "
+        f"--num_nodes {world_size // per_node}: --devices must equal torchrun's --nproc_per_node and "
+        "--num_nodes its --nnodes."
+    )
 
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.yaml"

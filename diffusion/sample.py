@@ -3,14 +3,22 @@
 Writes DIR/samples.npz (`arr_0`: uint8 N x H x W x C for images, the format guided-diffusion's and EDM's
 evaluators read; float32 N x D in data units for vectors) and DIR/grid.png (a scatter plot for vectors).
 Sample i depends only on (--seed, i), so any --batch_size gives the same samples (up to float rounding).
+
+`--devices D` (D > 1) samples on D processes per machine (DDP via Lightning Fabric: gloo on CPU, NCCL on
+GPUs): with W processes in all, rank r draws samples r, r + W, r + 2W, ... (--batch_size at a time), and
+rank 0 gathers them in index order and writes the files once, so the output equals a one-device run's.
+Fabric re-runs this command line in D - 1 more processes, or joins the processes torchrun / srun started
+(across machines: --num_nodes M, as for training).
 """
 
 import argparse
+import math
 from pathlib import Path
 from typing import get_args
 
 import numpy as np
 import torch
+from lightning.fabric import Fabric
 from tqdm import tqdm
 
 from diffusion.data import denormalize, to_uint8_images
@@ -25,17 +33,33 @@ def generate(
     batch_size: int = 256,
     seed: int = 0,
     progress: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
     **overrides,
 ) -> torch.Tensor:
-    """`num_samples` samples in model units, drawn `batch_size` at a time with per-sample seeds."""
+    """This rank's share of `num_samples` samples in model units, `batch_size` at a time, per-sample seeds.
+
+    Rank r draws samples r, r + world_size, ...: ceil(num_samples / world_size) of them on every rank (the
+    last few may lie beyond num_samples; `gather_samples` drops them), because all_gather needs equal shapes.
+    With world_size 1 that is simply samples 0..num_samples-1.
+    """
+    per_rank = math.ceil(num_samples / world_size)
+    indices = torch.arange(per_rank) * world_size + rank
     batches = []
-    starts = range(0, num_samples, batch_size)
+    starts = range(0, per_rank, batch_size)
     for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
-        indices = torch.arange(start, min(start + batch_size, num_samples))
+        batch = indices[start : start + batch_size]
         batches.append(
-            module.sample(len(indices), seed=seed, indices=indices, progress=progress, **overrides).cpu()
+            module.sample(len(batch), seed=seed, indices=batch, progress=progress, **overrides).cpu()
         )
     return torch.cat(batches)
+
+
+def gather_samples(fabric: Fabric, local: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """Every rank's `generate` output, gathered (on every rank) into one tensor in sample-index order."""
+    gathered = fabric.all_gather(local.to(fabric.device)).cpu()  # (world, per_rank, ...)
+    # Rank r's j-th sample is sample j * world + r: transposing to (per_rank, world) puts sample i at row i.
+    return gathered.transpose(0, 1).reshape(-1, *local.shape[1:])[:num_samples]
 
 
 def save_samples(
@@ -65,7 +89,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="samples", help="output folder")
     parser.add_argument("--batch_size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="with --devices 1"
+    )
+    parser.add_argument("--devices", type=int, default=1, help="processes to sample on (one per GPU)")
+    parser.add_argument("--num_nodes", type=int, default=1, help="machines, when launched by torchrun / srun")
+    parser.add_argument(
+        "--accelerator", choices=["auto", "cpu", "cuda", "gpu"], default="auto",
+        help="cpu or cuda (gpu); default: the type of --device",
+    )  # fmt: skip
     parser.add_argument("--weights", choices=get_args(Weights), default="ema", help="EMA weights or raw ones")
     parser.add_argument(
         "--sampler", choices=get_args(Sampler), default=None, help="default: the checkpoint's"
@@ -75,10 +107,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--eta", type=float, default=None, help="DDIM noise: 0 deterministic, 1 = DDPM")
     args = parser.parse_args(argv)
-    if args.num_samples < 1 or args.batch_size < 1:
+    if min(args.num_samples, args.batch_size, args.devices, args.num_nodes) < 1:
         parser.error(
-            f"--num_samples and --batch_size must be >= 1, got {args.num_samples} and {args.batch_size}"
+            "--num_samples, --batch_size, --devices and --num_nodes must be >= 1, got "
+            f"{args.num_samples}, {args.batch_size}, {args.devices} and {args.num_nodes}"
         )
+    if args.accelerator == "auto":
+        args.accelerator = "cuda" if args.device.startswith("cuda") else "cpu"
+    elif args.accelerator == "cpu" or not args.device.startswith("cuda"):
+        # An explicit --accelerator decides where a one-device run goes too.
+        args.device = "cpu" if args.accelerator == "cpu" else "cuda"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
     return args
@@ -86,11 +124,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
-    module = load_checkpoint(args.ckpt, weights=args.weights, map_location=args.device)
+    fabric, rank, world_size, device = None, 0, 1, args.device
+    if args.devices > 1 or args.num_nodes > 1:
+        fabric = Fabric(
+            accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy="ddp"
+        )
+        if argv is not None and not fabric.strategy.cluster_environment.creates_processes_externally:
+            # Fabric would start the other ranks by re-running sys.argv, which is not `argv` here.
+            raise ValueError(
+                f"--devices {args.devices} starts processes by re-running the command line: run "
+                "`python -m diffusion.sample ...` (or under torchrun / srun) rather than main([...])"
+            )
+        fabric.launch()
+        rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
+    module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
     overrides = {"sampler": args.sampler, "steps": args.steps, "eta": args.eta}
-    samples = generate(module, args.num_samples, args.batch_size, args.seed, **overrides)
-    path = save_samples(samples, module.normalization, args.out)
-    print(f"wrote {args.num_samples} samples to {path} and {Path(args.out) / 'grid.png'}")
+    samples = generate(
+        module, args.num_samples, args.batch_size, args.seed, progress=rank == 0, rank=rank,
+        world_size=world_size, **overrides,
+    )  # fmt: skip
+    if fabric is not None:
+        samples = gather_samples(fabric, samples, args.num_samples)
+    path = Path(args.out) / "samples.npz"
+    if rank == 0:
+        save_samples(samples, module.normalization, args.out)
+        print(f"wrote {args.num_samples} samples to {path} and {Path(args.out) / 'grid.png'}")
+    if fabric is not None:
+        fabric.barrier()  # every rank returns only once the files exist
     return path
 
 

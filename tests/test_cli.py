@@ -1,12 +1,14 @@
-"""The command line as users type it: configs, shorthands, run folders, resume and bad input."""
+"""The command line as users type it: configs, shorthands, run folders, resume and bad input.
 
-import sys
+Multi-process launches (`train.py --devices 2`, torchrun, two nodes) are in test_launchers.py.
+"""
+
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import QUICK, TINY_MLP, TINY_UNET, tiny_run
+from conftest import TINY_MLP, TINY_UNET, tiny_run
 from PIL import Image
 
 from diffusion.cli import DiffusionCLI, expand_shorthands, main
@@ -117,16 +119,3 @@ def test_bad_options_are_rejected_naming_the_option(flag, value, message, capsys
 def test_mixed_precision_on_cpu_warns_that_it_is_slow():
     with pytest.warns(UserWarning, match="precision=16-mixed on CPU"):
         DiffusionCLI(["--accelerator", "cpu", "--precision", "16-mixed", "--trainer.logger", "false"])
-
-
-@pytest.mark.multiprocess
-def test_train_py_with_two_ddp_processes_on_cpu(tmp_path):
-    import subprocess
-
-    repo = Path(__file__).parents[1]
-    cmd = [sys.executable, str(repo / "train.py"), "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
-           *TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
-    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "digits" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-    assert "distributed_backend=gloo" in result.stderr + result.stdout
