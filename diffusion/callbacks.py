@@ -50,7 +50,9 @@ class EMA(WeightAveraging):
             return decay
         return torch.minimum(decay, (1 + num_updates) / (10 + num_updates))
 
-    def _average(self, averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor) -> torch.Tensor:
+    def _average(
+        self, averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor
+    ) -> torch.Tensor:
         decay = self.current_decay(num_averaged).to(averaged.dtype)
         return decay * averaged + (1 - decay) * current
 

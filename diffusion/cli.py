@@ -12,11 +12,10 @@ from pathlib import Path
 
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
-from diffusion.callbacks import EMA, SampleGrid
+from diffusion.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.module import DiffusionModule, latest_checkpoint
 
 SHORTHANDS = (
@@ -43,6 +42,11 @@ class DiffusionCLI(LightningCLI):
             subclass_mode_data=True,
             run=False,
             seed_everything_default=0,
+            parser_kwargs={
+                "description": "Train a DDPM. Without --config, trains configs/digits.yaml. Shorthands: "
+                + ", ".join(f"--{name}" for name in SHORTHANDS)
+                + " stand for --trainer.<name>; --ckpt_path last resumes the newest run of this name."
+            },
             save_config_kwargs={"overwrite": True},  # a resumed run writes its config into the same folder
             trainer_defaults={
                 "max_steps": 4000,
@@ -64,7 +68,7 @@ class DiffusionCLI(LightningCLI):
             "--ckpt_path", type=str | None, default=None,
             help="resume training from this checkpoint; 'last' = the newest last.ckpt of this run's name",
         )  # fmt: skip
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(Checkpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.filename": "{step}"})
         parser.add_lightning_class_args(EMA, "ema")
         parser.add_lightning_class_args(SampleGrid, "sample_grid")
