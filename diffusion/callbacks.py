@@ -1,6 +1,5 @@
 """Training-time hooks: EMA of the weights and sample grids in TensorBoard and PNG."""
 
-import math
 from pathlib import Path
 
 import lightning as L
@@ -11,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from diffusion.data import denormalize
 from diffusion.module import DiffusionModule
 from diffusion.plotting import save_image_grid, save_scatter
+from diffusion.sample import generate, interleave_ranks
 from diffusion.sampling import Sampler
 
 
@@ -152,17 +152,12 @@ class SampleGrid(L.Callback):
 
 
 def sample_across_ranks(module: DiffusionModule, num_samples: int, seed: int, **overrides) -> torch.Tensor:
-    """`num_samples` samples split over all ranks and gathered in index order (on every rank).
-
-    Rank r draws samples r, r + world, r + 2 world, ...; each rank draws the same count (the last few may
-    be extras beyond num_samples, dropped after the gather) because all_gather needs equal shapes.
-    """
-    world, rank = module.trainer.world_size, module.global_rank
-    per_rank = math.ceil(num_samples / world)
-    indices = torch.arange(per_rank) * world + rank
-    local = module.sample(per_rank, seed=seed, indices=indices, **overrides)
+    """`num_samples` samples split over all ranks (see `generate`) and gathered in index order on every rank."""
+    world = module.trainer.world_size
+    local = generate(
+        module, num_samples, batch_size=num_samples, seed=seed, progress=False,
+        rank=module.global_rank, world_size=world, **overrides,
+    )  # fmt: skip
     if world == 1:
-        return local[:num_samples]
-    gathered = module.all_gather(local)  # (world, per_rank, ...)
-    # (world, per_rank) -> interleave so position i holds sample i.
-    return gathered.transpose(0, 1).reshape(world * per_rank, *local.shape[1:])[:num_samples]
+        return local
+    return interleave_ranks(module.all_gather(local.to(module.device)).cpu(), num_samples)

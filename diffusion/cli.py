@@ -7,6 +7,7 @@ in `configs/` hold overrides, and the common Trainer flags have shorthands (`--d
 
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -150,5 +151,13 @@ def main(args: list[str] | None = None) -> DiffusionCLI:
     else:
         args = with_default_config(list(args))
     cli = DiffusionCLI(args)
-    cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    try:
+        cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    except BaseException:
+        # Lightning ends the other local ranks only on Ctrl+C. After any other error on rank 0 they would wait
+        # in a collective until the process-group timeout (30 min under NCCL; gloo notices the closed socket).
+        kill = getattr(cli.trainer.strategy.launcher, "kill", None)
+        if kill is not None:
+            kill(signal.SIGKILL)
+        raise
     return cli

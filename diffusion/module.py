@@ -101,7 +101,13 @@ class DiffusionModule(L.LightningModule):
         self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end)
         self._generator: torch.Generator | None = None
         if init_from is not None:
-            self.network.load_state_dict(read_network_weights(init_from))
+            try:
+                self.network.load_state_dict(read_network_weights(init_from))
+            except RuntimeError as error:
+                raise RuntimeError(
+                    f"init_from={init_from}: these weights do not fit {type(network).__name__}; use the "
+                    f"--model.network settings of the run that saved them.\n{error}"
+                ) from error
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return self.network(x_t, t)
@@ -112,6 +118,17 @@ class DiffusionModule(L.LightningModule):
         if self.hparams.noise_seed is not None:
             return self.hparams.noise_seed
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    def setup(self, stage: str) -> None:
+        precision = str(self.trainer.precision)
+        if precision in ("16-true", "bf16-true"):
+            # True half precision casts every buffer, and the noise schedule loses the precision its small
+            # betas need (Lightning's HalfPrecision calls module.to(dtype)); mixed precision keeps it float32.
+            raise ValueError(
+                f"precision={precision} is not supported: it would cast the noise schedule to half precision; "
+                f"use --precision {precision.replace('-true', '-mixed')} (the network runs in half, the "
+                "schedule and loss stay float32)"
+            )
 
     def on_fit_start(self) -> None:
         # seed_everything gives every rank the same seed: without the rank in this generator's seed, all ranks
@@ -234,20 +251,20 @@ class DiffusionModule(L.LightningModule):
 
 
 def describe_batches(trainer: L.Trainer) -> str:
-    """'N samples, B per device x W devices x A accumulation = global batch G, S optimizer steps per epoch'.
+    """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch'.
 
     Per rank, an epoch has ceil(N / (B x W)) batches (DistributedSampler pads the last shard) and Lightning
     steps the optimizer every A batches and at the end of the epoch.
     """
-    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches
+    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches  # world = devices x nodes
     loader = trainer.train_dataloader
     dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
     if batch_size is None or not hasattr(dataset, "__len__"):  # an iterable dataset or a batch sampler
-        return f"{world} devices x {accumulate} accumulation"
+        return f"{world} processes x {accumulate} accumulation"
     batches = trainer.num_training_batches
     steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
     return (
-        f"{len(dataset)} samples, {batch_size} per device x {world} devices x {accumulate} accumulation "
+        f"{len(dataset)} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
         f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
     )
 

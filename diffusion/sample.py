@@ -57,9 +57,13 @@ def generate(
 
 def gather_samples(fabric: Fabric, local: torch.Tensor, num_samples: int) -> torch.Tensor:
     """Every rank's `generate` output, gathered (on every rank) into one tensor in sample-index order."""
-    gathered = fabric.all_gather(local.to(fabric.device)).cpu()  # (world, per_rank, ...)
+    return interleave_ranks(fabric.all_gather(local.to(fabric.device)).cpu(), num_samples)
+
+
+def interleave_ranks(gathered: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """(world, per_rank, ...) from all_gather of `generate` outputs -> (num_samples, ...) in index order."""
     # Rank r's j-th sample is sample j * world + r: transposing to (per_rank, world) puts sample i at row i.
-    return gathered.transpose(0, 1).reshape(-1, *local.shape[1:])[:num_samples]
+    return gathered.transpose(0, 1).reshape(-1, *gathered.shape[2:])[:num_samples]
 
 
 def save_samples(

@@ -265,9 +265,9 @@ def test_each_epoch_is_split_into_disjoint_shards_covering_the_dataset(runs, nam
 @pytest.mark.parametrize(
     ("name", "line"),
     [
-        ("shards", "50 samples, 8 per device x 2 devices x 1 accumulation = global batch 16, "
+        ("shards", "50 samples, 8 per device x 2 processes x 1 accumulation = global batch 16, "
                    "4 optimizer steps per epoch"),
-        ("d", "48 samples, 4 per device x 2 devices x 2 accumulation = global batch 16, "
+        ("d", "48 samples, 4 per device x 2 processes x 2 accumulation = global batch 16, "
               "3 optimizer steps per epoch"),
     ],
 )  # fmt: skip

@@ -188,7 +188,9 @@ def test_init_from_weights_of_another_network_names_the_keys(sources, tmp_path):
     state["extra.weight"] = state.pop(next(iter(state)))
     path = tmp_path / "renamed.pt"
     torch.save(state, path)
-    with pytest.raises(RuntimeError, match=r"(?s)Missing key.*Unexpected key.*extra\.weight"):
+    with pytest.raises(
+        RuntimeError, match=r"(?s)renamed\.pt.*do not fit UNet.*Missing key.*Unexpected key.*extra\.weight"
+    ):
         DiffusionCLI([*TINY_UNET, "--model.init_from", str(path), "--trainer.logger", "false"])
 
 

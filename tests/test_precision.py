@@ -91,16 +91,11 @@ def test_schedule_stays_float32_and_the_loss_is_float32(precision, tmp_path):
     assert all(torch.isfinite(loss) for loss in probe.losses) and len(probe.losses) == MAX_STEPS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bf16-true casts the whole module, schedule buffers included, to bfloat16 (HalfPrecision calls "
-    "module.to(dtype)); keeping them float32 needs NoiseSchedule to ignore dtype casts",
-)
-def test_schedule_stays_float32_under_bf16_true(tmp_path):
-    probe = Probe()
-    fit([*FAST, "--precision", "bf16-true", *NO_OUTPUT, "--trainer.default_root_dir", str(tmp_path),
-         "--max_steps", "1"], probe)  # fmt: skip
-    assert probe.schedule_dtypes == {torch.float32}
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_true_half_precision_is_rejected_naming_the_mixed_alternative(precision, tmp_path):
+    with pytest.raises(ValueError, match=f"precision={precision} is not supported.*--precision .*-mixed"):
+        fit([*FAST, "--precision", precision, *NO_OUTPUT, "--trainer.default_root_dir", str(tmp_path),
+             "--max_steps", "1"], Probe())  # fmt: skip
 
 
 def test_16_mixed_on_cpu_is_run_as_bf16_mixed_by_lightning():
