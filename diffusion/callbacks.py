@@ -92,7 +92,25 @@ class Checkpoint(ModelCheckpoint):
             super().on_train_end(trainer, pl_module)
 
 
-class SampleGrid(L.Callback):
+class EveryNValidations(L.Callback):
+    """Base for callbacks that act at the end of every n-th validation: after the sanity check, and while the
+    EMA weights are swapped in (see EMA)."""
+
+    def __init__(self, every_n_validations: int = 1) -> None:
+        if every_n_validations < 1:
+            raise ValueError(f"every_n_validations={every_n_validations} must be >= 1")
+        self.every_n_validations = every_n_validations
+        self._validations = 0
+
+    def is_due(self, trainer: L.Trainer) -> bool:
+        """Count this validation and say whether to act on it (call once per on_validation_epoch_end)."""
+        if trainer.sanity_checking:
+            return False
+        self._validations += 1
+        return (self._validations - 1) % self.every_n_validations == 0
+
+
+class SampleGrid(EveryNValidations):
     """Samples a fixed-seed grid at the end of validation (so with EMA weights when EMA is on), logs it to
     TensorBoard and saves it as `<run dir>/samples/step_<global step>.png` (and `latest.png`).
 
@@ -109,14 +127,13 @@ class SampleGrid(L.Callback):
         sampler: Sampler | None = None,
         steps: int | None = None,
     ) -> None:
-        if num_samples < 1 or every_n_validations < 1:
-            raise ValueError("SampleGrid needs num_samples >= 1 and every_n_validations >= 1")
+        super().__init__(every_n_validations)
+        if num_samples < 1:
+            raise ValueError(f"SampleGrid num_samples={num_samples} must be >= 1")
         self.num_samples = num_samples
         self.seed = seed
-        self.every_n_validations = every_n_validations
         self.sampler = sampler
         self.steps = steps
-        self._validations = 0
         self._out_dir: Path | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -125,10 +142,7 @@ class SampleGrid(L.Callback):
         self._out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "samples"
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
-        if trainer.sanity_checking:
-            return
-        self._validations += 1
-        if (self._validations - 1) % self.every_n_validations:
+        if not self.is_due(trainer):
             return
         samples = sample_across_ranks(
             pl_module, self.num_samples, self.seed, sampler=self.sampler, steps=self.steps

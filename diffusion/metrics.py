@@ -29,6 +29,7 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities.distributed import gather_all_tensors
 
+from diffusion.callbacks import EveryNValidations
 from diffusion.data import to_uint8_images
 from diffusion.module import DiffusionModule
 from diffusion.sampling import Sampler
@@ -171,7 +172,7 @@ def _gathered_sum(metric: Metric, count: torch.Tensor) -> int:
     return int(count)
 
 
-class FIDCallback(L.Callback):
+class FIDCallback(EveryNValidations):
     """FID (and KID) of generated samples against the training images, logged as ``val/fid``, ``val/kid``.
 
     Runs at the end of validation (not in the sanity check), so with EMA weights when EMA is on, every
@@ -215,14 +216,14 @@ class FIDCallback(L.Callback):
         if features not in get_args(Features):
             raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
         for name, value, low in [
-            ("num_samples", num_samples, 2), ("every_n_validations", every_n_validations, 1),
+            ("num_samples", num_samples, 2),
             ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
         ]:  # fmt: skip
             if value < low:
                 raise ValueError(f"FIDCallback {name}={value} must be >= {low}")
+        super().__init__(every_n_validations)
         self.num_samples = num_samples
         self.features = features
-        self.every_n_validations = every_n_validations
         self.sampler = sampler
         self.steps = steps
         self.seed = seed
@@ -235,7 +236,6 @@ class FIDCallback(L.Callback):
         self.last: dict[str, float] = {}  # the latest result (all ranks), with the gathered image counts
         self._real_fed = False
         self._num_real_total = 0
-        self._validations = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         shape = tuple(getattr(pl_module, "sample_shape", ()))
@@ -259,10 +259,7 @@ class FIDCallback(L.Callback):
                 del self.metrics["kid"]
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
-        if trainer.sanity_checking:
-            return
-        self._validations += 1
-        if (self._validations - 1) % self.every_n_validations:
+        if not self.is_due(trainer):
             return
         for metric in self.metrics.values():
             metric.to(pl_module.device)  # no-op after the first time; the module moves after setup
