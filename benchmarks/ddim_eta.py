@@ -1,0 +1,57 @@
+"""DDIM-50's digits FD against its eta, on the checkpoint benchmarks/quality.py trained.
+
+`python benchmarks/ddim_eta.py [--ckpt PATH] [--etas 0 0.3 0.5]` prints a markdown table (and writes it to
+benchmarks/results/ddim_eta.md): same 898 samples, seed, features and reference half as quality.py.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from metrics_lib import digits_split, frechet_distance, to_digit_features  # noqa: E402
+
+from diffusion.data import to_uint8_images  # noqa: E402
+from diffusion.module import latest_checkpoint, load_checkpoint  # noqa: E402
+from diffusion.sample import generate  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--ckpt", type=Path, default=None, help="default: benchmarks/runs/digits newest last.ckpt"
+    )
+    parser.add_argument("--etas", type=float, nargs="+", default=[0.0, 0.3, 0.5])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--num_samples", type=int, default=898)
+    args = parser.parse_args(argv)
+    ckpt = args.ckpt or latest_checkpoint(ROOT / "benchmarks" / "runs", "digits")
+    module = load_checkpoint(ckpt, weights="ema")
+    reference = digits_split()[0]
+    lines = [
+        f"## DDIM-{args.steps} on digits against eta ({ckpt})",
+        "",
+        "| eta | FD 8x8 | time |",
+        "| ---: | ---: | ---: |",
+    ]
+    for eta in args.etas:
+        start = time.perf_counter()
+        samples = generate(module, args.num_samples, batch_size=300, seed=0, progress=False,
+                           sampler="ddim", steps=args.steps, eta=eta)  # fmt: skip
+        fd = frechet_distance(to_digit_features(to_uint8_images(samples, module.normalization)), reference)
+        lines.append(f"| {eta:g} | {fd:.2f} | {time.perf_counter() - start:.0f} s |")
+        print(lines[-1], flush=True)
+    table = "\n".join(lines) + "\n"
+    out = ROOT / "benchmarks" / "results" / "ddim_eta.md"
+    out.write_text(table)
+    print(f"\n{table}written to {out}")
+    return table
+
+
+if __name__ == "__main__":
+    main()
