@@ -40,10 +40,11 @@ from metrics_lib import (
 )
 from torchvision.utils import make_grid, save_image
 
-from diffusion.data import VectorDataModule, denormalize, to_uint8_images
+from diffusion.data import denormalize, to_uint8_images
 from diffusion.module import latest_checkpoint, load_checkpoint
 from diffusion.plotting import save_scatter
 from diffusion.sample import generate
+from diffusion.vectors import VectorDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_UNET = [

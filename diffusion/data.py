@@ -1,4 +1,4 @@
-"""LightningDataModules for diffusion training: images and vectors, both scaled to [-1, 1].
+"""LightningDataModules for diffusion training: images here, vectors in `diffusion.vectors`; all in [-1, 1].
 
 Every dataset item is ``(x, index)``: ``x`` a float32 tensor in model units ([-1, 1]) and ``index`` the
 sample's position in the full dataset. The training module seeds per-sample noise with that index, so the
@@ -27,7 +27,6 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
-VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy"]
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
 # name -> (torchvision class, channels, native size)
@@ -101,7 +100,7 @@ def to_uint8_images(x: torch.Tensor, normalization: dict) -> np.ndarray:
     return images.mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
 
-class _SplitDataModule(LightningDataModule):
+class SplitDataModule(LightningDataModule):
     """Shared train/val split and dataloaders; subclasses set ``_full`` in ``setup``."""
 
     def __init__(self, batch_size: int, num_workers: int, val_fraction: float, seed: int) -> None:
@@ -171,7 +170,7 @@ class _SplitDataModule(LightningDataModule):
         return self._loader(self.val_set, shuffle=False)
 
 
-class ImageDataModule(_SplitDataModule):
+class ImageDataModule(SplitDataModule):
     """Images in [-1, 1] of shape (C, image_size, image_size).
 
     Args:
@@ -305,121 +304,3 @@ class ImageDataModule(_SplitDataModule):
         # Nearest-neighbour: each pixel becomes a constant block, so area-averaging undoes it exactly.
         images = torch.nn.functional.interpolate(images, size=self.image_size, mode="nearest-exact")
         return images * 2 - 1
-
-
-class VectorDataModule(_SplitDataModule):
-    """Vectors of shape (D,), min-max scaled per feature to [-1, 1] over the full dataset.
-
-    Args:
-        dataset: a toy 2-D set (``swiss_roll``, ``moons``, ``8gaussians``), ``gaussian`` (``dim``
-            independent features with means evenly spaced in [-2, 2] and standard deviations in
-            [0.5, 1.5]) or ``npy`` (your own float array of shape (N, D) at ``path``).
-        path: a ``.npy`` file. Giving it selects ``npy`` whatever ``dataset`` says, so
-            ``--data.path points.npy`` works on top of a config for a toy set.
-        num_samples: samples generated for the synthetic sets (ignored for ``npy``).
-        dim: feature count of ``gaussian`` (ignored otherwise).
-        noise: standard deviation of Gaussian noise added to the 2-D toy sets, which are generated at
-            unit scale (swiss roll divided by 10, moons as in scikit-learn, 8 gaussians on the unit circle).
-        batch_size: per device (global = batch_size x devices x num_nodes x accumulate_grad_batches).
-        val_fraction: share held out for validation; 0 disables validation.
-        seed: seed of the generated data and of the train/val split.
-    """
-
-    def __init__(
-        self,
-        dataset: VectorDatasetName = "swiss_roll",
-        path: str | None = None,
-        num_samples: int = 10000,
-        dim: int = 16,
-        noise: float = 0.05,
-        batch_size: int = 256,
-        num_workers: int = 0,
-        val_fraction: float = 0.05,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(batch_size, num_workers, val_fraction, seed)
-        if dataset not in get_args(VectorDatasetName):
-            raise ValueError(
-                f"unknown vector dataset {dataset!r}; choose one of {get_args(VectorDatasetName)}"
-            )
-        if path is not None:
-            dataset = "npy"
-        elif dataset == "npy":
-            raise ValueError("dataset 'npy' needs a file: set --data.path to an (N, D) .npy array")
-        if num_samples < 2:
-            raise ValueError(f"num_samples must be >= 2, got {num_samples}")
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
-        if noise < 0:
-            raise ValueError(f"noise must be >= 0, got {noise}")
-        self.dataset = dataset
-        self.path = path
-        self.num_samples = num_samples
-        self.dim = dim
-        self.noise = noise
-        # Vector sets are small: load/generate now, since normalization must be known before setup.
-        data = _load_npy(Path(path)) if dataset == "npy" else self._generate()
-        low, high = data.min(axis=0), data.max(axis=0)
-        scale = (high - low) / 2
-        scale[scale == 0] = 1.0  # a constant feature maps to 0 rather than dividing by zero
-        self._shift, self._scale = (high + low) / 2, scale
-        self.data = torch.from_numpy(((data - self._shift) / self._scale).astype(np.float32))
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        return (self.data.shape[1],)
-
-    @property
-    def normalization(self) -> dict[str, list[float]]:
-        return {"shift": self._shift.tolist(), "scale": self._scale.tolist()}
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is None:
-            self._split(IndexedDataset(self.data))
-
-    def _generate(self) -> np.ndarray:
-        from sklearn.datasets import make_moons, make_swiss_roll
-
-        n, rng = self.num_samples, np.random.default_rng(self.seed)
-        if self.dataset == "gaussian":
-            mean, std = np.linspace(-2, 2, self.dim), np.linspace(0.5, 1.5, self.dim)
-            return mean + std * rng.standard_normal((n, self.dim))
-        if self.dataset == "swiss_roll":
-            points = make_swiss_roll(n, noise=0.0, random_state=self.seed)[0][:, [0, 2]] / 10
-        elif self.dataset == "moons":
-            points = make_moons(n, noise=0.0, random_state=self.seed)[0]
-        else:  # 8gaussians
-            angles = rng.integers(0, 8, n) * (np.pi / 4)
-            points = np.stack([np.cos(angles), np.sin(angles)], axis=1)
-        return points + self.noise * rng.standard_normal(points.shape)
-
-
-def _load_npy(path: Path) -> np.ndarray:
-    """Load an (N, D) float array as float64, with errors that say what is wrong and how to fix it."""
-    if not path.is_file():
-        raise FileNotFoundError(f"--data.path {path} does not exist")
-    try:
-        # mmap first: shape and dtype are checked from the header before anything is read.
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise ValueError(f"cannot read {path} as a .npy array (save one with np.save): {err}") from err
-    if not isinstance(array, np.ndarray):
-        raise ValueError(f"{path} is a .npz archive; save a single (N, D) array with np.save")
-    if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
-        raise ValueError(f"{path} has dtype {array.dtype}; expected a real numeric (float or int) array")
-    if array.ndim != 2:
-        raise ValueError(
-            f"{path} has shape {array.shape}, expected (N, D); "
-            "reshape it, e.g. array.reshape(len(array), -1) for images or array[:, None] for scalars"
-        )
-    if array.shape[0] < 2 or array.shape[1] < 1:
-        raise ValueError(f"{path} has shape {array.shape}; need N >= 2 samples and D >= 1 features")
-    data = np.asarray(array, dtype=np.float64)
-    with np.errstate(over="ignore"):  # values beyond float32 range become inf: reported just below
-        bad_rows = ~np.isfinite(data.astype(np.float32)).all(axis=1)
-    if bad_rows.any():
-        raise ValueError(
-            f"{path} has {int(bad_rows.sum())} rows with NaN/inf values (or values too large for float32), "
-            f"first at row {int(bad_rows.argmax())}; drop or fix them"
-        )
-    return data

@@ -14,7 +14,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from diffusion.data import VectorDataModule
+from diffusion.vectors import VectorDataModule
 
 
 class Recorder(L.Callback):
