@@ -74,7 +74,8 @@ def reverse_steps(
     _check_choice("prediction_type", prediction_type, PredictionType)
     T = schedule.num_timesteps
     timesteps = spaced_timesteps(T, steps or (T if sampler == "ddpm" else min(50, T))).tolist()
-    alphas_cumprod = schedule.alphas_cumprod.double()
+    # One copy on the CPU: reading it per step from a GPU tensor would sync the device twice a step.
+    alphas_cumprod = schedule.alphas_cumprod.double().cpu()
     x = x_T
     batch = x.shape[0]
     pairs = list(zip(reversed(timesteps), [*reversed(timesteps[:-1]), -1], strict=True))
