@@ -14,9 +14,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from metrics_lib import digits_split, frechet_distance, to_digit_features  # noqa: E402
 
-from diffusion.data import to_uint8_images  # noqa: E402
-from diffusion.module import latest_checkpoint, load_checkpoint  # noqa: E402
-from diffusion.sample import generate  # noqa: E402
+from diffusion.checkpoints import latest_checkpoint, load_checkpoint  # noqa: E402
+from diffusion.generation import generate  # noqa: E402
+from diffusion.render import to_uint8_images  # noqa: E402
+from diffusion.sampling import SamplingOptions  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -41,8 +42,8 @@ def main(argv: list[str] | None = None) -> str:
     ]
     for eta in args.etas:
         start = time.perf_counter()
-        samples = generate(module, args.num_samples, batch_size=300, seed=0, progress=False,
-                           sampler="ddim", steps=args.steps, eta=eta)  # fmt: skip
+        options = SamplingOptions(sampler="ddim", steps=args.steps, eta=eta)
+        samples = generate(module, args.num_samples, batch_size=300, seed=0, options=options)
         fd = frechet_distance(to_digit_features(to_uint8_images(samples, module.normalization)), reference)
         lines.append(f"| {eta:g} | {fd:.2f} | {time.perf_counter() - start:.0f} s |")
         print(lines[-1], flush=True)

@@ -40,10 +40,10 @@ from metrics_lib import (
 )
 from torchvision.utils import make_grid, save_image
 
-from diffusion.data import denormalize, to_uint8_images
-from diffusion.module import latest_checkpoint, load_checkpoint
-from diffusion.plotting import save_scatter
-from diffusion.sample import generate
+from diffusion.checkpoints import latest_checkpoint, load_checkpoint
+from diffusion.generation import generate
+from diffusion.render import denormalize, save_scatter, to_uint8_images
+from diffusion.sampling import SamplingOptions
 from diffusion.vectors import VectorDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,9 +135,8 @@ def draw(ckpt: Path, num_samples: int, sampling: Sampling, result: Result):
             num_samples,
             batch_size=300,
             seed=0,
+            options=SamplingOptions(sampler=sampler, steps=steps),
             progress=sampling.progress,
-            sampler=sampler,
-            steps=steps,
         )
         result.sample_s[label] = time.perf_counter() - start
         print(

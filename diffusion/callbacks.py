@@ -1,17 +1,20 @@
-"""Training-time hooks: EMA of the weights and sample grids in TensorBoard and PNG."""
+"""Training-time hooks: EMA of the weights, the final checkpoint, sample grids (TensorBoard and PNG) and FID."""
 
 from pathlib import Path
+from typing import get_args
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchmetrics import Metric
 
-from diffusion.data import denormalize
+from diffusion.generation import generate_batches, rank_indices, sample_across_ranks
+from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.module import DiffusionModule
-from diffusion.plotting import save_image_grid, save_scatter
-from diffusion.sample import generate, interleave_ranks
-from diffusion.sampling import Sampler
+from diffusion.render import save_preview, to_uint8
+from diffusion.sampling import DEFER, SamplingOptions
 
 
 class EMA(WeightAveraging):
@@ -117,6 +120,9 @@ class SampleGrid(EveryNValidations):
     Every rank draws its share of the grid (per-sample seeds make the union the same grid whatever the
     world size), so no rank sits idle in a collective while rank 0 samples.
     For vector data it saves a scatter plot of the first two features.
+
+    Args:
+        sampling: how to sample the grid; unset fields take the model's defaults.
     """
 
     def __init__(
@@ -124,16 +130,14 @@ class SampleGrid(EveryNValidations):
         num_samples: int = 64,
         seed: int = 0,
         every_n_validations: int = 1,
-        sampler: Sampler | None = None,
-        steps: int | None = None,
+        sampling: SamplingOptions = DEFER,
     ) -> None:
         super().__init__(every_n_validations)
         if num_samples < 1:
             raise ValueError(f"SampleGrid num_samples={num_samples} must be >= 1")
         self.num_samples = num_samples
         self.seed = seed
-        self.sampler = sampler
-        self.steps = steps
+        self.sampling = sampling
         self._out_dir: Path | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -144,34 +148,168 @@ class SampleGrid(EveryNValidations):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if not self.is_due(trainer):
             return
-        samples = sample_across_ranks(
-            pl_module, self.num_samples, self.seed, sampler=self.sampler, steps=self.steps
-        )
+        samples = sample_across_ranks(pl_module, self.num_samples, self.seed, self.sampling)
         self._save(trainer, pl_module, samples)
 
     @rank_zero_only
     def _save(self, trainer: L.Trainer, pl_module: DiffusionModule, samples: torch.Tensor) -> None:
-        out_dir = self._out_dir
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"step_{trainer.global_step:07d}.png"
-        data = denormalize(samples.float().cpu(), pl_module.normalization)
-        if samples.ndim == 4:
-            grid = save_image_grid(data, path)
-            experiment = getattr(trainer.logger, "experiment", None)
-            if hasattr(experiment, "add_image"):
-                experiment.add_image("samples", grid, global_step=trainer.global_step)
-        else:
-            save_scatter(data.numpy(), path)
-        (out_dir / "latest.png").write_bytes(path.read_bytes())
+        self._out_dir.mkdir(parents=True, exist_ok=True)
+        path = self._out_dir / f"step_{trainer.global_step:07d}.png"
+        grid = save_preview(samples, pl_module.normalization, path)
+        experiment = getattr(trainer.logger, "experiment", None)
+        if grid is not None and hasattr(experiment, "add_image"):
+            experiment.add_image("samples", grid, global_step=trainer.global_step)
+        (self._out_dir / "latest.png").write_bytes(path.read_bytes())
 
 
-def sample_across_ranks(module: DiffusionModule, num_samples: int, seed: int, **overrides) -> torch.Tensor:
-    """`num_samples` samples split over all ranks (see `generate`) and gathered in index order on every rank."""
-    world = module.trainer.world_size
-    local = generate(
-        module, num_samples, batch_size=num_samples, seed=seed, progress=False,
-        rank=module.global_rank, world_size=world, **overrides,
-    )  # fmt: skip
-    if world == 1:
-        return local
-    return interleave_ranks(module.all_gather(local.to(module.device)).cpu(), num_samples)
+class FIDCallback(EveryNValidations):
+    """FID (and KID) of generated samples against the training images, logged as ``val/fid``, ``val/kid``.
+
+    Runs at the end of validation (not in the sanity check), so with EMA weights when EMA is on, every
+    ``every_n_validations`` validations. ``ModelCheckpoint(monitor="val/fid", mode="min")`` can keep the
+    best model. With ``features="pixels"`` the logged value is the pixel-space FD (offline), not Inception FID.
+
+    Under DDP nothing is duplicated and no rank idles: rank r feeds real images r, r + world, ... of a
+    fixed random subset of ``num_real`` training images (once; real statistics are kept) and generates
+    samples r, r + world, ... of ``num_samples`` (per-sample seeds: the same images whatever the world
+    size); torchmetrics then sums the states over ranks. FID depends on the sample count: compare values
+    computed with the same ``num_samples``.
+
+    Args:
+        num_samples: generated images per evaluation (FID papers use 50,000; 1,000 keeps CPU runs short).
+        features: "inception" (standard FID, weights downloaded on first use) or "pixels" (offline).
+        every_n_validations: evaluate at every n-th validation.
+        sampling: how to sample; unset fields take the model's defaults.
+        seed: seed of the generated samples, of the real subset and of KID's subsets.
+        kid: also compute KID (keeps all features in memory).
+        kid_subset_size: KID subset size, capped at the number of images available.
+        num_real: real images for the reference statistics (default: num_samples, capped at the train set).
+        batch_size: images per sampling / feature batch on each rank.
+        inception_weights: a local copy of the InceptionV3 weights (offline clusters).
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 1000,
+        features: Features = "inception",
+        every_n_validations: int = 1,
+        sampling: SamplingOptions = DEFER,
+        seed: int = 0,
+        kid: bool = True,
+        kid_subset_size: int = 50,
+        num_real: int | None = None,
+        batch_size: int = 256,
+        inception_weights: str | None = None,
+    ) -> None:
+        if features not in get_args(Features):
+            raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
+        for name, value, low in [
+            ("num_samples", num_samples, 2),
+            ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
+        ]:  # fmt: skip
+            if value < low:
+                raise ValueError(f"FIDCallback {name}={value} must be >= {low}")
+        super().__init__(every_n_validations)
+        self.num_samples = num_samples
+        self.features = features
+        self.sampling = sampling
+        self.seed = seed
+        self.kid = kid
+        self.kid_subset_size = kid_subset_size
+        self.num_real = num_real or num_samples
+        self.batch_size = batch_size
+        self.inception_weights = inception_weights
+        self.metrics: dict[str, Metric] | None = None
+        self.last: dict[str, float] = {}  # the latest result (all ranks), with the gathered image counts
+        self._real_fed = False
+        self._num_real_total = 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        shape = tuple(getattr(pl_module, "sample_shape", ()))
+        if len(shape) != 3:
+            raise ValueError(
+                f"FIDCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is {shape}; "
+                "FID/KID compare images. Remove the callback for vector data."
+            )
+        if self.num_samples < trainer.world_size:
+            raise ValueError(
+                f"FIDCallback num_samples={self.num_samples} must be >= the world size {trainer.world_size}"
+            )
+        if self.metrics is None:
+            # Built here on every rank (not in __init__) so that a bad Inception download fails at setup,
+            # and so the pixel features know the channel count.
+            self.metrics = make_metrics(
+                self.features, self.kid_subset_size, channels=shape[0],
+                inception_weights=self.inception_weights,
+            )  # fmt: skip
+            if not self.kid:
+                del self.metrics["kid"]
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        if not self.is_due(trainer):
+            return
+        for metric in self.metrics.values():
+            metric.to(pl_module.device)  # no-op after the first time; the module moves after setup
+        if not self._real_fed:
+            self._feed_real(trainer, pl_module)
+            self._real_fed = True
+        self._feed_generated(trainer, pl_module)
+        if self.kid:
+            # KID's subsets are drawn from all gathered features: they cannot outnumber them.
+            self.metrics["kid"].subset_size = min(
+                self.kid_subset_size, self.num_samples, self._num_real_total
+            )
+        result = compute_metrics(self.metrics, self.seed)
+        for metric in self.metrics.values():
+            metric.reset()  # generated features only (reset_real_features=False); also clears the cached value
+        self.last = result
+        # Every rank computed the same value from the same gathered states; sync_dist averages identical
+        # numbers (exact) and spares Lightning's "use sync_dist=True" warning. Logged on every rank so a
+        # ModelCheckpoint monitoring val/fid finds it wherever it runs.
+        pl_module.log("val/fid", result["fid"], sync_dist=True)
+        if self.kid:
+            pl_module.log("val/kid", result["kid_mean"], sync_dist=True)
+        rank_zero_info(
+            f"step {trainer.global_step}: FID ({self.features} features) {result['fid']:.4g} from "
+            f"{result['num_fake']} generated and {result['num_real']} real images"
+        )
+
+    def _feed_real(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        dataset = _train_dataset(trainer)
+        self._num_real_total = min(self.num_real, len(dataset))
+        # A fixed random subset rather than the first items: folders sorted by class would bias those.
+        subset = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed))
+        shard = subset[rank_indices(self._num_real_total, pl_module.global_rank, trainer.world_size)]
+        loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=self.batch_size, shuffle=False)
+        # Transforms such as random flips draw from the global RNG: fork it so training noise is unchanged.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            for batch in loader:
+                images = batch[0] if isinstance(batch, tuple | list) else batch  # Batch(x, index) or x
+                self._update(images, pl_module, real=True)
+
+    def _feed_generated(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        indices = rank_indices(self.num_samples, pl_module.global_rank, trainer.world_size)
+        for samples in generate_batches(
+            pl_module, indices, seed=self.seed, batch_size=self.batch_size, options=self.sampling
+        ):
+            self._update(samples, pl_module, real=False)
+
+    def _update(self, images: torch.Tensor, pl_module: DiffusionModule, real: bool) -> None:
+        uint8 = to_uint8(images.to(pl_module.device), pl_module.normalization)  # (N, C, H, W)
+        for metric in self.metrics.values():
+            metric.update(uint8, real=real)
+
+
+def _train_dataset(trainer: L.Trainer) -> Dataset:
+    """The training set (items ``x`` or ``(x, ...)`` in model units) of the datamodule or the fit loop."""
+    if trainer.datamodule is not None:
+        loader = trainer.datamodule.train_dataloader()
+    else:
+        loader = trainer.train_dataloader
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            f"FIDCallback takes real images from the training DataLoader's dataset, but got {type(loader).__name__}"
+        )
+    return dataset

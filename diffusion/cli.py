@@ -17,7 +17,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from diffusion.callbacks import EMA, Checkpoint, SampleGrid
-from diffusion.module import DiffusionModule, latest_checkpoint
+from diffusion.checkpoints import latest_run
+from diffusion.module import DiffusionModule
 
 SHORTHANDS = (
     "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
@@ -95,8 +96,7 @@ class DiffusionCLI(LightningCLI):
                 raise ValueError(
                     "--ckpt_path last needs the default TensorBoardLogger; pass a checkpoint path"
                 )
-            path = latest_checkpoint(logger.init_args.save_dir, logger.init_args.name)
-            version = int(path.parent.parent.name.removeprefix("version_"))
+            version, path = latest_run(logger.init_args.save_dir, logger.init_args.name)
             config.ckpt_path = str(path)
             logger.init_args.version = version  # keep logging into the run being resumed
         precision = str(config.trainer.precision)

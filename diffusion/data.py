@@ -1,8 +1,9 @@
 """LightningDataModules for diffusion training: images here, vectors in `diffusion.vectors`; all in [-1, 1].
 
-Every dataset item is ``(x, index)``: ``x`` a float32 tensor in model units ([-1, 1]) and ``index`` the
-sample's position in the full dataset. The training module seeds per-sample noise with that index, so the
-noise a sample gets does not depend on which rank or batch it lands in.
+Every dataset item is a `Batch` ``(x, index)``: ``x`` a float32 tensor in model units ([-1, 1]) and ``index``
+the sample's position in the full dataset (batches collate to a `Batch` of tensors). The training module seeds
+per-sample noise with that index, so the noise a sample gets does not depend on which rank or batch it lands
+in; a DataModule of your own wraps its dataset in `IndexedDataset` to yield the same.
 
 ``sample_shape`` and ``normalization`` are known right after ``__init__`` (the CLI sizes the network from
 them before ``setup`` runs). ``normalization`` maps model units back to data units:
@@ -14,11 +15,12 @@ them before ``setup`` runs). ``normalization`` maps model units back to data uni
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
-import numpy as np
+import lightning as L
 import torch
 from lightning.pytorch import LightningDataModule
 from PIL import Image
@@ -37,8 +39,17 @@ _TORCHVISION = {
 }
 
 
+class Batch(NamedTuple):
+    """What the training module takes: samples in model units and their indices in the full dataset."""
+
+    x: torch.Tensor
+    """(B, C, H, W) images or (B, D) vectors in model units (a dataset item: one sample)."""
+    index: torch.Tensor
+    """(B,) int64 positions in the full dataset (an item: an int); they seed per-sample noise."""
+
+
 class IndexedDataset(Dataset):
-    """Wraps any dataset so that items become ``(x, index)``; a tuple item (x, label, ...) keeps only x."""
+    """Wraps any dataset so that items become ``Batch(x, index)``; a tuple item (x, label, ...) keeps only x."""
 
     def __init__(self, base: Dataset, transform=None) -> None:
         self.base = base
@@ -47,13 +58,13 @@ class IndexedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> Batch:
         x = self.base[index]
         if isinstance(x, tuple | list):
             x = x[0]
         if self.transform is not None:
             x = self.transform(x)
-        return x, int(index)
+        return Batch(x, int(index))
 
 
 class ImageFiles(Dataset):
@@ -75,29 +86,6 @@ class ImageFiles(Dataset):
         except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
             raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
         return self.transform(image)
-
-
-def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
-    """Map a batch from model units back to data units: (B, C, H, W) per channel, (B, D) per feature."""
-    if x.ndim < 2:
-        raise ValueError(f"expected a batch of shape (B, C, H, W) or (B, D), got shape {tuple(x.shape)}")
-    shift = torch.as_tensor(normalization["shift"], dtype=x.dtype, device=x.device)
-    scale = torch.as_tensor(normalization["scale"], dtype=x.dtype, device=x.device)
-    if shift.numel() != x.shape[1] or scale.numel() != x.shape[1]:
-        raise ValueError(
-            f"normalization has {shift.numel()} shift and {scale.numel()} scale values "
-            f"but the batch has {x.shape[1]} channels/features (shape {tuple(x.shape)})"
-        )
-    view = (1, -1) + (1,) * (x.ndim - 2)
-    return x * scale.view(view) + shift.view(view)
-
-
-def to_uint8_images(x: torch.Tensor, normalization: dict) -> np.ndarray:
-    """(N, C, H, W) in model units -> uint8 (N, H, W, C), the layout image evaluators read."""
-    if x.ndim != 4:
-        raise ValueError(f"expected images of shape (N, C, H, W), got shape {tuple(x.shape)}")
-    images = denormalize(x.detach().float(), normalization).clamp(0, 1)
-    return images.mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
 
 class SplitDataModule(LightningDataModule):
@@ -304,3 +292,22 @@ class ImageDataModule(SplitDataModule):
         # Nearest-neighbour: each pixel becomes a constant block, so area-averaging undoes it exactly.
         images = torch.nn.functional.interpolate(images, size=self.image_size, mode="nearest-exact")
         return images * 2 - 1
+
+
+def describe_batches(trainer: L.Trainer) -> str:
+    """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch'.
+
+    Per rank, an epoch has ceil(N / (B x W)) batches (DistributedSampler pads the last shard) and Lightning
+    steps the optimizer every A batches and at the end of the epoch.
+    """
+    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches  # world = devices x nodes
+    loader = trainer.train_dataloader
+    dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
+    if batch_size is None or not hasattr(dataset, "__len__"):  # an iterable dataset or a batch sampler
+        return f"{world} processes x {accumulate} accumulation"
+    batches = trainer.num_training_batches
+    steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
+    return (
+        f"{len(dataset)} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
+        f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
+    )

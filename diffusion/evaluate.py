@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from diffusion.data import ImageDataModule, ImageDatasetName, to_uint8_images
+from diffusion.data import ImageDataModule, ImageDatasetName
 from diffusion.metrics import Features, compute_metrics, make_metrics
+from diffusion.render import to_uint8_images
 
 
 def load_npz_images(path: str | Path) -> np.ndarray:

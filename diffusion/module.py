@@ -4,10 +4,10 @@ The Trainer owns everything distributed (DDP, samplers, gradient sync, accumulat
 checkpointing); this file owns only the diffusion objective, the optimizer and sampling.
 """
 
-import math
 import os
 import warnings
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any, Literal
 
 import lightning as L
@@ -15,12 +15,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from diffusion.sampling import Generators, Sampler, VarianceType, final_sample, randn, reverse_steps
+from diffusion.checkpoints import read_network_weights
+from diffusion.data import Batch, describe_batches
+from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType, _check_choice
 
 LossWeighting = Literal["none", "min_snr"]
 NoiseMode = Literal["fast", "per_sample"]
-Weights = Literal["ema", "raw"]
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:
@@ -43,7 +44,8 @@ class DiffusionModule(L.LightningModule):
         prediction_type: what the network outputs: the noise "eps" (Ho et al.), "x0", or "v".
         loss_weighting: "none" (Ho et al.'s simple loss) or "min_snr" (Hang et al. 2023, gamma=min_snr_gamma).
         lr, warmup_steps, adam_betas, weight_decay: Adam with linear warmup (Ho et al.: 2e-4, 5000 steps).
-        sampler, sampling_steps, eta, variance, clip_denoised: defaults for `sample()` and the callbacks.
+        sampling: this model's defaults for `sample()`, the callbacks and the sample CLI (a field left unset
+            takes `reverse_steps`' default: DDPM over all T steps, as Ho et al.); they override it in turn.
         noise_mode: "fast" draws noise and timesteps from a per-rank generator; "per_sample" makes them a
             function of (noise_seed, optimizer step, dataset index), so a run on N devices reproduces a run on
             one device with accumulate_grad_batches=N (see README, "Scaling out").
@@ -68,11 +70,7 @@ class DiffusionModule(L.LightningModule):
         warmup_steps: int = 5000,
         adam_betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
-        sampler: Sampler = "ddpm",
-        sampling_steps: int | None = None,
-        eta: float = 0.0,
-        variance: VarianceType = "fixedlarge",
-        clip_denoised: bool = True,
+        sampling: SamplingOptions = DEFER,
         noise_mode: NoiseMode = "fast",
         noise_seed: int | None = None,
         init_from: str | None = None,
@@ -81,8 +79,6 @@ class DiffusionModule(L.LightningModule):
         for name, value, allowed in [
             ("prediction_type", prediction_type, PredictionType),
             ("loss_weighting", loss_weighting, LossWeighting),
-            ("sampler", sampler, Sampler),
-            ("variance", variance, VarianceType),
             ("noise_mode", noise_mode, NoiseMode),
         ]:
             _check_choice(name, value, allowed)
@@ -92,6 +88,10 @@ class DiffusionModule(L.LightningModule):
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
             # init_from is a one-time source of weights: the checkpoint then holds them itself.
             self.save_hyperparameters(ignore=["init_from"])
+        # A checkpoint stores plain data (it loads with weights_only=True): the options as a dict, which
+        # load_from_checkpoint hands back to this __init__.
+        self.sampling = SamplingOptions(**sampling) if isinstance(sampling, dict) else sampling
+        self.hparams["sampling"] = asdict(self.sampling)
         if isinstance(self.hparams.get("network"), nn.Module):
             # Built in Python rather than by the CLI: only the CLI records the network's config, so such a
             # checkpoint is loaded with `load_from_checkpoint(path, network=...)`.
@@ -168,16 +168,16 @@ class DiffusionModule(L.LightningModule):
             loss = loss * weight
         return loss
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x0, indices = batch
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        x0, indices = check_batch(batch)
         per_sample = self.hparams.noise_mode == "per_sample"
         noise, t = self.draw_noise_and_timesteps(x0, indices, self.global_step, per_sample)
         loss = self.per_sample_loss(x0, noise, t).mean()
         self.log("train/loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x0, indices = batch
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        x0, indices = check_batch(batch)
         # Fixed noise per validation sample (step 0), so val/loss is comparable across epochs and world sizes.
         noise, t = self.draw_noise_and_timesteps(x0, indices, step=0, per_sample=True)
         self.log("val/loss", self.per_sample_loss(x0, noise, t).mean(), prog_bar=True, sync_dist=True)
@@ -194,128 +194,81 @@ class DiffusionModule(L.LightningModule):
     # ---- sampling -------------------------------------------------------------------------------------
     @property
     def normalization(self) -> dict[str, list[float]]:
-        """Maps model units to data units (x * scale + shift); images default to [-1, 1] -> [0, 1]."""
-        if self.hparams.get("normalization"):
-            return self.hparams.normalization
-        is_image = len(self.sample_shape) == 3
-        channels = self.sample_shape[0]
-        return {
-            "shift": [0.5 if is_image else 0.0] * channels,
-            "scale": [0.5 if is_image else 1.0] * channels,
-        }
+        """Maps model units to data units (data = model * scale + shift); set from the data by the CLI."""
+        if not self.hparams.get("normalization"):
+            raise ValueError(
+                "this model has no normalization, so its samples cannot be turned into data units; build it "
+                "with DiffusionModule(..., normalization=datamodule.normalization) (train.py does)"
+            )
+        return self.hparams.normalization
 
-    def sampling_options(self, **overrides: Any) -> dict[str, Any]:
-        """The reverse-process options stored in hparams, with non-None overrides applied."""
-        options = {
-            "sampler": self.hparams.sampler,
-            "steps": self.hparams.sampling_steps,
-            "eta": self.hparams.eta,
-            "variance": self.hparams.variance,
-            "clip_denoised": self.hparams.clip_denoised,
-            "prediction_type": self.hparams.prediction_type,
-        }
-        options.update({k: v for k, v in overrides.items() if v is not None})
-        return options
+    def initial_noise(
+        self, num_samples: int, seed: int | None = None, indices: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Generators]:
+        """x_T (num_samples, *sample_shape) and the generator(s) the reverse process draws from.
+
+        With `seed`, sample i has its own generator seeded by (seed, i) for i in `indices` (default
+        0..num_samples-1), so any split of N samples into batches or ranks gives the same N samples.
+        Without, the global RNG.
+        """
+        generator = None
+        if seed is not None:
+            indices = torch.arange(num_samples) if indices is None else indices
+            if len(indices) != num_samples:
+                raise ValueError(f"got {len(indices)} indices for num_samples={num_samples}")
+            generator = per_sample_generators(seed, 0, indices)
+        return randn((num_samples, *self.sample_shape), generator, self.device), generator
 
     @torch.no_grad()
+    def trajectory(
+        self,
+        x_T: torch.Tensor,
+        generator: Generators = None,
+        options: SamplingOptions | None = None,
+        progress: bool = False,
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step.
+
+        `options` override this model's sampling defaults field by field.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            yield from reverse_steps(
+                self.network, self.schedule, x_T, prediction_type=self.hparams.prediction_type,
+                generator=generator, progress=progress, **(options or DEFER).over(self.sampling).as_kwargs(),
+            )  # fmt: skip
+        finally:
+            self.train(was_training)
+
     def sample(
         self,
         num_samples: int,
         *,
         seed: int | None = None,
         indices: torch.Tensor | None = None,
-        generator: Generators = None,
+        options: SamplingOptions | None = None,
         progress: bool = False,
-        **overrides: Any,
     ) -> torch.Tensor:
-        """Draw samples in model units, shape (num_samples, *sample_shape).
+        """Draw samples in model units, shape (num_samples, *sample_shape); see `initial_noise`, `trajectory`."""
+        x_T, generator = self.initial_noise(num_samples, seed, indices)
+        return final_sample(self.trajectory(x_T, generator, options, progress))
 
-        With `seed`, sample i uses its own generator seeded by (seed, i) for i in `indices` (default
-        0..num_samples-1), so any split of N samples into batches or ranks gives the same N samples.
-        `overrides` (sampler, steps, eta, variance, clip_denoised) replace the defaults in the checkpoint.
-        """
-        if seed is not None:
-            indices = torch.arange(num_samples) if indices is None else indices
-            if len(indices) != num_samples:
-                raise ValueError(f"got {len(indices)} indices for num_samples={num_samples}")
-            generator = per_sample_generators(seed, 0, indices)
-        was_training = self.training
-        self.eval()
-        x_T = randn((num_samples, *self.sample_shape), generator, self.device)
-        options = self.sampling_options(**overrides)
-        x = final_sample(
-            reverse_steps(self.network, self.schedule, x_T, generator=generator, progress=progress, **options)
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Checkpoints written before the schedule kept one posterior carry six more schedule buffers.
+        for key in ("state_dict", "current_model_state"):
+            if key in checkpoint:
+                own = self.state_dict()
+                checkpoint[key] = {
+                    k: v for k, v in checkpoint[key].items() if k in own or not k.startswith("schedule.")
+                }
+
+
+def check_batch(batch: Any) -> Batch:
+    """The training batch, or a clear error for a DataModule that does not yield `Batch(x, index)`."""
+    if not isinstance(batch, Batch):
+        raise TypeError(
+            f"training batches must be diffusion.data.Batch(x, index), got {type(batch).__name__}; wrap your "
+            "dataset in diffusion.data.IndexedDataset (the index seeds per-sample noise)"
         )
-        self.train(was_training)
-        return x
-
-
-def describe_batches(trainer: L.Trainer) -> str:
-    """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch'.
-
-    Per rank, an epoch has ceil(N / (B x W)) batches (DistributedSampler pads the last shard) and Lightning
-    steps the optimizer every A batches and at the end of the epoch.
-    """
-    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches  # world = devices x nodes
-    loader = trainer.train_dataloader
-    dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
-    if batch_size is None or not hasattr(dataset, "__len__"):  # an iterable dataset or a batch sampler
-        return f"{world} processes x {accumulate} accumulation"
-    batches = trainer.num_training_batches
-    steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
-    return (
-        f"{len(dataset)} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
-        f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
-    )
-
-
-def read_network_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Network weights from a checkpoint of this project (its `network.` entries) or a plain state_dict."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"init_from: no such file {path}; pass a .ckpt of this project or a state_dict"
-        )
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    state = state.get("state_dict", state)
-    if any(key.startswith("network.") for key in state):
-        state = {
-            key.removeprefix("network."): value for key, value in state.items() if key.startswith("network.")
-        }
-    return state
-
-
-def load_checkpoint(
-    path: str | os.PathLike, weights: Weights = "ema", map_location: str | torch.device = "cpu"
-) -> DiffusionModule:
-    """Load a DiffusionModule from a checkpoint alone (no config), with its EMA weights or its raw ones.
-
-    Lightning's EMA callback stores the averaged weights under "state_dict" and the raw ones under
-    "current_model_state"; a run without EMA has only raw weights, which both choices then return.
-    """
-    _check_choice("weights", weights, Weights)
-    if not Path(path).is_file():
-        raise FileNotFoundError(
-            f"no checkpoint at {path}; runs keep theirs in runs/<name>/version_N/checkpoints/"
-        )
-    module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=False)
-    if weights == "raw":
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
-        if "current_model_state" in checkpoint:
-            module.load_state_dict(checkpoint["current_model_state"])
-    return module.eval()
-
-
-def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
-    """The newest `<save_dir>/<name>/version_N/checkpoints/last.ckpt` (highest N)."""
-    candidates = []
-    for path in Path(save_dir, name).glob("version_*/checkpoints/last.ckpt"):
-        version = path.parent.parent.name.removeprefix("version_")
-        if version.isdigit():
-            candidates.append((int(version), path))
-    if not candidates:
-        raise FileNotFoundError(
-            f"no last.ckpt under {Path(save_dir, name)}/version_*/checkpoints/: train first "
-            f"(python train.py), or pass the path of a checkpoint"
-        )
-    return max(candidates)[1]
+    return batch

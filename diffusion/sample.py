@@ -12,76 +12,16 @@ Fabric re-runs this command line in D - 1 more processes, or joins the processes
 """
 
 import argparse
-import math
 from pathlib import Path
 from typing import get_args
 
-import numpy as np
 import torch
 from lightning.fabric import Fabric
-from tqdm import tqdm
 
-from diffusion.data import denormalize, to_uint8_images
-from diffusion.module import DiffusionModule, Weights, load_checkpoint
-from diffusion.plotting import save_image_grid, save_scatter
-from diffusion.sampling import Sampler
-
-
-def generate(
-    module: DiffusionModule,
-    num_samples: int,
-    batch_size: int = 256,
-    seed: int = 0,
-    progress: bool = True,
-    rank: int = 0,
-    world_size: int = 1,
-    **overrides,
-) -> torch.Tensor:
-    """This rank's share of `num_samples` samples in model units, `batch_size` at a time, per-sample seeds.
-
-    Rank r draws samples r, r + world_size, ...: ceil(num_samples / world_size) of them on every rank (the
-    last few may lie beyond num_samples; `gather_samples` drops them), because all_gather needs equal shapes.
-    With world_size 1 that is simply samples 0..num_samples-1.
-    """
-    per_rank = math.ceil(num_samples / world_size)
-    indices = torch.arange(per_rank) * world_size + rank
-    batches = []
-    starts = range(0, per_rank, batch_size)
-    for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
-        batch = indices[start : start + batch_size]
-        batches.append(
-            module.sample(len(batch), seed=seed, indices=batch, progress=progress, **overrides).cpu()
-        )
-    return torch.cat(batches)
-
-
-def gather_samples(fabric: Fabric, local: torch.Tensor, num_samples: int) -> torch.Tensor:
-    """Every rank's `generate` output, gathered (on every rank) into one tensor in sample-index order."""
-    return interleave_ranks(fabric.all_gather(local.to(fabric.device)).cpu(), num_samples)
-
-
-def interleave_ranks(gathered: torch.Tensor, num_samples: int) -> torch.Tensor:
-    """(world, per_rank, ...) from all_gather of `generate` outputs -> (num_samples, ...) in index order."""
-    # Rank r's j-th sample is sample j * world + r: transposing to (per_rank, world) puts sample i at row i.
-    return gathered.transpose(0, 1).reshape(-1, *gathered.shape[2:])[:num_samples]
-
-
-def save_samples(
-    samples: torch.Tensor, normalization: dict, out_dir: str | Path, grid_size: int = 64
-) -> Path:
-    """Write samples.npz and grid.png (first `grid_size` samples) into out_dir; return the npz path."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = denormalize(samples.float(), normalization)
-    if samples.ndim == 4:
-        array = to_uint8_images(samples.float(), normalization)  # (N, H, W, C) uint8
-        save_image_grid(data[:grid_size].clamp(0, 1), out_dir / "grid.png")
-    else:
-        array = data.numpy().astype(np.float32)  # (N, D)
-        save_scatter(array, out_dir / "grid.png")
-    path = out_dir / "samples.npz"
-    np.savez(path, array)
-    return path
+from diffusion.checkpoints import Weights, load_checkpoint
+from diffusion.generation import gather_in_order, generate
+from diffusion.render import write_samples
+from diffusion.sampling import Sampler, SamplingOptions
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -142,16 +82,16 @@ def main(argv: list[str] | None = None) -> Path:
         fabric.launch()
         rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
     module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
-    overrides = {"sampler": args.sampler, "steps": args.steps, "eta": args.eta}
+    options = SamplingOptions(sampler=args.sampler, steps=args.steps, eta=args.eta)
     samples = generate(
-        module, args.num_samples, args.batch_size, args.seed, progress=rank == 0, rank=rank,
-        world_size=world_size, **overrides,
+        module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options, rank=rank,
+        world_size=world_size, progress=rank == 0,
     )  # fmt: skip
     if fabric is not None:
-        samples = gather_samples(fabric, samples, args.num_samples)
+        samples = gather_in_order(samples.to(fabric.device), args.num_samples, fabric.all_gather)
     path = Path(args.out) / "samples.npz"
     if rank == 0:
-        save_samples(samples, module.normalization, args.out)
+        write_samples(samples, module.normalization, args.out)
         print(f"wrote {args.num_samples} samples to {path} and {Path(args.out) / 'grid.png'}")
     if fabric is not None:
         fabric.barrier()  # every rank returns only once the files exist

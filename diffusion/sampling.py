@@ -11,6 +11,7 @@ number of processes (or batches) are the same as N samples drawn at once.
 
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
@@ -22,6 +23,56 @@ from diffusion.schedule import NoiseSchedule, PredictionType, _check_choice
 Sampler = Literal["ddpm", "ddim"]
 VarianceType = Literal["fixedlarge", "fixedsmall"]
 Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How to run the reverse process: the one place these settings are named and checked.
+
+    Every layer that chooses how to sample holds one (the model's defaults in its checkpoint, `SampleGrid`,
+    `FIDCallback`, `python -m diffusion.sample`); a field left None takes the value of the layer below
+    (`over`), and finally the defaults of `reverse_steps`.
+    """
+
+    sampler: Sampler | None = None
+    """ddpm: ancestral sampling (Ho et al. Algorithm 2), respaced when steps < T; ddim: Song et al. 2021."""
+    steps: int | None = None
+    """Reverse steps: default all T for ddpm, 50 for ddim."""
+    eta: float | None = None
+    """DDIM noise in [0, 1]: 0 (default) is deterministic, 1 the DDPM posterior variance."""
+    variance: VarianceType | None = None
+    """DDPM's sigma_t^2: fixedlarge = beta_t (default, Ho et al.'s CIFAR-10 choice) or fixedsmall = beta~_t."""
+    clip_denoised: bool | None = None
+    """Clip the predicted x_0 to [-1, 1] at every step (default true)."""
+
+    def __post_init__(self) -> None:
+        if self.sampler is not None:
+            _check_choice("sampler", self.sampler, Sampler)
+        if self.variance is not None:
+            _check_choice("variance", self.variance, VarianceType)
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps={self.steps} must be >= 1 (or unset: all T for ddpm, 50 for ddim)")
+        if self.eta is not None and not 0.0 <= self.eta <= 1.0:
+            raise ValueError(
+                f"eta={self.eta} must be in [0, 1]: 0 is deterministic DDIM, 1 the DDPM variance"
+            )
+
+    def over(self, base: "SamplingOptions | None") -> "SamplingOptions":
+        """These options on top of `base`: a field set here wins, an unset one comes from `base`."""
+        if base is None:
+            return self
+        return SamplingOptions(
+            **{f.name: getattr(base, f.name) if getattr(self, f.name) is None else getattr(self, f.name)
+               for f in fields(self)}
+        )  # fmt: skip
+
+    def as_kwargs(self) -> dict:
+        """The fields that are set, as keyword arguments of `reverse_steps`."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+DEFER = SamplingOptions()
+"""Every field unset: each defers to the layer below (the default of the callbacks' and the module's options)."""
 
 
 def randn(shape: Sequence[int], generator: Generators, device: torch.device) -> torch.Tensor:
@@ -69,18 +120,16 @@ def reverse_steps(
     variance: DDPM's sigma_t^2 = beta_t ("fixedlarge", Ho et al.'s choice for CIFAR-10) or the posterior
         variance beta~_t ("fixedsmall"); with respacing, betas are those of the respaced process.
     """
-    _check_choice("sampler", sampler, Sampler)
-    _check_choice("variance", variance, VarianceType)
+    SamplingOptions(sampler, steps, eta, variance, clip_denoised)  # checks every option
     _check_choice("prediction_type", prediction_type, PredictionType)
     T = schedule.num_timesteps
     timesteps = spaced_timesteps(T, steps or (T if sampler == "ddpm" else min(50, T))).tolist()
-    # One copy on the CPU: reading it per step from a GPU tensor would sync the device twice a step.
-    alphas_cumprod = schedule.alphas_cumprod.double().cpu()
     x = x_T
     batch = x.shape[0]
     pairs = list(zip(reversed(timesteps), [*reversed(timesteps[:-1]), -1], strict=True))
     for t, t_prev in tqdm(pairs, desc=f"{sampler} sampling", disable=not progress, leave=False):
         t_batch = torch.full((batch,), t, device=x.device, dtype=torch.long)
+        t_prev_batch = torch.full_like(t_batch, t_prev)
         # 1. predict x_0 and eps from the network output (Eq. 15 for eps-prediction).
         output = model(x, t_batch).float()
         x0, eps = schedule.split_prediction(prediction_type, x, t_batch, output)
@@ -88,72 +137,23 @@ def reverse_steps(
         if clip_denoised:
             x0 = x0.clamp(-1, 1)
             eps = schedule.predict_eps_from_x0(x, t_batch, x0)
-        # 3. abar at t and t_prev; beta of the (possibly respaced) step is 1 - abar_t / abar_prev.
-        abar_t = alphas_cumprod[t].item()
-        abar_prev = alphas_cumprod[t_prev].item() if t_prev >= 0 else 1.0
-        beta_t = 1 - abar_t / abar_prev
+        # 3. the posterior q(x_{t_prev} | x_t, x_0) of this (possibly respaced) step, Eq. (6)-(7).
+        mean, posterior_variance, beta = schedule.q_posterior(x0, x, t_batch, t_prev_batch)
         if sampler == "ddpm":
-            # 4a. posterior mean mu~(x_t, x_0), Eq. (7), and sigma_t^2 = beta_t or beta~_t.
-            mean = (abar_prev**0.5 * beta_t / (1 - abar_t)) * x0 + (
-                (1 - beta_t) ** 0.5 * (1 - abar_prev) / (1 - abar_t)
-            ) * x
-            sigma2 = beta_t if variance == "fixedlarge" else beta_t * (1 - abar_prev) / (1 - abar_t)
+            # 4a. x_{t_prev} ~ N(mu~, sigma_t^2) with sigma_t^2 = beta_t or beta~_t (Sec. 3.2).
+            sigma2 = beta if variance == "fixedlarge" else posterior_variance
             x = mean
         else:
-            # 4b. DDIM, Song et al. 2021 Eq. (12) with sigma from Eq. (16).
-            sigma2 = eta**2 * (1 - abar_prev) / (1 - abar_t) * beta_t
-            x = abar_prev**0.5 * x0 + max(1 - abar_prev - sigma2, 0.0) ** 0.5 * eps
-        # 5. add noise, except on the last step (Algorithm 2, line 3: z = 0 when t = 1).
-        if t_prev >= 0 and sigma2 > 0:
-            x = x + sigma2**0.5 * randn(x.shape, generator, x.device)
+            # 4b. DDIM, Song et al. 2021 Eq. (12), with sigma_t^2 = eta^2 beta~_t from Eq. (16).
+            sigma2 = eta**2 * posterior_variance
+            abar_prev, one_minus_abar_prev = schedule.alphas_cumprod_at(t_prev_batch, x.ndim)
+            x = abar_prev.sqrt() * x0 + (one_minus_abar_prev - sigma2).clamp(min=0).sqrt() * eps
+        # 5. add noise, except on the last step (Algorithm 2, line 3: z = 0 when t = 1) and for eta = 0.
+        if t_prev >= 0 and (sampler == "ddpm" or eta > 0):
+            x = x + sigma2.sqrt() * randn(x.shape, generator, x.device)
         yield t, x, x0
 
 
 def final_sample(steps: Iterator[tuple[int, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """Run a reverse process to the end and return its last x (x_0), keeping no intermediate x_t."""
     return deque(steps, maxlen=1)[0][1]
-
-
-def _sample(
-    model: nn.Module, schedule: NoiseSchedule, shape: Sequence[int], generator: Generators, **kwargs
-) -> torch.Tensor:
-    x_T = randn(shape, generator, schedule.betas.device)
-    return final_sample(reverse_steps(model, schedule, x_T, generator=generator, **kwargs))
-
-
-def ddpm_sample(
-    model: nn.Module,
-    schedule: NoiseSchedule,
-    shape: Sequence[int],
-    generator: Generators = None,
-    *,
-    steps: int | None = None,
-    variance: VarianceType = "fixedlarge",
-    prediction_type: PredictionType = "eps",
-    clip_denoised: bool = True,
-    progress: bool = False,
-) -> torch.Tensor:
-    """Ancestral sampling (Algorithm 2) over all T steps, or over `steps` respaced ones."""
-    return _sample(
-        model, schedule, shape, generator, sampler="ddpm", steps=steps, variance=variance,
-        prediction_type=prediction_type, clip_denoised=clip_denoised, progress=progress,
-    )  # fmt: skip
-
-
-def ddim_sample(
-    model: nn.Module,
-    schedule: NoiseSchedule,
-    shape: Sequence[int],
-    generator: Generators = None,
-    *,
-    steps: int = 50,
-    eta: float = 0.0,
-    prediction_type: PredictionType = "eps",
-    clip_denoised: bool = True,
-    progress: bool = False,
-) -> torch.Tensor:
-    """DDIM sampling with `steps` steps; eta=0 is deterministic given x_T."""
-    return _sample(
-        model, schedule, shape, generator, sampler="ddim", steps=steps, eta=eta,
-        prediction_type=prediction_type, clip_denoised=clip_denoised, progress=progress,
-    )  # fmt: skip

@@ -57,7 +57,7 @@ def extract(values: torch.Tensor, t: torch.Tensor, ndim: int) -> torch.Tensor:
 
 
 class NoiseSchedule(nn.Module):
-    """The forward process q(x_t | x_0) and its posterior q(x_{t-1} | x_t, x_0) for a beta schedule.
+    """The forward process q(x_t | x_0) and its posterior q(x_{t_prev} | x_t, x_0) for a beta schedule.
 
     No learnable parameters; all tensors are buffers indexed by the timestep t in [0, T).
     """
@@ -75,25 +75,14 @@ class NoiseSchedule(nn.Module):
         betas = make_betas(beta_schedule, num_timesteps, beta_start, beta_end)
         alphas = 1.0 - betas
         alphas_cumprod = torch.cumprod(alphas, dim=0)
-        alphas_cumprod_prev = torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])
-        # Posterior q(x_{t-1} | x_t, x_0), Ho et al. 2020 Eq. (6)-(7).
-        posterior_variance = betas * (1 - alphas_cumprod_prev) / (1 - alphas_cumprod)
         buffers = {
             "betas": betas,
             "alphas": alphas,
             "alphas_cumprod": alphas_cumprod,
-            "alphas_cumprod_prev": alphas_cumprod_prev,
             "sqrt_alphas_cumprod": alphas_cumprod.sqrt(),
             "sqrt_one_minus_alphas_cumprod": (1 - alphas_cumprod).sqrt(),
             "sqrt_recip_alphas_cumprod": alphas_cumprod.rsqrt(),
             "sqrt_recipm1_alphas_cumprod": (1 / alphas_cumprod - 1).sqrt(),
-            "posterior_variance": posterior_variance,
-            # posterior_variance is 0 at t=0; clip the log as in Ho et al.'s code.
-            "posterior_log_variance_clipped": torch.cat(
-                [posterior_variance[1:2], posterior_variance[1:]]
-            ).log(),
-            "posterior_mean_coef1": betas * alphas_cumprod_prev.sqrt() / (1 - alphas_cumprod),
-            "posterior_mean_coef2": (1 - alphas_cumprod_prev) * alphas.sqrt() / (1 - alphas_cumprod),
         }
         for name, value in buffers.items():
             self.register_buffer(name, value.to(torch.float32))
@@ -147,19 +136,33 @@ class NoiseSchedule(nn.Module):
         sqrt_one_minus_abar = extract(self.sqrt_one_minus_alphas_cumprod, t, x_t.ndim)
         return sqrt_abar * x_t - sqrt_one_minus_abar * output, sqrt_one_minus_abar * x_t + sqrt_abar * output
 
+    def alphas_cumprod_at(self, t: torch.Tensor, ndim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(abar_t, 1 - abar_t) shaped (B, 1, ..., 1); t = -1 is x_0 itself: abar = 1, nothing added yet.
+
+        1 - abar_t comes from the float64-computed buffer: in float32, 1 - 0.9999 keeps only 3 digits.
+        """
+        index = t.clamp(min=0)
+        abar = extract(self.alphas_cumprod, index, ndim)
+        one_minus_abar = extract(self.sqrt_one_minus_alphas_cumprod, index, ndim) ** 2
+        at_x0 = (t < 0).reshape(abar.shape)
+        return torch.where(at_x0, 1.0, abar), torch.where(at_x0, 0.0, one_minus_abar)
+
     def q_posterior(
-        self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+        self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, t_prev: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0), Eq. (6)-(7)."""
-        mean = (
-            extract(self.posterior_mean_coef1, t, x_t.ndim) * x0
-            + extract(self.posterior_mean_coef2, t, x_t.ndim) * x_t
-        )
-        return (
-            mean,
-            extract(self.posterior_variance, t, x_t.ndim),
-            extract(self.posterior_log_variance_clipped, t, x_t.ndim),
-        )
+        """Mean and variance beta~ of q(x_{t_prev} | x_t, x_0), Eq. (6)-(7), and the step's beta.
+
+        t_prev defaults to t - 1. A respaced step from t to any t_prev < t (Nichol & Dhariwal 2021) is the
+        same formula with beta = 1 - abar_t / abar_{t_prev}; t_prev = -1 is the step to x_0 (abar = 1).
+        """
+        t_prev = t - 1 if t_prev is None else t_prev
+        abar_t, one_minus_abar_t = self.alphas_cumprod_at(t, x_t.ndim)
+        abar_prev, one_minus_abar_prev = self.alphas_cumprod_at(t_prev, x_t.ndim)
+        beta = (one_minus_abar_t - one_minus_abar_prev) / abar_prev  # = 1 - abar_t / abar_prev, precisely
+        mean = (abar_prev.sqrt() * beta / one_minus_abar_t) * x0 + (
+            (1 - beta).sqrt() * one_minus_abar_prev / one_minus_abar_t
+        ) * x_t
+        return mean, beta * one_minus_abar_prev / one_minus_abar_t, beta
 
     def snr(self, t: torch.Tensor) -> torch.Tensor:
         """Signal-to-noise ratio abar_t / (1 - abar_t), shape (B,)."""

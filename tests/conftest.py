@@ -4,27 +4,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import QUICK, TINY_MLP, tiny_run
 
 from diffusion.cli import main
 
-# A UNet of ~40k parameters and a few steps: seconds on a CPU, but the whole pipeline (config, data,
-# Trainer, EMA, checkpointing, sample grid) runs as it does for users.
-TINY_UNET = [
-    "--model.network.init_args.channels", "8",
-    "--model.network.init_args.channel_mult", "[1, 2]",
-    "--model.network.init_args.num_res_blocks", "1",
-    "--model.network.init_args.attention_levels", "[1]",
-]  # fmt: skip
-TINY_MLP = ["--model.network.init_args.hidden_dim", "32", "--model.network.init_args.num_blocks", "2"]
-QUICK = [
-    "--max_steps", "4",
-    "--trainer.val_check_interval", "2",
-    "--trainer.enable_progress_bar", "false",
-    "--trainer.enable_model_summary", "false",
-    "--sample_grid.num_samples", "4",
-    "--sample_grid.steps", "3",
-    "--model.warmup_steps", "1",
-]  # fmt: skip
+
+@pytest.fixture(autouse=True)
+def _run_in_a_temporary_folder(tmp_path, monkeypatch):
+    """Runs that fall back to the working directory (no logger: ./checkpoints, ./samples) stay out of the repo."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -33,11 +21,6 @@ def _no_pytest_argv():
     saved, sys.argv[1:] = sys.argv[1:], []
     yield
     sys.argv[1:] = saved
-
-
-def tiny_run(save_dir: Path, *extra: str):
-    """Train a tiny digits model into save_dir/<name>/version_N and return the CLI object."""
-    return main([*TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(save_dir), *extra])
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_MLP, TINY_UNET, tiny_run
+from helpers import TINY_MLP, TINY_UNET, tiny_run
 from PIL import Image
 
+from diffusion.checkpoints import latest_checkpoint
 from diffusion.cli import DiffusionCLI, expand_shorthands, main
-from diffusion.module import latest_checkpoint
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 

@@ -10,7 +10,8 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch.utils.data import DistributedSampler, RandomSampler
 
-from diffusion.data import ImageDataModule, denormalize, to_uint8_images
+from diffusion.data import ImageDataModule
+from diffusion.render import denormalize, to_uint8_images
 from diffusion.vectors import VectorDataModule
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MLP
 from ddp_helpers import CountingVectorData
+from helpers import TINY_MLP
 
 from diffusion.cli import DiffusionCLI, main
 

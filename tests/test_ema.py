@@ -13,8 +13,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from diffusion.callbacks import EMA
+from diffusion.checkpoints import load_checkpoint
 from diffusion.models import MLP
-from diffusion.module import DiffusionModule, load_checkpoint
+from diffusion.module import DiffusionModule
 from diffusion.vectors import VectorDataModule
 
 DECAY = 0.2  # low, so both branches of min(decay, (1 + n) / (10 + n)) are used: 2/11 at n = 1, then 0.2

@@ -16,7 +16,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import QUICK, TINY_UNET
+from helpers import QUICK, TINY_UNET
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
 from diffusion.cli import DiffusionCLI, with_default_config

@@ -16,19 +16,21 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from conftest import QUICK, TINY_UNET, tiny_run
+from helpers import QUICK, TINY_UNET, tiny_run
 from sklearn.datasets import load_digits
 
 from diffusion import evaluate as evaluate_cli
-from diffusion.data import ImageDataModule, to_uint8_images
-from diffusion.metrics import FIDCallback, InceptionFeatures, PixelFeatures, compute_metrics, make_metrics
+from diffusion.callbacks import FIDCallback
+from diffusion.data import ImageDataModule
+from diffusion.metrics import InceptionFeatures, PixelFeatures, compute_metrics, make_metrics
+from diffusion.render import to_uint8_images
 
 REPO = Path(__file__).parents[1]
 FID_FLAGS = [
-    "--trainer.callbacks+=diffusion.metrics.FIDCallback",
+    "--trainer.callbacks+=diffusion.callbacks.FIDCallback",
     "--trainer.callbacks.init_args.features", "pixels",
     "--trainer.callbacks.init_args.num_samples", "16",
-    "--trainer.callbacks.init_args.steps", "3",
+    "--trainer.callbacks.init_args.sampling.steps", "3",
     "--trainer.callbacks.init_args.kid_subset_size", "8",
     "--checkpoint.monitor", "val/fid",
     "--checkpoint.mode", "min",

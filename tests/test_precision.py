@@ -17,11 +17,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import QUICK, TINY_UNET
+from helpers import QUICK, TINY_UNET
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from diffusion.checkpoints import load_checkpoint
 from diffusion.cli import DiffusionCLI, with_default_config
-from diffusion.module import load_checkpoint
+from diffusion.sampling import SamplingOptions
 
 REPO = Path(__file__).parents[1]
 MAX_STEPS = 2
@@ -161,7 +162,7 @@ def test_two_process_ddp_trains_with_a_finite_loss(precision, tmp_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sampling_under_autocast_returns_float32_samples(dtype, digits_checkpoint):
     module = load_checkpoint(digits_checkpoint)
-    options = {"seed": 0, "sampler": "ddim", "steps": 3}
+    options = {"seed": 0, "options": SamplingOptions(sampler="ddim", steps=3)}
     with torch.autocast("cpu", dtype=dtype):
         samples = module.sample(3, **options)
     assert samples.dtype == torch.float32 and samples.shape == (3, 1, 16, 16)

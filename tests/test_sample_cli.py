@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from diffusion.module import load_checkpoint
+from diffusion.checkpoints import load_checkpoint
 from diffusion.sample import main
 
 REPO_ROOT = Path(__file__).parents[1]

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion.module import load_checkpoint
-from diffusion.sample import gather_samples, generate, main
+from diffusion.checkpoints import load_checkpoint
+from diffusion.generation import gather_in_order, generate
+from diffusion.sample import main
+from diffusion.sampling import SamplingOptions
 
 REPO_ROOT = Path(__file__).parents[1]
 # 5 samples over 2 ranks: uneven (rank 0 draws 0, 2, 4; rank 1 draws 1, 3 and an extra, 5, that is
@@ -35,11 +37,13 @@ class StackingFabric:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_shares_gathered_in_index_order_equal_one_devices_samples(world_size, digits_checkpoint):
     module = load_checkpoint(digits_checkpoint)
-    options = {"seed": 7, "progress": False, "sampler": "ddim", "steps": 3}
+    options = {"seed": 7, "options": SamplingOptions(sampler="ddim", steps=3)}
     reference = generate(module, 5, batch_size=5, **options)
-    shares = [generate(module, 5, 2, rank=r, world_size=world_size, **options) for r in range(world_size)]
+    shares = [
+        generate(module, 5, batch_size=2, rank=r, world_size=world_size, **options) for r in range(world_size)
+    ]
     assert {len(share) for share in shares} == {math.ceil(5 / world_size)}  # equal shapes for all_gather
-    gathered = gather_samples(StackingFabric(shares), shares[0], 5)
+    gathered = gather_in_order(shares[0], 5, StackingFabric(shares).all_gather)
     torch.testing.assert_close(gathered, reference, rtol=0, atol=1e-5)
 
 

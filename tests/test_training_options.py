@@ -10,6 +10,7 @@ from torch import nn
 
 from diffusion.models import MLP
 from diffusion.module import DiffusionModule
+from diffusion.sampling import SamplingOptions
 from diffusion.schedule import NoiseSchedule
 
 X0 = torch.rand(16, 2, generator=torch.Generator().manual_seed(0)) * 1.6 - 0.8  # (B, D) in [-0.8, 0.8]
@@ -76,13 +77,15 @@ def test_oracle_has_zero_loss_only_for_its_own_prediction_type(prediction_type):
 @pytest.mark.parametrize("sampler, steps", [("ddim", 1), ("ddim", 10), ("ddpm", 20)])
 def test_samplers_convert_each_prediction_type_to_exact_x0(prediction_type, sampler, steps):
     module = make_module(Oracle(X0, prediction_type, NoiseSchedule()), prediction_type=prediction_type)
-    samples = module.sample(len(X0), seed=0, sampler=sampler, steps=steps)
+    samples = module.sample(len(X0), seed=0, options=SamplingOptions(sampler=sampler, steps=steps))
     torch.testing.assert_close(samples, X0, atol=1e-4, rtol=1e-4)
 
 
 def test_sampler_uses_the_modules_prediction_type():
     v_oracle = Oracle(X0, "v", NoiseSchedule())
-    wrong = make_module(v_oracle, prediction_type="eps").sample(len(X0), seed=0, sampler="ddim", steps=1)
+    wrong = make_module(v_oracle, prediction_type="eps").sample(
+        len(X0), seed=0, options=SamplingOptions(sampler="ddim", steps=1)
+    )
     assert (wrong - X0).abs().max().item() > 0.1
 
 
@@ -103,13 +106,15 @@ def test_beta_schedules_change_alphas_cumprod_and_the_loss():
 
 # ---- variance -------------------------------------------------------------------------------------------
 def test_variance_changes_ddpm_samples_but_not_ddim_ones():
-    large, small = make_module(variance="fixedlarge"), make_module(variance="fixedsmall")
-    ddpm = [m.sample(8, seed=0, sampler="ddpm", steps=10) for m in (large, small)]
+    large, small = (make_module(sampling=SamplingOptions(variance=v)) for v in ("fixedlarge", "fixedsmall"))
+    ddpm = [m.sample(8, seed=0, options=SamplingOptions(sampler="ddpm", steps=10)) for m in (large, small)]
     assert (ddpm[0] - ddpm[1]).abs().max().item() > 1e-3
-    ddim = [m.sample(8, seed=0, sampler="ddim", steps=10) for m in (large, small)]
+    ddim = [m.sample(8, seed=0, options=SamplingOptions(sampler="ddim", steps=10)) for m in (large, small)]
     torch.testing.assert_close(ddim[0], ddim[1], atol=0, rtol=0)
     # The stored option is the default of sample(): no override needed.
-    torch.testing.assert_close(small.sample(8, seed=0, steps=10), ddpm[1], atol=0, rtol=0)
+    torch.testing.assert_close(
+        small.sample(8, seed=0, options=SamplingOptions(steps=10)), ddpm[1], atol=0, rtol=0
+    )
 
 
 # ---- loss_weighting -------------------------------------------------------------------------------------
@@ -134,14 +139,17 @@ def test_min_snr_weights_the_loss_by_min_snr_gamma(prediction_type):
 def test_clip_denoised_changes_samples_of_an_untrained_network():
     from diffusion.sampling import reverse_steps
 
-    unclipped, clipped = make_module(clip_denoised=False), make_module(clip_denoised=True)
+    unclipped, clipped = (make_module(sampling=SamplingOptions(clip_denoised=c)) for c in (False, True))
     x_T = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
     _, _, x0_hat = next(reverse_steps(unclipped.network, unclipped.schedule, x_T, clip_denoised=False))
     assert x0_hat.abs().max().item() > 1  # an untrained eps-network's x_0 predictions leave [-1, 1]
     _, _, x0_clipped = next(reverse_steps(clipped.network, clipped.schedule, x_T, clip_denoised=True))
     assert x0_clipped.abs().max().item() <= 1
     for sampler in ("ddpm", "ddim"):
-        a, b = (m.sample(8, seed=0, sampler=sampler, steps=10) for m in (unclipped, clipped))
+        a, b = (
+            m.sample(8, seed=0, options=SamplingOptions(sampler=sampler, steps=10))
+            for m in (unclipped, clipped)
+        )
         assert (a - b).abs().max().item() > 1e-2, sampler
 
 

@@ -1,0 +1,85 @@
+"""Generation on one or many ranks: the sampling library the sample CLI, the callbacks and the notebook share.
+
+The rule that makes any world size give the same samples lives here once: with W ranks, rank r draws
+samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
+`DiffusionModule.initial_noise`), and `gather_in_order` puts the gathered shares back in index order.
+"""
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from tqdm import tqdm
+
+from diffusion.module import DiffusionModule
+from diffusion.sampling import SamplingOptions
+
+
+def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: bool = False) -> torch.Tensor:
+    """Indices r, r + W, ... below num_samples for rank r of W; with `equal_shares`, every rank gets
+    ceil(num_samples / W) of them (the last few may lie beyond num_samples), as all_gather needs equal shapes."""
+    if equal_shares:
+        return torch.arange(math.ceil(num_samples / world_size)) * world_size + rank
+    return torch.arange(rank, num_samples, world_size)
+
+
+def generate_batches(
+    module: DiffusionModule,
+    indices: torch.Tensor,
+    *,
+    seed: int = 0,
+    batch_size: int = 256,
+    options: SamplingOptions | None = None,
+    progress: bool = False,
+) -> Iterator[torch.Tensor]:
+    """Samples with the given indices in model units, `batch_size` at a time, on the module's device."""
+    starts = range(0, len(indices), batch_size)
+    for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
+        batch = indices[start : start + batch_size]
+        yield module.sample(len(batch), seed=seed, indices=batch, options=options, progress=progress)
+
+
+def generate(
+    module: DiffusionModule,
+    num_samples: int,
+    *,
+    seed: int = 0,
+    batch_size: int = 256,
+    options: SamplingOptions | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = False,
+) -> torch.Tensor:
+    """This rank's equal share of `num_samples` samples (see `rank_indices`), on the CPU, in model units.
+
+    With world_size 1 that is simply samples 0..num_samples-1.
+    """
+    indices = rank_indices(num_samples, rank, world_size, equal_shares=True)
+    batches = generate_batches(
+        module, indices, seed=seed, batch_size=batch_size, options=options, progress=progress
+    )
+    return torch.cat([batch.cpu() for batch in batches])
+
+
+def gather_in_order(
+    local: torch.Tensor, num_samples: int, all_gather: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """Every rank's `generate` share, gathered with `all_gather` ((world, per_rank, ...) on every rank) and
+    put in sample-index order: (num_samples, ...) on the CPU."""
+    gathered = all_gather(local)
+    if gathered.ndim == local.ndim:  # one process: all_gather returns its input
+        return local[:num_samples].cpu()
+    # Rank r's j-th sample is sample j * world + r: transposing to (per_rank, world) puts sample i at row i.
+    return gathered.transpose(0, 1).reshape(-1, *gathered.shape[2:])[:num_samples].cpu()
+
+
+def sample_across_ranks(
+    module: DiffusionModule, num_samples: int, seed: int, options: SamplingOptions | None = None
+) -> torch.Tensor:
+    """During training: `num_samples` samples split over all ranks and gathered in index order on every rank."""
+    world = module.trainer.world_size
+    local = generate(module, num_samples, seed=seed, batch_size=num_samples, options=options,
+                     rank=module.global_rank, world_size=world)  # fmt: skip
+    if world == 1:
+        return local
+    return gather_in_order(local.to(module.device), num_samples, module.all_gather)

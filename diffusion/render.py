@@ -1,0 +1,94 @@
+"""Model units -> data units -> pictures and files: the one place samples are turned into something to see.
+
+Inside, samples are torch tensors in the model's units: (N, C, H, W) images in [-1, 1] or (N, D) vectors.
+`normalization` ({"shift": [...], "scale": [...]}, from the data module, stored in every checkpoint) maps
+them to data units: data = model * scale + shift, per channel or per feature. Numpy NHWC appears only in
+`samples.npz`, the layout image evaluators (guided-diffusion's, EDM's) read.
+"""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torchvision.utils import make_grid, save_image
+
+
+def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
+    """Map a batch from model units back to data units: (B, C, H, W) per channel, (B, D) per feature."""
+    if x.ndim < 2:
+        raise ValueError(f"expected a batch of shape (B, C, H, W) or (B, D), got shape {tuple(x.shape)}")
+    shift = torch.as_tensor(normalization["shift"], dtype=x.dtype, device=x.device)
+    scale = torch.as_tensor(normalization["scale"], dtype=x.dtype, device=x.device)
+    if shift.numel() != x.shape[1] or scale.numel() != x.shape[1]:
+        raise ValueError(
+            f"normalization has {shift.numel()} shift and {scale.numel()} scale values "
+            f"but the batch has {x.shape[1]} channels/features (shape {tuple(x.shape)})"
+        )
+    view = (1, -1) + (1,) * (x.ndim - 2)
+    return x * scale.view(view) + shift.view(view)
+
+
+def to_uint8(x: torch.Tensor, normalization: dict) -> torch.Tensor:
+    """(N, C, H, W) images in model units -> uint8 (N, C, H, W) in 0..255, on x's device."""
+    if x.ndim != 4:
+        raise ValueError(f"expected images of shape (N, C, H, W), got shape {tuple(x.shape)}")
+    images = denormalize(x.detach().float(), normalization).clamp(0, 1)
+    return images.mul(255).round().to(torch.uint8)
+
+
+def to_uint8_images(x: torch.Tensor, normalization: dict) -> np.ndarray:
+    """(N, C, H, W) in model units -> numpy uint8 (N, H, W, C), the layout of `samples.npz`."""
+    return to_uint8(x, normalization).permute(0, 2, 3, 1).cpu().numpy()
+
+
+def save_image_grid(images: torch.Tensor, path: str | Path) -> torch.Tensor:
+    """Save (N, C, H, W) images in [0, 1] as a near-square grid PNG; return the grid (C, H', W')."""
+    grid = make_grid(images.clamp(0, 1), nrow=int(math.ceil(math.sqrt(len(images)))), padding=1)
+    save_image(grid, str(path))
+    return grid
+
+
+def save_scatter(points: np.ndarray, path: str | Path, reference: np.ndarray | None = None) -> None:
+    """Scatter plot of the first two features of (N, D) points, optionally over reference data."""
+    # A bare Figure needs no pyplot backend: works headless and leaves a notebook's backend alone.
+    fig = Figure(figsize=(5, 5), dpi=100)
+    ax = fig.subplots()
+    second = lambda a: a[:, 1 % a.shape[1]]  # noqa: E731  (1-D data: plot the feature against itself)
+    if reference is not None:
+        ax.scatter(reference[:, 0], second(reference), s=2, alpha=0.3, c="tab:gray", label="data")
+    ax.scatter(points[:, 0], second(points), s=2, alpha=0.6, c="tab:blue", label="samples")
+    ax.set_aspect("equal", adjustable="datalim")
+    if reference is not None:
+        ax.legend(loc="upper right", markerscale=4)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def save_preview(samples: torch.Tensor, normalization: dict, path: str | Path) -> torch.Tensor | None:
+    """A picture of samples in model units: an image grid (returned, for TensorBoard) or, for vectors, a
+    scatter plot of the first two features (returns None)."""
+    data = denormalize(samples.detach().float().cpu(), normalization)
+    if samples.ndim == 4:
+        return save_image_grid(data, path)
+    save_scatter(data.numpy(), path)
+    return None
+
+
+def write_samples(
+    samples: torch.Tensor, normalization: dict, out_dir: str | Path, grid_size: int = 64
+) -> Path:
+    """Write out_dir/samples.npz (`arr_0`: uint8 N x H x W x C images, or float32 N x D vectors in data
+    units) and out_dir/grid.png (the first `grid_size` images, or a scatter of all vectors); return the npz."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if samples.ndim == 4:
+        array = to_uint8_images(samples, normalization)
+        save_preview(samples[:grid_size], normalization, out_dir / "grid.png")
+    else:
+        array = denormalize(samples.detach().float().cpu(), normalization).numpy().astype(np.float32)
+        save_scatter(array, out_dir / "grid.png")
+    path = out_dir / "samples.npz"
+    np.savez(path, array)
+    return path

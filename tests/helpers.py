@@ -1,0 +1,29 @@
+"""What tests (and the benchmarks' quick modes) share: tiny models and short runs through the real CLI."""
+
+from pathlib import Path
+
+from diffusion.cli import main
+
+# A UNet of ~40k parameters and a few steps: seconds on a CPU, but the whole pipeline (config, data,
+# Trainer, EMA, checkpointing, sample grid) runs as it does for users.
+TINY_UNET = [
+    "--model.network.init_args.channels", "8",
+    "--model.network.init_args.channel_mult", "[1, 2]",
+    "--model.network.init_args.num_res_blocks", "1",
+    "--model.network.init_args.attention_levels", "[1]",
+]  # fmt: skip
+TINY_MLP = ["--model.network.init_args.hidden_dim", "32", "--model.network.init_args.num_blocks", "2"]
+QUICK = [
+    "--max_steps", "4",
+    "--trainer.val_check_interval", "2",
+    "--trainer.enable_progress_bar", "false",
+    "--trainer.enable_model_summary", "false",
+    "--sample_grid.num_samples", "4",
+    "--sample_grid.sampling.steps", "3",
+    "--model.warmup_steps", "1",
+]  # fmt: skip
+
+
+def tiny_run(save_dir: Path, *extra: str):
+    """Train a tiny digits model into save_dir/<name>/version_N and return the CLI object."""
+    return main([*TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(save_dir), *extra])
