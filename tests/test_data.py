@@ -10,7 +10,8 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch.utils.data import DistributedSampler, RandomSampler
 
-from diffusion.data import ImageDataModule
+from diffusion.data import Batch, ImageDataModule
+from diffusion.module import check_batch
 from diffusion.render import denormalize, to_uint8_images
 from diffusion.vectors import VectorDataModule
 
@@ -229,3 +230,13 @@ def test_to_uint8_images():
     images = to_uint8_images(x, {"shift": [0.5] * 3, "scale": [0.5] * 3})
     assert images.dtype == np.uint8 and images.shape == (3, 2, 2, 3)
     assert images[0, :, :, 0].tolist() == [[0, 255], [128, 255]]
+
+
+def test_batches_are_typed_and_a_foreign_batch_is_refused_with_a_clear_error(digits):
+    batch = next(iter(digits.train_dataloader()))
+    assert isinstance(batch, Batch) and batch.index.dtype == torch.int64
+    # A user's DataModule yielding (image, label): labels would silently become noise seeds without the check.
+    images, labels = batch.x, torch.zeros(len(batch.x), dtype=torch.long)
+    assert check_batch(Batch(images, labels)).x is images
+    with pytest.raises(TypeError, match=r"Batch\(x, index\), got tuple.*IndexedDataset"):
+        check_batch((images, labels))

@@ -202,3 +202,12 @@ def test_noise_seed_none_uses_the_global_seed(monkeypatch):
     from_env = make_module(noise_mode="per_sample").draw_noise_and_timesteps(x0, indices, 0, per_sample=True)
     explicit = make_module(noise_seed=3).draw_noise_and_timesteps(x0, indices, 0, per_sample=True)
     torch.testing.assert_close(from_env[0], explicit[0], atol=0, rtol=0)
+
+
+# ---- the batch contract ---------------------------------------------------------------------------------
+def test_training_and_validation_refuse_a_batch_that_is_not_x_and_index():
+    module = make_module()
+    foreign = (X0, torch.zeros(len(X0), dtype=torch.long))  # e.g. (image, label) from a user's DataModule
+    for step in (module.training_step, module.validation_step):
+        with pytest.raises(TypeError, match="diffusion.data.Batch"):
+            step(foreign, 0)
