@@ -66,8 +66,10 @@ def log_snr_timesteps(alphas_cumprod: torch.Tensor, steps: int) -> torch.Tensor:
     """`steps` training timesteps evenly spread in lambda (the half log-SNR) from lambda(T-1) to lambda(0),
     both ends included, ascending (int64).
 
-    This is DPM-Solver's "logSNR" step schedule (Lu et al. 2022, Sec. 3.3), the one its authors recommend for
-    low-resolution images and use for Ho et al.'s discrete-time CIFAR-10 model. Each lambda is mapped to the
+    This is the "logSNR" step schedule of DPM-Solver (Lu et al. 2022a, "DPM-Solver: A Fast ODE Solver for
+    Diffusion Probabilistic Model Sampling in Around 10 Steps"), which its authors recommend for
+    low-resolution images (time-uniform steps for high-resolution ones) and which their reference code uses
+    for Ho et al.'s discrete-time CIFAR-10 model. Each lambda is mapped to the
     training timestep nearest in lambda, because the networks only know integer timesteps; where lambda moves
     faster than the grid (near t = 0 with many steps) neighbours are pushed apart so all `steps` differ.
     Like the reference code, the grid does not reach below lambda = -5.1 (the cosine schedule's lambda
