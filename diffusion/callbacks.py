@@ -169,20 +169,23 @@ class FIDCallback(EveryNValidations):
     ``every_n_validations`` validations. ``ModelCheckpoint(monitor="val/fid", mode="min")`` can keep the
     best model. With ``features="pixels"`` the logged value is the pixel-space FD (offline), not Inception FID.
 
-    Under DDP nothing is duplicated and no rank idles: rank r feeds real images r, r + world, ... of a
-    fixed random subset of ``num_real`` training images (once; real statistics are kept) and generates
+    The real images are the training images as stored, without random augmentation: the data module's
+    ``unaugmented_train_set()`` when it has one (`diffusion.data.ImageDataModule` does), else the training
+    DataLoader's dataset. Under DDP nothing is duplicated and no rank idles: rank r feeds real images
+    r, r + world, ... of a fixed random subset of ``num_real`` of them (once; real statistics are kept) and generates
     samples r, r + world, ... of ``num_samples`` (per-sample seeds: the same images whatever the world
     size); torchmetrics then sums the states over ranks. FID depends on the sample count: compare values
     computed with the same ``num_samples``.
 
     Args:
-        num_samples: generated images per evaluation (FID papers use 50,000; 1,000 keeps CPU runs short).
+        num_samples: generated images per evaluation (papers: 50,000 against the whole training set, i.e.
+            ``num_real`` = its size; 1,000 keeps CPU runs short but reads higher than a paper's FID).
         features: "inception" (standard FID, weights downloaded on first use) or "pixels" (offline).
         every_n_validations: evaluate at every n-th validation.
         sampling: how to sample; unset fields take the model's defaults.
         seed: seed of the generated samples, of the real subset and of KID's subsets.
         kid: also compute KID (keeps all features in memory).
-        kid_subset_size: KID subset size, capped at the number of images available.
+        kid_subset_size: KID subset size (1,000 as in torch-fidelity), capped at the number of images available.
         num_real: real images for the reference statistics (default: num_samples, capped at the train set).
         batch_size: images per sampling / feature batch on each rank.
         inception_weights: a local copy of the InceptionV3 weights (offline clusters).
@@ -196,7 +199,7 @@ class FIDCallback(EveryNValidations):
         sampling: SamplingOptions = DEFER,
         seed: int = 0,
         kid: bool = True,
-        kid_subset_size: int = 50,
+        kid_subset_size: int = 1000,
         num_real: int | None = None,
         batch_size: int = 256,
         inception_weights: str | None = None,
@@ -281,7 +284,8 @@ class FIDCallback(EveryNValidations):
         subset = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed))
         shard = subset[rank_indices(self._num_real_total, pl_module.global_rank, trainer.world_size)]
         loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=self.batch_size, shuffle=False)
-        # Transforms such as random flips draw from the global RNG: fork it so training noise is unchanged.
+        # A fallback dataset's random transforms would draw from the global RNG: fork it so training noise
+        # is unchanged.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             for batch in loader:
@@ -302,11 +306,12 @@ class FIDCallback(EveryNValidations):
 
 
 def _train_dataset(trainer: L.Trainer) -> Dataset:
-    """The training set (items ``x`` or ``(x, ...)`` in model units) of the datamodule or the fit loop."""
-    if trainer.datamodule is not None:
-        loader = trainer.datamodule.train_dataloader()
-    else:
-        loader = trainer.train_dataloader
+    """The training set (items ``x`` or ``(x, ...)`` in model units) without random augmentation when the
+    datamodule offers it (``unaugmented_train_set``), else the dataset of the training DataLoader."""
+    datamodule = trainer.datamodule
+    if datamodule is not None and hasattr(datamodule, "unaugmented_train_set"):
+        return datamodule.unaugmented_train_set()
+    loader = datamodule.train_dataloader() if datamodule is not None else trainer.train_dataloader
     dataset = getattr(loader, "dataset", None)
     if dataset is None or not hasattr(dataset, "__len__"):
         raise ValueError(

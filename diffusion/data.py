@@ -242,14 +242,14 @@ class ImageDataModule(SplitDataModule):
             )
         return files
 
-    def _transform(self, native_size: int | None) -> v2.Compose:
+    def _transform(self, native_size: int | None, random_flip: bool) -> v2.Compose:
         # Resize on uint8 (before ToDtype) so that interpolation cannot overshoot [0, 1].
         steps = [v2.ToImage()]
         if native_size is None:  # folder: arbitrary sizes and aspect ratios
             steps += [v2.Resize(self.image_size, antialias=True), v2.CenterCrop(self.image_size)]
         elif native_size != self.image_size:
             steps.append(v2.Resize(self.image_size, antialias=True))
-        if self.random_flip:
+        if random_flip:
             steps.append(v2.RandomHorizontalFlip())
         steps += [
             v2.ToDtype(torch.float32, scale=True),
@@ -266,24 +266,36 @@ class ImageDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
+        self._split(self._full_dataset(self.random_flip))
+
+    def unaugmented_train_set(self) -> Dataset:
+        """The training split's images without random augmentation (no flips), same items and indices: the
+        real images that FID statistics are computed from (the training set as stored, as in Ho et al.)."""
+        self.setup("fit")
+        if not self.random_flip:
+            return self.train_set
+        full = self._full_dataset(random_flip=False)
+        return Subset(full, self.train_set.indices) if isinstance(self.train_set, Subset) else full
+
+    def _full_dataset(self, random_flip: bool) -> Dataset:
         if self.dataset == "digits":
-            full = IndexedDataset(
-                TensorDataset(self._digits()), v2.RandomHorizontalFlip() if self.random_flip else None
+            return IndexedDataset(
+                TensorDataset(self._digits()), v2.RandomHorizontalFlip() if random_flip else None
             )
-        elif self.dataset == "folder":
+        if self.dataset == "folder":
             mode = "RGB" if self.channels == 3 else "L"
-            full = IndexedDataset(ImageFiles(self._files, mode, self._transform(None)))
-        else:
-            cls, _, native_size = _TORCHVISION[self.dataset]
-            try:
-                base = cls(self.root, train=True, download=False, transform=self._transform(native_size))
-            except RuntimeError as err:
-                raise FileNotFoundError(
-                    f"{self.dataset} not found under {self.root!r}: {err} "
-                    "(the Trainer downloads it via prepare_data; call dm.prepare_data() when used alone)"
-                ) from err
-            full = IndexedDataset(base)
-        self._split(full)
+            return IndexedDataset(ImageFiles(self._files, mode, self._transform(None, random_flip)))
+        cls, _, native_size = _TORCHVISION[self.dataset]
+        try:
+            base = cls(
+                self.root, train=True, download=False, transform=self._transform(native_size, random_flip)
+            )
+        except RuntimeError as err:
+            raise FileNotFoundError(
+                f"{self.dataset} not found under {self.root!r}: {err} "
+                "(the Trainer downloads it via prepare_data; call dm.prepare_data() when used alone)"
+            ) from err
+        return IndexedDataset(base)
 
     def _digits(self) -> torch.Tensor:
         from sklearn.datasets import load_digits

@@ -95,7 +95,7 @@ def evaluate(
     samples: np.ndarray,
     reference: np.ndarray,
     features: Features = "inception",
-    kid_subset_size: int = 50,
+    kid_subset_size: int = 1000,
     batch_size: int = 250,
     device: str = "cpu",
     inception_weights: str | None = None,
@@ -137,7 +137,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
         "--reference", required=True, help=f"an .npz file or a dataset: {get_args(ImageDatasetName)}"
     )
     parser.add_argument("--features", choices=get_args(Features), default="inception")
-    parser.add_argument("--kid_subset_size", type=int, default=50)
+    parser.add_argument(
+        "--kid_subset_size", type=int, default=1000, help="KID subset size (capped at the image counts)"
+    )
     parser.add_argument(
         "--num_reference", type=int, default=None, help="a fixed random subset of the reference"
     )
