@@ -94,6 +94,22 @@ def test_unet_output_shape_and_zero_init(in_channels: int, size: int, config: di
     assert torch.all(out == 0)
 
 
+def test_unet_fused_qkv_is_initialised_like_three_separate_layers() -> None:
+    # The original's q, k and v are three C -> C layers, each Xavier-uniform: bound sqrt(6 / (C + C)).
+    # Xavier on the fused C -> 3C weight would use fan_out 3C: bound sqrt(6 / 4C), 1/sqrt(2) too small.
+    torch.manual_seed(0)
+    model = UNet(channels=64, channel_mult=(1,), num_res_blocks=1, attention_levels=(0,))
+    attention = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.out_channels == 192)
+    channels = 64
+    bound = (6 / (2 * channels)) ** 0.5
+    for block in attention.weight.detach().chunk(3, dim=0):  # q, k, v: (C, C, 1, 1) each
+        assert block.abs().max() <= bound
+        assert block.abs().max() > 0.97 * bound  # 4,096 draws reach the bound's top 3%
+        # Uniform(-b, b) has std b / sqrt(3) = sqrt(1 / C); 4,096 draws estimate it to about 1%.
+        assert block.std().item() == pytest.approx(bound / 3**0.5, rel=0.05)
+    assert not attention.bias.any()
+
+
 def test_unet_out_channels() -> None:
     model = UNet(in_channels=3, out_channels=6, **TINY_UNET)
     assert model(torch.randn(1, 3, 8, 8), torch.tensor([3])).shape == (1, 6, 8, 8)
