@@ -25,7 +25,11 @@ def make_betas(
 ) -> torch.Tensor:
     """Return float64 betas of shape (num_timesteps,).
 
-    linear: Ho et al. 2020 (1e-4 to 0.02 over T=1000).
+    linear: Ho et al. 2020 (1e-4 to 0.02 over T=1000). ``beta_start`` and ``beta_end`` are the values at
+        T = 1000 and are scaled by 1000 / T for other T, as in improved-diffusion (Nichol & Dhariwal 2021,
+        ``get_named_beta_schedule``), so that alphas_cumprod at T stays near 4e-5 and x_T near N(0, I) for
+        any T (unscaled, T = 100 would end at alphas_cumprod 0.36). Betas are clipped at 0.999, as the
+        cosine's, which the defaults reach only for T <= 20.
     cosine: Nichol & Dhariwal 2021, alphas_cumprod = cos^2(((t/T + s) / (1 + s)) * pi/2), s = 0.008,
         betas clipped at 0.999.
     sigmoid: Jabri et al. 2022 (RIN), alphas_cumprod follows a reversed sigmoid of t/T mapped to [-3, 3],
@@ -37,7 +41,9 @@ def make_betas(
     if schedule == "linear":
         if not 0 < beta_start < beta_end < 1:
             raise ValueError(f"need 0 < beta_start < beta_end < 1, got {beta_start} and {beta_end}")
-        return torch.linspace(beta_start, beta_end, num_timesteps, dtype=torch.float64)
+        scale = 1000 / num_timesteps
+        betas = torch.linspace(scale * beta_start, scale * beta_end, num_timesteps, dtype=torch.float64)
+        return betas.clamp(max=0.999)
     steps = torch.arange(num_timesteps + 1, dtype=torch.float64) / num_timesteps  # t/T for t = 0..T
     if schedule == "cosine":
         s = 0.008
