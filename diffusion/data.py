@@ -89,9 +89,21 @@ class ImageFiles(Dataset):
 
 
 class SplitDataModule(LightningDataModule):
-    """Shared train/val split and dataloaders; subclasses set ``_full`` in ``setup``."""
+    """Shared train/val split and dataloaders; subclasses call ``_split`` in ``setup``.
 
-    def __init__(self, batch_size: int, num_workers: int, val_fraction: float, seed: int) -> None:
+    Either ``val_fraction`` of the data is held out, or (``val_from_train=N``, with ``val_fraction=0``) the
+    model trains on all of it and validates on a fixed random subset of N training samples, as Ho et al.
+    train CIFAR-10 on all 50,000 images.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_workers: int,
+        val_fraction: float,
+        seed: int,
+        val_from_train: int | None = None,
+    ) -> None:
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -99,6 +111,14 @@ class SplitDataModule(LightningDataModule):
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not 0 <= val_fraction < 1:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        if val_from_train is not None and val_from_train < 1:
+            raise ValueError(f"val_from_train must be >= 1 (or None), got {val_from_train}")
+        if val_from_train is not None and val_fraction > 0:
+            raise ValueError(
+                f"val_from_train={val_from_train} validates on training samples and holds nothing out; "
+                f"set --data.val_fraction 0 (got {val_fraction})"
+            )
+        self.val_from_train = val_from_train
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.val_fraction = val_fraction
@@ -108,14 +128,22 @@ class SplitDataModule(LightningDataModule):
 
     def _split(self, full: Dataset) -> None:
         n = len(full)
+        # A fixed generator: the same seed gives the same split on every rank and every run.
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        if self.val_from_train is not None:
+            if self.val_from_train > n:
+                raise ValueError(
+                    f"val_from_train={self.val_from_train} is more than the {n} training samples"
+                )
+            self.train_set = Subset(full, list(range(n)))
+            self.val_set = Subset(full, perm[: self.val_from_train].sort().values.tolist())
+            return
         n_val = max(1, round(n * self.val_fraction)) if self.val_fraction > 0 else 0
         if n - n_val < 1:
             raise ValueError(
                 f"{n} samples leave none for training with val_fraction={self.val_fraction}; "
                 "add data or set --data.val_fraction 0"
             )
-        # A fixed generator: the same seed gives the same split on every rank and every run.
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         self.val_set = Subset(full, perm[:n_val].sort().values.tolist()) if n_val else None
         self.train_set = Subset(full, perm[n_val:].sort().values.tolist())
 
@@ -175,6 +203,8 @@ class ImageDataModule(SplitDataModule):
         batch_size: per device (global = batch_size x devices x num_nodes x accumulate_grad_batches).
         val_fraction: share of the training split held out for validation (the official test splits are
             not used); 0 disables validation.
+        val_from_train: train on every image and validate on this many of them (a fixed random subset);
+            needs ``val_fraction=0``. ``configs/cifar10.yaml`` uses it to train on all 50,000 images.
         seed: seed of the train/val split.
     """
 
@@ -189,8 +219,9 @@ class ImageDataModule(SplitDataModule):
         num_workers: int = 0,
         val_fraction: float = 0.05,
         seed: int = 0,
+        val_from_train: int | None = None,
     ) -> None:
-        super().__init__(batch_size, num_workers, val_fraction, seed)
+        super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train)
         if dataset not in get_args(ImageDatasetName):
             raise ValueError(f"unknown image dataset {dataset!r}; choose one of {get_args(ImageDatasetName)}")
         if channels is not None and channels not in (1, 3):

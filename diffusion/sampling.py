@@ -201,8 +201,9 @@ def reverse_steps(
         else:
             # 4b. DDIM, Song et al. 2021 Eq. (12), with sigma_t^2 = eta^2 beta~_t from Eq. (16).
             sigma2 = eta**2 * posterior_variance
-            abar_prev, one_minus_abar_prev = schedule.alphas_cumprod_at(t_prev_batch, x.ndim)
-            x = abar_prev.sqrt() * x0 + (one_minus_abar_prev - sigma2).clamp(min=0).sqrt() * eps
+            log_abar_prev = schedule.log_alphas_cumprod_at(t_prev_batch, x.ndim)
+            coef_eps = (-torch.expm1(log_abar_prev) - sigma2.double()).clamp(min=0).sqrt()
+            x = log_abar_prev.mul(0.5).exp().to(x.dtype) * x0 + coef_eps.to(x.dtype) * eps
         # 5. add noise, except on the last step (Algorithm 2, line 3: z = 0 when t = 1) and for eta = 0.
         if t_prev >= 0 and (sampler == "ddpm" or eta > 0):
             x = x + sigma2.sqrt() * randn(x.shape, generator, x.device)

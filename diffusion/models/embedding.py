@@ -34,3 +34,21 @@ def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0)
     if dim % 2 == 1:
         emb = torch.nn.functional.pad(emb, (0, 1))  # (B, dim)
     return emb
+
+
+def fourier_features(x: torch.Tensor, num_frequencies: int) -> torch.Tensor:
+    """Each coordinate with its sines and cosines at octave frequencies: (B, D) -> (B, D * (1 + 2K)).
+
+    ``[x, sin(pi 2^k x), cos(pi 2^k x) for k = 0..K-1]``, the positional encoding of NeRF (Mildenhall et al.
+    2020; Tancik et al. 2020 on why it helps): an MLP fed raw low-dimensional coordinates learns fine detail
+    slowly (spectral bias), and the octaves give it periods from 2 down to 2^(2-K) data units.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"x must have shape (B, D), got shape {tuple(x.shape)}")
+    if num_frequencies < 0:
+        raise ValueError(f"num_frequencies must be >= 0, got {num_frequencies}")
+    if num_frequencies == 0:
+        return x
+    freqs = math.pi * 2.0 ** torch.arange(num_frequencies, device=x.device, dtype=torch.float32)  # (K,)
+    args = (x.float()[:, :, None] * freqs).flatten(1)  # (B, D * K)
+    return torch.cat([x.float(), torch.sin(args), torch.cos(args)], dim=1).to(x.dtype)

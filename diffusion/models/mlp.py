@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from diffusion.models.embedding import sinusoidal_embedding
+from diffusion.models.embedding import fourier_features, sinusoidal_embedding
 
 
 class ResidualBlock(nn.Module):
@@ -36,6 +36,8 @@ class MLP(nn.Module):
         num_blocks: number of residual blocks.
         time_embed_dim: width of the sinusoidal timestep embedding.
         dropout: dropout inside each residual block.
+        fourier_frequencies: K > 0 feeds each coordinate with its sines and cosines at K octave frequencies
+            (``fourier_features``), which fine structure in low-dimensional data needs; 0 feeds raw x.
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class MLP(nn.Module):
         num_blocks: int = 4,
         time_embed_dim: int = 128,
         dropout: float = 0.0,
+        fourier_frequencies: int = 0,
     ) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden_dim", hidden_dim)):
@@ -56,6 +59,9 @@ class MLP(nn.Module):
             raise ValueError(f"time_embed_dim must be >= 2, got {time_embed_dim}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if not 0 <= fourier_frequencies <= 24:  # beyond 24 octaves float32 sin(pi 2^k x) is noise
+            raise ValueError(f"fourier_frequencies must be in [0, 24], got {fourier_frequencies}")
+        self.fourier_frequencies = fourier_frequencies
         self.in_channels = in_channels
         self.time_embed_dim = time_embed_dim
 
@@ -64,7 +70,7 @@ class MLP(nn.Module):
             nn.SiLU(),
             nn.Linear(hidden_dim, hidden_dim),
         )
-        self.input = nn.Linear(in_channels, hidden_dim)
+        self.input = nn.Linear(in_channels * (1 + 2 * fourier_frequencies), hidden_dim)
         self.blocks = nn.ModuleList(ResidualBlock(hidden_dim, hidden_dim, dropout) for _ in range(num_blocks))
         self.out_norm = nn.LayerNorm(hidden_dim)
         self.out = nn.Linear(hidden_dim, in_channels)
@@ -78,7 +84,7 @@ class MLP(nn.Module):
         if x.ndim != 2 or x.shape[1] != self.in_channels:
             raise ValueError(f"MLP expects x of shape (B, {self.in_channels}), got {tuple(x.shape)}")
         temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim).to(x.dtype))  # (B, hidden)
-        h = self.input(x)  # (B, hidden)
+        h = self.input(fourier_features(x, self.fourier_frequencies))  # (B, hidden)
         for block in self.blocks:
             h = block(h, temb)
         return self.out(nn.functional.silu(self.out_norm(h)))  # (B, D)

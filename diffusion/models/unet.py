@@ -245,10 +245,16 @@ class UNet(nn.Module):
             | {m.conv2 for m in self.modules() if isinstance(m, ResBlock)}
             | {m.proj_out for m in self.modules() if isinstance(m, AttnBlock)}
         )
+        fused_qkv = {m.qkv for m in self.modules() if isinstance(m, AttnBlock)}
         for module in self.modules():
             if isinstance(module, nn.Conv2d | nn.Linear):
                 if module in zero_init:
                     nn.init.zeros_(module.weight)
+                elif module in fused_qkv:
+                    # The original has three C -> C layers (q, k, v); Xavier on the fused C -> 3C weight would
+                    # use fan_out 3C and draw 1/sqrt(2) of their std, so each block of C rows gets its own.
+                    for block in module.weight.chunk(3, dim=0):
+                        nn.init.xavier_uniform_(block)
                 else:
                     nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
