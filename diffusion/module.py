@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from diffusion import noise
 from diffusion.sampling import Generators, Sampler, VarianceType, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType, _check_choice
 
@@ -28,8 +29,10 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 1_000_003 + step) * 2_654_435_761 + index) % (2**63 - 1)
 
 
-def per_sample_generators(seed: int, step: int, indices: torch.Tensor) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(sample_seed(seed, step, int(i))) for i in indices]
+def per_sample_generators(seed: int, step: int, indices: torch.Tensor) -> noise.PerSampleNoise:
+    """Per-sample noise for the samplers: draw k of sample i depends only on (seed, step, k, i). One
+    counter-based stream for the whole batch (diffusion/noise.py), not a torch.Generator per sample."""
+    return noise.PerSampleNoise(seed, indices, step=step)
 
 
 class DiffusionModule(L.LightningModule):
@@ -145,10 +148,11 @@ class DiffusionModule(L.LightningModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Noise like x0 and timesteps (B,) for one batch, from the rank's generator or per sample."""
         T = self.schedule.num_timesteps
-        if per_sample:
-            generators = per_sample_generators(self._noise_seed, step, indices)
-            t = torch.cat([torch.randint(T, (1,), generator=g) for g in generators]).to(x0.device)
-            return randn(x0.shape, generators, x0.device), t
+        if per_sample:  # a function of (seed, step, dataset index), drawn for the whole batch on its device
+            indices = indices.to(x0.device)
+            t = noise.randint(T, noise.noise_key(self._noise_seed, noise.TRAINING_TIMESTEPS, step), indices)
+            key = noise.noise_key(self._noise_seed, noise.TRAINING_NOISE, step)
+            return noise.normal(x0.shape, key, indices, dtype=x0.dtype), t
         t = torch.randint(T, (x0.shape[0],), device=x0.device, generator=self._generator)
         return randn(x0.shape, self._generator, x0.device), t
 
