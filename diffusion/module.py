@@ -53,6 +53,8 @@ class DiffusionModule(L.LightningModule):
         noise_seed: seed of the training noise; None uses the seed given to seed_everything (or 0).
         init_from: weights to start from: a checkpoint of this project or a state_dict of the network.
             Loaded here, before the strategy wraps the model, so every rank starts identical.
+        compile: compile the network with torch.compile when fitting starts. In place (nn.Module.compile),
+            so parameter names and checkpoint keys stay `network.*`, with no `_orig_mod.` in them.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class DiffusionModule(L.LightningModule):
         noise_mode: NoiseMode = "fast",
         noise_seed: int | None = None,
         init_from: str | None = None,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         for name, value, allowed in [
@@ -103,6 +106,7 @@ class DiffusionModule(L.LightningModule):
         self.sample_shape = tuple(sample_shape)
         self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end)
         self._generator: torch.Generator | None = None
+        self._compiled = False
         if init_from is not None:
             try:
                 self.network.load_state_dict(read_network_weights(init_from))
@@ -132,6 +136,10 @@ class DiffusionModule(L.LightningModule):
                 f"use --precision {precision.replace('-true', '-mixed')} (the network runs in half, the "
                 "schedule and loss stay float32)"
             )
+        if self.hparams.compile and stage == "fit" and not self._compiled:
+            # After the EMA callback's setup has copied the module: its copy stays a plain module.
+            self.network.compile()
+            self._compiled = True
 
     def on_fit_start(self) -> None:
         # seed_everything gives every rank the same seed: without the rank in this generator's seed, all ranks
@@ -187,9 +195,11 @@ class DiffusionModule(L.LightningModule):
         self.log("val/loss", self.per_sample_loss(x0, noise, t).mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
+        # The fused kernel updates all parameters at once: about half the time of the default per-tensor
+        # loop on a CPU (which gets no foreach default), and what CUDA runs fastest.
         optimizer = torch.optim.Adam(
             self.parameters(), lr=self.hparams.lr, betas=self.hparams.adam_betas,
-            weight_decay=self.hparams.weight_decay,
+            weight_decay=self.hparams.weight_decay, fused=self.device.type in ("cpu", "cuda"),
         )  # fmt: skip
         warmup = max(self.hparams.warmup_steps, 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
