@@ -55,6 +55,7 @@ from diffusion.cli import DiffusionCLI, with_default_config
 from diffusion.data import IndexedDataset, SplitDataModule
 from diffusion.models import UNet
 from diffusion.models.unet import AttnBlock
+from diffusion.module import use_tf32_on_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_UNET = [
@@ -162,7 +163,11 @@ def to_device(batch, device: torch.device):
 
 # ---- the three paths ----------------------------------------------------------------------------------
 def build_project(cli_args: list[str], synthetic: bool) -> DiffusionCLI:
-    cli = DiffusionCLI(with_default_config([*cli_args, *QUIET]))
+    saved, sys.argv[1:] = sys.argv[1:], []  # LightningCLI warns when args come with a command line of its own
+    try:
+        cli = DiffusionCLI(with_default_config([*cli_args, *QUIET]))
+    finally:
+        sys.argv[1:] = saved
     if synthetic:
         data = cli.datamodule
         cli.datamodule = SyntheticImages(cli.model.sample_shape, data.batch_size, data.num_workers)
@@ -440,8 +445,7 @@ def main(argv: list[str] | None = None) -> str:
     if accelerator == "auto":
         accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(accelerator)
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32, as train.py sets it on CUDA
+    use_tf32_on_cuda(device)  # as DiffusionModule.setup does for training
     cli = build_project([*cli_args, "--trainer.accelerator", accelerator], args.synthetic)
     batch = cli.datamodule.batch_size
     num_params = sum(p.numel() for p in cli.model.network.parameters())

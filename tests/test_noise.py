@@ -143,3 +143,19 @@ def test_per_sample_noise_draws_in_sequence_and_splits_like_the_batch():
     assert not torch.equal(noise.PerSampleNoise(3, torch.arange(6), step=1).randn((6, 4)), first)
     with pytest.raises(ValueError, match="6 sample indices for a batch of 5"):
         noise.PerSampleNoise(3, torch.arange(6)).randn((5, 4))
+
+
+def test_training_noise_per_sample_is_the_same_in_any_batch_split():
+    from diffusion.models import MLP
+    from diffusion.module import DiffusionModule
+
+    module = DiffusionModule(MLP(in_channels=2, hidden_dim=8, num_blocks=1), sample_shape=(2,), noise_seed=5)
+    x0, indices = torch.zeros(6, 2), torch.tensor([9, 4, 0, 31, 7, 2])
+    noise_all, t_all = module.draw_noise_and_timesteps(x0, indices, step=3, per_sample=True)
+    parts = [module.draw_noise_and_timesteps(x0[s], indices[s], 3, True) for s in (slice(0, 1), slice(1, 6))]
+    assert torch.equal(torch.cat([n for n, _ in parts]), noise_all)
+    assert torch.equal(torch.cat([t for _, t in parts]), t_all)
+    assert t_all.dtype == torch.int64 and t_all.min() >= 0 and t_all.max() < 1000
+    # Another step draws other noise and timesteps for the same samples.
+    noise_next, t_next = module.draw_noise_and_timesteps(x0, indices, step=4, per_sample=True)
+    assert not torch.isclose(noise_next, noise_all).any() and not torch.equal(t_next, t_all)
