@@ -7,9 +7,10 @@
     python benchmarks/speed.py -- --model.compile true         # train.py flags after `--` (project and plain)
 
 Three training paths on the same batches, interleaved in one process: round r runs each path for
-`--warmup + --steps` optimizer steps (the order rotates every round), and a path's step time is the median,
-over all rounds, of the intervals between consecutive step starts after its warm-up (on CUDA, of 10-step
-chunks closed by a synchronize):
+`--warmup + --steps` optimizer steps (the order rotates every round). A path's step time is the median, over
+all rounds, of the intervals between consecutive step starts after its warm-up (on CUDA, of 10-step chunks
+closed by a synchronize). A ratio between two paths is the median of their per-round ratios: paired within a
+round, so a machine that slows down for a while (other jobs) moves both sides of a ratio alike.
 
 - project: the recipe as `python train.py` builds it (LightningCLI: config, flags, DiffusionModule, DataModule,
   the EMA callback, gradient clipping, Adam with warmup, precision) run by a Lightning Trainer with no
@@ -30,7 +31,6 @@ Results go to benchmarks/results/speed.md (OUT/speed.md with --out, and always w
 
 import argparse
 import contextlib
-import copy
 import io
 import logging
 import os
@@ -41,20 +41,14 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import lightning as L
 import torch
-import torch.nn.functional as F
-from torch.utils.data import TensorDataset
+from speed_paths import build_project, diffusers_path, plain_path, project_path, training_flops
 
-from diffusion.callbacks import EMA
-from diffusion.cli import DiffusionCLI, with_default_config
-from diffusion.data import IndexedDataset, SplitDataModule
 from diffusion.models import UNet
-from diffusion.models.unet import AttnBlock
 from diffusion.module import use_tf32_on_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +56,6 @@ TINY_UNET = [
     "--model.network.init_args.channels", "8", "--model.network.init_args.channel_mult", "[1, 2]",
     "--model.network.init_args.num_res_blocks", "1", "--model.network.init_args.attention_levels", "[1]",
 ]  # fmt: skip
-# What the timed Trainer leaves out: everything that is not a training step.
-QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
 
 
 @dataclass
@@ -72,7 +64,6 @@ class Timed:
 
     name: str
     run: Callable[[int], list[float]]  # timed steps -> seconds of each (after the warm-up steps)
-    batch_size: int
     note: str = ""
     times: list[float] = field(default_factory=list)  # every timed step of every round
     rounds: list[float] = field(default_factory=list)  # the median of each round
@@ -84,37 +75,20 @@ class Timed:
         return statistics.median(self.times)
 
 
-# ---- timing and memory --------------------------------------------------------------------------------
-class StepClock:
-    """Step-start timestamps; on CUDA one synchronize per `chunk` steps, so the queue is not drained per step."""
+@dataclass
+class Run:
+    """Everything one benchmark run measured, for the table."""
 
-    def __init__(self, device: torch.device, warmup: int) -> None:
-        self.cuda = device.type == "cuda"
-        self.chunk = 10 if self.cuda else 1
-        self.warmup = warmup
-        self.marks: list[tuple[int, float]] = []
-        self.steps = 0
-
-    def tick(self) -> None:
-        if self.steps >= self.warmup and (self.steps - self.warmup) % self.chunk == 0:
-            if self.cuda:
-                torch.cuda.synchronize()
-            self.marks.append((self.steps, time.perf_counter()))
-        self.steps += 1
-
-    def per_step(self) -> list[float]:
-        return [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(self.marks, self.marks[1:], strict=False)]
-
-
-class ClockCallback(L.Callback):
-    def __init__(self, clock: StepClock) -> None:
-        self.clock = clock
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.clock.tick()
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.clock.tick()  # closes the last step
+    args: argparse.Namespace
+    cli_args: list[str]
+    precision: str
+    device: torch.device
+    batch: int
+    num_params: int = 0
+    flops: int = 0  # of one training step's forward + backward
+    paths: list[Timed] = field(default_factory=list)
+    sampling: list[float] = field(default_factory=list)  # seconds per batch
+    job: dict | None = None
 
 
 def reset_peak_memory(device: torch.device) -> int:
@@ -141,190 +115,6 @@ def _proc_status_bytes(field_name: str) -> int:
     import resource  # not Linux: the peak of the whole process
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def precision_context(precision: str, device: torch.device) -> tuple[Callable, torch.amp.GradScaler | None]:
-    """autocast and GradScaler as Lightning's precision plugin sets them up (16-mixed on CPU runs as bf16)."""
-    if "mixed" not in precision:
-        return contextlib.nullcontext, None
-    dtype = torch.float16 if precision.startswith("16") and device.type == "cuda" else torch.bfloat16
-    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
-    return (lambda: torch.autocast(device.type, dtype=dtype)), scaler
-
-
-def cycle(loader) -> Iterator:
-    while True:
-        yield from loader
-
-
-def to_device(batch, device: torch.device):
-    return [x.to(device, non_blocking=True) for x in batch]
-
-
-# ---- the three paths ----------------------------------------------------------------------------------
-def build_project(cli_args: list[str], synthetic: bool) -> DiffusionCLI:
-    saved, sys.argv[1:] = sys.argv[1:], []  # LightningCLI warns when args come with a command line of its own
-    try:
-        cli = DiffusionCLI(with_default_config([*cli_args, *QUIET]))
-    finally:
-        sys.argv[1:] = saved
-    if synthetic:
-        data = cli.datamodule
-        cli.datamodule = SyntheticImages(cli.model.sample_shape, data.batch_size, data.num_workers)
-    return cli
-
-
-class SyntheticImages(SplitDataModule):
-    """Uniform noise in [-1, 1] of the recipe's shape: for machines that cannot download the recipe's data."""
-
-    def __init__(self, sample_shape: tuple[int, ...], batch_size: int, num_workers: int, num_samples=10_000):
-        super().__init__(batch_size, num_workers, val_fraction=0.0, seed=0)
-        self.sample_shape, self.num_samples = tuple(sample_shape), num_samples
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is None:
-            generator = torch.Generator().manual_seed(0)
-            images = torch.rand((self.num_samples, *self.sample_shape), generator=generator) * 2 - 1
-            self._split(IndexedDataset(TensorDataset(images)))
-
-
-def recipe_ema(cli: DiffusionCLI) -> EMA:
-    return next(c for c in cli.trainer.callbacks if isinstance(c, EMA))
-
-
-def project_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> Callable[[int], list[float]]:
-    """The recipe's module, data and callbacks, a fresh Trainer per round (the same module keeps training)."""
-    module, data, trainer, ema = cli.model, cli.datamodule, cli.trainer, recipe_ema(cli)
-
-    def run(steps: int) -> list[float]:
-        clock = StepClock(device, warmup)
-        fresh = L.Trainer(
-            accelerator=device.type, devices=1, precision=trainer.precision,
-            gradient_clip_val=trainer.gradient_clip_val, max_steps=warmup + steps,
-            limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False,
-            callbacks=[EMA(ema.decay, ema.warmup, ema.update_every_n_steps), ClockCallback(clock)],
-        )  # fmt: skip
-        fresh.fit(module, data)
-        return clock.per_step()
-
-    return run
-
-
-def plain_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> Callable[[int], list[float]]:
-    """The same DiffusionModule (a copy), data and optimizer in a hand-written loop."""
-    module = copy.deepcopy(cli.model).to(device)
-    if module.hparams.get("compile"):
-        module.network.compile()
-    module.on_fit_start()  # the rank's noise generator
-    params = list(module.parameters())
-    ema_params = [p.detach().clone() for p in params]
-    decay, clip = recipe_ema(cli).decay, cli.trainer.gradient_clip_val
-    autocast, scaler = precision_context(str(cli.trainer.precision), device)
-    per_sample = module.hparams.noise_mode == "per_sample"
-    cli.datamodule.setup("fit")
-    batches = cycle(cli.datamodule.train_dataloader())
-    config = module.configure_optimizers()
-    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
-    updates = 0
-
-    def run(steps: int) -> list[float]:
-        nonlocal updates
-        clock = StepClock(device, warmup)
-        module.train()
-        for _ in range(warmup + steps):
-            clock.tick()
-            x0, indices = to_device(next(batches), device)
-            with autocast():
-                noise, t = module.draw_noise_and_timesteps(x0, indices, updates, per_sample)
-                loss = module.per_sample_loss(x0, noise, t).mean()
-            optimizer_step(loss, optimizer, scaler, params, clip)
-            scheduler.step()
-            with torch.no_grad():
-                torch._foreach_lerp_(ema_params, params, 1 - min(decay, (1 + updates) / (10 + updates)))
-            updates += 1
-        clock.tick()
-        return clock.per_step()
-
-    return run
-
-
-def optimizer_step(loss, optimizer, scaler, params, clip: float | None) -> None:
-    """backward, unscale, clip, step, zero_grad: Lightning's order."""
-    (scaler.scale(loss) if scaler else loss).backward()
-    if scaler:
-        scaler.unscale_(optimizer)
-    if clip:
-        torch.nn.utils.clip_grad_norm_(params, clip)
-    if scaler:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def diffusers_config(network: UNet) -> dict:
-    """UNet2DModel arguments for the architecture of this project's UNet (both are Ho et al.'s), read off
-    the built network."""
-    channels = network.channels
-    widths = [stage.blocks[-1].conv1.out_channels for stage in network.down]
-    attention = [isinstance(stage.attns[0], AttnBlock) for stage in network.down]
-    down = ["AttnDownBlock2D" if attn else "DownBlock2D" for attn in attention]
-    resblock = network.down[0].blocks[0]
-    heads = network.mid_attn.num_heads
-    return {
-        "in_channels": network.in_channels, "out_channels": network.conv_out.out_channels,
-        "block_out_channels": tuple(widths), "layers_per_block": len(network.down[0].blocks),
-        "down_block_types": tuple(down), "up_block_types": tuple(b.replace("Down", "Up") for b in reversed(down)),
-        "norm_num_groups": min(32, channels), "dropout": resblock.dropout.p,
-        "attention_head_dim": None if heads == 1 else widths[-1] // heads,
-    }  # fmt: skip
-
-
-def diffusers_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> tuple[Callable, str]:
-    from diffusers import DDPMScheduler, UNet2DModel
-    from diffusers.training_utils import EMAModel
-
-    module, hp = cli.model, cli.model.hparams
-    model = UNet2DModel(**diffusers_config(module.network)).to(device)
-    ours = sum(p.numel() for p in module.network.parameters())
-    theirs = sum(p.numel() for p in model.parameters())
-    if abs(theirs - ours) > 0.01 * ours:
-        raise RuntimeError(f"UNet2DModel has {theirs:,} parameters, this project's UNet {ours:,}")
-    if hp.get("compile"):
-        model.compile()
-    schedule = DDPMScheduler(
-        num_train_timesteps=hp.num_timesteps, beta_schedule="linear", beta_start=hp.beta_start,
-        beta_end=hp.beta_end,
-    )  # fmt: skip
-    params = list(model.parameters())
-    optimizer = torch.optim.Adam(params, lr=hp.lr, betas=hp.adam_betas)
-    warm = max(hp.warmup_steps, 1)
-    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warm))
-    ema = EMAModel(params, decay=recipe_ema(cli).decay, foreach=True)
-    clip = cli.trainer.gradient_clip_val
-    autocast, scaler = precision_context(str(cli.trainer.precision), device)
-    batches = cycle(cli.datamodule.train_dataloader())
-
-    def run(steps: int) -> list[float]:
-        clock = StepClock(device, warmup)
-        model.train()
-        for _ in range(warmup + steps):
-            clock.tick()
-            x0 = next(batches)[0].to(device, non_blocking=True)
-            noise = torch.randn_like(x0)
-            t = torch.randint(0, hp.num_timesteps, (x0.shape[0],), device=device)
-            noisy = schedule.add_noise(x0, noise, t)
-            with autocast():
-                loss = F.mse_loss(model(noisy, t).sample.float(), noise)
-            optimizer_step(loss, optimizer, scaler, params, clip)
-            lr_scheduler.step()
-            ema.step(params)
-        clock.tick()
-        return clock.per_step()
-
-    return run, f"UNet2DModel, {theirs:,} parameters"
 
 
 # ---- sampling and the whole job -------------------------------------------------------------------------
@@ -408,9 +198,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", help="a recipe (default: configs/digits.yaml, as train.py)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every path")
-    parser.add_argument("--steps", type=int, default=60, help="timed optimizer steps per path and round")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps before them, every round")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds of every path")
+    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per path and round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them, every round")
     parser.add_argument("--sampling_steps", type=int, default=50, help="DDIM steps of the sampling measure")
     parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -419,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--baseline", help="a git revision: also time the default job from it and from here")
     parser.add_argument("--job_steps", type=int, default=500, help="steps of each timed job (--baseline)")
     parser.add_argument("--job_rounds", type=int, default=2, help="interleaved jobs per tree (--baseline)")
+    parser.add_argument("--peak_tflops", type=float, help="the device's peak (e.g. 989 for H100 SXM bf16)")
     parser.add_argument("--quick", action="store_true", help="tiny UNet and few steps: plumbing only")
     parser.add_argument("--out", type=Path, help="write speed.md here (default with --quick: a temp dir)")
     args = parser.parse_args(argv)
@@ -447,24 +238,26 @@ def main(argv: list[str] | None = None) -> str:
     device = torch.device(accelerator)
     use_tf32_on_cuda(device)  # as DiffusionModule.setup does for training
     cli = build_project([*cli_args, "--trainer.accelerator", accelerator], args.synthetic)
-    batch = cli.datamodule.batch_size
-    num_params = sum(p.numel() for p in cli.model.network.parameters())
-    paths = [
-        Timed("project: Lightning Trainer + EMA callback", project_path(cli, device, args.warmup), batch),
-        Timed("plain loop, same module", plain_path(cli, device, args.warmup), batch),
+    batch, network = cli.datamodule.batch_size, cli.model.to(device).network
+    run = Run(args, cli_args, str(cli.trainer.precision), device, batch)
+    run.num_params = sum(p.numel() for p in network.parameters())
+    run.flops = training_flops(network, cli.model.sample_shape, batch, device)  # before anything compiles
+    run.paths = [
+        Timed("project: Lightning Trainer + EMA callback", project_path(cli, device, args.warmup)),
+        Timed("plain loop, same module", plain_path(cli, device, args.warmup)),
     ]
-    if not args.no_diffusers and isinstance(cli.model.network, UNet):
+    if not args.no_diffusers and isinstance(network, UNet):
         try:
-            run, note = diffusers_path(cli, device, args.warmup)
-            paths.append(Timed("diffusers UNet2DModel, plain loop", run, batch, note=note))
+            train, note = diffusers_path(cli, device, args.warmup)
+            run.paths.append(Timed("diffusers UNet2DModel, plain loop", train, note=note))
         except ImportError:
             print("diffusers is not installed (pip install -e '.[bench]'): no diffusers path", flush=True)
-    print(f"{len(paths)} paths x {args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed steps), "
-          f"batch {batch}, {num_params:,} parameters, on {device_name(device)}", flush=True)  # fmt: skip
-    interleave(paths, args.rounds, args.steps, device)
-    sampling = sampling_seconds(cli.model, device, batch, args.sampling_steps, repeats=3)
-    job = compare_jobs(args, cli_args) if args.baseline else None
-    table = markdown(args, cli_args, cli, device, paths, sampling, job, num_params)
+    print(f"{len(run.paths)} paths x {args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed "
+          f"steps), batch {batch}, {run.num_params:,} parameters, on {device_name(device)}", flush=True)  # fmt: skip
+    interleave(run.paths, args.rounds, args.steps, device)
+    run.sampling = sampling_seconds(cli.model, device, batch, args.sampling_steps, repeats=3)
+    run.job = compare_jobs(args, cli_args) if args.baseline else None
+    table = markdown(run)
     out = args.out or ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "speed.md").write_text(table)
@@ -490,64 +283,76 @@ def compare_jobs(args: argparse.Namespace, cli_args: list[str]) -> dict:
     return {"args": job_args, "seconds": seconds}
 
 
-def markdown(args, cli_args, cli, device, paths: list[Timed], sampling, job, num_params: int) -> str:
-    plain = next(p for p in paths if p.name.startswith("plain"))
-    peer = next((p for p in paths if p.name.startswith("diffusers")), None)
-    project = paths[0]
+def paired_ratio(path: Timed, reference: Timed) -> tuple[float, float, float]:
+    """Median, min and max over rounds of path's step time / reference's in the same round."""
+    ratios = [a / b for a, b in zip(path.rounds, reference.rounds, strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def markdown(run: Run) -> str:
+    args, paths = run.args, run.paths
+    project, plain = paths[0], paths[1]
+    peer = paths[2] if len(paths) > 2 else None
     quick = (
         " QUICK MODE (tiny UNet, a few steps): plumbing only, the numbers mean nothing" if args.quick else ""
     )
     lines = [
-        f"## Training and sampling speed ({time.strftime('%Y-%m-%d')}, {device_name(device)}, "
+        f"## Training and sampling speed ({time.strftime('%Y-%m-%d')}, {device_name(run.device)}, "
         f"torch {torch.__version__}){quick}",
         "",
         f"`{args.command}`",
         "",
-        f"Recipe: `train.py {' '.join(cli_args) or '(configs/digits.yaml)'}`; batch {project.batch_size}, "
-        f"{num_params:,} parameters, precision {cli.trainer.precision}; {len(paths)} paths interleaved, "
-        f"{args.rounds} rounds of {args.warmup} warm-up + {args.steps} timed steps each; medians.",
+        f"Recipe: `train.py {' '.join(run.cli_args) or '(configs/digits.yaml)'}`"
+        f"{' with synthetic images' if args.synthetic else ''}; batch {run.batch}, {run.num_params:,} "
+        f"parameters, precision {run.precision}; {len(paths)} paths interleaved, {args.rounds} rounds of "
+        f"{args.warmup} warm-up + {args.steps} timed steps each. One training step's forward + backward: "
+        f"{run.flops / 1e9:.1f} GFLOP ({run.flops / run.batch / 1e9:.2f} GFLOP per image, FlopCounterMode).",
         "",
-        "| path | s / step | training images / s | vs plain loop | per-round ratio to plain | peak memory |",
-        "| --- | ---: | ---: | ---: | --- | ---: |",
+        "| path | s / step | training images / s | TFLOP/s | vs plain loop (per-round range) | peak memory |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for path in paths:
-        ratio = path.step_seconds / plain.step_seconds
-        per_round = ", ".join(f"{a / b:.3f}" for a, b in zip(path.rounds, plain.rounds, strict=True))
+        ratio, low, high = paired_ratio(path, plain)
         name = f"{path.name} ({path.note})" if path.note else path.name
         lines.append(
-            f"| {name} | {path.step_seconds:.4f} | {path.batch_size / path.step_seconds:.1f} | {ratio:.3f}x "
-            f"| {per_round} | {fmt_bytes(path.peak_bytes)} (+{fmt_bytes(path.peak_above_start)}) |"
+            f"| {name} | {path.step_seconds:.4f} | {run.batch / path.step_seconds:.1f} "
+            f"| {run.flops / path.step_seconds / 1e12:.2f} | {ratio:.3f}x ({low:.3f}-{high:.3f}) "
+            f"| {fmt_bytes(path.peak_bytes)} (+{fmt_bytes(path.peak_above_start)}) |"
         )
-    memory = "CUDA max_memory_allocated" if device.type == "cuda" else "the process's peak RSS (VmHWM)"
+    memory = "CUDA max_memory_allocated" if run.device.type == "cuda" else "the process's peak RSS (VmHWM)"
+    sample_s = statistics.median(run.sampling)
     lines += [
         "",
         f"Peak memory: {memory} while the path ran (+ above what was in use when it started: its steps' "
-        "own memory; the models and data of all paths share the process).",
-    ]
-    sample_s = statistics.median(sampling)
-    lines += [
+        "own memory; the models and data of all paths share the process). TFLOP/s: the counted FLOPs over "
+        "the step time (the diffusers UNet has the same layers).",
         "",
-        f"Sampling: DDIM-{args.sampling_steps}, batch {project.batch_size}, per-sample seeds: "
-        f"{sample_s:.2f} s per batch, **{project.batch_size / sample_s:.1f} images / s**.",
-        "",
-        "| target | value | result |",
-        "| --- | ---: | --- |",
+        f"Sampling: DDIM-{args.sampling_steps}, batch {run.batch}, per-sample seeds: {sample_s:.2f} s per "
+        f"batch, **{run.batch / sample_s:.1f} images / s**.",
     ]
-    tax = project.step_seconds / plain.step_seconds
+    if args.peak_tflops:
+        achieved = run.flops / project.step_seconds / 1e12
+        lines += [
+            "",
+            f"FLOP utilisation of the project path: {achieved:.1f} of {args.peak_tflops:g} TFLOP/s = "
+            f"**{achieved / args.peak_tflops:.1%}** of the peak given by --peak_tflops.",
+        ]
+    lines += ["", "| target | value | result |", "| --- | ---: | --- |"]
+    tax = paired_ratio(project, plain)[0]
     lines.append(
         f"| framework tax: project / plain loop <= 1.03 | {tax:.3f} | {'PASS' if tax <= 1.03 else 'MISS'} |"
     )
     if peer is not None:
-        vs = project.step_seconds / peer.step_seconds
+        vs = paired_ratio(project, peer)[0]
         lines.append(f"| project / diffusers <= 0.8 | {vs:.3f} | {'PASS' if vs <= 0.8 else 'MISS'} |")
-    if job:
-        base, here = (statistics.median(v) for v in job["seconds"].values())
-        name = next(iter(job["seconds"]))
+    if run.job:
+        base, here = (statistics.median(v) for v in run.job["seconds"].values())
+        name = next(iter(run.job["seconds"]))
         lines += [
             "",
-            f"Default job, `train.py {' '.join(job['args'])}` (each a fresh process, alternating trees): "
+            f"Default job, `train.py {' '.join(run.job['args'])}` (each a fresh process, alternating trees): "
             f"{name}: {base:.1f} s, this tree: {here:.1f} s, **{base / here:.2f}x faster** "
-            f"(target 1.5x; runs: {job['seconds']}).",
+            f"(target 1.5x; runs: {run.job['seconds']}).",
         ]
     return "\n".join(lines) + "\n"
 
