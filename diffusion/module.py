@@ -253,8 +253,9 @@ class DiffusionModule(L.LightningModule):
     ) -> torch.Tensor:
         """Draw samples in model units, shape (num_samples, *sample_shape).
 
-        With `seed`, sample i uses its own generator seeded by (seed, i) for i in `indices` (default
-        0..num_samples-1), so any split of N samples into batches or ranks gives the same N samples.
+        With `seed`, the noise of sample i is a function of (seed, i) for i in `indices` (default
+        0..num_samples-1; counter-based, diffusion/noise.py), so any split of N samples into batches, ranks
+        or devices gives the same N samples.
         `overrides` (sampler, steps, eta, variance, clip_denoised) replace the defaults in the checkpoint.
         """
         if seed is not None:
