@@ -7,9 +7,10 @@ All samplers walk a subsequence tau_S > ... > tau_1 of the training timesteps be
 DDPM and DDIM share its loop; DPM-Solver++(2M), a second-order multistep solver of the probability-flow
 ODE, is `dpm_solver_pp_2m_steps`, which `reverse_steps` calls for ``sampler="dpmpp_2m"``.
 
-Noise comes from `generator`: None (global RNG), one torch.Generator, or a list with one generator per
-sample. Per-sample generators make sample i depend only on its own seed, so N samples split over any
-number of processes (or batches) are the same as N samples drawn at once.
+Noise comes from `generator`: None (global RNG), one torch.Generator, a `PerSampleNoise` (counter-based
+noise keyed by each sample's index, diffusion/noise.py) or a list with one generator per sample. Per-sample
+noise makes sample i depend only on its own seed, so N samples split over any number of processes (or
+batches) are the same as N samples drawn at once.
 """
 
 import math
@@ -22,11 +23,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from diffusion.noise import PerSampleNoise
 from diffusion.schedule import NoiseSchedule, PredictionType, _check_choice
 
 Sampler = Literal["ddpm", "ddim", "dpmpp_2m"]
 VarianceType = Literal["fixedlarge", "fixedsmall"]
-Generators = torch.Generator | Sequence[torch.Generator] | None
+Generators = torch.Generator | PerSampleNoise | Sequence[torch.Generator] | None
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ DEFER = SamplingOptions()
 
 def randn(shape: Sequence[int], generator: Generators, device: torch.device) -> torch.Tensor:
     """Standard normal noise of `shape` (B, ...) on `device`, drawn from the given generator(s)."""
+    if isinstance(generator, PerSampleNoise):
+        return generator.randn(shape, device)  # the whole batch at once, on the device
     if generator is None or isinstance(generator, torch.Generator):
         gen_device = generator.device if generator is not None else device
         return torch.randn(tuple(shape), generator=generator, device=gen_device).to(device)
