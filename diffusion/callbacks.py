@@ -94,12 +94,13 @@ TEMPORARY_SUFFIX = ".tmp"  # a temporary file never ends in .ckpt, so no glob fo
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes a checkpoint to a hidden temporary file in its own folder, flushes and fsyncs it, then renames it
-    into place (`os.replace`, atomic on one filesystem): a kill or a full disk never leaves a truncated file
-    under a checkpoint's name, and the previous file of that name stays intact until the new one is complete.
+    """Writes a checkpoint to a hidden temporary file in its own folder, flushes and fsyncs it, then renames
+    it into place (`os.replace`, atomic on one filesystem): a kill or a full disk never leaves a truncated
+    file under a checkpoint's name, and the previous file of that name stays intact until the new one is
+    complete.
 
-    Lightning's TorchCheckpointIO stages the file in the system temp dir (fsspec's `mkstemp`) and moves it, which
-    across filesystems is a copy: a kill then leaves a truncated checkpoint and a temp file behind. A kill -9
+    Lightning's TorchCheckpointIO stages the file in the system temp dir (fsspec's `mkstemp`) and moves it,
+    which across filesystems is a copy: a kill then leaves a truncated checkpoint and a temp file behind. A kill -9
     can still leave `.<name>.<random>.tmp` in the checkpoint folder (nothing else); `Checkpoint.setup` removes
     those. Remote paths (s3://, ...) keep Lightning's own writer.
     """

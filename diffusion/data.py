@@ -137,11 +137,11 @@ class SplitDataModule(LightningDataModule):
             self.setup("fit")
         trainer = self.trainer
         distributed = trainer is not None and trainer.world_size > 1
-        # The DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) that Lightning would inject under DDP, built
+        # The DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) Lightning would inject under DDP, built
         # here for every world size: with one replica it yields the very permutation DDP splits across ranks
-        # (a 1-process run and an N-process run see the same samples in each global batch), and it is the
-        # resumable one, so a run killed mid-epoch resumes at the next batch (diffusion.resume). Lightning sees
-        # a DistributedSampler, injects none, and calls set_epoch on it every epoch.
+        # (a 1-process run and an N-process run see the same samples in each global batch), and it resumes
+        # mid-epoch at the next batch (diffusion.resume). Lightning sees a DistributedSampler, injects none,
+        # and calls set_epoch on it every epoch.
         sampler = ResumableSampler(
             self.train_set,
             num_replicas=trainer.world_size if distributed else 1,

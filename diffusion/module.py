@@ -293,7 +293,7 @@ class DiffusionModule(L.LightningModule):
                 }
 
     def _take_random_states(self, checkpoint: dict[str, Any]) -> None:
-        """Keep this rank's random states of a checkpoint being resumed, for on_fit_start and on_train_start."""
+        """Keep this rank's random states from the checkpoint, for on_fit_start and on_train_start."""
         if self._trainer is None or "random_states" not in checkpoint:
             return  # loaded outside fit, or written before they were saved
         states, world_size = checkpoint["random_states"], self.trainer.world_size
@@ -302,8 +302,8 @@ class DiffusionModule(L.LightningModule):
             self._resumed_states = states[self.global_rank]
         else:
             rank_zero_warn(
-                f"resuming with {world_size} processes a checkpoint saved by {len(states)}: training continues, "
-                "but noise, dropout and the rest of the interrupted epoch are not those of the original run"
+                f"resuming with {world_size} processes a checkpoint saved by {len(states)}: training "
+                "continues, but noise, dropout and the rest of the interrupted epoch differ from the original run"
             )
 
 

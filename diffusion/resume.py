@@ -72,7 +72,7 @@ class ResumableLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # a generator: runs at the first batch, after Lightning's set_epoch
         sampler = self.sampler
         if not isinstance(sampler, ResumableSampler):
-            yield from super().__iter__()  # Lightning replaced the sampler (e.g. overfit_batches): not resumable
+            yield from super().__iter__()  # the sampler was replaced (overfit_batches): not resumable
             return
         self._epoch, self._position = sampler.epoch, sampler.start_position()
         if self.generator is not None:

@@ -111,12 +111,12 @@ class CountingVectorData(VectorDataModule):
 class KillAt(L.Callback):
     """Kills the whole run with SIGKILL at optimizer step `step`, as `kill -9` or a lost node would.
 
-    By default just before the next batch, once the checkpoints of `step` are written (mid-epoch unless `step`
-    ends an epoch). With `during_save_of="last.ckpt"`, half-way through writing that file at `step`: the writer
-    has put half of the bytes on disk when the process dies.
+    By default just before the next batch, once the checkpoints of `step` are written (mid-epoch unless
+    `step` ends an epoch). With `during_save_of="last.ckpt"`, half-way through writing that file at `step`:
+    the writer has put half of the bytes on disk when the process dies.
 
-    It kills its whole process group (the ranks Lightning launched are in it), so it refuses to run anywhere but
-    in a train.py started in a session of its own, as tests/test_resume.py starts it.
+    It kills its whole process group (the ranks Lightning launched are in it), so it refuses to run anywhere
+    but in a train.py started in a session of its own, as tests/test_resume.py starts it.
     """
 
     def __init__(self, step: int, during_save_of: str | None = None) -> None:

@@ -1,5 +1,5 @@
-"""Resume you can trust: a run killed with SIGKILL and resumed from its last checkpoint ends with the raw and EMA
-weights of the run left alone; a save that dies half-way leaves the previous checkpoint intact and no
+"""Resume you can trust: a run killed with SIGKILL and resumed from its last checkpoint ends with the raw and
+EMA weights of the run left alone; a save that dies half-way leaves the previous checkpoint intact and no
 temporary file anywhere.
 
 Killed runs are `train.py` subprocesses in a session of their own, killed by `ddp_helpers.KillAt` at a chosen
@@ -42,14 +42,16 @@ BASE = [
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
 ONE_PROCESS = ["--devices", "1", "--accelerator", "cpu", "--data.init_args.batch_size", "16"]
-TWO_PROCESSES = ["--devices", "2", "--strategy", "ddp", "--accelerator", "cpu", "--data.init_args.batch_size", "8"]
+TWO_PROCESSES = [
+    "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu", "--data.init_args.batch_size", "8",
+]  # fmt: skip
 # Raw weights must match to float32 rounding at worst; the remaining steps move them by ~1e-2 (asserted).
 TOLERANCE = 1e-6
 
 
 def args(save_dir: Path, *extra: str) -> list[str]:
-    return [*BASE, "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.logger.init_args.name", "run",
-            *extra]  # fmt: skip
+    logger = ["--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.logger.init_args.name", "run"]
+    return [*BASE, *logger, *extra]
 
 
 def kill_at(step: int, during_save_of: str | None = None) -> str:
@@ -67,7 +69,8 @@ def launch(save_dir: Path, *extra: str, env: dict[str, str] | None = None, timeo
     """`python train.py ...` in a session of its own (KillAt kills that session's processes, and so does a
     timeout here)."""
     save_dir.mkdir(parents=True, exist_ok=True)
-    environment = {k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")}
+    inherited = ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")  # pytest's in-process runs set the first
+    environment = {k: v for k, v in os.environ.items() if k not in inherited}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), environment.get("PYTHONPATH")]))
     environment.update(env or {})
     process = subprocess.Popen(
@@ -119,7 +122,7 @@ def assert_same_final_weights(resumed: dict, reference: dict, killed_at: dict) -
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """reference(noise_mode) -> the final checkpoint of an uninterrupted one-process run, made on first use."""
+    """reference(noise_mode) -> the final checkpoint of an uninterrupted one-process run (made once)."""
     made = {}
 
     def get(noise_mode: str) -> dict:
@@ -147,11 +150,12 @@ def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_the_run_left_alone(tmp
 
 @pytest.mark.multiprocess
 def test_a_ddp_run_killed_while_saving_resumes_to_the_weights_of_the_run_left_alone(tmp_path):
-    """Two processes, the default fast noise (a generator per rank) and dropout (a global RNG per rank); killed
-    half-way through writing last.ckpt at step 5, so it resumes from the intact last.ckpt of step 4."""
+    """Two processes, the default fast noise (a generator per rank) and dropout (a global RNG per rank);
+    killed half-way through writing last.ckpt at step 5, so it resumes from the intact last.ckpt of step 4."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         left_alone = pool.submit(launch, tmp_path / "left_alone", *TWO_PROCESSES)
-        killed = pool.submit(launch, tmp_path / "killed", *TWO_PROCESSES, kill_at(KILL_STEP + 1, "last.ckpt"))
+        kill = kill_at(KILL_STEP + 1, during_save_of="last.ckpt")
+        killed = pool.submit(launch, tmp_path / "killed", *TWO_PROCESSES, kill)
         left_alone, killed = left_alone.result(), killed.result()
     assert left_alone.returncode == 0, left_alone.output[-4000:]
     assert killed.returncode == -signal.SIGKILL, killed.output[-4000:]
@@ -168,7 +172,8 @@ def test_a_ddp_run_killed_while_saving_resumes_to_the_weights_of_the_run_left_al
 def test_a_run_killed_while_writing_last_ckpt_keeps_the_previous_one_and_resumes_exactly(tmp_path, reference):
     system_tmp = tmp_path / "system_tmp"  # the killed run's tempfile.gettempdir()
     system_tmp.mkdir()
-    killed = launch(tmp_path, *ONE_PROCESS, kill_at(KILL_STEP + 1, "last.ckpt"), env={"TMPDIR": str(system_tmp)})
+    kill = kill_at(KILL_STEP + 1, during_save_of="last.ckpt")
+    killed = launch(tmp_path, *ONE_PROCESS, kill, env={"TMPDIR": str(system_tmp)})
     assert killed.returncode == -signal.SIGKILL, killed.output[-4000:]
     folder = checkpoints(tmp_path)
     assert load(folder / "last.ckpt")["global_step"] == KILL_STEP  # the previous last.ckpt, intact
