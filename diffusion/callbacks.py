@@ -100,9 +100,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     complete.
 
     Lightning's TorchCheckpointIO stages the file in the system temp dir (fsspec's `mkstemp`) and moves it,
-    which across filesystems is a copy: a kill then leaves a truncated checkpoint and a temp file behind. A kill -9
-    can still leave `.<name>.<random>.tmp` in the checkpoint folder (nothing else); `Checkpoint.setup` removes
-    those. Remote paths (s3://, ...) keep Lightning's own writer.
+    which across filesystems is a copy: a kill then leaves a truncated checkpoint and a temp file behind.
+    A kill -9 can still leave `.<name>.<random>.tmp` in the checkpoint folder (nothing else);
+    `Checkpoint.setup` removes those. Remote paths (s3://, ...) keep Lightning's own writer.
     """
 
     def save_checkpoint(self, checkpoint: dict, path: _PATH, storage_options: Any | None = None) -> None:

@@ -303,7 +303,7 @@ class DiffusionModule(L.LightningModule):
         else:
             rank_zero_warn(
                 f"resuming with {world_size} processes a checkpoint saved by {len(states)}: training "
-                "continues, but noise, dropout and the rest of the interrupted epoch differ from the original run"
+                "continues, but noise, dropout and the rest of the interrupted epoch differ from the first run"
             )
 
 
