@@ -26,6 +26,7 @@ from helpers import TINY_MLP
 
 from diffusion.callbacks import AtomicCheckpointIO
 from diffusion.cli import main
+from diffusion.resume import ResumableLoader, ResumableSampler
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -136,6 +137,32 @@ def reference(tmp_path_factory):
 
 
 # ---- exact resume ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["in process", "2 workers"])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_loader_resumed_after_k_batches_hands_out_the_rest_of_its_epoch(world_size, num_workers):
+    """Lightning saves `state_dict()` with the checkpoint and calls `load_state_dict` on resume; workers
+    prefetch batches ahead, which must not count as handed out."""
+    dataset = list(range(100, 150))
+
+    def loader(rank: int, epoch: int) -> ResumableLoader:
+        sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=5)
+        sampler.set_epoch(epoch)
+        return ResumableLoader(dataset, batch_size=4, sampler=sampler, num_workers=num_workers)
+
+    for rank in range(world_size):
+        first = iter(original := loader(rank, epoch=1))
+        next(first), next(first)
+        state = original.state_dict()
+        rest = [batch.tolist() for batch in first]
+        assert len(rest) == len(original) - 2 >= 2
+        resumed = loader(rank, epoch=0)
+        resumed.load_state_dict(state)
+        resumed.sampler.set_epoch(1)  # as Lightning does before the epoch runs
+        assert [batch.tolist() for batch in resumed] == rest
+        resumed.sampler.set_epoch(2)  # the next epoch is whole again
+        assert len(list(resumed)) == len(original)
+
+
 @pytest.mark.parametrize("noise_mode", ["fast", "per_sample"])
 def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_the_run_left_alone(tmp_path, reference, noise_mode):
     mode = ["--model.noise_mode", noise_mode]
