@@ -17,7 +17,7 @@ from torch import nn
 
 from diffusion.checkpoints import read_network_weights
 from diffusion.data import Batch, describe_batches
-from diffusion.resume import RandomStates
+from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
 from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType, _check_choice
 
@@ -141,13 +141,14 @@ class DiffusionModule(L.LightningModule):
         # from the checkpoint's step rather than replaying the first steps.
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(sample_seed(self._noise_seed, self._resumed_step, self.global_rank + 1))
+        self._resumed_step = 0
         if self._resumed_states is not None and self._resumed_states.get("generator") is not None:
             self._generator.set_state(self._resumed_states["generator"])
 
     def on_train_start(self) -> None:
         # Restored here, after the sanity check and the data loaders' set-up, right before the first batch.
         if self._resumed_states is not None:
-            RandomStates.restore_global(self._resumed_states, self.device)
+            restore_global_random_states(self._resumed_states, self.device)
             self._resumed_states = None
         rank_zero_info(describe_batches(self.trainer))
 
@@ -156,17 +157,17 @@ class DiffusionModule(L.LightningModule):
     # other dropout masks than the run that validated. A checkpoint saved during validation stores the
     # training states from before it.
     def on_validation_start(self) -> None:
-        self._states_before_validation = RandomStates.capture(self.device, None)
+        self._states_before_validation = global_random_states(self.device)
 
     def on_validation_end(self) -> None:
         if self._states_before_validation is not None:
-            RandomStates.restore_global(self._states_before_validation, self.device)
+            restore_global_random_states(self._states_before_validation, self.device)
             self._states_before_validation = None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = self._states_before_validation or RandomStates.capture(self.device, None)
-        state = {**state, "generator": None if self._generator is None else self._generator.get_state()}
-        checkpoint["random_states"] = RandomStates.gather(state, self.trainer.world_size)  # one per rank
+        states = dict(self._states_before_validation or global_random_states(self.device))
+        states["generator"] = None if self._generator is None else self._generator.get_state()
+        checkpoint["random_states"] = gather_from_ranks(states, self.trainer.world_size)  # one per rank
 
     def draw_noise_and_timesteps(
         self, x0: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool

@@ -6,16 +6,17 @@ the state of a *stateful* training DataLoader. The rest of what decides the next
 
 - where the epoch stopped: `ResumableLoader` counts the batches it handed out and `ResumableSampler` starts
   the epoch's order there again (Lightning saves and restores the loader's `state_dict`);
-- the random streams of every rank, `RandomStates`: the training-noise generator (fast noise mode) and the
+- the random streams of every rank: the training-noise generator (fast noise mode, the module's) and the
   global RNGs that dropout and data augmentation draw from. Only rank 0 writes the checkpoint, so every rank's
-  states are gathered into it while it is saved.
+  states are gathered into it while it is saved (`gather_from_ranks`).
 
 Reproduced (same world size): the data order, noise, timesteps, dropout masks and augmentations drawn in the
 main process (num_workers=0), whichever step the checkpoint was taken at. Not reproduced: augmentations drawn
 in DataLoader worker processes after a mid-epoch resume (workers restart from their epoch's seed); and with a
-different world size, the noise and dropout streams (each rank restarts from (seed, step, rank)) and the split
-of the interrupted epoch's remaining samples (it continues from the same place in the epoch's order, but
-Lightning counts that epoch's batches as the old world size did, so it may end a few batches early or late).
+different world size (a warning says so), the noise and dropout streams (each rank restarts from (seed, step,
+rank)) and the rest of the interrupted epoch: it continues from the same place in the epoch's order, but
+Lightning still counts that epoch's batches as the old world size would, so a few of its samples may be
+skipped or seen twice. Later epochs are whole.
 """
 
 import itertools
@@ -89,50 +90,43 @@ class ResumableLoader(DataLoader):
             self.sampler.resume_at(int(state["epoch"]), int(state["position"]))
 
 
-class RandomStates:
-    """The random streams of one rank that a checkpoint must carry: the global RNGs (torch CPU, the device's
-    CUDA generator, numpy, Python) and a training generator of the module's.
+# ---- random states: plain data (tensors, ints, floats, dicts), so checkpoints load with weights_only=True ----
+def global_random_states(device: torch.device) -> dict[str, Any]:
+    """This process's global RNGs: torch's CPU generator, the device's CUDA generator, numpy's and Python's."""
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    version, python_state, gauss_next = random.getstate()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+    }  # fmt: skip
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
 
-    As plain data (tensors, ints, floats, dicts), so checkpoints still load with `weights_only=True`.
-    """
 
-    @staticmethod
-    def capture(device: torch.device, generator: torch.Generator | None) -> dict[str, Any]:
-        numpy_kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-        version, python_state, gauss_next = random.getstate()
-        state = {
-            "torch": torch.get_rng_state(),
-            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
-            "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64),
-                       "gauss_next": gauss_next},
-            "generator": None if generator is None else generator.get_state(),
-        }  # fmt: skip
-        if device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(device)
-        return state
+def restore_global_random_states(states: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(states["torch"])
+    numpy_state = states["numpy"]
+    np.random.set_state(
+        ("MT19937", numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+         numpy_state["has_gauss"], numpy_state["cached_gaussian"])
+    )  # fmt: skip
+    python_state = states["python"]
+    random.setstate(
+        (python_state["version"], tuple(python_state["state"].tolist()), python_state["gauss_next"])
+    )
+    if device.type == "cuda" and "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], device)
 
-    @staticmethod
-    def restore_global(state: dict[str, Any], device: torch.device) -> None:
-        torch.set_rng_state(state["torch"])
-        numpy_state = state["numpy"]
-        np.random.set_state(
-            ("MT19937", numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
-             numpy_state["has_gauss"], numpy_state["cached_gaussian"])
-        )  # fmt: skip
-        python_state = state["python"]
-        random.setstate(
-            (python_state["version"], tuple(python_state["state"].tolist()), python_state["gauss_next"])
-        )
-        if device.type == "cuda" and "cuda" in state:
-            torch.cuda.set_rng_state(state["cuda"], device)
 
-    @staticmethod
-    def gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
-        """Every rank's state, in rank order, on every rank (a collective: all ranks call it, as they all run
-        `on_save_checkpoint` when Lightning saves)."""
-        if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-            return [state]
-        states: list[Any] = [None] * world_size
-        dist.all_gather_object(states, state)
-        return states
+def gather_from_ranks(states: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
+    """Every rank's `states`, in rank order, on every rank. A collective: all ranks must call it, as they all
+    run `on_save_checkpoint` when Lightning saves (only rank 0 then writes the file)."""
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [states]
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, states)
+    return gathered
