@@ -19,12 +19,13 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import TINY_MLP
 
-from diffusion.callbacks import AtomicCheckpointIO
+from diffusion.callbacks import AtomicCheckpointIO, Checkpoint
 from diffusion.cli import main
 from diffusion.resume import ResumableLoader, ResumableSampler
 
@@ -252,3 +253,34 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_leaves_no_temporary_fil
     assert sorted(os.listdir(folder)) == ["last.ckpt"]
     assert torch.equal(load(folder / "last.ckpt")["state_dict"]["w"], previous["state_dict"]["w"])
     assert not list(system_tmp.iterdir())
+
+
+@pytest.mark.parametrize("symlinks", [True, False], ids=["symlink", "copy where symlinks fail"])
+def test_last_ckpt_as_a_link_is_replaced_in_one_step(tmp_path, monkeypatch, symlinks):
+    """`--checkpoint.save_last link`: Lightning removes last.ckpt, then links (or copies) the newest file."""
+    folder = tmp_path / "checkpoints"
+    writer = AtomicCheckpointIO()
+    for step in (1, 2):
+        writer.save_checkpoint({"state_dict": {}, "global_step": step}, folder / f"step={step}.ckpt")
+    last = folder / "last.ckpt"
+    last.symlink_to("step=1.ckpt")
+    rank_zero = SimpleNamespace(is_global_zero=True, strategy=SimpleNamespace(barrier=lambda *args: None))
+    if not symlinks:
+
+        def no_symlinks(*args, **kwargs):
+            raise OSError("symbolic links need a privilege here")
+
+        monkeypatch.setattr(Path, "symlink_to", no_symlinks)
+    replace = os.replace
+
+    def fail(*args, **kwargs):
+        raise FULL_DISK
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        Checkpoint._link_checkpoint(rank_zero, str(folder / "step=2.ckpt"), str(last))
+    assert load(last)["global_step"] == 1  # the failed replacement left the previous last.ckpt
+    monkeypatch.setattr(os, "replace", replace)
+    Checkpoint._link_checkpoint(rank_zero, str(folder / "step=2.ckpt"), str(last))
+    assert load(last)["global_step"] == 2 and last.is_symlink() == symlinks
+    assert sorted(os.listdir(folder)) == ["last.ckpt", "step=1.ckpt", "step=2.ckpt"]
