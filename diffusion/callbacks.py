@@ -1,24 +1,18 @@
 """Training-time hooks: EMA of the weights, atomic checkpoints, sample grids (TensorBoard and PNG) and FID."""
 
-import contextlib
 import os
-import secrets
-import shutil
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
 import lightning as L
 import torch
-from fsspec.implementations.local import LocalFileSystem
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol, get_filesystem
-from lightning.fabric.utilities.types import _PATH
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
-from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchmetrics import Metric
 
+from diffusion import checkpoint_io
 from diffusion.generation import generate_batches, rank_indices, sample_across_ranks
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.module import DiffusionModule
@@ -90,69 +84,22 @@ class EMA(WeightAveraging):
             checkpoint["current_model_state"] = self._raw_state_at_end
 
 
-TEMPORARY_SUFFIX = ".tmp"  # a temporary file never ends in .ckpt, so no glob for checkpoints picks it up
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes a checkpoint to a hidden temporary file in its own folder, flushes and fsyncs it, then renames
-    it into place (`os.replace`, atomic on one filesystem): a kill or a full disk never leaves a truncated
-    file under a checkpoint's name, and the previous file of that name stays intact until the new one is
-    complete.
-
-    Lightning's TorchCheckpointIO stages the file in the system temp dir (fsspec's `mkstemp`) and moves it,
-    which across filesystems is a copy: a kill then leaves a truncated checkpoint and a temp file behind.
-    A kill -9 can still leave `.<name>.<random>.tmp` in the checkpoint folder (nothing else);
-    `Checkpoint.setup` removes those. Remote paths (s3://, ...) keep Lightning's own writer.
-    """
-
-    def save_checkpoint(self, checkpoint: dict, path: _PATH, storage_options: Any | None = None) -> None:
-        if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
-        try:
-            with open(temporary, "xb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-        _fsync_folder(path.parent)  # so that the rename itself survives a power cut
-
-
-def _fsync_folder(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # not every OS / filesystem can open or sync a folder
-        descriptor = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-
 class Checkpoint(ModelCheckpoint):
     """ModelCheckpoint whose last.ckpt is always the final step, and whose files are written atomically.
 
     Lightning writes last.ckpt at train end only if it never wrote one, so a run whose max_steps is not a
     multiple of the validation interval would keep a last.ckpt from before its final steps.
 
-    In `setup` it installs `AtomicCheckpointIO` as the strategy's checkpoint writer (on every rank; rank 0
-    writes), unless another writer than Lightning's default was configured, and removes temporary files a
-    killed save left in its folder. `save_last="link"` replaces last.ckpt atomically too.
+    In `setup` it makes the strategy's saves atomic (`diffusion.checkpoint_io`; on every rank, rank 0
+    writes) and removes temporary files a killed save left in its folder; `save_last="link"` replaces
+    last.ckpt atomically too.
     """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        writer = trainer.strategy.checkpoint_io
-        if type(writer) is TorchCheckpointIO:
-            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-        elif isinstance(writer, _WrappingCheckpointIO) and type(writer.checkpoint_io) is TorchCheckpointIO:
-            writer.checkpoint_io = AtomicCheckpointIO()  # AsyncCheckpointIO: it runs ours in its thread
+        checkpoint_io.install(trainer.strategy)
         if trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
-            for leftover in Path(self.dirpath).glob(f".*.ckpt.*{TEMPORARY_SUFFIX}"):
-                leftover.unlink(missing_ok=True)
+            checkpoint_io.remove_leftovers(Path(self.dirpath))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.save_last and self._last_global_step_saved != trainer.global_step:
@@ -163,23 +110,9 @@ class Checkpoint(ModelCheckpoint):
     @staticmethod
     def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:
         # Lightning removes last.ckpt and then links or copies: a kill in between leaves no last.ckpt, or a
-        # truncated copy. Link (or copy) to a temporary name, then rename over last.ckpt.
+        # truncated copy.
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            link = Path(linkpath)
-            temporary = link.with_name(f".{link.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
-            if link.is_dir() and not link.is_symlink():
-                shutil.rmtree(link)
-            try:
-                try:
-                    temporary.symlink_to(os.path.relpath(filepath, link.parent))
-                except OSError:  # Windows needs a privilege for symlinks: copy instead
-                    shutil.copyfile(filepath, temporary)
-                    with open(temporary, "rb+") as file:
-                        os.fsync(file.fileno())
-                os.replace(temporary, link)
-            except BaseException:
-                temporary.unlink(missing_ok=True)
-                raise
+            checkpoint_io.link_atomically(filepath, linkpath)
         trainer.strategy.barrier()
 
 

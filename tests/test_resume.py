@@ -25,7 +25,8 @@ import pytest
 import torch
 from helpers import TINY_MLP
 
-from diffusion.callbacks import AtomicCheckpointIO, Checkpoint
+from diffusion.callbacks import Checkpoint
+from diffusion.checkpoint_io import AtomicCheckpointIO
 from diffusion.cli import main
 from diffusion.resume import ResumableLoader, ResumableSampler
 
