@@ -1,15 +1,18 @@
-"""Training-time hooks: EMA of the weights, the final checkpoint, sample grids (TensorBoard and PNG) and FID."""
+"""Training-time hooks: EMA of the weights, atomic checkpoints, sample grids (TensorBoard and PNG) and FID."""
 
+import os
 from pathlib import Path
 from typing import Any, get_args
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchmetrics import Metric
 
+from diffusion import checkpoint_io
 from diffusion.generation import generate_batches, rank_indices, sample_across_ranks
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.module import DiffusionModule
@@ -123,17 +126,35 @@ class EMA(WeightAveraging):
 
 
 class Checkpoint(ModelCheckpoint):
-    """ModelCheckpoint whose last.ckpt is always the final step.
+    """ModelCheckpoint whose last.ckpt is always the final step, and whose files are written atomically.
 
     Lightning writes last.ckpt at train end only if it never wrote one, so a run whose max_steps is not a
     multiple of the validation interval would keep a last.ckpt from before its final steps.
+
+    In `setup` it makes the strategy's saves atomic (`diffusion.checkpoint_io`; on every rank, rank 0
+    writes) and removes temporary files a killed save left in its folder; `save_last="link"` replaces
+    last.ckpt atomically too.
     """
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        checkpoint_io.install(trainer.strategy)
+        if trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
+            checkpoint_io.remove_leftovers(Path(self.dirpath))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.save_last and self._last_global_step_saved != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         else:
             super().on_train_end(trainer, pl_module)
+
+    @staticmethod
+    def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:
+        # Lightning removes last.ckpt and then links or copies: a kill in between leaves no last.ckpt, or a
+        # truncated copy.
+        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+            checkpoint_io.link_atomically(filepath, linkpath)
+        trainer.strategy.barrier()
 
 
 class EveryNValidations(L.Callback):

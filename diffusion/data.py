@@ -24,9 +24,11 @@ import lightning as L
 import torch
 from lightning.pytorch import LightningDataModule
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torchvision import datasets
 from torchvision.transforms import v2
+
+from diffusion.resume import ResumableLoader, ResumableSampler
 
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
@@ -147,8 +149,8 @@ class SplitDataModule(LightningDataModule):
         self.val_set = Subset(full, perm[:n_val].sort().values.tolist()) if n_val else None
         self.train_set = Subset(full, perm[n_val:].sort().values.tolist())
 
-    def _loader(self, dataset: Dataset, **kwargs) -> DataLoader:
-        return DataLoader(
+    def _loader(self, dataset: Dataset, loader: type[DataLoader] = DataLoader, **kwargs) -> DataLoader:
+        return loader(
             dataset,
             batch_size=self.batch_size,
             num_workers=self.num_workers,
@@ -162,21 +164,21 @@ class SplitDataModule(LightningDataModule):
         if self.train_set is None:
             self.setup("fit")
         trainer = self.trainer
-        if trainer is not None and trainer.world_size == 1:
-            # Under DDP Lightning injects DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) and splits
-            # its permutation across ranks. The same sampler with one replica yields exactly that
-            # permutation, so a 1-process run and an N-process run see the same samples in each global
-            # batch. Lightning calls set_epoch on it every epoch, as it does for the injected one.
-            sampler = DistributedSampler(
-                self.train_set,
-                num_replicas=1,
-                rank=0,
-                shuffle=True,
-                seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
-                drop_last=False,
-            )
-            return self._loader(self.train_set, sampler=sampler)
-        return self._loader(self.train_set, shuffle=True)
+        distributed = trainer is not None and trainer.world_size > 1
+        # The DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) Lightning would inject under DDP, built
+        # here for every world size: with one replica it yields the very permutation DDP splits across ranks
+        # (a 1-process run and an N-process run see the same samples in each global batch), and it resumes
+        # mid-epoch at the next batch (diffusion.resume). Lightning sees a DistributedSampler, injects none,
+        # and calls set_epoch on it every epoch.
+        sampler = ResumableSampler(
+            self.train_set,
+            num_replicas=trainer.world_size if distributed else 1,
+            rank=trainer.global_rank if distributed else 0,
+            shuffle=True,
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            drop_last=False,
+        )
+        return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
 
     def val_dataloader(self) -> DataLoader | list:
         if self.train_set is None:

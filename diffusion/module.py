@@ -12,12 +12,13 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from diffusion import noise
 from diffusion.checkpoints import read_network_weights
 from diffusion.data import Batch, describe_batches
+from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
 from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType, _check_choice
 
@@ -115,6 +116,9 @@ class DiffusionModule(L.LightningModule):
         self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end)
         self._generator: torch.Generator | None = None
         self._compiled = False
+        self._resumed_states: dict[str, Any] | None = None  # this rank's random states from the checkpoint
+        self._resumed_step = 0
+        self._states_before_validation: dict[str, Any] | None = None
         if init_from is not None:
             try:
                 self.network.load_state_dict(read_network_weights(init_from))
@@ -152,13 +156,38 @@ class DiffusionModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         # seed_everything gives every rank the same seed: without the rank in this generator's seed, all ranks
-        # would draw identical noise and timesteps, wasting the extra devices. The step makes a resumed run
-        # continue with fresh noise rather than replaying the first steps.
+        # would draw identical noise and timesteps, wasting the extra devices. A resumed run continues the
+        # stream saved in its checkpoint; without one for this rank (another world size) it takes fresh noise
+        # from the checkpoint's step rather than replaying the first steps.
         self._generator = torch.Generator(device=self.device)
-        self._generator.manual_seed(sample_seed(self._noise_seed, self.global_step, self.global_rank + 1))
+        self._generator.manual_seed(sample_seed(self._noise_seed, self._resumed_step, self.global_rank + 1))
+        self._resumed_step = 0
+        if self._resumed_states is not None and self._resumed_states.get("generator") is not None:
+            self._generator.set_state(self._resumed_states["generator"])
 
     def on_train_start(self) -> None:
+        # Restored here, after the sanity check and the data loaders' set-up, right before the first batch.
+        if self._resumed_states is not None:
+            restore_global_random_states(self._resumed_states, self.device)
+            self._resumed_states = None
         rank_zero_info(describe_batches(self.trainer))
+
+    # Validation must not move the training streams (the val loader seeds its iterator from the global RNG, an
+    # augmented val set draws from it): a checkpoint taken before a validation would otherwise resume with
+    # other dropout masks than the run that validated. A checkpoint saved during validation stores the
+    # training states from before it.
+    def on_validation_start(self) -> None:
+        self._states_before_validation = global_random_states(self.device)
+
+    def on_validation_end(self) -> None:
+        if self._states_before_validation is not None:
+            restore_global_random_states(self._states_before_validation, self.device)
+            self._states_before_validation = None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = dict(self._states_before_validation or global_random_states(self.device))
+        states["generator"] = None if self._generator is None else self._generator.get_state()
+        checkpoint["random_states"] = gather_from_ranks(states, self.trainer.world_size)  # one per rank
 
     def draw_noise_and_timesteps(
         self, x0: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool
@@ -278,6 +307,7 @@ class DiffusionModule(L.LightningModule):
         return final_sample(self.trajectory(x_T, generator, options, progress))
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._take_random_states(checkpoint)
         # Checkpoints written before the schedule kept one posterior carry six more schedule buffers.
         for key in ("state_dict", "current_model_state"):
             if key in checkpoint:
@@ -285,6 +315,20 @@ class DiffusionModule(L.LightningModule):
                 checkpoint[key] = {
                     k: v for k, v in checkpoint[key].items() if k in own or not k.startswith("schedule.")
                 }
+
+    def _take_random_states(self, checkpoint: dict[str, Any]) -> None:
+        """Keep this rank's random states from the checkpoint, for on_fit_start and on_train_start."""
+        if self._trainer is None or "random_states" not in checkpoint:
+            return  # loaded outside fit, or written before they were saved
+        states, world_size = checkpoint["random_states"], self.trainer.world_size
+        self._resumed_step = int(checkpoint.get("global_step", 0))
+        if len(states) == world_size:
+            self._resumed_states = states[self.global_rank]
+        else:
+            rank_zero_warn(
+                f"resuming with {world_size} processes a checkpoint saved by {len(states)}: training "
+                "continues, but noise, dropout and the rest of the interrupted epoch differ from the first run"
+            )
 
 
 def check_batch(batch: Any) -> Batch:

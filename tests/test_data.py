@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from sklearn.datasets import load_digits
-from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
+from torch.utils.data import DistributedSampler, TensorDataset
 
 from diffusion.data import Batch, ImageDataModule
 from diffusion.module import check_batch
@@ -67,16 +67,20 @@ def test_dataloader_batches_are_indexed(digits):
     assert x.shape == (64, 1, 16, 16) and index.dtype == torch.int64 and index.shape == (64,)
 
 
-def test_train_sampler_matches_lightnings_ddp_sampler():
+def test_train_sampler_matches_lightnings_ddp_sampler(monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "3")  # what seed_everything(3) sets
     dm = VectorDataModule("moons", num_samples=100)
     dm.setup("fit")
-    dm.trainer = SimpleNamespace(world_size=1)
-    sampler = dm.train_dataloader().sampler
-    assert isinstance(sampler, DistributedSampler) and sampler.num_replicas == 1 and sampler.shuffle
-    dm.trainer = SimpleNamespace(world_size=2)
-    assert isinstance(dm.train_dataloader().sampler, RandomSampler)  # Lightning injects its own
+    for world_size, rank in [(1, 0), (2, 1)]:
+        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank)
+        sampler = dm.train_dataloader().sampler
+        # A DistributedSampler, so Lightning injects none; the very order it would inject (seed PL_GLOBAL_SEED).
+        lightnings = DistributedSampler(
+            dm.train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=3
+        )
+        assert isinstance(sampler, DistributedSampler) and list(sampler) == list(lightnings)
     dm.trainer = None
-    assert isinstance(dm.train_dataloader().sampler, RandomSampler)
+    assert dm.train_dataloader().sampler.num_replicas == 1
 
 
 def test_val_fraction_zero_disables_validation():
