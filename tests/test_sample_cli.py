@@ -98,7 +98,8 @@ def test_module_runs_as_a_script(digits_checkpoint, tmp_path):
     assert np.load(out / "samples.npz")["arr_0"].shape == (3, 16, 16, 1)
 
 
-def test_missing_checkpoint_names_the_path(tmp_path):
+def test_missing_checkpoint_names_the_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFUSION_DEBUG", "1")  # the exception itself, not its one-line report (test_errors.py)
     missing = tmp_path / "nope" / "last.ckpt"
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
         main(["--ckpt", str(missing), "--out", str(tmp_path / "out"), "--steps", "3", "--device", "cpu"])
