@@ -153,6 +153,7 @@ class DiffusionCLI(LightningCLI):
             check_input_shape(self.model.sample_shape)
         if self._resume_checkpoint is not None:
             check_resume_fits(self._resume_checkpoint, self.config.ckpt_path, self.model)
+            self._resume_checkpoint = None  # unmap the file: the resumed run will write its checkpoints
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
 
 

@@ -56,6 +56,15 @@ class IndexedDataset(Dataset):
         return x, int(index)
 
 
+def read_image(path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
+    """The decoded image at `path` in `mode`; a corrupt or unreadable file raises ValueError naming it."""
+    try:
+        with Image.open(path) as image:
+            return image.convert(mode)
+    except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
+        raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
+
+
 class ImageFiles(Dataset):
     """Image files loaded with PIL; a corrupt file is reported by name when it is first read."""
 
@@ -68,13 +77,7 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        path = self.paths[index]
-        try:
-            with Image.open(path) as image:
-                image = image.convert(self.mode)
-        except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
-            raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
-        return self.transform(image)
+        return self.transform(read_image(self.paths[index], self.mode))
 
 
 def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
@@ -188,6 +191,8 @@ class ImageDataModule(SplitDataModule):
         val_fraction: share of the training split held out for validation (the official test splits are
             not used); 0 disables validation.
         seed: seed of the train/val split.
+        verify: only for ``folder``: decode every image in ``prepare_data``, before the first training step,
+            so a corrupt file stops the run at once (naming it) rather than whenever it is first drawn.
     """
 
     def __init__(
@@ -201,6 +206,7 @@ class ImageDataModule(SplitDataModule):
         num_workers: int = 0,
         val_fraction: float = 0.05,
         seed: int = 0,
+        verify: bool = False,
     ) -> None:
         super().__init__(batch_size, num_workers, val_fraction, seed)
         if dataset not in get_args(ImageDatasetName):
@@ -226,6 +232,7 @@ class ImageDataModule(SplitDataModule):
         self.image_size = image_size
         self.channels = native_channels
         self.random_flip = dataset == "cifar10" if random_flip is None else random_flip
+        self.verify = verify
         self._files = self._find_images() if dataset == "folder" else None
 
     @property
@@ -274,6 +281,9 @@ class ImageDataModule(SplitDataModule):
         # Lightning calls this on one process per node, so concurrent downloads cannot corrupt the files.
         if self.dataset in _TORCHVISION:
             _TORCHVISION[self.dataset][0](self.root, train=True, download=True)
+        if self.verify and self._files is not None:
+            for path in self._files:
+                read_image(path, "RGB" if self.channels == 3 else "L")
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

@@ -126,21 +126,29 @@ def one_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     if isinstance(error, ArgumentError) or "Parser key" in text or "Union subtypes" in text:
         text = _parser_message(text)
+        if isinstance(error, ArgumentError) and " — " not in text:
+            text += " — see --help for the options (--print_config for a full config)"
     if "Original Traceback" in text:  # re-raised from a DataLoader worker: the worker's own message
         text = re.sub(r"^[\w.]+: ", "", text.strip().splitlines()[-1])
     if "Error(s) in loading state_dict" in text:
         text = _state_dict_summary(text)
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    line = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    if " — " not in line and "; " in line:
+        line = line.replace("; ", " — ", 1)  # the library's messages put the fix after "; "
+    return line
 
 
 def _parser_message(text: str) -> str:
     """jsonargparse's nested multi-line report -> `--flag value: what is wrong — fix`."""
-    required = re.search(r'Key "([^"]+)" is required', text)
+    required = re.search(r'Key "([^"]+)" is required|arguments are required: (\S+)', text)
     if required:
-        return f"--{required.group(1)} is required — pass --{required.group(1)} VALUE (see --help)"
+        name = required.group(1) or required.group(2)
+        return f"--{name} is required — pass --{name} VALUE (see --help)"
+    if text.startswith("Problems parsing config"):
+        return f"{' '.join(text.split())} — fix the YAML syntax of the --config file"
     flag = ".".join(re.findall(r'Parser key "([^"]+)"', text))
-    given = re.search(r"(?:Given|Got) value: (.*)", text)
-    shown = f"--{flag}" + (f" {given.group(1).strip()}" if given else "")
+    given = re.search(r"(?:Given|Got) value: (.*)|Not of type \w+: (\S+) does not conform", text)
+    shown = f"--{flag}" + (f" {(given.group(1) or given.group(2)).strip()}" if given else "")
     noise = re.compile(
         r"^(Does not validate against|Subtypes:|Errors:|Given value|Problem with given class_path|"
         r"- Expected a <class 'NoneType'>)"
@@ -151,9 +159,8 @@ def _parser_message(text: str) -> str:
         return detail or text
     restriction = re.search(r"restriction (.+)", detail)
     if restriction:
-        bound = re.sub(
-            r"v\s*(>=|<=|>|<)\s*", r"\1 ", restriction.group(1)
-        )  # 'v>=0 and v<=1' -> '>= 0 and <= 1'
+        # jsonargparse's 'v>=0 and v<=1' -> '>= 0 and <= 1'
+        bound = re.sub(r"v\s*(>=|<=|>|<)\s*", r"\1 ", restriction.group(1))
         return f"{shown} is out of range — pass a value {bound}"
     choices = re.search(r"Expected a typing\.Literal\[(.*)\]", detail)
     if choices:
