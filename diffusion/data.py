@@ -69,6 +69,15 @@ class IndexedDataset(Dataset):
         return Batch(x, int(index))
 
 
+def read_image(path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
+    """The decoded image at `path` in `mode`; a corrupt or unreadable file raises ValueError naming it."""
+    try:
+        with Image.open(path) as image:
+            return image.convert(mode)
+    except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
+        raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
+
+
 class ImageFiles(Dataset):
     """Image files loaded with PIL; a corrupt file is reported by name when it is first read."""
 
@@ -81,13 +90,7 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        path = self.paths[index]
-        try:
-            with Image.open(path) as image:
-                image = image.convert(self.mode)
-        except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
-            raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
-        return self.transform(image)
+        return self.transform(read_image(self.paths[index], self.mode))
 
 
 class SplitDataModule(LightningDataModule):
@@ -208,6 +211,8 @@ class ImageDataModule(SplitDataModule):
         val_from_train: train on every image and validate on this many of them (a fixed random subset);
             needs ``val_fraction=0``. ``configs/cifar10.yaml`` uses it to train on all 50,000 images.
         seed: seed of the train/val split.
+        verify: only for ``folder``: decode every image in ``prepare_data``, before the first training step,
+            so a corrupt file stops the run at once (naming it) rather than whenever it is first drawn.
     """
 
     def __init__(
@@ -222,6 +227,7 @@ class ImageDataModule(SplitDataModule):
         val_fraction: float = 0.05,
         seed: int = 0,
         val_from_train: int | None = None,
+        verify: bool = False,
     ) -> None:
         super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train)
         if dataset not in get_args(ImageDatasetName):
@@ -247,6 +253,7 @@ class ImageDataModule(SplitDataModule):
         self.image_size = image_size
         self.channels = native_channels
         self.random_flip = dataset == "cifar10" if random_flip is None else random_flip
+        self.verify = verify
         self._files = self._find_images() if dataset == "folder" else None
 
     @property
@@ -295,6 +302,9 @@ class ImageDataModule(SplitDataModule):
         # Lightning calls this on one process per node, so concurrent downloads cannot corrupt the files.
         if self.dataset in _TORCHVISION:
             _TORCHVISION[self.dataset][0](self.root, train=True, download=True)
+        if self.verify and self._files is not None:
+            for path in self._files:
+                read_image(path, "RGB" if self.channels == 3 else "L")
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

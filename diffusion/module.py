@@ -18,9 +18,10 @@ from torch import nn
 from diffusion import noise
 from diffusion.checkpoints import read_network_weights
 from diffusion.data import Batch, describe_batches
+from diffusion.errors import check_choice
 from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
 from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
-from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType, _check_choice
+from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType
 
 LossWeighting = Literal["none", "min_snr"]
 NoiseMode = Literal["fast", "per_sample"]
@@ -96,7 +97,7 @@ class DiffusionModule(L.LightningModule):
             ("loss_weighting", loss_weighting, LossWeighting),
             ("noise_mode", noise_mode, NoiseMode),
         ]:
-            _check_choice(name, value, allowed)
+            check_choice(name, value, allowed)
         if lr <= 0 or warmup_steps < 0:
             raise ValueError(f"need lr > 0 and warmup_steps >= 0, got lr={lr}, warmup_steps={warmup_steps}")
         with warnings.catch_warnings():

@@ -23,8 +23,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from diffusion.errors import check_choice
 from diffusion.noise import PerSampleNoise
-from diffusion.schedule import NoiseSchedule, PredictionType, _check_choice
+from diffusion.schedule import NoiseSchedule, PredictionType
 
 Sampler = Literal["ddpm", "ddim", "dpmpp_2m"]
 VarianceType = Literal["fixedlarge", "fixedsmall"]
@@ -54,9 +55,9 @@ class SamplingOptions:
 
     def __post_init__(self) -> None:
         if self.sampler is not None:
-            _check_choice("sampler", self.sampler, Sampler)
+            check_choice("sampler", self.sampler, Sampler)
         if self.variance is not None:
-            _check_choice("variance", self.variance, VarianceType)
+            check_choice("variance", self.variance, VarianceType)
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps={self.steps} must be >= 1 (or unset: all T for ddpm, 50 for ddim)")
         if self.eta is not None and not 0.0 <= self.eta <= 1.0:
@@ -174,7 +175,7 @@ def reverse_steps(
         variance beta~_t ("fixedsmall"); with respacing, betas are those of the respaced process. DDPM only.
     """
     SamplingOptions(sampler, steps, eta, variance, clip_denoised)  # checks every option
-    _check_choice("prediction_type", prediction_type, PredictionType)
+    check_choice("prediction_type", prediction_type, PredictionType)
     T = schedule.num_timesteps
     if sampler == "dpmpp_2m":
         yield from dpm_solver_pp_2m_steps(

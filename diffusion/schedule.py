@@ -5,19 +5,15 @@ checkpoints and never loses precision under mixed-precision training (buffers ar
 """
 
 import math
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import nn
 
+from diffusion.errors import check_choice
+
 BetaSchedule = Literal["linear", "cosine", "sigmoid"]
 PredictionType = Literal["eps", "x0", "v"]
-
-
-def _check_choice(name: str, value: str, allowed: object) -> None:
-    choices = get_args(allowed)
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
 
 
 def make_betas(
@@ -35,7 +31,7 @@ def make_betas(
     sigmoid: Jabri et al. 2022 (RIN), alphas_cumprod follows a reversed sigmoid of t/T mapped to [-3, 3],
         which keeps more signal at high t than linear.
     """
-    _check_choice("beta_schedule", schedule, BetaSchedule)
+    check_choice("beta_schedule", schedule, BetaSchedule)
     if num_timesteps < 1:
         raise ValueError(f"num_timesteps={num_timesteps} must be a positive integer (Ho et al. use 1000)")
     if schedule == "linear":

@@ -220,7 +220,12 @@ def test_inception_features_explain_a_failed_download(monkeypatch):
 def test_kid_subsets_of_1000_by_default_capped_at_the_image_counts(digit_halves):
     assert make_metrics("pixels", channels=1)["kid"].subset_size == 1000
     assert FIDCallback().kid_subset_size == 1000
-    assert evaluate_cli.parse_args(["--samples", "a.npz", "--reference", "digits"])[1].kid_subset_size == 1000
+    assert (
+        evaluate_cli.build_parser()
+        .parse_args(["--samples", "a.npz", "--reference", "digits"])
+        .kid_subset_size
+        == 1000
+    )
     first, second = (half.permute(0, 2, 3, 1).numpy() for half in digit_halves)
     result = evaluate_cli.evaluate(first[:300], second, features="pixels")  # 300 < 1000: capped, no error
     assert math.isfinite(result["kid_mean"]) and result["num_fake"] == 300

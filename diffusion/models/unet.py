@@ -259,17 +259,24 @@ class UNet(nn.Module):
                     nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """x: (B, C, H, W) float, t: (B,) int64 -> predicted noise (B, C_out, H, W)."""
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"UNet expects x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+    def check_input_shape(self, shape: Sequence[int]) -> None:
+        """Raise ValueError unless one sample of `shape` (C, H, W) fits: C = in_channels, H and W divisible
+        by 2**(levels - 1). Called by the CLI before training, and on every forward."""
+        if len(shape) != 3 or shape[0] != self.in_channels:
+            raise ValueError(f"UNet expects samples of shape ({self.in_channels}, H, W), got {tuple(shape)}")
         factor = 2 ** (self.num_levels - 1)
-        height, width = x.shape[-2:]
+        height, width = shape[-2:]
         if height % factor != 0 or width % factor != 0:
             raise ValueError(
                 f"image size {height}x{width} is not divisible by {factor} = 2**(len(channel_mult) - 1) "
                 f"for {self.num_levels} levels; pick an image_size divisible by {factor} or use fewer levels"
             )
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """x: (B, C, H, W) float, t: (B,) int64 -> predicted noise (B, C_out, H, W)."""
+        if x.ndim != 4:
+            raise ValueError(f"UNet expects x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        self.check_input_shape(x.shape[1:])
         temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
 
         hs = [self.conv_in(x)]  # skip stack, each (B, C_level, H_level, W_level)
