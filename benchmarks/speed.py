@@ -316,7 +316,7 @@ def markdown(run: Run) -> str:
         name = f"{path.name} ({path.note})" if path.note else path.name
         lines.append(
             f"| {name} | {path.step_seconds:.4f} | {run.batch / path.step_seconds:.1f} "
-            f"| {run.flops / path.step_seconds / 1e12:.2f} | {ratio:.3f}x ({low:.3f}-{high:.3f}) "
+            f"| {run.flops / path.step_seconds / 1e12:.3g} | {ratio:.3f}x ({low:.3f}-{high:.3f}) "
             f"| {fmt_bytes(path.peak_bytes)} (+{fmt_bytes(path.peak_above_start)}) |"
         )
     memory = "CUDA max_memory_allocated" if run.device.type == "cuda" else "the process's peak RSS (VmHWM)"
