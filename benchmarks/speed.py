@@ -352,7 +352,11 @@ def markdown(run: Run) -> str:
             "",
             f"Default job, `train.py {' '.join(run.job['args'])}` (each a fresh process, alternating trees): "
             f"{name}: {base:.1f} s, this tree: {here:.1f} s, **{base / here:.2f}x faster** "
-            f"(target 1.5x; runs: {run.job['seconds']}).",
+            f"(target 1.5x; each run: "
+            + "; ".join(
+                f"{tree} {', '.join(f'{x:.1f}' for x in xs)} s" for tree, xs in run.job["seconds"].items()
+            )
+            + ").",
         ]
     return "\n".join(lines) + "\n"
 
