@@ -317,7 +317,7 @@ def markdown(run: Run) -> str:
         name = f"{path.name} ({path.note})" if path.note else path.name
         lines.append(
             f"| {name} | {path.step_seconds:.4f} | {run.batch / path.step_seconds:.1f} "
-            f"| {run.flops / path.step_seconds / 1e12:.2f} | {ratio:.3f}x ({low:.3f}-{high:.3f}) "
+            f"| {run.flops / path.step_seconds / 1e12:.3g} | {ratio:.3f}x ({low:.3f}-{high:.3f}) "
             f"| {fmt_bytes(path.peak_bytes)} (+{fmt_bytes(path.peak_above_start)}) |"
         )
     memory = "CUDA max_memory_allocated" if run.device.type == "cuda" else "the process's peak RSS (VmHWM)"
@@ -353,7 +353,11 @@ def markdown(run: Run) -> str:
             "",
             f"Default job, `train.py {' '.join(run.job['args'])}` (each a fresh process, alternating trees): "
             f"{name}: {base:.1f} s, this tree: {here:.1f} s, **{base / here:.2f}x faster** "
-            f"(target 1.5x; runs: {run.job['seconds']}).",
+            f"(target 1.5x; each run: "
+            + "; ".join(
+                f"{tree} {', '.join(f'{x:.1f}' for x in xs)} s" for tree, xs in run.job["seconds"].items()
+            )
+            + ").",
         ]
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from diffusion import noise
+from diffusion import noise as counter_noise
 from diffusion.checkpoints import read_network_weights
 from diffusion.data import Batch, describe_batches
 from diffusion.errors import check_choice
@@ -40,10 +40,10 @@ def use_tf32_on_cuda(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
-def per_sample_generators(seed: int, step: int, indices: torch.Tensor) -> noise.PerSampleNoise:
+def per_sample_generators(seed: int, step: int, indices: torch.Tensor) -> counter_noise.PerSampleNoise:
     """Per-sample noise for the samplers: draw k of sample i depends only on (seed, step, k, i). One
     counter-based stream for the whole batch (diffusion/noise.py), not a torch.Generator per sample."""
-    return noise.PerSampleNoise(seed, indices, step=step)
+    return counter_noise.PerSampleNoise(seed, indices, step=step)
 
 
 class DiffusionModule(L.LightningModule):
@@ -197,9 +197,11 @@ class DiffusionModule(L.LightningModule):
         T = self.schedule.num_timesteps
         if per_sample:  # a function of (seed, step, dataset index), drawn for the whole batch on its device
             indices = indices.to(x0.device)
-            t = noise.randint(T, noise.noise_key(self._noise_seed, noise.TRAINING_TIMESTEPS, step), indices)
-            key = noise.noise_key(self._noise_seed, noise.TRAINING_NOISE, step)
-            return noise.normal(x0.shape, key, indices, dtype=x0.dtype), t
+            seed = self._noise_seed
+            t_key = counter_noise.noise_key(seed, counter_noise.TRAINING_TIMESTEPS, step)
+            t = counter_noise.randint(T, t_key, indices)
+            key = counter_noise.noise_key(seed, counter_noise.TRAINING_NOISE, step)
+            return counter_noise.normal(x0.shape, key, indices, dtype=x0.dtype), t
         t = torch.randint(T, (x0.shape[0],), device=x0.device, generator=self._generator)
         return randn(x0.shape, self._generator, x0.device), t
 

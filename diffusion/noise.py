@@ -55,7 +55,7 @@ def random_bits(key: tuple[int, int], indices: torch.Tensor, count: int) -> torc
     indices = indices.long()
     row = mix32(mix32((indices & MASK32) ^ row_key) ^ ((indices >> 32) & MASK32))  # (B,)
     col = mix32(torch.arange(count, device=indices.device) ^ col_key)  # (count,)
-    # The element's own hash (not e itself) meets the row's: two samples can never share a shifted block.
+    # The element's own hash (not e itself) meets the row's, so two samples do not share shifted blocks.
     return mix32(mix32((row[:, None] + col[None, :]) & MASK32))  # (B, count)
 
 
