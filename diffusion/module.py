@@ -237,10 +237,13 @@ class DiffusionModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         # The fused kernel updates all parameters at once: about half the time of the default per-tensor
-        # loop on a CPU (which gets no foreach default), and what CUDA runs fastest.
+        # loop on a CPU (which gets no foreach default), and what CUDA runs fastest. Under mixed precision
+        # Lightning refuses to clip a fused optimizer's gradients (it unscales them internally): foreach there.
+        mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
+        fused = self.device.type in ("cpu", "cuda") and not mixed
         optimizer = torch.optim.Adam(
             self.parameters(), lr=self.hparams.lr, betas=self.hparams.adam_betas,
-            weight_decay=self.hparams.weight_decay, fused=self.device.type in ("cpu", "cuda"),
+            weight_decay=self.hparams.weight_decay, fused=fused, foreach=None if fused else True,
         )  # fmt: skip
         warmup = max(self.hparams.warmup_steps, 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
