@@ -21,7 +21,6 @@ scatter to docs/toy2d_scatter.png (everything under --out instead when given, an
 """
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from metrics_lib import (
     train_digit_classifier,
 )
 from torchvision.utils import make_grid, save_image
+from train_run import run_training
 
 from diffusion.checkpoints import latest_checkpoint, load_checkpoint
 from diffusion.generation import generate
@@ -118,16 +118,7 @@ def train(recipe: Recipe, runs_dir: Path, quick: bool, log_dir: Path) -> tuple[P
     ]
     if quick:
         command += [*recipe.tiny_args, *QUICK]
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"train_{recipe.name}.log"
-    print(f"[{recipe.name}] training: {' '.join(command[1:])}  (log: {log_path})", flush=True)
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        code = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    seconds = time.perf_counter() - start
-    if code != 0:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-        raise SystemExit(f"[{recipe.name}] training failed with exit code {code}:\n{tail}")
+    seconds = run_training(command, log_dir / f"train_{recipe.name}.log", recipe.name)
     print(f"[{recipe.name}] trained in {fmt_time(seconds)}", flush=True)
     return latest_checkpoint(runs_dir, recipe.name), seconds
 

@@ -23,7 +23,6 @@ plot of samples over real data per distribution beside its run.
 """
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from metrics_lib import sliced_wasserstein
+from train_run import run_training
 from vector_sets import Distribution, distributions
 
 from diffusion.checkpoints import latest_checkpoint, load_checkpoint
@@ -103,15 +103,7 @@ def train(name: str, data_path: Path, runs_dir: Path, quick: bool, extra: list[s
     if quick:
         command += [*TINY_MLP, *QUICK]
     command += extra
-    log_path = runs_dir / f"train_{name}.log"
-    print(f"[{name}] training: {' '.join(command[1:])}  (log: {log_path})", flush=True)
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        code = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    seconds = time.perf_counter() - start
-    if code != 0:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-        raise SystemExit(f"[{name}] training failed with exit code {code}:\n{tail}")
+    seconds = run_training(command, runs_dir / f"train_{name}.log", name)
     print(f"[{name}] trained in {fmt_time(seconds)}", flush=True)
     return latest_checkpoint(runs_dir, f"vectors_{name}"), seconds
 
