@@ -3,6 +3,7 @@
     python benchmarks/vectors.py                          # all seven (about 40 min on a quiet 2-core CPU)
     python benchmarks/vectors.py --only thin_rings        # some of them
     python benchmarks/vectors.py --reuse benchmarks/runs  # no training: evaluate <dir>/vectors_<name>/version_N
+    python benchmarks/vectors.py --resume                 # train only the sets without a finished run yet
     python benchmarks/vectors.py --quick --out /tmp/v     # plumbing check in about a minute (meaningless numbers)
     python benchmarks/vectors.py -- --model.lr 2e-3       # extra train.py arguments after --
 
@@ -23,6 +24,7 @@ plot of samples over real data per distribution beside its run.
 """
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -105,7 +107,20 @@ def train(name: str, data_path: Path, runs_dir: Path, quick: bool, extra: list[s
     command += extra
     seconds = run_training(command, runs_dir / f"train_{name}.log", name)
     print(f"[{name}] trained in {fmt_time(seconds)}", flush=True)
-    return latest_checkpoint(runs_dir, f"vectors_{name}"), seconds
+    ckpt = latest_checkpoint(runs_dir, f"vectors_{name}")
+    record = {"seconds": seconds, "checkpoint": str(ckpt), "command": command[1:]}
+    (runs_dir / f"train_{name}.json").write_text(json.dumps(record, indent=1))
+    return ckpt, seconds
+
+
+def finished_run(runs_dir: Path, name: str) -> tuple[Path, float | None] | None:
+    """(last.ckpt, train seconds) of a run this script finished earlier, if any."""
+    record_path = runs_dir / f"train_{name}.json"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if Path(record["checkpoint"]).is_file():
+            return Path(record["checkpoint"]), record["seconds"]
+    return None
 
 
 def evaluate(
@@ -162,6 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="2 sets, tiny networks, 10 steps: plumbing only")
     parser.add_argument("--only", nargs="+", choices=sorted(distributions()), help="measure these sets")
     parser.add_argument("--reuse", type=Path, help="no training: evaluate <dir>/vectors_<name>/version_N")
+    parser.add_argument("--resume", action="store_true", help="reuse the runs this script finished before")
     parser.add_argument(
         "--out", type=Path, help="write the table and runs here (default with --quick: a temp dir)"
     )
@@ -191,7 +207,10 @@ def main(argv: list[str] | None = None) -> str:
         np.save(data_path, dist.sample(3000 if quick else TRAIN_POINTS, seed=0)[0].astype(np.float32))
         threshold = support_threshold(dist, 20_000 if quick else THRESHOLD_POINTS)
         reference, other = dist.sample(num_samples, seed=2)[0], dist.sample(num_samples, seed=3)[0]
-        if args.reuse is not None:
+        done = finished_run(runs_dir, name) if args.reuse is not None or args.resume else None
+        if done is not None:
+            ckpt, seconds = done
+        elif args.reuse is not None:
             ckpt, seconds = latest_checkpoint(args.reuse, f"vectors_{name}"), None
         else:
             ckpt, seconds = train(name, data_path, runs_dir, quick, args.train_args)

@@ -19,7 +19,7 @@ def _bulk_with_outliers(tmp_path, outlier: float = 1000.0):
 
 def test_outliers_do_not_squeeze_the_bulk(tmp_path):
     data, path = _bulk_with_outliers(tmp_path)
-    standardized = VectorDataModule(path=path).data[:1000]
+    standardized = VectorDataModule(path=path, feature_std=1.0).data[:1000]
     assert ((standardized.std(0) - 1).abs() < 0.1).all()  # the bulk keeps unit scale
     assert standardized.mean(0).abs().max() < 0.1  # and its center
     squeezed = VectorDataModule(path=path, normalize="minmax").data[:1000]
@@ -33,6 +33,18 @@ def test_normalization_maps_back_to_data_units(tmp_path, normalize):
     assert set(dm.normalization) == {"shift", "scale"} and len(dm.normalization["scale"]) == 2
     restored = denormalize(dm.data.double(), dm.normalization)  # data = model * scale + shift
     np.testing.assert_allclose(restored.numpy(), data, rtol=1e-5, atol=1e-4)
+
+
+def test_feature_std_sets_the_spread_in_model_units(tmp_path):
+    data, path = _bulk_with_outliers(tmp_path)
+    unit, triple = VectorDataModule(path=path, feature_std=1.0), VectorDataModule(path=path, feature_std=3.0)
+    torch.testing.assert_close(triple.data, 3 * unit.data)
+    np.testing.assert_allclose(
+        denormalize(triple.data.double(), triple.normalization).numpy(), data, atol=1e-4
+    )
+    assert VectorDataModule(path=path).feature_std == 3.0  # the default
+    with pytest.raises(ValueError, match="feature_std must be > 0, got 0"):
+        VectorDataModule(path=path, feature_std=0)
 
 
 def test_degenerate_features_get_a_finite_scale():
@@ -54,4 +66,4 @@ def test_bad_normalize_is_rejected_with_the_choices():
 def test_toy_data_is_standardized_and_deterministic():
     dm = VectorDataModule("swiss_roll", num_samples=2000)
     assert torch.equal(dm.data, VectorDataModule("swiss_roll", num_samples=2000).data)
-    assert dm.normalize == "standardize" and dm.data.abs().max() < 4
+    assert dm.normalize == "standardize" and dm.data.abs().max() < 4 * dm.feature_std
