@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ import torch
 from lightning.fabric import Fabric
 
 from diffusion.checkpoints import load_checkpoint
-from diffusion.generation import gather_in_order, generate
+from diffusion.generation import gather_in_order, generate, sample_across_ranks
 from diffusion.render import save_preview, to_uint8, to_uint8_images, write_samples
 from diffusion.sample import main
 from diffusion.sampling import SamplingOptions
@@ -84,6 +85,23 @@ def test_ranks_hand_all_gather_uint8_images_a_quarter_of_float_bytes(world_size,
     # Other batch shapes move float samples by ~1e-6; uint8 rounding absorbs that (a value within 1e-6 of a
     # rounding boundary would flip one level: these seeds hit none).
     torch.testing.assert_close(gathered, to_uint8(reference, module.normalization), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_training_time_grids_gather_uint8_images(world_size, digits_checkpoint):
+    # sample_across_ranks (SampleGrid's) as rank 0 of `world_size`, the other ranks' shares computed here.
+    module = load_checkpoint(digits_checkpoint)
+    shares = [
+        generate(module, 5, batch_size=5, rank=r, world_size=world_size, uint8_images=True, **OPTIONS)
+        for r in range(world_size)
+    ]
+    fabric = StackingFabric(shares)
+    strategy = SimpleNamespace(all_gather=lambda tensor, **kwargs: fabric.all_gather(tensor))
+    module.trainer = SimpleNamespace(world_size=world_size, global_rank=0, strategy=strategy)
+    grid = sample_across_ranks(module, 5, OPTIONS["seed"], OPTIONS["options"])
+    assert [tensor.dtype for tensor in fabric.handed] == [torch.uint8] * (world_size - 1)  # none for 1 rank
+    reference = generate(module, 5, batch_size=5, **OPTIONS)
+    torch.testing.assert_close(grid, to_uint8(reference, module.normalization), rtol=0, atol=0)
 
 
 def test_vectors_are_gathered_as_float(toy2d_checkpoint):
