@@ -138,7 +138,7 @@ def network_precision(module: DiffusionModule, precision: str) -> Iterator[None]
     """Within the block, `module`'s network runs under autocast for `precision` (see `autocast_dtype`).
 
     Only the network: the schedule's coefficients and the x_t updates of the reverse process stay float32
-    (the small betas and the long chain of updates are what half precision would hurt). 32-bit changes nothing.
+    (the small betas and the long chain of updates are what half precision would hurt). 32 changes nothing.
     """
     dtype = autocast_dtype(precision, module.device)
     if dtype is None:

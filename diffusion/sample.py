@@ -83,9 +83,9 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--precision", type=str, default="32",
-        help="32 (or 32-true), 16-mixed or bf16-mixed (the network under autocast, the sampler in float32): for CUDA GPUs, "
-        "bf16-mixed on Ampere and newer. On a CPU both run the network in bf16, which is fast only with bf16 "
-        "instructions (AVX512-BF16, AMX)",
+        help="32 (or 32-true), 16-mixed or bf16-mixed: the network under autocast, the sampler in "
+        "float32. For CUDA GPUs, bf16-mixed on Ampere and newer; on a CPU both run the network in bf16, "
+        "which is fast only with bf16 instructions (AVX512-BF16, AMX)",
     )  # fmt: skip
     return parser
 
@@ -109,8 +109,9 @@ def note_cpu_precision(precision: str, device: torch.device | str) -> None:
             else ""
         )
         print(
-            f"note: --precision {precision} on a CPU runs the network in bf16: about as fast as 32 or faster with "
-            f"bf16 instructions (AVX512-BF16, AMX), slower without; mixed precision is meant for CUDA GPUs{substitute}",
+            f"note: --precision {precision} on a CPU runs the network in bf16: about as fast as 32 or faster "
+            "with bf16 instructions (AVX512-BF16, AMX), slower without; mixed precision is meant for CUDA "
+            f"GPUs{substitute}",
             file=sys.stderr,
         )
 
@@ -174,8 +175,8 @@ def main(argv: list[str] | None = None) -> Path:
         options = SamplingOptions(sampler=args.sampler, steps=args.steps, eta=args.eta)
         with network_precision(module, args.precision):
             samples = generate(  # images as uint8 (N, C, H, W): a quarter of the bytes to hold and gather
-                module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options, rank=rank,
-                world_size=world_size, progress=rank == 0, uint8_images=True,
+                module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options,
+                rank=rank, world_size=world_size, progress=rank == 0, uint8_images=True,
             )  # fmt: skip
         if fabric is not None:
             samples = gather_in_order(samples.to(fabric.device), args.num_samples, fabric.all_gather)

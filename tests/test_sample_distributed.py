@@ -49,7 +49,7 @@ class StackingFabric:
 
 
 def one_devices_images(checkpoint: Path) -> np.ndarray:
-    """samples.npz's content as before ranks gathered uint8: float samples of one batch, then to_uint8_images."""
+    """samples.npz's content as written before ranks gathered uint8: float samples, then to_uint8_images."""
     module = load_checkpoint(checkpoint)
     return to_uint8_images(generate(module, 5, batch_size=5, **OPTIONS), module.normalization)
 

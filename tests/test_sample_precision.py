@@ -161,8 +161,8 @@ def test_other_precisions_are_refused_in_one_line(precision, digits_checkpoint, 
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
-    assert re.fullmatch(
-        rf"error: --precision {precision} is not supported for sampling — choose 32, 16-mixed or bf16-mixed .*",
+    assert re.match(
+        rf"error: --precision {precision} is not supported for sampling — choose 32, 16-mixed or bf16-mixed",
         lines[0],
     )
     assert not (tmp_path / "out").exists()
