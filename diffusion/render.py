@@ -4,6 +4,9 @@ Inside, samples are torch tensors in the model's units: (N, C, H, W) images in [
 `normalization` ({"shift": [...], "scale": [...]}, from the data module, stored in every checkpoint) maps
 them to data units: data = model * scale + shift, per channel or per feature. Numpy NHWC appears only in
 `samples.npz`, the layout image evaluators (guided-diffusion's, EDM's) read.
+
+Images may also arrive as uint8 (N, C, H, W) in 0..255 (`compact`): what ranks gather when they sample
+together, a quarter of float32's bytes. `write_samples` and `save_preview` take either form.
 """
 
 import math
@@ -38,6 +41,15 @@ def to_uint8(x: torch.Tensor, normalization: dict) -> torch.Tensor:
     return images.mul(255).round().to(torch.uint8)
 
 
+def compact(samples: torch.Tensor, normalization: dict) -> torch.Tensor:
+    """Samples in the form ranks exchange and files store: images as uint8 (N, C, H, W) in 0..255 (`to_uint8`;
+    1 byte a value instead of float32's 4), vectors unchanged (float, model units: small, with no uint8 form).
+    uint8 images pass through as they are."""
+    if samples.ndim != 4 or samples.dtype == torch.uint8:
+        return samples
+    return to_uint8(samples, normalization)
+
+
 def to_uint8_images(x: torch.Tensor, normalization: dict) -> np.ndarray:
     """(N, C, H, W) in model units -> numpy uint8 (N, H, W, C), the layout of `samples.npz`."""
     return to_uint8(x, normalization).permute(0, 2, 3, 1).cpu().numpy()
@@ -67,12 +79,12 @@ def save_scatter(points: np.ndarray, path: str | Path, reference: np.ndarray | N
 
 
 def save_preview(samples: torch.Tensor, normalization: dict, path: str | Path) -> torch.Tensor | None:
-    """A picture of samples in model units: an image grid (returned, for TensorBoard) or, for vectors, a
-    scatter plot of the first two features (returns None)."""
-    data = denormalize(samples.detach().float().cpu(), normalization)
+    """A picture of samples in model units (or uint8 images, see `compact`): an image grid (returned, for
+    TensorBoard) or, for vectors, a scatter plot of the first two features (returns None)."""
     if samples.ndim == 4:
-        return save_image_grid(data, path)
-    save_scatter(data.numpy(), path)
+        # Through uint8 whatever the input, so the grid shows exactly the pixels samples.npz holds.
+        return save_image_grid(compact(samples, normalization).cpu().float() / 255, path)
+    save_scatter(denormalize(samples.detach().float().cpu(), normalization).numpy(), path)
     return None
 
 
@@ -80,12 +92,14 @@ def write_samples(
     samples: torch.Tensor, normalization: dict, out_dir: str | Path, grid_size: int = 64
 ) -> Path:
     """Write out_dir/samples.npz (`arr_0`: uint8 N x H x W x C images, or float32 N x D vectors in data
-    units) and out_dir/grid.png (the first `grid_size` images, or a scatter of all vectors); return the npz."""
+    units) and out_dir/grid.png (the first `grid_size` images, or a scatter of all vectors); return the npz.
+    `samples` are in model units, or images already uint8 (`compact`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if samples.ndim == 4:
-        array = to_uint8_images(samples, normalization)
-        save_preview(samples[:grid_size], normalization, out_dir / "grid.png")
+        images = compact(samples, normalization)  # (N, C, H, W) uint8
+        array = images.permute(0, 2, 3, 1).cpu().numpy()
+        save_preview(images[:grid_size], normalization, out_dir / "grid.png")
     else:
         array = denormalize(samples.detach().float().cpu(), normalization).numpy().astype(np.float32)
         save_scatter(array, out_dir / "grid.png")
