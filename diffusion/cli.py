@@ -18,13 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from diffusion.callbacks import EMA, Checkpoint, SampleGrid
-from diffusion.checkpoints import latest_run, read_checkpoint
+from diffusion.checkpoints import newest_checkpoint, read_checkpoint, run_folder_of
 from diffusion.errors import (
     DEBUG_VARIABLE,
     UserError,
@@ -33,6 +34,7 @@ from diffusion.errors import (
     reporting_user_errors,
 )
 from diffusion.module import DiffusionModule
+from diffusion.resume import differing_training_settings
 
 SHORTHANDS = (
     "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
@@ -97,7 +99,8 @@ class DiffusionCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
             "--ckpt_path", type=str | None, default=None,
-            help="resume training from this checkpoint; 'last' = the newest last.ckpt of this run's name",
+            help="resume training from this checkpoint (its run's folder goes on); 'last' = the newest checkpoint (by "
+            "step) of the newest run of this name",
         )  # fmt: skip
         add_debug_flag(parser)
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
@@ -121,17 +124,8 @@ class DiffusionCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config
         check_option_ranges(config)
-        if config.ckpt_path == "last":
-            logger = config.trainer.logger
-            if not (logger and "TensorBoardLogger" in str(logger.get("class_path", ""))):
-                raise ValueError(
-                    "--ckpt_path last needs the default TensorBoardLogger; pass a checkpoint path"
-                )
-            version, path = latest_run(logger.init_args.save_dir, logger.init_args.name)
-            config.ckpt_path = str(path)
-            logger.init_args.version = version  # keep logging into the run being resumed
         if config.ckpt_path:
-            self._resume_checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
+            self._resume_checkpoint = self._resolve_resume(config)
         if config.model.init_from:
             check_init_from(config.model.init_from, config.model.network.class_path)
         precision = str(config.trainer.precision)
@@ -145,6 +139,39 @@ class DiffusionCLI(LightningCLI):
                 "precision pays off on CUDA GPUs. For CPU runs use --precision 32."
             )
 
+    def _resolve_resume(self, config) -> dict[str, Any]:
+        """Turn --ckpt_path into the checkpoint to resume and point the logger at that run's version folder,
+        so the resumed run goes on writing there; return the checkpoint's contents (read once, checked)."""
+        logger = config.trainer.logger
+        tensorboard = bool(logger) and "TensorBoardLogger" in str(logger.get("class_path", ""))
+        if config.ckpt_path == "last":
+            if not tensorboard:
+                raise ValueError(
+                    "--ckpt_path last needs the default TensorBoardLogger; pass a checkpoint path"
+                )
+            point = newest_checkpoint(logger.init_args.save_dir, logger.init_args.name)
+            if point.skipped and rank_zero_only.rank == 0:
+                passed = ", ".join(f"{path.name} ({why})" for path, why in point.skipped)
+                print(
+                    f"warning: --ckpt_path last: passed over unreadable {passed} in {point.path.parent}; "
+                    f"resuming from {point.path.name} (step {point.step})",
+                    file=sys.stderr, flush=True,
+                )  # fmt: skip
+            config.ckpt_path = str(point.path)
+        checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
+        run = run_folder_of(config.ckpt_path)
+        if run is not None and tensorboard:
+            configured = Path(logger.init_args.save_dir, logger.init_args.name).absolute()
+            if (
+                configured != run.save_dir / run.name
+            ):  # as spelled unless elsewhere: checkpoints record their folder
+                logger.init_args.save_dir, logger.init_args.name = str(run.save_dir), run.name
+            logger.init_args.version = run.version  # keep logging into the run being resumed
+            if run.config_file.is_file():  # the run's own config.yaml stays what it started with
+                step = int(checkpoint.get("global_step", 0))
+                self.save_config_kwargs["config_filename"] = f"config-resumed-at-step-{step}.yaml"
+        return checkpoint
+
     def after_instantiate_classes(self) -> None:
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
         check_input_shape = getattr(self.model.network, "check_input_shape", None)
@@ -153,6 +180,9 @@ class DiffusionCLI(LightningCLI):
         if self._resume_checkpoint is not None:
             check_resume_fits(self._resume_checkpoint, self.config.ckpt_path, self.model)
             self._resume_checkpoint = None  # unmap the file: the resumed run will write its checkpoints
+            check_same_training_settings(
+                self.config.ckpt_path, self.parser.dump(self.config, skip_none=False)
+            )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
 
 
@@ -233,6 +263,28 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
         f"{hparams.get('sample_shape')}, while this config has {type(module.network).__name__} on "
         f"{module.sample_shape} ({differences}; e.g. {(missing + unexpected + reshaped)[0]})",
         fix,
+    )
+
+
+def check_same_training_settings(path: str, current_config: str) -> None:
+    """Refuse to resume a run with settings that change what it trains (network, data, optimizer, ...), naming
+    them: the optimizer state, EMA and data order in the checkpoint belong to the run's own settings."""
+    run = run_folder_of(path)
+    if run is None or not run.config_file.is_file():
+        return  # not in a run folder, or a run made without the CLI: nothing to compare with
+    saved = yaml.safe_load(run.config_file.read_text()) or {}
+    differences = differing_training_settings(saved, yaml.safe_load(current_config) or {})
+    if not differences:
+        return
+    shown = "; ".join(
+        f"--{key.replace('.init_args.', '.')} {theirs!r} there, {ours!r} here"
+        for key, theirs, ours in differences[:4]
+    )
+    more = f" (and {len(differences) - 4} more)" if len(differences) > 4 else ""
+    raise UserError(
+        f"--ckpt_path {path} belongs to a run trained with other settings: {shown}{more}",
+        f"resume it with its own config: --config {run.config_file} (flags such as --max_steps may follow), "
+        "or start a new run without --ckpt_path",
     )
 
 

@@ -130,3 +130,42 @@ def gather_from_ranks(states: dict[str, Any], world_size: int) -> list[dict[str,
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, states)
     return gathered
+
+
+# ---- the right run: settings a resumed run must share with the run it continues ---------------------------
+# Everything under these keys changes what is trained (network, schedule, loss, optimizer and lr, data, batch,
+# EMA, noise seed), except the keys in NOT_TRAINING: how long to train, how often to validate, sample or save,
+# how to sample, and how to read the data, may change on resume. The world size may change too (with the
+# warning in `DiffusionModule`).
+TRAINING_SETTINGS = (
+    "model.", "data.", "ema.", "seed_everything", "trainer.accumulate_grad_batches",
+    "trainer.gradient_clip_val", "trainer.gradient_clip_algorithm", "trainer.precision",
+)  # fmt: skip
+NOT_TRAINING = (
+    "model.sampling", "model.init_from", "model.compile", "data.init_args.num_workers", "data.init_args.verify",
+)  # fmt: skip
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def differing_training_settings(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, current value) for every training setting that differs between two configs as
+    LightningCLI dumps them (a run's config.yaml). Keys that one of them lacks (a config written by an older
+    version of the code) are not compared."""
+    saved, current = flatten(saved), flatten(current)
+    return [
+        (key, saved[key], current[key])
+        for key in sorted(saved.keys() & current.keys())
+        if key.startswith(TRAINING_SETTINGS)
+        and not key.startswith(NOT_TRAINING)
+        and saved[key] != current[key]
+    ]
