@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from diffusion.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.checkpoints import newest_checkpoint, read_checkpoint, run_folder_of
@@ -33,6 +35,7 @@ from diffusion.errors import (
     check_writable_folder,
     reporting_user_errors,
 )
+from diffusion.liveness import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.module import DiffusionModule
 from diffusion.resume import differing_training_settings
 
@@ -101,6 +104,11 @@ class DiffusionCLI(LightningCLI):
             "--ckpt_path", type=str | None, default=None,
             help="resume training from this checkpoint (its run's folder goes on); 'last' = the newest checkpoint (by "
             "step) of the newest run of this name",
+        )  # fmt: skip
+        parser.add_argument(
+            "--ddp_timeout", type=float, default=DEFAULT_DDP_TIMEOUT_S,
+            help="seconds a rank waits in a collective (DDP) before the job ends, naming the rank that stopped "
+            "answering; raise it when rank 0 alone does long work, e.g. a first download in prepare_data",
         )  # fmt: skip
         add_debug_flag(parser)
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
@@ -174,6 +182,15 @@ class DiffusionCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
+        timeout = self.config.ddp_timeout
+        if timeout <= 0:
+            raise UserError(f"--ddp_timeout {timeout:g} is out of range", "pass seconds > 0, e.g. 600")
+        if hasattr(
+            self.trainer.strategy, "_timeout"
+        ):  # DDPStrategy, FSDPStrategy: passed to init_process_group
+            self.trainer.strategy._timeout = timedelta(seconds=timeout)
+        self.heartbeat = Heartbeat(timeout)
+        self.trainer.callbacks.append(self.heartbeat)
         check_input_shape = getattr(self.model.network, "check_input_shape", None)
         if check_input_shape is not None:
             check_input_shape(self.model.sample_shape)
@@ -363,14 +380,21 @@ def fit(cli: DiffusionCLI) -> None:
     created = new_run_folders(cli.trainer)
     try:
         cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
-    except BaseException:
+    except BaseException as error:
+        # A collective that timed out: name the rank that stopped answering (before the others are ended).
+        explained = cli.heartbeat.explain(error)
         # Lightning ends the other local ranks only on Ctrl+C. After any other error on rank 0 they would wait
-        # in a collective until the process-group timeout (30 min under NCCL; gloo notices the closed socket).
+        # in a collective until the process-group timeout, or not notice at all outside a collective.
         kill = getattr(cli.trainer.strategy.launcher, "kill", None)
         if kill is not None:
             kill(signal.SIGKILL)
         if cli.trainer.global_step == 0:
             remove_unused_run_folders(created)
+        if explained is not None:
+            raise explained from error
+        if isinstance(error, SIGTERMException) and not error.code:
+            # Lightning's own SIGTERM path (a signal before training started) exits with status 0.
+            raise SIGTERMException(128 + signal.SIGTERM) from error
         raise
 
 

@@ -197,6 +197,32 @@ def test_a_ddp_run_killed_while_saving_resumes_to_the_weights_of_the_run_left_al
     assert_same_final_weights(final_checkpoint(tmp_path / "killed"), reference, killed_at)
 
 
+# ---- preemption -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])
+def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exactly(
+    tmp_path, reference, signal_name
+):
+    """The signal arrives in the middle of step 5 (`guarantee_helpers.SignalAt`, in this process as a scheduler
+    would send it); no step checkpoint is due (every 100 steps), so the only checkpoint of step 5 is the
+    preemption's."""
+    signal_at = {
+        "class_path": "guarantee_helpers.SignalAt",
+        "init_args": {"step": KILL_STEP, "signal": signal_name},
+    }
+    preempt = ["--checkpoint.every_n_train_steps", "100", "--trainer.callbacks=" + json.dumps([signal_at])]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args(tmp_path, *ONE_PROCESS, *preempt))
+    assert exit_info.value.code == 128 + getattr(
+        signal, signal_name
+    )  # not 0: a scheduler sees it was stopped
+    assert signal.getsignal(getattr(signal, signal_name)) == signal.SIG_DFL  # handlers restored after fit
+    last = checkpoints(tmp_path) / "last.ckpt"
+    preempted_at = load(last)
+    assert preempted_at["global_step"] == KILL_STEP + 1 and KILL_STEP + 1 < MAX_STEPS
+    main(args(tmp_path, *ONE_PROCESS, "--ckpt_path", "last"))
+    assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), preempted_at)
+
+
 # ---- atomic saves ---------------------------------------------------------------------------------------
 def test_a_run_killed_while_writing_last_ckpt_keeps_the_previous_one_and_resumes_exactly(tmp_path, reference):
     system_tmp = tmp_path / "system_tmp"  # the killed run's tempfile.gettempdir()
