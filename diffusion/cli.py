@@ -15,7 +15,6 @@ import re
 import shutil
 import signal
 import sys
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -185,10 +184,6 @@ class DiffusionCLI(LightningCLI):
         timeout = self.config.ddp_timeout
         if timeout <= 0:
             raise UserError(f"--ddp_timeout {timeout:g} is out of range", "pass seconds > 0, e.g. 600")
-        if hasattr(
-            self.trainer.strategy, "_timeout"
-        ):  # DDPStrategy, FSDPStrategy: passed to init_process_group
-            self.trainer.strategy._timeout = timedelta(seconds=timeout)
         self.heartbeat = Heartbeat(timeout)
         self.trainer.callbacks.append(self.heartbeat)
         check_input_shape = getattr(self.model.network, "check_input_shape", None)
@@ -385,8 +380,9 @@ def fit(cli: DiffusionCLI) -> None:
         explained = cli.heartbeat.explain(error)
         # Lightning ends the other local ranks only on Ctrl+C. After any other error on rank 0 they would wait
         # in a collective until the process-group timeout, or not notice at all outside a collective.
+        # (Not after a preemption: every rank stops at the same step on its own, once the checkpoint is saved.)
         kill = getattr(cli.trainer.strategy.launcher, "kill", None)
-        if kill is not None:
+        if kill is not None and not isinstance(error, SIGTERMException):
             kill(signal.SIGKILL)
         if cli.trainer.global_step == 0:
             remove_unused_run_folders(created)

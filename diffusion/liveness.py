@@ -1,7 +1,8 @@
 """No silent hang: a rank that stops answering ends the job within `--ddp_timeout`, and the error names it.
 
-The timeout itself is the process group's (`DDPStrategy(timeout=...)`, set by the CLI from `--ddp_timeout`):
-a collective that waits longer raises on the ranks still running. Which rank stopped, the collective does not
+The timeout is the process group's, set from `--ddp_timeout` once the group is up (`Heartbeat.setup`): a
+collective that waits longer raises on the ranks still running. Start-up keeps torch's 30 minutes, for the
+rendezvous and the barrier after `prepare_data` (rank 0 may be downloading a data set while the others wait). Which rank stopped, the collective does not
 say; so every rank bumps a counter in the process group's key-value store (the rendezvous store rank 0 hosts)
 a few times per timeout from a daemon thread, and a rank whose collective failed names the ranks whose counter
 no longer moves. A stopped process (SIGSTOP, a machine gone) stops its threads too; if rank 0 itself stopped,
@@ -39,7 +40,7 @@ class Heartbeat(L.Callback):
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.interval = min(max(timeout_s / 20, 0.05), 5.0)
+        self.interval = min(max(timeout_s / 20, 0.05), 1.0)  # a store call per second at most
         self._store: dist.Store | None = None
         self._world_size = 1
         self._stop = threading.Event()
@@ -49,6 +50,7 @@ class Heartbeat(L.Callback):
         if trainer.world_size < 2 or not dist.is_initialized() or self._thread is not None:
             return
         # The default group's store: private in torch, but the one every rank already shares.
+        dist.set_timeout(timedelta(seconds=self.timeout_s))  # every collective from here on
         self._store = dist.distributed_c10d._get_default_store()
         self._world_size = trainer.world_size
         rank = trainer.global_rank
