@@ -128,9 +128,8 @@ def gone(pid: int, within: float = 5.0) -> bool:
 
 
 def cleanup(process: subprocess.Popen, pid: int | None = None) -> None:
-    for target in filter(None, [process.pid, pid]):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(target, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
     if pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
