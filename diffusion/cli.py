@@ -111,7 +111,15 @@ class DiffusionCLI(LightningCLI):
         )  # fmt: skip
         add_debug_flag(parser)
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.filename": "{step}"})
+        # No version counter: Lightning would write last-v1.ckpt beside last.ckpt whenever a resumed run's
+        # checkpoint settings or folder differ from the saved ones; last.ckpt stays the newest instead.
+        parser.set_defaults(
+            {
+                "checkpoint.save_last": True,
+                "checkpoint.filename": "{step}",
+                "checkpoint.enable_version_counter": False,
+            }
+        )
         parser.add_lightning_class_args(EMA, "ema")
         parser.add_lightning_class_args(SampleGrid, "sample_grid")
         parser.set_defaults(
