@@ -24,10 +24,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import TINY_MLP
+from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from diffusion.callbacks import Checkpoint
 from diffusion.checkpoint_io import AtomicCheckpointIO
 from diffusion.cli import main
+from diffusion.preemption import requeue_slurm_job
 from diffusion.resume import ResumableLoader, ResumableSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,6 +223,26 @@ def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exact
     assert preempted_at["global_step"] == KILL_STEP + 1 and KILL_STEP + 1 < MAX_STEPS
     main(args(tmp_path, *ONE_PROCESS, "--ckpt_path", "last"))
     assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), preempted_at)
+
+
+def test_sigusr1_under_slurm_requeues_the_job_from_rank_0_only(monkeypatch):
+    """As Lightning's auto-requeue does (there is no SLURM here: `scontrol` is recorded, not run)."""
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+
+    def trainer(rank_zero: bool, environment) -> SimpleNamespace:
+        connector = SimpleNamespace(cluster_environment=environment)
+        return SimpleNamespace(is_global_zero=rank_zero, _accelerator_connector=connector)
+
+    requeue_slurm_job(trainer(True, SLURMEnvironment()), signal.SIGUSR1)
+    requeue_slurm_job(trainer(False, SLURMEnvironment()), signal.SIGUSR1)  # not rank 0
+    requeue_slurm_job(
+        trainer(True, SLURMEnvironment()), signal.SIGTERM
+    )  # a preemption: the scheduler decides
+    requeue_slurm_job(trainer(True, SLURMEnvironment(auto_requeue=False)), signal.SIGUSR1)
+    requeue_slurm_job(trainer(True, None), signal.SIGUSR1)  # not under SLURM
+    assert calls == [["scontrol", "requeue", "1234"]]
 
 
 # ---- atomic saves ---------------------------------------------------------------------------------------
