@@ -173,7 +173,7 @@ class Checkpoint(ModelCheckpoint):
             return  # no optimizer step since the last poll (accumulating): a save here would lose gradients
         self._polled_step = trainer.global_step
         signum, due = self.preemption.poll(trainer)
-        if (signum or due) and self._last_global_step_saved != trainer.global_step:
+        if (signum or due) and not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
             if self.save_last:
                 self._save_last_checkpoint(trainer, candidates)

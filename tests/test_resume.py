@@ -225,6 +225,26 @@ def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exact
     assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), preempted_at)
 
 
+@pytest.mark.parametrize("every_n_minutes", [None, 1e-9], ids=["off", "due at every step"])
+def test_timed_checkpoints_save_between_validations(tmp_path, every_n_minutes):
+    """No validation (so no checkpoint) before the crash at step 3: only a timed checkpoint can keep the work."""
+    crash = {"class_path": "ddp_helpers.FailOnRank", "init_args": {"rank": 0, "step": 3}}
+    timed = [
+        "--checkpoint.every_n_minutes",
+        json.dumps(every_n_minutes),
+        "--trainer.val_check_interval",
+        "100",
+    ]
+    no_step_saves = ["--checkpoint.every_n_train_steps", "null", "--trainer.callbacks=" + json.dumps([crash])]
+    with pytest.raises(RuntimeError, match="deliberate failure"):
+        main(args(tmp_path, *ONE_PROCESS, *timed, *no_step_saves))
+    saved = sorted(p.name for p in (tmp_path / "run").glob("version_*/checkpoints/*.ckpt"))
+    if every_n_minutes is None:
+        assert saved == []
+    else:
+        assert saved == ["last.ckpt"] and load(checkpoints(tmp_path) / "last.ckpt")["global_step"] == 3
+
+
 def test_sigusr1_under_slurm_requeues_the_job_from_rank_0_only(monkeypatch):
     """As Lightning's auto-requeue does (there is no SLURM here: `scontrol` is recorded, not run)."""
     calls = []
