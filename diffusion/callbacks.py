@@ -160,9 +160,8 @@ class Checkpoint(ModelCheckpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self.preemption.install(
-            trainer
-        )  # after Lightning registered its handlers (it restores them after fit)
+        # After Lightning registered its signal handlers (it restores the ones it found after fit).
+        self.preemption.install(trainer)
         self._polled_step = trainer.global_step
 
     def on_train_batch_end(

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -36,7 +35,7 @@ from diffusion.errors import (
 )
 from diffusion.liveness import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.module import DiffusionModule
-from diffusion.resume import differing_training_settings
+from diffusion.resume import check_same_training_settings
 
 SHORTHANDS = (
     "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
@@ -283,28 +282,6 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
         f"{hparams.get('sample_shape')}, while this config has {type(module.network).__name__} on "
         f"{module.sample_shape} ({differences}; e.g. {(missing + unexpected + reshaped)[0]})",
         fix,
-    )
-
-
-def check_same_training_settings(path: str, current_config: str) -> None:
-    """Refuse to resume a run with settings that change what it trains (network, data, optimizer, ...), naming
-    them: the optimizer state, EMA and data order in the checkpoint belong to the run's own settings."""
-    run = run_folder_of(path)
-    if run is None or not run.config_file.is_file():
-        return  # not in a run folder, or a run made without the CLI: nothing to compare with
-    saved = yaml.safe_load(run.config_file.read_text()) or {}
-    differences = differing_training_settings(saved, yaml.safe_load(current_config) or {})
-    if not differences:
-        return
-    shown = "; ".join(
-        f"--{key.replace('.init_args.', '.')} {theirs!r} there, {ours!r} here"
-        for key, theirs, ours in differences[:4]
-    )
-    more = f" (and {len(differences) - 4} more)" if len(differences) > 4 else ""
-    raise UserError(
-        f"--ckpt_path {path} belongs to a run trained with other settings: {shown}{more}",
-        f"resume it with its own config: --config {run.config_file} (flags such as --max_steps may follow), "
-        "or start a new run without --ckpt_path",
     )
 
 

@@ -10,6 +10,9 @@ the state of a *stateful* training DataLoader. The rest of what decides the next
   global RNGs that dropout and data augmentation draw from. Only rank 0 writes the checkpoint, so every rank's
   states are gathered into it while it is saved (`gather_from_ranks`).
 
+A resume is also refused when it would change what the run trains (`check_same_training_settings`: the
+checkpoint's optimizer state, EMA and data order belong to the run's own settings).
+
 Reproduced (same world size): the data order, noise, timesteps, dropout masks and augmentations drawn in the
 main process (num_workers=0), whichever step the checkpoint was taken at. Not reproduced: augmentations drawn
 in DataLoader worker processes after a mid-epoch resume (workers restart from their epoch's seed); and with a
@@ -27,7 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 from torch.utils.data import DataLoader, DistributedSampler
+
+from diffusion.checkpoints import run_folder_of
+from diffusion.errors import UserError
 
 
 class ResumableSampler(DistributedSampler):
@@ -169,3 +176,25 @@ def differing_training_settings(saved: dict[str, Any], current: dict[str, Any]) 
         and not key.startswith(NOT_TRAINING)
         and saved[key] != current[key]
     ]
+
+
+def check_same_training_settings(path: str, current_config: str) -> None:
+    """Refuse to resume a run with settings that change what it trains (network, data, optimizer, ...), naming
+    them: the optimizer state, EMA and data order in the checkpoint belong to the run's own settings."""
+    run = run_folder_of(path)
+    if run is None or not run.config_file.is_file():
+        return  # not in a run folder, or a run made without the CLI: nothing to compare with
+    saved = yaml.safe_load(run.config_file.read_text()) or {}
+    differences = differing_training_settings(saved, yaml.safe_load(current_config) or {})
+    if not differences:
+        return
+    shown = "; ".join(
+        f"--{key.replace('.init_args.', '.')} {theirs!r} there, {ours!r} here"
+        for key, theirs, ours in differences[:4]
+    )
+    more = f" (and {len(differences) - 4} more)" if len(differences) > 4 else ""
+    raise UserError(
+        f"--ckpt_path {path} belongs to a run trained with other settings: {shown}{more}",
+        f"resume it with its own config: --config {run.config_file} (flags such as --max_steps may follow), "
+        "or start a new run without --ckpt_path",
+    )
