@@ -165,8 +165,8 @@ def run_checkpoints(save_dir: str | os.PathLike, name: str) -> list[tuple[int, l
 def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
     """The newest intact checkpoint of the newest run of this name (highest N holding a checkpoint).
 
-    Newest = highest global step (``last.ckpt``, ``last-vN.ckpt`` and ``step=N.ckpt`` alike; a tie goes to the
-    file written last). Files that cannot be read (empty, truncated, foreign) are passed over and listed in
+    Newest = highest global step (``last.ckpt``, ``last-vN.ckpt`` and ``step=N.ckpt`` alike; a tie goes to a
+    ``last`` file, then to the file written last). Files that cannot be read (empty, truncated, foreign) are passed over and listed in
     `skipped`; a run without a readable checkpoint is an error, never a silent fall back to an older run.
     """
     runs = run_checkpoints(save_dir, name)
@@ -183,14 +183,14 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
         except (UserError, OSError) as err:
             skipped.append((path, str(err).split(" — ")[0].removeprefix(f"checkpoint {path} ")))
             continue
-        intact.append((step, path.stat().st_mtime, path))
+        intact.append((step, path.name.startswith("last"), path.stat().st_mtime, path))
     if not intact:
         reasons = "; ".join(f"{path.name} {why}" for path, why in skipped)
         raise UserError(
             f"--ckpt_path last: no readable checkpoint in {files[0].parent} ({reasons})",
             "pass the path of an intact checkpoint, or start a new run without --ckpt_path",
         )
-    step, _, path = max(intact)
+    step, _, _, path = max(intact)
     return ResumePoint(path, version, step, tuple(skipped))
 
 
