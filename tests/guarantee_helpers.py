@@ -54,8 +54,8 @@ class StopAt(L.Callback):
 
 
 class FailOrSleepAt(L.Callback):
-    """At step `step`: rank 0 raises, and every other rank writes its pid and sleeps `sleep_s` outside any
-    collective (loading data, say), so no collective can tell it that rank 0 is gone."""
+    """At step `step`: rank 1 writes its pid and sleeps `sleep_s` outside any collective (loading data, say), so
+    no collective can tell it that rank 0 is gone; rank 0 raises once rank 1 is asleep. For two ranks."""
 
     def __init__(self, out_dir: str, step: int = 2, sleep_s: float = 120.0) -> None:
         self.out_dir = out_dir
@@ -68,7 +68,9 @@ class FailOrSleepAt(L.Callback):
         if trainer.global_step != self.step:
             return
         if trainer.global_rank == 0:
-            time.sleep(1.0)  # the other rank has written its pid and is asleep
+            deadline = time.monotonic() + 60
+            while not (Path(self.out_dir) / "pid_rank1.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)  # until rank 1 is asleep
             raise RuntimeError(f"deliberate failure on rank 0 at step {self.step}")
         write_record(self.out_dir, "pid", trainer.global_rank, {"pid": os.getpid()})
         time.sleep(self.sleep_s)
