@@ -196,5 +196,5 @@ def check_same_training_settings(path: str, current_config: str) -> None:
     raise UserError(
         f"--ckpt_path {path} belongs to a run trained with other settings: {shown}{more}",
         f"resume it with its own config: --config {run.config_file} (flags such as --max_steps may follow), "
-        "or start a new run without --ckpt_path",
+        f"or start a new run from its weights: --model.init_from {path} (without --ckpt_path)",
     )
