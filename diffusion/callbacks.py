@@ -1,6 +1,7 @@
 """Training-time hooks: EMA of the weights, atomic checkpoints, sample grids (TensorBoard and PNG) and FID."""
 
 import os
+import signal
 from pathlib import Path
 from typing import Any, get_args
 
@@ -9,6 +10,7 @@ import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchmetrics import Metric
 
@@ -16,6 +18,7 @@ from diffusion import checkpoint_io
 from diffusion.generation import generate_batches, rank_indices, sample_across_ranks
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.module import DiffusionModule
+from diffusion.preemption import Preemption, requeue_slurm_job
 from diffusion.render import save_preview, to_uint8
 from diffusion.sampling import DEFER, SamplingOptions
 
@@ -134,13 +137,57 @@ class Checkpoint(ModelCheckpoint):
     In `setup` it makes the strategy's saves atomic (`diffusion.checkpoint_io`; on every rank, rank 0
     writes) and removes temporary files a killed save left in its folder; `save_last="link"` replaces
     last.ckpt atomically too.
+
+    Besides the saves ModelCheckpoint makes (at validation by default), at the end of an optimizer step it
+    saves last.ckpt when `every_n_minutes` of wall time passed since the last save, and when the run got
+    SIGTERM or SIGUSR1, after which it ends the run with a non-zero exit (`diffusion.preemption`).
+
+    Args:
+        every_n_minutes: wall-time interval of the timed checkpoints (None: none).
+        **kwargs: ModelCheckpoint's arguments.
     """
+
+    def __init__(self, *args: Any, every_n_minutes: float | None = 30.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.preemption = Preemption(every_n_minutes)
+        self._polled_step = -1
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         checkpoint_io.install(trainer.strategy)
         if trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
             checkpoint_io.remove_leftovers(Path(self.dirpath))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # After Lightning registered its signal handlers (it restores the ones it found after fit).
+        self.preemption.install(trainer)
+        self._polled_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if trainer.global_step == self._polled_step:
+            return  # no optimizer step since the last poll (accumulating): a save here would lose gradients
+        self._polled_step = trainer.global_step
+        signum, due = self.preemption.poll(trainer)
+        if (signum or due) and not self._should_skip_saving_checkpoint(trainer):
+            candidates = self._monitor_candidates(trainer)
+            if self.save_last:
+                self._save_last_checkpoint(trainer, candidates)
+            else:
+                self._save_checkpoint(trainer, self.format_checkpoint_name(candidates))
+        if self._last_global_step_saved == trainer.global_step:
+            self.preemption.saved()
+        if signum:
+            name = signal.Signals(signum).name
+            rank_zero_info(
+                f"{name} received: saved the checkpoint of step {trainer.global_step} "
+                f"({self.last_model_path or self.best_model_path}); resume with --ckpt_path last"
+            )
+            requeue_slurm_job(trainer, signum)
+            raise SIGTERMException(128 + signum)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.save_last and self._last_global_step_saved != trainer.global_step:

@@ -21,10 +21,11 @@ from typing import Any
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from diffusion.callbacks import EMA, Checkpoint, SampleGrid
-from diffusion.checkpoints import latest_run, read_checkpoint
+from diffusion.checkpoints import newest_checkpoint, read_checkpoint, run_folder_of
 from diffusion.errors import (
     DEBUG_VARIABLE,
     UserError,
@@ -32,7 +33,9 @@ from diffusion.errors import (
     check_writable_folder,
     reporting_user_errors,
 )
+from diffusion.liveness import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.module import DiffusionModule
+from diffusion.resume import check_same_training_settings
 
 SHORTHANDS = (
     "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
@@ -97,11 +100,25 @@ class DiffusionCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
             "--ckpt_path", type=str | None, default=None,
-            help="resume training from this checkpoint; 'last' = the newest last.ckpt of this run's name",
+            help="resume training from this checkpoint (its run's folder goes on); 'last' = the newest checkpoint (by "
+            "step) of the newest run of this name",
+        )  # fmt: skip
+        parser.add_argument(
+            "--ddp_timeout", type=float, default=DEFAULT_DDP_TIMEOUT_S,
+            help="seconds a rank waits in a collective (DDP) before the job ends, naming the rank that stopped "
+            "answering; raise it when rank 0 alone does long work, e.g. a first download in prepare_data",
         )  # fmt: skip
         add_debug_flag(parser)
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.filename": "{step}"})
+        # No version counter: Lightning would write last-v1.ckpt beside last.ckpt whenever a resumed run's
+        # checkpoint settings or folder differ from the saved ones; last.ckpt stays the newest instead.
+        parser.set_defaults(
+            {
+                "checkpoint.save_last": True,
+                "checkpoint.filename": "{step}",
+                "checkpoint.enable_version_counter": False,
+            }
+        )
         parser.add_lightning_class_args(EMA, "ema")
         parser.add_lightning_class_args(SampleGrid, "sample_grid")
         parser.set_defaults(
@@ -121,17 +138,8 @@ class DiffusionCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config
         check_option_ranges(config)
-        if config.ckpt_path == "last":
-            logger = config.trainer.logger
-            if not (logger and "TensorBoardLogger" in str(logger.get("class_path", ""))):
-                raise ValueError(
-                    "--ckpt_path last needs the default TensorBoardLogger; pass a checkpoint path"
-                )
-            version, path = latest_run(logger.init_args.save_dir, logger.init_args.name)
-            config.ckpt_path = str(path)
-            logger.init_args.version = version  # keep logging into the run being resumed
         if config.ckpt_path:
-            self._resume_checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
+            self._resume_checkpoint = self._resolve_resume(config)
         if config.model.init_from:
             check_init_from(config.model.init_from, config.model.network.class_path)
         precision = str(config.trainer.precision)
@@ -145,14 +153,55 @@ class DiffusionCLI(LightningCLI):
                 "precision pays off on CUDA GPUs. For CPU runs use --precision 32."
             )
 
+    def _resolve_resume(self, config) -> dict[str, Any]:
+        """Turn --ckpt_path into the checkpoint to resume and point the logger at that run's version folder,
+        so the resumed run goes on writing there; return the checkpoint's contents (read once, checked)."""
+        logger = config.trainer.logger
+        tensorboard = bool(logger) and "TensorBoardLogger" in str(logger.get("class_path", ""))
+        if config.ckpt_path == "last":
+            if not tensorboard:
+                raise ValueError(
+                    "--ckpt_path last needs the default TensorBoardLogger; pass a checkpoint path"
+                )
+            point = newest_checkpoint(logger.init_args.save_dir, logger.init_args.name)
+            if point.skipped and rank_zero_only.rank == 0:
+                passed = ", ".join(f"{path.name} ({why})" for path, why in point.skipped)
+                print(
+                    f"warning: --ckpt_path last: passed over unreadable {passed} in {point.path.parent}; "
+                    f"resuming from {point.path.name} (step {point.step})",
+                    file=sys.stderr, flush=True,
+                )  # fmt: skip
+            config.ckpt_path = str(point.path)
+        checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
+        run = run_folder_of(config.ckpt_path)
+        if run is not None and tensorboard:
+            configured = Path(logger.init_args.save_dir, logger.init_args.name).absolute()
+            if (
+                configured != run.save_dir / run.name
+            ):  # as spelled unless elsewhere: checkpoints record their folder
+                logger.init_args.save_dir, logger.init_args.name = str(run.save_dir), run.name
+            logger.init_args.version = run.version  # keep logging into the run being resumed
+            if run.config_file.is_file():  # the run's own config.yaml stays what it started with
+                step = int(checkpoint.get("global_step", 0))
+                self.save_config_kwargs["config_filename"] = f"config-resumed-at-step-{step}.yaml"
+        return checkpoint
+
     def after_instantiate_classes(self) -> None:
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
+        timeout = self.config.ddp_timeout
+        if timeout <= 0:
+            raise UserError(f"--ddp_timeout {timeout:g} is out of range", "pass seconds > 0, e.g. 600")
+        self.heartbeat = Heartbeat(timeout)
+        self.trainer.callbacks.append(self.heartbeat)
         check_input_shape = getattr(self.model.network, "check_input_shape", None)
         if check_input_shape is not None:
             check_input_shape(self.model.sample_shape)
         if self._resume_checkpoint is not None:
             check_resume_fits(self._resume_checkpoint, self.config.ckpt_path, self.model)
             self._resume_checkpoint = None  # unmap the file: the resumed run will write its checkpoints
+            check_same_training_settings(
+                self.config.ckpt_path, self.parser.dump(self.config, skip_none=False)
+            )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
 
 
@@ -311,14 +360,22 @@ def fit(cli: DiffusionCLI) -> None:
     created = new_run_folders(cli.trainer)
     try:
         cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
-    except BaseException:
+    except BaseException as error:
+        # A collective that timed out: name the rank that stopped answering (before the others are ended).
+        explained = cli.heartbeat.explain(error)
         # Lightning ends the other local ranks only on Ctrl+C. After any other error on rank 0 they would wait
-        # in a collective until the process-group timeout (30 min under NCCL; gloo notices the closed socket).
+        # in a collective until the process-group timeout, or not notice at all outside a collective.
+        # (Not after a preemption: every rank stops at the same step on its own, once the checkpoint is saved.)
         kill = getattr(cli.trainer.strategy.launcher, "kill", None)
-        if kill is not None:
+        if kill is not None and not isinstance(error, SIGTERMException):
             kill(signal.SIGKILL)
         if cli.trainer.global_step == 0:
             remove_unused_run_folders(created)
+        if explained is not None:
+            raise explained from error
+        if isinstance(error, SIGTERMException) and not error.code:
+            # Lightning's own SIGTERM path (a signal before training started) exits with status 0.
+            raise SIGTERMException(128 + signal.SIGTERM) from error
         raise
 
 

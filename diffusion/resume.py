@@ -10,6 +10,9 @@ the state of a *stateful* training DataLoader. The rest of what decides the next
   global RNGs that dropout and data augmentation draw from. Only rank 0 writes the checkpoint, so every rank's
   states are gathered into it while it is saved (`gather_from_ranks`).
 
+A resume is also refused when it would change what the run trains (`check_same_training_settings`: the
+checkpoint's optimizer state, EMA and data order belong to the run's own settings).
+
 Reproduced (same world size): the data order, noise, timesteps, dropout masks and augmentations drawn in the
 main process (num_workers=0), whichever step the checkpoint was taken at. Not reproduced: augmentations drawn
 in DataLoader worker processes after a mid-epoch resume (workers restart from their epoch's seed); and with a
@@ -27,7 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 from torch.utils.data import DataLoader, DistributedSampler
+
+from diffusion.checkpoints import run_folder_of
+from diffusion.errors import UserError
 
 
 class ResumableSampler(DistributedSampler):
@@ -130,3 +137,64 @@ def gather_from_ranks(states: dict[str, Any], world_size: int) -> list[dict[str,
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, states)
     return gathered
+
+
+# ---- the right run: settings a resumed run must share with the run it continues ---------------------------
+# Everything under these keys changes what is trained (network, schedule, loss, optimizer and lr, data, batch,
+# EMA, noise seed), except the keys in NOT_TRAINING: how long to train, how often to validate, sample or save,
+# how to sample, and how to read the data, may change on resume. The world size may change too (with the
+# warning in `DiffusionModule`).
+TRAINING_SETTINGS = (
+    "model.", "data.", "ema.", "seed_everything", "trainer.accumulate_grad_batches",
+    "trainer.gradient_clip_val", "trainer.gradient_clip_algorithm", "trainer.precision",
+)  # fmt: skip
+NOT_TRAINING = (
+    "model.sampling", "model.init_from", "model.compile", "data.init_args.num_workers", "data.init_args.verify",
+)  # fmt: skip
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def differing_training_settings(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, current value) for every training setting that differs between two configs as
+    LightningCLI dumps them (a run's config.yaml). Keys that one of them lacks (a config written by an older
+    version of the code) are not compared."""
+    saved, current = flatten(saved), flatten(current)
+    return [
+        (key, saved[key], current[key])
+        for key in sorted(saved.keys() & current.keys())
+        if key.startswith(TRAINING_SETTINGS)
+        and not key.startswith(NOT_TRAINING)
+        and saved[key] != current[key]
+    ]
+
+
+def check_same_training_settings(path: str, current_config: str) -> None:
+    """Refuse to resume a run with settings that change what it trains (network, data, optimizer, ...), naming
+    them: the optimizer state, EMA and data order in the checkpoint belong to the run's own settings."""
+    run = run_folder_of(path)
+    if run is None or not run.config_file.is_file():
+        return  # not in a run folder, or a run made without the CLI: nothing to compare with
+    saved = yaml.safe_load(run.config_file.read_text()) or {}
+    differences = differing_training_settings(saved, yaml.safe_load(current_config) or {})
+    if not differences:
+        return
+    shown = "; ".join(
+        f"--{key.replace('.init_args.', '.')} {theirs!r} there, {ours!r} here"
+        for key, theirs, ours in differences[:4]
+    )
+    more = f" (and {len(differences) - 4} more)" if len(differences) > 4 else ""
+    raise UserError(
+        f"--ckpt_path {path} belongs to a run trained with other settings: {shown}{more}",
+        f"resume it with its own config: --config {run.config_file} (flags such as --max_steps may follow), "
+        f"or start a new run from its weights: --model.init_from {path} (without --ckpt_path)",
+    )

@@ -1,0 +1,101 @@
+"""Preemption: SIGTERM or SIGUSR1 saves a checkpoint of the current step and ends the run with a non-zero exit;
+checkpoints by wall time between validations.
+
+Lightning's own path is not used for the save: its SIGTERM handler runs a collective inside the signal handler
+(which can pair with another rank's gradient all-reduce), its loops then raise `SIGTERMException` with exit
+status 0 (a scheduler takes the run as finished), possibly in the middle of a validation, with the EMA weights
+swapped in; under SLURM, its SIGUSR1 handler saves from inside the handler, mid-step. Here the handler only
+notes the signal (and passes it on to the ranks Lightning launched); `Checkpoint.on_train_batch_end` asks all
+ranks at the end of every optimizer step (one tiny all-reduce under DDP, as Lightning's own per-batch SIGTERM
+broadcast) and, if any rank was signalled, every rank saves there, in the same state as any step checkpoint,
+so resuming continues exactly. Then `SIGTERMException(128 + signal)` ends the run (143 for SIGTERM, 138 for
+SIGUSR1, as a shell reports a process killed by the signal); under SLURM with auto-requeue, rank 0 first
+requeues the job, as Lightning does.
+"""
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from types import FrameType
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
+
+log = logging.getLogger(__name__)
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preemption:
+    """Notes SIGTERM / SIGUSR1 from `install` (at train start) until Lightning restores the handlers it found
+    (trainer teardown), and tells every rank at once whether to save and stop, or to save because
+    `every_n_minutes` of wall time passed on rank 0."""
+
+    def __init__(self, every_n_minutes: float | None) -> None:
+        if every_n_minutes is not None and every_n_minutes <= 0:
+            raise ValueError(
+                f"every_n_minutes={every_n_minutes} must be > 0, or None for no timed checkpoints"
+            )
+        self.every_n_minutes = every_n_minutes
+        self.signal: int | None = None  # the first preemption signal received
+        self._trainer: L.Trainer | None = None
+        self._last_save = time.monotonic()
+
+    def install(self, trainer: L.Trainer) -> None:
+        """Take over SIGTERM and SIGUSR1 (called after Lightning registered its handlers, which it restores)."""
+        self._trainer = trainer
+        self._last_save = time.monotonic()
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for signum in PREEMPTION_SIGNALS:
+            signal.signal(signum, self._note)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signal is None
+        self.signal = self.signal or signum
+        launcher = getattr(self._trainer.strategy, "launcher", None) if self._trainer else None
+        if first and launcher is not None and getattr(launcher, "procs", None):
+            launcher.kill(signum)  # the ranks this process started (python train.py --devices N)
+
+    def saved(self) -> None:
+        self._last_save = time.monotonic()
+
+    def poll(self, trainer: L.Trainer) -> tuple[int | None, bool]:
+        """(signal to stop for or None, whether a timed checkpoint is due), the same on every rank.
+
+        A collective under DDP: every rank calls it at the end of the same optimizer steps."""
+        due = (
+            self.every_n_minutes is not None
+            and time.monotonic() - self._last_save >= 60 * self.every_n_minutes
+        )
+        flags = [self.signal or 0, int(due and trainer.is_global_zero)]  # rank 0's clock decides the time
+        if trainer.world_size > 1:
+            reduced = trainer.strategy.reduce(
+                torch.tensor(flags, device=trainer.strategy.root_device), reduce_op="max"
+            )
+            flags = [int(value) for value in reduced.tolist()]
+        return flags[0] or None, bool(flags[1])
+
+
+def requeue_slurm_job(trainer: L.Trainer, signum: int) -> None:
+    """On rank 0 under SLURM with auto-requeue (Lightning's default there): `scontrol requeue` the job after
+    its requeue signal (SIGUSR1 unless configured otherwise), as Lightning's own handler would."""
+    environment = trainer._accelerator_connector.cluster_environment
+    if not (
+        trainer.is_global_zero
+        and isinstance(environment, SLURMEnvironment)
+        and environment.auto_requeue
+        and signum == environment.requeue_signal
+    ):
+        return
+    job_id = os.environ["SLURM_JOB_ID"]
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    with contextlib.suppress(OSError):
+        result = subprocess.call(["scontrol", "requeue", job_id])
+        log.warning(f"requeued SLURM job {job_id}" if result == 0 else f"scontrol requeue {job_id}: {result}")
