@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchmetrics import Metric
 
-from diffusion.generation import generate_batches, rank_indices, sample_across_ranks
+from diffusion.generation import class_labels, generate_batches, rank_indices, sample_across_ranks
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.module import DiffusionModule
 from diffusion.render import save_preview, to_uint8
@@ -119,7 +119,8 @@ class SampleGrid(EveryNValidations):
 
     Every rank draws its share of the grid (per-sample seeds make the union the same grid whatever the
     world size), so no rank sits idle in a collective while rank 0 samples.
-    For vector data it saves a scatter plot of the first two features.
+    For vector data it saves a scatter plot of the first two features. A class-conditional model samples the
+    classes in turn (sample i of class i % num_classes, guided by `sampling.guidance_scale`), one row per class.
 
     Args:
         sampling: how to sample the grid; unset fields take the model's defaults.
@@ -148,14 +149,21 @@ class SampleGrid(EveryNValidations):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if not self.is_due(trainer):
             return
-        samples = sample_across_ranks(pl_module, self.num_samples, self.seed, self.sampling)
-        self._save(trainer, pl_module, samples)
+        labels = class_labels(self.num_samples, pl_module.num_classes)
+        samples = sample_across_ranks(pl_module, self.num_samples, self.seed, self.sampling, labels)
+        self._save(trainer, pl_module, samples, labels)
 
     @rank_zero_only
-    def _save(self, trainer: L.Trainer, pl_module: DiffusionModule, samples: torch.Tensor) -> None:
+    def _save(
+        self,
+        trainer: L.Trainer,
+        pl_module: DiffusionModule,
+        samples: torch.Tensor,
+        labels: torch.Tensor | None,
+    ) -> None:
         self._out_dir.mkdir(parents=True, exist_ok=True)
         path = self._out_dir / f"step_{trainer.global_step:07d}.png"
-        grid = save_preview(samples, pl_module.normalization, path)
+        grid = save_preview(samples, pl_module.normalization, path, labels)
         experiment = getattr(trainer.logger, "experiment", None)
         if grid is not None and hasattr(experiment, "add_image"):
             experiment.add_image("samples", grid, global_step=trainer.global_step)

@@ -87,6 +87,16 @@ class DiffusionCLI(LightningCLI):
             "data.sample_shape", "model.network.init_args.in_channels", compute_fn=lambda shape: shape[0],
             apply_on="instantiate",
         )  # fmt: skip
+        # Class-conditional data (--data.conditional true) sizes the network's class embedding and names the
+        # classes in the checkpoint; other data modules (num_classes None or absent) keep the network unconditional.
+        parser.link_arguments(
+            "data", "model.network.init_args.num_classes", compute_fn=lambda data: getattr(data, "num_classes", None),
+            apply_on="instantiate",
+        )  # fmt: skip
+        parser.link_arguments(
+            "data", "model.class_names", compute_fn=lambda data: getattr(data, "class_names", None),
+            apply_on="instantiate",
+        )  # fmt: skip
 
     def before_instantiate_classes(self) -> None:
         config = self.config

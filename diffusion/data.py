@@ -3,7 +3,9 @@
 Every dataset item is a `Batch` ``(x, index)``: ``x`` a float32 tensor in model units ([-1, 1]) and ``index``
 the sample's position in the full dataset (batches collate to a `Batch` of tensors). The training module seeds
 per-sample noise with that index, so the noise a sample gets does not depend on which rank or batch it lands
-in; a DataModule of your own wraps its dataset in `IndexedDataset` to yield the same.
+in; a DataModule of your own wraps its dataset in `IndexedDataset` to yield the same. A third field, ``label``,
+holds the class of each sample for class-conditional training (``--data.conditional true``), and `NO_LABEL`
+otherwise.
 
 ``sample_shape`` and ``normalization`` are known right after ``__init__`` (the CLI sizes the network from
 them before ``setup`` runs). ``normalization`` maps model units back to data units:
@@ -28,6 +30,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from diffusion.models.embedding import NO_LABEL
+
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
@@ -36,6 +40,13 @@ _TORCHVISION = {
     "mnist": (datasets.MNIST, 1, 28),
     "fashion_mnist": (datasets.FashionMNIST, 1, 28),
     "cifar10": (datasets.CIFAR10, 3, 32),
+}
+# Known before any download: the CLI sizes the network's class embedding when it is built.
+_CLASS_NAMES = {
+    "digits": [str(i) for i in range(10)],
+    "mnist": [str(i) for i in range(10)],
+    "fashion_mnist": list(datasets.FashionMNIST.classes),
+    "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
 }
 
 
@@ -46,34 +57,47 @@ class Batch(NamedTuple):
     """(B, C, H, W) images or (B, D) vectors in model units (a dataset item: one sample)."""
     index: torch.Tensor
     """(B,) int64 positions in the full dataset (an item: an int); they seed per-sample noise."""
+    label: torch.Tensor | int = NO_LABEL
+    """(B,) int64 classes 0..num_classes-1, or NO_LABEL (an item: an int); used by class-conditional models."""
 
 
 class IndexedDataset(Dataset):
-    """Wraps any dataset so that items become ``Batch(x, index)``; a tuple item (x, label, ...) keeps only x."""
+    """Wraps any dataset so that items become ``Batch(x, index, label)``: from a tuple item (x, label, ...) it keeps
+    x, and the label too when ``with_labels`` (otherwise the label is NO_LABEL)."""
 
-    def __init__(self, base: Dataset, transform=None) -> None:
+    def __init__(self, base: Dataset, transform=None, with_labels: bool = False) -> None:
         self.base = base
         self.transform = transform
+        self.with_labels = with_labels
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, index: int) -> Batch:
         x = self.base[index]
+        label = NO_LABEL
+        if self.with_labels:
+            if not isinstance(x, tuple | list) or len(x) < 2:
+                raise TypeError(f"with_labels needs items (x, label, ...), got {type(x).__name__}")
+            label = int(x[1])
         if isinstance(x, tuple | list):
             x = x[0]
         if self.transform is not None:
             x = self.transform(x)
-        return Batch(x, int(index))
+        return Batch(x, int(index), label)
 
 
 class ImageFiles(Dataset):
-    """Image files loaded with PIL; a corrupt file is reported by name when it is first read."""
+    """Image files loaded with PIL; a corrupt file is reported by name when it is first read. With ``labels``
+    (one per path), items are (image, label)."""
 
-    def __init__(self, paths: list[Path], mode: Literal["RGB", "L"], transform) -> None:
+    def __init__(
+        self, paths: list[Path], mode: Literal["RGB", "L"], transform, labels: list[int] | None = None
+    ) -> None:
         self.paths = paths
         self.mode = mode
         self.transform = transform
+        self.labels = labels
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -85,6 +109,8 @@ class ImageFiles(Dataset):
                 image = image.convert(self.mode)
         except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
             raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
+        if self.labels is not None:
+            return self.transform(image), self.labels[index]
         return self.transform(image)
 
 
@@ -176,6 +202,10 @@ class ImageDataModule(SplitDataModule):
         val_fraction: share of the training split held out for validation (the official test splits are
             not used); 0 disables validation.
         seed: seed of the train/val split.
+        conditional: train a class-conditional model on the dataset's labels (digits, MNIST, Fashion-MNIST,
+            CIFAR-10: their own; folder: one subfolder of ``root`` per class, torchvision's ImageFolder
+            convention). Sets ``num_classes`` and ``class_names``, which the CLI hands to the network and the
+            checkpoint. Default False: labels are not read, and training is unconditional.
     """
 
     def __init__(
@@ -189,6 +219,7 @@ class ImageDataModule(SplitDataModule):
         num_workers: int = 0,
         val_fraction: float = 0.05,
         seed: int = 0,
+        conditional: bool = False,
     ) -> None:
         super().__init__(batch_size, num_workers, val_fraction, seed)
         if dataset not in get_args(ImageDatasetName):
@@ -215,6 +246,20 @@ class ImageDataModule(SplitDataModule):
         self.channels = native_channels
         self.random_flip = dataset == "cifar10" if random_flip is None else random_flip
         self._files = self._find_images() if dataset == "folder" else None
+        self.conditional = conditional
+        self._labels, self._class_names = None, _CLASS_NAMES.get(dataset)
+        if conditional and dataset == "folder":
+            self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
+
+    @property
+    def num_classes(self) -> int | None:
+        """Classes of a conditional run (the network's `num_classes`); None when training is unconditional."""
+        return len(self._class_names) if self.conditional else None
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """Names of classes 0..num_classes-1 (stored in the checkpoint); None when training is unconditional."""
+        return list(self._class_names) if self.conditional else None
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -266,13 +311,17 @@ class ImageDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
+        labelled = self.conditional
         if self.dataset == "digits":
+            tensors = (self._digits(), self._digits_labels()) if labelled else (self._digits(),)
             full = IndexedDataset(
-                TensorDataset(self._digits()), v2.RandomHorizontalFlip() if self.random_flip else None
+                TensorDataset(*tensors), v2.RandomHorizontalFlip() if self.random_flip else None, labelled
             )
         elif self.dataset == "folder":
             mode = "RGB" if self.channels == 3 else "L"
-            full = IndexedDataset(ImageFiles(self._files, mode, self._transform(None)))
+            full = IndexedDataset(
+                ImageFiles(self._files, mode, self._transform(None), self._labels), None, labelled
+            )
         else:
             cls, _, native_size = _TORCHVISION[self.dataset]
             try:
@@ -282,7 +331,7 @@ class ImageDataModule(SplitDataModule):
                     f"{self.dataset} not found under {self.root!r}: {err} "
                     "(the Trainer downloads it via prepare_data; call dm.prepare_data() when used alone)"
                 ) from err
-            full = IndexedDataset(base)
+            full = IndexedDataset(base, with_labels=labelled)
         self._split(full)
 
     def _digits(self) -> torch.Tensor:
@@ -292,6 +341,29 @@ class ImageDataModule(SplitDataModule):
         # Nearest-neighbour: each pixel becomes a constant block, so area-averaging undoes it exactly.
         images = torch.nn.functional.interpolate(images, size=self.image_size, mode="nearest-exact")
         return images * 2 - 1
+
+    @staticmethod
+    def _digits_labels() -> torch.Tensor:
+        from sklearn.datasets import load_digits
+
+        return torch.from_numpy(load_digits().target).long()  # (N,) in 0..9
+
+
+def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]:
+    """(label of every file, class names): the class of a file is its first-level subfolder under ``root``
+    (torchvision's ImageFolder convention: ``root/<class>/.../image.png``), classes numbered in sorted order."""
+    folders = [
+        path.relative_to(root).parts[0] if len(path.relative_to(root).parts) > 1 else None for path in files
+    ]
+    loose = [path for path, folder in zip(files, folders, strict=True) if folder is None]
+    if loose:
+        raise ValueError(
+            f"--data.conditional true reads classes from subfolders (root/<class>/image.png), but {len(loose)} "
+            f"image(s) lie directly in {root}, e.g. {loose[0].name}; move them into a class folder"
+        )
+    names = sorted(set(folders))
+    index = {name: i for i, name in enumerate(names)}
+    return [index[folder] for folder in folders], names
 
 
 def describe_batches(trainer: L.Trainer) -> str:

@@ -7,6 +7,9 @@ Both samplers walk a subsequence tau_S > ... > tau_1 of the training timesteps a
 Noise comes from `generator`: None (global RNG), one torch.Generator, or a list with one generator per
 sample. Per-sample generators make sample i depend only on its own seed, so N samples split over any
 number of processes (or batches) are the same as N samples drawn at once.
+
+Class-conditional networks (`model(x, t, y)`) take one label per sample (`labels`); classifier-free guidance
+(Ho & Salimans 2022) mixes their conditional and unconditional outputs in `guided_output`, one batched forward.
 """
 
 from collections import deque
@@ -18,6 +21,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from diffusion.models.embedding import NO_LABEL
 from diffusion.schedule import NoiseSchedule, PredictionType, _check_choice
 
 Sampler = Literal["ddpm", "ddim"]
@@ -44,6 +48,9 @@ class SamplingOptions:
     """DDPM's sigma_t^2: fixedlarge = beta_t (default, Ho et al.'s CIFAR-10 choice) or fixedsmall = beta~_t."""
     clip_denoised: bool | None = None
     """Clip the predicted x_0 to [-1, 1] at every step (default true)."""
+    guidance_scale: float | None = None
+    """Classifier-free guidance s for class-conditional models: eps = eps_uncond + s (eps_cond - eps_uncond);
+    1 (default) plain conditional sampling, 0 unconditional, > 1 guided. Ignored without labels."""
 
     def __post_init__(self) -> None:
         if self.sampler is not None:
@@ -55,6 +62,11 @@ class SamplingOptions:
         if self.eta is not None and not 0.0 <= self.eta <= 1.0:
             raise ValueError(
                 f"eta={self.eta} must be in [0, 1]: 0 is deterministic DDIM, 1 the DDPM variance"
+            )
+        if self.guidance_scale is not None and not self.guidance_scale >= 0:
+            raise ValueError(
+                f"guidance_scale={self.guidance_scale} must be >= 0: 0 is unconditional, 1 plain conditional, "
+                "> 1 guided (Ho & Salimans' w is guidance_scale - 1)"
             )
 
     def over(self, base: "SamplingOptions | None") -> "SamplingOptions":
@@ -98,6 +110,35 @@ def spaced_timesteps(num_timesteps: int, steps: int) -> torch.Tensor:
     return torch.linspace(0, num_timesteps - 1, steps, dtype=torch.float64).round().long()
 
 
+def guided_output(
+    model: nn.Module,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    labels: torch.Tensor | None,
+    guidance_scale: float = 1.0,
+) -> torch.Tensor:
+    """The network output at (x, t), float32, with classifier-free guidance (Ho & Salimans 2022, Eq. 6):
+    out = out_uncond + s (out_cond - out_uncond), both halves from one forward of the doubled batch.
+
+    The output is guided in the space the network predicts (eps, x0 or v). Each of them is an affine function of
+    eps at a fixed (x_t, t) with the same coefficients for both halves, so this is exactly eps-space guidance
+    (`eps_uncond + s (eps_cond - eps_uncond)`) for every prediction type, and no conversion is needed.
+    s = 1 and s = 0 need only one half: the conditional or the unconditional output (NO_LABEL).
+    """
+    if labels is None:
+        return model(x, t).float()
+    if guidance_scale == 1:
+        return model(x, t, labels).float()
+    unconditional = torch.full_like(labels, NO_LABEL)
+    if guidance_scale == 0:
+        return model(x, t, unconditional).float()
+    both = model(
+        torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, unconditional])
+    ).float()  # (2B, ...)
+    conditional, unconditional_output = both.chunk(2)
+    return unconditional_output + guidance_scale * (conditional - unconditional_output)
+
+
 @torch.no_grad()
 def reverse_steps(
     model: nn.Module,
@@ -112,6 +153,8 @@ def reverse_steps(
     clip_denoised: bool = True,
     generator: Generators = None,
     progress: bool = False,
+    labels: torch.Tensor | None = None,
+    guidance_scale: float = 1.0,
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """Run the reverse process from x_T, yielding (t, x_{t_prev}, predicted x_0) after every step.
 
@@ -119,8 +162,10 @@ def reverse_steps(
     eta: DDIM stochasticity (0 = deterministic DDIM, 1 = the DDPM posterior variance).
     variance: DDPM's sigma_t^2 = beta_t ("fixedlarge", Ho et al.'s choice for CIFAR-10) or the posterior
         variance beta~_t ("fixedsmall"); with respacing, betas are those of the respaced process.
+    labels: (B,) class labels for a class-conditional `model(x, t, y)` (NO_LABEL: none); None calls `model(x, t)`.
+    guidance_scale: classifier-free guidance with `labels` (see `guided_output`).
     """
-    SamplingOptions(sampler, steps, eta, variance, clip_denoised)  # checks every option
+    SamplingOptions(sampler, steps, eta, variance, clip_denoised, guidance_scale)  # checks every option
     _check_choice("prediction_type", prediction_type, PredictionType)
     T = schedule.num_timesteps
     timesteps = spaced_timesteps(T, steps or (T if sampler == "ddpm" else min(50, T))).tolist()
@@ -131,7 +176,7 @@ def reverse_steps(
         t_batch = torch.full((batch,), t, device=x.device, dtype=torch.long)
         t_prev_batch = torch.full_like(t_batch, t_prev)
         # 1. predict x_0 and eps from the network output (Eq. 15 for eps-prediction).
-        output = model(x, t_batch).float()
+        output = guided_output(model, x, t_batch, labels, guidance_scale)
         x0, eps = schedule.split_prediction(prediction_type, x, t_batch, output)
         # 2. optionally clip predicted x_0 to the data range, and keep eps consistent with it.
         if clip_denoised:

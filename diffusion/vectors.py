@@ -10,6 +10,7 @@ from typing import Literal, get_args
 
 import numpy as np
 import torch
+from torch.utils.data import TensorDataset
 
 from diffusion.data import IndexedDataset, SplitDataModule
 
@@ -32,6 +33,9 @@ class VectorDataModule(SplitDataModule):
         batch_size: per device (global = batch_size x devices x num_nodes x accumulate_grad_batches).
         val_fraction: share held out for validation; 0 disables validation.
         seed: seed of the generated data and of the train/val split.
+        labels: a ``.npy`` file of N integer classes 0..K-1, one per sample of the data (usually beside
+            ``path``). Giving it trains a class-conditional model (``num_classes`` = K, linked into the network
+            by the CLI); without it training is unconditional.
     """
 
     def __init__(
@@ -45,6 +49,7 @@ class VectorDataModule(SplitDataModule):
         num_workers: int = 0,
         val_fraction: float = 0.05,
         seed: int = 0,
+        labels: str | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers, val_fraction, seed)
         if dataset not in get_args(VectorDatasetName):
@@ -73,6 +78,17 @@ class VectorDataModule(SplitDataModule):
         scale[scale == 0] = 1.0  # a constant feature maps to 0 rather than dividing by zero
         self._shift, self._scale = (high + low) / 2, scale
         self.data = torch.from_numpy(((data - self._shift) / self._scale).astype(np.float32))
+        self.labels_path = labels
+        self.labels = None if labels is None else torch.from_numpy(_load_labels(Path(labels), len(data)))
+
+    @property
+    def num_classes(self) -> int | None:
+        """K when trained on --data.labels (classes 0..K-1), else None (unconditional)."""
+        return None if self.labels is None else int(self.labels.max()) + 1
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return None if self.labels is None else [str(i) for i in range(self.num_classes)]
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -84,7 +100,10 @@ class VectorDataModule(SplitDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            self._split(IndexedDataset(self.data))
+            if self.labels is None:
+                self._split(IndexedDataset(self.data))
+            else:
+                self._split(IndexedDataset(TensorDataset(self.data, self.labels), with_labels=True))
 
     def _generate(self) -> np.ndarray:
         from sklearn.datasets import make_moons, make_swiss_roll
@@ -132,3 +151,28 @@ def _load_npy(path: Path) -> np.ndarray:
             f"first at row {int(bad_rows.argmax())}; drop or fix them"
         )
     return data
+
+
+def _load_labels(path: Path, num_samples: int) -> np.ndarray:
+    """N integer class labels 0..K-1 as int64, with errors that say what is wrong."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--data.labels {path} does not exist")
+    try:
+        labels = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ValueError(
+            f"cannot read {path} as a .npy array of labels (save one with np.save): {err}"
+        ) from err
+    if not isinstance(labels, np.ndarray) or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"--data.labels {path} must hold N integers (shape (N,), an integer dtype), got "
+            f"{getattr(labels, 'dtype', type(labels).__name__)} {getattr(labels, 'shape', '')}; "
+            "save them with np.save(path, labels.astype(np.int64))"
+        )
+    if len(labels) != num_samples:
+        raise ValueError(
+            f"--data.labels {path} has {len(labels)} labels for {num_samples} samples; give one per sample"
+        )
+    if labels.min() < 0:
+        raise ValueError(f"--data.labels {path} has negative labels (min {labels.min()}); classes are 0..K-1")
+    return labels.astype(np.int64)
