@@ -19,7 +19,7 @@ import torch
 from lightning.fabric import Fabric
 
 from diffusion.checkpoints import Weights, load_checkpoint
-from diffusion.generation import gather_in_order, generate
+from diffusion.generation import class_labels, gather_in_order, generate
 from diffusion.render import write_samples
 from diffusion.sampling import Sampler, SamplingOptions
 
@@ -50,6 +50,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--steps", type=int, default=None, help="reverse steps (default: all T for ddpm, 50 ddim)"
     )
     parser.add_argument("--eta", type=float, default=None, help="DDIM noise: 0 deterministic, 1 = DDPM")
+    parser.add_argument(
+        "--class_label",
+        default=None,
+        help="class-conditional checkpoints: a class (index or name), or 'all' (default): classes in turn; "
+        "samples.npz gets the labels as arr_1",
+    )
+    parser.add_argument(
+        "--guidance_scale",
+        type=float,
+        default=None,
+        help="classifier-free guidance: 0 unconditional, 1 conditional, > 1 guided (default: the checkpoint's)",
+    )
     args = parser.parse_args(argv)
     if min(args.num_samples, args.batch_size, args.devices, args.num_nodes) < 1:
         parser.error(
@@ -82,16 +94,25 @@ def main(argv: list[str] | None = None) -> Path:
         fabric.launch()
         rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
     module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
-    options = SamplingOptions(sampler=args.sampler, steps=args.steps, eta=args.eta)
+    options = SamplingOptions(
+        sampler=args.sampler, steps=args.steps, eta=args.eta, guidance_scale=args.guidance_scale
+    )
+    if args.guidance_scale is not None and module.num_classes is None:
+        raise ValueError(
+            "--guidance_scale: this checkpoint is unconditional (trained without --data.conditional)"
+        )
+    labels = class_labels(
+        args.num_samples, module.num_classes, args.class_label, module.hparams.get("class_names")
+    )
     samples = generate(
         module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options, rank=rank,
-        world_size=world_size, progress=rank == 0,
+        world_size=world_size, progress=rank == 0, labels=labels,
     )  # fmt: skip
     if fabric is not None:
         samples = gather_in_order(samples.to(fabric.device), args.num_samples, fabric.all_gather)
     path = Path(args.out) / "samples.npz"
     if rank == 0:
-        write_samples(samples, module.normalization, args.out)
+        write_samples(samples, module.normalization, args.out, labels=labels)
         print(f"wrote {args.num_samples} samples to {path} and {Path(args.out) / 'grid.png'}")
     if fabric is not None:
         fabric.barrier()  # every rank returns only once the files exist
