@@ -13,38 +13,52 @@ from typing import Any, Literal
 
 import torch
 
-from diffusion.schedule import _check_choice
+from diffusion.errors import UserError, check_choice
 
 Weights = Literal["ema", "raw"]
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The checkpoint's dict, loaded without running code; a clear ValueError for anything else."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no checkpoint at {path}; runs keep theirs in runs/<name>/version_N/checkpoints/"
+def read_checkpoint(
+    path: str | os.PathLike, flag: str = "checkpoint", map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """A checkpoint file's contents (tensors memory-mapped, no code run), or one clear error naming `flag`.
+
+    Raises FileNotFoundError (no such file) or UserError (a folder, an empty, truncated or foreign file, or
+    one that carries pickled objects other than tensors and plain data, which could run code when loaded).
+    """
+    path = Path(path).expanduser()
+    fix = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
+    if path.is_dir():
+        inside = sorted(path.glob("**/last.ckpt"))
+        raise UserError(
+            f"{flag} {path} is a folder, not a checkpoint file", f"pass {inside[0]}" if inside else fix
         )
     if not path.is_file():
-        raise ValueError(f"{path} is a folder, not a checkpoint; pass a .ckpt file inside it")
+        raise FileNotFoundError(f"{flag}: no checkpoint at {path} — {fix}")
+    if path.stat().st_size == 0:
+        raise UserError(f"{flag} {path} is empty (0 bytes)", fix)
+    if not zipfile.is_zipfile(path):
+        # torch.save writes zip archives; a truncated one has lost its central directory at the end.
+        raise UserError(
+            f"{flag} {path} is truncated or not a PyTorch checkpoint (no intact zip archive)", fix
+        )
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
         if "Weights only load failed" in str(err):
-            raise ValueError(
-                f"{path} holds pickled objects other than tensors and plain data, which could run code when "
-                "loaded; refusing it. Load only checkpoints written by this project (or ones you trust)"
+            raise UserError(
+                f"{flag} {path} holds pickled objects other than tensors and plain data, which could run code "
+                "when loaded; it was refused",
+                "load only checkpoints written by this project (or that you trust)",
             ) from err
-        raise ValueError(
-            f"{path} is not a PyTorch checkpoint ({err}); pass a .ckpt written by train.py"
+        raise UserError(
+            f"{flag} {path} cannot be read as a checkpoint ({str(err).splitlines()[0]})", fix
         ) from err
-    except (EOFError, RuntimeError, OSError, zipfile.BadZipFile) as err:
-        raise ValueError(
-            f"cannot read {path}: the file is empty, truncated or not a checkpoint ({type(err).__name__}); "
-            "use another checkpoint of the run (e.g. an earlier step=N.ckpt)"
-        ) from err
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise ValueError(f"{path} is not a Lightning checkpoint of this project (it has no state_dict)")
+    except (EOFError, RuntimeError, OSError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{flag} {path} cannot be read as a checkpoint ({first_line})", fix) from err
+    if not isinstance(checkpoint, dict):
+        raise UserError(f"{flag} {path} holds a {type(checkpoint).__name__}, not a checkpoint", fix)
     return checkpoint
 
 
@@ -58,12 +72,13 @@ def load_checkpoint(
     """
     from diffusion.module import DiffusionModule  # here: the module reads init_from weights through this file
 
-    _check_choice("weights", weights, Weights)
-    checkpoint = read_checkpoint(path, map_location)  # checks the file before Lightning reads it again
-    if "network" not in checkpoint.get("hyper_parameters", {}):
-        raise ValueError(
-            f"{path} does not record its network (the model was built in Python, not by train.py); load it "
-            "with DiffusionModule.load_from_checkpoint(path, network=...)"
+    check_choice("weights", weights, Weights)
+    checkpoint = read_checkpoint(path, map_location=map_location)  # checked before Lightning reads it again
+    if "state_dict" not in checkpoint or "network" not in checkpoint.get("hyper_parameters", {}):
+        raise UserError(
+            f"{path} is not a checkpoint written by train.py (it lacks the network's settings or weights)",
+            "pass a runs/<name>/version_N/checkpoints/*.ckpt (a model built in Python loads with "
+            "DiffusionModule.load_from_checkpoint(path, network=...))",
         )
     module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     if weights == "raw" and "current_model_state" in checkpoint:

@@ -1,23 +1,37 @@
 """The command line: LightningCLI with shorthands, the default recipe and run folders.
 
-`python train.py` trains the default recipe (digits, CPU-friendly). Every Trainer, model and data argument
-is a flag (`--trainer.*`, `--model.*`, `--data.*`, `--ema.*`, `--checkpoint.*`, `--sample_grid.*`), configs
-in `configs/` hold overrides, and the common Trainer flags have shorthands (`--devices 4`).
+`python train.py` trains the default recipe, `configs/digits.yaml`, whose values are written there only. The
+code defaults are Ho et al.'s (800k steps, Adam 2e-4 with 5000 warmup steps, ...) and this project's
+conventions (TensorBoard runs under `runs/`, gradient clipping 1, validation every N steps); a recipe holds
+what differs. Every Trainer, model and data argument is a flag (`--trainer.*`, `--model.*`, `--data.*`,
+`--ema.*`, `--checkpoint.*`, `--sample_grid.*`) and the common Trainer flags have shorthands (`--devices 4`).
+
+What can be checked before training is (option ranges, image size against the network, output folders, the
+checkpoint to resume or start from), and a user error ends in one line (`diffusion.errors`).
 """
 
 import os
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from diffusion.callbacks import EMA, Checkpoint, SampleGrid
-from diffusion.checkpoints import latest_run
+from diffusion.checkpoints import latest_run, read_checkpoint
+from diffusion.errors import (
+    DEBUG_VARIABLE,
+    UserError,
+    add_debug_flag,
+    check_writable_folder,
+    reporting_user_errors,
+)
 from diffusion.module import DiffusionModule
 
 SHORTHANDS = (
@@ -32,35 +46,50 @@ def expand_shorthands(args: list[str]) -> list[str]:
     return [pattern.sub(r"--trainer.\1\2", arg) for arg in args]
 
 
+# Ho et al. 2020 (800k steps, gradient clipping 1) and this project's conventions; never a recipe's values.
+TRAINER_DEFAULTS = {
+    "max_steps": 800_000,
+    "val_check_interval": 5000,
+    "check_val_every_n_epoch": None,  # validation every val_check_interval steps, across epochs
+    "gradient_clip_val": 1.0,
+    "log_every_n_steps": 10,
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": "runs", "name": "ddpm"},
+    },
+}
+
+
 class DiffusionCLI(LightningCLI):
-    def __init__(self, args: list[str] | None = None, **kwargs) -> None:
+    """LightningCLI for DiffusionModule and any LightningDataModule (no --config: the code defaults).
+
+    `parser_kwargs` are merged into this CLI's own (`main` passes `exit_on_error=False`, so that a bad flag
+    raises and is reported in one line rather than printing the usage block).
+    """
+
+    def __init__(
+        self, args: list[str] | None = None, parser_kwargs: dict[str, Any] | None = None, **kwargs
+    ) -> None:
         if args is None:  # from the command line: LightningCLI reads sys.argv itself
             sys.argv[1:] = expand_shorthands(sys.argv[1:])
         else:
             args = expand_shorthands(list(args))
+        description = (
+            "Train a DDPM. Without --config, trains configs/digits.yaml. Shorthands: "
+            + ", ".join(f"--{name}" for name in SHORTHANDS)
+            + " stand for --trainer.<name>; --ckpt_path last resumes the newest run of this name. "
+            f"A user error ends in one line; --debug (or {DEBUG_VARIABLE}=1) shows its traceback."
+        )
+        self._resume_checkpoint: dict[str, Any] | None = None
         super().__init__(
             DiffusionModule,
             LightningDataModule,
             subclass_mode_data=True,
             run=False,
             seed_everything_default=0,
-            parser_kwargs={
-                "description": "Train a DDPM. Without --config, trains configs/digits.yaml. Shorthands: "
-                + ", ".join(f"--{name}" for name in SHORTHANDS)
-                + " stand for --trainer.<name>; --ckpt_path last resumes the newest run of this name."
-            },
+            parser_kwargs={"description": description, **(parser_kwargs or {})},
             save_config_kwargs={"overwrite": True},  # a resumed run writes its config into the same folder
-            trainer_defaults={
-                "max_steps": 4000,
-                "val_check_interval": 500,
-                "check_val_every_n_epoch": None,
-                "gradient_clip_val": 1.0,
-                "log_every_n_steps": 10,
-                "logger": {
-                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                    "init_args": {"save_dir": "runs", "name": "digits"},
-                },
-            },
+            trainer_defaults=TRAINER_DEFAULTS,
             args=args,
             **kwargs,
         )
@@ -70,6 +99,7 @@ class DiffusionCLI(LightningCLI):
             "--ckpt_path", type=str | None, default=None,
             help="resume training from this checkpoint; 'last' = the newest last.ckpt of this run's name",
         )  # fmt: skip
+        add_debug_flag(parser)
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.filename": "{step}"})
         parser.add_lightning_class_args(EMA, "ema")
@@ -87,8 +117,8 @@ class DiffusionCLI(LightningCLI):
             "data.sample_shape", "model.network.init_args.in_channels", compute_fn=lambda shape: shape[0],
             apply_on="instantiate",
         )  # fmt: skip
-        # Class-conditional data (--data.conditional true) sizes the network's class embedding and names the
-        # classes in the checkpoint; other data modules (num_classes None or absent) keep the network unconditional.
+        # Class-conditional data (--data.conditional true, --data.labels) sizes the network's class embedding
+        # and names the classes in the checkpoint; other data (num_classes None or absent) stays unconditional.
         parser.link_arguments(
             "data", "model.network.init_args.num_classes", compute_fn=lambda data: getattr(data, "num_classes", None),
             apply_on="instantiate",
@@ -100,6 +130,7 @@ class DiffusionCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config
+        check_option_ranges(config)
         if config.ckpt_path == "last":
             logger = config.trainer.logger
             if not (logger and "TensorBoardLogger" in str(logger.get("class_path", ""))):
@@ -109,6 +140,10 @@ class DiffusionCLI(LightningCLI):
             version, path = latest_run(logger.init_args.save_dir, logger.init_args.name)
             config.ckpt_path = str(path)
             logger.init_args.version = version  # keep logging into the run being resumed
+        if config.ckpt_path:
+            self._resume_checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
+        if config.model.init_from:
+            check_init_from(config.model.init_from, config.model.network.class_path)
         precision = str(config.trainer.precision)
         if "mixed" in precision and config.trainer.accelerator == "cpu":
             # Lightning has no fp16 AMP on CPU: it swaps in bf16-mixed, so no GradScaler runs either.
@@ -122,6 +157,104 @@ class DiffusionCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
+        check_input_shape = getattr(self.model.network, "check_input_shape", None)
+        if check_input_shape is not None:
+            check_input_shape(self.model.sample_shape)
+        if self._resume_checkpoint is not None:
+            check_resume_fits(self._resume_checkpoint, self.config.ckpt_path, self.model)
+            self._resume_checkpoint = None  # unmap the file: the resumed run will write its checkpoints
+        check_output_folders(self.trainer, self.config.checkpoint.dirpath)
+
+
+def _positive_or_unlimited(value: Any) -> bool:
+    return value == -1 or value >= 1
+
+
+def _steps_or_epoch_fraction(value: Any) -> bool:
+    if isinstance(value, int):
+        return value >= 1
+    return not isinstance(value, float) or 0 < value <= 1  # other forms (a time interval) Lightning checks
+
+
+# Values that would crash deep inside the run (ZeroDivisionError) or be silently replaced (0 steps -> the
+# default): config key, test, what to pass instead.
+OPTION_RANGES = [
+    ("trainer.max_steps", _positive_or_unlimited, "an integer >= 1, or -1 for no limit"),
+    ("trainer.max_epochs", lambda v: _positive_or_unlimited(v), "an integer >= 1, or -1 for no limit"),
+    ("trainer.accumulate_grad_batches", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.val_check_interval", _steps_or_epoch_fraction, "steps >= 1, or a fraction of an epoch in (0, 1]"),
+    ("trainer.log_every_n_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("data.init_args.batch_size", lambda v: v >= 1, "an integer >= 1 (per device)"),
+    ("model.sampling_steps", lambda v: v >= 1, "an integer >= 1, or null for the sampler's default"),
+    ("model.eta", lambda v: 0 <= v <= 1, "a number in [0, 1] (0: deterministic DDIM, 1: DDPM-like)"),
+    ("sample_grid.num_samples", lambda v: v >= 1, "an integer >= 1"),
+    ("sample_grid.steps", lambda v: v >= 1, "an integer >= 1, or null for the sampler's default"),
+]  # fmt: skip
+
+
+def check_option_ranges(config) -> None:
+    """Raise UserError naming the flag for the first value outside its range (keys a config lacks pass)."""
+    for key, valid, allowed in OPTION_RANGES:
+        value = config.get(key)
+        if value is not None and isinstance(value, int | float) and not valid(value):
+            flag = key.replace(".init_args.", ".")
+            raise UserError(f"--{flag} {value} is out of range", f"pass {allowed}")
+
+
+def check_init_from(path: str, network_class: str) -> None:
+    """The weights to start from can be read, and a checkpoint of this project holds the same network class."""
+    checkpoint = read_checkpoint(path, "--model.init_from")
+    saved = checkpoint.get("hyper_parameters", {}).get("network")
+    saved_class = saved.get("class_path") if isinstance(saved, dict) else None
+    if saved_class and saved_class != network_class:
+        raise UserError(
+            f"--model.init_from {path} holds {saved_class.rsplit('.', 1)[-1]} weights (of a run on samples of "
+            f"shape {checkpoint['hyper_parameters'].get('sample_shape')}), but this config's network is "
+            f"{network_class.rsplit('.', 1)[-1]}",
+            "start from a checkpoint of the same kind of run, or pass that run's config (--config)",
+        )
+
+
+def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionModule) -> None:
+    """The checkpoint to resume holds this module's weights, by name and shape; else say whose they are."""
+    saved = checkpoint.get("state_dict")
+    if not isinstance(saved, dict):
+        raise UserError(
+            f"--ckpt_path {path} has no state_dict: it is not a checkpoint written by train.py",
+            "pass a runs/<name>/version_N/checkpoints/*.ckpt, or --model.init_from for bare weights",
+        )
+    expected = module.state_dict()
+    missing = [key for key in expected if key not in saved]
+    unexpected = [key for key in saved if key not in expected]
+    reshaped = [key for key in expected if key in saved and saved[key].shape != expected[key].shape]
+    if not (missing or unexpected or reshaped):
+        return
+    hparams = checkpoint.get("hyper_parameters", {})
+    network = hparams.get("network")
+    saved_class = network.get("class_path", "?").rsplit(".", 1)[-1] if isinstance(network, dict) else "?"
+    counts = [(len(missing), "weights missing"), (len(unexpected), "unexpected"), (len(reshaped), "reshaped")]
+    differences = ", ".join(f"{n} {what}" for n, what in counts if n)
+    config_file = Path(path).parent.parent / "config.yaml"
+    fix = "resume it with the config of the run that saved it"
+    if config_file.is_file():
+        fix = f"resume it with its own config: --config {config_file}"
+    raise UserError(
+        f"--ckpt_path {path} is from another kind of run: {saved_class} on samples of shape "
+        f"{hparams.get('sample_shape')}, while this config has {type(module.network).__name__} on "
+        f"{module.sample_shape} ({differences}; e.g. {(missing + unexpected + reshaped)[0]})",
+        fix,
+    )
+
+
+def check_output_folders(trainer: Trainer, checkpoint_dirpath: str | None) -> None:
+    """The run folder and the checkpoint folder can be written, before any training time is spent."""
+    save_dir = getattr(trainer.logger, "save_dir", None)
+    if save_dir:
+        check_writable_folder(save_dir, "--trainer.logger.init_args.save_dir")
+    else:
+        check_writable_folder(trainer.default_root_dir, "--trainer.default_root_dir")
+    if checkpoint_dirpath:
+        check_writable_folder(checkpoint_dirpath, "--checkpoint.dirpath")
 
 
 def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:
@@ -149,18 +282,43 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.yaml"
 
 
 def with_default_config(args: list[str]) -> list[str]:
-    """No --config given: train the default recipe, configs/digits.yaml (when this is a source checkout)."""
-    if any(arg == "--config" or arg.startswith("--config=") for arg in args) or not DEFAULT_CONFIG.is_file():
+    """No --config given: train the default recipe, configs/digits.yaml, or stop if it is not there.
+
+    Without it (the package installed without the project's configs/ folder) the code defaults would train a
+    different, far longer model than the README promises.
+    """
+    if any(arg in ("-h", "--help", "--config") or arg.startswith("--config=") for arg in args):
         return args
+    if not DEFAULT_CONFIG.is_file():
+        raise UserError(
+            f"no --config given and the default recipe {DEFAULT_CONFIG} is missing (this copy of the package "
+            "came without the project's configs/ folder)",
+            "pass --config PATH/TO/configs/digits.yaml (from the project's source) or another recipe",
+        )
     return ["--config", str(DEFAULT_CONFIG), *args]
 
 
-def main(args: list[str] | None = None) -> DiffusionCLI:
-    if args is None:
-        sys.argv[1:] = with_default_config(sys.argv[1:])
-    else:
-        args = with_default_config(list(args))
-    cli = DiffusionCLI(args)
+def new_run_folders(trainer: Trainer) -> list[Path]:
+    """The run folder this fit will create and its missing parents, deepest first ([] if it exists)."""
+    log_dir = getattr(trainer.logger, "log_dir", None) if trainer.is_global_zero else None
+    if log_dir is None:
+        return []
+    path = Path(log_dir).absolute()
+    return [folder for folder in [path, *path.parents] if not folder.exists()]
+
+
+def remove_unused_run_folders(folders: list[Path]) -> None:
+    """After a run failed before its first step: remove the folders it created, unless one holds a checkpoint."""
+    if not folders or not folders[0].is_dir() or any(folders[0].rglob("*.ckpt")):
+        return
+    shutil.rmtree(folders[0])
+    for parent in folders[1:]:
+        if parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+
+
+def fit(cli: DiffusionCLI) -> None:
+    created = new_run_folders(cli.trainer)
     try:
         cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
     except BaseException:
@@ -169,5 +327,18 @@ def main(args: list[str] | None = None) -> DiffusionCLI:
         kill = getattr(cli.trainer.strategy.launcher, "kill", None)
         if kill is not None:
             kill(signal.SIGKILL)
+        if cli.trainer.global_step == 0:
+            remove_unused_run_folders(created)
         raise
-    return cli
+
+
+def main(args: list[str] | None = None) -> DiffusionCLI:
+    """`python train.py [flags]`: build the CLI and fit. A user error ends in one line and exit status 2."""
+    with reporting_user_errors(args):
+        if args is None:
+            sys.argv[1:] = with_default_config(sys.argv[1:])
+        else:
+            args = with_default_config(list(args))
+        cli = DiffusionCLI(args, parser_kwargs={"exit_on_error": False})
+        fit(cli)
+        return cli

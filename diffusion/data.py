@@ -26,11 +26,12 @@ import lightning as L
 import torch
 from lightning.pytorch import LightningDataModule
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
 from diffusion.models.embedding import NO_LABEL
+from diffusion.resume import ResumableLoader, ResumableSampler
 
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
@@ -87,6 +88,15 @@ class IndexedDataset(Dataset):
         return Batch(x, int(index), label)
 
 
+def read_image(path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
+    """The decoded image at `path` in `mode`; a corrupt or unreadable file raises ValueError naming it."""
+    try:
+        with Image.open(path) as image:
+            return image.convert(mode)
+    except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
+        raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
+
+
 class ImageFiles(Dataset):
     """Image files loaded with PIL; a corrupt file is reported by name when it is first read. With ``labels``
     (one per path), items are (image, label)."""
@@ -103,21 +113,28 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        path = self.paths[index]
-        try:
-            with Image.open(path) as image:
-                image = image.convert(self.mode)
-        except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
-            raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
+        image = self.transform(read_image(self.paths[index], self.mode))
         if self.labels is not None:
-            return self.transform(image), self.labels[index]
-        return self.transform(image)
+            return image, self.labels[index]
+        return image
 
 
 class SplitDataModule(LightningDataModule):
-    """Shared train/val split and dataloaders; subclasses set ``_full`` in ``setup``."""
+    """Shared train/val split and dataloaders; subclasses call ``_split`` in ``setup``.
 
-    def __init__(self, batch_size: int, num_workers: int, val_fraction: float, seed: int) -> None:
+    Either ``val_fraction`` of the data is held out, or (``val_from_train=N``, with ``val_fraction=0``) the
+    model trains on all of it and validates on a fixed random subset of N training samples, as Ho et al.
+    train CIFAR-10 on all 50,000 images.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_workers: int,
+        val_fraction: float,
+        seed: int,
+        val_from_train: int | None = None,
+    ) -> None:
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -125,6 +142,14 @@ class SplitDataModule(LightningDataModule):
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not 0 <= val_fraction < 1:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        if val_from_train is not None and val_from_train < 1:
+            raise ValueError(f"val_from_train must be >= 1 (or None), got {val_from_train}")
+        if val_from_train is not None and val_fraction > 0:
+            raise ValueError(
+                f"val_from_train={val_from_train} validates on training samples and holds nothing out; "
+                f"set --data.val_fraction 0 (got {val_fraction})"
+            )
+        self.val_from_train = val_from_train
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.val_fraction = val_fraction
@@ -134,19 +159,27 @@ class SplitDataModule(LightningDataModule):
 
     def _split(self, full: Dataset) -> None:
         n = len(full)
+        # A fixed generator: the same seed gives the same split on every rank and every run.
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        if self.val_from_train is not None:
+            if self.val_from_train > n:
+                raise ValueError(
+                    f"val_from_train={self.val_from_train} is more than the {n} training samples"
+                )
+            self.train_set = Subset(full, list(range(n)))
+            self.val_set = Subset(full, perm[: self.val_from_train].sort().values.tolist())
+            return
         n_val = max(1, round(n * self.val_fraction)) if self.val_fraction > 0 else 0
         if n - n_val < 1:
             raise ValueError(
                 f"{n} samples leave none for training with val_fraction={self.val_fraction}; "
                 "add data or set --data.val_fraction 0"
             )
-        # A fixed generator: the same seed gives the same split on every rank and every run.
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         self.val_set = Subset(full, perm[:n_val].sort().values.tolist()) if n_val else None
         self.train_set = Subset(full, perm[n_val:].sort().values.tolist())
 
-    def _loader(self, dataset: Dataset, **kwargs) -> DataLoader:
-        return DataLoader(
+    def _loader(self, dataset: Dataset, loader: type[DataLoader] = DataLoader, **kwargs) -> DataLoader:
+        return loader(
             dataset,
             batch_size=self.batch_size,
             num_workers=self.num_workers,
@@ -160,21 +193,21 @@ class SplitDataModule(LightningDataModule):
         if self.train_set is None:
             self.setup("fit")
         trainer = self.trainer
-        if trainer is not None and trainer.world_size == 1:
-            # Under DDP Lightning injects DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) and splits
-            # its permutation across ranks. The same sampler with one replica yields exactly that
-            # permutation, so a 1-process run and an N-process run see the same samples in each global
-            # batch. Lightning calls set_epoch on it every epoch, as it does for the injected one.
-            sampler = DistributedSampler(
-                self.train_set,
-                num_replicas=1,
-                rank=0,
-                shuffle=True,
-                seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
-                drop_last=False,
-            )
-            return self._loader(self.train_set, sampler=sampler)
-        return self._loader(self.train_set, shuffle=True)
+        distributed = trainer is not None and trainer.world_size > 1
+        # The DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) Lightning would inject under DDP, built
+        # here for every world size: with one replica it yields the very permutation DDP splits across ranks
+        # (a 1-process run and an N-process run see the same samples in each global batch), and it resumes
+        # mid-epoch at the next batch (diffusion.resume). Lightning sees a DistributedSampler, injects none,
+        # and calls set_epoch on it every epoch.
+        sampler = ResumableSampler(
+            self.train_set,
+            num_replicas=trainer.world_size if distributed else 1,
+            rank=trainer.global_rank if distributed else 0,
+            shuffle=True,
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            drop_last=False,
+        )
+        return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
 
     def val_dataloader(self) -> DataLoader | list:
         if self.train_set is None:
@@ -201,7 +234,11 @@ class ImageDataModule(SplitDataModule):
         batch_size: per device (global = batch_size x devices x num_nodes x accumulate_grad_batches).
         val_fraction: share of the training split held out for validation (the official test splits are
             not used); 0 disables validation.
+        val_from_train: train on every image and validate on this many of them (a fixed random subset);
+            needs ``val_fraction=0``. ``configs/cifar10.yaml`` uses it to train on all 50,000 images.
         seed: seed of the train/val split.
+        verify: only for ``folder``: decode every image in ``prepare_data``, before the first training step,
+            so a corrupt file stops the run at once (naming it) rather than whenever it is first drawn.
         conditional: train a class-conditional model on the dataset's labels (digits, MNIST, Fashion-MNIST,
             CIFAR-10: their own; folder: one subfolder of ``root`` per class, torchvision's ImageFolder
             convention). Sets ``num_classes`` and ``class_names``, which the CLI hands to the network and the
@@ -219,9 +256,11 @@ class ImageDataModule(SplitDataModule):
         num_workers: int = 0,
         val_fraction: float = 0.05,
         seed: int = 0,
+        val_from_train: int | None = None,
+        verify: bool = False,
         conditional: bool = False,
     ) -> None:
-        super().__init__(batch_size, num_workers, val_fraction, seed)
+        super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train)
         if dataset not in get_args(ImageDatasetName):
             raise ValueError(f"unknown image dataset {dataset!r}; choose one of {get_args(ImageDatasetName)}")
         if channels is not None and channels not in (1, 3):
@@ -245,6 +284,7 @@ class ImageDataModule(SplitDataModule):
         self.image_size = image_size
         self.channels = native_channels
         self.random_flip = dataset == "cifar10" if random_flip is None else random_flip
+        self.verify = verify
         self._files = self._find_images() if dataset == "folder" else None
         self.conditional = conditional
         self._labels, self._class_names = None, _CLASS_NAMES.get(dataset)
@@ -287,14 +327,14 @@ class ImageDataModule(SplitDataModule):
             )
         return files
 
-    def _transform(self, native_size: int | None) -> v2.Compose:
+    def _transform(self, native_size: int | None, random_flip: bool) -> v2.Compose:
         # Resize on uint8 (before ToDtype) so that interpolation cannot overshoot [0, 1].
         steps = [v2.ToImage()]
         if native_size is None:  # folder: arbitrary sizes and aspect ratios
             steps += [v2.Resize(self.image_size, antialias=True), v2.CenterCrop(self.image_size)]
         elif native_size != self.image_size:
             steps.append(v2.Resize(self.image_size, antialias=True))
-        if self.random_flip:
+        if random_flip:
             steps.append(v2.RandomHorizontalFlip())
         steps += [
             v2.ToDtype(torch.float32, scale=True),
@@ -307,32 +347,49 @@ class ImageDataModule(SplitDataModule):
         # Lightning calls this on one process per node, so concurrent downloads cannot corrupt the files.
         if self.dataset in _TORCHVISION:
             _TORCHVISION[self.dataset][0](self.root, train=True, download=True)
+        if self.verify and self._files is not None:
+            for path in self._files:
+                read_image(path, "RGB" if self.channels == 3 else "L")
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
+        self._split(self._full_dataset(self.random_flip))
+
+    def unaugmented_train_set(self) -> Dataset:
+        """The training split's images without random augmentation (no flips), same items and indices: the
+        real images that FID statistics are computed from (the training set as stored, as in Ho et al.)."""
+        self.setup("fit")
+        if not self.random_flip:
+            return self.train_set
+        full = self._full_dataset(random_flip=False)
+        return Subset(full, self.train_set.indices) if isinstance(self.train_set, Subset) else full
+
+    def _full_dataset(self, random_flip: bool) -> Dataset:
         labelled = self.conditional
         if self.dataset == "digits":
             tensors = (self._digits(), self._digits_labels()) if labelled else (self._digits(),)
-            full = IndexedDataset(
-                TensorDataset(*tensors), v2.RandomHorizontalFlip() if self.random_flip else None, labelled
+            return IndexedDataset(
+                TensorDataset(*tensors), v2.RandomHorizontalFlip() if random_flip else None, labelled
             )
-        elif self.dataset == "folder":
+        if self.dataset == "folder":
             mode = "RGB" if self.channels == 3 else "L"
-            full = IndexedDataset(
-                ImageFiles(self._files, mode, self._transform(None), self._labels), None, labelled
+            return IndexedDataset(
+                ImageFiles(self._files, mode, self._transform(None, random_flip), self._labels),
+                None,
+                labelled,
             )
-        else:
-            cls, _, native_size = _TORCHVISION[self.dataset]
-            try:
-                base = cls(self.root, train=True, download=False, transform=self._transform(native_size))
-            except RuntimeError as err:
-                raise FileNotFoundError(
-                    f"{self.dataset} not found under {self.root!r}: {err} "
-                    "(the Trainer downloads it via prepare_data; call dm.prepare_data() when used alone)"
-                ) from err
-            full = IndexedDataset(base, with_labels=labelled)
-        self._split(full)
+        cls, _, native_size = _TORCHVISION[self.dataset]
+        try:
+            base = cls(
+                self.root, train=True, download=False, transform=self._transform(native_size, random_flip)
+            )
+        except RuntimeError as err:
+            raise FileNotFoundError(
+                f"{self.dataset} not found under {self.root!r}: {err} "
+                "(the Trainer downloads it via prepare_data; call dm.prepare_data() when used alone)"
+            ) from err
+        return IndexedDataset(base, with_labels=labelled)
 
     def _digits(self) -> torch.Tensor:
         from sklearn.datasets import load_digits

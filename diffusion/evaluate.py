@@ -10,21 +10,28 @@ downloaded on first use); ``--features pixels`` is the offline pixel-space FD of
 Image sizes must match for Inception features: comparing two resolutions would score the resizing. Pixel
 features area-average both sets to 8x8, so they accept different sizes (e.g. 16x16 samples against the
 8x8 originals); channel counts must always match.
+
+Options can also come from a YAML file (--config FILE; --print_config writes one). A user error ends in one
+line on stderr and exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import get_args
 
 import numpy as np
 import torch
+from jsonargparse import ArgumentParser
+from jsonargparse.typing import PositiveInt, restricted_number_type
 from torch.utils.data import DataLoader, Subset
 
 from diffusion.data import ImageDataModule, ImageDatasetName
+from diffusion.errors import UserError, command_parser, reporting_user_errors
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.render import to_uint8_images
+
+AtLeastTwo = restricted_number_type("AtLeastTwo", int, (">=", 2), docstring="int restricted to be >=2")
 
 
 def load_npz_images(path: str | Path) -> np.ndarray:
@@ -95,7 +102,7 @@ def evaluate(
     samples: np.ndarray,
     reference: np.ndarray,
     features: Features = "inception",
-    kid_subset_size: int = 50,
+    kid_subset_size: int = 1000,
     batch_size: int = 250,
     device: str = "cpu",
     inception_weights: str | None = None,
@@ -128,47 +135,53 @@ def evaluate(
     return compute_metrics(metrics, seed)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--samples", required=True, help="samples.npz (arr_0: uint8 N x H x W x C)")
+def build_parser() -> ArgumentParser:
+    parser = command_parser("python -m diffusion.evaluate", __doc__)
+    parser.add_argument("--samples", type=str, required=True, help="samples.npz (arr_0: uint8 N x H x W x C)")
     parser.add_argument(
-        "--reference", required=True, help=f"an .npz file or a dataset: {get_args(ImageDatasetName)}"
+        "--reference",
+        type=str,
+        required=True,
+        help=f"an .npz file or a dataset: {get_args(ImageDatasetName)}",
     )
-    parser.add_argument("--features", choices=get_args(Features), default="inception")
-    parser.add_argument("--kid_subset_size", type=int, default=50)
+    parser.add_argument("--features", type=Features, default="inception")
     parser.add_argument(
-        "--num_reference", type=int, default=None, help="a fixed random subset of the reference"
+        "--kid_subset_size",
+        type=AtLeastTwo,
+        default=1000,
+        help="KID subset size (capped at the image counts)",
     )
     parser.add_argument(
-        "--data_root", default="data", help="download folder of torchvision datasets; folder root"
+        "--num_reference", type=AtLeastTwo | None, default=None, help="a fixed random subset of the reference"
     )
-    parser.add_argument("--batch_size", type=int, default=250)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--inception_weights", default=None, help="a local copy of the InceptionV3 weights")
+    parser.add_argument(
+        "--data_root", type=str, default="data", help="download folder of torchvision datasets; folder root"
+    )
+    parser.add_argument("--batch_size", type=PositiveInt, default=250)
+    parser.add_argument("--device", type=str | None, default=None, help="default: cuda if visible, else cpu")
+    parser.add_argument(
+        "--inception_weights", type=str | None, default=None, help="a local copy of the InceptionV3 weights"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the reference subset and KID's subsets")
-    args = parser.parse_args(argv)
-    for name in ("kid_subset_size", "num_reference", "batch_size"):
-        value, low = getattr(args, name), 2 if name != "batch_size" else 1
-        if value is not None and value < low:
-            parser.error(f"--{name} must be >= {low}, got {value}")
-    return parser, args
+    return parser
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser, args = parse_args(argv)
-    try:
+    """`python -m diffusion.evaluate [flags]`: print and return FID and KID of a samples file."""
+    # RuntimeError too: torch-fidelity's failed download of the Inception weights says what to do instead.
+    with reporting_user_errors(argv, also=(RuntimeError,)):
+        args = build_parser().parse_args(argv)
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"--device {device}: no CUDA GPU is visible here", "use --device cpu")
         samples = load_npz_images(args.samples)
         reference = load_reference(
             args.reference, samples.shape[1], samples.shape[-1], args.data_root, args.num_reference, args.seed
         )
         result = evaluate(
-            samples, reference, args.features, args.kid_subset_size, args.batch_size, args.device,
+            samples, reference, args.features, args.kid_subset_size, args.batch_size, device,
             args.inception_weights, args.seed,
         )  # fmt: skip
-    except (FileNotFoundError, ValueError, RuntimeError) as err:
-        parser.error(str(err))  # a one-line message and exit status 2 rather than a traceback
     print(f"samples:   {args.samples} ({len(samples)} images, {samples.shape[1]}x{samples.shape[2]})")
     print(f"reference: {args.reference} ({result['num_real']} images); features: {args.features}")
     print(f"FID: {result['fid']:.4f}")

@@ -56,7 +56,7 @@ def class_labels(
             label = -1
     if not 0 <= label < num_classes:
         raise ValueError(
-            f"class_label={class_label!r} is not a class of this model: use 0..{num_classes - 1}, 'all'"
+            f"class_label={class_label!r} is not a class of this model; use 0..{num_classes - 1}, 'all'"
             + (f" or a name in {names}" if names else "")
         )
     return torch.full((num_samples,), label, dtype=torch.long)

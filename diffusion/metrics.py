@@ -5,13 +5,26 @@ Two feature extractors, both taking uint8 images (N, C, H, W) in 0..255, the ran
 (images pass through `diffusion.render.to_uint8` first, so the callback, the sample CLI and the evaluator
 all score the same quantized pixels):
 
-- ``"inception"``: torch-fidelity's InceptionV3 pool features (2048-d), the network torchmetrics'
-  ``FrechetInceptionDistance(feature=2048)`` uses; the standard FID/KID. Its weights (~92 MB) are
-  downloaded from GitHub on first use (``pip install -e ".[fid]"`` for torch-fidelity); offline, give a
-  local copy with ``inception_weights``. Grayscale images are repeated to 3 channels.
+- ``"inception"``: the standard FID/KID. `InceptionFeatures` is torch-fidelity's own FID feature
+  extractor (``FeatureExtractorInceptionV3``, "inception-v3-compat", 2048-d pool features), used as is:
+  uint8 in, TensorFlow-1-compatible bilinear resize to 299 x 299, (x - 128) / 128, the TF Inception graph's
+  weights. That is the computation of TTUR's ``fid.py``, which Ho et al. 2020 and most papers report.
+  torchmetrics' default ``FrechetInceptionDistance(feature=2048)`` resizes with torch's antialiased
+  bilinear instead (``antialias=True``), whose values are not comparable with papers. Its weights (~92 MB)
+  are downloaded from GitHub on first use (``pip install -e ".[fid]"`` for torch-fidelity); offline, give a
+  local copy with ``inception_weights``. Grayscale images are repeated to 3 channels (what torch-fidelity's
+  PIL ``convert("RGB")`` does with image files).
 - ``"pixels"``: `PixelFeatures`, offline and deterministic: images area-averaged to 8x8 per channel, in
   scikit-learn's digits range 0..16. The Fréchet distance on these is the pixel-space FD of the digits
   quality benchmark (two halves of the real digits score about 16.3, the floor a model can reach).
+
+The protocol of the papers (Ho et al. 2020, Sec. 4; Nichol & Dhariwal 2021; Karras et al. 2022): FID of
+50,000 samples against the statistics of the whole training set (CIFAR-10: its 50,000 training images,
+unaugmented), KID with subsets of 1,000. FID is biased upwards at smaller sample counts (10,000 samples
+score several points higher than 50,000), so compare with a paper only at 50,000 samples against the same
+reference set; smaller counts compare runs with each other. Both real sets here are the training images as
+stored: ``python -m diffusion.evaluate --reference cifar10`` renders the whole train split, and
+`FIDCallback` draws its real images from the data module's `unaugmented_train_set` (no random flips).
 """
 
 from __future__ import annotations
@@ -59,27 +72,24 @@ class PixelFeatures(nn.Module):
 
 
 class InceptionFeatures(nn.Module):
-    """torch-fidelity's InceptionV3 2048-d pool features (as torchmetrics' FID default) for uint8 images
-    with 1 or 3 channels; the network resizes to 299 x 299 itself. Downloads its weights on first use
-    unless ``weights_path`` points at a local copy."""
+    """torch-fidelity's FID feature extractor (InceptionV3, 2048-d pool features; see the module docstring)
+    for uint8 (N, 1 or 3, H, W) images; it resizes to 299 x 299 itself. Downloads its weights on first use
+    unless ``weights_path`` points at a local copy. The network stays in eval mode (its batch norms use
+    their stored statistics) whatever ``train()`` is called on a metric holding it."""
 
     num_features = 2048
 
     def __init__(self, weights_path: str | None = None) -> None:
         super().__init__()
-        from torchmetrics.utilities.imports import _TORCH_FIDELITY_AVAILABLE
-
-        if not _TORCH_FIDELITY_AVAILABLE:
+        try:
+            from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+        except ImportError as err:
             raise ModuleNotFoundError(
                 "features='inception' needs torch-fidelity: pip install -e '.[fid]' (or use features='pixels')"
-            )
-        from torchmetrics.image.fid import NoTrainInceptionV3
-
+            ) from err
         try:
-            self.inception = NoTrainInceptionV3(
-                name="inception-v3-compat",
-                features_list=["2048"],
-                feature_extractor_weights_path=weights_path,
+            self.network = FeatureExtractorInceptionV3(
+                "inception-v3-compat", ["2048"], feature_extractor_weights_path=weights_path
             )
         except OSError as err:  # urllib's URLError is an OSError: no network, or a bad weights_path
             raise RuntimeError(
@@ -87,14 +97,20 @@ class InceptionFeatures(nn.Module):
                 "offline, pass a local copy (inception_weights / --inception_weights) or use features='pixels'"
             ) from err
 
+    def train(self, mode: bool = True) -> InceptionFeatures:
+        super().train(mode)
+        self.network.eval()
+        return self
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if images.ndim != 4 or images.shape[1] not in (1, 3):
+        if images.ndim != 4 or images.shape[1] not in (1, 3) or images.dtype != torch.uint8:
             raise ValueError(
-                f"Inception features need (N, 1 or 3, H, W) images, got shape {tuple(images.shape)}"
+                "Inception features need uint8 (N, 1 or 3, H, W) images in 0..255 (to_uint8_images), got "
+                f"{images.dtype} of shape {tuple(images.shape)}"
             )
         if images.shape[1] == 1:
             images = images.expand(-1, 3, -1, -1)  # grayscale -> RGB: Inception was trained on colour
-        return self.inception(images)
+        return self.network(images)[0]  # (N, 2048) float32
 
 
 def make_feature_extractor(
@@ -109,7 +125,7 @@ def make_feature_extractor(
 
 def make_metrics(
     features: Features = "inception",
-    kid_subset_size: int = 50,
+    kid_subset_size: int = 1000,
     *,
     channels: int = 3,
     kid_subsets: int = 100,
@@ -121,7 +137,8 @@ def make_metrics(
     Feed both uint8 (N, C, H, W) images with ``update(images, real=...)``. Real statistics survive
     ``reset()`` (``reset_real_features=False``), so they are computed once and each evaluation feeds only
     generated images. ``channels`` sizes the pixel features; ``metric_kwargs`` (torchmetrics' Metric options,
-    e.g. ``compute_on_cpu``) go to both. KID needs at least ``kid_subset_size`` real and generated images.
+    e.g. ``compute_on_cpu``) go to both. KID needs at least ``kid_subset_size`` real and generated images
+    (1,000 by default, as torch-fidelity and Binkowski et al. 2018; callers cap it at the image counts).
     """
     if kid_subset_size < 2:
         raise ValueError(f"kid_subset_size={kid_subset_size} must be >= 2 (KID's unbiased estimator)")

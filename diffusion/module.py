@@ -12,20 +12,23 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from diffusion import noise as counter_noise
 from diffusion.checkpoints import read_network_weights
 from diffusion.data import Batch, describe_batches
+from diffusion.errors import check_choice
 from diffusion.models.embedding import NO_LABEL
+from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
 from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
-from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType, _check_choice
+from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType
 
 LossWeighting = Literal["none", "min_snr"]
 NoiseMode = Literal["fast", "per_sample"]
-# Label dropout draws from generators of its own (seeds offset by this), so the noise and timesteps of a
-# conditional run are those of the same run without labels, and an unconditional run draws exactly as before.
-LABEL_DROPOUT_SEED = 0x6C6162656C
+# Per-sample label dropout draws from a counter-noise stream of its own (diffusion/noise.py has 0-2), so it is
+# independent of the same sample's noise and timestep, and an unconditional run draws exactly as before.
+LABEL_DROPOUT_STREAM = 3
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:
@@ -33,8 +36,18 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 1_000_003 + step) * 2_654_435_761 + index) % (2**63 - 1)
 
 
-def per_sample_generators(seed: int, step: int, indices: torch.Tensor) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(sample_seed(seed, step, int(i))) for i in indices]
+def use_tf32_on_cuda(device: torch.device) -> None:
+    """TF32 tensor cores for float32 matmuls on a CUDA device (Ampere and newer; cuDNN convolutions use them
+    by default): products with a 10-bit mantissa, float32 accumulation, several times the float32 rate.
+    A precision the user set explicitly (anything but torch's default "highest") is kept."""
+    if device.type == "cuda" and torch.get_float32_matmul_precision() == "highest":
+        torch.set_float32_matmul_precision("high")
+
+
+def per_sample_generators(seed: int, step: int, indices: torch.Tensor) -> counter_noise.PerSampleNoise:
+    """Per-sample noise for the samplers: draw k of sample i depends only on (seed, step, k, i). One
+    counter-based stream for the whole batch (diffusion/noise.py), not a torch.Generator per sample."""
+    return counter_noise.PerSampleNoise(seed, indices, step=step)
 
 
 class DiffusionModule(L.LightningModule):
@@ -56,6 +69,8 @@ class DiffusionModule(L.LightningModule):
         noise_seed: seed of the training noise; None uses the seed given to seed_everything (or 0).
         init_from: weights to start from: a checkpoint of this project or a state_dict of the network.
             Loaded here, before the strategy wraps the model, so every rank starts identical.
+        compile: compile the network with torch.compile when fitting starts. In place (nn.Module.compile),
+            so parameter names and checkpoint keys stay `network.*`, with no `_orig_mod.` in them.
         label_dropout: for a class-conditional network (built with num_classes): the probability that a
             training sample's label is replaced by NO_LABEL, so the same network also learns the unconditional
             model that classifier-free guidance needs (Ho & Salimans 2022 use 0.1-0.2). Drawn per sample like
@@ -83,6 +98,7 @@ class DiffusionModule(L.LightningModule):
         noise_mode: NoiseMode = "fast",
         noise_seed: int | None = None,
         init_from: str | None = None,
+        compile: bool = False,
         label_dropout: float = 0.0,
         class_names: list[str] | None = None,
     ) -> None:
@@ -92,7 +108,7 @@ class DiffusionModule(L.LightningModule):
             ("loss_weighting", loss_weighting, LossWeighting),
             ("noise_mode", noise_mode, NoiseMode),
         ]:
-            _check_choice(name, value, allowed)
+            check_choice(name, value, allowed)
         if not 0.0 <= label_dropout < 1.0:
             raise ValueError(f"label_dropout={label_dropout} must be in [0, 1)")
         if label_dropout > 0 and getattr(network, "num_classes", None) is None:
@@ -118,6 +134,10 @@ class DiffusionModule(L.LightningModule):
         self.sample_shape = tuple(sample_shape)
         self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end)
         self._generator: torch.Generator | None = None
+        self._compiled = False
+        self._resumed_states: dict[str, Any] | None = None  # this rank's random states from the checkpoint
+        self._resumed_step = 0
+        self._states_before_validation: dict[str, Any] | None = None
         if init_from is not None:
             try:
                 self.network.load_state_dict(read_network_weights(init_from))
@@ -153,26 +173,59 @@ class DiffusionModule(L.LightningModule):
                 f"use --precision {precision.replace('-true', '-mixed')} (the network runs in half, the "
                 "schedule and loss stay float32)"
             )
+        use_tf32_on_cuda(self.device)  # Lightning already points self.device at the run's device here
+        if self.hparams.compile and stage == "fit" and not self._compiled:
+            # After the EMA callback's setup has copied the module: its copy stays a plain module.
+            self.network.compile()
+            self._compiled = True
 
     def on_fit_start(self) -> None:
         # seed_everything gives every rank the same seed: without the rank in this generator's seed, all ranks
-        # would draw identical noise and timesteps, wasting the extra devices. The step makes a resumed run
-        # continue with fresh noise rather than replaying the first steps.
+        # would draw identical noise and timesteps, wasting the extra devices. A resumed run continues the
+        # stream saved in its checkpoint; without one for this rank (another world size) it takes fresh noise
+        # from the checkpoint's step rather than replaying the first steps.
         self._generator = torch.Generator(device=self.device)
-        self._generator.manual_seed(sample_seed(self._noise_seed, self.global_step, self.global_rank + 1))
+        self._generator.manual_seed(sample_seed(self._noise_seed, self._resumed_step, self.global_rank + 1))
+        self._resumed_step = 0
+        if self._resumed_states is not None and self._resumed_states.get("generator") is not None:
+            self._generator.set_state(self._resumed_states["generator"])
 
     def on_train_start(self) -> None:
+        # Restored here, after the sanity check and the data loaders' set-up, right before the first batch.
+        if self._resumed_states is not None:
+            restore_global_random_states(self._resumed_states, self.device)
+            self._resumed_states = None
         rank_zero_info(describe_batches(self.trainer))
+
+    # Validation must not move the training streams (the val loader seeds its iterator from the global RNG, an
+    # augmented val set draws from it): a checkpoint taken before a validation would otherwise resume with
+    # other dropout masks than the run that validated. A checkpoint saved during validation stores the
+    # training states from before it.
+    def on_validation_start(self) -> None:
+        self._states_before_validation = global_random_states(self.device)
+
+    def on_validation_end(self) -> None:
+        if self._states_before_validation is not None:
+            restore_global_random_states(self._states_before_validation, self.device)
+            self._states_before_validation = None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = dict(self._states_before_validation or global_random_states(self.device))
+        states["generator"] = None if self._generator is None else self._generator.get_state()
+        checkpoint["random_states"] = gather_from_ranks(states, self.trainer.world_size)  # one per rank
 
     def draw_noise_and_timesteps(
         self, x0: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Noise like x0 and timesteps (B,) for one batch, from the rank's generator or per sample."""
         T = self.schedule.num_timesteps
-        if per_sample:
-            generators = per_sample_generators(self._noise_seed, step, indices)
-            t = torch.cat([torch.randint(T, (1,), generator=g) for g in generators]).to(x0.device)
-            return randn(x0.shape, generators, x0.device), t
+        if per_sample:  # a function of (seed, step, dataset index), drawn for the whole batch on its device
+            indices = indices.to(x0.device)
+            seed = self._noise_seed
+            t_key = counter_noise.noise_key(seed, counter_noise.TRAINING_TIMESTEPS, step)
+            t = counter_noise.randint(T, t_key, indices)
+            key = counter_noise.noise_key(seed, counter_noise.TRAINING_NOISE, step)
+            return counter_noise.normal(x0.shape, key, indices, dtype=x0.dtype), t
         t = torch.randint(T, (x0.shape[0],), device=x0.device, generator=self._generator)
         return randn(x0.shape, self._generator, x0.device), t
 
@@ -183,9 +236,10 @@ class DiffusionModule(L.LightningModule):
         or (per_sample) from one seeded by (noise seed, step, dataset index), like the noise."""
         if self.hparams.label_dropout == 0:
             return labels
-        if per_sample:
-            generators = per_sample_generators(self._noise_seed ^ LABEL_DROPOUT_SEED, step, indices)
-            uniform = torch.cat([torch.rand(1, generator=g) for g in generators]).to(labels.device)
+        if per_sample:  # a function of (seed, step, dataset index), like the noise
+            key = counter_noise.noise_key(self._noise_seed, LABEL_DROPOUT_STREAM, step)
+            bits = counter_noise.random_bits(key, indices.to(labels.device), 1)[:, 0]  # (B,) in [0, 2**32)
+            uniform = (bits >> 8).float() * 2.0**-24  # [0, 1)
         else:
             uniform = torch.rand(labels.shape, device=labels.device, generator=self._generator)
         return torch.where(uniform < self.hparams.label_dropout, NO_LABEL, labels)
@@ -226,9 +280,14 @@ class DiffusionModule(L.LightningModule):
         self.log("val/loss", self.per_sample_loss(x0, noise, t, labels).mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
+        # The fused kernel updates all parameters at once: about half the time of the default per-tensor
+        # loop on a CPU (which gets no foreach default), and what CUDA runs fastest. Under mixed precision
+        # Lightning refuses to clip a fused optimizer's gradients (it unscales them internally): foreach there.
+        mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
+        fused = self.device.type in ("cpu", "cuda") and not mixed
         optimizer = torch.optim.Adam(
             self.parameters(), lr=self.hparams.lr, betas=self.hparams.adam_betas,
-            weight_decay=self.hparams.weight_decay,
+            weight_decay=self.hparams.weight_decay, fused=fused, foreach=None if fused else True,
         )  # fmt: skip
         warmup = max(self.hparams.warmup_steps, 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
@@ -250,9 +309,9 @@ class DiffusionModule(L.LightningModule):
     ) -> tuple[torch.Tensor, Generators]:
         """x_T (num_samples, *sample_shape) and the generator(s) the reverse process draws from.
 
-        With `seed`, sample i has its own generator seeded by (seed, i) for i in `indices` (default
-        0..num_samples-1), so any split of N samples into batches or ranks gives the same N samples.
-        Without, the global RNG.
+        With `seed`, the noise of sample i is a function of (seed, i) for i in `indices` (default
+        0..num_samples-1; counter-based, diffusion/noise.py), so any split of N samples into batches, ranks
+        or devices gives the same N samples. Without, the global RNG.
         """
         generator = None
         if seed is not None:
@@ -319,6 +378,7 @@ class DiffusionModule(L.LightningModule):
         return labels.to(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._take_random_states(checkpoint)
         # Checkpoints written before the schedule kept one posterior carry six more schedule buffers.
         for key in ("state_dict", "current_model_state"):
             if key in checkpoint:
@@ -326,6 +386,20 @@ class DiffusionModule(L.LightningModule):
                 checkpoint[key] = {
                     k: v for k, v in checkpoint[key].items() if k in own or not k.startswith("schedule.")
                 }
+
+    def _take_random_states(self, checkpoint: dict[str, Any]) -> None:
+        """Keep this rank's random states from the checkpoint, for on_fit_start and on_train_start."""
+        if self._trainer is None or "random_states" not in checkpoint:
+            return  # loaded outside fit, or written before they were saved
+        states, world_size = checkpoint["random_states"], self.trainer.world_size
+        self._resumed_step = int(checkpoint.get("global_step", 0))
+        if len(states) == world_size:
+            self._resumed_states = states[self.global_rank]
+        else:
+            rank_zero_warn(
+                f"resuming with {world_size} processes a checkpoint saved by {len(states)}: training "
+                "continues, but noise, dropout and the rest of the interrupted epoch differ from the first run"
+            )
 
 
 def check_batch(batch: Any, num_classes: int | None = None) -> Batch:

@@ -5,19 +5,15 @@ checkpoints and never loses precision under mixed-precision training (buffers ar
 """
 
 import math
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import nn
 
+from diffusion.errors import check_choice
+
 BetaSchedule = Literal["linear", "cosine", "sigmoid"]
 PredictionType = Literal["eps", "x0", "v"]
-
-
-def _check_choice(name: str, value: str, allowed: object) -> None:
-    choices = get_args(allowed)
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
 
 
 def make_betas(
@@ -25,19 +21,25 @@ def make_betas(
 ) -> torch.Tensor:
     """Return float64 betas of shape (num_timesteps,).
 
-    linear: Ho et al. 2020 (1e-4 to 0.02 over T=1000).
+    linear: Ho et al. 2020 (1e-4 to 0.02 over T=1000). ``beta_start`` and ``beta_end`` are the values at
+        T = 1000 and are scaled by 1000 / T for other T, as in improved-diffusion (Nichol & Dhariwal 2021,
+        ``get_named_beta_schedule``), so that alphas_cumprod at T stays near 4e-5 and x_T near N(0, I) for
+        any T (unscaled, T = 100 would end at alphas_cumprod 0.36). Betas are clipped at 0.999, as the
+        cosine's, which the defaults reach only for T <= 20.
     cosine: Nichol & Dhariwal 2021, alphas_cumprod = cos^2(((t/T + s) / (1 + s)) * pi/2), s = 0.008,
         betas clipped at 0.999.
     sigmoid: Jabri et al. 2022 (RIN), alphas_cumprod follows a reversed sigmoid of t/T mapped to [-3, 3],
         which keeps more signal at high t than linear.
     """
-    _check_choice("beta_schedule", schedule, BetaSchedule)
+    check_choice("beta_schedule", schedule, BetaSchedule)
     if num_timesteps < 1:
         raise ValueError(f"num_timesteps={num_timesteps} must be a positive integer (Ho et al. use 1000)")
     if schedule == "linear":
         if not 0 < beta_start < beta_end < 1:
             raise ValueError(f"need 0 < beta_start < beta_end < 1, got {beta_start} and {beta_end}")
-        return torch.linspace(beta_start, beta_end, num_timesteps, dtype=torch.float64)
+        scale = 1000 / num_timesteps
+        betas = torch.linspace(scale * beta_start, scale * beta_end, num_timesteps, dtype=torch.float64)
+        return betas.clamp(max=0.999)
     steps = torch.arange(num_timesteps + 1, dtype=torch.float64) / num_timesteps  # t/T for t = 0..T
     if schedule == "cosine":
         s = 0.008
@@ -136,16 +138,16 @@ class NoiseSchedule(nn.Module):
         sqrt_one_minus_abar = extract(self.sqrt_one_minus_alphas_cumprod, t, x_t.ndim)
         return sqrt_abar * x_t - sqrt_one_minus_abar * output, sqrt_one_minus_abar * x_t + sqrt_abar * output
 
-    def alphas_cumprod_at(self, t: torch.Tensor, ndim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(abar_t, 1 - abar_t) shaped (B, 1, ..., 1); t = -1 is x_0 itself: abar = 1, nothing added yet.
+    def log_alphas_cumprod_at(self, t: torch.Tensor, ndim: int) -> torch.Tensor:
+        """log abar_t in float64, shaped (B, 1, ..., 1); t = -1 is x_0 itself (abar = 1, log 0).
 
-        1 - abar_t comes from the float64-computed buffer: in float32, 1 - 0.9999 keeps only 3 digits.
+        Summed from log(1 - beta) in float64 rather than read from the float32 abar: step coefficients such
+        as 1 - abar_t / abar_prev lose most of their digits in float32 both near t = 0 (abar ~ 1) and near
+        t = T (1 - abar ~ 1). B numbers per step, so the float64 costs nothing.
         """
-        index = t.clamp(min=0)
-        abar = extract(self.alphas_cumprod, index, ndim)
-        one_minus_abar = extract(self.sqrt_one_minus_alphas_cumprod, index, ndim) ** 2
-        at_x0 = (t < 0).reshape(abar.shape)
-        return torch.where(at_x0, 1.0, abar), torch.where(at_x0, 0.0, one_minus_abar)
+        log_alphas_cumprod = torch.cumsum(torch.log1p(-self.betas.double()), dim=0)
+        log_abar = torch.where(t < 0, 0.0, log_alphas_cumprod[t.clamp(min=0)])
+        return log_abar.reshape(-1, *([1] * (ndim - 1)))
 
     def q_posterior(
         self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, t_prev: torch.Tensor | None = None
@@ -154,15 +156,19 @@ class NoiseSchedule(nn.Module):
 
         t_prev defaults to t - 1. A respaced step from t to any t_prev < t (Nichol & Dhariwal 2021) is the
         same formula with beta = 1 - abar_t / abar_{t_prev}; t_prev = -1 is the step to x_0 (abar = 1).
+        Coefficients are formed in float64 (see `log_alphas_cumprod_at`) and cast to x_t's dtype.
         """
         t_prev = t - 1 if t_prev is None else t_prev
-        abar_t, one_minus_abar_t = self.alphas_cumprod_at(t, x_t.ndim)
-        abar_prev, one_minus_abar_prev = self.alphas_cumprod_at(t_prev, x_t.ndim)
-        beta = (one_minus_abar_t - one_minus_abar_prev) / abar_prev  # = 1 - abar_t / abar_prev, precisely
-        mean = (abar_prev.sqrt() * beta / one_minus_abar_t) * x0 + (
-            (1 - beta).sqrt() * one_minus_abar_prev / one_minus_abar_t
-        ) * x_t
-        return mean, beta * one_minus_abar_prev / one_minus_abar_t, beta
+        log_abar_t = self.log_alphas_cumprod_at(t, x_t.ndim)
+        log_abar_prev = self.log_alphas_cumprod_at(t_prev, x_t.ndim)
+        beta = -torch.expm1(log_abar_t - log_abar_prev)  # 1 - abar_t / abar_prev
+        one_minus_abar_t, one_minus_abar_prev = -torch.expm1(log_abar_t), -torch.expm1(log_abar_prev)
+        coef_x0 = log_abar_prev.mul(0.5).exp() * beta / one_minus_abar_t
+        coef_xt = (1 - beta).sqrt() * one_minus_abar_prev / one_minus_abar_t
+        variance = beta * one_minus_abar_prev / one_minus_abar_t
+        dtype = x_t.dtype
+        mean = coef_x0.to(dtype) * x0 + coef_xt.to(dtype) * x_t
+        return mean, variance.to(dtype), beta.to(dtype)
 
     def snr(self, t: torch.Tensor) -> torch.Tensor:
         """Signal-to-noise ratio abar_t / (1 - abar_t), shape (B,)."""

@@ -1,11 +1,13 @@
-"""Test-only callbacks and a data module for tests/test_distributed.py.
+"""Test-only callbacks and a data module for tests/test_distributed.py and tests/test_resume.py.
 
 `train.py` subprocesses import them by class path (`ddp_helpers.Recorder`), so tests/ must be on PYTHONPATH.
 Each rank writes what it saw to its own JSON file; the tests compare the files across ranks and runs.
 """
 
+import io
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +106,53 @@ class CountingVectorData(VectorDataModule):
         rank = self.trainer.global_rank if self.trainer is not None else 0
         with open(self.prepare_log, "a") as f:
             f.write(f"{rank} {os.environ.get('LOCAL_RANK', 0)} {os.getpid()}\n")
+
+
+class KillAt(L.Callback):
+    """Kills the whole run with SIGKILL at optimizer step `step`, as `kill -9` or a lost node would.
+
+    By default just before the next batch, once the checkpoints of `step` are written (mid-epoch unless
+    `step` ends an epoch). With `during_save_of="last.ckpt"`, half-way through writing that file at `step`:
+    the writer has put half of the bytes on disk when the process dies.
+
+    It kills its whole process group (the ranks Lightning launched are in it), so it refuses to run anywhere
+    but in a train.py started in a session of its own, as tests/test_resume.py starts it.
+    """
+
+    def __init__(self, step: int, during_save_of: str | None = None) -> None:
+        self.step = step
+        self.during_save_of = during_save_of
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if os.getpgrp() != os.getsid(0):
+            raise RuntimeError("KillAt kills its process group: start train.py with start_new_session=True")
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.during_save_of is None and trainer.global_step == self.step and trainer.is_global_zero:
+            self._kill()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # Checkpoint callbacks run after all others: they save this step's files right after this hook.
+        if self.during_save_of is not None and trainer.global_step == self.step and trainer.is_global_zero:
+            torch.save = self._dying_save(torch.save)
+
+    def _dying_save(self, save: Any) -> Any:
+        def dying_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+            if self.during_save_of not in Path(str(getattr(f, "name", f))).name:
+                return save(obj, f, *args, **kwargs)
+            buffer = io.BytesIO()
+            save(obj, buffer, *args, **kwargs)
+            f.write(buffer.getvalue()[: buffer.tell() // 2])
+            f.flush()
+            os.fsync(f.fileno())
+            self._kill()
+
+        return dying_save
+
+    @staticmethod
+    def _kill() -> None:
+        os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -108,3 +108,44 @@ def test_quality_benchmark_quick_mode_runs_end_to_end(tmp_path):
     assert (out / "quality.md").read_text().count("| toy2d |") == 2  # DDPM and DDIM rows
     assert (out / "toy2d_scatter.png").stat().st_size > 0
     assert list(out.glob("runs/toy2d/version_0/checkpoints/last.ckpt"))
+
+
+# --- benchmarks/vectors.py: scores of samples against the generating structure ----------------------------
+
+
+def test_vector_scores_give_fresh_real_data_the_floor_and_catch_blur_and_missing_modes():
+    from vector_sets import distributions
+    from vectors import score, support_threshold
+
+    for name, dist in distributions().items():
+        threshold = support_threshold(dist, 20_000)
+        reference, fresh = dist.sample(2000, seed=2)[0], dist.sample(2000, seed=3)[0]
+        real = score(dist, fresh, reference, threshold)
+        assert real.on_support == pytest.approx(0.99, abs=0.01), name  # the threshold is the 99% quantile
+        assert real.covered == dist.num_modes, name
+        assert real.sliced_w1 < 0.2 * np.abs(reference).mean(), name  # two real sets are close
+    # A ring drawn 3x too thick (radial std 0.06 instead of 0.02) mostly leaves the support.
+    rings = distributions()["thin_rings"]
+    threshold = support_threshold(rings, 20_000)
+    reference, fresh = rings.sample(2000, seed=2)[0], rings.sample(2000, seed=3)[0]
+    radius = np.linalg.norm(fresh, axis=1, keepdims=True)
+    blurred = fresh * (1 + 0.06 * np.random.default_rng(0).standard_normal((2000, 1)) / radius)  # 3x std
+    assert score(rings, blurred, reference, threshold).on_support < 0.7
+    # Mirror the lower half up: every ring is drawn, but only its upper 4 of 8 arcs hold samples.
+    upper_half = fresh * np.where(fresh[:, 1:] < 0, [1.0, -1.0], [1.0, 1.0])
+    assert score(rings, upper_half, reference, threshold).covered == 12
+
+
+@pytest.mark.slow
+def test_vector_benchmark_quick_mode_runs_end_to_end(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "benchmarks/vectors.py", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = (tmp_path / "vectors.md").read_text()
+    for name in ("ring_clusters", "mixture_16d"):
+        assert table.count(f"| {name} |") == 2  # DDPM and DDIM rows
+        assert list(tmp_path.glob(f"runs/vectors_{name}/version_0/checkpoints/last.ckpt"))
+        assert (tmp_path / "runs" / "data" / f"{name}.npy").is_file()
+    assert "| 16 | 10 |" in table and "QUICK MODE" in table

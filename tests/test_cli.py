@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from helpers import TINY_MLP, TINY_UNET, tiny_run
 from PIL import Image
 
@@ -55,6 +56,34 @@ def test_cifar10_recipe_is_the_paper_network():
     assert cli.model.hparams.lr == 2e-4 and cli.model.hparams.warmup_steps == 5000
     assert cli.datamodule.sample_shape == (3, 32, 32)
     assert cli.config.trainer.precision == "16-mixed" and cli.config.data.init_args.batch_size == 128
+
+
+def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    """The values a YAML file sets, by dotted key: {"trainer.max_steps": 3500, ...}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(leaves(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def printed_config(command, args: list[str], capsys) -> dict[str, object]:
+    with pytest.raises(SystemExit) as exit_info:
+        command([*args, "--print_config"])
+    assert exit_info.value.code == 0
+    return leaves(yaml.safe_load(capsys.readouterr().out))
+
+
+def test_no_arguments_train_the_default_recipe_from_any_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    recipe = leaves(yaml.safe_load((CONFIGS[0].parent / "digits.yaml").read_text()))
+    config = printed_config(main, [], capsys)  # what `python train.py` runs
+    assert {key: config[key] for key in recipe} == recipe
+    # The recipe holds overrides only: each of its values differs from the code default (defined once).
+    defaults = printed_config(DiffusionCLI, [], capsys)
+    assert [key for key, value in recipe.items() if defaults[key] == value] == []
 
 
 def test_default_run_leaves_checkpoint_logs_and_grid_in_one_folder(tmp_path):

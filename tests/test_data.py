@@ -1,5 +1,6 @@
 """Data modules: offline only (scikit-learn's bundled digits and files written into tmp_path)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from sklearn.datasets import load_digits
-from torch.utils.data import DistributedSampler, RandomSampler
+from torch.utils.data import DistributedSampler, TensorDataset
 
 from diffusion.data import Batch, ImageDataModule
 from diffusion.module import check_batch
@@ -66,22 +67,58 @@ def test_dataloader_batches_are_indexed(digits):
     assert x.shape == (64, 1, 16, 16) and index.dtype == torch.int64 and index.shape == (64,)
 
 
-def test_train_sampler_matches_lightnings_ddp_sampler():
+def test_train_sampler_matches_lightnings_ddp_sampler(monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "3")  # what seed_everything(3) sets
     dm = VectorDataModule("moons", num_samples=100)
     dm.setup("fit")
-    dm.trainer = SimpleNamespace(world_size=1)
-    sampler = dm.train_dataloader().sampler
-    assert isinstance(sampler, DistributedSampler) and sampler.num_replicas == 1 and sampler.shuffle
-    dm.trainer = SimpleNamespace(world_size=2)
-    assert isinstance(dm.train_dataloader().sampler, RandomSampler)  # Lightning injects its own
+    for world_size, rank in [(1, 0), (2, 1)]:
+        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank)
+        sampler = dm.train_dataloader().sampler
+        # A DistributedSampler, so Lightning injects none; the very order it would inject (seed PL_GLOBAL_SEED).
+        lightnings = DistributedSampler(
+            dm.train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=3
+        )
+        assert isinstance(sampler, DistributedSampler) and list(sampler) == list(lightnings)
     dm.trainer = None
-    assert isinstance(dm.train_dataloader().sampler, RandomSampler)
+    assert dm.train_dataloader().sampler.num_replicas == 1
 
 
 def test_val_fraction_zero_disables_validation():
     dm = VectorDataModule("moons", num_samples=50, val_fraction=0)
     dm.setup("fit")
     assert len(dm.train_set) == 50 and dm.val_dataloader() == []
+
+
+def test_val_from_train_trains_on_everything_and_validates_on_a_fixed_subset():
+    dm = ImageDataModule("digits", val_fraction=0, val_from_train=100, seed=0)
+    dm.setup("fit")
+    assert dm.train_set.indices == list(range(1797))  # all of it, nothing held out
+    assert len(dm.val_set) == 100 and set(dm.val_set.indices) < set(dm.train_set.indices)
+    again, other = (
+        ImageDataModule("digits", val_fraction=0, val_from_train=100, seed=0),
+        ImageDataModule("digits", val_fraction=0, val_from_train=100, seed=1),
+    )
+    again.setup("fit")
+    other.setup("fit")
+    assert again.val_set.indices == dm.val_set.indices != other.val_set.indices
+    assert torch.equal(dm.val_set[0][0], dm.train_set[dm.val_set.indices[0]][0])
+    with pytest.raises(ValueError, match="val_fraction 0"):
+        ImageDataModule("digits", val_from_train=100)  # the default val_fraction 0.05 would hold some out
+    with pytest.raises(ValueError, match="val_from_train must be >= 1"):
+        ImageDataModule("digits", val_fraction=0, val_from_train=0)
+    too_many = ImageDataModule("digits", val_fraction=0, val_from_train=5000)
+    with pytest.raises(ValueError, match="5000 is more than the 1797"):
+        too_many.setup("fit")
+
+
+def test_cifar10_recipe_trains_on_all_50000_images(tmp_path):
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "cifar10.yaml").read_text())["data"]
+    assert config["class_path"] == "diffusion.data.ImageDataModule"
+    dm = ImageDataModule(**{**config["init_args"], "root": str(tmp_path)})
+    dm._split(TensorDataset(torch.zeros(50_000, 1)))  # stands in for the 50,000 CIFAR-10 training images
+    assert len(dm.train_set) == 50_000 and 0 < len(dm.val_set) <= 2_000
 
 
 def test_torchvision_shapes_known_without_download(tmp_path):
@@ -176,7 +213,8 @@ def test_folder_errors(tmp_path):
 def test_toy_sets(name):
     dm = VectorDataModule(name, num_samples=500)
     assert dm.sample_shape == (2,) and dm.data.shape == (500, 2)
-    assert dm.data.min() == -1 and dm.data.max() == 1
+    # Standardized: about zero mean and std feature_std per feature (winsorized statistics, so not exactly).
+    assert dm.data.mean(0).abs().max() < 0.15 and ((dm.data.std(0) / dm.feature_std - 1).abs() < 0.1).all()
     assert torch.equal(dm.data, VectorDataModule(name, num_samples=500).data)  # deterministic from seed
 
 
@@ -192,7 +230,6 @@ def test_npy_round_trip(tmp_path):
     np.save(path, original)
     dm = VectorDataModule("swiss_roll", path=str(path))  # path wins over dataset
     assert dm.dataset == "npy" and dm.sample_shape == (5,)
-    assert dm.data.min() >= -1 and dm.data.max() <= 1
     assert torch.allclose(denormalize(dm.data, dm.normalization), torch.from_numpy(original), atol=1e-5)
     dm.setup("fit")
     x, index, _ = dm.train_set[0]

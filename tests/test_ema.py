@@ -3,8 +3,8 @@ average of the raw weights recorded after every optimizer step.
 
 torch.optim.swa_utils.AveragedModel semantics: the first update copies the weights (n_averaged == 0); update
 n + 1 (n >= 1) computes decay_n * ema + (1 - decay_n) * w with decay_n = min(decay, (1 + n) / (10 + n)).
-With use_buffers=True (Lightning's default, kept by EMA) the buffers, here the constant schedule, are averaged
-too; for constants that is the identity up to float rounding.
+EMA averages only the parameters (use_buffers=False): the EMA copy's buffers, here the constant schedule, follow
+the module's.
 """
 
 import lightning as L
@@ -178,8 +178,51 @@ def test_bad_ema_options_are_rejected(kwargs, match):
 
 
 def test_ema_keeps_the_schedule_buffers_up_to_rounding(four_steps):
-    # use_buffers=True averages the constant schedule buffers too: harmless only if they stay (nearly) constant.
+    # The schedule is not averaged: the EMA weights carry the module's schedule.
     _, _, last = four_steps
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     for key in ("schedule.alphas_cumprod", "schedule.betas"):
         torch.testing.assert_close(checkpoint["state_dict"][key], checkpoint["current_model_state"][key])
+
+
+def tiny_module() -> DiffusionModule:
+    torch.manual_seed(0)
+    network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, time_embed_dim=8)
+    return DiffusionModule(network, sample_shape=(2,), num_timesteps=10)
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_foreach_update_follows_the_decay_formula(warmup):
+    module = tiny_module()
+    ema = EMA(decay=0.5, warmup=warmup)
+    ema.setup(None, module, "fit")
+    raw = []
+    for step in range(4):
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(torch.randn_like(p) * (step + 1))
+            module.schedule.betas.add_(1.0)  # buffers are not averaged: the EMA copy takes the module's
+        raw.append(clone(dict(module.named_parameters())))
+        ema.update(module)
+    expected = {key: value.double() for key, value in raw[0].items()}  # first update: a copy
+    for n, weights in enumerate(raw[1:], start=1):
+        d = min(0.5, (1 + n) / (10 + n)) if warmup else 0.5
+        expected = {key: d * expected[key] + (1 - d) * weights[key].double() for key in expected}
+    assert_state_close(dict(ema._average_model.module.named_parameters()), expected)
+    assert int(ema._average_model.n_averaged) == 4  # what checkpoints store and resume from
+    for ema_buffer, buffer in zip(ema._average_model.module.buffers(), module.buffers(), strict=True):
+        assert torch.equal(ema_buffer, buffer)
+
+
+def test_ema_update_never_reads_a_value_back_from_the_device():
+    """Meta tensors have no values: a host sync (.item(), bool(), int()) on one raises. The update runs on a
+    meta module, so it reads nothing back from the device (on a GPU, no sync per step); the AveragedModel
+    path Lightning uses by default does read n_averaged back."""
+    module = tiny_module().to("meta")
+    ema = EMA(decay=0.9)
+    ema.setup(None, module, "fit")
+    for _ in range(3):
+        ema.update(module)
+    assert ema._num_updates == 3 and ema._average_model.n_averaged.device.type == "meta"
+    with pytest.raises(RuntimeError, match="meta"):
+        ema._average_model.update_parameters(module)

@@ -1,7 +1,7 @@
 """FID/KID: pixel features, the digits floor, the evaluate CLI and FIDCallback in real (and DDP) fits.
 
-Nothing here downloads: Inception is replaced by a stand-in where its wiring is tested; every FID value
-uses the project's offline pixel features.
+Nothing here downloads: the Inception extractor is checked against torch-fidelity's own with random weights
+saved to a local file; every FID value uses the project's offline pixel features.
 """
 
 import math
@@ -129,33 +129,132 @@ def test_make_metrics_and_callback_reject_bad_options():
     assert list(fid_only.metrics) == ["fid"] and fid_only.metrics["fid"].inception.num_features == 3 * 64
 
 
-def test_inception_features_repeat_grayscale_and_explain_a_failed_download(monkeypatch):
-    import torchmetrics.image.fid as tm_fid
+@pytest.fixture(scope="module")
+def inception_weights(tmp_path_factory) -> Path:
+    """A weights file for torch-fidelity's InceptionV3 with random (seeded) weights and batch-norm statistics,
+    so both extractors can be built offline from the same file. He-normal convolutions and unit-scale
+    normalization keep the activations of order 1 through all 94 layers, so every stage shapes the output."""
+    import torch_fidelity.feature_extractor_inceptionv3 as fidelity
 
-    seen = []
+    with pytest.MonkeyPatch.context() as patch:  # build the architecture without fetching the real weights
+        patch.setattr(fidelity, "load_state_dict_from_url", lambda *args, **kwargs: None)
+        patch.setattr(fidelity.FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None)
+        network = fidelity.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
+    generator = torch.Generator().manual_seed(0)
+    for module in network.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            fan_in = module.weight[0].numel()
+            module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * (2 / fan_in) ** 0.5)
+        elif isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.copy_(0.1 * torch.randn(module.num_features, generator=generator))
+            module.running_var.copy_(0.5 + torch.rand(module.num_features, generator=generator))
+    path = tmp_path_factory.mktemp("inception") / "random_inception.pth"
+    torch.save(network.state_dict(), path)
+    return path
 
-    class StandIn(torch.nn.Module):  # the real network downloads its weights: not in tests
-        def __init__(self, **kwargs):
-            super().__init__()
-            assert kwargs["features_list"] == ["2048"]
 
-        def forward(self, images):
-            seen.append((images.shape, images.dtype))
-            return torch.zeros(len(images), 2048)
+@pytest.mark.slow  # one full InceptionV3 pass each for ours and torch-fidelity's
+def test_inception_features_are_torch_fidelitys_fid_extractor(inception_weights):
+    """Same weights file, same uint8 images: our extractor feeds the network exactly the tensor that
+    torch-fidelity's FeatureExtractorInceptionV3 feeds it (TF1 resize to 299, (x - 128) / 128) and returns
+    exactly its 2048-d features; torchmetrics' default (antialiased resize) would differ."""
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+    from torchmetrics.image.fid import NoTrainInceptionV3
 
-    monkeypatch.setattr(tm_fid, "NoTrainInceptionV3", StandIn)
-    features = InceptionFeatures()
-    assert features(torch.zeros(2, 1, 16, 16, dtype=torch.uint8)).shape == (2, 2048)
-    assert seen == [(torch.Size([2, 3, 16, 16]), torch.uint8)]
-    metrics = make_metrics("inception", channels=1)
+    ours = InceptionFeatures(str(inception_weights))
+    theirs = FeatureExtractorInceptionV3(
+        "inception-v3-compat", ["2048"], feature_extractor_weights_path=str(inception_weights)
+    )
+    antialiased = NoTrainInceptionV3("inception-v3-compat", ["2048"], str(inception_weights), antialias=True)
+    seen, stop = {}, {"ours": False, "theirs": False, "antialiased": True}
+
+    class Seen(Exception):  # ends a forward pass once the first convolution's input is recorded
+        pass
+
+    def record(name):
+        def hook(module, args):
+            seen[name] = args[0]
+            if stop[name]:
+                raise Seen
+
+        return hook
+
+    for name, network in [("ours", ours.network), ("theirs", theirs), ("antialiased", antialiased)]:
+        network.Conv2d_1a_3x3.register_forward_pre_hook(record(name))
+    generator = torch.Generator().manual_seed(0)
+    rgb = torch.randint(0, 256, (1, 3, 32, 32), generator=generator, dtype=torch.uint8)
+    gray = torch.randint(0, 256, (1, 1, 16, 16), generator=generator, dtype=torch.uint8)
+    # The whole network once (11 s on a busy 2-core CPU): the same features, bit for bit.
+    features = ours(rgb)
+    assert features.shape == (1, 2048) and features.dtype == torch.float32
+    assert torch.equal(features, theirs(rgb)[0]) and features.std() > 0.01 * features.abs().mean()
+    assert seen["ours"].shape == (1, 3, 299, 299) and torch.equal(seen["ours"], seen["theirs"])
+    # What the network sees, for RGB and grayscale (torch-fidelity reads gray files as RGB, repeated).
+    stop.update(ours=True, theirs=True)
+    for images, as_rgb in [(rgb, rgb), (gray, gray.repeat(1, 3, 1, 1))]:
+        for network, x in [(ours, images), (theirs, as_rgb), (antialiased, as_rgb)]:
+            with pytest.raises(Seen):
+                network(x)
+        assert torch.equal(seen["ours"], seen["theirs"])
+        assert (seen["antialiased"] - seen["theirs"]).abs().max() > 0.1  # the issue's ~35/255 per pixel
+    # In a metric, the network stays in eval mode (batch norm on its stored statistics) through train().
+    metrics = make_metrics("inception", channels=1, inception_weights=str(inception_weights))
     assert metrics["fid"].inception is metrics["kid"].inception  # one network, shared
+    metrics["fid"].train()
+    assert metrics["fid"].inception.training and not metrics["fid"].inception.network.training
+    with pytest.raises(ValueError, match="uint8.*got torch.float32"):
+        ours(gray.float() / 255)
 
-    def offline(**kwargs):
+
+def test_inception_features_explain_a_failed_download(monkeypatch):
+    import torch_fidelity.feature_extractor_inceptionv3 as fidelity
+
+    def offline(*args, **kwargs):
         raise OSError("<urlopen error [Errno -2] Name or service not known>")
 
-    monkeypatch.setattr(tm_fid, "NoTrainInceptionV3", offline)
+    monkeypatch.setattr(fidelity, "load_state_dict_from_url", offline)
     with pytest.raises(RuntimeError, match="downloaded from GitHub.*features='pixels'"):
         InceptionFeatures()
+
+
+def test_kid_subsets_of_1000_by_default_capped_at_the_image_counts(digit_halves):
+    assert make_metrics("pixels", channels=1)["kid"].subset_size == 1000
+    assert FIDCallback().kid_subset_size == 1000
+    assert (
+        evaluate_cli.build_parser()
+        .parse_args(["--samples", "a.npz", "--reference", "digits"])
+        .kid_subset_size
+        == 1000
+    )
+    first, second = (half.permute(0, 2, 3, 1).numpy() for half in digit_halves)
+    result = evaluate_cli.evaluate(first[:300], second, features="pixels")  # 300 < 1000: capped, no error
+    assert math.isfinite(result["kid_mean"]) and result["num_fake"] == 300
+
+
+def test_fid_callback_takes_real_images_without_random_flips():
+    flipping = ImageDataModule("digits", random_flip=True)
+    plain = ImageDataModule("digits", random_flip=False)
+    flipping.setup("fit")
+    plain.setup("fit")
+    unaugmented = flipping.unaugmented_train_set()
+    assert len(unaugmented) == len(plain.train_set) == len(flipping.train_set)
+    for i in range(0, len(unaugmented), 97):
+        x, index = unaugmented[i]
+        assert torch.equal(x, plain.train_set[i][0]) and index == plain.train_set[i][1]
+    torch.manual_seed(0)  # the training set itself flips about half of its images
+    assert any(not torch.equal(flipping.train_set[i][0], plain.train_set[i][0]) for i in range(20))
+
+    callback = FIDCallback(num_samples=64, features="pixels", kid=False)
+    trainer = SimpleNamespace(world_size=1, datamodule=flipping)
+    module = SimpleNamespace(sample_shape=(1, 16, 16), global_rank=0, device=torch.device("cpu"),
+                             normalization=flipping.normalization)  # fmt: skip
+    callback.setup(trainer, module, "fit")
+    callback._feed_real(trainer, module)
+    chosen = torch.randperm(len(plain.train_set), generator=torch.Generator().manual_seed(0))[:64]
+    images = torch.stack([plain.train_set[i][0] for i in chosen.tolist()])
+    uint8 = torch.from_numpy(to_uint8_images(images, plain.normalization)).permute(0, 3, 1, 2)
+    expected = PixelFeatures(channels=1)(uint8).double().sum(0)
+    torch.testing.assert_close(callback.metrics["fid"].real_features_sum, expected)
 
 
 def test_evaluate_cli_on_npz_files_and_a_dataset_name(tmp_path, digit_halves, capsys):

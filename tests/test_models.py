@@ -1,9 +1,12 @@
 """Shape, initialisation, validation and gradient checks for the noise-prediction networks."""
 
+import math
+
 import pytest
 import torch
 
 from diffusion.models import MLP, UNet, sinusoidal_embedding
+from diffusion.models.embedding import fourier_features
 
 # Small enough that every test here runs in well under a second on a laptop CPU.
 TINY_UNET = {"channels": 16, "channel_mult": (1, 2), "num_res_blocks": 1, "attention_levels": (1,)}
@@ -62,13 +65,49 @@ def test_embedding_is_float32_under_autocast() -> None:
     assert emb.dtype == torch.float32
 
 
+def test_fourier_features_values_and_shape() -> None:
+    x = torch.tensor([[0.5, -0.25]])
+    features = fourier_features(x, 2)  # [x, sin(pi 2^k x), cos(pi 2^k x)], k = 0, 1, per coordinate
+    s, c = math.sin, math.cos
+    expected = [0.5, -0.25, s(math.pi / 2), s(math.pi), s(-math.pi / 4), s(-math.pi / 2)]
+    expected += [c(math.pi / 2), c(math.pi), c(-math.pi / 4), c(-math.pi / 2)]
+    torch.testing.assert_close(features, torch.tensor([expected]))
+    assert fourier_features(torch.randn(3, 16), 8).shape == (3, 16 * 17)
+    assert torch.equal(fourier_features(x, 0), x)
+
+
+def test_fourier_features_let_the_mlp_fit_fine_detail() -> None:
+    """Why the vector recipe uses them: a square wave of period 1/8 on [-1, 1] in 150 Adam steps."""
+    x = torch.linspace(-1, 1, 128)[:, None]
+    target = torch.sign(torch.sin(16 * math.pi * x))
+    t = torch.zeros(128, dtype=torch.long)
+    errors = {}
+    for frequencies in (0, 6):
+        torch.manual_seed(0)
+        model = MLP(
+            in_channels=1, hidden_dim=32, num_blocks=2, time_embed_dim=8, fourier_frequencies=frequencies
+        )
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for _ in range(150):
+            loss = (model(x, t) - target).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        errors[frequencies] = loss.item()
+    assert errors[6] < 0.1 < 0.5 < errors[0]  # the raw MLP is still near the variance (1.0)
+
+
 # --- shapes and initialisation ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("in_channels", [2, 5])
-def test_mlp_output_shape_and_zero_init(in_channels: int) -> None:
+@pytest.mark.parametrize("fourier_frequencies", [0, 4])
+def test_mlp_output_shape_and_zero_init(in_channels: int, fourier_frequencies: int) -> None:
     torch.manual_seed(0)
-    model = MLP(in_channels=in_channels, hidden_dim=32, num_blocks=2, time_embed_dim=16)
+    model = MLP(
+        in_channels=in_channels, hidden_dim=32, num_blocks=2, time_embed_dim=16,
+        fourier_frequencies=fourier_frequencies,
+    )  # fmt: skip
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(8, in_channels, generator=generator)
     out = model(x, _timesteps(8, generator))
@@ -94,6 +133,22 @@ def test_unet_output_shape_and_zero_init(in_channels: int, size: int, config: di
     assert torch.all(out == 0)
 
 
+def test_unet_fused_qkv_is_initialised_like_three_separate_layers() -> None:
+    # The original's q, k and v are three C -> C layers, each Xavier-uniform: bound sqrt(6 / (C + C)).
+    # Xavier on the fused C -> 3C weight would use fan_out 3C: bound sqrt(6 / 4C), 1/sqrt(2) too small.
+    torch.manual_seed(0)
+    model = UNet(channels=64, channel_mult=(1,), num_res_blocks=1, attention_levels=(0,))
+    attention = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.out_channels == 192)
+    channels = 64
+    bound = (6 / (2 * channels)) ** 0.5
+    for block in attention.weight.detach().chunk(3, dim=0):  # q, k, v: (C, C, 1, 1) each
+        assert block.abs().max() <= bound
+        assert block.abs().max() > 0.97 * bound  # 4,096 draws reach the bound's top 3%
+        # Uniform(-b, b) has std b / sqrt(3) = sqrt(1 / C); 4,096 draws estimate it to about 1%.
+        assert block.std().item() == pytest.approx(bound / 3**0.5, rel=0.05)
+    assert not attention.bias.any()
+
+
 def test_unet_out_channels() -> None:
     model = UNet(in_channels=3, out_channels=6, **TINY_UNET)
     assert model(torch.randn(1, 3, 8, 8), torch.tensor([3])).shape == (1, 6, 8, 8)
@@ -116,6 +171,12 @@ def test_unet_cifar10_parameter_count_matches_paper() -> None:
 
 
 # --- validation ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("frequencies", [-1, 25])
+def test_mlp_rejects_bad_fourier_frequencies(frequencies: int) -> None:
+    with pytest.raises(ValueError, match=rf"fourier_frequencies must be in \[0, 24\], got {frequencies}"):
+        MLP(fourier_frequencies=frequencies)
 
 
 def test_unet_rejects_attention_level_out_of_range() -> None:
@@ -154,7 +215,7 @@ def test_unet_gradient_reaches_every_parameter() -> None:
 
 def test_mlp_gradient_reaches_every_parameter() -> None:
     torch.manual_seed(0)
-    model = MLP(hidden_dim=16, num_blocks=2, time_embed_dim=8)
+    model = MLP(hidden_dim=16, num_blocks=2, time_embed_dim=8, fourier_frequencies=3)
     _randomise_zero_layers(model)
     generator = torch.Generator().manual_seed(0)
     model(torch.randn(4, 2, generator=generator), _timesteps(4, generator)).square().mean().backward()

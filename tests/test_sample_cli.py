@@ -98,7 +98,9 @@ def test_module_runs_as_a_script(digits_checkpoint, tmp_path):
     assert np.load(out / "samples.npz")["arr_0"].shape == (3, 16, 16, 1)
 
 
-def test_missing_checkpoint_names_the_path(tmp_path):
+def test_missing_checkpoint_names_the_path(tmp_path, monkeypatch):
+    # The exception itself, not its one-line report (that is in test_errors.py).
+    monkeypatch.setenv("DIFFUSION_DEBUG", "1")
     missing = tmp_path / "nope" / "last.ckpt"
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
         main(["--ckpt", str(missing), "--out", str(tmp_path / "out"), "--steps", "3", "--device", "cpu"])
@@ -118,3 +120,15 @@ def test_cuda_without_a_gpu_says_to_use_the_cpu(digits_checkpoint, capsys, monke
         main(["--ckpt", str(digits_checkpoint), "--device", "cuda", "--steps", "3"])
     assert exit_info.value.code == 2
     assert "--device cpu" in capsys.readouterr().err
+
+
+def test_print_config_gives_a_config_file_that_repeats_the_run(
+    sample_digits, digits_checkpoint, tmp_path, capsys
+):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ckpt", str(digits_checkpoint), *BASE, "--print_config"])
+    assert exit_info.value.code == 0
+    config = tmp_path / "sample.yaml"
+    config.write_text(capsys.readouterr().out)
+    path = main(["--config", str(config), "--out", str(tmp_path / "out")])
+    np.testing.assert_array_equal(np.load(path)["arr_0"], sample_digits()[0])

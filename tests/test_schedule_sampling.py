@@ -33,6 +33,21 @@ def test_linear_schedule_golden_values():
     assert all(buffer.dtype == torch.float32 for buffer in schedule.buffers())
 
 
+def test_linear_betas_are_scaled_by_1000_over_T_so_x_T_stays_near_pure_noise():
+    # improved-diffusion's get_named_beta_schedule("linear"): beta_start and beta_end are scaled by 1000 / T.
+    short = NoiseSchedule(num_timesteps=100)
+    torch.testing.assert_close(short.betas, torch.linspace(1e-3, 0.2, 100))
+    # alphas_cumprod at T: 2.0e-5 for T = 100 and 4.0e-5 for T = 1000 (unscaled, T = 100 would end at 0.36).
+    full = NoiseSchedule()
+    assert short.alphas_cumprod[-1].log().item() == pytest.approx(
+        full.alphas_cumprod[-1].log().item(), rel=0.1
+    )
+    assert short.alphas_cumprod[49].item() == pytest.approx(full.alphas_cumprod[499].item(), rel=0.2)
+    # Betas stay below 1 when the scaling would reach it (T = 20: beta_end 0.02 * 50 = 1).
+    assert NoiseSchedule(num_timesteps=20).betas.max().item() == pytest.approx(0.999)
+    assert NoiseSchedule(num_timesteps=20).alphas_cumprod[-1] > 0
+
+
 def test_cosine_and_sigmoid_golden_values():
     cosine = NoiseSchedule("cosine")
     s = 0.008
@@ -116,15 +131,23 @@ def test_full_ddpm_loop_matches_algorithm_2_and_golden_values():
     torch.testing.assert_close(
         ours, reference_algorithm_2(Dummy(), schedule, x_T, generator), atol=1e-5, rtol=1e-5
     )
-    golden = torch.tensor([[0.70388079, 0.53039420, -0.66525382], [0.95651716, -1.0, -1.0]])
+    golden = torch.tensor([[0.76912665, 0.94134015, 0.90016246], [0.74366009, -1.0, -1.0]])
     torch.testing.assert_close(ours, golden, atol=1e-5, rtol=1e-5)
 
 
 def test_ddim_golden_values_and_determinism():
     schedule = NoiseSchedule(num_timesteps=50)
     first = sample(Dummy(), schedule, (2, 3), torch.Generator().manual_seed(0), sampler="ddim", steps=10)
-    golden = torch.tensor([[1.0, -0.37321815, -1.0], [0.65818524, -1.0, -1.0]])
+    golden = torch.tensor([[1.0, -1.0, -1.0], [1.0, -1.0, -1.0]])
     torch.testing.assert_close(first, golden, atol=1e-5, rtol=1e-5)
+    # The end is clipped to [-1, 1] whatever the path: also pin the state halfway (after 5 of 10 steps).
+    x_T = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    t, halfway, _ = list(reverse_steps(Dummy(), schedule, x_T, sampler="ddim", steps=10))[5]
+    golden_halfway = torch.tensor(
+        [[1.83466005, -0.79309601, -2.36713839], [1.02268898, -1.45356107, -1.71577311]]
+    )
+    assert t == 22
+    torch.testing.assert_close(halfway, golden_halfway, atol=1e-5, rtol=1e-5)
     # eta = 0: given x_T the result is a deterministic function (the generator's later state is irrelevant).
     x_T = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
     runs = [

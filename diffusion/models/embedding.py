@@ -1,4 +1,5 @@
-"""Sinusoidal timestep embedding (Vaswani et al. 2017, as used by Ho et al. 2020)."""
+"""Embeddings the networks share: sinusoidal timesteps (Vaswani et al. 2017, as used by Ho et al. 2020), class
+labels with a "no label" row (classifier-free guidance), and Fourier features of vector coordinates."""
 
 import math
 
@@ -71,3 +72,21 @@ def check_unconditional(y: torch.Tensor | None, network: str) -> None:
             f"{network} got class labels but was built without num_classes: it is unconditional (train with "
             "--data.conditional true for a class-conditional network)"
         )
+
+
+def fourier_features(x: torch.Tensor, num_frequencies: int) -> torch.Tensor:
+    """Each coordinate with its sines and cosines at octave frequencies: (B, D) -> (B, D * (1 + 2K)).
+
+    ``[x, sin(pi 2^k x), cos(pi 2^k x) for k = 0..K-1]``, the positional encoding of NeRF (Mildenhall et al.
+    2020; Tancik et al. 2020 on why it helps): an MLP fed raw low-dimensional coordinates learns fine detail
+    slowly (spectral bias), and the octaves give it periods from 2 down to 2^(2-K) data units.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"x must have shape (B, D), got shape {tuple(x.shape)}")
+    if num_frequencies < 0:
+        raise ValueError(f"num_frequencies must be >= 0, got {num_frequencies}")
+    if num_frequencies == 0:
+        return x
+    freqs = math.pi * 2.0 ** torch.arange(num_frequencies, device=x.device, dtype=torch.float32)  # (K,)
+    args = (x.float()[:, :, None] * freqs).flatten(1)  # (B, D * K)
+    return torch.cat([x.float(), torch.sin(args), torch.cos(args)], dim=1).to(x.dtype)

@@ -3,7 +3,12 @@
 import torch
 from torch import nn
 
-from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
+from diffusion.models.embedding import (
+    ClassEmbedding,
+    check_unconditional,
+    fourier_features,
+    sinusoidal_embedding,
+)
 
 
 class ResidualBlock(nn.Module):
@@ -36,6 +41,8 @@ class MLP(nn.Module):
         num_blocks: number of residual blocks.
         time_embed_dim: width of the sinusoidal timestep embedding.
         dropout: dropout inside each residual block.
+        fourier_frequencies: K > 0 feeds each coordinate with its sines and cosines at K octave frequencies
+            (``fourier_features``), which fine structure in low-dimensional data needs; 0 feeds raw x.
         num_classes: classes of a class-conditional network (``model(x, t, y)``, see `ClassEmbedding`); None
             (default) builds the unconditional network, parameter for parameter.
     """
@@ -47,6 +54,7 @@ class MLP(nn.Module):
         num_blocks: int = 4,
         time_embed_dim: int = 128,
         dropout: float = 0.0,
+        fourier_frequencies: int = 0,
         num_classes: int | None = None,
     ) -> None:
         super().__init__()
@@ -59,6 +67,9 @@ class MLP(nn.Module):
             raise ValueError(f"time_embed_dim must be >= 2, got {time_embed_dim}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if not 0 <= fourier_frequencies <= 24:  # beyond 24 octaves float32 sin(pi 2^k x) is noise
+            raise ValueError(f"fourier_frequencies must be in [0, 24], got {fourier_frequencies}")
+        self.fourier_frequencies = fourier_frequencies
         self.in_channels = in_channels
         self.time_embed_dim = time_embed_dim
         self.num_classes = num_classes
@@ -68,7 +79,7 @@ class MLP(nn.Module):
             nn.SiLU(),
             nn.Linear(hidden_dim, hidden_dim),
         )
-        self.input = nn.Linear(in_channels, hidden_dim)
+        self.input = nn.Linear(in_channels * (1 + 2 * fourier_frequencies), hidden_dim)
         self.blocks = nn.ModuleList(ResidualBlock(hidden_dim, hidden_dim, dropout) for _ in range(num_blocks))
         self.out_norm = nn.LayerNorm(hidden_dim)
         self.out = nn.Linear(hidden_dim, in_channels)
@@ -89,7 +100,7 @@ class MLP(nn.Module):
             check_unconditional(y, "MLP")
         else:
             temb = temb + self.class_embed(y, len(x)).to(temb.dtype)
-        h = self.input(x)  # (B, hidden)
+        h = self.input(fourier_features(x, self.fourier_frequencies))  # (B, hidden)
         for block in self.blocks:
             h = block(h, temb)
         return self.out(nn.functional.silu(self.out_norm(h)))  # (B, D)

@@ -251,26 +251,39 @@ class UNet(nn.Module):
             | {m.conv2 for m in self.modules() if isinstance(m, ResBlock)}
             | {m.proj_out for m in self.modules() if isinstance(m, AttnBlock)}
         )
+        fused_qkv = {m.qkv for m in self.modules() if isinstance(m, AttnBlock)}
         for module in self.modules():
             if isinstance(module, nn.Conv2d | nn.Linear):
                 if module in zero_init:
                     nn.init.zeros_(module.weight)
+                elif module in fused_qkv:
+                    # The original has three C -> C layers (q, k, v); Xavier on the fused C -> 3C weight would
+                    # use fan_out 3C and draw 1/sqrt(2) of their std, so each block of C rows gets its own.
+                    for block in module.weight.chunk(3, dim=0):
+                        nn.init.xavier_uniform_(block)
                 else:
                     nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only
-        with num_classes) -> predicted noise (B, C_out, H, W)."""
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"UNet expects x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+    def check_input_shape(self, shape: Sequence[int]) -> None:
+        """Raise ValueError unless one sample of `shape` (C, H, W) fits: C = in_channels, H and W divisible
+        by 2**(levels - 1). Called by the CLI before training, and on every forward."""
+        if len(shape) != 3 or shape[0] != self.in_channels:
+            raise ValueError(f"UNet expects samples of shape ({self.in_channels}, H, W), got {tuple(shape)}")
         factor = 2 ** (self.num_levels - 1)
-        height, width = x.shape[-2:]
+        height, width = shape[-2:]
         if height % factor != 0 or width % factor != 0:
             raise ValueError(
                 f"image size {height}x{width} is not divisible by {factor} = 2**(len(channel_mult) - 1) "
                 f"for {self.num_levels} levels; pick an image_size divisible by {factor} or use fewer levels"
             )
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only
+        with num_classes) -> predicted noise (B, C_out, H, W)."""
+        if x.ndim != 4:
+            raise ValueError(f"UNet expects x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        self.check_input_shape(x.shape[1:])
         temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
         if self.num_classes is None:
             check_unconditional(y, "UNet")

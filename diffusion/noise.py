@@ -1,0 +1,111 @@
+"""Counter-based noise: normals and timesteps as a stateless function of (seed, counters, sample index,
+element index), computed with torch integer ops for a whole batch at once, on the device that needs it.
+
+Per-sample reproducibility (a sample's noise must not depend on the batch it is in, the rank that draws it
+or the device) used to take one torch.Generator per sample and a Python loop over the samples at every
+step. Here a batch is a few elementwise kernels, and the random bits are the same on every device and for
+every split of the samples into batches or ranks; the normals, made from them by Box-Muller, agree across
+devices to the rounding of log, sqrt and cos (a few float32 ulps).
+
+The bits: Chris Wellons' lowbias32 integer hash (hash-prospector), applied to the sample index and the element
+index under a 64-bit key derived from (seed, counters). Both multipliers are below 2**31, so every product of
+a 32-bit value fits in int64 exactly: no overflow on any backend, and the result equals the uint32 reference.
+"""
+
+import math
+from collections.abc import Sequence
+from typing import TypeVar
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)  # lowbias32's, both < 2**31
+_KEY_INITS = (0x243F6A88, 0x85A308D3)  # digits of pi: two independent 32-bit halves of the key
+
+# Streams keep the draws of different purposes apart even when their seeds and counters coincide.
+TRAINING_NOISE, TRAINING_TIMESTEPS, SAMPLING_NOISE = 0, 1, 2
+
+IntOrTensor = TypeVar("IntOrTensor", int, torch.Tensor)
+
+
+def mix32(x: IntOrTensor) -> IntOrTensor:
+    """lowbias32: a bijection of [0, 2**32) with good avalanche, for Python ints or int64 tensors."""
+    x = x ^ (x >> 16)
+    x = (x * _MULTIPLIERS[0]) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MULTIPLIERS[1]) & MASK32
+    return x ^ (x >> 15)
+
+
+def noise_key(seed: int, *counters: int) -> tuple[int, int]:
+    """A 64-bit key (two 32-bit halves) from a seed and any counters (stream, step, draw number), each
+    taken modulo 2**64."""
+    words = [part for value in (seed, *counters) for part in (value & MASK32, (value >> 32) & MASK32)]
+    halves = []
+    for h in _KEY_INITS:
+        for word in words:
+            h = mix32(h ^ word)
+        halves.append(h)
+    return halves[0], halves[1]
+
+
+def random_bits(key: tuple[int, int], indices: torch.Tensor, count: int) -> torch.Tensor:
+    """(B, count) int64 in [0, 2**32): bits e of sample indices[b], a function of (key, index, e) only."""
+    row_key, col_key = key
+    indices = indices.long()
+    row = mix32(mix32((indices & MASK32) ^ row_key) ^ ((indices >> 32) & MASK32))  # (B,)
+    col = mix32(torch.arange(count, device=indices.device) ^ col_key)  # (count,)
+    # The element's own hash (not e itself) meets the row's, so two samples do not share shifted blocks.
+    return mix32(mix32((row[:, None] + col[None, :]) & MASK32))  # (B, count)
+
+
+def normal(
+    shape: Sequence[int], key: tuple[int, int], indices: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Standard normals of `shape` (B, ...) on the device of `indices` (B,), by Box-Muller on pairs of
+    24-bit uniforms: elements 2p and 2p + 1 of a sample are the cosine and sine of pair p."""
+    if len(indices) != shape[0]:
+        raise ValueError(f"got {len(indices)} sample indices for a batch of {shape[0]} samples")
+    batch, size = shape[0], math.prod(shape[1:])
+    pairs = (size + 1) // 2
+    bits = random_bits(key, indices, 2 * pairs).view(batch, pairs, 2)
+    u1 = ((bits[..., 0] >> 8).float() + 0.5) * 2.0**-24  # (0, 1): log(u1) is finite
+    u2 = (bits[..., 1] >> 8).float() * 2.0**-24  # [0, 1)
+    radius = torch.sqrt(-2.0 * torch.log(u1))
+    angle = (2.0 * math.pi) * u2
+    z = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1)  # (B, pairs, 2)
+    return z.view(batch, 2 * pairs)[:, :size].reshape(tuple(shape)).to(dtype)
+
+
+def randint(high: int, key: tuple[int, int], indices: torch.Tensor) -> torch.Tensor:
+    """One integer in [0, high) per sample, (B,) int64 on the device of `indices`."""
+    if not 1 <= high < 2**31:
+        raise ValueError(f"high={high} must be in [1, 2**31)")
+    bits = random_bits(key, indices, 1)[:, 0]
+    return (bits * high) >> 32  # Lemire's multiply-shift: exact in int64 since high < 2**31
+
+
+class PerSampleNoise:
+    """Noise for a batch of samples named by their indices: draw k of sample i depends only on
+    (seed, step, k, i), so N samples split over any batches, ranks or devices get the same noise.
+
+    Pass it where the samplers take a `generator` (diffusion.sampling.randn draws from it); each call of
+    `randn` is the next draw, as successive torch.randn calls on one generator per sample used to be.
+    """
+
+    def __init__(self, seed: int, indices: torch.Tensor, step: int = 0, stream: int = SAMPLING_NOISE) -> None:
+        self.seed, self.step, self.stream = seed, step, stream
+        self.indices = torch.as_tensor(indices).long()
+        self.draws = 0
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def randn(self, shape: Sequence[int], device: torch.device | str | None = None) -> torch.Tensor:
+        device = torch.device(device) if device is not None else self.indices.device
+        if device not in self._on_device:  # one copy per device, not one per step
+            self._on_device[device] = self.indices.to(device)
+        key = noise_key(self.seed, self.stream, self.step, self.draws)
+        self.draws += 1
+        return normal(shape, key, self._on_device[device])

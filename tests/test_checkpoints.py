@@ -1,0 +1,69 @@
+"""Checkpoints never run code when loaded: every loader refuses a file that carries foreign pickled objects."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import TINY_UNET
+
+from diffusion import sample
+from diffusion.checkpoints import load_checkpoint, read_checkpoint, read_network_weights
+from diffusion.cli import main as train
+from diffusion.errors import UserError
+
+
+class Payload:
+    """Unpickling this calls open(marker, "w"): a file appears if a loader ever runs the checkpoint's code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+@pytest.fixture
+def malicious_checkpoint(digits_checkpoint, tmp_path) -> tuple[Path, Path]:
+    """A copy of a real checkpoint with one extra pickled object, and the file its code would create."""
+    checkpoint = torch.load(digits_checkpoint, map_location="cpu", weights_only=True)
+    marker = tmp_path / "code_ran"
+    checkpoint["extra"] = Payload(marker)
+    path = tmp_path / "malicious.ckpt"
+    torch.save(checkpoint, path)
+    return path, marker
+
+
+def test_the_payload_would_run_under_a_plain_load(malicious_checkpoint):
+    # Precondition: the fixture really carries code (a weights_only=False load runs it).
+    path, marker = malicious_checkpoint
+    torch.load(path, map_location="cpu", weights_only=False)
+    assert marker.exists()
+
+
+def test_library_loaders_refuse_it_without_running_it(malicious_checkpoint):
+    path, marker = malicious_checkpoint
+    with pytest.raises(UserError, match="could run code"):
+        read_checkpoint(path)
+    with pytest.raises(UserError, match="could run code"):
+        load_checkpoint(path)
+    with pytest.raises(Exception, match="(?i)weights only"):
+        read_network_weights(path)  # --model.init_from's reader
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("command", ["sample", "train --ckpt_path", "train --model.init_from"])
+def test_commands_refuse_it_in_one_line_without_running_it(command, malicious_checkpoint, tmp_path, capsys):
+    path, marker = malicious_checkpoint
+    if command == "sample":
+        run = lambda: sample.main(["--ckpt", str(path), "--out", str(tmp_path / "out"), "--steps", "2"])  # noqa: E731
+    else:
+        flag = command.split()[1]
+        args = [*TINY_UNET, flag, str(path), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+        run = lambda: train(args)  # noqa: E731
+    with pytest.raises(SystemExit) as exit_info:
+        run()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.match(r"error: .*could run code", err[0]), err
+    assert not marker.exists()
