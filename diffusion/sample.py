@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv):
         args = build_parser().parse_args(argv)
+        options = SamplingOptions(
+            sampler=args.sampler, steps=args.steps, eta=args.eta, guidance_scale=args.guidance_scale
+        )
         device, accelerator = resolve_device(args.device, args.accelerator)
         path = Path(args.out) / "samples.npz"
         check_writable_folder(args.out, "--out")
@@ -167,9 +170,6 @@ def main(argv: list[str] | None = None) -> Path:
             fabric.launch()
             rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
-        options = SamplingOptions(
-            sampler=args.sampler, steps=args.steps, eta=args.eta, guidance_scale=args.guidance_scale
-        )
         samples = generate(
             module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options, rank=rank,
             world_size=world_size, progress=rank == 0, labels=labels,

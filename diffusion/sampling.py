@@ -76,8 +76,8 @@ class SamplingOptions:
             math.isfinite(self.guidance_scale) and self.guidance_scale >= 0
         ):
             raise ValueError(
-                f"guidance_scale={self.guidance_scale} must be >= 0: 0 is unconditional, 1 plain conditional, "
-                "> 1 guided (Ho & Salimans' w is guidance_scale - 1)"
+                f"guidance_scale={self.guidance_scale} must be a finite number >= 0: 0 is unconditional, "
+                "1 plain conditional, > 1 guided (Ho & Salimans' w is guidance_scale - 1)"
             )
 
     def over(self, base: "SamplingOptions | None") -> "SamplingOptions":

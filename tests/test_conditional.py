@@ -2,6 +2,7 @@
 the guidance formula in one batched forward, per-class samples and files, and unconditional models unchanged."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from helpers import QUICK, TINY_MLP, TINY_UNET
 from nbclient import NotebookClient
 from PIL import Image
 from sklearn.datasets import load_digits
+from test_errors import error_line
 
 from diffusion.checkpoints import load_checkpoint
 from diffusion.cli import DiffusionCLI, main
@@ -216,7 +218,7 @@ def test_guiding_the_prediction_is_guiding_eps(prediction_type):
     torch.testing.assert_close(eps_guided, eps["u"] + scale * (eps["c"] - eps["u"]), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
+@pytest.mark.parametrize("sampler", ["ddpm", "ddim", "dpmpp_2m"])
 def test_every_step_is_one_forward_of_the_doubled_batch(sampler):
     network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, num_classes=3)
     module = DiffusionModule(randomized(network), sample_shape=(2,), num_timesteps=50)
@@ -368,14 +370,33 @@ def test_guidance_scale_changes_conditional_samples(conditional_checkpoint, tmp_
     assert not np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[1], runs[2])
 
 
-def test_unconditional_checkpoints_refuse_labels_and_write_no_arr_1(digits_checkpoint, tmp_path):
+def test_unconditional_checkpoints_write_no_arr_1(digits_checkpoint, tmp_path):
+    # (Asking one for a class or for guidance is a user error: tests/test_errors.py SAMPLE_CASES.)
     path = sample_main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path), *SAMPLE])
     assert np.load(path).files == ["arr_0"]
-    for flag, value in [("--class_label", "3"), ("--guidance_scale", "2")]:
-        with pytest.raises(ValueError, match="unconditional"):
-            sample_main(
-                ["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "x"), *SAMPLE, flag, value]
-            )
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--class_label", "10"],
+            r"class_label='10' is not a class of this model — use 0..9, 'all' or a name in",
+        ),
+        (["--class_label", "cow"], r"class_label='cow' is not a class of this model"),
+        (["--guidance_scale", "-0.5"], r"--guidance_scale -0.5 is out of range — pass a value >= 0"),
+    ],
+    ids=["class_10", "unknown_name", "negative_guidance"],
+)
+def test_bad_class_or_guidance_is_one_line_before_sampling(
+    conditional_checkpoint, tmp_path, capsys, flags, expected
+):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        sample_main(["--ckpt", str(conditional_checkpoint), "--out", str(out), *SAMPLE, *flags])
+    assert exit_info.value.code == 2
+    assert re.search(expected, error_line(capsys.readouterr().err))
+    assert not out.exists()  # stopped before anything was sampled or written
 
 
 def test_a_checkpoint_alone_samples_a_named_class(conditional_checkpoint, tmp_path):
