@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import numpy as np
@@ -18,6 +19,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from test_errors import error_line
 
+from diffusion.callbacks import FIDCallback
 from diffusion.checkpoints import load_checkpoint
 from diffusion.cli import DiffusionCLI, main
 from diffusion.data import Batch, ImageDataModule
@@ -229,6 +231,20 @@ def test_every_step_is_one_forward_of_the_doubled_batch(sampler):
     assert sizes == [(6, [2, 0, 1, -1, -1, -1])] * 4
 
 
+@pytest.mark.parametrize(("scale", "batch"), [(1.0, 4), (3.0, 8)])
+def test_fid_callback_samples_classes_in_turn_with_its_guidance_scale(scale, batch):
+    network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, num_classes=3)
+    module = DiffusionModule(randomized(network), sample_shape=(2,), num_timesteps=50)
+    calls = []
+    network.register_forward_pre_hook(lambda m, inputs: calls.append((len(inputs[0]), inputs[2].tolist())))
+    callback = FIDCallback(num_samples=4, features="pixels", batch_size=4,
+                           sampling=SamplingOptions(sampler="ddim", steps=2, guidance_scale=scale))  # fmt: skip
+    callback._update = lambda images, pl_module, real: None  # only the sampling is looked at here
+    callback._feed_generated(SimpleNamespace(world_size=1), module)
+    asked = [0, 1, 2, 0]  # sample i of class i % 3
+    assert calls == [(batch, asked + [NO_LABEL] * 4 if scale != 1 else asked)] * 2
+
+
 # ---- training: label dropout -----------------------------------------------------------------------------
 def conditional_module(label_dropout: float, noise_seed: int = 0) -> DiffusionModule:
     network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, num_classes=5)
@@ -285,10 +301,10 @@ def raw_network_weights(save_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if k.startswith("network.")}
 
 
-def assert_same_weights(a: dict, b: dict) -> None:
+def assert_same_weights(a: dict, b: dict, atol: float = 1e-5) -> None:
     assert a.keys() == b.keys() and "network.class_embed.weight" in a
     for key in a:
-        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=0)
+        torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +328,29 @@ def test_accumulation_with_labels_gives_the_weights_of_the_whole_batch(whole_bat
                       "--data.init_args.batch_size", "16"))  # fmt: skip
     reference, other = raw_network_weights(folder / "whole"), raw_network_weights(tmp_path / "shuffled")
     assert any(not torch.allclose(reference[k], other[k], atol=1e-4) for k in reference)
+
+
+@pytest.mark.parametrize("noise_mode", ["fast", "per_sample"])
+def test_a_resumed_run_with_label_dropout_ends_with_the_weights_of_the_run_left_alone(
+    whole_batch_run, tmp_path, noise_mode
+):
+    """Fast mode draws label dropout from the rank's generator, whose state the checkpoint keeps; per_sample
+    from (seed, step, index). Resumed mid-epoch (3 batches an epoch) from the step-4 checkpoint of a 6-step run."""
+    folder, data = whole_batch_run
+    every_step = ["--checkpoint.every_n_train_steps", "1", "--checkpoint.save_top_k", "-1"]
+    run = [*data, "--model.noise_mode", noise_mode, "--data.init_args.batch_size", "16", "--accelerator", "cpu",
+           *every_step]  # fmt: skip
+    main(labelled_run(tmp_path / "alone", *run))
+    shutil.copy(
+        tmp_path / "alone" / "toy2d" / "version_0" / "checkpoints" / "step=4.ckpt", tmp_path / "4.ckpt"
+    )
+    main(labelled_run(tmp_path / "resumed", *run, "--ckpt_path", str(tmp_path / "4.ckpt")))
+    resumed, alone = raw_network_weights(tmp_path / "resumed"), raw_network_weights(tmp_path / "alone")
+    assert_same_weights(resumed, alone, atol=1e-6)
+    # The dropout draws matter: the same run without label dropout ends elsewhere.
+    main(labelled_run(tmp_path / "no_dropout", *run, "--model.label_dropout", "0"))
+    other = raw_network_weights(tmp_path / "no_dropout")
+    assert any(not torch.allclose(alone[k], other[k], atol=1e-4) for k in alone)
 
 
 @pytest.mark.multiprocess
