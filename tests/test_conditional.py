@@ -476,6 +476,27 @@ def test_unconditional_samples_ignore_guidance_and_old_checkpoints_load(digits_c
     torch.testing.assert_close(old_samples, reference, rtol=0, atol=0)
 
 
+# ---- the benchmark ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_guidance_benchmark_runs_on_its_own_and_reuses_a_finished_run(tmp_path):
+    quality = [sys.executable, "benchmarks/quality.py", "--quick", "--only", "digits_conditional"]
+    trained = subprocess.run([*quality, "--out", str(tmp_path / "trained")], cwd=REPO, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    table = (tmp_path / "trained" / "quality_conditional.md").read_text()
+    assert (
+        "| 2 (default) |" in table and "| real digits (other half) |" in table and "every class >=" in table
+    )
+    assert "| digits |" not in table  # the unconditional recipes are not part of this section
+    assert (tmp_path / "trained" / "digits_conditional_grid.png").stat().st_size > 0
+    runs = tmp_path / "trained" / "runs"
+    reused = subprocess.run([*quality, "--reuse", str(runs), "--out", str(tmp_path / "reused")], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert reused.returncode == 0, reused.stdout[-3000:] + reused.stderr[-3000:]
+    assert "training reused" in (tmp_path / "reused" / "quality_conditional.md").read_text()
+    assert "training:" not in reused.stdout  # nothing trained
+
+
 # ---- the notebook ----------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_notebook_shows_a_grid_per_class_and_the_guidance_scale(conditional_checkpoint, monkeypatch):
