@@ -21,7 +21,8 @@ from sklearn.svm import SVC
 from torchvision.utils import make_grid, save_image
 
 from diffusion.checkpoints import load_checkpoint
-from diffusion.generation import class_labels, generate
+from diffusion.generation import generate
+from diffusion.labels import class_labels
 from diffusion.render import denormalize, rows_by_class, to_uint8_images
 from diffusion.sampling import SamplingOptions
 

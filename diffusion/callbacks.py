@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torchmetrics import Metric
 
 from diffusion import checkpoint_io
-from diffusion.generation import class_labels, generate_batches, rank_indices, sample_across_ranks
+from diffusion.generation import generate_batches, rank_indices, sample_across_ranks
+from diffusion.labels import class_labels
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.module import DiffusionModule
 from diffusion.render import save_preview, to_uint8

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from diffusion.models.embedding import NO_LABEL
+from diffusion.labels import DATASET_CLASS_NAMES, NO_LABEL, folder_classes
 from diffusion.resume import ResumableLoader, ResumableSampler
 
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
@@ -41,13 +41,6 @@ _TORCHVISION = {
     "mnist": (datasets.MNIST, 1, 28),
     "fashion_mnist": (datasets.FashionMNIST, 1, 28),
     "cifar10": (datasets.CIFAR10, 3, 32),
-}
-# Known before any download: the CLI sizes the network's class embedding when it is built.
-_CLASS_NAMES = {
-    "digits": [str(i) for i in range(10)],
-    "mnist": [str(i) for i in range(10)],
-    "fashion_mnist": list(datasets.FashionMNIST.classes),
-    "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
 }
 
 
@@ -287,7 +280,7 @@ class ImageDataModule(SplitDataModule):
         self.verify = verify
         self._files = self._find_images() if dataset == "folder" else None
         self.conditional = conditional
-        self._labels, self._class_names = None, _CLASS_NAMES.get(dataset)
+        self._labels, self._class_names = None, DATASET_CLASS_NAMES.get(dataset)
         if conditional and dataset == "folder":
             self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
 
@@ -404,23 +397,6 @@ class ImageDataModule(SplitDataModule):
         from sklearn.datasets import load_digits
 
         return torch.from_numpy(load_digits().target).long()  # (N,) in 0..9
-
-
-def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]:
-    """(label of every file, class names): the class of a file is its first-level subfolder under ``root``
-    (torchvision's ImageFolder convention: ``root/<class>/.../image.png``), classes numbered in sorted order."""
-    folders = [
-        path.relative_to(root).parts[0] if len(path.relative_to(root).parts) > 1 else None for path in files
-    ]
-    loose = [path for path, folder in zip(files, folders, strict=True) if folder is None]
-    if loose:
-        raise ValueError(
-            f"--data.conditional true reads classes from subfolders (root/<class>/image.png), but {len(loose)} "
-            f"image(s) lie directly in {root}, e.g. {loose[0].name}; move them into a class folder"
-        )
-    names = sorted(set(folders))
-    index = {name: i for i, name in enumerate(names)}
-    return [index[folder] for folder in folders], names
 
 
 def describe_batches(trainer: L.Trainer) -> str:

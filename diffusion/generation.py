@@ -3,7 +3,7 @@
 The rule that makes any world size give the same samples lives here once: with W ranks, rank r draws
 samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
 `DiffusionModule.initial_noise`), and `gather_in_order` puts the gathered shares back in index order.
-Class labels follow the same rule: sample i has label `labels[i]` (see `class_labels`), on whichever rank.
+Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.labels.class_labels`), on any rank.
 """
 
 import math
@@ -24,44 +24,6 @@ def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: boo
     return torch.arange(rank, num_samples, world_size)
 
 
-def class_labels(
-    num_samples: int,
-    num_classes: int | None,
-    class_label: int | str | None = None,
-    class_names: list[str] | None = None,
-) -> torch.Tensor | None:
-    """Labels (num_samples,) int64 of samples 0..num_samples-1 of a model with `num_classes` classes:
-
-    - class_label None or "all": classes in turn, sample i of class i % num_classes (a function of the index
-      alone, so sample i is the same whatever num_samples);
-    - an index K (or a string of one, or one of `class_names`): every sample of class K.
-
-    None for an unconditional model (num_classes None) when no class is asked for; asking one is an error.
-    """
-    if num_classes is None:
-        if class_label is not None:
-            raise ValueError(
-                f"class_label={class_label!r}: this model is unconditional (trained without --data.conditional)"
-            )
-        return None
-    if class_label is None or class_label == "all":
-        return torch.arange(num_samples) % num_classes
-    names = list(class_names or [])
-    if isinstance(class_label, str) and class_label in names:
-        label = names.index(class_label)
-    else:
-        try:
-            label = int(class_label)
-        except ValueError:
-            label = -1
-    if not 0 <= label < num_classes:
-        raise ValueError(
-            f"class_label={class_label!r} is not a class of this model; use 0..{num_classes - 1}, 'all'"
-            + (f" or a name in {names}" if names else "")
-        )
-    return torch.full((num_samples,), label, dtype=torch.long)
-
-
 def generate_batches(
     module: DiffusionModule,
     indices: torch.Tensor,
@@ -74,7 +36,7 @@ def generate_batches(
 ) -> Iterator[torch.Tensor]:
     """Samples with the given indices in model units, `batch_size` at a time, on the module's device.
 
-    labels: the labels of samples 0..N-1 (see `class_labels`); sample i gets labels[i] (an index beyond N, a
+    labels: the labels of samples 0..N-1 (`diffusion.labels.class_labels`); sample i gets labels[i] (an index beyond N, a
     padding sample of `rank_indices`, gets labels[i % N]).
     """
     starts = range(0, len(indices), batch_size)

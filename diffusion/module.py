@@ -19,7 +19,7 @@ from diffusion import noise as counter_noise
 from diffusion.checkpoints import read_network_weights
 from diffusion.data import Batch, describe_batches
 from diffusion.errors import check_choice
-from diffusion.models.embedding import NO_LABEL
+from diffusion.labels import NO_LABEL, check_labels
 from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
 from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType
@@ -370,11 +370,9 @@ class DiffusionModule(L.LightningModule):
                 "this model is unconditional (trained without --data.conditional): it takes no labels"
             )
         labels = torch.as_tensor(labels, dtype=torch.long)
-        if labels.shape != (num_samples,) or ((labels < NO_LABEL) | (labels >= self.num_classes)).any():
-            raise ValueError(
-                f"labels must be {num_samples} classes in 0..{self.num_classes - 1} (or {NO_LABEL}: none), got "
-                f"shape {tuple(labels.shape)} with values {sorted(set(labels.tolist()))[:12]}"
-            )
+        if labels.shape != (num_samples,):
+            raise ValueError(f"need one label per sample: {num_samples}, got shape {tuple(labels.shape)}")
+        check_labels(labels, self.num_classes, "labels")
         return labels.to(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -427,9 +425,6 @@ def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
         )
     # Values are checked where it is free (CPU): on a GPU it would cost a sync every step, and nn.Embedding
     # rejects a bad label there anyway (less readably).
-    if labels.device.type == "cpu" and ((labels < NO_LABEL) | (labels >= num_classes)).any():
-        raise ValueError(
-            f"batch labels must be in 0..{num_classes - 1} (or {NO_LABEL}: no label), got "
-            f"{sorted(set(labels.tolist()))}"
-        )
+    if labels.device.type == "cpu":
+        check_labels(labels, num_classes, "batch labels")
     return batch

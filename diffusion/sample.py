@@ -35,7 +35,8 @@ from diffusion.errors import (
     command_parser,
     reporting_user_errors,
 )
-from diffusion.generation import class_labels, gather_in_order, generate
+from diffusion.generation import gather_in_order, generate
+from diffusion.labels import class_labels
 from diffusion.render import write_samples
 from diffusion.sampling import Sampler, SamplingOptions
 
@@ -128,7 +129,7 @@ def check_sampling_checkpoint(path: str) -> dict:
 def requested_labels(
     hparams: dict, num_samples: int, class_label: str | None, guidance: bool
 ) -> torch.Tensor | None:
-    """The label of every sample (`generation.class_labels`) from a checkpoint's hyperparameters, checked before
+    """The label of every sample (`diffusion.labels.class_labels`) from a checkpoint's hyperparameters, checked before
     any sampling time is spent; None for an unconditional checkpoint, which takes neither a class nor guidance."""
     num_classes = hparams["network"].get("init_args", {}).get("num_classes")
     if num_classes is None and (class_label is not None or guidance):

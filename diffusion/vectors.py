@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from diffusion.data import IndexedDataset, SplitDataModule
+from diffusion.labels import load_labels
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy"]
 Normalize = Literal["standardize", "minmax"]
@@ -100,7 +101,7 @@ class VectorDataModule(SplitDataModule):
         self._shift, self._scale = feature_scaling(data, normalize, feature_std)
         self.data = torch.from_numpy(((data - self._shift) / self._scale).astype(np.float32))
         self.labels_path = labels
-        self.labels = None if labels is None else torch.from_numpy(_load_labels(Path(labels), len(data)))
+        self.labels = None if labels is None else torch.from_numpy(load_labels(Path(labels), len(data)))
 
     @property
     def num_classes(self) -> int | None:
@@ -189,28 +190,3 @@ def _load_npy(path: Path) -> np.ndarray:
             f"first at row {int(bad_rows.argmax())}; drop or fix them"
         )
     return data
-
-
-def _load_labels(path: Path, num_samples: int) -> np.ndarray:
-    """N integer class labels 0..K-1 as int64, with errors that say what is wrong."""
-    if not path.is_file():
-        raise FileNotFoundError(f"--data.labels {path} does not exist")
-    try:
-        labels = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise ValueError(
-            f"cannot read {path} as a .npy array of labels (save one with np.save): {err}"
-        ) from err
-    if not isinstance(labels, np.ndarray) or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            f"--data.labels {path} must hold N integers (shape (N,), an integer dtype), got "
-            f"{getattr(labels, 'dtype', type(labels).__name__)} {getattr(labels, 'shape', '')}; "
-            "save them with np.save(path, labels.astype(np.int64))"
-        )
-    if len(labels) != num_samples:
-        raise ValueError(
-            f"--data.labels {path} has {len(labels)} labels for {num_samples} samples; give one per sample"
-        )
-    if labels.min() < 0:
-        raise ValueError(f"--data.labels {path} has negative labels (min {labels.min()}); classes are 0..K-1")
-    return labels.astype(np.int64)
