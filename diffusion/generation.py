@@ -4,16 +4,30 @@ The rule that makes any world size give the same samples lives here once: with W
 samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
 `DiffusionModule.initial_noise`), and `gather_in_order` puts the gathered shares back in index order.
 Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.labels.class_labels`), on any rank.
+Ranks exchange images as uint8 (`render.compact`, a quarter of float32's bytes: 50,000 256x256 RGB images
+are 9.8 GB rather than 39 GB), vectors as float.
+
+`network_precision` runs the network under autocast (`--precision bf16-mixed` in the sample CLI) while the
+sampler's arithmetic stays float32.
 """
 
 import math
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
+from diffusion.errors import check_choice
 from diffusion.module import DiffusionModule
+from diffusion.render import compact
 from diffusion.sampling import SamplingOptions
+
+# Lightning's names for the precisions sampling supports. "16-true"/"bf16-true" are not among them: they
+# would cast the noise schedule's buffers to half precision (as training refuses them too).
+Precision = Literal["32", "32-true", "16-mixed", "bf16-mixed"]
 
 
 def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: bool = False) -> torch.Tensor:
@@ -58,16 +72,21 @@ def generate(
     rank: int = 0,
     world_size: int = 1,
     progress: bool = False,
+    uint8_images: bool = False,
     labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's equal share of `num_samples` samples (see `rank_indices`), on the CPU, in model units.
 
-    With world_size 1 that is simply samples 0..num_samples-1. labels: (num_samples,), see `generate_batches`.
+    With world_size 1 that is simply samples 0..num_samples-1. With `uint8_images`, images come back as
+    uint8 (N, C, H, W) in 0..255 (`render.compact`), each batch converted as it is drawn, so no more than one
+    batch of float images is ever held; vectors stay float in model units.
     """
     indices = rank_indices(num_samples, rank, world_size, equal_shares=True)
     batches = generate_batches(
         module, indices, seed=seed, batch_size=batch_size, options=options, progress=progress, labels=labels
     )
+    if uint8_images:
+        batches = (compact(batch, module.normalization) for batch in batches)
     return torch.cat([batch.cpu() for batch in batches])
 
 
@@ -75,7 +94,8 @@ def gather_in_order(
     local: torch.Tensor, num_samples: int, all_gather: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
     """Every rank's `generate` share, gathered with `all_gather` ((world, per_rank, ...) on every rank) and
-    put in sample-index order: (num_samples, ...) on the CPU."""
+    put in sample-index order: (num_samples, ...) on the CPU, in `local`'s dtype (uint8 images from
+    `generate(..., uint8_images=True)` gather 1 byte a value)."""
     gathered = all_gather(local)
     if gathered.ndim == local.ndim:  # one process: all_gather returns its input
         return local[:num_samples].cpu()
@@ -90,10 +110,58 @@ def sample_across_ranks(
     options: SamplingOptions | None = None,
     labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """During training: `num_samples` samples split over all ranks and gathered in index order on every rank."""
+    """During training: `num_samples` samples split over all ranks and gathered in index order on every rank:
+    images as uint8 (N, C, H, W) (`render.compact`), vectors as float in model units (`render.save_preview`
+    takes both)."""
     world = module.trainer.world_size
     local = generate(module, num_samples, seed=seed, batch_size=num_samples, options=options,
-                     rank=module.global_rank, world_size=world, labels=labels)  # fmt: skip
+                     rank=module.global_rank, world_size=world, uint8_images=True,
+                     labels=labels)  # fmt: skip
     if world == 1:
         return local
     return gather_in_order(local.to(module.device), num_samples, module.all_gather)
+
+
+def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
+    """The dtype the network computes in under `precision` (Lightning's names) on `device`; None for 32-bit.
+
+    On a CPU, 16-mixed runs as bf16, as Lightning does for training (its fp16 AMP needs CUDA).
+    """
+    check_choice("precision", precision, Precision)
+    if precision in ("32", "32-true"):
+        return None
+    if precision == "16-mixed" and torch.device(device).type == "cuda":
+        return torch.float16
+    return torch.bfloat16
+
+
+class AutocastNetwork(nn.Module):
+    """`network` with its forward under torch.autocast, handing the sampler float32 outputs."""
+
+    def __init__(self, network: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.network, self.device_type, self.dtype = network, device_type, dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            output = self.network(*args, **kwargs)
+        return output.float()
+
+
+@contextmanager
+def network_precision(module: DiffusionModule, precision: str) -> Iterator[None]:
+    """Within the block, `module`'s network runs under autocast for `precision` (see `autocast_dtype`).
+
+    Only the network: the schedule's coefficients and the x_t updates of the reverse process stay float32
+    (the small betas and the long chain of updates are what half precision would hurt). 32 changes nothing.
+    """
+    dtype = autocast_dtype(precision, module.device)
+    if dtype is None:
+        yield
+        return
+    network = module.network
+    module.network = AutocastNetwork(network, module.device.type, dtype)
+    try:
+        yield
+    finally:
+        module.network = network

@@ -6,6 +6,9 @@ them to data units: data = model * scale + shift, per channel or per feature. Nu
 `samples.npz`, the layout image evaluators (guided-diffusion's, EDM's) read. Samples of a class-conditional
 model come with their labels (N,): `samples.npz` then holds them as `arr_1` (guided-diffusion's format) and
 grids show one row per class.
+
+Images may also arrive as uint8 (N, C, H, W) in 0..255 (`compact`): what ranks gather when they sample
+together, a quarter of float32's bytes. `write_samples` and `save_preview` take either form.
 """
 
 import math
@@ -38,6 +41,15 @@ def to_uint8(x: torch.Tensor, normalization: dict) -> torch.Tensor:
         raise ValueError(f"expected images of shape (N, C, H, W), got shape {tuple(x.shape)}")
     images = denormalize(x.detach().float(), normalization).clamp(0, 1)
     return images.mul(255).round().to(torch.uint8)
+
+
+def compact(samples: torch.Tensor, normalization: dict) -> torch.Tensor:
+    """Samples in the form ranks exchange and files store: images as uint8 (N, C, H, W) in 0..255 (`to_uint8`;
+    1 byte a value instead of float32's 4), vectors unchanged (float, model units: small, with no uint8 form).
+    uint8 images pass through as they are."""
+    if samples.ndim != 4 or samples.dtype == torch.uint8:
+        return samples
+    return to_uint8(samples, normalization)
 
 
 def to_uint8_images(x: torch.Tensor, normalization: dict) -> np.ndarray:
@@ -100,16 +112,19 @@ def save_preview(
     labels: torch.Tensor | None = None,
     per_class: int | None = None,
 ) -> torch.Tensor | None:
-    """A picture of samples in model units: an image grid (returned, for TensorBoard) or, for vectors, a
-    scatter plot of the first two features (returns None). With `labels` of more than one class, the grid has
-    one row per class (at most `per_class` samples each) and the scatter is coloured by class."""
-    data = denormalize(samples.detach().float().cpu(), normalization)
+    """A picture of samples in model units (or uint8 images, see `compact`): an image grid (returned, for
+    TensorBoard) or, for vectors, a scatter plot of the first two features (returns None). With `labels` of more
+    than one class, the grid has one row per class (at most `per_class` samples each) and the scatter is
+    coloured by class."""
     if samples.ndim == 4:
+        # Through uint8 whatever the input, so the grid shows exactly the pixels samples.npz holds.
+        images = compact(samples, normalization).cpu().float() / 255
         if labels is not None and len(torch.as_tensor(labels).unique()) > 1:
-            images, per_row = rows_by_class(data, labels, per_class)
+            images, per_row = rows_by_class(images, labels, per_class)
             return save_image_grid(images, path, per_row)
-        return save_image_grid(data, path)
-    save_scatter(data.numpy(), path, labels=None if labels is None else torch.as_tensor(labels).cpu().numpy())
+        return save_image_grid(images, path)
+    points = denormalize(samples.detach().float().cpu(), normalization).numpy()
+    save_scatter(points, path, labels=None if labels is None else torch.as_tensor(labels).cpu().numpy())
     return None
 
 
@@ -123,17 +138,18 @@ def write_samples(
     """Write out_dir/samples.npz (`arr_0`: uint8 N x H x W x C images, or float32 N x D vectors in data
     units; with `labels`, `arr_1`: int64 N labels) and out_dir/grid.png (the first `grid_size` images, or with
     labels of several classes about grid_size of them in one row per class; a scatter of all vectors); return
-    the npz."""
+    the npz. `samples` are in model units, or images already uint8 (`compact`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     label_array = None if labels is None else torch.as_tensor(labels).cpu().numpy().astype(np.int64)
     if samples.ndim == 4:
-        array = to_uint8_images(samples, normalization)
+        images = compact(samples, normalization)  # (N, C, H, W) uint8
+        array = images.permute(0, 2, 3, 1).cpu().numpy()
         if label_array is not None and len(np.unique(label_array)) > 1:
             per_class = max(1, round(grid_size / len(np.unique(label_array))))
-            save_preview(samples, normalization, out_dir / "grid.png", labels, per_class)
+            save_preview(images, normalization, out_dir / "grid.png", labels, per_class)
         else:
-            save_preview(samples[:grid_size], normalization, out_dir / "grid.png")
+            save_preview(images[:grid_size], normalization, out_dir / "grid.png")
     else:
         array = denormalize(samples.detach().float().cpu(), normalization).numpy().astype(np.float32)
         save_scatter(array, out_dir / "grid.png", labels=label_array)
