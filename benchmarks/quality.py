@@ -4,7 +4,7 @@
     python benchmarks/quality.py --only toy2d          # one recipe
     python benchmarks/quality.py --reuse runs          # no training: evaluate <dir>/<recipe>/version_N (newest)
     python benchmarks/quality.py --quick --out /tmp/q  # plumbing check in about a minute (meaningless numbers)
-    python benchmarks/quality.py --only digits_conditional   # class-conditional digits: benchmarks/quality_conditional.py
+    python benchmarks/quality.py --only digits_conditional  # guidance on conditional digits (quality_conditional.py)
 
 Each recipe is trained by `python train.py [--config configs/toy2d.yaml]` in a subprocess (its wall time is
 what a user waits), then its last.ckpt (EMA weights) is sampled with DDPM-1000 and DDIM-50, per-sample seed 0;

@@ -90,8 +90,8 @@ def sweep(
                 "seconds": seconds,
             }
         )
-        print(f"[digits_conditional] s={scale:g}: min class accuracy {accuracy.min():.3f}, FD {rows[-1]['fd']:.2f} "
-              f"({fmt_time(seconds)})", flush=True)  # fmt: skip
+        print(f"[digits_conditional] s={scale:g}: min class accuracy {accuracy.min():.3f}, "
+              f"FD {rows[-1]['fd']:.2f} ({fmt_time(seconds)})", flush=True)  # fmt: skip
         if scale == default_scale:
             save_class_grid(samples, labels, module.normalization, out / "digits_conditional_grid.png")
     return rows, real
@@ -105,10 +105,11 @@ def markdown(rows: list[dict], real: dict, train_s: float | None, header: str) -
     lines = [
         header, "",
         f"configs/digits_conditional.yaml, training {fmt_time(train_s)}; sampler {sampler} (the checkpoint's "
-        f"default), {real['per_class']} samples per class, per-sample seed 0; the recipe's default guidance scale is "
-        f"{default:g}. Accuracy: the share of each asked class's samples that an RBF SVC trained on the real "
-        "reference half assigns to that class. FD 8x8 of all samples against the reference half.", "",
-        "| guidance scale | min class accuracy | mean accuracy | worst class | FD 8x8 | FD / floor | sampling time |",
+        f"default), {real['per_class']} samples per class, per-sample seed 0; the recipe's default guidance "
+        f"scale is {default:g}. Accuracy: the share of each asked class's samples that an RBF SVC trained on "
+        "the real reference half assigns to that class. FD 8x8 of all samples against the reference half.", "",
+        "| guidance scale | min class accuracy | mean accuracy | worst class | FD 8x8 | FD / floor "
+        "| sampling time |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]  # fmt: skip
     for row in rows:
@@ -129,7 +130,8 @@ def markdown(rows: list[dict], real: dict, train_s: float | None, header: str) -
     targets = [
         (f"every class >= {ACCURACY_GOAL:.0%} at the default scale {default:g} (min {worst:.3f})",
          worst >= ACCURACY_GOAL),
-        (f"FD {at_default['fd']:.2f} <= 2x floor ({2 * floor:.2f}) at the default scale", at_default["fd"] <= 2 * floor),
+        (f"FD {at_default['fd']:.2f} <= 2x floor ({2 * floor:.2f}) at the default scale",
+         at_default["fd"] <= 2 * floor),
     ]  # fmt: skip
     if train_s is not None:
         targets.append((f"training {fmt_time(train_s)} <= 15 min", train_s <= CONDITIONAL.train_limit_s))

@@ -120,8 +120,8 @@ class DiffusionCLI(LightningCLI):
         # Class-conditional data (--data.conditional true, --data.labels) sizes the network's class embedding
         # and names the classes in the checkpoint; other data (num_classes None or absent) stays unconditional.
         parser.link_arguments(
-            "data", "model.network.init_args.num_classes", compute_fn=lambda data: getattr(data, "num_classes", None),
-            apply_on="instantiate",
+            "data", "model.network.init_args.num_classes", apply_on="instantiate",
+            compute_fn=lambda data: getattr(data, "num_classes", None),
         )  # fmt: skip
         parser.link_arguments(
             "data", "model.class_names", compute_fn=lambda data: getattr(data, "class_names", None),

@@ -91,7 +91,7 @@ def build_parser() -> ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--guidance_scale", type=NonNegativeFloat | None, default=None,
-        help="classifier-free guidance: 0 unconditional, 1 conditional, > 1 guided (default: the checkpoint's)",
+        help="classifier-free guidance: 0 unconditional, 1 conditional, > 1 guided (default: the checkpoint)",
     )  # fmt: skip
     parser.add_argument(
         "--precision", type=str, default="32",

@@ -361,7 +361,8 @@ def test_ddp_with_labels_gives_the_weights_of_the_whole_batch(whole_batch_run, t
     env = {k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     command = [sys.executable, str(REPO / "train.py"), *labelled_run(tmp_path, *data),
-               "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu", "--data.init_args.batch_size", "8"]  # fmt: skip
+               "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
+               "--data.init_args.batch_size", "8"]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(raw_network_weights(tmp_path), raw_network_weights(folder / "whole"))
@@ -396,7 +397,8 @@ def test_sample_cli_writes_one_class_and_its_labels(conditional_checkpoint, tmp_
     assert files["arr_1"].tolist() == [3, 3, 3, 3] and files["arr_1"].dtype == np.int64
     # Sample i depends on (seed, i, its label): sample 3 of a run over all classes is sample 3 of this one.
     every = sample_main(["--ckpt", str(conditional_checkpoint), "--out", str(tmp_path / "all"),
-                         *SAMPLE, "--num_samples", "12", "--class_label", "all", "--guidance_scale", "2"])  # fmt: skip
+                         *SAMPLE, "--num_samples", "12", "--class_label", "all",
+                         "--guidance_scale", "2"])  # fmt: skip
     every = np.load(every)
     assert every["arr_1"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
     assert np.abs(every["arr_0"][3].astype(int) - files["arr_0"][3].astype(int)).max() <= 1

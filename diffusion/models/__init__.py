@@ -1,5 +1,5 @@
-"""Noise-prediction networks: ``model(x, t) -> same shape as x`` (``model(x, t, y)`` with class labels y when built with
-num_classes); they know nothing of diffusion."""
+"""Noise-prediction networks: ``model(x, t) -> same shape as x`` (``model(x, t, y)`` with class labels y when
+built with num_classes); they know nothing of diffusion."""
 
 from diffusion.models.embedding import NO_LABEL, ClassEmbedding, sinusoidal_embedding
 from diffusion.models.mlp import MLP
