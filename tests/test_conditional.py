@@ -406,6 +406,22 @@ def test_sample_cli_writes_one_class_and_its_labels(conditional_checkpoint, tmp_
         assert grid.height == 10 * 17 + 1
 
 
+@pytest.mark.multiprocess
+def test_two_processes_write_the_labels_and_samples_of_one(conditional_checkpoint, tmp_path):
+    # 5 samples over 2 ranks in batches of 2: rank 1 draws samples 1, 3 and a padding sample 5, dropped.
+    flags = ["--ckpt", str(conditional_checkpoint), *SAMPLE, "--num_samples", "5", "--batch_size", "2",
+             "--guidance_scale", "2"]  # fmt: skip
+    one = np.load(sample_main([*flags, "--out", str(tmp_path / "one")]))
+    command = [sys.executable, "-m", "diffusion.sample", *[f for f in flags if f not in ("--device", "cpu")],
+               "--devices", "2", "--accelerator", "cpu", "--out", str(tmp_path / "two")]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = np.load(tmp_path / "two" / "samples.npz")
+    assert two["arr_1"].tolist() == one["arr_1"].tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(two["arr_0"], one["arr_0"])
+
+
 def test_guidance_scale_changes_conditional_samples(conditional_checkpoint, tmp_path):
     runs = [np.load(sample_main(["--ckpt", str(conditional_checkpoint), "--out", str(tmp_path / str(scale)),
                                  *SAMPLE, "--class_label", "1", "--guidance_scale", str(scale)]))["arr_0"]
