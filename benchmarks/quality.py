@@ -4,6 +4,7 @@
     python benchmarks/quality.py --only toy2d          # one recipe
     python benchmarks/quality.py --reuse runs          # no training: evaluate <dir>/<recipe>/version_N (newest)
     python benchmarks/quality.py --quick --out /tmp/q  # plumbing check in about a minute (meaningless numbers)
+    python benchmarks/quality.py --only digits_conditional  # guidance on conditional digits (quality_conditional.py)
 
 Each recipe is trained by `python train.py [--config configs/toy2d.yaml]` in a subprocess (its wall time is
 what a user waits), then its last.ckpt (EMA weights) is sampled with DDPM-1000 and DDIM-50, per-sample seed 0;
@@ -280,7 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="tiny networks, 20 steps, 64 samples: plumbing only"
     )
-    parser.add_argument("--only", choices=sorted(RECIPES), help="measure one recipe")
+    parser.add_argument("--only", choices=sorted([*RECIPES, "digits_conditional"]), help="measure one recipe")
     parser.add_argument(
         "--reuse", type=Path, help="no training: evaluate a save dir (<dir>/<recipe>/version_N) or a run"
     )
@@ -303,6 +304,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
+    if args.only == "digits_conditional":  # its own section, not part of the default run
+        from quality_conditional import measure_digits_conditional
+
+        return measure_digits_conditional(args)
     samplers = {}
     docs_dir = args.out or ROOT / "docs"
     table_path = (args.out or ROOT / "benchmarks" / "results") / "quality.md"

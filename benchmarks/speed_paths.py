@@ -147,7 +147,7 @@ def plain_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> Callable
         module.train()
         for _ in range(warmup + steps):
             clock.tick()
-            x0, indices = to_device(next(batches), device)
+            x0, indices = to_device(next(batches)[:2], device)  # Batch(x, index, label): no labels here
             with autocast():
                 noise, t = module.draw_noise_and_timesteps(x0, indices, updates, per_sample)
                 loss = module.per_sample_loss(x0, noise, t).mean()

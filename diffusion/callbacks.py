@@ -16,6 +16,7 @@ from torchmetrics import Metric
 
 from diffusion import checkpoint_io
 from diffusion.generation import generate_batches, rank_indices, sample_across_ranks
+from diffusion.labels import class_labels
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.module import DiffusionModule
 from diffusion.preemption import Preemption, requeue_slurm_job
@@ -228,7 +229,8 @@ class SampleGrid(EveryNValidations):
 
     Every rank draws its share of the grid (per-sample seeds make the union the same grid whatever the
     world size), so no rank sits idle in a collective while rank 0 samples.
-    For vector data it saves a scatter plot of the first two features.
+    For vector data it saves a scatter plot of the first two features. A class-conditional model samples the
+    classes in turn (sample i of class i % num_classes, guided by `sampling.guidance_scale`), one row per class.
 
     Args:
         sampling: how to sample the grid; unset fields take the model's defaults.
@@ -257,14 +259,21 @@ class SampleGrid(EveryNValidations):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if not self.is_due(trainer):
             return
-        samples = sample_across_ranks(pl_module, self.num_samples, self.seed, self.sampling)
-        self._save(trainer, pl_module, samples)
+        labels = class_labels(self.num_samples, pl_module.num_classes)
+        samples = sample_across_ranks(pl_module, self.num_samples, self.seed, self.sampling, labels)
+        self._save(trainer, pl_module, samples, labels)
 
     @rank_zero_only
-    def _save(self, trainer: L.Trainer, pl_module: DiffusionModule, samples: torch.Tensor) -> None:
+    def _save(
+        self,
+        trainer: L.Trainer,
+        pl_module: DiffusionModule,
+        samples: torch.Tensor,
+        labels: torch.Tensor | None,
+    ) -> None:
         self._out_dir.mkdir(parents=True, exist_ok=True)
         path = self._out_dir / f"step_{trainer.global_step:07d}.png"
-        grid = save_preview(samples, pl_module.normalization, path)
+        grid = save_preview(samples, pl_module.normalization, path, labels)
         experiment = getattr(trainer.logger, "experiment", None)
         if grid is not None and hasattr(experiment, "add_image"):
             experiment.add_image("samples", grid, global_step=trainer.global_step)
@@ -284,7 +293,8 @@ class FIDCallback(EveryNValidations):
     r, r + world, ... of a fixed random subset of ``num_real`` of them (once; real statistics are kept) and generates
     samples r, r + world, ... of ``num_samples`` (per-sample seeds: the same images whatever the world
     size); torchmetrics then sums the states over ranks. FID depends on the sample count: compare values
-    computed with the same ``num_samples``.
+    computed with the same ``num_samples``. A class-conditional model samples the classes in turn (sample i of
+    class i % num_classes), guided by ``sampling.guidance_scale`` like every other sampling option.
 
     Args:
         num_samples: generated images per evaluation (papers: 50,000 against the whole training set, i.e.
@@ -403,8 +413,14 @@ class FIDCallback(EveryNValidations):
 
     def _feed_generated(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         indices = rank_indices(self.num_samples, pl_module.global_rank, trainer.world_size)
+        labels = class_labels(self.num_samples, pl_module.num_classes)  # classes in turn, or None
         for samples in generate_batches(
-            pl_module, indices, seed=self.seed, batch_size=self.batch_size, options=self.sampling
+            pl_module,
+            indices,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            options=self.sampling,
+            labels=labels,
         ):
             self._update(samples, pl_module, real=False)
 

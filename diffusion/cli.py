@@ -134,6 +134,16 @@ class DiffusionCLI(LightningCLI):
             "data.sample_shape", "model.network.init_args.in_channels", compute_fn=lambda shape: shape[0],
             apply_on="instantiate",
         )  # fmt: skip
+        # Class-conditional data (--data.conditional true, --data.labels) sizes the network's class embedding
+        # and names the classes in the checkpoint; other data (num_classes None or absent) stays unconditional.
+        parser.link_arguments(
+            "data", "model.network.init_args.num_classes", apply_on="instantiate",
+            compute_fn=lambda data: getattr(data, "num_classes", None),
+        )  # fmt: skip
+        parser.link_arguments(
+            "data", "model.class_names", compute_fn=lambda data: getattr(data, "class_names", None),
+            apply_on="instantiate",
+        )  # fmt: skip
 
     def before_instantiate_classes(self) -> None:
         config = self.config

@@ -3,7 +3,9 @@
 Every dataset item is a `Batch` ``(x, index)``: ``x`` a float32 tensor in model units ([-1, 1]) and ``index``
 the sample's position in the full dataset (batches collate to a `Batch` of tensors). The training module seeds
 per-sample noise with that index, so the noise a sample gets does not depend on which rank or batch it lands
-in; a DataModule of your own wraps its dataset in `IndexedDataset` to yield the same.
+in; a DataModule of your own wraps its dataset in `IndexedDataset` to yield the same. A third field, ``label``,
+holds the class of each sample for class-conditional training (``--data.conditional true``), and `NO_LABEL`
+otherwise.
 
 ``sample_shape`` and ``normalization`` are known right after ``__init__`` (the CLI sizes the network from
 them before ``setup`` runs). ``normalization`` maps model units back to data units:
@@ -28,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from diffusion.labels import DATASET_CLASS_NAMES, NO_LABEL, folder_classes
 from diffusion.resume import ResumableLoader, ResumableSampler
 
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
@@ -48,25 +51,34 @@ class Batch(NamedTuple):
     """(B, C, H, W) images or (B, D) vectors in model units (a dataset item: one sample)."""
     index: torch.Tensor
     """(B,) int64 positions in the full dataset (an item: an int); they seed per-sample noise."""
+    label: torch.Tensor | int = NO_LABEL
+    """(B,) int64 classes 0..num_classes-1, or NO_LABEL (an item: an int); used by class-conditional models."""
 
 
 class IndexedDataset(Dataset):
-    """Wraps any dataset so that items become ``Batch(x, index)``; a tuple item (x, label, ...) keeps only x."""
+    """Wraps any dataset so that items become ``Batch(x, index, label)``: from a tuple item (x, label, ...) it keeps
+    x, and the label too when ``with_labels`` (otherwise the label is NO_LABEL)."""
 
-    def __init__(self, base: Dataset, transform=None) -> None:
+    def __init__(self, base: Dataset, transform=None, with_labels: bool = False) -> None:
         self.base = base
         self.transform = transform
+        self.with_labels = with_labels
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, index: int) -> Batch:
         x = self.base[index]
+        label = NO_LABEL
+        if self.with_labels:
+            if not isinstance(x, tuple | list) or len(x) < 2:
+                raise TypeError(f"with_labels needs items (x, label, ...), got {type(x).__name__}")
+            label = int(x[1])
         if isinstance(x, tuple | list):
             x = x[0]
         if self.transform is not None:
             x = self.transform(x)
-        return Batch(x, int(index))
+        return Batch(x, int(index), label)
 
 
 def read_image(path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
@@ -79,18 +91,25 @@ def read_image(path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
 
 
 class ImageFiles(Dataset):
-    """Image files loaded with PIL; a corrupt file is reported by name when it is first read."""
+    """Image files loaded with PIL; a corrupt file is reported by name when it is first read. With ``labels``
+    (one per path), items are (image, label)."""
 
-    def __init__(self, paths: list[Path], mode: Literal["RGB", "L"], transform) -> None:
+    def __init__(
+        self, paths: list[Path], mode: Literal["RGB", "L"], transform, labels: list[int] | None = None
+    ) -> None:
         self.paths = paths
         self.mode = mode
         self.transform = transform
+        self.labels = labels
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return self.transform(read_image(self.paths[index], self.mode))
+        image = self.transform(read_image(self.paths[index], self.mode))
+        if self.labels is not None:
+            return image, self.labels[index]
+        return image
 
 
 class SplitDataModule(LightningDataModule):
@@ -213,6 +232,10 @@ class ImageDataModule(SplitDataModule):
         seed: seed of the train/val split.
         verify: only for ``folder``: decode every image in ``prepare_data``, before the first training step,
             so a corrupt file stops the run at once (naming it) rather than whenever it is first drawn.
+        conditional: train a class-conditional model on the dataset's labels (digits, MNIST, Fashion-MNIST,
+            CIFAR-10: their own; folder: one subfolder of ``root`` per class, torchvision's ImageFolder
+            convention). Sets ``num_classes`` and ``class_names``, which the CLI hands to the network and the
+            checkpoint. Default False: labels are not read, and training is unconditional.
     """
 
     def __init__(
@@ -228,6 +251,7 @@ class ImageDataModule(SplitDataModule):
         seed: int = 0,
         val_from_train: int | None = None,
         verify: bool = False,
+        conditional: bool = False,
     ) -> None:
         super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train)
         if dataset not in get_args(ImageDatasetName):
@@ -255,6 +279,20 @@ class ImageDataModule(SplitDataModule):
         self.random_flip = dataset == "cifar10" if random_flip is None else random_flip
         self.verify = verify
         self._files = self._find_images() if dataset == "folder" else None
+        self.conditional = conditional
+        self._labels, self._class_names = None, DATASET_CLASS_NAMES.get(dataset)
+        if conditional and dataset == "folder":
+            self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
+
+    @property
+    def num_classes(self) -> int | None:
+        """Classes of a conditional run (the network's `num_classes`); None when training is unconditional."""
+        return len(self._class_names) if self.conditional else None
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """Names of classes 0..num_classes-1 (stored in the checkpoint); None when training is unconditional."""
+        return list(self._class_names) if self.conditional else None
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -321,13 +359,19 @@ class ImageDataModule(SplitDataModule):
         return Subset(full, self.train_set.indices) if isinstance(self.train_set, Subset) else full
 
     def _full_dataset(self, random_flip: bool) -> Dataset:
+        labelled = self.conditional
         if self.dataset == "digits":
+            tensors = (self._digits(), self._digits_labels()) if labelled else (self._digits(),)
             return IndexedDataset(
-                TensorDataset(self._digits()), v2.RandomHorizontalFlip() if random_flip else None
+                TensorDataset(*tensors), v2.RandomHorizontalFlip() if random_flip else None, labelled
             )
         if self.dataset == "folder":
             mode = "RGB" if self.channels == 3 else "L"
-            return IndexedDataset(ImageFiles(self._files, mode, self._transform(None, random_flip)))
+            return IndexedDataset(
+                ImageFiles(self._files, mode, self._transform(None, random_flip), self._labels),
+                None,
+                labelled,
+            )
         cls, _, native_size = _TORCHVISION[self.dataset]
         try:
             base = cls(
@@ -338,7 +382,7 @@ class ImageDataModule(SplitDataModule):
                 f"{self.dataset} not found under {self.root!r}: {err} "
                 "(the Trainer downloads it via prepare_data; call dm.prepare_data() when used alone)"
             ) from err
-        return IndexedDataset(base)
+        return IndexedDataset(base, with_labels=labelled)
 
     def _digits(self) -> torch.Tensor:
         from sklearn.datasets import load_digits
@@ -347,6 +391,12 @@ class ImageDataModule(SplitDataModule):
         # Nearest-neighbour: each pixel becomes a constant block, so area-averaging undoes it exactly.
         images = torch.nn.functional.interpolate(images, size=self.image_size, mode="nearest-exact")
         return images * 2 - 1
+
+    @staticmethod
+    def _digits_labels() -> torch.Tensor:
+        from sklearn.datasets import load_digits
+
+        return torch.from_numpy(load_digits().target).long()  # (N,) in 0..9
 
 
 def describe_batches(trainer: L.Trainer) -> str:

@@ -88,7 +88,7 @@ def load_reference(
     data.setup("fit")
     dataset = Subset(data.train_set, _subset(len(data.train_set), num_reference, seed).tolist())
     loader = DataLoader(dataset, batch_size=500, shuffle=False)
-    return np.concatenate([to_uint8_images(x, data.normalization) for x, _ in loader])
+    return np.concatenate([to_uint8_images(batch.x, data.normalization) for batch in loader])
 
 
 def _subset(n: int, num: int | None, seed: int) -> np.ndarray:

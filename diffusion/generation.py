@@ -3,6 +3,8 @@
 The rule that makes any world size give the same samples lives here once: with W ranks, rank r draws
 samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
 `DiffusionModule.initial_noise`), and `gather_in_order` puts the gathered shares back in index order.
+Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.labels.class_labels`) on any
+rank.
 Ranks exchange images as uint8 (`render.compact`, a quarter of float32's bytes: 50,000 256x256 RGB images
 are 9.8 GB rather than 39 GB), vectors as float.
 
@@ -45,12 +47,20 @@ def generate_batches(
     batch_size: int = 256,
     options: SamplingOptions | None = None,
     progress: bool = False,
+    labels: torch.Tensor | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Samples with the given indices in model units, `batch_size` at a time, on the module's device."""
+    """Samples with the given indices in model units, `batch_size` at a time, on the module's device.
+
+    labels: the labels of samples 0..N-1 (`diffusion.labels.class_labels`); sample i gets labels[i] (an index
+    beyond N, a padding sample of `rank_indices`, gets labels[i % N]).
+    """
     starts = range(0, len(indices), batch_size)
     for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
         batch = indices[start : start + batch_size]
-        yield module.sample(len(batch), seed=seed, indices=batch, options=options, progress=progress)
+        batch_labels = None if labels is None else labels[batch % len(labels)]
+        yield module.sample(
+            len(batch), seed=seed, indices=batch, options=options, progress=progress, labels=batch_labels
+        )
 
 
 def generate(
@@ -64,6 +74,7 @@ def generate(
     world_size: int = 1,
     progress: bool = False,
     uint8_images: bool = False,
+    labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's equal share of `num_samples` samples (see `rank_indices`), on the CPU, in model units.
 
@@ -73,7 +84,7 @@ def generate(
     """
     indices = rank_indices(num_samples, rank, world_size, equal_shares=True)
     batches = generate_batches(
-        module, indices, seed=seed, batch_size=batch_size, options=options, progress=progress
+        module, indices, seed=seed, batch_size=batch_size, options=options, progress=progress, labels=labels
     )
     if uint8_images:
         batches = (compact(batch, module.normalization) for batch in batches)
@@ -94,14 +105,19 @@ def gather_in_order(
 
 
 def sample_across_ranks(
-    module: DiffusionModule, num_samples: int, seed: int, options: SamplingOptions | None = None
+    module: DiffusionModule,
+    num_samples: int,
+    seed: int,
+    options: SamplingOptions | None = None,
+    labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """During training: `num_samples` samples split over all ranks and gathered in index order on every rank:
     images as uint8 (N, C, H, W) (`render.compact`), vectors as float in model units (`render.save_preview`
     takes both)."""
     world = module.trainer.world_size
     local = generate(module, num_samples, seed=seed, batch_size=num_samples, options=options,
-                     rank=module.global_rank, world_size=world, uint8_images=True)  # fmt: skip
+                     rank=module.global_rank, world_size=world, uint8_images=True,
+                     labels=labels)  # fmt: skip
     if world == 1:
         return local
     return gather_in_order(local.to(module.device), num_samples, module.all_gather)

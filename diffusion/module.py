@@ -19,12 +19,16 @@ from diffusion import noise as counter_noise
 from diffusion.checkpoints import read_network_weights
 from diffusion.data import Batch, describe_batches
 from diffusion.errors import check_choice
+from diffusion.labels import NO_LABEL, check_labels
 from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
 from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType
 
 LossWeighting = Literal["none", "min_snr"]
 NoiseMode = Literal["fast", "per_sample"]
+# Per-sample label dropout draws from a counter-noise stream of its own (diffusion/noise.py has 0-2), so it is
+# independent of the same sample's noise and timestep, and an unconditional run draws exactly as before.
+LABEL_DROPOUT_STREAM = 3
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:
@@ -67,6 +71,11 @@ class DiffusionModule(L.LightningModule):
             Loaded here, before the strategy wraps the model, so every rank starts identical.
         compile: compile the network with torch.compile when fitting starts. In place (nn.Module.compile),
             so parameter names and checkpoint keys stay `network.*`, with no `_orig_mod.` in them.
+        label_dropout: for a class-conditional network (built with num_classes): the probability that a
+            training sample's label is replaced by NO_LABEL, so the same network also learns the unconditional
+            model that classifier-free guidance needs (Ho & Salimans 2022 use 0.1-0.2). Drawn per sample like
+            the noise (see noise_mode).
+        class_names: names of the classes 0..num_classes-1; set from the data by the CLI, kept in the checkpoint.
     """
 
     def __init__(
@@ -90,6 +99,8 @@ class DiffusionModule(L.LightningModule):
         noise_seed: int | None = None,
         init_from: str | None = None,
         compile: bool = False,
+        label_dropout: float = 0.0,
+        class_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         for name, value, allowed in [
@@ -98,6 +109,13 @@ class DiffusionModule(L.LightningModule):
             ("noise_mode", noise_mode, NoiseMode),
         ]:
             check_choice(name, value, allowed)
+        if not 0.0 <= label_dropout < 1.0:
+            raise ValueError(f"label_dropout={label_dropout} must be in [0, 1)")
+        if label_dropout > 0 and getattr(network, "num_classes", None) is None:
+            raise ValueError(
+                f"label_dropout={label_dropout} needs a class-conditional network: train with "
+                "--data.conditional true (the CLI then sets the network's num_classes)"
+            )
         if lr <= 0 or warmup_steps < 0:
             raise ValueError(f"need lr > 0 and warmup_steps >= 0, got lr={lr}, warmup_steps={warmup_steps}")
         with warnings.catch_warnings():
@@ -129,8 +147,14 @@ class DiffusionModule(L.LightningModule):
                     f"--model.network settings of the run that saved them.\n{error}"
                 ) from error
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return self.network(x_t, t)
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        # A network without classes is called as before, so any `model(x_t, t)` keeps working.
+        return self.network(x_t, t) if labels is None else self.network(x_t, t, labels)
+
+    @property
+    def num_classes(self) -> int | None:
+        """Classes of a class-conditional network, None for an unconditional one."""
+        return getattr(self.network, "num_classes", None)
 
     # ---- training -------------------------------------------------------------------------------------
     @property
@@ -205,11 +229,28 @@ class DiffusionModule(L.LightningModule):
         t = torch.randint(T, (x0.shape[0],), device=x0.device, generator=self._generator)
         return randn(x0.shape, self._generator, x0.device), t
 
-    def per_sample_loss(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def drop_labels(
+        self, labels: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool
+    ) -> torch.Tensor:
+        """Labels with each replaced by NO_LABEL with probability label_dropout, drawn from the rank's generator
+        or (per_sample) from one seeded by (noise seed, step, dataset index), like the noise."""
+        if self.hparams.label_dropout == 0:
+            return labels
+        if per_sample:  # a function of (seed, step, dataset index), like the noise
+            key = counter_noise.noise_key(self._noise_seed, LABEL_DROPOUT_STREAM, step)
+            bits = counter_noise.random_bits(key, indices.to(labels.device), 1)[:, 0]  # (B,) in [0, 2**32)
+            uniform = (bits >> 8).float() * 2.0**-24  # [0, 1)
+        else:
+            uniform = torch.rand(labels.shape, device=labels.device, generator=self._generator)
+        return torch.where(uniform < self.hparams.label_dropout, NO_LABEL, labels)
+
+    def per_sample_loss(
+        self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Weighted MSE between the network output and its target, one value per sample, shape (B,)."""
         x_t = self.schedule.q_sample(x0, t, noise)
         target = self.schedule.training_target(self.hparams.prediction_type, x0, t, noise)
-        output = self.network(x_t, t).float()
+        output = self.forward(x_t, t, labels).float()
         loss = (output - target).pow(2).flatten(1).mean(dim=1)
         if self.hparams.loss_weighting == "min_snr":
             snr = self.schedule.snr(t)
@@ -222,18 +263,21 @@ class DiffusionModule(L.LightningModule):
         return loss
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        x0, indices = check_batch(batch)
+        x0, indices, labels = check_batch(batch, self.num_classes)
         per_sample = self.hparams.noise_mode == "per_sample"
         noise, t = self.draw_noise_and_timesteps(x0, indices, self.global_step, per_sample)
-        loss = self.per_sample_loss(x0, noise, t).mean()
+        if labels is not None:
+            labels = self.drop_labels(labels, indices, self.global_step, per_sample)
+        loss = self.per_sample_loss(x0, noise, t, labels).mean()
         self.log("train/loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        x0, indices = check_batch(batch)
+        x0, indices, labels = check_batch(batch, self.num_classes)
         # Fixed noise per validation sample (step 0), so val/loss is comparable across epochs and world sizes.
+        # Labels are kept: a conditional model's val/loss is its conditional loss.
         noise, t = self.draw_noise_and_timesteps(x0, indices, step=0, per_sample=True)
-        self.log("val/loss", self.per_sample_loss(x0, noise, t).mean(), prog_bar=True, sync_dist=True)
+        self.log("val/loss", self.per_sample_loss(x0, noise, t, labels).mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         # The fused kernel updates all parameters at once: about half the time of the default per-tensor
@@ -284,17 +328,21 @@ class DiffusionModule(L.LightningModule):
         generator: Generators = None,
         options: SamplingOptions | None = None,
         progress: bool = False,
+        labels: torch.Tensor | None = None,
     ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step.
 
-        `options` override this model's sampling defaults field by field.
+        `options` override this model's sampling defaults field by field. `labels` (B,): the class of each
+        sample of a class-conditional model (NO_LABEL: none), guided by `guidance_scale`; None samples a
+        conditional model unconditionally.
         """
         was_training = self.training
         self.eval()
         try:
             yield from reverse_steps(
                 self.network, self.schedule, x_T, prediction_type=self.hparams.prediction_type,
-                generator=generator, progress=progress, **(options or DEFER).over(self.sampling).as_kwargs(),
+                generator=generator, progress=progress, labels=self._sampling_labels(labels, len(x_T)),
+                **(options or DEFER).over(self.sampling).as_kwargs(),
             )  # fmt: skip
         finally:
             self.train(was_training)
@@ -307,10 +355,25 @@ class DiffusionModule(L.LightningModule):
         indices: torch.Tensor | None = None,
         options: SamplingOptions | None = None,
         progress: bool = False,
+        labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Draw samples in model units, shape (num_samples, *sample_shape); see `initial_noise`, `trajectory`."""
         x_T, generator = self.initial_noise(num_samples, seed, indices)
-        return final_sample(self.trajectory(x_T, generator, options, progress))
+        return final_sample(self.trajectory(x_T, generator, options, progress, labels))
+
+    def _sampling_labels(self, labels: torch.Tensor | None, num_samples: int) -> torch.Tensor | None:
+        """`labels` checked once here (not at every step) and moved to the device."""
+        if labels is None:
+            return None
+        if self.num_classes is None:
+            raise ValueError(
+                "this model is unconditional (trained without --data.conditional): it takes no labels"
+            )
+        labels = torch.as_tensor(labels, dtype=torch.long)
+        if labels.shape != (num_samples,):
+            raise ValueError(f"need one label per sample: {num_samples}, got shape {tuple(labels.shape)}")
+        check_labels(labels, self.num_classes, "labels")
+        return labels.to(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._take_random_states(checkpoint)
@@ -337,11 +400,31 @@ class DiffusionModule(L.LightningModule):
             )
 
 
-def check_batch(batch: Any) -> Batch:
-    """The training batch, or a clear error for a DataModule that does not yield `Batch(x, index)`."""
+def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
+    """The training batch, or a clear error for a DataModule that does not yield `Batch(x, index)`, or (for a
+    class-conditional model, `num_classes` set) whose labels are missing or out of range.
+
+    The returned batch's label is None for an unconditional model (its labels, if any, are not used)."""
     if not isinstance(batch, Batch):
         raise TypeError(
             f"training batches must be diffusion.data.Batch(x, index), got {type(batch).__name__}; wrap your "
             "dataset in diffusion.data.IndexedDataset (the index seeds per-sample noise)"
         )
+    if num_classes is None:
+        return batch._replace(label=None)
+    labels = batch.label
+    if (
+        not isinstance(labels, torch.Tensor)
+        or labels.shape != batch.index.shape
+        or labels.is_floating_point()
+    ):
+        raise ValueError(
+            f"a class-conditional model (num_classes={num_classes}) needs Batch(x, index, label) with integer "
+            f"labels of shape {tuple(batch.index.shape)}, got {labels!r:.80}; train with --data.conditional true, "
+            "or build IndexedDataset(..., with_labels=True)"
+        )
+    # Values are checked where it is free (CPU): on a GPU it would cost a sync every step, and nn.Embedding
+    # rejects a bad label there anyway (less readably).
+    if labels.device.type == "cpu":
+        check_labels(labels, num_classes, "batch labels")
     return batch

@@ -2,6 +2,9 @@
 
 Writes DIR/samples.npz (`arr_0`: uint8 N x H x W x C for images, the format guided-diffusion's and EDM's
 evaluators read; float32 N x D in data units for vectors) and DIR/grid.png (a scatter plot for vectors).
+A class-conditional checkpoint samples --class_label K (an index or a class name) or, by default, all classes
+in turn (sample i of class i % num_classes, one grid row per class), guided by --guidance_scale;
+samples.npz then also holds the labels as `arr_1` (guided-diffusion's format for class-conditional samples).
 Sample i depends only on (--seed, i), so any --batch_size gives the same samples (up to float rounding).
 
 `--devices D` (D > 1) samples on D processes per machine (DDP via Lightning Fabric: gloo on CPU, NCCL on
@@ -22,7 +25,7 @@ from typing import Literal, get_args
 
 import torch
 from jsonargparse import ActionYesNo, ArgumentParser
-from jsonargparse.typing import ClosedUnitInterval, PositiveInt
+from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, PositiveInt
 from lightning.fabric import Fabric
 
 from diffusion.checkpoints import Weights, load_checkpoint, read_checkpoint
@@ -34,6 +37,7 @@ from diffusion.errors import (
     reporting_user_errors,
 )
 from diffusion.generation import Precision, gather_in_order, generate, network_precision
+from diffusion.labels import class_labels
 from diffusion.render import write_samples
 from diffusion.sampling import Sampler, SamplingOptions
 
@@ -81,6 +85,14 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--eta", type=ClosedUnitInterval | None, default=None, help="DDIM noise: 0 deterministic, 1 = DDPM"
     )
+    parser.add_argument(
+        "--class_label", type=str | None, default=None,
+        help="class-conditional checkpoints: a class (index or name) or 'all' (default): classes in turn",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guidance_scale", type=NonNegativeFloat | None, default=None,
+        help="classifier-free guidance: 0 unconditional, 1 conditional, > 1 guided (default: the checkpoint)",
+    )  # fmt: skip
     parser.add_argument(
         "--precision", type=str, default="32",
         help="32 (or 32-true), 16-mixed or bf16-mixed: the network under autocast, the sampler in "
@@ -132,8 +144,9 @@ def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:
     return device, "cuda" if device.startswith("cuda") else "cpu"
 
 
-def check_sampling_checkpoint(path: str) -> None:
-    """The checkpoint can be read and holds what sampling needs: the network's config and weights."""
+def check_sampling_checkpoint(path: str) -> dict:
+    """The checkpoint can be read and holds what sampling needs: the network's config and weights. Returns its
+    hyperparameters."""
     checkpoint = read_checkpoint(path, "--ckpt")
     hparams = checkpoint.get("hyper_parameters")
     if not (
@@ -143,19 +156,42 @@ def check_sampling_checkpoint(path: str) -> None:
             f"--ckpt {path} is not a checkpoint written by train.py (it lacks the network's settings or weights)",
             "pass a runs/<name>/version_N/checkpoints/*.ckpt",
         )
+    return hparams
+
+
+def requested_labels(
+    hparams: dict, num_samples: int, class_label: str | None, guidance: bool
+) -> torch.Tensor | None:
+    """The label of every sample (`diffusion.labels.class_labels`) from a checkpoint's hyperparameters, checked
+    before any sampling time is spent; None for an unconditional checkpoint, which takes neither a class nor
+    guidance."""
+    num_classes = hparams["network"].get("init_args", {}).get("num_classes")
+    if num_classes is None and (class_label is not None or guidance):
+        flag = "--class_label" if class_label is not None else "--guidance_scale"
+        raise UserError(
+            f"{flag}: this checkpoint is unconditional (trained without --data.conditional)",
+            "sample it without --class_label and --guidance_scale, or pass a class-conditional checkpoint",
+        )
+    return class_labels(num_samples, num_classes, class_label, hparams.get("class_names"))
 
 
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv):
         args = build_parser().parse_args(argv)
+        options = SamplingOptions(
+            sampler=args.sampler, steps=args.steps, eta=args.eta, guidance_scale=args.guidance_scale
+        )
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)
         path = Path(args.out) / "samples.npz"
         check_writable_folder(args.out, "--out")
         if path.exists() and not args.overwrite:
             raise UserError(f"{path} exists", "pass --overwrite to replace it, or another --out")
-        check_sampling_checkpoint(args.ckpt)
+        hparams = check_sampling_checkpoint(args.ckpt)
+        labels = requested_labels(
+            hparams, args.num_samples, args.class_label, args.guidance_scale is not None
+        )
         fabric, rank, world_size = None, 0, 1
         if args.devices > 1 or args.num_nodes > 1:
             fabric = Fabric(
@@ -172,16 +208,15 @@ def main(argv: list[str] | None = None) -> Path:
         if rank == 0:
             note_cpu_precision(args.precision, device)
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
-        options = SamplingOptions(sampler=args.sampler, steps=args.steps, eta=args.eta)
         with network_precision(module, args.precision):
             samples = generate(  # images as uint8 (N, C, H, W): a quarter of the bytes to hold and gather
                 module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options,
-                rank=rank, world_size=world_size, progress=rank == 0, uint8_images=True,
+                rank=rank, world_size=world_size, progress=rank == 0, uint8_images=True, labels=labels,
             )  # fmt: skip
         if fabric is not None:
             samples = gather_in_order(samples.to(fabric.device), args.num_samples, fabric.all_gather)
         if rank == 0:
-            write_samples(samples, module.normalization, args.out)
+            write_samples(samples, module.normalization, args.out, labels=labels)
             print(f"wrote {args.num_samples} samples to {path} and {Path(args.out) / 'grid.png'}")
         if fabric is not None:
             fabric.barrier()  # every rank returns only once the files exist

@@ -11,6 +11,10 @@ Noise comes from `generator`: None (global RNG), one torch.Generator, a `PerSamp
 noise keyed by each sample's index, diffusion/noise.py) or a list with one generator per sample. Per-sample
 noise makes sample i depend only on its own seed, so N samples split over any number of processes (or
 batches) are the same as N samples drawn at once.
+
+Class-conditional networks (`model(x, t, y)`) take one label per sample (`labels`); classifier-free guidance
+(Ho & Salimans 2022) mixes their conditional and unconditional outputs (`guided_output`), one batched forward,
+in every sampler.
 """
 
 import math
@@ -24,6 +28,7 @@ from torch import nn
 from tqdm import tqdm
 
 from diffusion.errors import check_choice
+from diffusion.models.embedding import NO_LABEL
 from diffusion.noise import PerSampleNoise
 from diffusion.schedule import NoiseSchedule, PredictionType
 
@@ -52,6 +57,9 @@ class SamplingOptions:
     """DDPM's sigma_t^2: fixedlarge = beta_t (default, Ho et al.'s CIFAR-10 choice) or fixedsmall = beta~_t."""
     clip_denoised: bool | None = None
     """Clip the predicted x_0 to [-1, 1] at every step (default true)."""
+    guidance_scale: float | None = None
+    """Classifier-free guidance s for class-conditional models: eps = eps_uncond + s (eps_cond - eps_uncond);
+    1 (default) plain conditional sampling, 0 unconditional, > 1 guided. Ignored without labels."""
 
     def __post_init__(self) -> None:
         if self.sampler is not None:
@@ -63,6 +71,13 @@ class SamplingOptions:
         if self.eta is not None and not 0.0 <= self.eta <= 1.0:
             raise ValueError(
                 f"eta={self.eta} must be in [0, 1]: 0 is deterministic DDIM, 1 the DDPM variance"
+            )
+        if self.guidance_scale is not None and not (
+            math.isfinite(self.guidance_scale) and self.guidance_scale >= 0
+        ):
+            raise ValueError(
+                f"guidance_scale={self.guidance_scale} must be a finite number >= 0: 0 is unconditional, "
+                "1 plain conditional, > 1 guided (Ho & Salimans' w is guidance_scale - 1)"
             )
 
     def over(self, base: "SamplingOptions | None") -> "SamplingOptions":
@@ -150,6 +165,35 @@ def log_snr_timesteps(alphas_cumprod: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.tensor(timesteps)
 
 
+def guided_output(
+    model: nn.Module,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    labels: torch.Tensor | None,
+    guidance_scale: float = 1.0,
+) -> torch.Tensor:
+    """The network output at (x, t), float32, with classifier-free guidance (Ho & Salimans 2022, Eq. 6):
+    out = out_uncond + s (out_cond - out_uncond), both halves from one forward of the doubled batch.
+
+    The output is guided in the space the network predicts (eps, x0 or v). Each of them is an affine function of
+    eps at a fixed (x_t, t) with the same coefficients for both halves, so this is exactly eps-space guidance
+    (`eps_uncond + s (eps_cond - eps_uncond)`) for every prediction type, and no conversion is needed.
+    s = 1 and s = 0 need only one half: the conditional or the unconditional output (NO_LABEL).
+    """
+    if labels is None:
+        return model(x, t).float()
+    if guidance_scale == 1:
+        return model(x, t, labels).float()
+    unconditional = torch.full_like(labels, NO_LABEL)
+    if guidance_scale == 0:
+        return model(x, t, unconditional).float()
+    both = model(
+        torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, unconditional])
+    ).float()  # (2B, ...)
+    conditional, unconditional_output = both.chunk(2)
+    return unconditional_output + guidance_scale * (conditional - unconditional_output)
+
+
 @torch.no_grad()
 def reverse_steps(
     model: nn.Module,
@@ -164,6 +208,8 @@ def reverse_steps(
     clip_denoised: bool = True,
     generator: Generators = None,
     progress: bool = False,
+    labels: torch.Tensor | None = None,
+    guidance_scale: float = 1.0,
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """Run the reverse process from x_T, yielding (t, x_{t_prev}, predicted x_0) after every step.
 
@@ -173,14 +219,16 @@ def reverse_steps(
     eta: DDIM stochasticity (0 = deterministic DDIM, 1 = the DDPM posterior variance); DDIM only.
     variance: DDPM's sigma_t^2 = beta_t ("fixedlarge", Ho et al.'s choice for CIFAR-10) or the posterior
         variance beta~_t ("fixedsmall"); with respacing, betas are those of the respaced process. DDPM only.
+    labels: (B,) class labels for a class-conditional `model(x, t, y)` (NO_LABEL: none); None calls `model(x, t)`.
+    guidance_scale: classifier-free guidance with `labels` (see `guided_output`); every sampler.
     """
-    SamplingOptions(sampler, steps, eta, variance, clip_denoised)  # checks every option
+    SamplingOptions(sampler, steps, eta, variance, clip_denoised, guidance_scale)  # checks every option
     check_choice("prediction_type", prediction_type, PredictionType)
     T = schedule.num_timesteps
     if sampler == "dpmpp_2m":
         yield from dpm_solver_pp_2m_steps(
             model, schedule, x_T, steps=steps or min(20, T), prediction_type=prediction_type,
-            clip_denoised=clip_denoised, progress=progress,
+            clip_denoised=clip_denoised, progress=progress, labels=labels, guidance_scale=guidance_scale,
         )  # fmt: skip
         return
     timesteps = spaced_timesteps(T, steps or (T if sampler == "ddpm" else min(50, T))).tolist()
@@ -191,7 +239,7 @@ def reverse_steps(
         t_batch = torch.full((batch,), t, device=x.device, dtype=torch.long)
         t_prev_batch = torch.full_like(t_batch, t_prev)
         # 1. predict x_0 and eps from the network output (Eq. 15 for eps-prediction).
-        output = model(x, t_batch).float()
+        output = guided_output(model, x, t_batch, labels, guidance_scale)
         x0, eps = schedule.split_prediction(prediction_type, x, t_batch, output)
         # 2. optionally clip predicted x_0 to the data range, and keep eps consistent with it.
         if clip_denoised:
@@ -225,6 +273,8 @@ def dpm_solver_pp_2m_steps(
     prediction_type: PredictionType = "eps",
     clip_denoised: bool = True,
     progress: bool = False,
+    labels: torch.Tensor | None = None,
+    guidance_scale: float = 1.0,
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """DPM-Solver++(2M) from x_T, yielding (t, x_{t_prev}, predicted x_0) after every step, as `reverse_steps`.
 
@@ -241,7 +291,8 @@ def dpm_solver_pp_2m_steps(
     lambda = infinity), where the first-order update is exact and returns the predicted x0 itself (DDIM's
     last step too; the reference code's ``denoise_to_zero``). With clip_denoised, the predicted x0 is
     clipped to [-1, 1] before it enters D (static thresholding, as DPM-Solver++ allows for data prediction).
-    Deterministic: x_T fixes the sample.
+    Deterministic: x_T fixes the sample. `labels` and `guidance_scale` as in `reverse_steps` (guided x0 is the
+    data prediction DPM-Solver++ was designed for: Lu et al.'s "guided sampling").
     """
     timesteps = log_snr_timesteps(schedule.alphas_cumprod, steps).tolist()
     # Plain floats from a CPU copy: no device sync per step (see reverse_steps).
@@ -253,7 +304,8 @@ def dpm_solver_pp_2m_steps(
     for t, t_prev in tqdm(pairs, desc="dpmpp_2m sampling", disable=not progress, leave=False):
         t_batch = torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)
         # 1. the data prediction x0(x_t, t) from any parameterization, optionally clipped.
-        x0, _ = schedule.split_prediction(prediction_type, x, t_batch, model(x, t_batch).float())
+        output = guided_output(model, x, t_batch, labels, guidance_scale)
+        x0, _ = schedule.split_prediction(prediction_type, x, t_batch, output)
         if clip_denoised:
             x0 = x0.clamp(-1, 1)
         if t_prev < 0:

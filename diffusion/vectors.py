@@ -10,8 +10,10 @@ from typing import Literal, get_args
 
 import numpy as np
 import torch
+from torch.utils.data import TensorDataset
 
 from diffusion.data import IndexedDataset, SplitDataModule
+from diffusion.labels import load_labels
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy"]
 Normalize = Literal["standardize", "minmax"]
@@ -48,6 +50,9 @@ class VectorDataModule(SplitDataModule):
             few percent of the data's spread wide (thin rings, small clusters) is still resolved at noise
             levels the schedule spends many steps on; 3 scored best on ``benchmarks/vectors.py`` (1, 6 and 12
             blurred such detail more).
+        labels: a ``.npy`` file of N integer classes 0..K-1, one per sample of the data (usually beside
+            ``path``). Giving it trains a class-conditional model (``num_classes`` = K, linked into the network
+            by the CLI); without it training is unconditional.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class VectorDataModule(SplitDataModule):
         seed: int = 0,
         normalize: Normalize = "standardize",
         feature_std: float = 3.0,
+        labels: str | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers, val_fraction, seed)
         if dataset not in get_args(VectorDatasetName):
@@ -94,6 +100,17 @@ class VectorDataModule(SplitDataModule):
         self.feature_std = feature_std
         self._shift, self._scale = feature_scaling(data, normalize, feature_std)
         self.data = torch.from_numpy(((data - self._shift) / self._scale).astype(np.float32))
+        self.labels_path = labels
+        self.labels = None if labels is None else torch.from_numpy(load_labels(Path(labels), len(data)))
+
+    @property
+    def num_classes(self) -> int | None:
+        """K when trained on --data.labels (classes 0..K-1), else None (unconditional)."""
+        return None if self.labels is None else int(self.labels.max()) + 1
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return None if self.labels is None else [str(i) for i in range(self.num_classes)]
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -105,7 +122,10 @@ class VectorDataModule(SplitDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            self._split(IndexedDataset(self.data))
+            if self.labels is None:
+                self._split(IndexedDataset(self.data))
+            else:
+                self._split(IndexedDataset(TensorDataset(self.data, self.labels), with_labels=True))
 
     def _generate(self) -> np.ndarray:
         from sklearn.datasets import make_moons, make_swiss_roll

@@ -35,16 +35,16 @@ def test_digits_items_shapes_and_range(digits):
     assert digits.normalization == {"shift": [0.5], "scale": [0.5]}
     train, val = _all_items(digits)
     assert len(train) + len(val) == 1797 and len(val) == round(1797 * 0.05)
-    x, index = train[0]
+    x, index, _ = train[0]
     assert x.dtype == torch.float32 and x.shape == (1, 16, 16) and isinstance(index, int)
-    stacked = torch.stack([x for x, _ in train + val])
+    stacked = torch.stack([x for x, *_ in train + val])
     assert stacked.min() == -1 and stacked.max() == 1
     # Index is the position in the full dataset: train/val disjoint, together 0..1796.
-    train_idx, val_idx = {i for _, i in train}, {i for _, i in val}
+    train_idx, val_idx = {i for _, i, _ in train}, {i for _, i, _ in val}
     assert not train_idx & val_idx and train_idx | val_idx == set(range(1797))
     full = digits.train_set.dataset
     for pos in (0, 5, 100):
-        x, index = digits.train_set[pos]
+        x, index, _ = digits.train_set[pos]
         assert index == digits.train_set.indices[pos] and torch.equal(x, full[index][0])
 
 
@@ -63,7 +63,7 @@ def test_digits_split_depends_only_on_seed(digits):
 
 
 def test_dataloader_batches_are_indexed(digits):
-    x, index = next(iter(digits.train_dataloader()))
+    x, index, _ = next(iter(digits.train_dataloader()))
     assert x.shape == (64, 1, 16, 16) and index.dtype == torch.int64 and index.shape == (64,)
 
 
@@ -149,7 +149,7 @@ def test_mnist_setup_from_local_files(tmp_path):
     images = _write_fake_mnist(tmp_path)
     dm = ImageDataModule("mnist", root=str(tmp_path), val_fraction=0)
     dm.setup("fit")
-    x, index = dm.train_set[3]
+    x, index, _ = dm.train_set[3]
     assert type(x) is torch.Tensor and index == 3
     assert torch.allclose(
         x, torch.from_numpy(images[3]).float().div(255).mul(2).sub(1).unsqueeze(0), atol=1e-6
@@ -191,7 +191,7 @@ def test_folder_images(tmp_path, channels):
     assert dm.sample_shape == (c, 12, 12)
     dm.setup("fit")
     assert len(dm.train_set) == 2
-    for x, _ in (dm.train_set[0], dm.train_set[1]):
+    for x, *_ in (dm.train_set[0], dm.train_set[1]):
         assert type(x) is torch.Tensor and x.shape == (c, 12, 12) and x.dtype == torch.float32
         assert x.min() >= -1 and x.max() <= 1
     assert torch.all(dm.train_set[1][0] == 1)  # the white grayscale image
@@ -232,7 +232,7 @@ def test_npy_round_trip(tmp_path):
     assert dm.dataset == "npy" and dm.sample_shape == (5,)
     assert torch.allclose(denormalize(dm.data, dm.normalization), torch.from_numpy(original), atol=1e-5)
     dm.setup("fit")
-    x, index = dm.train_set[0]
+    x, index, _ = dm.train_set[0]
     assert x.shape == (5,) and torch.equal(x, dm.data[index])
 
 

@@ -129,6 +129,16 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"image folder .*nope does not exist",
     ),
     "image_size_vs_unet": (["--data.image_size", "9"], r"image size 9x9 is not divisible by 2"),
+    "guidance_negative": (["--model.sampling.guidance_scale", "-1"], r"guidance_scale=-1.0 must be a finite"),
+    "label_dropout_1": (
+        ["--data.conditional", "true", "--model.label_dropout", "1"],
+        r"label_dropout=1.0 must be",
+    ),
+    "label_dropout_unconditional": (["--model.label_dropout", "0.1"], r"needs a class-conditional network"),
+    "conditional_loose_images": (
+        [*FOLDER, "--data.conditional", "true"],
+        r"lie directly in .*images.* — move them into a class folder",
+    ),
     "logger_dir_is_a_file": (["--trainer.logger.init_args.save_dir", "{user}/a_file"], r"a_file is a file"),
     "checkpoint_dir_under_a_file": (["--checkpoint.dirpath", "{user}/a_file/ckpts"], r"a_file is a file"),
     "resume_truncated": (["--ckpt_path", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated or not"),
@@ -208,6 +218,19 @@ SAMPLE_CASES = {
     "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),
     "out_under_a_file": (["--out", "{user}/a_file/samples"], r"a_file is a file, not a folder"),
     "samples_exist": (["--out", "{user}/samples"], r"samples.npz exists — pass --overwrite"),
+    "guidance_negative": (
+        ["--guidance_scale", "-1"],
+        r"--guidance_scale -1 is out of range — pass a value >= 0",
+    ),
+    "guidance_infinite": (["--guidance_scale", "inf"], r"guidance_scale=inf must be a finite number >= 0"),
+    "class_of_an_unconditional_model": (
+        ["--class_label", "3"],
+        r"--class_label: this checkpoint is unconditional .* — sample it without --class_label",
+    ),
+    "guidance_of_an_unconditional_model": (
+        ["--guidance_scale", "2"],
+        r"--guidance_scale: this checkpoint is unconditional",
+    ),
 }
 
 

@@ -239,8 +239,8 @@ def test_fid_callback_takes_real_images_without_random_flips():
     unaugmented = flipping.unaugmented_train_set()
     assert len(unaugmented) == len(plain.train_set) == len(flipping.train_set)
     for i in range(0, len(unaugmented), 97):
-        x, index = unaugmented[i]
-        assert torch.equal(x, plain.train_set[i][0]) and index == plain.train_set[i][1]
+        item = unaugmented[i]
+        assert torch.equal(item.x, plain.train_set[i].x) and item.index == plain.train_set[i].index
     torch.manual_seed(0)  # the training set itself flips about half of its images
     assert any(not torch.equal(flipping.train_set[i][0], plain.train_set[i][0]) for i in range(20))
 

@@ -1,4 +1,5 @@
-"""Sinusoidal timestep embedding (Vaswani et al. 2017, as used by Ho et al. 2020)."""
+"""Embeddings the networks share: sinusoidal timesteps (Vaswani et al. 2017, as used by Ho et al. 2020), class
+labels with a "no label" row (classifier-free guidance), and Fourier features of vector coordinates."""
 
 import math
 
@@ -34,6 +35,43 @@ def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0)
     if dim % 2 == 1:
         emb = torch.nn.functional.pad(emb, (0, 1))  # (B, dim)
     return emb
+
+
+NO_LABEL = -1
+"""The label of a sample without a class: unlabelled data, labels dropped for classifier-free guidance, and the
+unconditional half of a guided forward. Networks map it to their extra "no label" class."""
+
+
+class ClassEmbedding(torch.nn.Embedding):
+    """A learned embedding of class labels 0..num_classes-1 plus one extra row for `NO_LABEL` (the last), added to
+    the time embedding as in improved-diffusion (Nichol & Dhariwal 2021); the extra row is what classifier-free
+    guidance (Ho & Salimans 2022) trains with dropped labels and samples as the unconditional model."""
+
+    def __init__(self, num_classes: int, dim: int) -> None:
+        if num_classes < 1:
+            raise ValueError(
+                f"num_classes must be >= 1 (or None for an unconditional network), got {num_classes}"
+            )
+        super().__init__(num_classes + 1, dim)
+        self.num_classes = num_classes
+
+    def forward(self, y: torch.Tensor | None, batch_size: int | None = None) -> torch.Tensor:
+        """y: (B,) int64 labels in 0..num_classes-1 or NO_LABEL (None: all NO_LABEL, B = batch_size) -> (B, dim)."""
+        if y is None:
+            y = torch.full((batch_size,), NO_LABEL, dtype=torch.long, device=self.weight.device)
+        if y.ndim != 1 or y.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"class labels must be integers of shape (B,), got {y.dtype} {tuple(y.shape)}")
+        # Values are checked where labels enter (check_batch, class_labels): here it would cost a device sync
+        # per step; nn.Embedding itself rejects an out-of-range index.
+        return super().forward(torch.where(y == NO_LABEL, self.num_classes, y))
+
+
+def check_unconditional(y: torch.Tensor | None, network: str) -> None:
+    if y is not None:
+        raise ValueError(
+            f"{network} got class labels but was built without num_classes: it is unconditional (train with "
+            "--data.conditional true for a class-conditional network)"
+        )
 
 
 def fourier_features(x: torch.Tensor, num_frequencies: int) -> torch.Tensor:

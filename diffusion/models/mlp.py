@@ -3,7 +3,12 @@
 import torch
 from torch import nn
 
-from diffusion.models.embedding import fourier_features, sinusoidal_embedding
+from diffusion.models.embedding import (
+    ClassEmbedding,
+    check_unconditional,
+    fourier_features,
+    sinusoidal_embedding,
+)
 
 
 class ResidualBlock(nn.Module):
@@ -38,6 +43,8 @@ class MLP(nn.Module):
         dropout: dropout inside each residual block.
         fourier_frequencies: K > 0 feeds each coordinate with its sines and cosines at K octave frequencies
             (``fourier_features``), which fine structure in low-dimensional data needs; 0 feeds raw x.
+        num_classes: classes of a class-conditional network (``model(x, t, y)``, see `ClassEmbedding`); None
+            (default) builds the unconditional network, parameter for parameter.
     """
 
     def __init__(
@@ -48,6 +55,7 @@ class MLP(nn.Module):
         time_embed_dim: int = 128,
         dropout: float = 0.0,
         fourier_frequencies: int = 0,
+        num_classes: int | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden_dim", hidden_dim)):
@@ -64,6 +72,7 @@ class MLP(nn.Module):
         self.fourier_frequencies = fourier_frequencies
         self.in_channels = in_channels
         self.time_embed_dim = time_embed_dim
+        self.num_classes = num_classes
 
         self.time_mlp = nn.Sequential(
             nn.Linear(time_embed_dim, hidden_dim),
@@ -78,12 +87,19 @@ class MLP(nn.Module):
         # do not push the residual stream around with random noise estimates.
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
+        if num_classes is not None:  # created last: an unconditional network draws its init exactly as before
+            self.class_embed = ClassEmbedding(num_classes, hidden_dim)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """x: (B, D) float, t: (B,) int64 -> predicted noise (B, D)."""
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, D) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only with
+        num_classes) -> predicted noise (B, D)."""
         if x.ndim != 2 or x.shape[1] != self.in_channels:
             raise ValueError(f"MLP expects x of shape (B, {self.in_channels}), got {tuple(x.shape)}")
         temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim).to(x.dtype))  # (B, hidden)
+        if self.num_classes is None:
+            check_unconditional(y, "MLP")
+        else:
+            temb = temb + self.class_embed(y, len(x)).to(temb.dtype)
         h = self.input(fourier_features(x, self.fourier_frequencies))  # (B, hidden)
         for block in self.blocks:
             h = block(h, temb)

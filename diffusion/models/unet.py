@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from diffusion.models.embedding import sinusoidal_embedding
+from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
 
 MAX_GROUPS = 32
 
@@ -111,6 +111,8 @@ class UNet(nn.Module):
         dropout: dropout inside each ResBlock.
         num_heads: attention heads; must divide the width of every attention level.
         out_channels: output channels, ``in_channels`` when None.
+        num_classes: classes of a class-conditional network (``model(x, t, y)``, see `ClassEmbedding`); None
+            (default) builds the unconditional network, parameter for parameter.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class UNet(nn.Module):
         dropout: float = 0.0,
         num_heads: int = 1,
         out_channels: int | None = None,
+        num_classes: int | None = None,
     ) -> None:
         super().__init__()
         channel_mult = tuple(channel_mult)
@@ -136,6 +139,7 @@ class UNet(nn.Module):
         self.in_channels = in_channels
         self.channels = channels
         self.num_levels = len(channel_mult)
+        self.num_classes = num_classes
         groups = min(MAX_GROUPS, channels)
         temb_ch = 4 * channels
 
@@ -188,6 +192,8 @@ class UNet(nn.Module):
         self.norm_out = group_norm(ch, groups)
         self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
         self._init_weights()
+        if num_classes is not None:  # created last: an unconditional network draws its init exactly as before
+            self.class_embed = ClassEmbedding(num_classes, temb_ch)
 
     @staticmethod
     def _validate(
@@ -272,12 +278,17 @@ class UNet(nn.Module):
                 f"for {self.num_levels} levels; pick an image_size divisible by {factor} or use fewer levels"
             )
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """x: (B, C, H, W) float, t: (B,) int64 -> predicted noise (B, C_out, H, W)."""
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only
+        with num_classes) -> predicted noise (B, C_out, H, W)."""
         if x.ndim != 4:
             raise ValueError(f"UNet expects x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
         self.check_input_shape(x.shape[1:])
         temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
+        if self.num_classes is None:
+            check_unconditional(y, "UNet")
+        else:
+            temb = temb + self.class_embed(y, len(x)).to(temb.dtype)
 
         hs = [self.conv_in(x)]  # skip stack, each (B, C_level, H_level, W_level)
         for level, stage in enumerate(self.down):
