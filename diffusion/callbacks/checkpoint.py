@@ -1,0 +1,91 @@
+"""Checkpoints written atomically, last.ckpt always the final step, preemption and timed saves."""
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from diffusion import checkpoint_io
+from diffusion.preemption import Preemption, requeue_slurm_job
+
+
+class Checkpoint(ModelCheckpoint):
+    """ModelCheckpoint whose last.ckpt is always the final step, and whose files are written atomically.
+
+    Lightning writes last.ckpt at train end only if it never wrote one, so a run whose max_steps is not a
+    multiple of the validation interval would keep a last.ckpt from before its final steps.
+
+    In `setup` it makes the strategy's saves atomic (`diffusion.checkpoint_io`; on every rank, rank 0
+    writes) and removes temporary files a killed save left in its folder; `save_last="link"` replaces
+    last.ckpt atomically too.
+
+    Besides the saves ModelCheckpoint makes (at validation by default), at the end of an optimizer step it
+    saves last.ckpt when `every_n_minutes` of wall time passed since the last save, and when the run got
+    SIGTERM or SIGUSR1, after which it ends the run with a non-zero exit (`diffusion.preemption`).
+
+    Args:
+        every_n_minutes: wall-time interval of the timed checkpoints (None: none).
+        **kwargs: ModelCheckpoint's arguments.
+    """
+
+    def __init__(self, *args: Any, every_n_minutes: float | None = 30.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.preemption = Preemption(every_n_minutes)
+        self._polled_step = -1
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        checkpoint_io.install(trainer.strategy)
+        if trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
+            checkpoint_io.remove_leftovers(Path(self.dirpath))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # After Lightning registered its signal handlers (it restores the ones it found after fit).
+        self.preemption.install(trainer)
+        self._polled_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if trainer.global_step == self._polled_step:
+            return  # no optimizer step since the last poll (accumulating): a save here would lose gradients
+        self._polled_step = trainer.global_step
+        signum, due = self.preemption.poll(trainer)
+        if (signum or due) and not self._should_skip_saving_checkpoint(trainer):
+            candidates = self._monitor_candidates(trainer)
+            if self.save_last:
+                self._save_last_checkpoint(trainer, candidates)
+            else:
+                self._save_checkpoint(trainer, self.format_checkpoint_name(candidates))
+        if self._last_global_step_saved == trainer.global_step:
+            self.preemption.saved()
+        if signum:
+            name = signal.Signals(signum).name
+            rank_zero_info(
+                f"{name} received: saved the checkpoint of step {trainer.global_step} "
+                f"({self.last_model_path or self.best_model_path}); resume with --ckpt_path last"
+            )
+            requeue_slurm_job(trainer, signum)
+            raise SIGTERMException(128 + signum)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.save_last and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        else:
+            super().on_train_end(trainer, pl_module)
+
+    @staticmethod
+    def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:
+        # Lightning removes last.ckpt and then links or copies: a kill in between leaves no last.ckpt, or a
+        # truncated copy.
+        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+            checkpoint_io.link_atomically(filepath, linkpath)
+        trainer.strategy.barrier()

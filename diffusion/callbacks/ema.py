@@ -1,0 +1,112 @@
+"""EMA of the weights on Lightning's WeightAveraging, one foreach update per optimizer step."""
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import WeightAveraging
+
+
+class EMA(WeightAveraging):
+    """Exponential moving average of the weights, on Lightning's WeightAveraging callback.
+
+    Updated once per optimizer step (so also under accumulate_grad_batches and DDP), stored in checkpoints
+    (the EMA weights under "state_dict", the raw ones under "current_model_state") and restored on resume.
+
+    decay warms up as min(decay, (1 + n) / (10 + n)) after n updates (Tensorflow's ExponentialMovingAverage
+    with num_updates), so short CPU runs are not dominated by the random initial weights.
+
+    The update is one `torch._foreach_lerp_` over all parameters, with the update count kept on the host:
+    Lightning's default path (AveragedModel.update_parameters with a per-tensor `avg_fn`) walks the
+    parameters in Python, builds a decay tensor per parameter and reads `n_averaged` back from the device
+    every step, which cost ~16% of a CPU training step and a device sync per step on GPUs.
+
+    Lightning swaps the EMA weights in for validation; this subclass swaps them back only in
+    `on_validation_end`, so every `on_validation_epoch_end` hook (sample grids, FID) sees EMA weights
+    whatever the order of the callbacks.
+
+    Only parameters are averaged (use_buffers=False): the module's buffers are the constant noise schedule,
+    which averaging could only blur by rounding; the EMA copy's buffers follow the module's at every update,
+    as AveragedModel does with use_buffers=False.
+    """
+
+    def __init__(self, decay: float = 0.9999, warmup: bool = True, update_every_n_steps: int = 1) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"EMA decay={decay} must be in (0, 1); Ho et al. use 0.9999")
+        if update_every_n_steps < 1:
+            raise ValueError(f"update_every_n_steps={update_every_n_steps} must be >= 1")
+        self.decay = decay
+        self.warmup = warmup
+        self.update_every_n_steps = update_every_n_steps
+        self._raw_state_at_end: dict[str, torch.Tensor] | None = None
+        self._num_updates = 0  # = the AveragedModel's n_averaged, kept on the host
+        # (EMA params, params, EMA buffers, buffers), collected at the first update
+        self._pairs: tuple[list[torch.Tensor], ...] | None = None
+        super().__init__(use_buffers=False)
+
+    def current_decay(self, num_updates: int) -> float:
+        """The decay of the update that follows `num_updates` updates."""
+        if not self.warmup:
+            return self.decay
+        return min(self.decay, (1 + num_updates) / (10 + num_updates))
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._num_updates, self._pairs = 0, None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # Lightning's condition, with update() in place of AveragedModel.update_parameters.
+        if trainer.global_step > self._latest_update_step and self.should_update(
+            step_idx=trainer.global_step - 1
+        ):
+            self.update(pl_module)
+            self._latest_update_step = trainer.global_step
+
+    @torch.no_grad()
+    def update(self, pl_module: L.LightningModule) -> None:
+        """One EMA step: the first copies the weights (AveragedModel's n_averaged == 0), later ones lerp."""
+        if self._pairs is None:
+            # The Parameter objects, not detached views: the strategy moves the module to its device after
+            # setup by swapping each parameter's data, which a cached view would not follow.
+            average = self._average_model.module
+            self._pairs = (
+                list(average.parameters()), list(pl_module.parameters()),
+                list(average.buffers()), list(pl_module.buffers()),
+            )  # fmt: skip
+        ema_params, params, ema_buffers, buffers = self._pairs
+        if self._num_updates == 0:
+            torch._foreach_copy_(ema_params, params)
+        else:
+            torch._foreach_lerp_(ema_params, params, 1.0 - self.current_decay(self._num_updates))
+        if buffers:
+            torch._foreach_copy_(ema_buffers, buffers)
+        self._average_model.n_averaged += 1
+        self._num_updates += 1
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        if self._average_model is not None:
+            self._num_updates = int(self._average_model.n_averaged)  # once per resume, not per step
+
+    def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
+        return step_idx is not None and (step_idx + 1) % self.update_every_n_steps == 0
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass  # swapped back in on_validation_end instead
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._average_model is not None:
+            self._swap_models(pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning copies the EMA weights into the module here, before the final last.ckpt is written:
+        # keep the raw weights so that checkpoint still holds both (and resuming continues the raw ones).
+        self._raw_state_at_end = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        super().on_train_end(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._raw_state_at_end is not None and "current_model_state" in checkpoint:
+            checkpoint["current_model_state"] = self._raw_state_at_end

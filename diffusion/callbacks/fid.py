@@ -1,0 +1,182 @@
+"""FID / KID of generated samples against the training images, at the end of validation."""
+
+from typing import get_args
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchmetrics import Metric
+
+from diffusion.callbacks.grids import EveryNValidations
+from diffusion.generation import generate_batches, rank_indices
+from diffusion.labels import class_labels
+from diffusion.metrics import Features, compute_metrics, make_metrics
+from diffusion.module import DiffusionModule
+from diffusion.render import to_uint8
+from diffusion.sampling import DEFER, SamplingOptions
+
+
+class FIDCallback(EveryNValidations):
+    """FID (and KID) of generated samples against the training images, logged as ``val/fid``, ``val/kid``.
+
+    Runs at the end of validation (not in the sanity check), so with EMA weights when EMA is on, every
+    ``every_n_validations`` validations. ``ModelCheckpoint(monitor="val/fid", mode="min")`` can keep the
+    best model. With ``features="pixels"`` the logged value is the pixel-space FD (offline), not Inception FID.
+
+    The real images are the training images as stored, without random augmentation: the data module's
+    ``unaugmented_train_set()`` when it has one (`diffusion.data.ImageDataModule` does), else the training
+    DataLoader's dataset. Under DDP nothing is duplicated and no rank idles: rank r feeds real images
+    r, r + world, ... of a fixed random subset of ``num_real`` of them (once; real statistics are kept) and generates
+    samples r, r + world, ... of ``num_samples`` (per-sample seeds: the same images whatever the world
+    size); torchmetrics then sums the states over ranks. FID depends on the sample count: compare values
+    computed with the same ``num_samples``. A class-conditional model samples the classes in turn (sample i of
+    class i % num_classes), guided by ``sampling.guidance_scale`` like every other sampling option.
+
+    Args:
+        num_samples: generated images per evaluation (papers: 50,000 against the whole training set, i.e.
+            ``num_real`` = its size; 1,000 keeps CPU runs short but reads higher than a paper's FID).
+        features: "inception" (standard FID, weights downloaded on first use) or "pixels" (offline).
+        every_n_validations: evaluate at every n-th validation.
+        sampling: how to sample; unset fields take the model's defaults.
+        seed: seed of the generated samples, of the real subset and of KID's subsets.
+        kid: also compute KID (keeps all features in memory).
+        kid_subset_size: KID subset size (1,000 as in torch-fidelity), capped at the number of images available.
+        num_real: real images for the reference statistics (default: num_samples, capped at the train set).
+        batch_size: images per sampling / feature batch on each rank.
+        inception_weights: a local copy of the InceptionV3 weights (offline clusters).
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 1000,
+        features: Features = "inception",
+        every_n_validations: int = 1,
+        sampling: SamplingOptions = DEFER,
+        seed: int = 0,
+        kid: bool = True,
+        kid_subset_size: int = 1000,
+        num_real: int | None = None,
+        batch_size: int = 256,
+        inception_weights: str | None = None,
+    ) -> None:
+        if features not in get_args(Features):
+            raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
+        for name, value, low in [
+            ("num_samples", num_samples, 2),
+            ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
+        ]:  # fmt: skip
+            if value < low:
+                raise ValueError(f"FIDCallback {name}={value} must be >= {low}")
+        super().__init__(every_n_validations)
+        self.num_samples = num_samples
+        self.features = features
+        self.sampling = sampling
+        self.seed = seed
+        self.kid = kid
+        self.kid_subset_size = kid_subset_size
+        self.num_real = num_real or num_samples
+        self.batch_size = batch_size
+        self.inception_weights = inception_weights
+        self.metrics: dict[str, Metric] | None = None
+        self.last: dict[str, float] = {}  # the latest result (all ranks), with the gathered image counts
+        self._real_fed = False
+        self._num_real_total = 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        shape = tuple(getattr(pl_module, "sample_shape", ()))
+        if len(shape) != 3:
+            raise ValueError(
+                f"FIDCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is {shape}; "
+                "FID/KID compare images. Remove the callback for vector data."
+            )
+        if self.num_samples < trainer.world_size:
+            raise ValueError(
+                f"FIDCallback num_samples={self.num_samples} must be >= the world size {trainer.world_size}"
+            )
+        if self.metrics is None:
+            # Built here on every rank (not in __init__) so that a bad Inception download fails at setup,
+            # and so the pixel features know the channel count.
+            self.metrics = make_metrics(
+                self.features, self.kid_subset_size, channels=shape[0],
+                inception_weights=self.inception_weights,
+            )  # fmt: skip
+            if not self.kid:
+                del self.metrics["kid"]
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        if not self.is_due(trainer):
+            return
+        for metric in self.metrics.values():
+            metric.to(pl_module.device)  # no-op after the first time; the module moves after setup
+        if not self._real_fed:
+            self._feed_real(trainer, pl_module)
+            self._real_fed = True
+        self._feed_generated(trainer, pl_module)
+        if self.kid:
+            # KID's subsets are drawn from all gathered features: they cannot outnumber them.
+            self.metrics["kid"].subset_size = min(
+                self.kid_subset_size, self.num_samples, self._num_real_total
+            )
+        result = compute_metrics(self.metrics, self.seed)
+        for metric in self.metrics.values():
+            metric.reset()  # generated features only (reset_real_features=False); also clears the cached value
+        self.last = result
+        # Every rank computed the same value from the same gathered states; sync_dist averages identical
+        # numbers (exact) and spares Lightning's "use sync_dist=True" warning. Logged on every rank so a
+        # ModelCheckpoint monitoring val/fid finds it wherever it runs.
+        pl_module.log("val/fid", result["fid"], sync_dist=True)
+        if self.kid:
+            pl_module.log("val/kid", result["kid_mean"], sync_dist=True)
+        rank_zero_info(
+            f"step {trainer.global_step}: FID ({self.features} features) {result['fid']:.4g} from "
+            f"{result['num_fake']} generated and {result['num_real']} real images"
+        )
+
+    def _feed_real(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        dataset = _train_dataset(trainer)
+        self._num_real_total = min(self.num_real, len(dataset))
+        # A fixed random subset rather than the first items: folders sorted by class would bias those.
+        subset = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed))
+        shard = subset[rank_indices(self._num_real_total, pl_module.global_rank, trainer.world_size)]
+        loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=self.batch_size, shuffle=False)
+        # A fallback dataset's random transforms would draw from the global RNG: fork it so training noise
+        # is unchanged.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            for batch in loader:
+                images = batch[0] if isinstance(batch, tuple | list) else batch  # Batch(x, index) or x
+                self._update(images, pl_module, real=True)
+
+    def _feed_generated(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        indices = rank_indices(self.num_samples, pl_module.global_rank, trainer.world_size)
+        labels = class_labels(self.num_samples, pl_module.num_classes)  # classes in turn, or None
+        for samples in generate_batches(
+            pl_module,
+            indices,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            options=self.sampling,
+            labels=labels,
+        ):
+            self._update(samples, pl_module, real=False)
+
+    def _update(self, images: torch.Tensor, pl_module: DiffusionModule, real: bool) -> None:
+        uint8 = to_uint8(images.to(pl_module.device), pl_module.normalization)  # (N, C, H, W)
+        for metric in self.metrics.values():
+            metric.update(uint8, real=real)
+
+
+def _train_dataset(trainer: L.Trainer) -> Dataset:
+    """The training set (items ``x`` or ``(x, ...)`` in model units) without random augmentation when the
+    datamodule offers it (``unaugmented_train_set``), else the dataset of the training DataLoader."""
+    datamodule = trainer.datamodule
+    if datamodule is not None and hasattr(datamodule, "unaugmented_train_set"):
+        return datamodule.unaugmented_train_set()
+    loader = datamodule.train_dataloader() if datamodule is not None else trainer.train_dataloader
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            f"FIDCallback takes real images from the training DataLoader's dataset, but got {type(loader).__name__}"
+        )
+    return dataset

@@ -1,0 +1,88 @@
+"""Sample grids at the end of validation (TensorBoard and PNG), and the every-n-validations base."""
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from diffusion.generation import sample_across_ranks
+from diffusion.labels import class_labels
+from diffusion.module import DiffusionModule
+from diffusion.render import save_preview
+from diffusion.sampling import DEFER, SamplingOptions
+
+
+class EveryNValidations(L.Callback):
+    """Base for callbacks that act at the end of every n-th validation: after the sanity check, and while the
+    EMA weights are swapped in (see EMA)."""
+
+    def __init__(self, every_n_validations: int = 1) -> None:
+        if every_n_validations < 1:
+            raise ValueError(f"every_n_validations={every_n_validations} must be >= 1")
+        self.every_n_validations = every_n_validations
+        self._validations = 0
+
+    def is_due(self, trainer: L.Trainer) -> bool:
+        """Count this validation and say whether to act on it (call once per on_validation_epoch_end)."""
+        if trainer.sanity_checking:
+            return False
+        self._validations += 1
+        return (self._validations - 1) % self.every_n_validations == 0
+
+
+class SampleGrid(EveryNValidations):
+    """Samples a fixed-seed grid at the end of validation (so with EMA weights when EMA is on), logs it to
+    TensorBoard and saves it as `<run dir>/samples/step_<global step>.png` (and `latest.png`).
+
+    Every rank draws its share of the grid (per-sample seeds make the union the same grid whatever the
+    world size), so no rank sits idle in a collective while rank 0 samples.
+    For vector data it saves a scatter plot of the first two features. A class-conditional model samples the
+    classes in turn (sample i of class i % num_classes, guided by `sampling.guidance_scale`), one row per class.
+
+    Args:
+        sampling: how to sample the grid; unset fields take the model's defaults.
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 64,
+        seed: int = 0,
+        every_n_validations: int = 1,
+        sampling: SamplingOptions = DEFER,
+    ) -> None:
+        super().__init__(every_n_validations)
+        if num_samples < 1:
+            raise ValueError(f"SampleGrid num_samples={num_samples} must be >= 1")
+        self.num_samples = num_samples
+        self.seed = seed
+        self.sampling = sampling
+        self._out_dir: Path | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # trainer.log_dir is a collective under DDP (rank 0 broadcasts it): read it here on every rank,
+        # never inside the rank-zero-only save, where the other ranks would not join and it would deadlock.
+        self._out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "samples"
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+        if not self.is_due(trainer):
+            return
+        labels = class_labels(self.num_samples, pl_module.num_classes)
+        samples = sample_across_ranks(pl_module, self.num_samples, self.seed, self.sampling, labels)
+        self._save(trainer, pl_module, samples, labels)
+
+    @rank_zero_only
+    def _save(
+        self,
+        trainer: L.Trainer,
+        pl_module: DiffusionModule,
+        samples: torch.Tensor,
+        labels: torch.Tensor | None,
+    ) -> None:
+        self._out_dir.mkdir(parents=True, exist_ok=True)
+        path = self._out_dir / f"step_{trainer.global_step:07d}.png"
+        grid = save_preview(samples, pl_module.normalization, path, labels)
+        experiment = getattr(trainer.logger, "experiment", None)
+        if grid is not None and hasattr(experiment, "add_image"):
+            experiment.add_image("samples", grid, global_step=trainer.global_step)
+        (self._out_dir / "latest.png").write_bytes(path.read_bytes())
