@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, get_args
 
 import lightning as L
 import torch
@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from diffusion.batch import Batch
 from diffusion.labels import DATASET_CLASS_NAMES, NO_LABEL, folder_classes
 from diffusion.resume import ResumableLoader, ResumableSampler
 
@@ -42,17 +43,6 @@ _TORCHVISION = {
     "fashion_mnist": (datasets.FashionMNIST, 1, 28),
     "cifar10": (datasets.CIFAR10, 3, 32),
 }
-
-
-class Batch(NamedTuple):
-    """What the training module takes: samples in model units and their indices in the full dataset."""
-
-    x: torch.Tensor
-    """(B, C, H, W) images or (B, D) vectors in model units (a dataset item: one sample)."""
-    index: torch.Tensor
-    """(B,) int64 positions in the full dataset (an item: an int); they seed per-sample noise."""
-    label: torch.Tensor | int = NO_LABEL
-    """(B,) int64 classes 0..num_classes-1, or NO_LABEL (an item: an int); used by class-conditional models."""
 
 
 class IndexedDataset(Dataset):

@@ -16,8 +16,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from diffusion import noise as counter_noise
+from diffusion.batch import Batch, check_batch
 from diffusion.checkpoints import read_network_weights
-from diffusion.data import Batch, describe_batches
+from diffusion.data import describe_batches
 from diffusion.errors import check_choice
 from diffusion.labels import NO_LABEL, check_labels
 from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
@@ -398,33 +399,3 @@ class DiffusionModule(L.LightningModule):
                 f"resuming with {world_size} processes a checkpoint saved by {len(states)}: training "
                 "continues, but noise, dropout and the rest of the interrupted epoch differ from the first run"
             )
-
-
-def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
-    """The training batch, or a clear error for a DataModule that does not yield `Batch(x, index)`, or (for a
-    class-conditional model, `num_classes` set) whose labels are missing or out of range.
-
-    The returned batch's label is None for an unconditional model (its labels, if any, are not used)."""
-    if not isinstance(batch, Batch):
-        raise TypeError(
-            f"training batches must be diffusion.data.Batch(x, index), got {type(batch).__name__}; wrap your "
-            "dataset in diffusion.data.IndexedDataset (the index seeds per-sample noise)"
-        )
-    if num_classes is None:
-        return batch._replace(label=None)
-    labels = batch.label
-    if (
-        not isinstance(labels, torch.Tensor)
-        or labels.shape != batch.index.shape
-        or labels.is_floating_point()
-    ):
-        raise ValueError(
-            f"a class-conditional model (num_classes={num_classes}) needs Batch(x, index, label) with integer "
-            f"labels of shape {tuple(batch.index.shape)}, got {labels!r:.80}; train with --data.conditional true, "
-            "or build IndexedDataset(..., with_labels=True)"
-        )
-    # Values are checked where it is free (CPU): on a GPU it would cost a sync every step, and nn.Embedding
-    # rejects a bad label there anyway (less readably).
-    if labels.device.type == "cpu":
-        check_labels(labels, num_classes, "batch labels")
-    return batch

@@ -20,6 +20,7 @@ from sklearn.datasets import load_digits
 from test_errors import error_line
 from torchvision import datasets
 
+from diffusion.batch import check_batch
 from diffusion.callbacks import FIDCallback
 from diffusion.checkpoints import load_checkpoint
 from diffusion.cli import DiffusionCLI, main
@@ -27,7 +28,7 @@ from diffusion.data import Batch, ImageDataModule
 from diffusion.generation import generate
 from diffusion.labels import class_labels
 from diffusion.models import MLP, NO_LABEL, UNet
-from diffusion.module import DiffusionModule, check_batch
+from diffusion.module import DiffusionModule
 from diffusion.render import rows_by_class
 from diffusion.sample import main as sample_main
 from diffusion.sampling import SamplingOptions, guided_output

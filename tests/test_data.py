@@ -11,8 +11,8 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch.utils.data import DistributedSampler, TensorDataset
 
+from diffusion.batch import check_batch
 from diffusion.data import Batch, ImageDataModule
-from diffusion.module import check_batch
 from diffusion.render import denormalize, to_uint8_images
 from diffusion.vectors import VectorDataModule
 

@@ -1,0 +1,49 @@
+"""The batch contract between data modules and the training module: `Batch(x, index, label)`, and the check
+that turns anything else into one clear error."""
+
+from typing import Any, NamedTuple
+
+import torch
+
+from diffusion.labels import NO_LABEL, check_labels
+
+
+class Batch(NamedTuple):
+    """What the training module takes: samples in model units and their indices in the full dataset."""
+
+    x: torch.Tensor
+    """(B, C, H, W) images or (B, D) vectors in model units (a dataset item: one sample)."""
+    index: torch.Tensor
+    """(B,) int64 positions in the full dataset (an item: an int); they seed per-sample noise."""
+    label: torch.Tensor | int = NO_LABEL
+    """(B,) int64 classes 0..num_classes-1, or NO_LABEL (an item: an int); used by class-conditional models."""
+
+
+def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
+    """The training batch, or a clear error for a DataModule that does not yield `Batch(x, index)`, or (for a
+    class-conditional model, `num_classes` set) whose labels are missing or out of range.
+
+    The returned batch's label is None for an unconditional model (its labels, if any, are not used)."""
+    if not isinstance(batch, Batch):
+        raise TypeError(
+            f"training batches must be diffusion.data.Batch(x, index), got {type(batch).__name__}; wrap your "
+            "dataset in diffusion.data.IndexedDataset (the index seeds per-sample noise)"
+        )
+    if num_classes is None:
+        return batch._replace(label=None)
+    labels = batch.label
+    if (
+        not isinstance(labels, torch.Tensor)
+        or labels.shape != batch.index.shape
+        or labels.is_floating_point()
+    ):
+        raise ValueError(
+            f"a class-conditional model (num_classes={num_classes}) needs Batch(x, index, label) with integer "
+            f"labels of shape {tuple(batch.index.shape)}, got {labels!r:.80}; train with --data.conditional true, "
+            "or build IndexedDataset(..., with_labels=True)"
+        )
+    # Values are checked where it is free (CPU): on a GPU it would cost a sync every step, and nn.Embedding
+    # rejects a bad label there anyway (less readably).
+    if labels.device.type == "cpu":
+        check_labels(labels, num_classes, "batch labels")
+    return batch
