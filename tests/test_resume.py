@@ -179,6 +179,28 @@ def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_the_run_left_alone(tmp
     assert_same_final_weights(final_checkpoint(tmp_path), reference(noise_mode), killed_at)
 
 
+@pytest.mark.parametrize(
+    ("noise_mode", "stop_at"),
+    [("fast", KILL_STEP + 1), ("per_sample", KILL_STEP + 1), ("fast", STEPS_PER_EPOCH)],
+    ids=["fast noise, mid-epoch", "per-sample noise, mid-epoch", "fast noise, at an epoch's end"],
+)
+def test_a_finished_run_extended_with_a_larger_max_steps_ends_with_the_weights_of_the_longer_run(
+    tmp_path, reference, noise_mode, stop_at
+):
+    """A run that ended cleanly at --max_steps stop_at, trained on to the reference's larger --max_steps with
+    --ckpt_path last ("train 3 more steps"). No validation at stop_at, so its last.ckpt is the one written at
+    train end, after Lightning closed the epoch and EMA swapped the averaged weights into the module."""
+    mode = ["--model.noise_mode", noise_mode]
+    step_saves_at_validation = ["--checkpoint.every_n_train_steps", "null"]  # the CLI's defaults
+    main(args(tmp_path, *ONE_PROCESS, *mode, *step_saves_at_validation, "--max_steps", str(stop_at)))
+    # Validation (and so the step's own checkpoint) comes every 2 steps: none at stop_at.
+    assert stop_at % 2 and not (checkpoints(tmp_path) / f"step={stop_at}.ckpt").exists()
+    stopped_at = load(checkpoints(tmp_path) / "last.ckpt")
+    assert stopped_at["global_step"] == stop_at
+    main(args(tmp_path, *ONE_PROCESS, *mode, *step_saves_at_validation, "--ckpt_path", "last"))
+    assert_same_final_weights(final_checkpoint(tmp_path), reference(noise_mode), stopped_at)
+
+
 @pytest.mark.multiprocess
 def test_a_ddp_run_killed_while_saving_resumes_to_the_weights_of_the_run_left_alone(tmp_path):
     """Two processes, the default fast noise (a generator per rank) and dropout (a global RNG per rank);
