@@ -201,6 +201,18 @@ def test_a_finished_run_extended_with_a_larger_max_steps_ends_with_the_weights_o
     assert_same_final_weights(final_checkpoint(tmp_path), reference(noise_mode), stopped_at)
 
 
+def test_a_second_fit_of_the_same_trainer_with_a_larger_max_steps_ends_with_the_weights_of_the_longer_run(
+    tmp_path, reference
+):
+    """The same in Python (a notebook): fit again with the same Trainer and callbacks. The EMA callback kept
+    the first fit's raw weights at its end; the second fit's checkpoints must hold their own."""
+    cli = main(args(tmp_path, *ONE_PROCESS, "--checkpoint.every_n_train_steps", "null", "--max_steps", "5"))
+    stopped_at = load(checkpoints(tmp_path) / "last.ckpt")
+    cli.trainer.fit_loop.epoch_loop.max_steps = MAX_STEPS
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
+    assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), stopped_at)
+
+
 @pytest.mark.multiprocess
 def test_a_ddp_run_killed_while_saving_resumes_to_the_weights_of_the_run_left_alone(tmp_path):
     """Two processes, the default fast noise (a generator per rank) and dropout (a global RNG per rank);
