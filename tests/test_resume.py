@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from helpers import TINY_MLP
@@ -211,6 +212,42 @@ def test_a_second_fit_of_the_same_trainer_with_a_larger_max_steps_ends_with_the_
     cli.trainer.fit_loop.epoch_loop.max_steps = MAX_STEPS
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
     assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), stopped_at)
+
+
+class ShouldStopAt(L.Callback):
+    """Ends the run after optimizer step `step` as Lightning's Timer (max_time) does: trainer.should_stop."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("validation", [True, False], ids=["validating at the stop", "no validation"])
+def test_a_run_stopped_by_a_callback_resumes_to_the_weights_of_the_run_left_alone(
+    tmp_path, reference, validation
+):
+    """Lightning validates where should_stop is set (step 5: a validation the run left alone does not make,
+    saved by it); without validation the run's last.ckpt is the one written at train end."""
+    stop = {"class_path": "test_resume.ShouldStopAt", "init_args": {"step": KILL_STEP + 1}}
+    no_validation = [] if validation else ["--trainer.limit_val_batches", "0"]
+    extra = ["--checkpoint.every_n_train_steps", "null", *no_validation]
+    main(args(tmp_path, *ONE_PROCESS, *extra, "--trainer.callbacks=" + json.dumps([stop])))
+    stopped_at = load(checkpoints(tmp_path) / "last.ckpt")
+    assert stopped_at["global_step"] == KILL_STEP + 1
+    main(args(tmp_path, *ONE_PROCESS, *extra, "--ckpt_path", "last"))
+    assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), stopped_at)
+
+
+def test_validating_at_other_steps_leaves_the_training_weights_unchanged(tmp_path, reference):
+    """A resumed run may change --trainer.val_check_interval: validation must not move the global RNG that
+    dropout draws from (the val loader's iterator takes its seed from a generator of its own)."""
+    main(args(tmp_path, *ONE_PROCESS, "--trainer.val_check_interval", "3"))  # the reference validates every 2
+    weights = network_weights(final_checkpoint(tmp_path))
+    for kind, expected in network_weights(reference("fast")).items():
+        assert max_abs_diff(weights[kind], expected) <= TOLERANCE, kind
 
 
 @pytest.mark.multiprocess
