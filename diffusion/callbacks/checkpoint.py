@@ -22,9 +22,9 @@ class Checkpoint(ModelCheckpoint):
     multiple of the validation interval would keep a last.ckpt from before its final steps.
 
     That train-end checkpoint records the loops as they were right after the final optimizer step, as a step
-    checkpoint does: by train end Lightning's fit loop has closed the epoch (one cut short by max_steps counts
-    as finished), and its restart logic then misreads the counters, so a run extended from such a checkpoint
-    with a larger --max_steps would skip the rest of the epoch's data and not end like the run left alone.
+    checkpoint does. By train end Lightning's fit loop has closed the epoch, and a run extended from its state
+    (a larger --max_steps) skips data: an epoch cut short counts as finished, so the rest of it is never seen;
+    after a whole epoch the batch counters carry into the next one, which then ends after a single batch.
 
     In `setup` it makes the strategy's saves atomic (`diffusion.checkpoint_io`; on every rank, rank 0
     writes) and removes temporary files a killed save left in its folder; `save_last="link"` replaces
@@ -66,7 +66,7 @@ class Checkpoint(ModelCheckpoint):
             return  # no optimizer step since the last poll (accumulating): a save here would lose gradients
         self._polled_step = trainer.global_step
         if trainer.should_stop or trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
-            # The run's final step (max_steps, or a callback such as max_time's Timer stopped it): its loops.
+            # The run's final step (max_steps reached, or a callback stopped it here as max_time's Timer does).
             self._loops_after_step = (trainer.global_step, trainer.fit_loop.state_dict())
         signum, due = self.preemption.poll(trainer)
         if (signum or due) and not self._should_skip_saving_checkpoint(trainer):
