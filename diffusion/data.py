@@ -197,7 +197,9 @@ class SplitDataModule(LightningDataModule):
             self.setup("validate")
         if self.val_set is None:
             return []  # val_fraction=0: Lightning then skips validation
-        return self._loader(self.val_set, shuffle=False)
+        # Its own generator: creating an iterator draws the worker seed from it, not from the global RNG that
+        # dropout uses, so validating at other steps (or an extra time, where a run stops) leaves training as is.
+        return self._loader(self.val_set, shuffle=False, generator=torch.Generator())
 
 
 class ImageDataModule(SplitDataModule):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from helpers import TINY_MLP
@@ -177,6 +178,76 @@ def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_the_run_left_alone(tmp
     assert killed_at["global_step"] == KILL_STEP and KILL_STEP % STEPS_PER_EPOCH != 0  # mid-epoch
     main(args(tmp_path, *ONE_PROCESS, *mode, "--ckpt_path", str(last)))
     assert_same_final_weights(final_checkpoint(tmp_path), reference(noise_mode), killed_at)
+
+
+@pytest.mark.parametrize(
+    ("noise_mode", "stop_at"),
+    [("fast", KILL_STEP + 1), ("per_sample", KILL_STEP + 1), ("fast", STEPS_PER_EPOCH)],
+    ids=["fast noise, mid-epoch", "per-sample noise, mid-epoch", "fast noise, at an epoch's end"],
+)
+def test_a_finished_run_extended_with_a_larger_max_steps_ends_with_the_weights_of_the_longer_run(
+    tmp_path, reference, noise_mode, stop_at
+):
+    """A run that ended cleanly at --max_steps stop_at, trained on to the reference's larger --max_steps with
+    --ckpt_path last ("train 3 more steps"). No validation at stop_at, so its last.ckpt is the one written at
+    train end, after Lightning closed the epoch and EMA swapped the averaged weights into the module."""
+    mode = ["--model.noise_mode", noise_mode]
+    step_saves_at_validation = ["--checkpoint.every_n_train_steps", "null"]  # the CLI's defaults
+    main(args(tmp_path, *ONE_PROCESS, *mode, *step_saves_at_validation, "--max_steps", str(stop_at)))
+    # Validation (and so the step's own checkpoint) comes every 2 steps: none at stop_at.
+    assert stop_at % 2 and not (checkpoints(tmp_path) / f"step={stop_at}.ckpt").exists()
+    stopped_at = load(checkpoints(tmp_path) / "last.ckpt")
+    assert stopped_at["global_step"] == stop_at
+    main(args(tmp_path, *ONE_PROCESS, *mode, *step_saves_at_validation, "--ckpt_path", "last"))
+    assert_same_final_weights(final_checkpoint(tmp_path), reference(noise_mode), stopped_at)
+
+
+def test_a_second_fit_of_the_same_trainer_with_a_larger_max_steps_ends_with_the_weights_of_the_longer_run(
+    tmp_path, reference
+):
+    """The same in Python (a notebook): fit again with the same Trainer and callbacks. The EMA callback kept
+    the first fit's raw weights at its end; the second fit's checkpoints must hold their own."""
+    cli = main(args(tmp_path, *ONE_PROCESS, "--checkpoint.every_n_train_steps", "null", "--max_steps", "5"))
+    stopped_at = load(checkpoints(tmp_path) / "last.ckpt")
+    cli.trainer.fit_loop.epoch_loop.max_steps = MAX_STEPS
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
+    assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), stopped_at)
+
+
+class ShouldStopAt(L.Callback):
+    """Ends the run after optimizer step `step` as Lightning's Timer (max_time) does: trainer.should_stop."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("validation", [True, False], ids=["validating at the stop", "no validation"])
+def test_a_run_stopped_by_a_callback_resumes_to_the_weights_of_the_run_left_alone(
+    tmp_path, reference, validation
+):
+    """Lightning validates where should_stop is set (step 5: a validation the run left alone does not make,
+    saved by it); without validation the run's last.ckpt is the one written at train end."""
+    stop = {"class_path": "test_resume.ShouldStopAt", "init_args": {"step": KILL_STEP + 1}}
+    no_validation = [] if validation else ["--trainer.limit_val_batches", "0"]
+    extra = ["--checkpoint.every_n_train_steps", "null", *no_validation]
+    main(args(tmp_path, *ONE_PROCESS, *extra, "--trainer.callbacks=" + json.dumps([stop])))
+    stopped_at = load(checkpoints(tmp_path) / "last.ckpt")
+    assert stopped_at["global_step"] == KILL_STEP + 1
+    main(args(tmp_path, *ONE_PROCESS, *extra, "--ckpt_path", "last"))
+    assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), stopped_at)
+
+
+def test_validating_at_other_steps_leaves_the_training_weights_unchanged(tmp_path, reference):
+    """A resumed run may change --trainer.val_check_interval: validation must not move the global RNG that
+    dropout draws from (the val loader's iterator takes its seed from a generator of its own)."""
+    main(args(tmp_path, *ONE_PROCESS, "--trainer.val_check_interval", "3"))  # the reference validates every 2
+    weights = network_weights(final_checkpoint(tmp_path))
+    for kind, expected in network_weights(reference("fast")).items():
+        assert max_abs_diff(weights[kind], expected) <= TOLERANCE, kind
 
 
 @pytest.mark.multiprocess

@@ -21,6 +21,11 @@ class Checkpoint(ModelCheckpoint):
     Lightning writes last.ckpt at train end only if it never wrote one, so a run whose max_steps is not a
     multiple of the validation interval would keep a last.ckpt from before its final steps.
 
+    That train-end checkpoint records the loops as they were right after the final optimizer step, as a step
+    checkpoint does. By train end Lightning's fit loop has closed the epoch, and a run extended from its state
+    (a larger --max_steps) skips data: an epoch cut short counts as finished, so the rest of it is never seen;
+    after a whole epoch the batch counters carry into the next one, which then ends after a single batch.
+
     In `setup` it makes the strategy's saves atomic (`diffusion.checkpoint_io`; on every rank, rank 0
     writes) and removes temporary files a killed save left in its folder; `save_last="link"` replaces
     last.ckpt atomically too.
@@ -38,6 +43,8 @@ class Checkpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
         self.preemption = Preemption(every_n_minutes)
         self._polled_step = -1
+        self._loops_after_step: tuple[int, dict[str, Any]] | None = None  # (global step, fit loop state)
+        self._saving_at_train_end = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -49,7 +56,7 @@ class Checkpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         # After Lightning registered its signal handlers (it restores the ones it found after fit).
         self.preemption.install(trainer)
-        self._polled_step = trainer.global_step
+        self._polled_step, self._loops_after_step = trainer.global_step, None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -58,6 +65,9 @@ class Checkpoint(ModelCheckpoint):
         if trainer.global_step == self._polled_step:
             return  # no optimizer step since the last poll (accumulating): a save here would lose gradients
         self._polled_step = trainer.global_step
+        if trainer.should_stop or trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+            # The run's final step (max_steps reached, or a callback stopped it here as max_time's Timer does).
+            self._loops_after_step = (trainer.global_step, trainer.fit_loop.state_dict())
         signum, due = self.preemption.poll(trainer)
         if (signum or due) and not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
@@ -77,10 +87,22 @@ class Checkpoint(ModelCheckpoint):
             raise SIGTERMException(128 + signum)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.save_last and self._last_global_step_saved != trainer.global_step:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        else:
-            super().on_train_end(trainer, pl_module)
+        self._saving_at_train_end = True
+        try:
+            if self.save_last and self._last_global_step_saved != trainer.global_step:
+                self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            else:
+                super().on_train_end(trainer, pl_module)
+        finally:
+            self._saving_at_train_end = False
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._saving_at_train_end and self._loops_after_step is not None:
+            step, fit_loop = self._loops_after_step
+            if step == trainer.global_step:
+                checkpoint["loops"]["fit_loop"] = fit_loop
+                checkpoint["epoch"] = fit_loop["epoch_progress"]["current"]["completed"]  # = current_epoch
 
     @staticmethod
     def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:

@@ -52,7 +52,8 @@ class EMA(WeightAveraging):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        self._num_updates, self._pairs = 0, None
+        # A second fit with this callback (a notebook extending a run) must not save the first fit's raw weights.
+        self._num_updates, self._pairs, self._raw_state_at_end = 0, None, None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
