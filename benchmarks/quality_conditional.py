@@ -29,7 +29,7 @@ from diffusion.sampling import SamplingOptions
 CONDITIONAL = Recipe(
     "digits_conditional", ["--config", "configs/digits_conditional.yaml"], TINY_UNET, 15 * 60, 90
 )
-GUIDANCE_SCALES = [0.0, 1.0, 2.0, 3.0, 4.0]  # 0: unconditional, 1: conditional, > 1: guided
+GUIDANCE_SCALES = [0.0, 1.0, 1.5, 2.0, 3.0, 4.0]  # 0: unconditional, 1: conditional, > 1: guided
 ACCURACY_GOAL = 0.95  # share of samples the SVC assigns to the asked class, for every class
 
 

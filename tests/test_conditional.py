@@ -464,7 +464,7 @@ def test_a_checkpoint_alone_samples_a_named_class(conditional_checkpoint, tmp_pa
     shutil.copy(conditional_checkpoint, alone)
     module = load_checkpoint(alone)
     assert module.num_classes == 10 and module.hparams.class_names[3] == "3"
-    assert module.sampling.guidance_scale == 2.0  # the recipe's default, kept in the checkpoint
+    assert module.sampling.guidance_scale == 1.5  # the recipe's default, kept in the checkpoint
     labels = class_labels(4, module.num_classes, "3", module.hparams.class_names)
     samples = generate(module, 4, seed=0, options=SamplingOptions(steps=3), labels=labels)
     assert samples.shape == (4, 1, 16, 16) and torch.isfinite(samples).all()
