@@ -506,7 +506,7 @@ def test_guidance_benchmark_runs_on_its_own_and_reuses_a_finished_run(tmp_path):
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     table = (tmp_path / "trained" / "quality_conditional.md").read_text()
     assert (
-        "| 2 (default) |" in table and "| real digits (other half) |" in table and "every class >=" in table
+        "| 1.5 (default) |" in table and "| real digits (other half) |" in table and "every class >=" in table
     )
     assert "| digits |" not in table  # the unconditional recipes are not part of this section
     assert (tmp_path / "trained" / "digits_conditional_grid.png").stat().st_size > 0
