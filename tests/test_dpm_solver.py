@@ -175,7 +175,9 @@ def test_dpmpp_2m_sde_with_two_steps_is_ddim_with_eta_1_and_samples_the_data_dis
     }  # fmt: skip
     for (t_a, x_a, _), (t_b, x_b, _) in zip(runs["ddim"], runs["dpmpp_2m_sde"], strict=True):
         assert t_a == t_b
-        torch.testing.assert_close(x_a, x_b, rtol=1e-6, atol=1e-6)
+        # Equal up to float32 rounding: DDIM's coefficients come from float64 cumulative log(1 - beta),
+        # DPM-Solver's from the float32 alphas_cumprod (a wrong update is off by orders more).
+        torch.testing.assert_close(x_a, x_b, rtol=1e-5, atol=1e-5)
     # With the optimal network, 50 steps of the SDE sampler draw the Gaussian data: mean and std per feature
     # within a few standard errors of 20,000 samples (0.5% for the std) plus the discretization error.
     draws = [
