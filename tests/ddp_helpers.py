@@ -81,18 +81,32 @@ class Recorder(L.Callback):
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
 
 
-class FailOnRank(L.Callback):
-    """Raises on `rank` when the run reaches optimizer step `step`, to check that the other ranks do not hang."""
+class AtStep(L.Callback):
+    """Base of the test callbacks that act once, on one rank, when the batch after optimizer step `step` starts
+    (so in the middle of a run, as a crash or a scheduler's signal would): subclasses implement `act`."""
 
-    def __init__(self, rank: int = 1, step: int = 2) -> None:
-        self.rank = rank
+    def __init__(self, step: int, rank: int) -> None:
         self.step = step
+        self.rank = rank
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_rank == self.rank and trainer.global_step == self.step:
-            raise RuntimeError(f"deliberate failure on rank {self.rank} at step {self.step}")
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            self.act(trainer)
+
+    def act(self, trainer: L.Trainer) -> None:
+        raise NotImplementedError
+
+
+class FailOnRank(AtStep):
+    """Raises on `rank` when the run reaches optimizer step `step`, to check that the other ranks do not hang."""
+
+    def __init__(self, rank: int = 1, step: int = 2) -> None:
+        super().__init__(step, rank)
+
+    def act(self, trainer: L.Trainer) -> None:
+        raise RuntimeError(f"deliberate failure on rank {self.rank} at step {self.step}")
 
 
 class CountingVectorData(VectorDataModule):

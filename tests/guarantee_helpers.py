@@ -1,4 +1,4 @@
-"""Test-only callbacks for tests/test_preemption.py and tests/test_distributed_guarantees.py.
+"""Test-only callbacks for tests/test_resume.py (preemption) and tests/test_distributed_guarantees.py.
 
 `train.py` subprocesses import them by class path (`guarantee_helpers.SignalAt`), so tests/ must be on
 PYTHONPATH. Each writes what it saw to `<out_dir>/<what>_rank<global rank>.json`.
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from ddp_helpers import AtStep
 
 
 def write_record(out_dir: str, what: str, rank: int, record: Any) -> None:
@@ -20,37 +21,29 @@ def write_record(out_dir: str, what: str, rank: int, record: Any) -> None:
     (Path(out_dir) / f"{what}_rank{rank}.json").write_text(json.dumps(record))
 
 
-class SignalAt(L.Callback):
+class SignalAt(AtStep):
     """Sends `signal` to this process on `rank` when the batch after optimizer step `step` starts, as a
     scheduler would (`kill -TERM <pid>`, SLURM's `--signal`): the signal arrives in the middle of a step."""
 
     def __init__(self, step: int, signal: str = "SIGTERM", rank: int = 0) -> None:
-        self.step = step
+        super().__init__(step, rank)
         self.signal = signal
-        self.rank = rank
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.global_step == self.step and trainer.global_rank == self.rank:
-            os.kill(os.getpid(), getattr(signal, self.signal))
+    def act(self, trainer: L.Trainer) -> None:
+        os.kill(os.getpid(), getattr(signal, self.signal))
 
 
-class StopAt(L.Callback):
+class StopAt(AtStep):
     """Rank `rank` writes its pid to `<out_dir>/pid_rank<rank>.json` and stops itself (SIGSTOP) at step `step`:
     a rank that stops answering without exiting (a hung process, a frozen machine)."""
 
     def __init__(self, out_dir: str, step: int = 2, rank: int = 1) -> None:
+        super().__init__(step, rank)
         self.out_dir = out_dir
-        self.step = step
-        self.rank = rank
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.global_step == self.step and trainer.global_rank == self.rank:
-            write_record(self.out_dir, "pid", self.rank, {"pid": os.getpid(), "stopped_at": time.time()})
-            os.kill(os.getpid(), signal.SIGSTOP)
+    def act(self, trainer: L.Trainer) -> None:
+        write_record(self.out_dir, "pid", self.rank, {"pid": os.getpid(), "stopped_at": time.time()})
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class FailOrSleepAt(L.Callback):
