@@ -49,7 +49,7 @@ import torch
 from speed_paths import build_project, diffusers_path, plain_path, project_path, training_flops
 
 from diffusion.models import UNet
-from diffusion.module import use_tf32_on_cuda
+from diffusion.optim import use_tf32_on_cuda
 from diffusion.sampling import SamplingOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,7 +208,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--synthetic", action="store_true", help="random images of the recipe's shape")
     parser.add_argument("--no_diffusers", action="store_true", help="skip the diffusers path")
     parser.add_argument("--baseline", help="a git revision: also time the default job from it and from here")
-    parser.add_argument("--job_steps", type=int, default=500, help="steps of each timed job (--baseline)")
+    parser.add_argument(
+        "--job_steps", type=int, default=500,
+        help="steps of each timed job (--baseline); 0: each tree's whole default job, its own max_steps",
+    )  # fmt: skip
     parser.add_argument("--job_rounds", type=int, default=2, help="interleaved jobs per tree (--baseline)")
     parser.add_argument("--peak_tflops", type=float, help="the device's peak (e.g. 989 for H100 SXM bf16)")
     parser.add_argument("--quick", action="store_true", help="tiny UNet and few steps: plumbing only")
@@ -268,9 +271,9 @@ def main(argv: list[str] | None = None) -> str:
 
 def compare_jobs(args: argparse.Namespace, cli_args: list[str]) -> dict:
     """The default job (`python train.py` + the flags after --), cut to --job_steps (default: one validation
-    interval of the digits recipe, with its validation and sample grid), from --baseline and from here,
-    alternating; returns the wall times."""
-    job_args = [*cli_args, "--max_steps", str(args.job_steps)]
+    interval of the digits recipe, with its validation and sample grid; 0: the whole job, each tree with its
+    own recipe's step count), from --baseline and from here, alternating; returns the wall times."""
+    job_args = [*cli_args, "--max_steps", str(args.job_steps)] if args.job_steps else list(cli_args)
     env = dict(os.environ)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
@@ -349,9 +352,10 @@ def markdown(run: Run) -> str:
     if run.job:
         base, here = (statistics.median(v) for v in run.job["seconds"].values())
         name = next(iter(run.job["seconds"]))
+        whole = "" if args.job_steps else " to the end of each tree's own recipe"
         lines += [
             "",
-            f"Default job, `train.py {' '.join(run.job['args'])}` (each a fresh process, alternating trees): "
+            f"Default job, `train.py {' '.join(run.job['args'])}`{whole} (each a fresh process, alternating trees): "
             f"{name}: {base:.1f} s, this tree: {here:.1f} s, **{base / here:.2f}x faster** "
             f"(target 1.5x; each run: "
             + "; ".join(

@@ -137,6 +137,8 @@ def plain_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> Callable
     per_sample = module.hparams.noise_mode == "per_sample"
     cli.datamodule.setup("fit")
     batches = cycle(cli.datamodule.train_dataloader())
+    # Without a Trainer there is no max_steps for a decay to end at; the rate's value does not change a step's cost.
+    module.hparams.lr_schedule = "constant"
     config = module.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     updates = 0

@@ -25,17 +25,16 @@ from typing import Literal, get_args
 import lightning as L
 import torch
 from lightning.pytorch import LightningDataModule
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
 from diffusion.batch import Batch
+from diffusion.image_files import IMAGE_EXTENSIONS, ImageFiles, read_image
 from diffusion.labels import DATASET_CLASS_NAMES, NO_LABEL, folder_classes
 from diffusion.resume import ResumableLoader, ResumableSampler
 
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
 # name -> (torchvision class, channels, native size)
 _TORCHVISION = {
@@ -69,37 +68,6 @@ class IndexedDataset(Dataset):
         if self.transform is not None:
             x = self.transform(x)
         return Batch(x, int(index), label)
-
-
-def read_image(path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
-    """The decoded image at `path` in `mode`; a corrupt or unreadable file raises ValueError naming it."""
-    try:
-        with Image.open(path) as image:
-            return image.convert(mode)
-    except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
-        raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
-
-
-class ImageFiles(Dataset):
-    """Image files loaded with PIL; a corrupt file is reported by name when it is first read. With ``labels``
-    (one per path), items are (image, label)."""
-
-    def __init__(
-        self, paths: list[Path], mode: Literal["RGB", "L"], transform, labels: list[int] | None = None
-    ) -> None:
-        self.paths = paths
-        self.mode = mode
-        self.transform = transform
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        image = self.transform(read_image(self.paths[index], self.mode))
-        if self.labels is not None:
-            return image, self.labels[index]
-        return image
 
 
 class SplitDataModule(LightningDataModule):

@@ -21,6 +21,7 @@ from diffusion.checkpoints import read_network_weights
 from diffusion.data import describe_batches
 from diffusion.errors import check_choice
 from diffusion.labels import NO_LABEL, check_labels
+from diffusion.optim import LRSchedule, use_tf32_on_cuda, warmup_scheduler
 from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
 from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType
@@ -37,20 +38,6 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 1_000_003 + step) * 2_654_435_761 + index) % (2**63 - 1)
 
 
-def use_tf32_on_cuda(device: torch.device) -> None:
-    """TF32 tensor cores for float32 matmuls on a CUDA device (Ampere and newer; cuDNN convolutions use them
-    by default): products with a 10-bit mantissa, float32 accumulation, several times the float32 rate.
-    A precision the user set explicitly (anything but torch's default "highest") is kept."""
-    if device.type == "cuda" and torch.get_float32_matmul_precision() == "highest":
-        torch.set_float32_matmul_precision("high")
-
-
-def per_sample_generators(seed: int, step: int, indices: torch.Tensor) -> counter_noise.PerSampleNoise:
-    """Per-sample noise for the samplers: draw k of sample i depends only on (seed, step, k, i). One
-    counter-based stream for the whole batch (diffusion/noise.py), not a torch.Generator per sample."""
-    return counter_noise.PerSampleNoise(seed, indices, step=step)
-
-
 class DiffusionModule(L.LightningModule):
     """Trains `network` to predict the noise (or x_0, or v) added by the forward process.
 
@@ -62,6 +49,8 @@ class DiffusionModule(L.LightningModule):
         prediction_type: what the network outputs: the noise "eps" (Ho et al.), "x0", or "v".
         loss_weighting: "none" (Ho et al.'s simple loss) or "min_snr" (Hang et al. 2023, gamma=min_snr_gamma).
         lr, warmup_steps, adam_betas, weight_decay: Adam with linear warmup (Ho et al.: 2e-4, 5000 steps).
+        lr_schedule: after warmup, "constant" (Ho et al.) or "cosine" to zero at the run's last step
+            (trainer.max_steps: a run extended later with a larger max_steps continues on the longer curve).
         sampling: this model's defaults for `sample()`, the callbacks and the sample CLI (a field left unset
             takes `reverse_steps`' default: DDPM over all T steps, as Ho et al.); they override it in turn.
         noise_mode: "fast" draws noise and timesteps from a per-rank generator; "per_sample" makes them a
@@ -93,6 +82,7 @@ class DiffusionModule(L.LightningModule):
         min_snr_gamma: float = 5.0,
         lr: float = 2e-4,
         warmup_steps: int = 5000,
+        lr_schedule: LRSchedule = "constant",
         adam_betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
         sampling: SamplingOptions = DEFER,
@@ -108,6 +98,7 @@ class DiffusionModule(L.LightningModule):
             ("prediction_type", prediction_type, PredictionType),
             ("loss_weighting", loss_weighting, LossWeighting),
             ("noise_mode", noise_mode, NoiseMode),
+            ("lr_schedule", lr_schedule, LRSchedule),
         ]:
             check_choice(name, value, allowed)
         if not 0.0 <= label_dropout < 1.0:
@@ -290,8 +281,8 @@ class DiffusionModule(L.LightningModule):
             self.parameters(), lr=self.hparams.lr, betas=self.hparams.adam_betas,
             weight_decay=self.hparams.weight_decay, fused=fused, foreach=None if fused else True,
         )  # fmt: skip
-        warmup = max(self.hparams.warmup_steps, 1)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
+        scheduler = warmup_scheduler(optimizer, self.hparams.lr_schedule, self.hparams.warmup_steps, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---- sampling -------------------------------------------------------------------------------------
@@ -319,7 +310,7 @@ class DiffusionModule(L.LightningModule):
             indices = torch.arange(num_samples) if indices is None else indices
             if len(indices) != num_samples:
                 raise ValueError(f"got {len(indices)} indices for num_samples={num_samples}")
-            generator = per_sample_generators(seed, 0, indices)
+            generator = counter_noise.PerSampleNoise(seed, indices, step=0)
         return randn((num_samples, *self.sample_shape), generator, self.device), generator
 
     @torch.no_grad()

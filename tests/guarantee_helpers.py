@@ -1,4 +1,4 @@
-"""Test-only callbacks for tests/test_resume.py (preemption) and tests/test_distributed_guarantees.py.
+"""Test-only callbacks for tests/test_preemption.py and tests/test_distributed_guarantees.py.
 
 `train.py` subprocesses import them by class path (`guarantee_helpers.SignalAt`), so tests/ must be on
 PYTHONPATH. Each writes what it saw to `<out_dir>/<what>_rank<global rank>.json`.

@@ -169,6 +169,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "init_from_truncated": (["--model.init_from", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated"),
     # These fail inside fit, before the first step: the run folder they started is removed again.
     "true_half_precision": (["--precision", "16-true"], r"precision=16-true is not supported"),
+    "cosine_without_an_end": (
+        ["--model.lr_schedule", "cosine", "--max_steps", "-1", "--max_epochs", "-1"],
+        r"lr_schedule=cosine decays to the run's last step: set trainer.max_steps",
+    ),
     # Without --data.verify this run would succeed: its one step of batch 1 draws a good image (4.png).
     "verify_finds_a_corrupt_image": (
         [*FOLDER, "--data.verify", "true", "--data.batch_size", "1", "--max_steps", "1"],

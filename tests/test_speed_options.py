@@ -12,7 +12,8 @@ from conftest import tiny_run
 
 from diffusion.checkpoints import load_checkpoint
 from diffusion.models import UNet
-from diffusion.module import DiffusionModule, use_tf32_on_cuda
+from diffusion.module import DiffusionModule
+from diffusion.optim import use_tf32_on_cuda
 from diffusion.sampling import SamplingOptions
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,0 +1,58 @@
+"""`--model.lr_schedule cosine`: linear warmup, then half a cosine to zero at the run's last step."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from helpers import tiny_run
+
+from diffusion.optim import lr_factor, warmup_scheduler
+
+
+def test_warmup_then_constant_or_cosine_to_zero():
+    cosine = dict(schedule="cosine", warmup_steps=10, total_steps=110)
+    assert [lr_factor(s, **cosine) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert lr_factor(10, **cosine) == pytest.approx(1.0)
+    assert lr_factor(60, **cosine) == pytest.approx(0.5)  # half way through the decay
+    assert lr_factor(35, **cosine) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert lr_factor(110, **cosine) == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(500, **cosine) == pytest.approx(0.0, abs=1e-12)  # past the end it stays at zero
+    constant = dict(cosine, schedule="constant")
+    assert [lr_factor(s, **constant) for s in (4, 10, 60, 500)] == pytest.approx([0.5, 1.0, 1.0, 1.0])
+
+
+class RecordLR(L.Callback):
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_training_steps_follow_the_schedule(schedule, tmp_path):
+    cli = tiny_run(tmp_path, "--model.lr", "0.01", "--model.warmup_steps", "2", "--model.lr_schedule", schedule,
+                   "--max_steps", "6", "--trainer.callbacks+", "test_lr_schedule.RecordLR")  # fmt: skip
+    record = next(c for c in cli.trainer.callbacks if isinstance(c, RecordLR))
+    expected = [0.01 * lr_factor(s, schedule=schedule, warmup_steps=2, total_steps=6) for s in range(6)]
+    assert record.lrs == pytest.approx(expected)
+    assert (record.lrs[-1] < 0.002) == (schedule == "cosine")
+
+
+def test_a_resumed_scheduler_decays_over_the_runs_new_length():
+    # Extending a finished run with a larger max_steps: the checkpointed scheduler state must not pin the
+    # first run's length, or the extension would train at a learning rate of zero.
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    first = warmup_scheduler(optimizer, "cosine", warmup_steps=1, total_steps=100)
+    for _ in range(100):
+        optimizer.step()
+        first.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+    extended = warmup_scheduler(optimizer, "cosine", warmup_steps=1, total_steps=200)
+    extended.load_state_dict(first.state_dict())
+    optimizer.step()
+    extended.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(lr_factor(101, schedule="cosine", warmup_steps=1,
+                                                                      total_steps=200))  # fmt: skip
+    assert optimizer.param_groups[0]["lr"] > 0.4
