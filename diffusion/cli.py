@@ -35,6 +35,7 @@ from diffusion.errors import (
 )
 from diffusion.liveness import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.module import DiffusionModule
+from diffusion.process_group import closing_process_group
 from diffusion.resume import check_same_training_settings
 
 SHORTHANDS = (
@@ -391,7 +392,7 @@ def fit(cli: DiffusionCLI) -> None:
 
 def main(args: list[str] | None = None) -> DiffusionCLI:
     """`python train.py [flags]`: build the CLI and fit. A user error ends in one line and exit status 2."""
-    with reporting_user_errors(args):
+    with reporting_user_errors(args), closing_process_group():
         if args is None:
             sys.argv[1:] = with_default_config(sys.argv[1:])
         else:

@@ -38,6 +38,7 @@ from diffusion.errors import (
 )
 from diffusion.generation import Precision, gather_in_order, generate, network_precision
 from diffusion.labels import class_labels
+from diffusion.process_group import closing_process_group
 from diffusion.render import write_samples
 from diffusion.sampling import Sampler, SamplingOptions
 
@@ -177,7 +178,7 @@ def requested_labels(
 
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
-    with reporting_user_errors(argv):
+    with reporting_user_errors(argv), closing_process_group():
         args = build_parser().parse_args(argv)
         options = SamplingOptions(
             sampler=args.sampler, steps=args.steps, eta=args.eta, guidance_scale=args.guidance_scale

@@ -22,6 +22,7 @@ from lightning.fabric import Fabric
 
 from diffusion.checkpoints import load_checkpoint
 from diffusion.generation import gather_in_order, generate, sample_across_ranks
+from diffusion.process_group import process_group_is_open
 from diffusion.render import save_preview, to_uint8, to_uint8_images, write_samples
 from diffusion.sample import main
 from diffusion.sampling import SamplingOptions
@@ -157,6 +158,8 @@ def test_two_processes_all_gather_uint8_images(digits_checkpoint, tmp_path):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert record["handed"] == ["torch.uint8", [3, 1, 16, 16], 3 * 16 * 16]  # float32 would be 4x
         assert record["gathered"] == ["torch.uint8", [2, 3, 1, 16, 16]]
+        # the gloo group closed before exit (left open, it can abort the process: diffusion/process_group.py)
+        assert (tmp_path / f"rank{rank}.after_main").read_text() == "False"
     two = np.load(tmp_path / "two" / "samples.npz")["arr_0"]
     np.testing.assert_array_equal(two, one_devices_images(digits_checkpoint))
 
@@ -209,3 +212,5 @@ def test_zero_devices_is_an_argparse_error(digits_checkpoint, capsys):
 if __name__ == "__main__":
     record_gathers(Path(os.environ["GATHER_RECORD"]))
     main()
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    (Path(os.environ["GATHER_RECORD"]) / f"rank{rank}.after_main").write_text(str(process_group_is_open()))

@@ -1,0 +1,60 @@
+"""Training and sampling close the process group they opened (diffusion/process_group.py): a gloo group left
+open can abort the process at interpreter exit after its work succeeded (exit -6, seen once in CI).
+`python -m diffusion.sample --devices 2` is checked in tests/test_sample_distributed.py."""
+
+import os
+
+import pytest
+import torch.distributed as dist
+from helpers import tiny_run
+
+from diffusion.process_group import closing_process_group, process_group_is_open
+
+
+def open_a_one_process_group(rendezvous_file) -> None:
+    """(torch's FileStore waits forever for a file in a folder that does not exist.)"""
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous_file}", rank=0, world_size=1)
+
+
+@pytest.fixture(autouse=True)
+def no_group_left_behind():
+    yield
+    if process_group_is_open():  # a failed test must not leave its group to the next one
+        dist.destroy_process_group()
+
+
+def test_a_group_opened_inside_is_closed_on_success_and_on_error(tmp_path):
+    with closing_process_group():
+        open_a_one_process_group(tmp_path / "a")
+    assert not process_group_is_open()
+    with pytest.raises(ValueError), closing_process_group():
+        open_a_one_process_group(tmp_path / "b")
+        raise ValueError
+    assert not process_group_is_open()
+
+
+def test_a_group_the_caller_opened_stays_open(tmp_path):
+    open_a_one_process_group(tmp_path / "rendezvous")
+    with closing_process_group():
+        pass
+    assert process_group_is_open()
+
+
+def test_training_under_ddp_closes_its_group(tmp_path, monkeypatch):
+    # One DDP process in this one: Lightning opens a gloo group of world size 1 inside fit, and sets
+    # MASTER_PORT & co. in os.environ, which must not reach the next test's subprocesses.
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    seen = []
+    original = dist.init_process_group
+
+    def recording_init(*args, **kwargs):
+        seen.append(True)
+        return original(*args, **kwargs)
+
+    dist.init_process_group = recording_init
+    try:
+        tiny_run(tmp_path, "--strategy", "ddp", "--devices", "1", "--accelerator", "cpu", "--max_steps", "1")
+    finally:
+        dist.init_process_group = original
+    assert seen, "the run opened no process group: the test would prove nothing"
+    assert not process_group_is_open()
