@@ -70,6 +70,7 @@ class Timed:
     rounds: list[float] = field(default_factory=list)  # the median of each round
     peak_bytes: int = 0
     peak_above_start: int = 0  # the step's own working memory: activations, gradients, temporaries
+    walls: list[float] = field(default_factory=list)  # wall seconds of each round, warm-up included
 
     @property
     def step_seconds(self) -> float:
@@ -90,6 +91,10 @@ class Run:
     paths: list[Timed] = field(default_factory=list)
     sampling: list[float] = field(default_factory=list)  # seconds per batch
     job: dict | None = None
+
+
+COMPILED = "plain loop, network compiled"
+PEER = "diffusers UNet2DModel, plain loop"
 
 
 def reset_peak_memory(device: torch.device) -> int:
@@ -181,7 +186,9 @@ def interleave(paths: list[Timed], rounds: int, steps: int, device: torch.device
         order = paths[r % len(paths) :] + paths[: r % len(paths)]  # rotate: no path always goes first
         for path in order:
             start = reset_peak_memory(device)
+            began = time.perf_counter()
             times = path.run(steps)
+            path.walls.append(time.perf_counter() - began)
             peak = peak_memory(device)
             path.peak_bytes = max(path.peak_bytes, peak)
             path.peak_above_start = max(path.peak_above_start, peak - start)
@@ -207,6 +214,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--synthetic", action="store_true", help="random images of the recipe's shape")
     parser.add_argument("--no_diffusers", action="store_true", help="skip the diffusers path")
+    parser.add_argument(
+        "--compiled", action="store_true",
+        help="also the plain loop with the network compiled (as --model.compile true), and its compile time",
+    )  # fmt: skip
     parser.add_argument("--baseline", help="a git revision: also time the default job from it and from here")
     parser.add_argument(
         "--job_steps", type=int, default=500,
@@ -250,10 +261,13 @@ def main(argv: list[str] | None = None) -> str:
         Timed("project: Lightning Trainer + EMA callback", project_path(cli, device, args.warmup)),
         Timed("plain loop, same module", plain_path(cli, device, args.warmup)),
     ]
+    if args.compiled:
+        compiled = plain_path(cli, device, args.warmup, compile=True)
+        run.paths.append(Timed(COMPILED, compiled, note="torch.compile, default mode"))
     if not args.no_diffusers and isinstance(network, UNet):
         try:
             train, note = diffusers_path(cli, device, args.warmup)
-            run.paths.append(Timed("diffusers UNet2DModel, plain loop", train, note=note))
+            run.paths.append(Timed(PEER, train, note=note))
         except ImportError:
             print("diffusers is not installed (pip install -e '.[bench]'): no diffusers path", flush=True)
     print(f"{len(run.paths)} paths x {args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed "
@@ -296,7 +310,7 @@ def paired_ratio(path: Timed, reference: Timed) -> tuple[float, float, float]:
 def markdown(run: Run) -> str:
     args, paths = run.args, run.paths
     project, plain = paths[0], paths[1]
-    peer = paths[2] if len(paths) > 2 else None
+    peer = next((path for path in paths if path.name == PEER), None)
     quick = (
         " QUICK MODE (tiny UNet, a few steps): plumbing only, the numbers mean nothing" if args.quick else ""
     )
@@ -340,6 +354,21 @@ def markdown(run: Run) -> str:
             "",
             f"FLOP utilisation of the project path: {achieved:.1f} of {args.peak_tflops:g} TFLOP/s = "
             f"**{achieved / args.peak_tflops:.1%}** of the peak given by --peak_tflops.",
+        ]
+    compiled = next((path for path in paths if path.name == COMPILED), None)
+    if compiled is not None and len(compiled.walls) > 1:
+        extra = compiled.walls[0] - statistics.median(compiled.walls[1:])
+        saved = plain.step_seconds - compiled.step_seconds
+        if saved > 0:
+            pays_off = (
+                f"saving {saved * 1000:.1f} ms a step, it pays for itself after {extra / saved:,.0f} steps"
+            )
+        else:
+            pays_off = f"costing {-saved * 1000:.1f} ms more a step, it never pays off"
+        lines += [
+            "",
+            f"Compiling: the compiled path's first round took {extra:.0f} s longer than its later ones (Dynamo "
+            f"and Inductor at its first steps); {pays_off} (against the plain loop).",
         ]
     lines += ["", "| target | value | result |", "| --- | ---: | --- |"]
     tax = paired_ratio(project, plain)[0]

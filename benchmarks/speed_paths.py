@@ -124,10 +124,13 @@ def project_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> Callab
     return run
 
 
-def plain_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> Callable[[int], list[float]]:
-    """The same DiffusionModule (a copy), data and optimizer in a hand-written loop."""
+def plain_path(
+    cli: DiffusionCLI, device: torch.device, warmup: int, compile: bool = False
+) -> Callable[[int], list[float]]:
+    """The same DiffusionModule (a copy), data and optimizer in a hand-written loop; its network compiled as
+    `--model.compile true` does (nn.Module.compile) if the recipe asks or `compile`."""
     module = copy.deepcopy(cli.model).to(device)
-    if module.hparams.get("compile"):
+    if compile or module.hparams.get("compile"):
         module.network.compile()
     module.on_fit_start()  # the rank's noise generator
     params = list(module.parameters())

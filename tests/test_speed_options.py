@@ -135,3 +135,14 @@ def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
         return
     assert "| diffusers UNet2DModel, plain loop (UNet2DModel, 44,969 parameters) |" in table
     assert "project / diffusers <= 0.8" in table
+
+
+@pytest.mark.slow
+def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(tmp_path, compile_calls, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import speed
+
+    table = speed.main(["--quick", "--no_diffusers", "--compiled", "--out", str(tmp_path)])
+    assert compile_calls == ["UNet"]  # the compiled path's network alone: the others stay eager
+    assert "| plain loop, network compiled (torch.compile, default mode) |" in table
+    assert "Compiling: the compiled path's first round took" in table
