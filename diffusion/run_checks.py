@@ -1,0 +1,126 @@
+"""What train.py checks before any training time is spent, each failure one line naming the flag (a
+UserError, `diffusion.errors`): option ranges, the weights to start from or resume, the output folders, and the
+world size under torchrun."""
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
+from lightning.pytorch import Trainer
+
+from diffusion.checkpoints import read_checkpoint
+from diffusion.errors import UserError, check_writable_folder
+from diffusion.module import DiffusionModule
+
+
+def _positive_or_unlimited(value: Any) -> bool:
+    return value == -1 or value >= 1
+
+
+def _steps_or_epoch_fraction(value: Any) -> bool:
+    if isinstance(value, int):
+        return value >= 1
+    return not isinstance(value, float) or 0 < value <= 1  # other forms (a time interval) Lightning checks
+
+
+# Values that would crash deep inside the run (ZeroDivisionError) or be silently replaced (0 steps -> the
+# default): config key, test, what to pass instead.
+OPTION_RANGES = [
+    ("trainer.max_steps", _positive_or_unlimited, "an integer >= 1, or -1 for no limit"),
+    ("trainer.max_epochs", lambda v: _positive_or_unlimited(v), "an integer >= 1, or -1 for no limit"),
+    ("trainer.accumulate_grad_batches", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.val_check_interval", _steps_or_epoch_fraction, "steps >= 1, or a fraction of an epoch in (0, 1]"),
+    ("trainer.log_every_n_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("data.init_args.batch_size", lambda v: v >= 1, "an integer >= 1 (per device)"),
+    ("model.sampling_steps", lambda v: v >= 1, "an integer >= 1, or null for the sampler's default"),
+    ("model.eta", lambda v: 0 <= v <= 1, "a number in [0, 1] (0: deterministic DDIM, 1: DDPM-like)"),
+    ("sample_grid.num_samples", lambda v: v >= 1, "an integer >= 1"),
+    ("sample_grid.steps", lambda v: v >= 1, "an integer >= 1, or null for the sampler's default"),
+]  # fmt: skip
+
+
+def check_option_ranges(config) -> None:
+    """Raise UserError naming the flag for the first value outside its range (keys a config lacks pass)."""
+    for key, valid, allowed in OPTION_RANGES:
+        value = config.get(key)
+        if value is not None and isinstance(value, int | float) and not valid(value):
+            flag = key.replace(".init_args.", ".")
+            raise UserError(f"--{flag} {value} is out of range", f"pass {allowed}")
+
+
+def check_init_from(path: str, network_class: str) -> None:
+    """The weights to start from can be read, and a checkpoint of this project holds the same network class."""
+    checkpoint = read_checkpoint(path, "--model.init_from")
+    saved = checkpoint.get("hyper_parameters", {}).get("network")
+    saved_class = saved.get("class_path") if isinstance(saved, dict) else None
+    if saved_class and saved_class != network_class:
+        raise UserError(
+            f"--model.init_from {path} holds {saved_class.rsplit('.', 1)[-1]} weights (of a run on samples of "
+            f"shape {checkpoint['hyper_parameters'].get('sample_shape')}), but this config's network is "
+            f"{network_class.rsplit('.', 1)[-1]}",
+            "start from a checkpoint of the same kind of run, or pass that run's config (--config)",
+        )
+
+
+def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionModule) -> None:
+    """The checkpoint to resume holds this module's weights, by name and shape; else say whose they are."""
+    saved = checkpoint.get("state_dict")
+    if not isinstance(saved, dict):
+        raise UserError(
+            f"--ckpt_path {path} has no state_dict: it is not a checkpoint written by train.py",
+            "pass a runs/<name>/version_N/checkpoints/*.ckpt, or --model.init_from for bare weights",
+        )
+    expected = module.state_dict()
+    missing = [key for key in expected if key not in saved]
+    unexpected = [key for key in saved if key not in expected]
+    reshaped = [key for key in expected if key in saved and saved[key].shape != expected[key].shape]
+    if not (missing or unexpected or reshaped):
+        return
+    hparams = checkpoint.get("hyper_parameters", {})
+    network = hparams.get("network")
+    saved_class = network.get("class_path", "?").rsplit(".", 1)[-1] if isinstance(network, dict) else "?"
+    counts = [(len(missing), "weights missing"), (len(unexpected), "unexpected"), (len(reshaped), "reshaped")]
+    differences = ", ".join(f"{n} {what}" for n, what in counts if n)
+    config_file = Path(path).parent.parent / "config.yaml"
+    fix = "resume it with the config of the run that saved it"
+    if config_file.is_file():
+        fix = f"resume it with its own config: --config {config_file}"
+    raise UserError(
+        f"--ckpt_path {path} is from another kind of run: {saved_class} on samples of shape "
+        f"{hparams.get('sample_shape')}, while this config has {type(module.network).__name__} on "
+        f"{module.sample_shape} ({differences}; e.g. {(missing + unexpected + reshaped)[0]})",
+        fix,
+    )
+
+
+def check_output_folders(trainer: Trainer, checkpoint_dirpath: str | None) -> None:
+    """The run folder and the checkpoint folder can be written, before any training time is spent."""
+    save_dir = getattr(trainer.logger, "save_dir", None)
+    if save_dir:
+        check_writable_folder(save_dir, "--trainer.logger.init_args.save_dir")
+    else:
+        check_writable_folder(trainer.default_root_dir, "--trainer.default_root_dir")
+    if checkpoint_dirpath:
+        check_writable_folder(checkpoint_dirpath, "--checkpoint.dirpath")
+
+
+def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:
+    """Under torchrun, the Trainer must use exactly the processes torchrun started.
+
+    Lightning checks this only at fit time and only for a multi-device strategy: with the default
+    `--devices auto` on CPU (or `--devices 1`) each of torchrun's processes silently trains its own copy of
+    the model, all writing the same run folder. Fail at startup instead, saying which flags to pass.
+    """
+    if not TorchElasticEnvironment.detect():
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    if num_devices * num_nodes == world_size:
+        return
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    raise ValueError(
+        f"torchrun started WORLD_SIZE={world_size} processes ({per_node} per node), but the Trainer is set to "
+        f"devices={num_devices} x num_nodes={num_nodes} = {num_devices * num_nodes}. Pass --devices {per_node} "
+        f"--num_nodes {world_size // per_node}: --devices must equal torchrun's --nproc_per_node and "
+        "--num_nodes its --nnodes."
+    )
