@@ -213,6 +213,15 @@ def test_unet_gradient_reaches_every_parameter() -> None:
     assert missing == []
 
 
+def test_unet_gradients_have_their_parameters_strides() -> None:
+    # DDP's gradient layout contract: a gradient laid out otherwise is copied into its bucket every step, with a
+    # "Grad strides do not match bucket view strides" warning (the attention's proj_out did, from the heads' layout).
+    model = UNet(**TINY_UNET)
+    model(torch.randn(2, 1, 8, 8), torch.tensor([3, 700])).square().mean().backward()
+    mismatched = [name for name, p in model.named_parameters() if p.grad.stride() != p.stride()]
+    assert mismatched == []
+
+
 def test_mlp_gradient_reaches_every_parameter() -> None:
     torch.manual_seed(0)
     model = MLP(hidden_dim=16, num_blocks=2, time_embed_dim=8, fourier_frequencies=3)

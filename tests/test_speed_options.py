@@ -138,7 +138,9 @@ def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(tmp_path, compile_calls, monkeypatch):
+def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(
+    tmp_path, compile_calls, monkeypatch
+):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import speed
 
