@@ -35,6 +35,14 @@ def is_collective_failure(error: BaseException) -> bool:
     return False
 
 
+def set_collective_timeout(timeout: timedelta) -> None:
+    """The default group's timeout for every collective from now on. `torch.distributed.set_timeout` is public
+    since mid-2026 (torch 2.12+); an older torch (2.11 on the lent GPU machines) has the private helper it
+    replaced, which newer ones keep as a deprecated alias."""
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    setter(timeout)
+
+
 class Heartbeat(L.Callback):
     """Every rank's counter in the store, bumped every `interval` seconds while the process runs."""
 
@@ -50,7 +58,7 @@ class Heartbeat(L.Callback):
         if trainer.world_size < 2 or not dist.is_initialized() or self._thread is not None:
             return
         # The default group's store: private in torch, but the one every rank already shares.
-        dist.set_timeout(timedelta(seconds=self.timeout_s))  # every collective from here on
+        set_collective_timeout(timedelta(seconds=self.timeout_s))  # every collective from here on
         self._store = dist.distributed_c10d._get_default_store()
         self._world_size = trainer.world_size
         rank = trainer.global_rank

@@ -1,13 +1,17 @@
 """Training and sampling close the process group they opened (diffusion/process_group.py): a gloo group left
 open can abort the process at interpreter exit after its work succeeded (exit -6, seen once in CI).
-`python -m diffusion.sample --devices 2` is checked in tests/test_sample_distributed.py."""
+`python -m diffusion.sample --devices 2` is checked in tests/test_sample_distributed.py. And `--ddp_timeout` reaches
+the group on a torch without `torch.distributed.set_timeout` (2.11, on the lent GPU machines)."""
 
 import os
+from datetime import timedelta
 
 import pytest
+import torch
 import torch.distributed as dist
 from helpers import tiny_run
 
+from diffusion.liveness import set_collective_timeout
 from diffusion.process_group import closing_process_group, process_group_is_open
 
 
@@ -58,3 +62,17 @@ def test_training_under_ddp_closes_its_group(tmp_path, monkeypatch):
         dist.init_process_group = original
     assert seen, "the run opened no process group: the test would prove nothing"
     assert not process_group_is_open()
+
+
+@pytest.mark.filterwarnings("ignore:.*_set_pg_timeout.*:FutureWarning")  # newer torch: a deprecated alias
+@pytest.mark.parametrize("torch_has_set_timeout", [True, False])
+def test_the_collective_timeout_is_set_with_or_without_set_timeout(
+    tmp_path, monkeypatch, torch_has_set_timeout
+):
+    if not torch_has_set_timeout:
+        monkeypatch.delattr(dist, "set_timeout")
+    open_a_one_process_group(tmp_path / "rendezvous")
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    assert backend.options._timeout != timedelta(seconds=7)
+    set_collective_timeout(timedelta(seconds=7))
+    assert backend.options._timeout == timedelta(seconds=7)
