@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 9, item 5: what only a GPU shows, in one device call (see docs/DEVELOPING.md "With a GPU").
 #
-#   bash benchmarks/gpu_suite.sh OUT [STAGE ...]      # stages: check fp16 bf16 compiled nccl (default: all)
+#   bash benchmarks/gpu_suite.sh OUT [STAGE ...]      # stages: check fp16 bf16 compiled nccl sample (default: all)
 #
 # check     the GPU, torch, and the tests that run only on CUDA (per-sample noise generated on the device, TF32)
 # fp16      speed.py on the CIFAR-10 recipe (35.7M UNet, batch 128, its 16-mixed), synthetic images: training
@@ -10,6 +10,8 @@
 # bf16      the same under bf16-mixed (the precision to use on Ampere and newer)
 # compiled  bf16-mixed with the plain loop's network compiled beside the eager one, and the compile time
 # nccl      train.py --strategy ddp (NCCL) on one GPU for 300 steps of the recipe on generated images
+# sample    python -m diffusion.sample from that run's checkpoint: DDIM-50 of 1,024 images in 32-bit and under
+#           bf16-mixed (the wall time of each command, model loading included)
 #
 # Results: OUT/<stage>/speed.md and OUT/suite.log (8 files at most come back from a device call: this writes 4).
 # The device machine has no jsonargparse or diffusers: wheels carried in .whl/ (DEVELOPING.md says how) are
@@ -19,7 +21,7 @@ set -euo pipefail
 out=${1:?usage: bash benchmarks/gpu_suite.sh OUT [check|fp16|bf16|compiled|nccl ...]}
 shift
 stages=("$@")
-((${#stages[@]})) || stages=(check fp16 bf16 compiled nccl)
+((${#stages[@]})) || stages=(check fp16 bf16 compiled nccl sample)
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 exec > >(tee -a "$out/suite.log") 2>&1
@@ -31,12 +33,12 @@ fi
 
 if [[ "${SUITE_QUICK:-0}" == 1 ]]; then
     speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --quick)
-    train_steps=2 images=40 tiny=(--model.network.init_args.channels 8 --model.network.init_args.channel_mult "[1, 2]"
+    train_steps=2 images=40 num_samples=8 tiny=(--model.network.init_args.channels 8 --model.network.init_args.channel_mult "[1, 2]"
         --model.network.init_args.num_res_blocks 1 --data.init_args.num_workers 0 --data.init_args.val_from_train 8)
 else
     # 989 TFLOP/s: the H100 SXM's (and H200's) dense bf16 peak; speed.py reports the project path's share of it.
     speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 989 --rounds 4 --steps 30)
-    train_steps=300 images=5000 tiny=()
+    train_steps=300 images=5000 num_samples=1024 tiny=()
 fi
 
 for stage in "${stages[@]}"; do
@@ -71,7 +73,15 @@ EOF
                 --trainer.enable_progress_bar false
             echo "train.py: $train_steps steps in $((SECONDS - started)) s (start-up, one validation and a grid included)"
             ls /tmp/suite_runs/cifar10/version_0/checkpoints ;;
-        *) echo "unknown stage $stage: choose from check fp16 bf16 compiled nccl" >&2; exit 2 ;;
+        sample)
+            for precision in 32 bf16-mixed; do
+                started=$SECONDS
+                python3 -m diffusion.sample --ckpt /tmp/suite_runs/cifar10/version_0/checkpoints/last.ckpt \
+                    --num_samples "$num_samples" --batch_size 256 --sampler ddim --steps 50 --precision "$precision" \
+                    --out "/tmp/suite_samples/$precision" --overwrite
+                echo "sample: $num_samples DDIM-50 images under $precision in $((SECONDS - started)) s"
+            done ;;
+        *) echo "unknown stage $stage: choose from check fp16 bf16 compiled nccl sample" >&2; exit 2 ;;
     esac
 done
 echo "=== done ($(date -u +%H:%M:%S))"

@@ -26,7 +26,7 @@ def suite(out: Path, *stages: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_gpu_suite_runs_its_stages_on_the_cifar10_recipe(tmp_path):
-    result = suite(tmp_path, "fp16", "bf16", "nccl")
+    result = suite(tmp_path, "fp16", "bf16", "nccl", "sample")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for stage in ("fp16", "bf16"):
         table = (tmp_path / stage / "speed.md").read_text()
@@ -35,6 +35,8 @@ def test_the_gpu_suite_runs_its_stages_on_the_cifar10_recipe(tmp_path):
     log = (tmp_path / "suite.log").read_text()
     assert "distributed_backend=gloo" in log  # train.py under --strategy ddp (NCCL on the GPU)
     assert "train.py: 2 steps in" in log and "last.ckpt" in log
+    for precision in ("32", "bf16-mixed"):
+        assert f"sample: 8 DDIM-50 images under {precision} in" in log
 
 
 def test_an_unknown_stage_is_refused(tmp_path):
