@@ -50,16 +50,8 @@ def test_training_under_ddp_closes_its_group(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "environ", dict(os.environ))
     seen = []
     original = dist.init_process_group
-
-    def recording_init(*args, **kwargs):
-        seen.append(True)
-        return original(*args, **kwargs)
-
-    dist.init_process_group = recording_init
-    try:
-        tiny_run(tmp_path, "--strategy", "ddp", "--devices", "1", "--accelerator", "cpu", "--max_steps", "1")
-    finally:
-        dist.init_process_group = original
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: seen.append(True) or original(*a, **k))
+    tiny_run(tmp_path, "--strategy", "ddp", "--devices", "1", "--accelerator", "cpu", "--max_steps", "1")
     assert seen, "the run opened no process group: the test would prove nothing"
     assert not process_group_is_open()
 
