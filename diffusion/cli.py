@@ -36,6 +36,7 @@ from diffusion.module import DiffusionModule
 from diffusion.process_group import closing_process_group
 from diffusion.resume import check_same_training_settings
 from diffusion.run_checks import (
+    check_hardware_flags,
     check_init_from,
     check_option_ranges,
     check_output_folders,
@@ -154,6 +155,7 @@ class DiffusionCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config
         check_option_ranges(config)
+        check_hardware_flags(config.trainer)
         if config.ckpt_path:
             self._resume_checkpoint = self._resolve_resume(config)
         if config.model.init_from:

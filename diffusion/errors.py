@@ -162,9 +162,13 @@ def _parser_message(text: str) -> str:
         # jsonargparse's 'v>=0 and v<=1' -> '>= 0 and <= 1'
         bound = re.sub(r"v\s*(>=|<=|>|<)\s*", r"\1 ", restriction.group(1))
         return f"{shown} is out of range — pass a value {bound}"
-    choices = re.search(r"Expected a typing\.Literal\[(.*)\]", detail)
-    if choices:
-        return f"{shown} is not one of the choices — choose one of {choices.group(1)}"
+    # A union of Literals (--precision: ints, then strings) lists each: their values, each once.
+    literals = re.findall(r"Expected a typing\.Literal\[([^\]]*)\]", detail)
+    if literals:
+        choices = dict.fromkeys(c.strip() for group in literals for c in group.split(","))
+        unique = {choice.strip("'"): choice for choice in reversed(choices)}  # '64' after 64: keep 64
+        listed = [choice for choice in choices if unique[choice.strip("'")] == choice]
+        return f"{shown} is not one of the choices — choose one of {', '.join(listed)}"
     expected = re.search(r"Expected a <class '(\w+)'>", detail)
     if expected:
         return f"{shown} is not a valid {expected.group(1)} — pass a value of that type (see --help)"

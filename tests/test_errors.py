@@ -7,6 +7,7 @@ the no-traceback contract end to end. `DIFFUSION_DEBUG=1` / `--debug` bring the 
 """
 
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -113,6 +114,27 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "num_workers_negative": (["--data.num_workers", "-1"], r"num_workers must be >= 0, got -1"),
     "unknown_flag": (["--max_step", "3"], r"unrecognized arguments: --max_step"),
     "unknown_choice": (["--data.dataset", "imagenet"], r"--data.dataset imagenet .*choose one of 'digits'"),
+    # --precision is a union of Literals: each value once, no parser internals.
+    "precision_not_a_choice": (
+        ["--precision", "17"],
+        r"--trainer.precision 17 is not one of the choices — choose one of 64, 32, 16, [^\]]*'bf16-mixed'[^\]]*$",
+    ),
+    "devices_0": (["--devices", "0"], r"--devices 0 is not a number of devices — pass a count >= 1"),
+    "devices_not_a_number": (["--devices", "abc"], r"--devices abc is not a number of devices"),
+    "devices_gpu_indices_on_cpu": (
+        ["--accelerator", "cpu", "--devices", "0,1"],
+        r"--devices 0,1 lists GPU indices, but this run is on the CPU — pass a number of processes",
+    ),
+    "strategy_unknown": (
+        ["--strategy", "ddpx"],
+        r"--strategy ddpx is not a Lightning strategy — pass auto, ddp",
+    ),
+    "num_nodes_0": (["--num_nodes", "0"], r"--trainer.num_nodes 0 is out of range — pass an integer >= 1"),
+    # Lightning skips clipping for a value <= 0: -1 would silently train unclipped.
+    "gradient_clip_negative": (
+        ["--trainer.gradient_clip_val", "-1"],
+        r"gradient_clip_val -1.0 is out of range",
+    ),
     "missing_config": (["--config", "{user}/nope.yaml"], r"--config: .*nope.yaml"),
     "broken_yaml": (["--config", "{user}/bad.yaml"], r"Problems parsing config.* — fix the YAML"),
     "config_typo": (["--config", "{user}/typo.yaml"], r"'max_step'"),
@@ -185,6 +207,13 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
 }
 
 
+if not torch.cuda.is_available():  # Lightning raises "No supported gpu backend found!" without a fix
+    TRAIN_CASES["accelerator_gpu_without_one"] = (
+        ["--accelerator", "gpu"],
+        r"--accelerator gpu: torch sees no CUDA GPU on this machine — train on the CPU with --accelerator cpu",
+    )
+if importlib.util.find_spec("torch_xla") is None:  # Lightning raises a ModuleNotFoundError with a traceback
+    TRAIN_CASES["accelerator_tpu_without_xla"] = (["--accelerator", "tpu"], r"tpu needs torch_xla")
 if Path("/proc/self").is_dir():  # Linux: a folder nobody can write into, root included
     TRAIN_CASES["checkpoint_dir_unwritable"] = (
         ["--checkpoint.dirpath", "/proc/ckpts"],
