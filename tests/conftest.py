@@ -1,11 +1,16 @@
 """Shared fixtures: tiny runs made through the real CLI, so tests exercise what users run."""
 
+import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from helpers import QUICK, TINY_MLP, tiny_run
+from PIL import Image
 
+from diffusion.checkpoints import load_checkpoint
 from diffusion.cli import main
 
 
@@ -39,3 +44,27 @@ def toy2d_checkpoint(tmp_path_factory) -> Path:
     main(["--config", config, *TINY_MLP, *QUICK, "--trainer.logger.init_args.save_dir", str(save_dir),
           "--data.init_args.num_samples", "256"])  # fmt: skip
     return save_dir / "toy2d" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory, digits_checkpoint, toy2d_checkpoint) -> Path:
+    """A user's folder: two finished runs, broken checkpoint files, bare weights, a samples folder, a file,
+    an image folder with one corrupt image, and two broken configs."""
+    home = tmp_path_factory.mktemp("user")
+    shutil.copytree(digits_checkpoint.parents[1], home / "runs" / "digits" / "version_0")
+    shutil.copytree(toy2d_checkpoint.parents[1], home / "runs" / "toy2d" / "version_0")
+    good = home / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    (home / "truncated.ckpt").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    (home / "empty.ckpt").write_bytes(b"")
+    (home / "random.ckpt").write_bytes(np.random.default_rng(0).bytes(5000))
+    torch.save(load_checkpoint(good).network.state_dict(), home / "weights.pt")
+    (home / "a_file").write_text("not a folder")
+    (home / "samples").mkdir()
+    np.savez(home / "samples" / "samples.npz", np.zeros((4, 16, 16, 1), np.uint8))
+    (home / "images").mkdir()
+    for i in range(6):
+        Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(home / "images" / f"{i}.png")
+    (home / "images" / "broken.png").write_bytes(b"definitely not a png")
+    (home / "bad.yaml").write_text("trainer: [\n")
+    (home / "typo.yaml").write_text("trainer:\n  max_step: 3\n")
+    return home

@@ -2,11 +2,12 @@
 stderr with exit status 2 and no traceback, before training or sampling time is spent; nothing the user had
 (checkpoints, samples, run folders) changes, and a run that fails before its first step leaves no folder.
 
-Most cases call `main([...])` in-process (seconds each); a few run the real commands in a subprocess to prove
-the no-traceback contract end to end. `DIFFUSION_DEBUG=1` / `--debug` bring the traceback back.
+Here train.py's errors and what all commands share; the sample and evaluate CLIs' are in
+tests/test_errors_sample_evaluate.py. Most cases call `main([...])` in-process (seconds each); a few run the
+real commands in a subprocess to prove the no-traceback contract end to end. `DIFFUSION_DEBUG=1` / `--debug`
+bring the traceback back.
 """
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -18,85 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import QUICK, TINY_MLP, TINY_UNET
 from PIL import Image
 from torch import nn
+from user_errors import REPO, error_line, run_in_process, snapshot, train_args
 
-from diffusion import evaluate, sample
+from diffusion import sample
 from diffusion.checkpoints import load_checkpoint
 from diffusion.cli import main as train
 from diffusion.errors import UserError, one_line, reporting_user_errors
-
-REPO = Path(__file__).parents[1]
-CONFIGS = REPO / "configs"
-
-
-def error_line(stderr: str) -> str:
-    """The one `error:` line of a command's stderr, checked: the only one, the last line, no traceback."""
-    assert "Traceback" not in stderr, stderr[-3000:]
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1 and lines[-1] == errors[0], stderr[-3000:]
-    return errors[0]
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every file (a digest of its bytes) and folder under `folder`: what the user had."""
-    return {
-        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-        if path.is_file()
-        else "/"
-        for path in sorted(folder.rglob("*"))
-    }
-
-
-@pytest.fixture(scope="module")
-def user(tmp_path_factory, digits_checkpoint, toy2d_checkpoint) -> Path:
-    """A user's folder: two finished runs, broken checkpoint files, bare weights, a samples folder, a file,
-    an image folder with one corrupt image, and two broken configs."""
-    home = tmp_path_factory.mktemp("user")
-    shutil.copytree(digits_checkpoint.parents[1], home / "runs" / "digits" / "version_0")
-    shutil.copytree(toy2d_checkpoint.parents[1], home / "runs" / "toy2d" / "version_0")
-    good = home / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
-    (home / "truncated.ckpt").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    (home / "empty.ckpt").write_bytes(b"")
-    (home / "random.ckpt").write_bytes(np.random.default_rng(0).bytes(5000))
-    torch.save(load_checkpoint(good).network.state_dict(), home / "weights.pt")
-    (home / "a_file").write_text("not a folder")
-    (home / "samples").mkdir()
-    np.savez(home / "samples" / "samples.npz", np.zeros((4, 16, 16, 1), np.uint8))
-    (home / "images").mkdir()
-    for i in range(6):
-        Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(home / "images" / f"{i}.png")
-    (home / "images" / "broken.png").write_bytes(b"definitely not a png")
-    (home / "bad.yaml").write_text("trainer: [\n")
-    (home / "typo.yaml").write_text("trainer:\n  max_step: 3\n")
-    return home
-
-
-def fill(flags: list[str], user: Path) -> list[str]:
-    return [flag.format(user=user, configs=CONFIGS) for flag in flags]
-
-
-def train_args(flags: list[str], user: Path, save_dir: Path) -> list[str]:
-    """The tiny quick run with `flags`; a --config first, since a config file overrides the flags before it."""
-    flags = fill(flags, user)
-    config = flags[:2] if flags[:1] == ["--config"] else []
-    network = TINY_MLP if "toy2d" in "".join(config) else TINY_UNET
-    save = ["--trainer.logger.init_args.save_dir", str(save_dir)]
-    return [*config, *network, *QUICK, *save, *flags[len(config) :]]
-
-
-def run_in_process(command, args: list[str], user: Path, capsys) -> str:
-    """Run a command's main, check exit status 2, the one line and that the user's files are unchanged."""
-    before = snapshot(user)
-    with pytest.raises(SystemExit) as exit_info:
-        command(args)
-    assert exit_info.value.code == 2
-    line = error_line(capsys.readouterr().err)
-    assert snapshot(user) == before
-    return line
-
 
 FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "--data.image_size", "8",
           "--data.val_fraction", "0"]  # fmt: skip
@@ -226,84 +156,6 @@ def test_train_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
     assert re.search(expected, run_in_process(train, train_args(flags, user, user / "runs"), user, capsys))
 
 
-SAMPLE_CASES = {
-    "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),
-    "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
-    "devices_0": (["--devices", "0"], r"--devices 0 is out of range"),
-    "steps_0": (["--steps", "0"], r"--steps 0 is out of range — pass a value > 0"),
-    "eta_negative": (["--eta", "-1"], r"--eta -1 is out of range — pass a value >= 0 and <= 1"),
-    "eta_100": (["--eta", "100"], r"--eta 100 is out of range — pass a value >= 0 and <= 1"),
-    "steps_beyond_the_schedule": (["--steps", "5000"], r"steps=5000 must be between 1 and .*1000"),
-    "unknown_sampler": (
-        ["--sampler", "ddqm"],
-        r"--sampler ddqm is not one of the choices — choose one of 'ddpm'",
-    ),
-    "unknown_flag": (["--temperature", "0.5"], r"unrecognized arguments: --temperature 0.5"),
-    "config_typo": (["--config", "{user}/typo.yaml"], r"'trainer.max_step' is not accepted — see --help"),
-    "cuda_without_a_gpu": (["--device", "cuda"], r"--device cuda: no CUDA GPU .* — use --device cpu"),
-    "not_a_device": (["--device", "tpu9"], r"--device tpu9 is not a device"),
-    "truncated": (["--ckpt", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated or not a PyTorch"),
-    "empty": (["--ckpt", "{user}/empty.ckpt"], r"empty.ckpt is empty"),
-    "random_bytes": (["--ckpt", "{user}/random.ckpt"], r"random.ckpt is truncated or not a PyTorch"),
-    "a_folder": (["--ckpt", "{user}/runs/toy2d"], r"is a folder, not a checkpoint file — pass .*last.ckpt"),
-    "missing": (["--ckpt", "{user}/nope.ckpt"], r"no checkpoint at .*nope.ckpt"),
-    "bare_weights": (["--ckpt", "{user}/weights.pt"], r"weights.pt is not a checkpoint written by train.py"),
-    "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),
-    "out_under_a_file": (["--out", "{user}/a_file/samples"], r"a_file is a file, not a folder"),
-    "samples_exist": (["--out", "{user}/samples"], r"samples.npz exists — pass --overwrite"),
-    "guidance_negative": (
-        ["--guidance_scale", "-1"],
-        r"--guidance_scale -1 is out of range — pass a value >= 0",
-    ),
-    "guidance_infinite": (["--guidance_scale", "inf"], r"guidance_scale=inf must be a finite number >= 0"),
-    "class_of_an_unconditional_model": (
-        ["--class_label", "3"],
-        r"--class_label: this checkpoint is unconditional .* — sample it without --class_label",
-    ),
-    "guidance_of_an_unconditional_model": (
-        ["--guidance_scale", "2"],
-        r"--guidance_scale: this checkpoint is unconditional",
-    ),
-}
-
-
-if Path("/proc/self").is_dir():
-    SAMPLE_CASES["out_unwritable"] = (
-        ["--out", "/proc/samples"],
-        r"--out /proc/samples: cannot write into /proc",
-    )
-
-
-@pytest.mark.parametrize(("flags", "expected"), SAMPLE_CASES.values(), ids=SAMPLE_CASES.keys())
-def test_sample_reports_a_bad_input_in_one_line(flags, expected, user, capsys, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on machines with a GPU
-    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
-    args = ["--ckpt", str(good), "--out", str(user / "new"), "--sampler", "ddim", "--steps", "2", "--num_samples",
-            "2", *fill(flags, user)]  # fmt: skip
-    assert re.search(expected, run_in_process(sample.main, args, user, capsys))
-
-
-EVALUATE_CASES = {
-    "missing_samples": (["--samples", "{user}/nope.npz"], r"no such file .*nope.npz"),
-    "random_bytes": (["--samples", "{user}/random.ckpt"], r"random.ckpt"),
-    "unknown_reference": (["--reference", "imagenet"], r"'imagenet' is neither .* datasets"),
-    "unknown_features": (["--features", "clip"], r"--features clip is not one of the choices"),
-    "kid_subset_size_1": (
-        ["--kid_subset_size", "1"],
-        r"--kid_subset_size 1 is out of range — pass a value >= 2",
-    ),
-    "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
-    "missing_reference": (["--reference", "{user}/nope.npz"], r"no such file .*nope.npz"),
-}
-
-
-@pytest.mark.parametrize(("flags", "expected"), EVALUATE_CASES.values(), ids=EVALUATE_CASES.keys())
-def test_evaluate_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
-    samples = str(user / "samples" / "samples.npz")
-    args = ["--samples", samples, "--reference", samples, "--features", "pixels", *fill(flags, user)]
-    assert re.search(expected, run_in_process(evaluate.main, args, user, capsys))
-
-
 def test_a_corrupt_image_met_in_training_names_it_and_keeps_the_last_checkpoint(tmp_path, capsys):
     images = tmp_path / "images"
     images.mkdir()
@@ -322,15 +174,6 @@ def test_a_corrupt_image_met_in_training_names_it_and_keeps_the_last_checkpoint(
     assert re.search(r"cannot read image .*3\.png", error_line(capsys.readouterr().err))
     assert load_checkpoint(last).sample_shape == (3, 8, 8)  # still a good checkpoint
     assert torch.load(last, weights_only=True)["global_step"] >= steps
-
-
-def test_existing_samples_are_replaced_only_with_overwrite(user, tmp_path):
-    out = tmp_path / "out"
-    shutil.copytree(user / "samples", out)
-    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
-    path = sample.main(["--ckpt", str(good), "--out", str(out), "--sampler", "ddim", "--steps", "2",
-                        "--num_samples", "3", "--device", "cpu", "--overwrite"])  # fmt: skip
-    assert np.load(path)["arr_0"].shape == (3, 16, 16, 1)  # the user's 4 blank images replaced
 
 
 def test_debug_lets_the_exception_through(user, monkeypatch):

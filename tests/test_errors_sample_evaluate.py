@@ -1,0 +1,99 @@
+"""The sample and evaluate CLIs' user errors: one line, `error: <what is wrong> — <how to fix it>`, exit status
+2, no traceback, and the user's files unchanged (the contract and train.py's cases: tests/test_errors.py)."""
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from user_errors import fill, run_in_process
+
+from diffusion import evaluate, sample
+
+SAMPLE_CASES = {
+    "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),
+    "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
+    "devices_0": (["--devices", "0"], r"--devices 0 is out of range"),
+    "steps_0": (["--steps", "0"], r"--steps 0 is out of range — pass a value > 0"),
+    "eta_negative": (["--eta", "-1"], r"--eta -1 is out of range — pass a value >= 0 and <= 1"),
+    "eta_100": (["--eta", "100"], r"--eta 100 is out of range — pass a value >= 0 and <= 1"),
+    "steps_beyond_the_schedule": (["--steps", "5000"], r"steps=5000 must be between 1 and .*1000"),
+    "unknown_sampler": (
+        ["--sampler", "ddqm"],
+        r"--sampler ddqm is not one of the choices — choose one of 'ddpm'",
+    ),
+    "unknown_flag": (["--temperature", "0.5"], r"unrecognized arguments: --temperature 0.5"),
+    "config_typo": (["--config", "{user}/typo.yaml"], r"'trainer.max_step' is not accepted — see --help"),
+    "cuda_without_a_gpu": (["--device", "cuda"], r"--device cuda: no CUDA GPU .* — use --device cpu"),
+    "not_a_device": (["--device", "tpu9"], r"--device tpu9 is not a device"),
+    "truncated": (["--ckpt", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated or not a PyTorch"),
+    "empty": (["--ckpt", "{user}/empty.ckpt"], r"empty.ckpt is empty"),
+    "random_bytes": (["--ckpt", "{user}/random.ckpt"], r"random.ckpt is truncated or not a PyTorch"),
+    "a_folder": (["--ckpt", "{user}/runs/toy2d"], r"is a folder, not a checkpoint file — pass .*last.ckpt"),
+    "missing": (["--ckpt", "{user}/nope.ckpt"], r"no checkpoint at .*nope.ckpt"),
+    "bare_weights": (["--ckpt", "{user}/weights.pt"], r"weights.pt is not a checkpoint written by train.py"),
+    "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),
+    "out_under_a_file": (["--out", "{user}/a_file/samples"], r"a_file is a file, not a folder"),
+    "samples_exist": (["--out", "{user}/samples"], r"samples.npz exists — pass --overwrite"),
+    "guidance_negative": (
+        ["--guidance_scale", "-1"],
+        r"--guidance_scale -1 is out of range — pass a value >= 0",
+    ),
+    "guidance_infinite": (["--guidance_scale", "inf"], r"guidance_scale=inf must be a finite number >= 0"),
+    "class_of_an_unconditional_model": (
+        ["--class_label", "3"],
+        r"--class_label: this checkpoint is unconditional .* — sample it without --class_label",
+    ),
+    "guidance_of_an_unconditional_model": (
+        ["--guidance_scale", "2"],
+        r"--guidance_scale: this checkpoint is unconditional",
+    ),
+}
+
+
+if Path("/proc/self").is_dir():
+    SAMPLE_CASES["out_unwritable"] = (
+        ["--out", "/proc/samples"],
+        r"--out /proc/samples: cannot write into /proc",
+    )
+
+
+@pytest.mark.parametrize(("flags", "expected"), SAMPLE_CASES.values(), ids=SAMPLE_CASES.keys())
+def test_sample_reports_a_bad_input_in_one_line(flags, expected, user, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on machines with a GPU
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    args = ["--ckpt", str(good), "--out", str(user / "new"), "--sampler", "ddim", "--steps", "2", "--num_samples",
+            "2", *fill(flags, user)]  # fmt: skip
+    assert re.search(expected, run_in_process(sample.main, args, user, capsys))
+
+
+EVALUATE_CASES = {
+    "missing_samples": (["--samples", "{user}/nope.npz"], r"no such file .*nope.npz"),
+    "random_bytes": (["--samples", "{user}/random.ckpt"], r"random.ckpt"),
+    "unknown_reference": (["--reference", "imagenet"], r"'imagenet' is neither .* datasets"),
+    "unknown_features": (["--features", "clip"], r"--features clip is not one of the choices"),
+    "kid_subset_size_1": (
+        ["--kid_subset_size", "1"],
+        r"--kid_subset_size 1 is out of range — pass a value >= 2",
+    ),
+    "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
+    "missing_reference": (["--reference", "{user}/nope.npz"], r"no such file .*nope.npz"),
+}
+
+
+@pytest.mark.parametrize(("flags", "expected"), EVALUATE_CASES.values(), ids=EVALUATE_CASES.keys())
+def test_evaluate_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
+    samples = str(user / "samples" / "samples.npz")
+    args = ["--samples", samples, "--reference", samples, "--features", "pixels", *fill(flags, user)]
+    assert re.search(expected, run_in_process(evaluate.main, args, user, capsys))
+
+
+def test_existing_samples_are_replaced_only_with_overwrite(user, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(user / "samples", out)
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    path = sample.main(["--ckpt", str(good), "--out", str(out), "--sampler", "ddim", "--steps", "2",
+                        "--num_samples", "3", "--device", "cpu", "--overwrite"])  # fmt: skip
+    assert np.load(path)["arr_0"].shape == (3, 16, 16, 1)  # the user's 4 blank images replaced
