@@ -41,6 +41,7 @@ from diffusion.run_checks import (
     check_option_ranges,
     check_output_folders,
     check_resume_fits,
+    check_steps_left,
     check_torchrun_world_size,
 )
 
@@ -152,10 +153,14 @@ class DiffusionCLI(LightningCLI):
             apply_on="instantiate",
         )  # fmt: skip
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
+        check_option_ranges(self.config)
+        check_hardware_flags(self.config.trainer)
+
     def before_instantiate_classes(self) -> None:
         config = self.config
-        check_option_ranges(config)
-        check_hardware_flags(config.trainer)
         if config.ckpt_path:
             self._resume_checkpoint = self._resolve_resume(config)
         if config.model.init_from:
@@ -216,6 +221,7 @@ class DiffusionCLI(LightningCLI):
             check_input_shape(self.model.sample_shape)
         if self._resume_checkpoint is not None:
             check_resume_fits(self._resume_checkpoint, self.config.ckpt_path, self.model)
+            check_steps_left(self._resume_checkpoint, self.trainer.max_steps)
             self._resume_checkpoint = None  # unmap the file: the resumed run will write its checkpoints
             check_same_training_settings(
                 self.config.ckpt_path, self.parser.dump(self.config, skip_none=False)

@@ -19,9 +19,9 @@ from diffusion import noise as counter_noise
 from diffusion.batch import Batch, check_batch
 from diffusion.checkpoints import read_network_weights
 from diffusion.data import describe_batches
-from diffusion.errors import check_choice
 from diffusion.labels import NO_LABEL, check_labels
 from diffusion.optim import LRSchedule, use_tf32_on_cuda, warmup_scheduler
+from diffusion.option_checks import check_training_options
 from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
 from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
 from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType
@@ -94,22 +94,17 @@ class DiffusionModule(L.LightningModule):
         class_names: list[str] | None = None,
     ) -> None:
         super().__init__()
-        for name, value, allowed in [
-            ("prediction_type", prediction_type, PredictionType),
-            ("loss_weighting", loss_weighting, LossWeighting),
-            ("noise_mode", noise_mode, NoiseMode),
-            ("lr_schedule", lr_schedule, LRSchedule),
-        ]:
-            check_choice(name, value, allowed)
-        if not 0.0 <= label_dropout < 1.0:
-            raise ValueError(f"label_dropout={label_dropout} must be in [0, 1)")
-        if label_dropout > 0 and getattr(network, "num_classes", None) is None:
-            raise ValueError(
-                f"label_dropout={label_dropout} needs a class-conditional network: train with "
-                "--data.conditional true (the CLI then sets the network's num_classes)"
-            )
-        if lr <= 0 or warmup_steps < 0:
-            raise ValueError(f"need lr > 0 and warmup_steps >= 0, got lr={lr}, warmup_steps={warmup_steps}")
+        check_training_options(
+            choices=[
+                ("prediction_type", prediction_type, PredictionType),
+                ("loss_weighting", loss_weighting, LossWeighting),
+                ("noise_mode", noise_mode, NoiseMode),
+                ("lr_schedule", lr_schedule, LRSchedule),
+            ],
+            lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
+            min_snr_gamma=min_snr_gamma, label_dropout=label_dropout,
+            network_num_classes=getattr(network, "num_classes", None),
+        )  # fmt: skip
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
             # init_from is a one-time source of weights: the checkpoint then holds them itself.
@@ -125,6 +120,7 @@ class DiffusionModule(L.LightningModule):
         self.network = network
         self.sample_shape = tuple(sample_shape)
         self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end)
+        self.sampling.check_steps_fit(num_timesteps, "--model.sampling.steps")
         self._generator: torch.Generator | None = None
         self._compiled = False
         self._resumed_states: dict[str, Any] | None = None  # this rank's random states from the checkpoint

@@ -44,7 +44,7 @@ class Preemption:
     def __init__(self, every_n_minutes: float | None) -> None:
         if every_n_minutes is not None and every_n_minutes <= 0:
             raise ValueError(
-                f"every_n_minutes={every_n_minutes} must be > 0, or None for no timed checkpoints"
+                f"every_n_minutes={every_n_minutes} must be > 0 — pass minutes > 0, or null for no timed checkpoints"
             )
         self.every_n_minutes = every_n_minutes
         self.signal: int | None = None  # the first preemption signal received

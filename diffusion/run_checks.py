@@ -42,6 +42,9 @@ OPTION_RANGES = [
     ("model.sampling_steps", lambda v: v >= 1, "an integer >= 1, or null for the sampler's default"),
     ("model.eta", lambda v: 0 <= v <= 1, "a number in [0, 1] (0: deterministic DDIM, 1: DDPM-like)"),
     ("sample_grid.num_samples", lambda v: v >= 1, "an integer >= 1"),
+    ("checkpoint.save_top_k", lambda v: v >= -1, "an integer >= -1 (-1 keeps every checkpoint, 0 none)"),
+    ("checkpoint.every_n_train_steps", lambda v: v >= 0, "an integer >= 0 (0: no saves by step count)"),
+    ("seed_everything", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32), or true for a random seed"),
     ("sample_grid.steps", lambda v: v >= 1, "an integer >= 1, or null for the sampler's default"),
 ]  # fmt: skip
 
@@ -53,6 +56,9 @@ def check_option_ranges(config) -> None:
         if value is not None and isinstance(value, int | float) and not valid(value):
             flag = key.replace(".init_args.", ".")
             raise UserError(f"--{flag} {value} is out of range", f"pass {allowed}")
+    mode = config.get("checkpoint.mode")
+    if mode is not None and mode not in ("min", "max"):
+        raise UserError(f"--checkpoint.mode {mode} is not min or max", "pass min (e.g. for val/loss) or max")
 
 
 def _device_indices(value: Any) -> bool:
@@ -158,6 +164,16 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
         f"{module.sample_shape} ({differences}; e.g. {(missing + unexpected + reshaped)[0]})",
         fix,
     )
+
+
+def check_steps_left(checkpoint: dict[str, Any], max_steps: int) -> None:
+    """A resumed run has steps left to train: Lightning would stop at once, exit 0 and add files to the run."""
+    step = int(checkpoint.get("global_step", 0))
+    if max_steps != -1 and max_steps <= step:
+        raise UserError(
+            f"--max_steps {max_steps} is not past step {step} of the checkpoint to resume: it would train nothing",
+            f"pass --max_steps > {step} to train on",
+        )
 
 
 def check_output_folders(trainer: Trainer, checkpoint_dirpath: str | None) -> None:

@@ -14,9 +14,9 @@ Fabric re-runs this command line in D - 1 more processes, or joins the processes
 (across machines: --num_nodes M, as for training).
 
 Options can also come from a YAML file (--config FILE; --print_config writes one). Everything is checked
-before any sampling time is spent: the checkpoint, the output folder, and that OUT/samples.npz is not there
-already (--overwrite replaces it). A user error ends in one line on stderr and exit status 2; --debug (or
-DIFFUSION_DEBUG=1) shows its traceback.
+before any sampling time is spent: the checkpoint, the output folder, and that OUT/samples.npz and
+OUT/grid.png are not there already (--overwrite replaces them). A user error ends in one line on stderr and
+exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 
 import sys
@@ -57,7 +57,7 @@ def build_parser() -> ArgumentParser:
         action=ActionYesNo,
         nargs="?",
         default=False,
-        help="replace an existing OUT/samples.npz",
+        help="replace an existing OUT/samples.npz and OUT/grid.png",
     )
     parser.add_argument("--batch_size", type=PositiveInt, default=256)
     parser.add_argument("--seed", type=int, default=0)
@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> Path:
         check_precision(args.precision)
         path = Path(args.out) / "samples.npz"
         check_writable_folder(args.out, "--out")
-        if path.exists() and not args.overwrite:
-            raise UserError(f"{path} exists", "pass --overwrite to replace it, or another --out")
+        for written in (path, path.with_name("grid.png")):  # what this command writes: keep the user's
+            if written.exists() and not args.overwrite:
+                raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
         hparams = check_sampling_checkpoint(args.ckpt)
         labels = requested_labels(
             hparams, args.num_samples, args.class_label, args.guidance_scale is not None

@@ -69,17 +69,28 @@ class SamplingOptions:
         if self.variance is not None:
             check_choice("variance", self.variance, VarianceType)
         if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps={self.steps} must be >= 1 (or unset: all T for ddpm, 50 for ddim)")
+            raise ValueError(
+                f"steps={self.steps} must be >= 1 — pass a step count, or leave it unset (all T for ddpm, 50 "
+                "for ddim, 20 for dpmpp)"
+            )
         if self.eta is not None and not 0.0 <= self.eta <= 1.0:
             raise ValueError(
-                f"eta={self.eta} must be in [0, 1]: 0 is deterministic DDIM, 1 the DDPM variance"
+                f"eta={self.eta} must be in [0, 1] — pass 0 for deterministic DDIM, 1 for the DDPM variance"
             )
         if self.guidance_scale is not None and not (
             math.isfinite(self.guidance_scale) and self.guidance_scale >= 0
         ):
             raise ValueError(
-                f"guidance_scale={self.guidance_scale} must be a finite number >= 0: 0 is unconditional, "
-                "1 plain conditional, > 1 guided (Ho & Salimans' w is guidance_scale - 1)"
+                f"guidance_scale={self.guidance_scale} must be a finite number >= 0 — pass 0 for unconditional, "
+                "1 for plain conditional, > 1 for guided (Ho & Salimans' w is guidance_scale - 1)"
+            )
+
+    def check_steps_fit(self, num_timesteps: int, flag: str) -> None:
+        """Steps beyond the schedule, refused when a run starts rather than at its first validation."""
+        if self.steps is not None and self.steps > num_timesteps:
+            raise ValueError(
+                f"{flag} {self.steps} is more steps than the schedule's num_timesteps={num_timesteps} — pass at "
+                f"most {num_timesteps}, or leave it unset"
             )
 
     def over(self, base: "SamplingOptions | None") -> "SamplingOptions":

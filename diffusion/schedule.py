@@ -32,11 +32,16 @@ def make_betas(
         which keeps more signal at high t than linear.
     """
     check_choice("beta_schedule", schedule, BetaSchedule)
-    if num_timesteps < 1:
-        raise ValueError(f"num_timesteps={num_timesteps} must be a positive integer (Ho et al. use 1000)")
+    if num_timesteps < 2:  # one step cannot go from data to noise (a linear schedule's beta would be 0.1)
+        raise ValueError(
+            f"num_timesteps={num_timesteps} is too few — pass an integer >= 2 (Ho et al. use 1000)"
+        )
     if schedule == "linear":
         if not 0 < beta_start < beta_end < 1:
-            raise ValueError(f"need 0 < beta_start < beta_end < 1, got {beta_start} and {beta_end}")
+            raise ValueError(
+                f"beta_start={beta_start}, beta_end={beta_end} are not 0 < beta_start < beta_end < 1 — pass "
+                "values in that order (Ho et al.: 1e-4 and 0.02)"
+            )
         scale = 1000 / num_timesteps
         betas = torch.linspace(scale * beta_start, scale * beta_end, num_timesteps, dtype=torch.float64)
         return betas.clamp(max=0.999)

@@ -48,8 +48,8 @@ def toy2d_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory, digits_checkpoint, toy2d_checkpoint) -> Path:
-    """A user's folder: two finished runs, broken checkpoint files, bare weights, a samples folder, a file,
-    an image folder with one corrupt image, and two broken configs."""
+    """A user's folder: two finished runs, broken checkpoint files, bare weights, a samples folder, a folder
+    holding only a grid.png, a file, an image folder with one corrupt image, and two broken configs."""
     home = tmp_path_factory.mktemp("user")
     shutil.copytree(digits_checkpoint.parents[1], home / "runs" / "digits" / "version_0")
     shutil.copytree(toy2d_checkpoint.parents[1], home / "runs" / "toy2d" / "version_0")
@@ -61,6 +61,8 @@ def user(tmp_path_factory, digits_checkpoint, toy2d_checkpoint) -> Path:
     (home / "a_file").write_text("not a folder")
     (home / "samples").mkdir()
     np.savez(home / "samples" / "samples.npz", np.zeros((4, 16, 16, 1), np.uint8))
+    (home / "grid_only").mkdir()
+    (home / "grid_only" / "grid.png").write_bytes(b"a picture of the user's, not made by the sample CLI")
     (home / "images").mkdir()
     for i in range(6):
         Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(home / "images" / f"{i}.png")

@@ -40,7 +40,31 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "sample_grid_steps_0": (["--sample_grid.sampling.steps", "0"], r"steps=0 must be >= 1"),
     "eta_2": (["--model.sampling.eta", "2"], r"eta=2.0 must be in \[0, 1\]"),
     "lr_not_a_number": (["--model.lr", "abc"], r"--model.lr abc is not a valid float"),
-    "lr_negative": (["--model.lr", "-1"], r"lr > 0.*lr=-1"),
+    "lr_negative": (["--model.lr", "-1"], r"lr=-1.0 must be a finite number > 0 — pass"),
+    "adam_betas_above_1": (["--model.adam_betas", "[1.5, 0.999]"], r"adam_betas=\[1.5, 0.999\] must be two"),
+    "weight_decay_negative": (["--model.weight_decay", "-1"], r"weight_decay=-1.0 must be >= 0 — pass 0"),
+    # A min-SNR weight <= 0 zeroes the loss (0) or trains by gradient ascent (< 0).
+    "min_snr_gamma_negative": (
+        ["--model.loss_weighting", "min_snr", "--model.min_snr_gamma", "-5"],
+        r"min_snr_gamma=-5.0 must be > 0 .* — pass e.g. 5",
+    ),
+    "num_timesteps_1": (["--model.num_timesteps", "1"], r"num_timesteps=1 is too few — pass an integer >= 2"),
+    # Steps beyond the schedule failed only at the first validation, losing the training before it.
+    "grid_steps_beyond_the_schedule": (
+        ["--sample_grid.sampling.steps", "5000"],
+        r"--sample_grid.sampling.steps 5000 is more steps than the schedule's num_timesteps=1000 — pass at most",
+    ),
+    "model_steps_beyond_the_schedule": (
+        ["--model.num_timesteps", "100", "--model.sampling.steps", "200"],
+        r"--model.sampling.steps 200 is more steps than the schedule's num_timesteps=100",
+    ),
+    "save_top_k_below_minus_1": (["--checkpoint.save_top_k", "-2"], r"save_top_k -2 is out of range — pass"),
+    "every_n_train_steps_negative": (
+        ["--checkpoint.every_n_train_steps", "-1"],
+        r"every_n_train_steps -1 is out",
+    ),
+    "checkpoint_mode": (["--checkpoint.mode", "foo"], r"--checkpoint.mode foo is not min or max — pass min"),
+    "seed_negative": (["--seed_everything", "-1"], r"--seed_everything -1 is out of range — pass an integer"),
     "num_workers_negative": (["--data.num_workers", "-1"], r"num_workers must be >= 0, got -1"),
     "unknown_flag": (["--max_step", "3"], r"unrecognized arguments: --max_step"),
     "unknown_choice": (["--data.dataset", "imagenet"], r"--data.dataset imagenet .*choose one of 'digits'"),
@@ -99,6 +123,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "resume_a_folder": (
         ["--ckpt_path", "{user}/runs/digits"],
         r"is a folder, not a checkpoint file — pass .*last",
+    ),
+    "resume_past_max_steps": (  # the run stopped at QUICK's --max_steps 4: resuming it would train nothing
+        ["--ckpt_path", "{user}/runs/digits/version_0/checkpoints/last.ckpt"],
+        r"--max_steps 4 is not past step 4 of the checkpoint to resume: it would train nothing — pass --max_steps > 4",
     ),
     "resume_missing": (["--ckpt_path", "{user}/nope.ckpt"], r"no checkpoint at .*nope.ckpt"),
     "resume_last_of_no_run": (

@@ -37,6 +37,7 @@ SAMPLE_CASES = {
     "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),
     "out_under_a_file": (["--out", "{user}/a_file/samples"], r"a_file is a file, not a folder"),
     "samples_exist": (["--out", "{user}/samples"], r"samples.npz exists — pass --overwrite"),
+    "grid_exists": (["--out", "{user}/grid_only"], r"grid.png exists — pass --overwrite"),
     "guidance_negative": (
         ["--guidance_scale", "-1"],
         r"--guidance_scale -1 is out of range — pass a value >= 0",

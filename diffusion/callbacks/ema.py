@@ -34,7 +34,9 @@ class EMA(WeightAveraging):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay={decay} must be in (0, 1); Ho et al. use 0.9999")
         if update_every_n_steps < 1:
-            raise ValueError(f"update_every_n_steps={update_every_n_steps} must be >= 1")
+            raise ValueError(
+                f"update_every_n_steps={update_every_n_steps} must be >= 1 — pass 1 to update every step"
+            )
         self.decay = decay
         self.warmup = warmup
         self.update_every_n_steps = update_every_n_steps

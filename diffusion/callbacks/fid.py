@@ -67,7 +67,7 @@ class FIDCallback(EveryNValidations):
             ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
         ]:  # fmt: skip
             if value < low:
-                raise ValueError(f"FIDCallback {name}={value} must be >= {low}")
+                raise ValueError(f"FIDCallback {name}={value} must be >= {low} — pass a larger value")
         super().__init__(every_n_validations)
         self.num_samples = num_samples
         self.features = features
@@ -90,6 +90,7 @@ class FIDCallback(EveryNValidations):
                 f"FIDCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is {shape}; "
                 "FID/KID compare images. Remove the callback for vector data."
             )
+        self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, "FIDCallback sampling.steps")
         if self.num_samples < trainer.world_size:
             raise ValueError(
                 f"FIDCallback num_samples={self.num_samples} must be >= the world size {trainer.world_size}"

@@ -19,7 +19,9 @@ class EveryNValidations(L.Callback):
 
     def __init__(self, every_n_validations: int = 1) -> None:
         if every_n_validations < 1:
-            raise ValueError(f"every_n_validations={every_n_validations} must be >= 1")
+            raise ValueError(
+                f"every_n_validations={every_n_validations} must be >= 1 — pass 1 for a grid at every validation"
+            )
         self.every_n_validations = every_n_validations
         self._validations = 0
 
@@ -53,7 +55,7 @@ class SampleGrid(EveryNValidations):
     ) -> None:
         super().__init__(every_n_validations)
         if num_samples < 1:
-            raise ValueError(f"SampleGrid num_samples={num_samples} must be >= 1")
+            raise ValueError(f"SampleGrid num_samples={num_samples} must be >= 1 — pass e.g. 64")
         self.num_samples = num_samples
         self.seed = seed
         self.sampling = sampling
@@ -63,6 +65,7 @@ class SampleGrid(EveryNValidations):
         # trainer.log_dir is a collective under DDP (rank 0 broadcasts it): read it here on every rank,
         # never inside the rank-zero-only save, where the other ranks would not join and it would deadlock.
         self._out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "samples"
+        self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, "--sample_grid.sampling.steps")
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if not self.is_due(trainer):

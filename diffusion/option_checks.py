@@ -1,0 +1,40 @@
+"""The training options of `DiffusionModule`, checked when it is built: each bad value is a ValueError of the
+form `<what is wrong> — <how to fix it>`, which the commands print as one line (diffusion.errors), before any
+training time is spent. Values that would not crash but train nonsense (a min-SNR weight of 0 zeroes the loss,
+a negative one turns descent into ascent) are refused here too."""
+
+import math
+from typing import Any
+
+from diffusion.errors import check_choice
+
+
+def check_training_options(
+    *, choices: list[tuple[str, Any, Any]], lr: float, warmup_steps: int, adam_betas: tuple[float, float],
+    weight_decay: float, min_snr_gamma: float, label_dropout: float, network_num_classes: int | None,
+) -> None:  # fmt: skip
+    for name, value, allowed in choices:
+        check_choice(name, value, allowed)
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr={lr} must be a finite number > 0 — pass e.g. --model.lr 2e-4 (Ho et al.)")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps} is negative — pass 0 for no warmup, or steps > 0")
+    if len(adam_betas) != 2 or not all(0 <= beta < 1 for beta in adam_betas):
+        raise ValueError(
+            f"adam_betas={list(adam_betas)} must be two numbers in [0, 1) — pass e.g. --model.adam_betas "
+            "'[0.9, 0.999]'"
+        )
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay={weight_decay} must be >= 0 — pass 0 (the default) for none")
+    if not (math.isfinite(min_snr_gamma) and min_snr_gamma > 0):
+        raise ValueError(
+            f"min_snr_gamma={min_snr_gamma} must be > 0 (0 zeroes the min-SNR loss, a negative value ascends "
+            "it) — pass e.g. 5 (Hang et al. 2023)"
+        )
+    if not 0.0 <= label_dropout < 1.0:
+        raise ValueError(f"label_dropout={label_dropout} must be in [0, 1) — pass e.g. 0.1 (Ho & Salimans)")
+    if label_dropout > 0 and network_num_classes is None:
+        raise ValueError(
+            f"label_dropout={label_dropout} needs a class-conditional network — train with "
+            "--data.conditional true (the CLI then sets the network's num_classes)"
+        )
