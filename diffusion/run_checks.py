@@ -135,6 +135,10 @@ def check_init_from(path: str, network_class: str) -> None:
         )
 
 
+def _conditioning(num_classes: int | None) -> str:
+    return f"class-conditional, {num_classes} classes" if num_classes else "unconditional"
+
+
 def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionModule) -> None:
     """The checkpoint to resume holds this module's weights, by name and shape; else say whose they are."""
     saved = checkpoint.get("state_dict")
@@ -152,6 +156,11 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
     hparams = checkpoint.get("hyper_parameters", {})
     network = hparams.get("network")
     saved_class = network.get("class_path", "?").rsplit(".", 1)[-1] if isinstance(network, dict) else "?"
+    saved_classes = (network.get("init_args") or {}).get("num_classes") if isinstance(network, dict) else None
+    classes = getattr(module.network, "num_classes", None)
+    saved_kind, kind = (
+        f" ({_conditioning(n)})" if saved_classes != classes else "" for n in (saved_classes, classes)
+    )
     counts = [(len(missing), "weights missing"), (len(unexpected), "unexpected"), (len(reshaped), "reshaped")]
     differences = ", ".join(f"{n} {what}" for n, what in counts if n)
     config_file = Path(path).parent.parent / "config.yaml"
@@ -159,8 +168,8 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
     if config_file.is_file():
         fix = f"resume it with its own config: --config {config_file}"
     raise UserError(
-        f"--ckpt_path {path} is from another kind of run: {saved_class} on samples of shape "
-        f"{hparams.get('sample_shape')}, while this config has {type(module.network).__name__} on "
+        f"--ckpt_path {path} is from another kind of run: {saved_class}{saved_kind} on samples of shape "
+        f"{hparams.get('sample_shape')}, while this config has {type(module.network).__name__}{kind} on "
         f"{module.sample_shape} ({differences}; e.g. {(missing + unexpected + reshaped)[0]})",
         fix,
     )

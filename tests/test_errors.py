@@ -138,6 +138,11 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"another kind of run: MLP on samples of shape \(2,\), while this config has UNet.* — resume it with its "
         r"own config: --config .*toy2d/version_0/config.yaml",
     ),
+    "resume_unconditional_run_as_conditional": (
+        ["--ckpt_path", "{user}/runs/digits/version_0/checkpoints/last.ckpt", "--data.conditional", "true"],
+        r"another kind of run: UNet \(unconditional\) on samples of shape \(1, 16, 16\), while this config has "
+        r"UNet \(class-conditional, 10 classes\) on",
+    ),
     "init_from_vector_run": (
         ["--model.init_from", "{user}/runs/toy2d/version_0/checkpoints/last.ckpt"],
         r"holds MLP weights .*but this config's network is UNet",
