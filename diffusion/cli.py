@@ -38,6 +38,7 @@ from diffusion.resume import check_same_training_settings
 from diffusion.run_checks import (
     check_hardware_flags,
     check_init_from,
+    check_monitored_metric,
     check_option_ranges,
     check_output_folders,
     check_resume_fits,
@@ -227,6 +228,7 @@ class DiffusionCLI(LightningCLI):
                 self.config.ckpt_path, self.parser.dump(self.config, skip_none=False)
             )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
+        check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
 
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.yaml"

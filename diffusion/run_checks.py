@@ -185,6 +185,26 @@ def check_steps_left(checkpoint: dict[str, Any], max_steps: int) -> None:
         )
 
 
+# What this project's module and callbacks log; Lightning adds "step" and "epoch" to what a checkpoint can monitor.
+LOGGED_METRICS = {"train/loss", "val/loss", "step", "epoch"}
+FID_METRICS = {"val/fid", "val/kid"}
+
+
+def check_monitored_metric(trainer: Trainer, monitor: str | None) -> None:
+    """--checkpoint.monitor names a metric the run logs: Lightning finds out only at the first validation, when
+    the training before it is lost. A callback from outside this project may log more, so with one the check
+    is left to Lightning."""
+    callbacks = [type(callback).__module__ for callback in trainer.callbacks]
+    if monitor is None or any(not name.startswith(("diffusion.", "lightning.")) for name in callbacks):
+        return
+    logged = LOGGED_METRICS | (FID_METRICS if "diffusion.callbacks.fid" in callbacks else set())
+    if monitor not in logged:
+        raise UserError(
+            f"--checkpoint.monitor {monitor} is not a metric this run logs",
+            f"pass one of {', '.join(sorted(logged))} (val/fid and val/kid need the FIDCallback)",
+        )
+
+
 def check_output_folders(trainer: Trainer, checkpoint_dirpath: str | None) -> None:
     """The run folder and the checkpoint folder can be written, before any training time is spent."""
     save_dir = getattr(trainer.logger, "save_dir", None)

@@ -63,9 +63,14 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         ["--checkpoint.every_n_train_steps", "-1"],
         r"every_n_train_steps -1 is out",
     ),
+    # Lightning finds an unknown metric only at the first validation, losing the training before it.
+    "monitor_not_logged": (
+        ["--checkpoint.monitor", "val/fid"],
+        r"--checkpoint.monitor val/fid is not a metric this run logs — pass one of .*val/loss .*need the FIDCallback",
+    ),
     "checkpoint_mode": (["--checkpoint.mode", "foo"], r"--checkpoint.mode foo is not min or max — pass min"),
     "seed_negative": (["--seed_everything", "-1"], r"--seed_everything -1 is out of range — pass an integer"),
-    "num_workers_negative": (["--data.num_workers", "-1"], r"num_workers must be >= 0, got -1"),
+    "num_workers_negative": (["--data.num_workers", "-1"], r"num_workers must be >= 0, got -1 — pass --data"),
     "unknown_flag": (["--max_step", "3"], r"unrecognized arguments: --max_step"),
     "unknown_choice": (["--data.dataset", "imagenet"], r"--data.dataset imagenet .*choose one of 'digits'"),
     # --precision is a union of Literals: each value once, no parser internals.
@@ -94,11 +99,11 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "config_typo": (["--config", "{user}/typo.yaml"], r"'max_step'"),
     "missing_data_file": (
         ["--config", "{configs}/toy2d.yaml", "--data.path", "{user}/nope.npy"],
-        r"nope\.npy",
+        r"nope\.npy does not exist — pass the path of an \(N, D\) \.npy file",
     ),
     "data_file_not_an_array": (
         ["--config", "{configs}/toy2d.yaml", "--data.path", "{user}/a_file"],
-        r"a_file",
+        r"a_file is not a \.npy file — save your \(N, D\) array with np\.save",
     ),
     "missing_image_folder": (
         [*FOLDER[:3], "{user}/nope", *FOLDER[4:]],

@@ -24,6 +24,7 @@ from diffusion.callbacks import FIDCallback
 from diffusion.data import ImageDataModule
 from diffusion.metrics import InceptionFeatures, PixelFeatures, compute_metrics, make_metrics
 from diffusion.render import to_uint8_images
+from diffusion.sampling import SamplingOptions
 
 REPO = Path(__file__).parents[1]
 FID_FLAGS = [
@@ -124,8 +125,13 @@ def test_make_metrics_and_callback_reject_bad_options():
     vector_model = SimpleNamespace(sample_shape=(2,))
     with pytest.raises(ValueError, match=r"needs image data.*\(2,\)"):
         FIDCallback(features="pixels").setup(SimpleNamespace(world_size=1), vector_model, "fit")
+    image_model = SimpleNamespace(sample_shape=(3, 8, 8), schedule=SimpleNamespace(num_timesteps=1000))
+    with pytest.raises(ValueError, match="FIDCallback sampling.steps 5000 is more steps than .*=1000"):
+        FIDCallback(features="pixels", sampling=SamplingOptions(steps=5000)).setup(
+            SimpleNamespace(world_size=1), image_model, "fit"
+        )
     fid_only = FIDCallback(features="pixels", kid=False)
-    fid_only.setup(SimpleNamespace(world_size=1), SimpleNamespace(sample_shape=(3, 8, 8)), "fit")
+    fid_only.setup(SimpleNamespace(world_size=1), image_model, "fit")
     assert list(fid_only.metrics) == ["fid"] and fid_only.metrics["fid"].inception.num_features == 3 * 64
 
 
@@ -247,7 +253,8 @@ def test_fid_callback_takes_real_images_without_random_flips():
     callback = FIDCallback(num_samples=64, features="pixels", kid=False)
     trainer = SimpleNamespace(world_size=1, datamodule=flipping)
     module = SimpleNamespace(sample_shape=(1, 16, 16), global_rank=0, device=torch.device("cpu"),
-                             normalization=flipping.normalization)  # fmt: skip
+                             normalization=flipping.normalization,
+                             schedule=SimpleNamespace(num_timesteps=1000))  # fmt: skip
     callback.setup(trainer, module, "fit")
     callback._feed_real(trainer, module)
     chosen = torch.randperm(len(plain.train_set), generator=torch.Generator().manual_seed(0))[:64]
