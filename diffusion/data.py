@@ -21,6 +21,7 @@ import math
 import os
 from pathlib import Path
 from typing import Literal, get_args
+from urllib.error import URLError
 
 import lightning as L
 import torch
@@ -30,10 +31,11 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from diffusion.batch import Batch
-from diffusion.image_files import IMAGE_EXTENSIONS, ImageFiles, read_image
+from diffusion.image_files import ImageFiles, find_images, read_image
 from diffusion.labels import DATASET_CLASS_NAMES, NO_LABEL, folder_classes
 from diffusion.resume import ResumableLoader, ResumableSampler
 
+MIN_IMAGE_SIZE = 8
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
 
 # name -> (torchvision class, channels, native size)
@@ -88,13 +90,22 @@ class SplitDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"batch_size must be >= 1, got {batch_size} — pass --data.batch_size 1 or more")
         if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+            raise ValueError(
+                f"num_workers must be >= 0, got {num_workers} — pass --data.num_workers 0 (load in the main "
+                "process) or a count of worker processes"
+            )
         if not 0 <= val_fraction < 1:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+            raise ValueError(
+                f"val_fraction must be in [0, 1), got {val_fraction} — pass the share of the data to hold out, "
+                "e.g. --data.val_fraction 0.05 (0: no validation)"
+            )
         if val_from_train is not None and val_from_train < 1:
-            raise ValueError(f"val_from_train must be >= 1 (or None), got {val_from_train}")
+            raise ValueError(
+                f"val_from_train must be >= 1 (or None), got {val_from_train} — pass a count of training "
+                "samples, or leave --data.val_from_train unset"
+            )
         if val_from_train is not None and val_fraction > 0:
             raise ValueError(
                 f"val_from_train={val_from_train} validates on training samples and holds nothing out; "
@@ -115,7 +126,8 @@ class SplitDataModule(LightningDataModule):
         if self.val_from_train is not None:
             if self.val_from_train > n:
                 raise ValueError(
-                    f"val_from_train={self.val_from_train} is more than the {n} training samples"
+                    f"val_from_train={self.val_from_train} is more than the {n} training samples — "
+                    f"pass --data.val_from_train {n} or less"
                 )
             self.train_set = Subset(full, list(range(n)))
             self.val_set = Subset(full, perm[: self.val_from_train].sort().values.tolist())
@@ -176,7 +188,7 @@ class ImageDataModule(SplitDataModule):
     Args:
         dataset: ``digits`` (scikit-learn's bundled 8x8 digits, no download), ``mnist``, ``fashion_mnist``,
             ``cifar10`` (torchvision, downloaded by ``prepare_data`` into ``root``) or ``folder`` (your own
-            images found recursively under ``root``, extensions ``IMAGE_EXTENSIONS``).
+            images found recursively under ``root``, see `diffusion.image_files.find_images`).
         root: download directory for torchvision datasets; the image folder for ``folder``.
         image_size: side length. Defaults: digits 16 (nearest-neighbour upscaling, so 2x2 area
             averaging recovers the original 8x8 grid), mnist/fashion_mnist 28, cifar10 32; required
@@ -230,15 +242,18 @@ class ImageDataModule(SplitDataModule):
                     "leave --data.channels unset (it only applies to dataset 'folder')"
                 )
             image_size = native_size if image_size is None else image_size
-        if image_size < 8:
-            raise ValueError(f"image_size must be >= 8, got {image_size}")
+        if image_size < MIN_IMAGE_SIZE:
+            raise ValueError(
+                f"image_size must be >= {MIN_IMAGE_SIZE}, got {image_size} — pass --data.image_size "
+                f"{MIN_IMAGE_SIZE} or more"
+            )
         self.dataset = dataset
         self.root = root
         self.image_size = image_size
         self.channels = native_channels
         self.random_flip = dataset == "cifar10" if random_flip is None else random_flip
         self.verify = verify
-        self._files = self._find_images() if dataset == "folder" else None
+        self._files = find_images(root) if dataset == "folder" else None
         self.conditional = conditional
         self._labels, self._class_names = None, DATASET_CLASS_NAMES.get(dataset)
         if conditional and dataset == "folder":
@@ -263,23 +278,6 @@ class ImageDataModule(SplitDataModule):
         # Image data units are [0, 1]: data = model * 0.5 + 0.5.
         return {"shift": [0.5] * self.channels, "scale": [0.5] * self.channels}
 
-    def _find_images(self) -> list[Path]:
-        root = Path(self.root).expanduser()
-        if not root.is_dir():
-            raise FileNotFoundError(f"image folder {root} does not exist; point --data.root at your images")
-        # Sorted so that indices (and so the split and per-sample noise) are the same on every machine;
-        # dot-files are skipped because macOS "._name.png" resource forks are not images.
-        files = sorted(
-            p
-            for p in root.rglob("*")
-            if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".") and p.is_file()
-        )
-        if not files:
-            raise FileNotFoundError(
-                f"no images found under {root} (searched recursively for {', '.join(IMAGE_EXTENSIONS)})"
-            )
-        return files
-
     def _transform(self, native_size: int | None, random_flip: bool) -> v2.Compose:
         # Resize on uint8 (before ToDtype) so that interpolation cannot overshoot [0, 1].
         steps = [v2.ToImage()]
@@ -299,7 +297,7 @@ class ImageDataModule(SplitDataModule):
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, so concurrent downloads cannot corrupt the files.
         if self.dataset in _TORCHVISION:
-            _TORCHVISION[self.dataset][0](self.root, train=True, download=True)
+            download(self.dataset, self.root)
         if self.verify and self._files is not None:
             for path in self._files:
                 read_image(path, "RGB" if self.channels == 3 else "L")
@@ -357,6 +355,29 @@ class ImageDataModule(SplitDataModule):
         from sklearn.datasets import load_digits
 
         return torch.from_numpy(load_digits().target).long()  # (N,) in 0..9
+
+
+# Where torchvision looks under root for each dataset's files (what prepare_data downloads), and which they are.
+_MNIST_FILES = "the four {train,t10k}-{images-idx3,labels-idx1}-ubyte files (or their .gz)"
+_LOCAL_FILES = {
+    "mnist": ("MNIST/raw", _MNIST_FILES),
+    "fashion_mnist": ("FashionMNIST/raw", _MNIST_FILES),
+    "cifar10": ("", "cifar-10-python.tar.gz (or the cifar-10-batches-py folder it unpacks to)"),
+}
+
+
+def download(dataset: str, root: str) -> None:
+    """torchvision's `dataset` into `root` (nothing when its files are there already); a failed download says
+    which files to put where instead."""
+    try:
+        _TORCHVISION[dataset][0](root, train=True, download=True)
+    # MNIST raises RuntimeError once every mirror failed; CIFAR-10 lets urllib's URLError through.
+    except (RuntimeError, URLError, TimeoutError, ConnectionError) as err:
+        folder, files = _LOCAL_FILES[dataset]
+        raise OSError(
+            f"could not download {dataset} into {root} ({' '.join(str(err).split())}) — check the network "
+            f"connection, or copy {files} into {Path(root, folder)} yourself"
+        ) from err
 
 
 def describe_batches(trainer: L.Trainer) -> str:

@@ -1,22 +1,70 @@
-"""A folder's image files as a Dataset: decoded with PIL, a corrupt file reported by name when it is read."""
+"""A folder's image files (`find_images`) as a Dataset: decoded with PIL, a corrupt file reported by name when it
+is read."""
 
+import os
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
+# PIL's 16-bit grayscale modes; 16-bit RGB(A) PNGs already open as 8-bit RGB(A).
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+class UnconvertibleImage(ValueError):
+    """An image that decodes but has no safe 8-bit form (float or 32-bit pixels)."""
 
 
 def read_image(path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
-    """The decoded image at `path` in `mode`; a corrupt or unreadable file raises ValueError naming it."""
+    """The decoded image at `path` in `mode`; a corrupt, unreadable or unconvertible file raises ValueError naming
+    it. 16-bit grayscale is scaled to 8 bits; float and 32-bit pixels, whose range is unknown, are refused."""
     try:
         with Image.open(path) as image:
-            return image.convert(mode)
+            return _to_mode(image, path, mode)
+    except UnconvertibleImage:
+        raise
     except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
         raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
+
+
+def _to_mode(image: Image.Image, path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
+    # PIL's convert() clips 16-bit and float pixels to 0..255 rather than scaling them: a 16-bit PNG would
+    # come out almost white, a float TIFF in [0, 1] black.
+    if image.mode in _SIXTEEN_BIT_MODES or (image.mode == "I" and image.format == "PNG"):  # PNG: <= 16 bits
+        pixels = np.asarray(image, dtype=np.float64)  # 0..65535
+        image = Image.fromarray(np.round(pixels / 257).astype(np.uint8), mode="L")  # 65535 / 257 = 255
+    elif image.mode in ("F", "I"):
+        kind = "floating-point" if image.mode == "F" else "32-bit integer"
+        raise UnconvertibleImage(
+            f"image {path} has {kind} pixels (PIL mode {image.mode}), whose range is unknown, so they cannot be "
+            "converted to 8 bits without guessing — save it as an 8- or 16-bit PNG, e.g. "
+            "Image.fromarray(np.round(array / array_max * 255).astype(np.uint8)).save('image.png')"
+        )
+    return image.convert(mode)
+
+
+def find_images(root: str | os.PathLike, flag: str = "--data.root") -> list[Path]:
+    """The image files under `root`, searched recursively and sorted; `flag` is the option that named `root`."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist — point {flag} at your images")
+    # Sorted so that indices (and so the split and per-sample noise) are the same on every machine;
+    # dot-files are skipped because macOS "._name.png" resource forks are not images.
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".") and p.is_file()
+    )
+    if not files:
+        raise FileNotFoundError(
+            f"no images found under {root} (searched recursively for {', '.join(IMAGE_EXTENSIONS)}) — put your "
+            f"images there, or point {flag} at the folder that holds them"
+        )
+    return files
 
 
 class ImageFiles(Dataset):

@@ -78,7 +78,7 @@ class VectorDataModule(SplitDataModule):
         if path is not None:
             dataset = "npy"
         elif dataset == "npy":
-            raise ValueError("dataset 'npy' needs a file: set --data.path to an (N, D) .npy array")
+            raise ValueError("dataset 'npy' needs a file — set --data.path to an (N, D) .npy array")
         if num_samples < 2:
             raise ValueError(f"num_samples must be >= 2, got {num_samples}")
         if dim < 1:
@@ -163,30 +163,47 @@ def feature_scaling(
 
 def _load_npy(path: Path) -> np.ndarray:
     """Load an (N, D) float array as float64, with errors that say what is wrong and how to fix it."""
+    save = "save your (N, D) array with np.save(path, array)"
     if not path.is_file():
-        raise FileNotFoundError(f"--data.path {path} does not exist")
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"--data.path {path} {what} — pass the path of an (N, D) .npy file ({save})")
+    with path.open("rb") as file:
+        magic = file.read(6)
+    if magic[:2] == b"PK":  # a zip: np.savez's archive
+        raise ValueError(f"{path} is a .npz archive, not a .npy file — {save}")
+    if magic != b"\x93NUMPY":  # without it np.load falls back to unpickling and says so
+        raise ValueError(
+            f"--data.path {path} is not a .npy file — {save} (a .csv: np.save(path, np.loadtxt(csv, delimiter=',')))"
+        )
     try:
         # mmap first: shape and dtype are checked from the header before anything is read.
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        raise ValueError(f"cannot read {path} as a .npy array (save one with np.save): {err}") from err
-    if not isinstance(array, np.ndarray):
-        raise ValueError(f"{path} is a .npz archive; save a single (N, D) array with np.save")
+        if "Python objects" in str(err):  # numpy cannot memory-map dtype object
+            raise ValueError(
+                f"{path} holds Python objects (dtype object), not numbers — {save}, as float or int: "
+                "array.astype(np.float32)"
+            ) from err
+        raise ValueError(f"cannot read {path} as a .npy array ({err}) — is it truncated? {save}") from err
     if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
-        raise ValueError(f"{path} has dtype {array.dtype}; expected a real numeric (float or int) array")
+        raise ValueError(
+            f"{path} has dtype {array.dtype}, not real numbers — {save}, as float or int: array.astype(np.float32)"
+        )
     if array.ndim != 2:
         raise ValueError(
-            f"{path} has shape {array.shape}, expected (N, D); "
+            f"{path} has shape {array.shape}, expected (N, D) — "
             "reshape it, e.g. array.reshape(len(array), -1) for images or array[:, None] for scalars"
         )
     if array.shape[0] < 2 or array.shape[1] < 1:
-        raise ValueError(f"{path} has shape {array.shape}; need N >= 2 samples and D >= 1 features")
+        raise ValueError(
+            f"{path} has shape {array.shape}, too small — save N >= 2 samples of D >= 1 features"
+        )
     data = np.asarray(array, dtype=np.float64)
     with np.errstate(over="ignore"):  # values beyond float32 range become inf: reported just below
         bad_rows = ~np.isfinite(data.astype(np.float32)).all(axis=1)
     if bad_rows.any():
         raise ValueError(
             f"{path} has {int(bad_rows.sum())} rows with NaN/inf values (or values too large for float32), "
-            f"first at row {int(bad_rows.argmax())}; drop or fix them"
+            f"first at row {int(bad_rows.argmax())} — drop or fix them"
         )
     return data

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.error import URLError
 
 import numpy as np
 import pytest
@@ -10,9 +11,11 @@ import torch.nn.functional as F
 from PIL import Image
 from sklearn.datasets import load_digits
 from torch.utils.data import DistributedSampler, TensorDataset
+from torchvision import datasets
 
 from diffusion.batch import check_batch
 from diffusion.data import Batch, ImageDataModule
+from diffusion.errors import is_user_error
 from diffusion.render import denormalize, to_uint8_images
 from diffusion.vectors import VectorDataModule
 
@@ -163,9 +166,15 @@ def test_mnist_setup_from_local_files(tmp_path):
     "kwargs, match",
     [
         ({"dataset": "imagenet"}, "imagenet.*digits"),
-        ({"image_size": 4}, "image_size"),
+        ({"image_size": 4}, r"image_size must be >= 8, got 4 — pass --data.image_size 8 or more"),
         ({"dataset": "cifar10", "channels": 1}, "channels=1"),
         ({"val_fraction": 1.0}, "val_fraction"),
+        (
+            {"val_fraction": 1.5},
+            r"val_fraction must be in \[0, 1\), got 1.5 — pass .* --data.val_fraction 0.05",
+        ),
+        ({"num_workers": -1}, r"num_workers must be >= 0, got -1 — pass --data.num_workers 0"),
+        ({"val_from_train": 0, "val_fraction": 0}, r"val_from_train must be >= 1 .* — pass a count"),
         ({"dataset": "folder"}, "--data.image_size"),
     ],
 )
@@ -198,15 +207,55 @@ def test_folder_images(tmp_path, channels):
 
 
 def test_folder_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope"):
+    with pytest.raises(FileNotFoundError, match="nope does not exist — point --data.root at your images"):
         ImageDataModule("folder", root=str(tmp_path / "nope"), image_size=16)
-    with pytest.raises(FileNotFoundError, match=r"\.png"):
+    with pytest.raises(FileNotFoundError, match=r"\.png.* — put your images there, or point --data.root at"):
         ImageDataModule("folder", root=str(tmp_path), image_size=16)
     (tmp_path / "broken.png").write_bytes(b"definitely not a png")
     dm = ImageDataModule("folder", root=str(tmp_path), image_size=16, val_fraction=0)
     dm.setup("fit")
     with pytest.raises(ValueError, match="broken.png"):
         dm.train_set[0]
+
+
+def test_folder_16_bit_images_are_scaled_and_float_images_refused(tmp_path):
+    # PIL's convert() clips rather than scales: 16-bit came out almost white, float in [0, 1] black.
+    ramp = np.linspace(0, 65535, 16 * 16).round().astype(np.uint16).reshape(16, 16)
+    Image.fromarray(ramp).save(tmp_path / "deep.png")  # opens as PIL mode I;16
+    assert Image.open(tmp_path / "deep.png").mode == "I;16"
+    for channels in (1, 3):
+        dm = ImageDataModule("folder", root=str(tmp_path), image_size=16, channels=channels, val_fraction=0)
+        dm.setup("fit")
+        expected = torch.from_numpy(np.round(ramp / 257) / 255 * 2 - 1).float()  # 16 bits -> 8, then [-1, 1]
+        assert torch.allclose(dm.train_set[0][0], expected.expand(channels, 16, 16), atol=1e-6)
+    Image.fromarray(np.full((16, 16), 0.5, np.float32)).save(tmp_path / "float.tif")  # PIL mode F
+    dm = ImageDataModule("folder", root=str(tmp_path), image_size=16, val_fraction=0, verify=True)
+    with pytest.raises(
+        ValueError, match=r"float\.tif has floating-point pixels .* — save it as an 8- or 16-bit"
+    ):
+        dm.prepare_data()
+
+
+@pytest.mark.parametrize(
+    "dataset, cls, error, where",
+    [
+        ("mnist", datasets.MNIST, RuntimeError("Error downloading train-images-idx3-ubyte.gz:\nTried https://x/"),
+         "MNIST/raw"),
+        ("fashion_mnist", datasets.FashionMNIST, RuntimeError("Error downloading x.gz"), "FashionMNIST/raw"),
+        ("cifar10", datasets.CIFAR10, URLError("[Errno -2] Name or service not known"), "cifar-10-python"),
+    ],
+)  # fmt: skip
+def test_a_failed_download_says_where_to_put_the_files(tmp_path, monkeypatch, dataset, cls, error, where):
+    def offline(self, *args, **kwargs):  # what torchvision raises without a network
+        raise error
+
+    monkeypatch.setattr(cls, "download", offline)
+    dm = ImageDataModule(dataset, root=str(tmp_path))
+    with pytest.raises(
+        OSError, match=rf"could not download {dataset} into .* — check the network.*{where}"
+    ) as info:
+        dm.prepare_data()
+    assert is_user_error(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("name", ["swiss_roll", "moons", "8gaussians"])
@@ -253,11 +302,26 @@ def test_npy_errors(tmp_path, array, error, match):
 
 
 def test_npy_missing_or_unreadable(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.npy"):
+    with pytest.raises(
+        FileNotFoundError, match=r"missing.npy does not exist — pass the path of an \(N, D\) \.npy"
+    ):
         VectorDataModule(path=str(tmp_path / "missing.npy"))
     (tmp_path / "text.npy").write_text("1,2,3")
-    with pytest.raises(ValueError, match="cannot read"):
+    with pytest.raises(
+        ValueError, match=r"text.npy is not a \.npy file — save your \(N, D\) array with np.save"
+    ):
         VectorDataModule(path=str(tmp_path / "text.npy"))
+    (tmp_path / "a.csv").write_text("1,2\n3,4\n")
+    with pytest.raises(ValueError, match=r"a.csv is not a \.npy file — .*np.loadtxt") as info:
+        VectorDataModule(path=str(tmp_path / "a.csv"))
+    assert "pickle" not in str(info.value)
+    np.save(tmp_path / "objects.npy", np.array([[1, None]], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match=r"objects.npy holds Python objects .* — save .* as float or int"):
+        VectorDataModule(path=str(tmp_path / "objects.npy"))
+    np.save(tmp_path / "cut.npy", np.zeros((100, 3)))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "cut.npy").read_bytes()[:500])
+    with pytest.raises(ValueError, match=r"cannot read .*cut.npy as a \.npy array .* — is it truncated\?"):
+        VectorDataModule(path=str(tmp_path / "cut.npy"))
     with pytest.raises(ValueError, match="--data.path"):
         VectorDataModule("npy")
 
