@@ -17,6 +17,9 @@ line on stderr and exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its trace
 
 from __future__ import annotations
 
+import pickle
+import zipfile
+import zlib
 from pathlib import Path
 from typing import get_args
 
@@ -26,8 +29,9 @@ from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt, restricted_number_type
 from torch.utils.data import DataLoader, Subset
 
-from diffusion.data import ImageDataModule, ImageDatasetName
+from diffusion.data import MIN_IMAGE_SIZE, ImageDataModule, ImageDatasetName
 from diffusion.errors import UserError, command_parser, reporting_user_errors
+from diffusion.image_files import find_images
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.render import to_uint8_images
 
@@ -37,28 +41,35 @@ AtLeastTwo = restricted_number_type("AtLeastTwo", int, (">=", 2), docstring="int
 def load_npz_images(path: str | Path) -> np.ndarray:
     """``arr_0`` of a samples file, checked to be uint8 (N, H, W, C) images with C in {1, 3}."""
     path = Path(path)
+    fix = "pass the samples.npz that python -m diffusion.sample wrote (or np.savez(path, uint8_images))"
     if not path.is_file():
-        raise FileNotFoundError(f"no such file {path}; make one with python -m diffusion.sample")
+        raise FileNotFoundError(f"no such file {path} — make one with python -m diffusion.sample")
+    with path.open("rb") as file:
+        magic = file.read(6)
+    if magic == b"\x93NUMPY":
+        raise ValueError(f"{path} is a single .npy array, not an .npz archive — {fix}")
+    if magic[:2] != b"PK":  # not a zip; np.load would try to unpickle it
+        raise ValueError(f"{path} is not an .npz archive — {fix}")
     try:
-        archive = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise ValueError(f"cannot read {path} as a .npz archive: {err}") from err
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path} is a single .npy array; save images with np.savez(path, images)")
-    with archive:
-        if "arr_0" not in archive.files:
-            raise ValueError(
-                f"{path} has no arr_0 (it holds {archive.files}); samples files store the images as arr_0, "
-                "e.g. np.savez(path, images)"
-            )
-        images = archive["arr_0"]
+        with np.load(path, allow_pickle=False) as archive:
+            if "arr_0" not in archive.files:
+                raise ValueError(
+                    f"{path} has no arr_0 (it holds {archive.files}) — samples files store the images as "
+                    "arr_0: np.savez(path, images)"
+                )
+            images = archive["arr_0"]
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as err:
+        raise ValueError(f"{path} is truncated or corrupt ({err}) — {fix}") from err
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
         raise ValueError(
-            f"{path}: arr_0 has dtype {images.dtype} and shape {images.shape}; expected uint8 images of shape "
-            "(N, H, W, C) with C = 1 or 3 (vector samples have no FID)"
+            f"{path}: arr_0 has dtype {images.dtype} and shape {images.shape}, not uint8 images of shape "
+            "(N, H, W, C) with C = 1 or 3 (vector samples have no FID) — save images as np.savez(path, images) "
+            "with images.astype(np.uint8) in 0..255"
         )
     if len(images) < 2:
-        raise ValueError(f"{path} holds {len(images)} image(s); FID needs at least 2")
+        raise ValueError(
+            f"{path} holds {len(images)} image(s) and FID needs at least 2 — sample more (--num_samples)"
+        )
     return images
 
 
@@ -76,9 +87,17 @@ def load_reference(
         return images[_subset(len(images), num_reference, seed)]
     if reference not in get_args(ImageDatasetName):
         raise ValueError(
-            f"--reference {reference!r} is neither an existing .npz file nor a dataset; "
-            f"datasets: {get_args(ImageDatasetName)}"
+            f"--reference {reference!r} is neither an existing .npz file nor a dataset — pass an .npz or one "
+            f"of the datasets {', '.join(get_args(ImageDatasetName))}"
         )
+    if image_size < MIN_IMAGE_SIZE:  # a dataset is rendered at the samples' size
+        raise ValueError(
+            f"the samples are {image_size}x{image_size}, smaller than the {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE} a "
+            f"dataset reference can be rendered at — compare them with an .npz of {image_size}x{image_size} "
+            "images as --reference"
+        )
+    if reference == "folder":
+        find_images(data_root, "--data_root")  # the folder's errors, naming evaluate's flag
     folder_channels = channels if reference == "folder" else None
     data = ImageDataModule(
         reference, root=data_root, image_size=image_size, channels=folder_channels, random_flip=False,
@@ -122,9 +141,7 @@ def evaluate(
         )
     # KID's subsets cannot be larger than either set; a smaller subset gives a noisier estimate.
     subset_size = min(kid_subset_size, len(samples), len(reference))
-    metrics = make_metrics(
-        features, subset_size, channels=samples.shape[-1], inception_weights=inception_weights
-    )
+    metrics = _make_metrics(features, subset_size, samples.shape[-1], inception_weights)
     for metric in metrics.values():
         metric.to(device)
     for images, real in [(reference, True), (samples, False)]:
@@ -133,6 +150,29 @@ def evaluate(
             for metric in metrics.values():
                 metric.update(batch, real=real)  # (B, C, H, W) uint8
     return compute_metrics(metrics, seed)
+
+
+def _make_metrics(features: Features, subset_size: int, channels: int, inception_weights: str | None) -> dict:
+    """`make_metrics`, with a bad --inception_weights file reported as one line that names it."""
+    if features != "inception" or inception_weights is None:
+        return make_metrics(features, subset_size, channels=channels, inception_weights=inception_weights)
+    path = Path(inception_weights)
+    fix = (
+        "pass torch-fidelity's weights-inception-2015-12-05-6726825d.pth (github.com/toshas/torch-fidelity "
+        "releases), or leave --inception_weights out to download it"
+    )
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"--inception_weights {path} {what} — {fix}")
+    try:
+        return make_metrics(features, subset_size, channels=channels, inception_weights=inception_weights)
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as err:
+        if "Error(s) in loading state_dict" in str(err):  # a PyTorch file of other weights: keys summarized
+            raise
+        reason = " ".join(str(err.__cause__ or err).split())
+        raise UserError(
+            f"--inception_weights {path} is not a readable PyTorch weights file ({reason})", fix
+        ) from err
 
 
 def build_parser() -> ArgumentParser:

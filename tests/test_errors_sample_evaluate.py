@@ -1,6 +1,7 @@
 """The sample and evaluate CLIs' user errors: one line, `error: <what is wrong> — <how to fix it>`, exit status
 2, no traceback, and the user's files unchanged (the contract and train.py's cases: tests/test_errors.py)."""
 
+import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torchvision import datasets
 from user_errors import fill, run_in_process
 
 from diffusion import evaluate, sample
@@ -72,7 +74,31 @@ def test_sample_reports_a_bad_input_in_one_line(flags, expected, user, capsys, m
 
 EVALUATE_CASES = {
     "missing_samples": (["--samples", "{user}/nope.npz"], r"no such file .*nope.npz"),
-    "random_bytes": (["--samples", "{user}/random.ckpt"], r"random.ckpt"),
+    "random_bytes": (
+        ["--samples", "{user}/random.ckpt"],
+        r"random.ckpt is not an .npz archive — pass the samples.npz that python -m diffusion.sample wrote",
+    ),
+    # A zip cut short: zipfile's BadZipFile, with a traceback before.
+    "truncated_samples": (
+        ["--samples", "{user}/truncated.ckpt"],
+        r"truncated.ckpt is truncated or corrupt .* — pass",
+    ),
+    "truncated_reference": (
+        ["--reference", "{user}/truncated.ckpt"],
+        r"truncated.ckpt is truncated or corrupt",
+    ),
+    "folder_without_data_root": (
+        ["--reference", "folder", "--data_root", "{user}/nope"],
+        r"image folder .*nope does not exist — point --data_root at your images",
+    ),
+    "folder_without_images": (
+        ["--reference", "folder", "--data_root", "{user}/samples"],
+        r"no images found under .*samples .* — put your images there, or point --data_root at",
+    ),
+    "inception_weights_missing": (
+        ["--features", "inception", "--inception_weights", "{user}/nope.pth"],
+        r"--inception_weights .*nope.pth does not exist — pass torch-fidelity's weights",
+    ),
     "unknown_reference": (["--reference", "imagenet"], r"'imagenet' is neither .* datasets"),
     "unknown_features": (["--features", "clip"], r"--features clip is not one of the choices"),
     "kid_subset_size_1": (
@@ -84,11 +110,43 @@ EVALUATE_CASES = {
 }
 
 
+if importlib.util.find_spec("torch_fidelity") is not None:  # an optional extra: pip install -e '.[fid]'
+    EVALUATE_CASES["inception_weights_not_torch"] = (  # was an UnpicklingError traceback
+        ["--features", "inception", "--inception_weights", "{user}/a_file"],
+        r"--inception_weights .*a_file is not a readable PyTorch weights file .* — pass torch-fidelity's",
+    )
+    EVALUATE_CASES["inception_weights_a_zip"] = (
+        ["--features", "inception", "--inception_weights", "{user}/samples/samples.npz"],
+        r"samples.npz is not a readable PyTorch weights file",
+    )
+
+
 @pytest.mark.parametrize(("flags", "expected"), EVALUATE_CASES.values(), ids=EVALUATE_CASES.keys())
 def test_evaluate_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
     samples = str(user / "samples" / "samples.npz")
     args = ["--samples", samples, "--reference", samples, "--features", "pixels", *fill(flags, user)]
     assert re.search(expected, run_in_process(evaluate.main, args, user, capsys))
+
+
+def test_evaluate_tiny_samples_against_a_dataset_name_their_size(tmp_path, capsys):
+    np.savez(tmp_path / "tiny.npz", np.zeros((4, 2, 2, 1), np.uint8))
+    args = ["--samples", str(tmp_path / "tiny.npz"), "--reference", "digits", "--features", "pixels"]
+    line = run_in_process(evaluate.main, args, tmp_path, capsys)
+    assert re.search(r"the samples are 2x2, smaller than the 8x8 .* — compare them with an .npz of 2x2", line)
+
+
+def test_evaluate_offline_download_says_where_to_put_the_files(tmp_path, capsys, monkeypatch):
+    def offline(self):  # what torchvision's MNIST raises once every mirror failed
+        raise RuntimeError(
+            "Error downloading train-images-idx3-ubyte.gz:\nTried https://x/, got:\n<urlopen error>\n"
+        )
+
+    monkeypatch.setattr(datasets.MNIST, "download", offline)
+    args = ["--samples", str(tmp_path / "s.npz"), "--reference", "mnist", "--data_root", str(tmp_path / "data"),
+            "--features", "pixels"]  # fmt: skip
+    np.savez(tmp_path / "s.npz", np.zeros((4, 28, 28, 1), np.uint8))
+    line = run_in_process(evaluate.main, args, tmp_path, capsys)
+    assert re.search(r"could not download mnist into .* — check the network .* into .*data/MNIST/raw", line)
 
 
 def test_existing_samples_are_replaced_only_with_overwrite(user, tmp_path):
