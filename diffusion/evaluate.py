@@ -212,6 +212,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with reporting_user_errors(argv, also=(RuntimeError,)):
         args = build_parser().parse_args(argv)
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            torch.device(device)
+        except RuntimeError as err:  # torch lists two dozen device types
+            raise UserError(f"--device {device} is not a device", "pass cpu, cuda or cuda:N") from err
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"--device {device}: no CUDA GPU is visible here", "use --device cpu")
         samples = load_npz_images(args.samples)

@@ -106,6 +106,7 @@ EVALUATE_CASES = {
         r"--kid_subset_size 1 is out of range — pass a value >= 2",
     ),
     "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
+    "not_a_device": (["--device", "tpu9"], r"--device tpu9 is not a device — pass cpu, cuda or cuda:N"),
     "missing_reference": (["--reference", "{user}/nope.npz"], r"no such file .*nope.npz"),
 }
 
