@@ -30,7 +30,7 @@ from jsonargparse.typing import PositiveInt, restricted_number_type
 from torch.utils.data import DataLoader, Subset
 
 from diffusion.data import MIN_IMAGE_SIZE, ImageDataModule, ImageDatasetName
-from diffusion.errors import UserError, command_parser, reporting_user_errors
+from diffusion.errors import UserError, command_parser, numpy_file_kind, reporting_user_errors
 from diffusion.image_files import find_images
 from diffusion.metrics import Features, compute_metrics, make_metrics
 from diffusion.render import to_uint8_images
@@ -44,11 +44,10 @@ def load_npz_images(path: str | Path) -> np.ndarray:
     fix = "pass the samples.npz that python -m diffusion.sample wrote (or np.savez(path, uint8_images))"
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path} — make one with python -m diffusion.sample")
-    with path.open("rb") as file:
-        magic = file.read(6)
-    if magic == b"\x93NUMPY":
+    kind = numpy_file_kind(path)
+    if kind == "npy":
         raise ValueError(f"{path} is a single .npy array, not an .npz archive — {fix}")
-    if magic[:2] != b"PK":  # not a zip; np.load would try to unpickle it
+    if kind == "other":
         raise ValueError(f"{path} is not an .npz archive — {fix}")
     try:
         with np.load(path, allow_pickle=False) as archive:

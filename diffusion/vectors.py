@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from diffusion.data import IndexedDataset, SplitDataModule
+from diffusion.errors import numpy_file_kind
 from diffusion.labels import load_labels
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy"]
@@ -167,11 +168,10 @@ def _load_npy(path: Path) -> np.ndarray:
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"--data.path {path} {what} — pass the path of an (N, D) .npy file ({save})")
-    with path.open("rb") as file:
-        magic = file.read(6)
-    if magic[:2] == b"PK":  # a zip: np.savez's archive
+    kind = numpy_file_kind(path)
+    if kind == "npz":
         raise ValueError(f"{path} is a .npz archive, not a .npy file — {save}")
-    if magic != b"\x93NUMPY":  # without it np.load falls back to unpickling and says so
+    if kind == "other":
         raise ValueError(
             f"--data.path {path} is not a .npy file — {save} (a .csv: np.save(path, np.loadtxt(csv, delimiter=',')))"
         )
