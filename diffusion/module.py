@@ -38,6 +38,9 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 1_000_003 + step) * 2_654_435_761 + index) % (2**63 - 1)
 
 
+TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkpoint can monitor them)
+
+
 class DiffusionModule(L.LightningModule):
     """Trains `network` to predict the noise (or x_0, or v) added by the forward process.
 
@@ -257,7 +260,7 @@ class DiffusionModule(L.LightningModule):
         if labels is not None:
             labels = self.drop_labels(labels, indices, self.global_step, per_sample)
         loss = self.per_sample_loss(x0, noise, t, labels).mean()
-        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
+        self.log(TRAIN_LOSS, loss, prog_bar=True, sync_dist=True)
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -265,7 +268,7 @@ class DiffusionModule(L.LightningModule):
         # Fixed noise per validation sample (step 0), so val/loss is comparable across epochs and world sizes.
         # Labels are kept: a conditional model's val/loss is its conditional loss.
         noise, t = self.draw_noise_and_timesteps(x0, indices, step=0, per_sample=True)
-        self.log("val/loss", self.per_sample_loss(x0, noise, t, labels).mean(), prog_bar=True, sync_dist=True)
+        self.log(VAL_LOSS, self.per_sample_loss(x0, noise, t, labels).mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         # The fused kernel updates all parameters at once: about half the time of the default per-tensor

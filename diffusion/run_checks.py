@@ -12,9 +12,10 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import StrategyRegistry
 
+from diffusion.callbacks.fid import FID, KID, FIDCallback
 from diffusion.checkpoints import read_checkpoint
 from diffusion.errors import UserError, check_writable_folder
-from diffusion.module import DiffusionModule
+from diffusion.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
 
 
 def _positive_or_unlimited(value: Any) -> bool:
@@ -185,23 +186,20 @@ def check_steps_left(checkpoint: dict[str, Any], max_steps: int) -> None:
         )
 
 
-# What this project's module and callbacks log; Lightning adds "step" and "epoch" to what a checkpoint can monitor.
-LOGGED_METRICS = {"train/loss", "val/loss", "step", "epoch"}
-FID_METRICS = {"val/fid", "val/kid"}
-
-
 def check_monitored_metric(trainer: Trainer, monitor: str | None) -> None:
     """--checkpoint.monitor names a metric the run logs: Lightning finds out only at the first validation, when
     the training before it is lost. A callback from outside this project may log more, so with one the check
     is left to Lightning."""
-    callbacks = [type(callback).__module__ for callback in trainer.callbacks]
-    if monitor is None or any(not name.startswith(("diffusion.", "lightning.")) for name in callbacks):
+    modules = [type(callback).__module__ for callback in trainer.callbacks]
+    if monitor is None or any(not name.startswith(("diffusion.", "lightning.")) for name in modules):
         return
-    logged = LOGGED_METRICS | (FID_METRICS if "diffusion.callbacks.fid" in callbacks else set())
+    logged = {TRAIN_LOSS, VAL_LOSS, "step", "epoch"}  # Lightning adds step and epoch
+    if any(isinstance(callback, FIDCallback) for callback in trainer.callbacks):
+        logged |= {FID, KID}
     if monitor not in logged:
         raise UserError(
             f"--checkpoint.monitor {monitor} is not a metric this run logs",
-            f"pass one of {', '.join(sorted(logged))} (val/fid and val/kid need the FIDCallback)",
+            f"pass one of {', '.join(sorted(logged))} ({FID} and {KID} need the FIDCallback)",
         )
 
 

@@ -16,6 +16,8 @@ from diffusion.module import DiffusionModule
 from diffusion.render import to_uint8
 from diffusion.sampling import DEFER, SamplingOptions
 
+FID, KID = "val/fid", "val/kid"  # the metrics it logs (a checkpoint can monitor them)
+
 
 class FIDCallback(EveryNValidations):
     """FID (and KID) of generated samples against the training images, logged as ``val/fid``, ``val/kid``.
@@ -126,9 +128,9 @@ class FIDCallback(EveryNValidations):
         # Every rank computed the same value from the same gathered states; sync_dist averages identical
         # numbers (exact) and spares Lightning's "use sync_dist=True" warning. Logged on every rank so a
         # ModelCheckpoint monitoring val/fid finds it wherever it runs.
-        pl_module.log("val/fid", result["fid"], sync_dist=True)
+        pl_module.log(FID, result["fid"], sync_dist=True)
         if self.kid:
-            pl_module.log("val/kid", result["kid_mean"], sync_dist=True)
+            pl_module.log(KID, result["kid_mean"], sync_dist=True)
         rank_zero_info(
             f"step {trainer.global_step}: FID ({self.features} features) {result['fid']:.4g} from "
             f"{result['num_fake']} generated and {result['num_real']} real images"
