@@ -14,10 +14,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from metrics_lib import digits_split, frechet_distance, to_digit_features  # noqa: E402
 
-from diffusion.checkpoints import latest_checkpoint, load_checkpoint  # noqa: E402
-from diffusion.generation import generate  # noqa: E402
-from diffusion.render import to_uint8_images  # noqa: E402
-from diffusion.sampling import SamplingOptions  # noqa: E402
+from diffusion.core.sampling import SamplingOptions  # noqa: E402
+from diffusion.generation.ranks import generate  # noqa: E402
+from diffusion.generation.render import to_uint8_images  # noqa: E402
+from diffusion.training.loading import load_checkpoint  # noqa: E402
+from diffusion.training.run_folders import latest_checkpoint  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> str:

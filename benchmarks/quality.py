@@ -43,11 +43,12 @@ from metrics_lib import (
 from torchvision.utils import make_grid, save_image
 from train_run import run_training
 
-from diffusion.checkpoints import latest_checkpoint, load_checkpoint
-from diffusion.generation import generate
-from diffusion.render import denormalize, save_scatter, to_uint8_images
-from diffusion.sampling import SamplingOptions
-from diffusion.vectors import VectorDataModule
+from diffusion.core.sampling import SamplingOptions
+from diffusion.data.vectors import VectorDataModule
+from diffusion.generation.ranks import generate
+from diffusion.generation.render import denormalize, save_scatter, to_uint8_images
+from diffusion.training.loading import load_checkpoint
+from diffusion.training.run_folders import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_UNET = [

@@ -20,11 +20,11 @@ from quality import ROOT, TINY_UNET, Recipe, find_checkpoint, fmt_time, train
 from sklearn.svm import SVC
 from torchvision.utils import make_grid, save_image
 
-from diffusion.checkpoints import load_checkpoint
-from diffusion.generation import generate
-from diffusion.labels import class_labels
-from diffusion.render import denormalize, rows_by_class, to_uint8_images
-from diffusion.sampling import SamplingOptions
+from diffusion.core.sampling import SamplingOptions
+from diffusion.data.labels import class_labels
+from diffusion.generation.ranks import generate
+from diffusion.generation.render import denormalize, rows_by_class, to_uint8_images
+from diffusion.training.loading import load_checkpoint
 
 CONDITIONAL = Recipe(
     "digits_conditional", ["--config", "configs/digits_conditional.yaml"], TINY_UNET, 15 * 60, 90

@@ -48,9 +48,9 @@ from pathlib import Path
 import torch
 from speed_paths import build_project, diffusers_path, plain_path, project_path, training_flops
 
+from diffusion.core.sampling import SamplingOptions
 from diffusion.models import UNet
-from diffusion.optim import use_tf32_on_cuda
-from diffusion.sampling import SamplingOptions
+from diffusion.training.optim import use_tf32_on_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_UNET = [

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from diffusion.callbacks import EMA
-from diffusion.cli import DiffusionCLI, with_default_config
-from diffusion.data import IndexedDataset, SplitDataModule
+from diffusion.cli.train import DiffusionCLI, with_default_config
+from diffusion.data.split import IndexedDataset, SplitDataModule
 from diffusion.models import UNet
 from diffusion.models.unet import AttnBlock
+from diffusion.training.callbacks import EMA
 
 # What the timed Trainer leaves out: everything that is not a training step.
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]

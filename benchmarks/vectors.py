@@ -37,10 +37,11 @@ from metrics_lib import sliced_wasserstein
 from train_run import run_training
 from vector_sets import Distribution, distributions
 
-from diffusion.checkpoints import latest_checkpoint, load_checkpoint
-from diffusion.generation import generate
-from diffusion.render import denormalize, save_scatter
-from diffusion.sampling import SamplingOptions
+from diffusion.core.sampling import SamplingOptions
+from diffusion.generation.ranks import generate
+from diffusion.generation.render import denormalize, save_scatter
+from diffusion.training.loading import load_checkpoint
+from diffusion.training.run_folders import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_POINTS = 20_000

@@ -10,8 +10,8 @@ import torch
 from helpers import QUICK, TINY_MLP, tiny_run
 from PIL import Image
 
-from diffusion.checkpoints import load_checkpoint
-from diffusion.cli import main
+from diffusion.cli.train import main
+from diffusion.training.loading import load_checkpoint
 
 
 @pytest.fixture(autouse=True)

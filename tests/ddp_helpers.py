@@ -16,7 +16,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from diffusion.vectors import VectorDataModule
+from diffusion.data.vectors import VectorDataModule
 
 
 class Recorder(L.Callback):

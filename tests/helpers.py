@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from diffusion.cli import main
+from diffusion.cli.train import main
 
 # A UNet of ~40k parameters and a few steps: seconds on a CPU, but the whole pipeline (config, data,
 # Trainer, EMA, checkpointing, sample grid) runs as it does for users.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion.render import to_uint8_images
+from diffusion.generation.render import to_uint8_images
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

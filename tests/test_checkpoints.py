@@ -7,10 +7,11 @@ import pytest
 import torch
 from helpers import TINY_UNET
 
-from diffusion import sample
-from diffusion.checkpoints import load_checkpoint, read_checkpoint, read_network_weights
-from diffusion.cli import main as train
+from diffusion.cli import sample
+from diffusion.cli.train import main as train
 from diffusion.errors import UserError
+from diffusion.training.checkpoint_files import read_checkpoint, read_network_weights
+from diffusion.training.loading import load_checkpoint
 
 
 class Payload:

@@ -12,8 +12,8 @@ import yaml
 from helpers import TINY_MLP, TINY_UNET, tiny_run
 from PIL import Image
 
-from diffusion.checkpoints import latest_checkpoint
-from diffusion.cli import DiffusionCLI, expand_shorthands, main
+from diffusion.cli.train import DiffusionCLI, expand_shorthands, main
+from diffusion.training.run_folders import latest_checkpoint
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 

@@ -12,15 +12,16 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torchvision import datasets
 
-from diffusion.batch import check_batch
-from diffusion.callbacks import FIDCallback
-from diffusion.cli import DiffusionCLI
-from diffusion.data import Batch, ImageDataModule
-from diffusion.models import MLP, NO_LABEL, UNet
-from diffusion.module import DiffusionModule
-from diffusion.sampling import SamplingOptions, guided_output
-from diffusion.schedule import NoiseSchedule
-from diffusion.vectors import VectorDataModule
+from diffusion.cli.train import DiffusionCLI
+from diffusion.core.guidance import NO_LABEL, guided_output
+from diffusion.core.sampling import SamplingOptions
+from diffusion.core.schedule import NoiseSchedule
+from diffusion.data.batch import Batch, check_batch
+from diffusion.data.images import ImageDataModule
+from diffusion.data.vectors import VectorDataModule
+from diffusion.models import MLP, UNet
+from diffusion.training.callbacks import FIDCallback
+from diffusion.training.module import DiffusionModule
 
 REPO = Path(__file__).resolve().parents[1]
 CONDITIONAL = ["--config", str(REPO / "configs" / "digits_conditional.yaml")]

@@ -17,13 +17,13 @@ from nbclient import NotebookClient
 from PIL import Image
 from test_errors import error_line
 
-from diffusion.checkpoints import load_checkpoint
-from diffusion.cli import main
-from diffusion.generation import generate
-from diffusion.labels import class_labels
-from diffusion.render import rows_by_class
-from diffusion.sample import main as sample_main
-from diffusion.sampling import SamplingOptions
+from diffusion.cli.sample import main as sample_main
+from diffusion.cli.train import main
+from diffusion.core.sampling import SamplingOptions
+from diffusion.data.labels import class_labels
+from diffusion.generation.ranks import generate
+from diffusion.generation.render import rows_by_class
+from diffusion.training.loading import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 CONDITIONAL = ["--config", str(REPO / "configs" / "digits_conditional.yaml")]

@@ -12,9 +12,10 @@ import pytest
 import torch
 from helpers import TINY_MLP
 
-from diffusion.cli import main
-from diffusion.models import MLP, NO_LABEL
-from diffusion.module import DiffusionModule
+from diffusion.cli.train import main
+from diffusion.core.guidance import NO_LABEL
+from diffusion.models import MLP
+from diffusion.training.module import DiffusionModule
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -13,11 +13,11 @@ from sklearn.datasets import load_digits
 from torch.utils.data import DistributedSampler, TensorDataset
 from torchvision import datasets
 
-from diffusion.batch import check_batch
-from diffusion.data import Batch, ImageDataModule
-from diffusion.errors import is_user_error
-from diffusion.render import denormalize, to_uint8_images
-from diffusion.vectors import VectorDataModule
+from diffusion.cli.reporting import is_user_error
+from diffusion.data.batch import Batch, check_batch
+from diffusion.data.images import ImageDataModule
+from diffusion.data.vectors import VectorDataModule
+from diffusion.generation.render import denormalize, to_uint8_images
 
 
 def _all_items(dm):

@@ -27,7 +27,7 @@ import torch
 from ddp_helpers import CountingVectorData
 from helpers import TINY_MLP
 
-from diffusion.cli import DiffusionCLI, main
+from diffusion.cli.train import DiffusionCLI, main
 
 pytestmark = pytest.mark.multiprocess
 

@@ -23,9 +23,9 @@ import pytest
 import torch
 from helpers import TINY_MLP
 
-from diffusion.data import Batch
+from diffusion.data.batch import Batch
 from diffusion.models import MLP
-from diffusion.module import DiffusionModule
+from diffusion.training.module import DiffusionModule
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

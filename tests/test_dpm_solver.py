@@ -12,17 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion.checkpoints import load_checkpoint
-from diffusion.sample import main as sample_main
-from diffusion.sampling import (
-    SamplingOptions,
-    final_sample,
-    half_log_snr,
-    log_snr_timesteps,
-    randn,
-    reverse_steps,
-)
-from diffusion.schedule import NoiseSchedule
+from diffusion.cli.sample import main as sample_main
+from diffusion.core.dpm_solver import half_log_snr, log_snr_timesteps
+from diffusion.core.noise import randn
+from diffusion.core.sampling import SamplingOptions, final_sample, reverse_steps
+from diffusion.core.schedule import NoiseSchedule
+from diffusion.training.loading import load_checkpoint
 
 MU = torch.tensor([0.5, -0.3, 0.0, 0.2], dtype=torch.float64)
 STD = torch.tensor([0.3, 0.5, 0.1, 0.7], dtype=torch.float64)

@@ -12,11 +12,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from diffusion.callbacks import EMA
-from diffusion.checkpoints import load_checkpoint
+from diffusion.data.vectors import VectorDataModule
 from diffusion.models import MLP
-from diffusion.module import DiffusionModule
-from diffusion.vectors import VectorDataModule
+from diffusion.training.callbacks import EMA
+from diffusion.training.loading import load_checkpoint
+from diffusion.training.module import DiffusionModule
 
 DECAY = 0.2  # low, so both branches of min(decay, (1 + n) / (10 + n)) are used: 2/11 at n = 1, then 0.2
 ACCUMULATE = 2

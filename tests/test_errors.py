@@ -23,10 +23,11 @@ from PIL import Image
 from torch import nn
 from user_errors import REPO, error_line, run_in_process, snapshot, train_args
 
-from diffusion import sample
-from diffusion.checkpoints import load_checkpoint
-from diffusion.cli import main as train
-from diffusion.errors import UserError, one_line, reporting_user_errors
+from diffusion.cli import sample
+from diffusion.cli.reporting import one_line, reporting_user_errors
+from diffusion.cli.train import main as train
+from diffusion.errors import UserError
+from diffusion.training.loading import load_checkpoint
 
 FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "--data.image_size", "8",
           "--data.val_fraction", "0"]  # fmt: skip
@@ -264,7 +265,7 @@ def test_without_the_default_recipe_no_arguments_stop_with_one_line(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     result = subprocess.run(
-        [sys.executable, "-c", "from diffusion.cli import main; main()"], cwd=work, capture_output=True, text=True,
+        [sys.executable, "-c", "from diffusion.cli.train import main; main()"], cwd=work, capture_output=True, text=True,
         timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
     )  # fmt: skip
     assert result.returncode == 2

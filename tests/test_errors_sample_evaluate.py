@@ -12,7 +12,7 @@ import torch
 from torchvision import datasets
 from user_errors import fill, run_in_process
 
-from diffusion import evaluate, sample
+from diffusion.cli import evaluate, sample
 
 SAMPLE_CASES = {
     "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),

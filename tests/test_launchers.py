@@ -19,7 +19,7 @@ import torch
 from helpers import QUICK, TINY_UNET
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
-from diffusion.cli import DiffusionCLI, with_default_config
+from diffusion.cli.train import DiffusionCLI, with_default_config
 
 REPO = Path(__file__).parents[1]
 TRAIN = str(REPO / "train.py")

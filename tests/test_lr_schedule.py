@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import tiny_run
 
-from diffusion.optim import lr_factor, warmup_scheduler
+from diffusion.training.optim import lr_factor, warmup_scheduler
 
 
 def test_warmup_then_constant_or_cosine_to_zero():

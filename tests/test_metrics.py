@@ -19,16 +19,16 @@ import torch
 from helpers import QUICK, TINY_UNET, tiny_run
 from sklearn.datasets import load_digits
 
-from diffusion import evaluate as evaluate_cli
-from diffusion.callbacks import FIDCallback
-from diffusion.data import ImageDataModule
-from diffusion.metrics import InceptionFeatures, PixelFeatures, compute_metrics, make_metrics
-from diffusion.render import to_uint8_images
-from diffusion.sampling import SamplingOptions
+from diffusion.cli import evaluate as evaluate_cli
+from diffusion.core.sampling import SamplingOptions
+from diffusion.data.images import ImageDataModule
+from diffusion.generation.render import to_uint8_images
+from diffusion.metrics.fid_kid import InceptionFeatures, PixelFeatures, compute_metrics, make_metrics
+from diffusion.training.callbacks import FIDCallback
 
 REPO = Path(__file__).parents[1]
 FID_FLAGS = [
-    "--trainer.callbacks+=diffusion.callbacks.FIDCallback",
+    "--trainer.callbacks+=diffusion.training.callbacks.FIDCallback",
     "--trainer.callbacks.init_args.features", "pixels",
     "--trainer.callbacks.init_args.num_samples", "16",
     "--trainer.callbacks.init_args.sampling.steps", "3",

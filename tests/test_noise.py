@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from diffusion import noise
-from diffusion.sampling import randn
+from diffusion.core import noise
+from diffusion.core.noise import randn
 
 KEY = noise.noise_key(1234, noise.TRAINING_NOISE, 7)
 
@@ -147,7 +147,7 @@ def test_per_sample_noise_draws_in_sequence_and_splits_like_the_batch():
 
 def test_training_noise_per_sample_is_the_same_in_any_batch_split():
     from diffusion.models import MLP
-    from diffusion.module import DiffusionModule
+    from diffusion.training.module import DiffusionModule
 
     module = DiffusionModule(MLP(in_channels=2, hidden_dim=8, num_blocks=1), sample_shape=(2,), noise_seed=5)
     x0, indices = torch.zeros(6, 2), torch.tensor([9, 4, 0, 31, 7, 2])

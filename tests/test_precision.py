@@ -20,9 +20,9 @@ import torch
 from helpers import QUICK, TINY_UNET
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from diffusion.checkpoints import load_checkpoint
-from diffusion.cli import DiffusionCLI, with_default_config
-from diffusion.sampling import SamplingOptions
+from diffusion.cli.train import DiffusionCLI, with_default_config
+from diffusion.core.sampling import SamplingOptions
+from diffusion.training.loading import load_checkpoint
 
 REPO = Path(__file__).parents[1]
 MAX_STEPS = 2

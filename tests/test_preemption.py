@@ -23,8 +23,8 @@ from test_resume import (  # noqa: F401 (reference is a fixture)
     reference,
 )
 
-from diffusion.cli import main
-from diffusion.preemption import requeue_slurm_job
+from diffusion.cli.train import main
+from diffusion.training.callbacks.preemption import requeue_slurm_job
 
 
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from helpers import tiny_run
 
-from diffusion.liveness import set_collective_timeout
-from diffusion.process_group import closing_process_group, process_group_is_open
+from diffusion.cli.process_group import closing_process_group, process_group_is_open
+from diffusion.training.callbacks.heartbeat import set_collective_timeout
 
 
 def open_a_one_process_group(rendezvous_file) -> None:

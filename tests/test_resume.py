@@ -26,10 +26,10 @@ import pytest
 import torch
 from helpers import TINY_MLP
 
-from diffusion.callbacks import Checkpoint
-from diffusion.checkpoint_io import AtomicCheckpointIO
-from diffusion.cli import main
-from diffusion.resume import ResumableLoader, ResumableSampler
+from diffusion.cli.train import main
+from diffusion.data.resumable import ResumableLoader, ResumableSampler
+from diffusion.training.callbacks import Checkpoint
+from diffusion.training.callbacks.atomic_writes import AtomicCheckpointIO
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -16,8 +16,8 @@ import torch
 import yaml
 from helpers import QUICK, TINY_MLP
 
-from diffusion.checkpoints import newest_checkpoint
-from diffusion.cli import main
+from diffusion.cli.train import main
+from diffusion.training.run_folders import newest_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = [

@@ -13,8 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from diffusion.checkpoints import load_checkpoint
-from diffusion.sample import main
+from diffusion.cli.sample import main
+from diffusion.training.loading import load_checkpoint
 
 REPO_ROOT = Path(__file__).parents[1]
 BASE = ["--num_samples", "5", "--batch_size", "5", "--seed", "7", "--sampler", "ddim", "--steps", "3",

@@ -20,12 +20,12 @@ import pytest
 import torch
 from lightning.fabric import Fabric
 
-from diffusion.checkpoints import load_checkpoint
-from diffusion.generation import gather_in_order, generate, sample_across_ranks
-from diffusion.process_group import process_group_is_open
-from diffusion.render import save_preview, to_uint8, to_uint8_images, write_samples
-from diffusion.sample import main
-from diffusion.sampling import SamplingOptions
+from diffusion.cli.process_group import process_group_is_open
+from diffusion.cli.sample import main
+from diffusion.core.sampling import SamplingOptions
+from diffusion.generation.ranks import gather_in_order, generate, sample_across_ranks
+from diffusion.generation.render import save_preview, to_uint8, to_uint8_images, write_samples
+from diffusion.training.loading import load_checkpoint
 
 REPO_ROOT = Path(__file__).parents[1]
 # 5 samples over 2 ranks: uneven (rank 0 draws 0, 2, 4; rank 1 draws 1, 3 and an extra, 5, that is

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion.checkpoints import load_checkpoint
-from diffusion.generation import autocast_dtype, network_precision
-from diffusion.sample import main
-from diffusion.sampling import SamplingOptions
+from diffusion.cli.sample import main
+from diffusion.core.sampling import SamplingOptions
+from diffusion.generation.precision import autocast_dtype, network_precision
+from diffusion.training.loading import load_checkpoint
 
 ARGS = ["--num_samples", "5", "--batch_size", "5", "--seed", "7", "--sampler", "ddim", "--steps", "3",
         "--device", "cpu"]  # fmt: skip

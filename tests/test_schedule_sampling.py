@@ -5,8 +5,10 @@ import math
 import pytest
 import torch
 
-from diffusion.sampling import final_sample, randn, reverse_steps, spaced_timesteps
-from diffusion.schedule import NoiseSchedule, make_betas
+from diffusion.core.ddpm_ddim import spaced_timesteps
+from diffusion.core.noise import randn
+from diffusion.core.sampling import final_sample, reverse_steps
+from diffusion.core.schedule import NoiseSchedule, make_betas
 
 
 def sample(model, schedule, shape, generator, **options) -> torch.Tensor:

@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import tiny_run
 
-from diffusion.checkpoints import load_checkpoint
+from diffusion.core.sampling import SamplingOptions
 from diffusion.models import UNet
-from diffusion.module import DiffusionModule
-from diffusion.optim import use_tf32_on_cuda
-from diffusion.sampling import SamplingOptions
+from diffusion.training.loading import load_checkpoint
+from diffusion.training.module import DiffusionModule
+from diffusion.training.optim import use_tf32_on_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 

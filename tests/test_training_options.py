@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from diffusion.core.sampling import SamplingOptions
+from diffusion.core.schedule import NoiseSchedule
 from diffusion.models import MLP
-from diffusion.module import DiffusionModule
-from diffusion.sampling import SamplingOptions
-from diffusion.schedule import NoiseSchedule
+from diffusion.training.module import DiffusionModule
 
 X0 = torch.rand(16, 2, generator=torch.Generator().manual_seed(0)) * 1.6 - 0.8  # (B, D) in [-0.8, 0.8]
 NOISE = torch.randn(16, 2, generator=torch.Generator().manual_seed(1))
@@ -137,7 +137,7 @@ def test_min_snr_weights_the_loss_by_min_snr_gamma(prediction_type):
 
 # ---- clip_denoised --------------------------------------------------------------------------------------
 def test_clip_denoised_changes_samples_of_an_untrained_network():
-    from diffusion.sampling import reverse_steps
+    from diffusion.core.sampling import reverse_steps
 
     unclipped, clipped = (make_module(sampling=SamplingOptions(clip_denoised=c)) for c in (False, True))
     x_T = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))

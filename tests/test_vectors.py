@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion.render import denormalize
-from diffusion.vectors import VectorDataModule, feature_scaling
+from diffusion.data.vectors import VectorDataModule, feature_scaling
+from diffusion.generation.render import denormalize
 
 
 def _bulk_with_outliers(tmp_path, outlier: float = 1000.0):

@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from diffusion.core.guidance import NO_LABEL
+
 
 def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """Embed integer timesteps as ``[sin(t * f_0), ..., sin(t * f_{k-1}), cos(t * f_0), ..., cos(t * f_{k-1})]``.
@@ -35,11 +37,6 @@ def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0)
     if dim % 2 == 1:
         emb = torch.nn.functional.pad(emb, (0, 1))  # (B, dim)
     return emb
-
-
-NO_LABEL = -1
-"""The label of a sample without a class: unlabelled data, labels dropped for classifier-free guidance, and the
-unconditional half of a guided forward. Networks map it to their extra "no label" class."""
 
 
 class ClassEmbedding(torch.nn.Embedding):

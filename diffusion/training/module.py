@@ -15,16 +15,22 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from diffusion import noise as counter_noise
-from diffusion.batch import Batch, check_batch
-from diffusion.checkpoints import read_network_weights
-from diffusion.data import describe_batches
-from diffusion.labels import NO_LABEL, check_labels
-from diffusion.optim import LRSchedule, use_tf32_on_cuda, warmup_scheduler
-from diffusion.option_checks import check_training_options
-from diffusion.resume import gather_from_ranks, global_random_states, restore_global_random_states
-from diffusion.sampling import DEFER, Generators, SamplingOptions, final_sample, randn, reverse_steps
-from diffusion.schedule import BetaSchedule, NoiseSchedule, PredictionType
+from diffusion.core import noise as counter_noise
+from diffusion.core.guidance import NO_LABEL
+from diffusion.core.noise import Generators, randn
+from diffusion.core.sampling import DEFER, SamplingOptions, final_sample, reverse_steps
+from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
+from diffusion.data.batch import Batch, check_batch
+from diffusion.data.labels import check_labels
+from diffusion.data.split import describe_batches
+from diffusion.training.checkpoint_files import read_network_weights
+from diffusion.training.optim import LRSchedule, use_tf32_on_cuda, warmup_scheduler
+from diffusion.training.options import check_training_options
+from diffusion.training.random_states import (
+    gather_from_ranks,
+    global_random_states,
+    restore_global_random_states,
+)
 
 LossWeighting = Literal["none", "min_snr"]
 NoiseMode = Literal["fast", "per_sample"]

@@ -4,7 +4,6 @@ world size under torchrun."""
 
 import importlib.util
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,10 +11,12 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import StrategyRegistry
 
-from diffusion.callbacks.fid import FID, KID, FIDCallback
-from diffusion.checkpoints import read_checkpoint
-from diffusion.errors import UserError, check_writable_folder
-from diffusion.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
+from diffusion.cli.checks import check_writable_folder
+from diffusion.errors import UserError
+from diffusion.training.callbacks.fid import FID, KID, FIDCallback
+from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
+from diffusion.training.run_folders import run_folder_of
 
 
 def _positive_or_unlimited(value: Any) -> bool:
@@ -164,10 +165,10 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
     )
     counts = [(len(missing), "weights missing"), (len(unexpected), "unexpected"), (len(reshaped), "reshaped")]
     differences = ", ".join(f"{n} {what}" for n, what in counts if n)
-    config_file = Path(path).parent.parent / "config.yaml"
+    run = run_folder_of(path)
     fix = "resume it with the config of the run that saved it"
-    if config_file.is_file():
-        fix = f"resume it with its own config: --config {config_file}"
+    if run is not None and run.config_file.is_file():
+        fix = f"resume it with its own config: --config {run.config_file}"
     raise UserError(
         f"--ckpt_path {path} is from another kind of run: {saved_class}{saved_kind} on samples of shape "
         f"{hparams.get('sample_shape')}, while this config has {type(module.network).__name__}{kind} on "

@@ -5,7 +5,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from diffusion.labels import NO_LABEL, check_labels
+from diffusion.core.guidance import NO_LABEL
+from diffusion.data.labels import check_labels
 
 
 class Batch(NamedTuple):

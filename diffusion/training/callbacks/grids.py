@@ -6,11 +6,11 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from diffusion.generation import sample_across_ranks
-from diffusion.labels import class_labels
-from diffusion.module import DiffusionModule
-from diffusion.render import save_preview
-from diffusion.sampling import DEFER, SamplingOptions
+from diffusion.core.sampling import DEFER, SamplingOptions
+from diffusion.data.labels import class_labels
+from diffusion.generation.ranks import sample_across_ranks
+from diffusion.generation.render import save_preview
+from diffusion.training.module import DiffusionModule
 
 
 class EveryNValidations(L.Callback):

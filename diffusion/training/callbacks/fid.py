@@ -8,13 +8,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchmetrics import Metric
 
-from diffusion.callbacks.grids import EveryNValidations
-from diffusion.generation import generate_batches, rank_indices
-from diffusion.labels import class_labels
-from diffusion.metrics import Features, compute_metrics, make_metrics
-from diffusion.module import DiffusionModule
-from diffusion.render import to_uint8
-from diffusion.sampling import DEFER, SamplingOptions
+from diffusion.core.sampling import DEFER, SamplingOptions
+from diffusion.data.labels import class_labels
+from diffusion.generation.ranks import generate_batches, rank_indices
+from diffusion.generation.render import to_uint8
+from diffusion.metrics.fid_kid import Features, compute_metrics, make_metrics
+from diffusion.training.callbacks.grids import EveryNValidations
+from diffusion.training.module import DiffusionModule
 
 FID, KID = "val/fid", "val/kid"  # the metrics it logs (a checkpoint can monitor them)
 

@@ -2,7 +2,8 @@
 
 The rule that makes any world size give the same samples lives here once: with W ranks, rank r draws
 samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
-`DiffusionModule.initial_noise`), and `gather_in_order` puts the gathered shares back in index order.
+`DiffusionModule.initial_noise`; `module` is a DiffusionModule, or any module with its `sample` and
+`normalization`), and `gather_in_order` puts the gathered shares back in index order.
 Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.labels.class_labels`) on any
 rank.
 Ranks exchange images as uint8 (`render.compact`, a quarter of float32's bytes: 50,000 256x256 RGB images
@@ -14,21 +15,13 @@ sampler's arithmetic stays float32.
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, Literal
 
+import lightning as L
 import torch
-from torch import nn
 from tqdm import tqdm
 
-from diffusion.errors import check_choice
-from diffusion.module import DiffusionModule
-from diffusion.render import compact
-from diffusion.sampling import SamplingOptions
-
-# Lightning's names for the precisions sampling supports. "16-true"/"bf16-true" are not among them: they
-# would cast the noise schedule's buffers to half precision (as training refuses them too).
-Precision = Literal["32", "32-true", "16-mixed", "bf16-mixed"]
+from diffusion.core.sampling import SamplingOptions
+from diffusion.generation.render import compact
 
 
 def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: bool = False) -> torch.Tensor:
@@ -40,7 +33,7 @@ def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: boo
 
 
 def generate_batches(
-    module: DiffusionModule,
+    module: L.LightningModule,
     indices: torch.Tensor,
     *,
     seed: int = 0,
@@ -64,7 +57,7 @@ def generate_batches(
 
 
 def generate(
-    module: DiffusionModule,
+    module: L.LightningModule,
     num_samples: int,
     *,
     seed: int = 0,
@@ -105,7 +98,7 @@ def gather_in_order(
 
 
 def sample_across_ranks(
-    module: DiffusionModule,
+    module: L.LightningModule,
     num_samples: int,
     seed: int,
     options: SamplingOptions | None = None,
@@ -121,48 +114,3 @@ def sample_across_ranks(
     if world == 1:
         return local
     return gather_in_order(local.to(module.device), num_samples, module.all_gather)
-
-
-def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
-    """The dtype the network computes in under `precision` (Lightning's names) on `device`; None for 32-bit.
-
-    On a CPU, 16-mixed runs as bf16, as Lightning does for training (its fp16 AMP needs CUDA).
-    """
-    check_choice("precision", precision, Precision)
-    if precision in ("32", "32-true"):
-        return None
-    if precision == "16-mixed" and torch.device(device).type == "cuda":
-        return torch.float16
-    return torch.bfloat16
-
-
-class AutocastNetwork(nn.Module):
-    """`network` with its forward under torch.autocast, handing the sampler float32 outputs."""
-
-    def __init__(self, network: nn.Module, device_type: str, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.network, self.device_type, self.dtype = network, device_type, dtype
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        with torch.autocast(self.device_type, dtype=self.dtype):
-            output = self.network(*args, **kwargs)
-        return output.float()
-
-
-@contextmanager
-def network_precision(module: DiffusionModule, precision: str) -> Iterator[None]:
-    """Within the block, `module`'s network runs under autocast for `precision` (see `autocast_dtype`).
-
-    Only the network: the schedule's coefficients and the x_t updates of the reverse process stay float32
-    (the small betas and the long chain of updates are what half precision would hurt). 32 changes nothing.
-    """
-    dtype = autocast_dtype(precision, module.device)
-    if dtype is None:
-        yield
-        return
-    network = module.network
-    module.network = AutocastNetwork(network, module.device.type, dtype)
-    try:
-        yield
-    finally:
-        module.network = network

@@ -2,8 +2,7 @@
 element index), computed with torch integer ops for a whole batch at once, on the device that needs it.
 
 Per-sample reproducibility (a sample's noise must not depend on the batch it is in, the rank that draws it
-or the device) used to take one torch.Generator per sample and a Python loop over the samples at every
-step. Here a batch is a few elementwise kernels, and the random bits are the same on every device and for
+or the device) without one torch.Generator per sample and a Python loop over the samples at every step: a batch is a few elementwise kernels, and the random bits are the same on every device and for
 every split of the samples into batches or ranks; the normals, made from them by Box-Muller, agree across
 devices to the rounding of log, sqrt and cos (a few float32 ulps).
 
@@ -89,8 +88,8 @@ class PerSampleNoise:
     """Noise for a batch of samples named by their indices: draw k of sample i depends only on
     (seed, step, k, i), so N samples split over any batches, ranks or devices get the same noise.
 
-    Pass it where the samplers take a `generator` (diffusion.sampling.randn draws from it); each call of
-    `randn` is the next draw, as successive torch.randn calls on one generator per sample used to be.
+    Pass it where the samplers take a `generator` (`randn` below draws from it); each call of `randn` is the
+    next draw, as successive torch.randn calls on one generator per sample would be.
     """
 
     def __init__(self, seed: int, indices: torch.Tensor, step: int = 0, stream: int = SAMPLING_NOISE) -> None:
@@ -109,3 +108,23 @@ class PerSampleNoise:
         key = noise_key(self.seed, self.stream, self.step, self.draws)
         self.draws += 1
         return normal(shape, key, self._on_device[device])
+
+
+Generators = torch.Generator | PerSampleNoise | Sequence[torch.Generator] | None
+"""Where the samplers draw noise: the global RNG (None), one generator, per-sample noise, or a generator per sample."""
+
+
+def randn(shape: Sequence[int], generator: Generators, device: torch.device) -> torch.Tensor:
+    """Standard normal noise of `shape` (B, ...) on `device`, drawn from the given generator(s)."""
+    if isinstance(generator, PerSampleNoise):
+        return generator.randn(shape, device)  # the whole batch at once, on the device
+    if generator is None or isinstance(generator, torch.Generator):
+        gen_device = generator.device if generator is not None else device
+        return torch.randn(tuple(shape), generator=generator, device=gen_device).to(device)
+    if len(generator) != shape[0]:
+        raise ValueError(
+            f"got {len(generator)} generators for a batch of {shape[0]} samples; pass one per sample"
+        )
+    return torch.stack([torch.randn(tuple(shape[1:]), generator=g, device=g.device) for g in generator]).to(
+        device
+    )

@@ -23,19 +23,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from diffusion.callbacks import EMA, Checkpoint, SampleGrid
-from diffusion.checkpoints import newest_checkpoint, read_checkpoint, run_folder_of
-from diffusion.errors import (
-    DEBUG_VARIABLE,
-    UserError,
-    add_debug_flag,
-    reporting_user_errors,
-)
-from diffusion.liveness import DEFAULT_DDP_TIMEOUT_S, Heartbeat
-from diffusion.module import DiffusionModule
-from diffusion.process_group import closing_process_group
-from diffusion.resume import check_same_training_settings
-from diffusion.run_checks import (
+from diffusion.cli.legacy import accept_moved_class_paths
+from diffusion.cli.parsing import DEBUG_VARIABLE, add_debug_flag
+from diffusion.cli.process_group import closing_process_group
+from diffusion.cli.reporting import reporting_user_errors
+from diffusion.cli.resume import check_same_training_settings
+from diffusion.cli.train_checks import (
     check_hardware_flags,
     check_init_from,
     check_monitored_metric,
@@ -45,6 +38,12 @@ from diffusion.run_checks import (
     check_steps_left,
     check_torchrun_world_size,
 )
+from diffusion.errors import UserError
+from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
+from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
+from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.module import DiffusionModule
+from diffusion.training.run_folders import newest_checkpoint, run_folder_of
 
 SHORTHANDS = (
     "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
@@ -93,6 +92,7 @@ class DiffusionCLI(LightningCLI):
             f"A user error ends in one line; --debug (or {DEBUG_VARIABLE}=1) shows its traceback."
         )
         self._resume_checkpoint: dict[str, Any] | None = None
+        accept_moved_class_paths()  # configs written before the layered package name the old modules
         super().__init__(
             DiffusionModule,
             LightningDataModule,
@@ -231,7 +231,7 @@ class DiffusionCLI(LightningCLI):
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
 
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 
 
 def with_default_config(args: list[str]) -> list[str]:

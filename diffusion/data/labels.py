@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from diffusion.models.embedding import NO_LABEL
+from diffusion.core.guidance import NO_LABEL
 
 # Known before any download: the CLI sizes the network's class embedding when it builds it.
 DATASET_CLASS_NAMES = {

@@ -11,8 +11,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from diffusion import checkpoint_io
-from diffusion.preemption import Preemption, requeue_slurm_job
+from diffusion.training.callbacks import atomic_writes as checkpoint_io
+from diffusion.training.callbacks.preemption import Preemption, requeue_slurm_job
 
 
 class Checkpoint(ModelCheckpoint):

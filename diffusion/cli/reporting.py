@@ -1,0 +1,128 @@
+"""User errors as one line: `error: <what is wrong> — <how to fix it>` on stderr, exit status 2.
+
+Library code raises (`ValueError`, `FileNotFoundError`, `diffusion.errors.UserError`, ...); every command's `main`
+runs inside `reporting_user_errors`, which turns a user error into that one line. Bugs keep their traceback
+(exit status 1). `DIFFUSION_DEBUG=1` or `--debug` lets user errors through with their traceback too.
+"""
+
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import NoReturn
+
+import torch
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+from diffusion.cli.parsing import debug_requested
+from diffusion.errors import CallerError, UserError
+
+USER_ERROR_EXIT_STATUS = 2  # argparse's status for a bad command line; here for every user error
+
+
+# What a user can cause and fix: bad values, missing or unreadable files, a Trainer setting Lightning rejects,
+# a batch that does not fit the GPU. Anything else is a bug in this project or below it.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, OSError, EOFError, ArgumentError, UserError, MisconfigurationException,
+    torch.cuda.OutOfMemoryError,
+)  # fmt: skip
+
+
+def is_user_error(error: BaseException, also: tuple[type[BaseException], ...] = ()) -> bool:
+    if isinstance(error, CallerError):
+        return False
+    # A state_dict that does not fit the network: weights of another run, not a bug.
+    return isinstance(error, USER_ERRORS + also) or "Error(s) in loading state_dict" in str(error)
+
+
+@contextmanager
+def reporting_user_errors(
+    argv: Sequence[str] | None = None, also: tuple[type[BaseException], ...] = ()
+) -> Iterator[None]:
+    """Around a command's main: a user error (see USER_ERRORS, plus `also`) becomes one line and exit 2."""
+    try:
+        yield
+    except BaseException as error:
+        if not is_user_error(error, also) or debug_requested(argv):
+            raise
+        report(error)
+
+
+def report(error: BaseException) -> NoReturn:
+    """Print `error: <one line>` on stderr and exit with status 2."""
+    print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+    raise SystemExit(USER_ERROR_EXIT_STATUS)
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line: parser reports, DataLoader worker tracebacks and state_dict key dumps
+    reduced to what is wrong."""
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, ArgumentError) or "Parser key" in text or "Union subtypes" in text:
+        text = _parser_message(text)
+        if isinstance(error, ArgumentError) and " — " not in text:
+            text += " — see --help for the options (--print_config for a full config)"
+    if "Original Traceback" in text:  # re-raised from a DataLoader worker: the worker's own message
+        text = re.sub(r"^[\w.]+: ", "", text.strip().splitlines()[-1])
+    if "Error(s) in loading state_dict" in text:
+        text = _state_dict_summary(text)
+    line = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    if " — " not in line and "; " in line:
+        line = line.replace("; ", " — ", 1)  # the library's messages put the fix after "; "
+    return line
+
+
+def _parser_message(text: str) -> str:
+    """jsonargparse's nested multi-line report -> `--flag value: what is wrong — fix`."""
+    required = re.search(r'Key "([^"]+)" is required|arguments are required: (\S+)', text)
+    if required:
+        name = required.group(1) or required.group(2)
+        return f"--{name} is required — pass --{name} VALUE (see --help)"
+    if text.startswith("Problems parsing config"):
+        return f"{' '.join(text.split())} — fix the YAML syntax of the --config file"
+    flag = ".".join(re.findall(r'Parser key "([^"]+)"', text))
+    given = re.search(r"(?:Given|Got) value: (.*)|Not of type \w+: (\S+) does not conform", text)
+    shown = f"--{flag}" + (f" {(given.group(1) or given.group(2)).strip()}" if given else "")
+    noise = re.compile(
+        r"^(Does not validate against|Subtypes:|Errors:|Given value|Problem with given class_path|"
+        r"- Expected a <class 'NoneType'>)"
+    )
+    lines = [re.sub(r'Parser key "[^"]+":\s*', "", line).strip() for line in text.splitlines()]
+    detail = "; ".join(line.lstrip("- ") for line in lines if line and not noise.match(line))
+    if not flag:
+        return detail or text
+    restriction = re.search(r"restriction (.+)", detail)
+    if restriction:
+        # jsonargparse's 'v>=0 and v<=1' -> '>= 0 and <= 1'
+        bound = re.sub(r"v\s*(>=|<=|>|<)\s*", r"\1 ", restriction.group(1))
+        return f"{shown} is out of range — pass a value {bound}"
+    # A union of Literals (--precision: ints, then strings) lists each: their values, each once.
+    literals = re.findall(r"Expected a typing\.Literal\[([^\]]*)\]", detail)
+    if literals:
+        choices = dict.fromkeys(c.strip() for group in literals for c in group.split(","))
+        unique = {choice.strip("'"): choice for choice in reversed(choices)}  # '64' after 64: keep 64
+        listed = [choice for choice in choices if unique[choice.strip("'")] == choice]
+        return f"{shown} is not one of the choices — choose one of {', '.join(listed)}"
+    expected = re.search(r"Expected a <class '(\w+)'>", detail)
+    if expected:
+        return f"{shown} is not a valid {expected.group(1)} — pass a value of that type (see --help)"
+    return f"--{flag}: {detail} — see --help"
+
+
+def _state_dict_summary(text: str) -> str:
+    """torch's 'Error(s) in loading state_dict' dump -> counts and a few example keys."""
+    head, _, dump = text.partition("Error(s) in loading state_dict for ")
+    network = dump.split(":", 1)[0]
+    parts = []
+    for label, pattern in [("missing", "Missing key"), ("unexpected", "Unexpected key")]:
+        line = next((ln for ln in dump.splitlines() if pattern in ln), "")
+        keys = re.findall(r'"([^"]+)"', line)
+        if keys:
+            parts.append(f"{len(keys)} {label} keys (e.g. {', '.join(keys[:2])})")
+    mismatches = re.findall(r"size mismatch for ([^:]+):", dump)
+    if mismatches:
+        parts.append(f"{len(mismatches)} of another shape (e.g. {', '.join(mismatches[:2])})")
+    summary = ", ".join(parts)
+    head = head.strip()
+    return f"{head} ({summary})" if head else f"the weights do not fit {network} ({summary})"

@@ -1,0 +1,41 @@
+"""Classifier-free guidance (Ho & Salimans 2022): the "no label" class and the guided network output that every
+sampler calls.
+
+`NO_LABEL` marks a sample without a class: unlabelled data, labels dropped in training so the network also learns
+the unconditional model, and the unconditional half of a guided forward. The networks' class embeddings give it
+a row of its own.
+"""
+
+import torch
+from torch import nn
+
+NO_LABEL = -1
+
+
+def guided_output(
+    model: nn.Module,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    labels: torch.Tensor | None,
+    guidance_scale: float = 1.0,
+) -> torch.Tensor:
+    """The network output at (x, t), float32, with classifier-free guidance (Ho & Salimans 2022, Eq. 6):
+    out = out_uncond + s (out_cond - out_uncond), both halves from one forward of the doubled batch.
+
+    The output is guided in the space the network predicts (eps, x0 or v). Each of them is an affine function of
+    eps at a fixed (x_t, t) with the same coefficients for both halves, so this is exactly eps-space guidance
+    (`eps_uncond + s (eps_cond - eps_uncond)`) for every prediction type, and no conversion is needed.
+    s = 1 and s = 0 need only one half: the conditional or the unconditional output (NO_LABEL).
+    """
+    if labels is None:
+        return model(x, t).float()
+    if guidance_scale == 1:
+        return model(x, t, labels).float()
+    unconditional = torch.full_like(labels, NO_LABEL)
+    if guidance_scale == 0:
+        return model(x, t, unconditional).float()
+    both = model(
+        torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, unconditional])
+    ).float()  # (2B, ...)
+    conditional, unconditional_output = both.chunk(2)
+    return unconditional_output + guidance_scale * (conditional - unconditional_output)

@@ -1,0 +1,99 @@
+"""Exact resume: what a checkpoint carries, besides weights, so that a run killed at any step and resumed from
+its last checkpoint ends with the weights of a run left alone.
+
+Lightning restores the weights, the optimizer and LR scheduler, the loop counters, callback states (EMA) and
+the state of a *stateful* training DataLoader. The rest of what decides the next step is here:
+
+- where the epoch stopped: `ResumableLoader` counts the batches it handed out and `ResumableSampler` starts
+  the epoch's order there again (Lightning saves and restores the loader's `state_dict`);
+- the random streams of every rank: the training-noise generator (fast noise mode, the module's) and the
+  global RNGs that dropout and data augmentation draw from. Only rank 0 writes the checkpoint, so every rank's
+  states are gathered into it while it is saved (`gather_from_ranks`).
+
+A resume is also refused when it would change what the run trains (`check_same_training_settings`: the
+checkpoint's optimizer state, EMA and data order belong to the run's own settings).
+
+Reproduced (same world size): the data order, noise, timesteps, dropout masks and augmentations drawn in the
+main process (num_workers=0), whichever step the checkpoint was taken at. Not reproduced: augmentations drawn
+in DataLoader worker processes after a mid-epoch resume (workers restart from their epoch's seed); and with a
+different world size (a warning says so), the noise and dropout streams (each rank restarts from (seed, step,
+rank)) and the rest of the interrupted epoch: it continues from the same place in the epoch's order, but
+Lightning still counts that epoch's batches as the old world size would, so a few of its samples may be
+skipped or seen twice. Later epochs are whole.
+"""
+
+import itertools
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+from torch.utils.data import DataLoader, DistributedSampler
+
+from diffusion.training.run_folders import run_folder_of
+from diffusion.errors import UserError
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler (the very order Lightning would inject) that can start an epoch part-way.
+
+    Positions count entries of the epoch's global order (the padded permutation that rank r reads at r, r + W,
+    r + 2W, ...), so a position means the same samples whatever the world size.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._resume_at: tuple[int, int] | None = None  # (epoch, position) from a checkpoint
+        self._skip = 0  # items of this rank's share to skip in the next iteration
+
+    def resume_at(self, epoch: int, position: int) -> None:
+        self._resume_at = (epoch, position)
+        self.set_epoch(epoch)  # Lightning sets it again before the epoch runs; this covers eager iterators
+
+    def start_position(self) -> int:
+        """Called once as an iteration begins: the position it starts at (0 unless resuming this epoch)."""
+        resume, self._resume_at = self._resume_at, None
+        # Every rank skips the same count, so all ranks run the same number of batches (no collective waits).
+        self._skip = resume[1] // self.num_replicas if resume and resume[0] == self.epoch else 0
+        return self._skip * self.num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self._skip = self._skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader over a `ResumableSampler` whose place in the epoch is saved in checkpoints.
+
+    It counts the batches it has handed out (not those its workers prefetched), so a checkpoint taken after
+    batch k of an epoch resumes at batch k + 1. Lightning calls `state_dict` when saving and `load_state_dict`
+    when resuming any training loader that has both. Its `generator` (for worker seeds) is reseeded by
+    (seed, epoch), so creating an iterator never draws from the global RNG that dropout uses.
+    """
+
+    _epoch = 0
+    _position = 0
+
+    def __iter__(self) -> Iterator[Any]:  # a generator: runs at the first batch, after Lightning's set_epoch
+        sampler = self.sampler
+        if not isinstance(sampler, ResumableSampler):
+            yield from super().__iter__()  # the sampler was replaced (overfit_batches): not resumable
+            return
+        self._epoch, self._position = sampler.epoch, sampler.start_position()
+        if self.generator is not None:
+            self.generator.manual_seed(sampler.seed * 1_000_003 + sampler.epoch)
+        for batch in super().__iter__():
+            self._position += self.batch_size * sampler.num_replicas
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.resume_at(int(state["epoch"]), int(state["position"]))
+
+

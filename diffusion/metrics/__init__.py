@@ -1,0 +1,1 @@
+"""Sample-quality metrics and their feature extractors; nothing of training."""

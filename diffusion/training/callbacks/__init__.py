@@ -1,0 +1,11 @@
+"""Training-time hooks: EMA of the weights, atomic checkpoints, sample grids (TensorBoard and PNG) and FID.
+
+Configs name them by these paths (`diffusion.training.callbacks.FIDCallback`), whichever file holds them.
+"""
+
+from diffusion.training.callbacks.checkpoint import Checkpoint
+from diffusion.training.callbacks.ema import EMA
+from diffusion.training.callbacks.fid import FIDCallback
+from diffusion.training.callbacks.grids import EveryNValidations, SampleGrid
+
+__all__ = ["EMA", "Checkpoint", "EveryNValidations", "FIDCallback", "SampleGrid"]
