@@ -16,7 +16,7 @@
 # Results: OUT/<stage>/speed.md and OUT/suite.log (8 files at most come back from a device call: this writes 4).
 # The device machine has no jsonargparse or diffusers: wheels carried in .whl/ (DEVELOPING.md says how) are
 # installed first. SUITE_QUICK=1 runs every stage in seconds on a CPU, with a tiny UNet: it checks the flags
-# (tests/test_gpu_suite.py), not the speed.
+# (tests/benchmarks/test_gpu_suite.py), not the speed.
 set -euo pipefail
 out=${1:?usage: bash benchmarks/gpu_suite.sh OUT [check|fp16|bf16|compiled|nccl ...]}
 shift
@@ -47,7 +47,7 @@ for stage in "${stages[@]}"; do
         check)
             nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || echo "no nvidia-smi"
             python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, 'cuda', torch.cuda.is_available())"
-            python3 -m pytest -q -p no:cacheprovider tests/test_noise.py tests/test_speed_options.py -k "not benchmark" ;;
+            python3 -m pytest -q -p no:cacheprovider tests/core/test_noise.py tests/training/test_speed_options.py -k "not benchmark" ;;
         fp16) "${speed[@]}" --out "$out/fp16" ;;
         bf16) "${speed[@]}" --out "$out/bf16" -- --trainer.precision bf16-mixed ;;
         compiled) "${speed[@]}" --out "$out/compiled" --no_diffusers --compiled -- --trainer.precision bf16-mixed ;;

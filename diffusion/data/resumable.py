@@ -23,18 +23,10 @@ skipped or seen twice. Later epochs are whole.
 """
 
 import itertools
-import random
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import yaml
 from torch.utils.data import DataLoader, DistributedSampler
-
-from diffusion.training.run_folders import run_folder_of
-from diffusion.errors import UserError
 
 
 class ResumableSampler(DistributedSampler):

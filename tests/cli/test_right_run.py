@@ -19,7 +19,7 @@ from helpers import QUICK, TINY_MLP
 from diffusion.cli.train import main
 from diffusion.training.run_folders import newest_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASE = [
     "--config", str(REPO / "configs" / "toy2d.yaml"), *TINY_MLP, *QUICK,
     "--data.init_args.num_samples", "256", "--trainer.logger.init_args.name", "run",

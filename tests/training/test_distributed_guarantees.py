@@ -4,7 +4,7 @@ rank 0 fails, a stopped rank ends the job within --ddp_timeout naming it, and SI
 current step on both ranks and exits non-zero.
 
 Two-process runs are `train.py` subprocesses (DDP on CPU with gloo) in a session of their own, with the
-test-only callbacks of tests/guarantee_helpers.py; three launches, two at a time. Data: `gaussian` vectors
+test-only callbacks of tests/helpers.guarantees.py; three launches, two at a time. Data: `gaussian` vectors
 (D = 4), N = 48, batch 8 per rank: an epoch is 3 optimizer steps.
 """
 
@@ -27,8 +27,8 @@ from diffusion.data.batch import Batch
 from diffusion.models import MLP
 from diffusion.training.module import DiffusionModule
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 
 BASE = [
     "--config", str(REPO / "configs" / "toy2d.yaml"), *TINY_MLP, "--seed_everything", "0",
@@ -78,7 +78,7 @@ class Launch:
 
 def callbacks(save_dir: Path, *specs: tuple[str, dict]) -> str:
     return "--trainer.callbacks=" + json.dumps(
-        [{"class_path": f"guarantee_helpers.{name}", "init_args": {"out_dir": str(save_dir / "record"), **args}}
+        [{"class_path": f"helpers.guarantees.{name}", "init_args": {"out_dir": str(save_dir / "record"), **args}}
          for name, args in specs]
     )  # fmt: skip
 
@@ -140,7 +140,7 @@ PREEMPTED_AT = 3  # SIGUSR1 reaches rank 0 in the middle of step 3, after the va
 
 def preempted(save_dir: Path) -> Launch:
     """SIGUSR1 to rank 0 only (Lightning's launcher passes it on), with the Audit on both ranks."""
-    signal_at = {"class_path": "guarantee_helpers.SignalAt",
+    signal_at = {"class_path": "helpers.guarantees.SignalAt",
                  "init_args": {"step": PREEMPTED_AT - 1, "signal": "SIGUSR1"}}  # fmt: skip
     audit = callbacks(save_dir, ("Audit", {"watch_dir": str(save_dir / "run")}))
     audit = audit[:-1] + ", " + json.dumps(signal_at) + "]"

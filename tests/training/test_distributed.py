@@ -2,7 +2,7 @@
 
 Two-process runs are `train.py` subprocesses launched as users launch them (`--devices 2 --strategy ddp`);
 one-process references run in-process through the same CLI (`diffusion.cli.main`), which saves the
-start-up of a fresh interpreter. Test-only callbacks from tests/ddp_helpers.py record, per rank, what each
+start-up of a fresh interpreter. Test-only callbacks from tests/helpers.ddp.py record, per rank, what each
 process saw (dataset indices, noise, losses, all-reduce calls). Runs are built once per module and shared
 between the tests that read them, so the whole file costs eight DDP launches, run two at a time.
 
@@ -24,21 +24,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from ddp_helpers import CountingVectorData
 from helpers import TINY_MLP
+from helpers.ddp import CountingVectorData
 
 from diffusion.cli.train import DiffusionCLI, main
 
 pytestmark = pytest.mark.multiprocess
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 N = 48
 
 BASE = [
     "--config", str(REPO / "configs" / "toy2d.yaml"), *TINY_MLP,
     "--model.network.init_args.dropout", "0", "--precision", "32", "--seed_everything", "0",
-    "--data.class_path", "ddp_helpers.CountingVectorData",
+    "--data.class_path", "helpers.ddp.CountingVectorData",
     "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "4",
     "--data.init_args.num_samples", str(N), "--data.init_args.val_fraction", "0",
     "--max_steps", "6", "--model.warmup_steps", "1", "--trainer.log_every_n_steps", "1",
@@ -59,7 +59,7 @@ def callbacks(*specs: dict) -> str:
 
 
 def recorder(out_dir: Path) -> dict:
-    return {"class_path": "ddp_helpers.Recorder", "init_args": {"out_dir": str(out_dir)}}
+    return {"class_path": "helpers.ddp.Recorder", "init_args": {"out_dir": str(out_dir)}}
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Run:
 
     @property
     def records(self) -> list[dict]:
-        """Per-rank records written by ddp_helpers.Recorder, indexed by global rank."""
+        """Per-rank records written by helpers.ddp.Recorder, indexed by global rank."""
         files = sorted((self.save_dir / "record").glob("rank*.json"))
         return [json.loads(f.read_text()) for f in files]
 
@@ -143,7 +143,7 @@ def ddp(name: str, *extra: str):
 
 
 def failing_on(rank: int):
-    fail = {"class_path": "ddp_helpers.FailOnRank", "init_args": {"rank": rank, "step": 2}}
+    fail = {"class_path": "helpers.ddp.FailOnRank", "init_args": {"rank": rank, "step": 2}}
     return lambda d: two_processes(d, "fail", *batch(8), callbacks(fail), timeout=120)
 
 

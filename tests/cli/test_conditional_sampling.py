@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 from helpers import QUICK, TINY_UNET
+from helpers.user_errors import error_line
 from nbclient import NotebookClient
 from PIL import Image
-from test_errors import error_line
 
 from diffusion.cli.sample import main as sample_main
 from diffusion.cli.train import main
@@ -25,7 +25,7 @@ from diffusion.generation.ranks import generate
 from diffusion.generation.render import rows_by_class
 from diffusion.training.loading import load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONDITIONAL = ["--config", str(REPO / "configs" / "digits_conditional.yaml")]
 SAMPLE = ["--num_samples", "4", "--batch_size", "4", "--seed", "7", "--sampler", "ddim", "--steps", "3",
           "--device", "cpu"]  # fmt: skip
@@ -101,7 +101,7 @@ def test_guidance_scale_changes_conditional_samples(conditional_checkpoint, tmp_
 
 
 def test_unconditional_checkpoints_write_no_arr_1(digits_checkpoint, tmp_path):
-    # (Asking one for a class or for guidance is a user error: tests/test_errors.py SAMPLE_CASES.)
+    # (Asking one for a class or for guidance is a user error: tests/cli/test_train_errors.py SAMPLE_CASES.)
     path = sample_main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path), *SAMPLE])
     assert np.load(path).files == ["arr_0"]
 

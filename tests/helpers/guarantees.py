@@ -1,6 +1,6 @@
-"""Test-only callbacks for tests/test_preemption.py and tests/test_distributed_guarantees.py.
+"""Test-only callbacks for tests/training/test_preemption.py and tests/training/test_distributed_guarantees.py.
 
-`train.py` subprocesses import them by class path (`guarantee_helpers.SignalAt`), so tests/ must be on
+`train.py` subprocesses import them by class path (`helpers.guarantees.SignalAt`), so tests/ must be on
 PYTHONPATH. Each writes what it saw to `<out_dir>/<what>_rank<global rank>.json`.
 """
 
@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from ddp_helpers import AtStep
+
+from helpers.ddp import AtStep
 
 
 def write_record(out_dir: str, what: str, rank: int, record: Any) -> None:

@@ -1,6 +1,6 @@
-"""Test-only callbacks and a data module for tests/test_distributed.py and tests/test_resume.py.
+"""Test-only callbacks and a data module for tests/training/test_distributed.py and tests/training/test_resume.py.
 
-`train.py` subprocesses import them by class path (`ddp_helpers.Recorder`), so tests/ must be on PYTHONPATH.
+`train.py` subprocesses import them by class path (`helpers.ddp.Recorder`), so tests/ must be on PYTHONPATH.
 Each rank writes what it saw to its own JSON file; the tests compare the files across ranks and runs.
 """
 
@@ -130,7 +130,7 @@ class KillAt(L.Callback):
     the writer has put half of the bytes on disk when the process dies.
 
     It kills its whole process group (the ranks Lightning launched are in it), so it refuses to run anywhere
-    but in a train.py started in a session of its own, as tests/test_resume.py starts it.
+    but in a train.py started in a session of its own, as tests/training/test_resume.py starts it.
     """
 
     def __init__(self, step: int, during_save_of: str | None = None) -> None:
@@ -170,3 +170,15 @@ class KillAt(L.Callback):
     @staticmethod
     def _kill() -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class WeightProbe(L.Callback):
+    """Saves this rank's network weights in `setup` (before the strategy wraps the model in DDP, which would
+    broadcast rank 0's weights and hide a rank that did not load them) to <out_dir>/rank<r>.pt."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        assert not isinstance(trainer.strategy.model, torch.nn.parallel.DistributedDataParallel)
+        torch.save(pl_module.network.state_dict(), self.out_dir / f"rank{trainer.global_rank}.pt")

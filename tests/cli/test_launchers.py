@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from helpers import QUICK, TINY_UNET
@@ -21,7 +20,7 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
 from diffusion.cli.train import DiffusionCLI, with_default_config
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 TRAIN = str(REPO / "train.py")
 MAX_STEPS = 2
 # QUICK with two steps of batch 8: a launcher works in two steps or not at all.
@@ -61,7 +60,7 @@ def test_one_node_two_processes_start_from_init_from_weights(launcher, sources, 
     # One run proves two things (each run costs ~15 s on 2 cores): the launcher works, and init_from gave
     # every rank the source weights before DDP wrapped the model.
     prefix = [sys.executable] if launcher == "python" else [*TORCHRUN, "--nproc_per_node", "2"]
-    probe = f'{{"class_path": "test_launchers.WeightProbe", "init_args": {{"out_dir": "{tmp_path}"}}}}'
+    probe = f'{{"class_path": "helpers.ddp.WeightProbe", "init_args": {{"out_dir": "{tmp_path}"}}}}'
     cmd = [*prefix, TRAIN, "--devices", "2", "--strategy", "ddp", *FAST,
            "--model.init_from", str(sources[{"python": "checkpoint", "torchrun": "state_dict"}[launcher]]),
            "--trainer.callbacks+", probe, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
@@ -192,15 +191,3 @@ def test_init_from_weights_of_another_network_names_the_keys(sources, tmp_path):
         RuntimeError, match=r"(?s)renamed\.pt.*do not fit UNet.*Missing key.*Unexpected key.*extra\.weight"
     ):
         DiffusionCLI([*TINY_UNET, "--model.init_from", str(path), "--trainer.logger", "false"])
-
-
-class WeightProbe(L.Callback):
-    """Saves this rank's network weights in `setup` (before the strategy wraps the model in DDP, which would
-    broadcast rank 0's weights and hide a rank that did not load them) to <out_dir>/rank<r>.pt."""
-
-    def __init__(self, out_dir: str) -> None:
-        self.out_dir = Path(out_dir)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        assert not isinstance(trainer.strategy.model, torch.nn.parallel.DistributedDataParallel)
-        torch.save(pl_module.network.state_dict(), self.out_dir / f"rank{trainer.global_rank}.pt")

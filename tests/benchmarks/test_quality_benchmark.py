@@ -10,7 +10,7 @@ import torch
 
 from diffusion.generation.render import to_uint8_images
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from metrics_lib import (  # noqa: E402

@@ -1,5 +1,5 @@
 """Class-conditional models with classifier-free guidance: labels from the data to the network, label dropout,
-the guidance formula in one batched forward. Sampling a conditional checkpoint: tests/test_conditional_sampling.py."""
+the guidance formula in one batched forward. Sampling a conditional checkpoint: tests/cli/test_conditional_sampling.py."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +23,7 @@ from diffusion.models import MLP, UNet
 from diffusion.training.callbacks import FIDCallback
 from diffusion.training.module import DiffusionModule
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONDITIONAL = ["--config", str(REPO / "configs" / "digits_conditional.yaml")]
 
 

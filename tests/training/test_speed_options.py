@@ -16,7 +16,7 @@ from diffusion.training.loading import load_checkpoint
 from diffusion.training.module import DiffusionModule
 from diffusion.training.optim import use_tf32_on_cuda
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

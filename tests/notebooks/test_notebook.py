@@ -6,7 +6,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-REPO_ROOT = Path(__file__).parents[1]
+REPO_ROOT = Path(__file__).parents[2]
 NOTEBOOK = REPO_ROOT / "notebooks" / "sample_from_checkpoint.ipynb"
 
 

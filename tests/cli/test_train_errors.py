@@ -3,7 +3,7 @@ stderr with exit status 2 and no traceback, before training or sampling time is 
 (checkpoints, samples, run folders) changes, and a run that fails before its first step leaves no folder.
 
 Here train.py's errors and what all commands share; the sample and evaluate CLIs' are in
-tests/test_errors_sample_evaluate.py. Most cases call `main([...])` in-process (seconds each); a few run the
+tests/cli/test_sample_evaluate_errors.py. Most cases call `main([...])` in-process (seconds each); a few run the
 real commands in a subprocess to prove the no-traceback contract end to end. `DIFFUSION_DEBUG=1` / `--debug`
 bring the traceback back.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.user_errors import REPO, error_line, run_in_process, snapshot, train_args
 from PIL import Image
 from torch import nn
-from user_errors import REPO, error_line, run_in_process, snapshot, train_args
 
 from diffusion.cli import sample
 from diffusion.cli.reporting import one_line, reporting_user_errors

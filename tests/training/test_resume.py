@@ -2,7 +2,7 @@
 EMA weights of the run left alone; a save that dies half-way leaves the previous checkpoint intact and no
 temporary file anywhere.
 
-Killed runs are `train.py` subprocesses in a session of their own, killed by `ddp_helpers.KillAt` at a chosen
+Killed runs are `train.py` subprocesses in a session of their own, killed by `helpers.ddp.KillAt` at a chosen
 step (between two batches, or half-way through writing last.ckpt); references and resumes of one process run
 in-process through the same CLI. Data: `gaussian` vectors (D = 4), 60 samples of which 48 train and 12
 validate; a global batch of 16, so an epoch is 3 optimizer steps; 8 steps with a checkpoint after each and a
@@ -31,8 +31,8 @@ from diffusion.data.resumable import ResumableLoader, ResumableSampler
 from diffusion.training.callbacks import Checkpoint
 from diffusion.training.callbacks.atomic_writes import AtomicCheckpointIO
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 MAX_STEPS, STEPS_PER_EPOCH = 8, 3
 KILL_STEP = 4  # one batch into the second epoch, right after that step's checkpoint and before its validation
 
@@ -62,7 +62,7 @@ def args(save_dir: Path, *extra: str) -> list[str]:
 
 
 def kill_at(step: int, during_save_of: str | None = None) -> str:
-    spec = {"class_path": "ddp_helpers.KillAt", "init_args": {"step": step, "during_save_of": during_save_of}}
+    spec = {"class_path": "helpers.ddp.KillAt", "init_args": {"step": step, "during_save_of": during_save_of}}
     return "--trainer.callbacks=" + json.dumps([spec])
 
 

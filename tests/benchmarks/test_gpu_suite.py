@@ -1,6 +1,6 @@
 """benchmarks/gpu_suite.sh, the GPU measurements of issue 9 in one device call, runs end to end: a GPU is lent
 only now and then, and a wrong flag found there would cost its scarce minutes. SUITE_QUICK=1 runs the stages on
-this CPU with a tiny UNet (the compiled stage's flags are those of speed.py --compiled, tests/test_speed_options.py)."""
+this CPU with a tiny UNet (the compiled stage's flags are those of speed.py --compiled, tests/training/test_speed_options.py)."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def suite(out: Path, *stages: str) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """The command line as users type it: configs, shorthands, run folders, resume and bad input.
 
-Multi-process launches (`train.py --devices 2`, torchrun, two nodes) are in test_launchers.py.
+Multi-process launches (`train.py --devices 2`, torchrun, two nodes) are in cli/test_launchers.py.
 """
 
 from pathlib import Path
@@ -15,7 +15,7 @@ from PIL import Image
 from diffusion.cli.train import DiffusionCLI, expand_shorthands, main
 from diffusion.training.run_folders import latest_checkpoint
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
 
 def test_shorthands_expand_to_trainer_flags():

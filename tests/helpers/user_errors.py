@@ -5,9 +5,10 @@ import hashlib
 from pathlib import Path
 
 import pytest
+
 from helpers import QUICK, TINY_MLP, TINY_UNET
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 CONFIGS = REPO / "configs"
 
 

@@ -17,8 +17,8 @@ from diffusion.core.guidance import NO_LABEL
 from diffusion.models import MLP
 from diffusion.training.module import DiffusionModule
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 
 
 # ---- training: label dropout -----------------------------------------------------------------------------

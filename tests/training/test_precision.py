@@ -24,7 +24,7 @@ from diffusion.cli.train import DiffusionCLI, with_default_config
 from diffusion.core.sampling import SamplingOptions
 from diffusion.training.loading import load_checkpoint
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 MAX_STEPS = 2
 # QUICK with two steps of batch 8: enough to show training works in a precision, and fp16 on a CPU
 # is slow (~6 s per step at the recipe's batch 64 even for the tiny UNet).

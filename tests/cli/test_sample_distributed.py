@@ -3,7 +3,7 @@ seeds), rank 0 gathers them in index order and writes samples.npz once, equal to
 
 Ranks hand all_gather uint8 images (a quarter of float32's bytes), vectors as float.
 
-Run as a script (`python tests/test_sample_distributed.py <sample flags>`), this file is the sample CLI with
+Run as a script (`python tests/cli/test_sample_distributed.py <sample flags>`), this file is the sample CLI with
 Fabric's all_gather recorded into $GATHER_RECORD/rank<r>.json (see `record_gathers`).
 """
 
@@ -27,7 +27,7 @@ from diffusion.generation.ranks import gather_in_order, generate, sample_across_
 from diffusion.generation.render import save_preview, to_uint8, to_uint8_images, write_samples
 from diffusion.training.loading import load_checkpoint
 
-REPO_ROOT = Path(__file__).parents[1]
+REPO_ROOT = Path(__file__).parents[2]
 # 5 samples over 2 ranks: uneven (rank 0 draws 0, 2, 4; rank 1 draws 1, 3 and an extra, 5, that is
 # dropped) and in batches of 2, so both the split and the batching differ from one device's single batch.
 ARGS = ["--num_samples", "5", "--batch_size", "2", "--seed", "7", "--sampler", "ddim", "--steps", "3"]

@@ -26,7 +26,7 @@ from diffusion.generation.render import to_uint8_images
 from diffusion.metrics.fid_kid import InceptionFeatures, PixelFeatures, compute_metrics, make_metrics
 from diffusion.training.callbacks import FIDCallback
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 FID_FLAGS = [
     "--trainer.callbacks+=diffusion.training.callbacks.FIDCallback",
     "--trainer.callbacks.init_args.features", "pixels",

@@ -1,5 +1,5 @@
 """The sample and evaluate CLIs' user errors: one line, `error: <what is wrong> — <how to fix it>`, exit status
-2, no traceback, and the user's files unchanged (the contract and train.py's cases: tests/test_errors.py)."""
+2, no traceback, and the user's files unchanged (the contract and train.py's cases: tests/cli/test_train_errors.py)."""
 
 import importlib.util
 import re
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.user_errors import fill, run_in_process
 from torchvision import datasets
-from user_errors import fill, run_in_process
 
 from diffusion.cli import evaluate, sample
 

@@ -117,7 +117,7 @@ def test_val_from_train_trains_on_everything_and_validates_on_a_fixed_subset():
 def test_cifar10_recipe_trains_on_all_50000_images(tmp_path):
     import yaml
 
-    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "cifar10.yaml").read_text())["data"]
+    config = yaml.safe_load((Path(__file__).parents[2] / "configs" / "cifar10.yaml").read_text())["data"]
     assert config["class_path"] == "diffusion.data.ImageDataModule"
     dm = ImageDataModule(**{**config["init_args"], "root": str(tmp_path)})
     dm._split(TensorDataset(torch.zeros(50_000, 1)))  # stands in for the 50,000 CIFAR-10 training images

@@ -16,7 +16,7 @@ from PIL import Image
 from diffusion.cli.sample import main
 from diffusion.training.loading import load_checkpoint
 
-REPO_ROOT = Path(__file__).parents[1]
+REPO_ROOT = Path(__file__).parents[2]
 BASE = ["--num_samples", "5", "--batch_size", "5", "--seed", "7", "--sampler", "ddim", "--steps", "3",
         "--device", "cpu"]  # fmt: skip
 
@@ -99,7 +99,7 @@ def test_module_runs_as_a_script(digits_checkpoint, tmp_path):
 
 
 def test_missing_checkpoint_names_the_path(tmp_path, monkeypatch):
-    # The exception itself, not its one-line report (that is in test_errors.py).
+    # The exception itself, not its one-line report (that is in cli/test_train_errors.py).
     monkeypatch.setenv("DIFFUSION_DEBUG", "1")
     missing = tmp_path / "nope" / "last.ckpt"
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):

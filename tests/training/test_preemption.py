@@ -1,7 +1,7 @@
 """Preemption and timed checkpoints: a run stopped by SIGTERM/SIGUSR1 saves the step it is in, exits non-zero
 and resumes exactly; timed checkpoints keep work between validations; SIGUSR1 under SLURM requeues the job.
 
-The runs and their reference are test_resume.py's (same data, network and 8 steps), in-process.
+The runs and their reference are training/test_resume.py's (same data, network and 8 steps), in-process.
 """
 
 import json
@@ -33,11 +33,11 @@ def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exact
     reference,  # noqa: F811 (the fixture imported above)
     signal_name,
 ):
-    """The signal arrives in the middle of step 5 (`guarantee_helpers.SignalAt`, in this process as a scheduler
+    """The signal arrives in the middle of step 5 (`helpers.guarantees.SignalAt`, in this process as a scheduler
     would send it); no step checkpoint is due (every 100 steps), so the only checkpoint of step 5 is the
     preemption's."""
     signal_at = {
-        "class_path": "guarantee_helpers.SignalAt",
+        "class_path": "helpers.guarantees.SignalAt",
         "init_args": {"step": KILL_STEP, "signal": signal_name},
     }
     preempt = ["--checkpoint.every_n_train_steps", "100", "--trainer.callbacks=" + json.dumps([signal_at])]
@@ -57,7 +57,7 @@ def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exact
 @pytest.mark.parametrize("every_n_minutes", [None, 1e-9], ids=["off", "due at every step"])
 def test_timed_checkpoints_save_between_validations(tmp_path, every_n_minutes):
     """No validation (so no checkpoint) before the crash at step 3: only a timed checkpoint can keep the work."""
-    crash = {"class_path": "ddp_helpers.FailOnRank", "init_args": {"rank": 0, "step": 3}}
+    crash = {"class_path": "helpers.ddp.FailOnRank", "init_args": {"rank": 0, "step": 3}}
     timed = [
         "--checkpoint.every_n_minutes",
         json.dumps(every_n_minutes),
