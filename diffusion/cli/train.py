@@ -41,6 +41,7 @@ from diffusion.cli.train_checks import (
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
+from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.checkpoint_files import read_checkpoint
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import newest_checkpoint, run_folder_of
@@ -289,7 +290,7 @@ def fit(cli: DiffusionCLI) -> None:
             raise explained from error
         if isinstance(error, SIGTERMException) and not error.code:
             # Lightning's own SIGTERM path (a signal before training started) exits with status 0.
-            raise SIGTERMException(128 + signal.SIGTERM) from error
+            raise Preempted(128 + signal.SIGTERM) from error
         raise
 
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from test_resume import (  # noqa: F401 (reference is a fixture)
     KILL_STEP,
     MAX_STEPS,
@@ -24,7 +25,7 @@ from test_resume import (  # noqa: F401 (reference is a fixture)
 )
 
 from diffusion.cli.train import main
-from diffusion.training.callbacks.preemption import requeue_slurm_job
+from diffusion.training.callbacks.preemption import Preempted, requeue_slurm_job
 
 
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])
@@ -92,3 +93,14 @@ def test_sigusr1_under_slurm_requeues_the_job_from_rank_0_only(monkeypatch):
     requeue_slurm_job(trainer(True, SLURMEnvironment(auto_requeue=False)), signal.SIGUSR1)
     requeue_slurm_job(trainer(True, None), signal.SIGUSR1)  # not under SLURM
     assert calls == [["scontrol", "requeue", "1234"]]
+
+
+def test_the_preemption_exit_does_not_depend_on_lightnings_exception_arguments(monkeypatch):
+    # Lightning's unreleased master takes no argument in SIGTERMException.__init__: the project's exit status
+    # must not go through it.
+    def takes_no_argument(self):
+        SystemExit.__init__(self, 0)
+
+    monkeypatch.setattr(SIGTERMException, "__init__", takes_no_argument)
+    stopped = Preempted(128 + signal.SIGTERM)
+    assert isinstance(stopped, SIGTERMException) and stopped.code == 143

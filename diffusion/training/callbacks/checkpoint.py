@@ -9,10 +9,9 @@ import lightning as L
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from diffusion.training.callbacks import atomic_writes as checkpoint_io
-from diffusion.training.callbacks.preemption import Preemption, requeue_slurm_job
+from diffusion.training.callbacks.preemption import Preempted, Preemption, requeue_slurm_job
 
 
 class Checkpoint(ModelCheckpoint):
@@ -84,7 +83,7 @@ class Checkpoint(ModelCheckpoint):
                 f"({self.last_model_path or self.best_model_path}); resume with --ckpt_path last"
             )
             requeue_slurm_job(trainer, signum)
-            raise SIGTERMException(128 + signum)
+            raise Preempted(128 + signum)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saving_at_train_end = True

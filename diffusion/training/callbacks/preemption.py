@@ -8,7 +8,7 @@ swapped in; under SLURM, its SIGUSR1 handler saves from inside the handler, mid-
 notes the signal (and passes it on to the ranks Lightning launched); `Checkpoint.on_train_batch_end` asks all
 ranks at the end of every optimizer step (one tiny all-reduce under DDP, as Lightning's own per-batch SIGTERM
 broadcast) and, if any rank was signalled, every rank saves there, in the same state as any step checkpoint,
-so resuming continues exactly. Then `SIGTERMException(128 + signal)` ends the run (143 for SIGTERM, 138 for
+so resuming continues exactly. Then `Preempted(128 + signal)`, a `SIGTERMException`, ends the run (143 for SIGTERM, 138 for
 SIGUSR1, as a shell reports a process killed by the signal); under SLURM with auto-requeue, rank 0 first
 requeues the job, as Lightning does.
 
@@ -30,10 +30,23 @@ from types import FrameType
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 log = logging.getLogger(__name__)
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(SIGTERMException):
+    """The run stopped for a preemption signal, exiting with `exit_status` (128 + the signal's number).
+
+    A `SIGTERMException`, so Lightning's loops and `on_exception` hooks treat it as theirs, with an `__init__` of
+    its own: Lightning's unreleased master drops the argument of `SIGTERMException.__init__`, where
+    `SIGTERMException(143)` would become a TypeError.
+    """
+
+    def __init__(self, exit_status: int) -> None:
+        SystemExit.__init__(self, exit_status)
 
 
 class Preemption:

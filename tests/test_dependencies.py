@@ -1,0 +1,41 @@
+"""What a fresh machine installs: pyproject.toml's ranges admit the lent GPU machines' stack, and
+constraints.txt pins every package the project and its dev extra need to a version inside those ranges (without a
+pin, pip would fetch the newest torch, several GB)."""
+
+from pathlib import Path
+
+import tomllib
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+REQUIREMENTS = [
+    Requirement(line) for line in PROJECT["dependencies"] + PROJECT["optional-dependencies"]["dev"]
+]
+
+
+def pinned() -> dict[str, Version]:
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.lower().replace("_", "-")] = Version(version)
+    return pins
+
+
+def test_every_requirement_is_pinned_inside_its_range():
+    pins = pinned()
+    for requirement in REQUIREMENTS:
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{requirement.name} has no pin in constraints.txt"
+        assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} is outside {requirement}"
+
+
+def test_the_ranges_admit_the_gpu_machines_stack():
+    ranges = {requirement.name: requirement.specifier for requirement in REQUIREMENTS}
+    for name, version in {"torch": "2.11.0", "torchvision": "0.26.0", "lightning": "2.6.0"}.items():
+        assert ranges[name].contains(version), (
+            f"{name} {version} (the lent GPU machines') is outside {ranges[name]}"
+        )
+    assert not ranges["jsonargparse"].contains("5.0.0")  # cli/reporting.py reads its messages
