@@ -11,7 +11,6 @@ checkpoint to resume or start from: `diffusion.run_checks`), and a user error en
 (`diffusion.errors`).
 """
 
-import re
 import shutil
 import signal
 import sys
@@ -29,14 +28,19 @@ from diffusion.cli.process_group import closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.resume import check_same_training_settings
 from diffusion.cli.train_checks import (
-    check_hardware_flags,
     check_init_from,
     check_monitored_metric,
-    check_option_ranges,
     check_output_folders,
     check_resume_fits,
     check_steps_left,
     check_torchrun_world_size,
+)
+from diffusion.cli.trainer_options import (
+    SHORTHANDS,
+    TRAINER_DEFAULTS,
+    check_hardware_flags,
+    check_trainer_option_ranges,
+    expand_shorthands,
 )
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
@@ -45,31 +49,6 @@ from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.checkpoint_files import read_checkpoint
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import newest_checkpoint, run_folder_of
-
-SHORTHANDS = (
-    "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
-    "accumulate_grad_batches",
-)  # fmt: skip
-
-
-def expand_shorthands(args: list[str]) -> list[str]:
-    """Rewrite `--devices 4` / `--devices=4` as `--trainer.devices ...` (LightningCLI's own flags stay)."""
-    pattern = re.compile(rf"--({'|'.join(SHORTHANDS)})(=.*)?$")
-    return [pattern.sub(r"--trainer.\1\2", arg) for arg in args]
-
-
-# Ho et al. 2020 (800k steps, gradient clipping 1) and this project's conventions; never a recipe's values.
-TRAINER_DEFAULTS = {
-    "max_steps": 800_000,
-    "val_check_interval": 5000,
-    "check_val_every_n_epoch": None,  # validation every val_check_interval steps, across epochs
-    "gradient_clip_val": 1.0,
-    "log_every_n_steps": 10,
-    "logger": {
-        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        "init_args": {"save_dir": "runs", "name": "ddpm"},
-    },
-}
 
 
 class DiffusionCLI(LightningCLI):
@@ -158,7 +137,7 @@ class DiffusionCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
-        check_option_ranges(self.config)
+        check_trainer_option_ranges(self.config)
         check_hardware_flags(self.config.trainer)
 
     def before_instantiate_classes(self) -> None:

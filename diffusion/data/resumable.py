@@ -87,5 +87,3 @@ class ResumableLoader(DataLoader):
     def load_state_dict(self, state: dict[str, int]) -> None:
         if isinstance(self.sampler, ResumableSampler):
             self.sampler.resume_at(int(state["epoch"]), int(state["position"]))
-
-

@@ -12,7 +12,8 @@ import yaml
 from helpers import TINY_MLP, TINY_UNET, tiny_run
 from PIL import Image
 
-from diffusion.cli.train import DiffusionCLI, expand_shorthands, main
+from diffusion.cli.train import DiffusionCLI, main
+from diffusion.cli.trainer_options import TRAINER_OPTION_RANGES, expand_shorthands
 from diffusion.training.run_folders import latest_checkpoint
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
@@ -74,6 +75,23 @@ def printed_config(command, args: list[str], capsys) -> dict[str, object]:
         command([*args, "--print_config"])
     assert exit_info.value.code == 0
     return leaves(yaml.safe_load(capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_recipes_hold_only_what_differs_from_the_code_defaults(config, capsys):
+    recipe = leaves(yaml.safe_load(config.read_text()))
+    classes = [
+        arg for key, value in recipe.items() if key.endswith(".class_path") for arg in (f"--{key}", value)
+    ]
+    defaults = printed_config(DiffusionCLI, classes, capsys)  # the code defaults of the recipe's classes
+    # Class paths may repeat a default class: they say whose init_args follow.
+    repeated = {k: v for k, v in recipe.items() if not k.endswith(".class_path") and defaults.get(k) == v}
+    assert repeated == {}, f"{config.name} repeats code defaults"
+
+
+def test_every_checked_trainer_option_is_an_option_of_the_command(capsys):
+    options = printed_config(DiffusionCLI, [], capsys)
+    assert {key for key, _, _ in TRAINER_OPTION_RANGES} <= options.keys()
 
 
 def test_no_arguments_train_the_default_recipe_from_any_folder(tmp_path, monkeypatch, capsys):

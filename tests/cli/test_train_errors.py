@@ -34,11 +34,13 @@ FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "
 TRAIN_CASES = {  # id: (flags, what the line must say)
     "batch_size_0": (
         ["--data.batch_size", "0"],
-        r"--data.batch_size 0 is out of range — pass an integer >= 1",
+        r"batch_size must be >= 1, got 0 — pass --data.batch_size 1",
     ),
     "accumulate_0": (["--accumulate_grad_batches", "0"], r"accumulate_grad_batches 0 is out of range"),
     "val_check_interval_0": (["--trainer.val_check_interval", "0"], r"val_check_interval 0 is out of range"),
     "sample_grid_steps_0": (["--sample_grid.sampling.steps", "0"], r"steps=0 must be >= 1"),
+    "model_sampling_steps_0": (["--model.sampling.steps", "0"], r"steps=0 must be >= 1 — pass a step count"),
+    "sample_grid_num_samples_0": (["--sample_grid.num_samples", "0"], r"num_samples=0 must be >= 1 — pass"),
     "eta_2": (["--model.sampling.eta", "2"], r"eta=2.0 must be in \[0, 1\]"),
     "lr_not_a_number": (["--model.lr", "abc"], r"--model.lr abc is not a valid float"),
     "lr_negative": (["--model.lr", "-1"], r"lr=-1.0 must be a finite number > 0 — pass"),

@@ -10,8 +10,28 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
+from diffusion.errors import UserError
 from diffusion.training.callbacks import atomic_writes as checkpoint_io
 from diffusion.training.callbacks.preemption import Preempted, Preemption, requeue_slurm_job
+
+
+def check_checkpoint_options(options: dict[str, Any]) -> None:
+    """ModelCheckpoint's own checks name no fix; these say what to pass (flags as the CLI spells them)."""
+    save_top_k, every_n_train_steps = options.get("save_top_k", 1), options.get("every_n_train_steps")
+    if save_top_k < -1:
+        raise UserError(
+            f"--checkpoint.save_top_k {save_top_k} is out of range",
+            "pass an integer >= -1 (-1 keeps every checkpoint, 0 none)",
+        )
+    if every_n_train_steps is not None and every_n_train_steps < 0:
+        raise UserError(
+            f"--checkpoint.every_n_train_steps {every_n_train_steps} is out of range",
+            "pass an integer >= 0 (0: no saves by step count)",
+        )
+    if options.get("mode", "min") not in ("min", "max"):
+        raise UserError(
+            f"--checkpoint.mode {options['mode']} is not min or max", "pass min (e.g. for val/loss) or max"
+        )
 
 
 class Checkpoint(ModelCheckpoint):
@@ -39,6 +59,7 @@ class Checkpoint(ModelCheckpoint):
     """
 
     def __init__(self, *args: Any, every_n_minutes: float | None = 30.0, **kwargs: Any) -> None:
+        check_checkpoint_options(kwargs)
         super().__init__(*args, **kwargs)
         self.preemption = Preemption(every_n_minutes)
         self._polled_step = -1

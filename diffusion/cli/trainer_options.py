@@ -1,0 +1,130 @@
+"""The options of the run that Lightning owns, in one place: the Trainer's defaults (Ho et al.'s and this
+project's conventions), the shorthands (`--devices 4` for `--trainer.devices 4`), and their checks (ranges, and
+devices/accelerator/strategy against this machine), made before LightningCLI seeds or builds anything."""
+
+import importlib.util
+import re
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import StrategyRegistry
+
+from diffusion.errors import UserError
+
+SHORTHANDS = (
+    "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
+    "accumulate_grad_batches",
+)  # fmt: skip
+
+
+def expand_shorthands(args: list[str]) -> list[str]:
+    """Rewrite `--devices 4` / `--devices=4` as `--trainer.devices ...` (LightningCLI's own flags stay)."""
+    pattern = re.compile(rf"--({'|'.join(SHORTHANDS)})(=.*)?$")
+    return [pattern.sub(r"--trainer.\1\2", arg) for arg in args]
+
+
+# Ho et al. 2020 (800k steps, gradient clipping 1) and this project's conventions; never a recipe's values.
+TRAINER_DEFAULTS = {
+    "max_steps": 800_000,
+    "val_check_interval": 5000,
+    "check_val_every_n_epoch": None,  # validation every val_check_interval steps, across epochs
+    "gradient_clip_val": 1.0,
+    "log_every_n_steps": 10,
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": "runs", "name": "ddpm"},
+    },
+}
+
+
+def _positive_or_unlimited(value: Any) -> bool:
+    return value == -1 or value >= 1
+
+
+def _steps_or_epoch_fraction(value: Any) -> bool:
+    if isinstance(value, int):
+        return value >= 1
+    return not isinstance(value, float) or 0 < value <= 1  # other forms (a time interval) Lightning checks
+
+
+# Lightning's own options, whose values it would take and then crash on deep inside the run (ZeroDivisionError),
+# silently replace (0 steps -> the default) or silently ignore (a negative clip value): key, test, what to pass.
+# The options of this project's classes are checked where they are declared (their __init__ or dataclass).
+TRAINER_OPTION_RANGES = [
+    ("trainer.max_steps", _positive_or_unlimited, "an integer >= 1, or -1 for no limit"),
+    ("trainer.max_epochs", _positive_or_unlimited, "an integer >= 1, or -1 for no limit"),
+    ("trainer.accumulate_grad_batches", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.val_check_interval", _steps_or_epoch_fraction, "steps >= 1, or a fraction of an epoch in (0, 1]"),
+    ("trainer.log_every_n_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.num_nodes", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.gradient_clip_val", lambda v: v >= 0, "a number >= 0 (0 turns clipping off)"),
+    ("seed_everything", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32), or true for a random seed"),
+]  # fmt: skip
+
+
+def check_trainer_option_ranges(config) -> None:
+    """Raise UserError naming the flag for the first value outside its range (keys a config lacks pass)."""
+    for key, valid, allowed in TRAINER_OPTION_RANGES:
+        value = config.get(key)
+        if value is not None and isinstance(value, int | float) and not valid(value):
+            raise UserError(f"--{key} {value} is out of range", f"pass {allowed}")
+
+
+def _device_indices(value: Any) -> bool:
+    """GPU indices: [0, 1] or "0,1" (Lightning's forms; a CPU takes only a count)."""
+    return isinstance(value, list) or "," in str(value)
+
+
+def _device_count_or_indices(value: Any) -> bool:
+    """Lightning's forms of `devices`: a count >= 1, -1 (all), "auto", or GPU indices ([0, 1] or "0,1")."""
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(index, int) and index >= 0 for index in value)
+    text = str(value).strip()
+    if text in ("auto", "-1"):
+        return True
+    if "," in text:
+        indices = [part.strip() for part in text.split(",") if part.strip()]
+        return bool(indices) and all(index.isdigit() for index in indices)
+    return text.isdigit() and int(text) >= 1
+
+
+def check_hardware_flags(trainer: dict[str, Any]) -> None:
+    """--devices, --accelerator and --strategy in forms Lightning takes, on hardware this machine has: Lightning
+    itself raises a TypeError, an ImportError or a message without a fix for these."""
+    accelerator = str(trainer.get("accelerator", "auto")).lower()
+    has_mps = torch.backends.mps.is_available()
+    wants_cuda = accelerator == "cuda" or (accelerator == "gpu" and not has_mps)
+    if wants_cuda and not torch.cuda.is_available():
+        raise UserError(
+            f"--accelerator {accelerator}: torch sees no CUDA GPU on this machine",
+            "train on the CPU with --accelerator cpu (or auto), or check the driver and CUDA_VISIBLE_DEVICES",
+        )
+    if accelerator == "mps" and not has_mps:
+        raise UserError(
+            "--accelerator mps: this machine has no Apple GPU", "pass --accelerator cpu (or auto)"
+        )
+    if accelerator == "tpu" and importlib.util.find_spec("torch_xla") is None:
+        raise UserError(
+            "--accelerator tpu needs torch_xla, which is not installed",
+            "install it on a TPU host, or pass auto",
+        )
+    devices = trainer.get("devices", "auto")
+    if devices is not None and not _device_count_or_indices(devices):
+        raise UserError(
+            f"--devices {devices} is not a number of devices",
+            "pass a count >= 1 (processes on a CPU, GPUs on a GPU machine), -1 for all, auto, or GPU indices "
+            "such as 0,1",
+        )
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not (torch.cuda.is_available() or has_mps))
+    if on_cpu and _device_indices(devices):
+        raise UserError(
+            f"--devices {devices} lists GPU indices, but this run is on the CPU",
+            "pass a number of processes, e.g. --devices 2",
+        )
+    strategy = trainer.get("strategy", "auto")
+    if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
+        raise UserError(
+            f"--strategy {strategy} is not a Lightning strategy",
+            "pass auto, ddp, ddp_spawn, ddp_find_unused_parameters_true, fsdp, or another of "
+            "lightning.pytorch.strategies.StrategyRegistry",
+        )
