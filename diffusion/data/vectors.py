@@ -101,7 +101,6 @@ class VectorDataModule(SplitDataModule):
         self.feature_std = feature_std
         self._shift, self._scale = feature_scaling(data, normalize, feature_std)
         self.data = torch.from_numpy(((data - self._shift) / self._scale).astype(np.float32))
-        self.labels_path = labels
         self.labels = None if labels is None else torch.from_numpy(load_labels(Path(labels), len(data)))
 
     @property

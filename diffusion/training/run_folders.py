@@ -99,12 +99,6 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
     return ResumePoint(path, version, step, tuple(skipped))
 
 
-def latest_run(save_dir: str | os.PathLike, name: str) -> tuple[int, Path]:
-    """(version, newest intact checkpoint) of the newest run of this name (see `newest_checkpoint`)."""
-    point = newest_checkpoint(save_dir, name)
-    return point.version, point.path
-
-
 def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
     """The newest run's newest intact checkpoint (see `newest_checkpoint`)."""
     return newest_checkpoint(save_dir, name).path
