@@ -1,5 +1,5 @@
 """Class paths that configs written before the package was split into layers name, so that their `config.yaml`
-still trains and resumes: `diffusion.vectors.VectorDataModule`, `diffusion.callbacks.FIDCallback`, ...
+still trains and resumes: `diffusion.vectors.VectorDataModule`, `diffusion.training.callbacks.FIDCallback`, ...
 (`diffusion.data.ImageDataModule` and `diffusion.models.UNet` kept their paths).
 
 The old module names are aliases of the new modules, registered when a command parses a config, so jsonargparse

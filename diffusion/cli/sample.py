@@ -28,7 +28,7 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, PositiveInt
 from lightning.fabric import Fabric
 
-from diffusion.cli.checks import check_writable_folder
+from diffusion.cli.checks import check_writable_folder, cpu_mixed_precision_note
 from diffusion.cli.parsing import command_parser
 from diffusion.cli.process_group import closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
@@ -38,7 +38,7 @@ from diffusion.errors import CallerError, UserError
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import gather_in_order, generate
 from diffusion.generation.render import write_samples
-from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.loading import Weights, load_checkpoint
 
 Accelerator = Literal["auto", "cpu", "cuda", "gpu"]
@@ -110,24 +110,6 @@ def check_precision(precision: str) -> None:
         )
 
 
-def note_cpu_precision(precision: str, device: torch.device | str) -> None:
-    """Say on stderr what mixed precision means on a CPU, as train.py does. Unlike a training step (about 10x
-    slower under CPU autocast), the bf16 forward took 0.5-0.8x the 32-bit time at batch 16-256 on the
-    project's AVX512-BF16 machine (2026-11-23, shared and loaded); CPUs without bf16 instructions convert."""
-    if "mixed" in precision and torch.device(device).type == "cpu":
-        substitute = (
-            "; 16-mixed runs as bf16-mixed here (fp16 autocast is for CUDA)"
-            if precision == "16-mixed"
-            else ""
-        )
-        print(
-            f"note: --precision {precision} on a CPU runs the network in bf16: about as fast as 32 or faster "
-            "with bf16 instructions (AVX512-BF16, AMX), slower without; mixed precision is meant for CUDA "
-            f"GPUs{substitute}",
-            file=sys.stderr,
-        )
-
-
 def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:
     """(device of a one-device run, accelerator of a Fabric run): an explicit --accelerator decides both."""
     if accelerator == "cpu":
@@ -145,24 +127,14 @@ def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:
 
 
 def check_sampling_checkpoint(path: str) -> dict:
-    """The checkpoint can be read and holds what sampling needs: the network's config and weights. Returns its
-    hyperparameters."""
-    checkpoint = read_checkpoint(path, "--ckpt")
-    hparams = checkpoint.get("hyper_parameters")
-    if not (
-        isinstance(hparams, dict) and isinstance(hparams.get("network"), dict) and "state_dict" in checkpoint
-    ):
-        raise UserError(
-            f"--ckpt {path} is not a checkpoint written by train.py (it lacks the network's settings or weights)",
-            "pass a runs/<name>/version_N/checkpoints/*.ckpt",
-        )
-    return hparams
+    """The checkpoint can be read and holds what sampling needs; returns its hyperparameters."""
+    return check_written_by_train(read_checkpoint(path, "--ckpt"), path, "--ckpt")
 
 
 def requested_labels(
     hparams: dict, num_samples: int, class_label: str | None, guidance: bool
 ) -> torch.Tensor | None:
-    """The label of every sample (`diffusion.labels.class_labels`) from a checkpoint's hyperparameters, checked
+    """The label of every sample (`diffusion.data.labels.class_labels`) from a checkpoint's hyperparameters, checked
     before any sampling time is spent; None for an unconditional checkpoint, which takes neither a class nor
     guidance."""
     num_classes = hparams["network"].get("init_args", {}).get("num_classes")
@@ -207,7 +179,9 @@ def main(argv: list[str] | None = None) -> Path:
             fabric.launch()
             rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
         if rank == 0:
-            note_cpu_precision(args.precision, device)
+            note = cpu_mixed_precision_note(args.precision, training=False)
+            if note and torch.device(device).type == "cpu":
+                print(f"note: {note}", file=sys.stderr)
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
         with network_precision(module, args.precision):
             samples = generate(  # images as uint8 (N, C, H, W): a quarter of the bytes to hold and gather

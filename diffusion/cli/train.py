@@ -7,7 +7,7 @@ what differs. Every Trainer, model and data argument is a flag (`--trainer.*`, `
 `--ema.*`, `--checkpoint.*`, `--sample_grid.*`) and the common Trainer flags have shorthands (`--devices 4`).
 
 What can be checked before training is (option ranges, image size against the network, output folders, the
-checkpoint to resume or start from: `diffusion.run_checks`), and a user error ends in one line
+checkpoint to resume or start from: `diffusion.cli.train_checks`), and a user error ends in one line
 (`diffusion.errors`).
 """
 
@@ -22,6 +22,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from diffusion.cli.checks import cpu_mixed_precision_note
 from diffusion.cli.legacy import accept_moved_class_paths
 from diffusion.cli.parsing import DEBUG_VARIABLE, add_debug_flag
 from diffusion.cli.process_group import closing_process_group
@@ -146,16 +147,9 @@ class DiffusionCLI(LightningCLI):
             self._resume_checkpoint = self._resolve_resume(config)
         if config.model.init_from:
             check_init_from(config.model.init_from, config.model.network.class_path)
-        precision = str(config.trainer.precision)
-        if "mixed" in precision and config.trainer.accelerator == "cpu":
-            # Lightning has no fp16 AMP on CPU: it swaps in bf16-mixed, so no GradScaler runs either.
-            substitute = (
-                " (Lightning runs bf16-mixed instead: fp16 AMP needs CUDA)" if precision == "16-mixed" else ""
-            )
-            rank_zero_warn(
-                f"precision={precision} on CPU runs about 10x slower than 32-bit here{substitute}; mixed "
-                "precision pays off on CUDA GPUs. For CPU runs use --precision 32."
-            )
+        note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
+        if note and config.trainer.accelerator == "cpu":
+            rank_zero_warn(note)
 
     def _resolve_resume(self, config) -> dict[str, Any]:
         """Turn --ckpt_path into the checkpoint to resume and point the logger at that run's version folder,

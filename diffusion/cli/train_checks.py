@@ -11,7 +11,7 @@ from lightning.pytorch import Trainer
 from diffusion.cli.checks import check_writable_folder
 from diffusion.errors import UserError
 from diffusion.training.callbacks.fid import FID, KID, FIDCallback
-from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
 from diffusion.training.run_folders import run_folder_of
 
@@ -36,12 +36,8 @@ def _conditioning(num_classes: int | None) -> str:
 
 def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionModule) -> None:
     """The checkpoint to resume holds this module's weights, by name and shape; else say whose they are."""
-    saved = checkpoint.get("state_dict")
-    if not isinstance(saved, dict):
-        raise UserError(
-            f"--ckpt_path {path} has no state_dict: it is not a checkpoint written by train.py",
-            "pass a runs/<name>/version_N/checkpoints/*.ckpt, or --model.init_from for bare weights",
-        )
+    check_written_by_train(checkpoint, path, "--ckpt_path")
+    saved = checkpoint["state_dict"]
     expected = module.state_dict()
     missing = [key for key in expected if key not in saved]
     unexpected = [key for key in saved if key not in expected]

@@ -37,7 +37,7 @@ class ImageDataModule(SplitDataModule):
     Args:
         dataset: ``digits`` (scikit-learn's bundled 8x8 digits, no download), ``mnist``, ``fashion_mnist``,
             ``cifar10`` (torchvision, downloaded by ``prepare_data`` into ``root``) or ``folder`` (your own
-            images found recursively under ``root``, see `diffusion.image_files.find_images`).
+            images found recursively under ``root``, see `diffusion.data.image_files.find_images`).
         root: download directory for torchvision datasets; the image folder for ``folder``.
         image_size: side length. Defaults: digits 16 (nearest-neighbour upscaling, so 2x2 area
             averaging recovers the original 8x8 grid), mnist/fashion_mnist 28, cifar10 32; required

@@ -136,7 +136,7 @@ class SplitDataModule(LightningDataModule):
         # The DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) Lightning would inject under DDP, built
         # here for every world size: with one replica it yields the very permutation DDP splits across ranks
         # (a 1-process run and an N-process run see the same samples in each global batch), and it resumes
-        # mid-epoch at the next batch (diffusion.resume). Lightning sees a DistributedSampler, injects none,
+        # mid-epoch at the next batch (diffusion.data.resumable). Lightning sees a DistributedSampler, injects none,
         # and calls set_epoch on it every epoch.
         sampler = ResumableSampler(
             self.train_set,

@@ -4,7 +4,7 @@ The rule that makes any world size give the same samples lives here once: with W
 samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
 `DiffusionModule.initial_noise`; `module` is a DiffusionModule, or any module with its `sample` and
 `normalization`), and `gather_in_order` puts the gathered shares back in index order.
-Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.labels.class_labels`) on any
+Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.data.labels.class_labels`) on any
 rank.
 Ranks exchange images as uint8 (`render.compact`, a quarter of float32's bytes: 50,000 256x256 RGB images
 are 9.8 GB rather than 39 GB), vectors as float.
@@ -44,7 +44,7 @@ def generate_batches(
 ) -> Iterator[torch.Tensor]:
     """Samples with the given indices in model units, `batch_size` at a time, on the module's device.
 
-    labels: the labels of samples 0..N-1 (`diffusion.labels.class_labels`); sample i gets labels[i] (an index
+    labels: the labels of samples 0..N-1 (`diffusion.data.labels.class_labels`); sample i gets labels[i] (an index
     beyond N, a padding sample of `rank_indices`, gets labels[i % N]).
     """
     starts = range(0, len(indices), batch_size)

@@ -1,8 +1,8 @@
 """Sample quality: FID and KID (torchmetrics) with Inception or pixel features. Imports nothing of training:
-`diffusion.callbacks.FIDCallback` and `python -m diffusion.evaluate` both build on it.
+`diffusion.training.callbacks.FIDCallback` and `python -m diffusion.evaluate` both build on it.
 
 Two feature extractors, both taking uint8 images (N, C, H, W) in 0..255, the range the samples file holds
-(images pass through `diffusion.render.to_uint8` first, so the callback, the sample CLI and the evaluator
+(images pass through `diffusion.generation.render.to_uint8` first, so the callback, the sample CLI and the evaluator
 all score the same quantized pixels):
 
 - ``"inception"``: the standard FID/KID. `InceptionFeatures` is torch-fidelity's own FID feature

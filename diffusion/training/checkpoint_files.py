@@ -56,6 +56,27 @@ def read_checkpoint(
     return checkpoint
 
 
+def check_written_by_train(
+    checkpoint: dict[str, Any], path: str | os.PathLike, flag: str = ""
+) -> dict[str, Any]:
+    """The checkpoint holds what a model is rebuilt from, the network's settings and weights (train.py writes
+    both); returns its hyperparameters. `flag` names the option that gave `path` in the error."""
+    hparams = checkpoint.get("hyper_parameters")
+    if not (
+        isinstance(hparams, dict)
+        and isinstance(hparams.get("network"), dict)
+        and isinstance(checkpoint.get("state_dict"), dict)
+    ):
+        raise UserError(
+            f"{flag} {path}".strip()
+            + " is not a checkpoint written by train.py (it lacks the network's settings "
+            "or weights)",
+            "pass a runs/<name>/version_N/checkpoints/*.ckpt (a model built in Python loads with "
+            "DiffusionModule.load_from_checkpoint(path, network=...))",
+        )
+    return hparams
+
+
 def read_network_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Network weights from a checkpoint of this project (its `network.` entries) or a plain state_dict."""
     path = Path(path)

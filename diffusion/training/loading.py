@@ -5,8 +5,8 @@ from typing import Literal
 
 import torch
 
-from diffusion.errors import UserError, check_choice
-from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.errors import check_choice
+from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.module import DiffusionModule
 
 Weights = Literal["ema", "raw"]
@@ -22,12 +22,7 @@ def load_checkpoint(
     """
     check_choice("weights", weights, Weights)
     checkpoint = read_checkpoint(path, map_location=map_location)  # checked before Lightning reads it again
-    if "state_dict" not in checkpoint or "network" not in checkpoint.get("hyper_parameters", {}):
-        raise UserError(
-            f"{path} is not a checkpoint written by train.py (it lacks the network's settings or weights)",
-            "pass a runs/<name>/version_N/checkpoints/*.ckpt (a model built in Python loads with "
-            "DiffusionModule.load_from_checkpoint(path, network=...))",
-        )
+    check_written_by_train(checkpoint, path)
     module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     if weights == "raw" and "current_model_state" in checkpoint:
         module.load_state_dict(checkpoint["current_model_state"])

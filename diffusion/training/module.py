@@ -34,7 +34,7 @@ from diffusion.training.random_states import (
 
 LossWeighting = Literal["none", "min_snr"]
 NoiseMode = Literal["fast", "per_sample"]
-# Per-sample label dropout draws from a counter-noise stream of its own (diffusion/noise.py has 0-2), so it is
+# Per-sample label dropout draws from a counter-noise stream of its own (diffusion/core/noise.py has 0-2), so it is
 # independent of the same sample's noise and timestep, and an unconditional run draws exactly as before.
 LABEL_DROPOUT_STREAM = 3
 
@@ -307,7 +307,7 @@ class DiffusionModule(L.LightningModule):
         """x_T (num_samples, *sample_shape) and the generator(s) the reverse process draws from.
 
         With `seed`, the noise of sample i is a function of (seed, i) for i in `indices` (default
-        0..num_samples-1; counter-based, diffusion/noise.py), so any split of N samples into batches, ranks
+        0..num_samples-1; counter-based, diffusion/core/noise.py), so any split of N samples into batches, ranks
         or devices gives the same N samples. Without, the global RNG.
         """
         generator = None
@@ -374,7 +374,7 @@ class DiffusionModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._take_random_states(checkpoint)
-        # Checkpoints written before the schedule kept one posterior carry six more schedule buffers.
+        # Checkpoints of earlier versions carry six more schedule buffers (posterior terms now computed on use).
         for key in ("state_dict", "current_model_state"):
             if key in checkpoint:
                 own = self.state_dict()

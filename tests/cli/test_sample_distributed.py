@@ -158,7 +158,7 @@ def test_two_processes_all_gather_uint8_images(digits_checkpoint, tmp_path):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert record["handed"] == ["torch.uint8", [3, 1, 16, 16], 3 * 16 * 16]  # float32 would be 4x
         assert record["gathered"] == ["torch.uint8", [2, 3, 1, 16, 16]]
-        # the gloo group closed before exit (left open, it can abort the process: diffusion/process_group.py)
+        # the gloo group closed before exit (left open, it can abort the process: diffusion/cli/process_group.py)
         assert (tmp_path / f"rank{rank}.after_main").read_text() == "False"
     two = np.load(tmp_path / "two" / "samples.npz")["arr_0"]
     np.testing.assert_array_equal(two, one_devices_images(digits_checkpoint))

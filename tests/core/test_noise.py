@@ -1,4 +1,4 @@
-"""Counter-based noise (diffusion/noise.py): its bits equal an independent uint32 reference, its normals and
+"""Counter-based noise (diffusion/core/noise.py): its bits equal an independent uint32 reference, its normals and
 timesteps have the right distribution with no correlation between neighbours, and a sample's noise does not
 depend on the batch it is drawn in, the order of the batch or the device."""
 

@@ -213,7 +213,7 @@ def test_sigusr1_under_ddp_saves_the_current_step_on_both_ranks_and_exits_non_ze
 @pytest.mark.multiprocess
 def test_when_rank_0_fails_the_other_rank_is_ended_even_outside_a_collective(runs):
     """Rank 1 sleeps (loading data, say) when rank 0 raises: no collective tells it, so only the kill in
-    `diffusion.cli.fit` ends it, instead of a job that lingers for minutes."""
+    `diffusion.cli.train.fit` ends it, instead of a job that lingers for minutes."""
     run = runs["rank_0_fails"]
     assert run.returncode != 0 and "deliberate failure on rank 0 at step 2" in run.output, run.output[-4000:]
     assert run.output.endswith("rank 1 gone: True"), run.output[-4000:]

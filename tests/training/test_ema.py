@@ -1,4 +1,4 @@
-"""EMA of the weights (diffusion.callbacks.EMA on Lightning's WeightAveraging), checked against a hand-computed
+"""EMA of the weights (diffusion.training.callbacks.EMA on Lightning's WeightAveraging), checked against a hand-computed
 average of the raw weights recorded after every optimizer step.
 
 torch.optim.swa_utils.AveragedModel semantics: the first update copies the weights (n_averaged == 0); update

@@ -5,7 +5,7 @@ which across filesystems is a copy: a kill then leaves a truncated checkpoint un
 file in /tmp. Here `os.replace` (atomic on one filesystem) swaps in a complete file or nothing: a kill or a
 full disk leaves the previous file of that name intact. A kill -9 can still leave `.<name>.<random>.tmp` in
 the checkpoint folder (nowhere else); `remove_leftovers` clears those when the next run starts.
-`diffusion.callbacks.Checkpoint` installs all of this for every run of the CLI.
+`diffusion.training.callbacks.Checkpoint` installs all of this for every run of the CLI.
 """
 
 import contextlib

@@ -45,13 +45,13 @@ class Checkpoint(ModelCheckpoint):
     (a larger --max_steps) skips data: an epoch cut short counts as finished, so the rest of it is never seen;
     after a whole epoch the batch counters carry into the next one, which then ends after a single batch.
 
-    In `setup` it makes the strategy's saves atomic (`diffusion.checkpoint_io`; on every rank, rank 0
+    In `setup` it makes the strategy's saves atomic (`diffusion.training.callbacks.atomic_writes`; on every rank, rank 0
     writes) and removes temporary files a killed save left in its folder; `save_last="link"` replaces
     last.ckpt atomically too.
 
     Besides the saves ModelCheckpoint makes (at validation by default), at the end of an optimizer step it
     saves last.ckpt when `every_n_minutes` of wall time passed since the last save, and when the run got
-    SIGTERM or SIGUSR1, after which it ends the run with a non-zero exit (`diffusion.preemption`).
+    SIGTERM or SIGUSR1, after which it ends the run with a non-zero exit (`diffusion.training.callbacks.preemption`).
 
     Args:
         every_n_minutes: wall-time interval of the timed checkpoints (None: none).

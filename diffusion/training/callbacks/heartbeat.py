@@ -37,8 +37,8 @@ def is_collective_failure(error: BaseException) -> bool:
 
 def set_collective_timeout(timeout: timedelta) -> None:
     """The default group's timeout for every collective from now on. `torch.distributed.set_timeout` is public
-    since mid-2026 (torch 2.12+); an older torch (2.11 on the lent GPU machines) has the private helper it
-    replaced, which newer ones keep as a deprecated alias."""
+    from torch 2.12; an older torch (2.11 on the lent GPU machines) has the private helper it replaced, which
+    newer ones keep as a deprecated alias."""
     setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
     setter(timeout)
 
