@@ -51,11 +51,9 @@ from diffusion.training.loading import load_checkpoint
 from diffusion.training.run_folders import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_UNET = [
-    "--model.network.init_args.channels", "8", "--model.network.init_args.channel_mult", "[1, 2]",
-    "--model.network.init_args.num_res_blocks", "1", "--model.network.init_args.attention_levels", "[1]",
-]  # fmt: skip
-TINY_MLP = ["--model.network.init_args.hidden_dim", "32", "--model.network.init_args.num_blocks", "2"]
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import TINY_MLP, TINY_UNET  # noqa: E402 (the tiny networks --quick shares with the tests)
+
 # No validation (and so no sample grids) in --quick: 20 steps never reach val_check_interval.
 QUICK = ["--max_steps", "20", "--model.warmup_steps", "1", "--trainer.enable_progress_bar", "false"]
 

@@ -1,0 +1,96 @@
+"""The README and the guides in docs/ stay true to the code: every relative link resolves (to a file, and to a
+heading where it names one), and every command in their code blocks parses as the command would parse it
+(`--print_config` for train.py, the parser alone for the sample and evaluate CLIs): no training, no sampling."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from diffusion.cli.evaluate import build_parser as evaluate_parser
+from diffusion.cli.sample import build_parser as sample_parser
+from diffusion.cli.train import main as train
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def links() -> list[tuple[Path, str]]:
+    return [
+        (doc, target) for doc in DOCUMENTS for target in LINK.findall(doc.read_text()) if "://" not in target
+    ]
+
+
+@pytest.mark.parametrize(
+    "document, target", links(), ids=[f"{doc.name}: {target}" for doc, target in links()]
+)
+def test_every_relative_link_resolves(document, target):
+    path, _, anchor = target.partition("#")
+    resolved = (document.parent / path).resolve() if path else document
+    assert resolved.exists(), f"{document.name} links to {target}, which does not exist"
+    if anchor and resolved.suffix == ".md":
+        headings = {
+            slug(line.lstrip("#")) for line in resolved.read_text().splitlines() if line.startswith("#")
+        }
+        assert anchor in headings, f"{document.name} links to {target}, a heading {resolved.name} lacks"
+
+
+def commands(document: Path) -> list[list[str]]:
+    """The shell commands in a document's ```bash blocks, continuation lines joined, comments dropped."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", document.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.lstrip().startswith("#") and "$(" not in line:
+                for part in re.split(r"\s&&\s", line):
+                    found.append(shlex.split(part, comments=True))
+    return [words for words in found if words]
+
+
+def python_commands() -> list[tuple[str, list[str]]]:
+    """(document, argv) of every `python train.py`, `python -m diffusion.X` and `torchrun ... train.py` line."""
+    found = []
+    for document in DOCUMENTS:
+        for words in commands(document):
+            if "train.py" in words and words[0] in ("python", "torchrun", "srun"):
+                found.append((document.name, words[words.index("train.py") :]))
+            elif "-m" in words and words[words.index("-m") + 1].startswith("diffusion"):
+                found.append((document.name, words[words.index("-m") + 1 :]))
+    return found
+
+
+@pytest.mark.parametrize(
+    "document, argv",
+    python_commands(),
+    ids=[f"{doc}: {' '.join(argv)[:50]}" for doc, argv in python_commands()],
+)
+def test_every_documented_command_parses(document, argv, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)  # commands are written for the project's folder (configs/...)
+    program, args = argv[0], argv[1:]
+    if program == "train.py":
+        with pytest.raises(SystemExit) as exit_info:
+            train([*args, "--print_config"])
+        assert exit_info.value.code == 0, capsys.readouterr().err
+    elif program in ("diffusion.sample", "diffusion.evaluate"):
+        parser = sample_parser() if program == "diffusion.sample" else evaluate_parser()
+        parser.parse_args(args)
+    else:
+        pytest.fail(f"{document}: {' '.join(argv)} names no command of this project")
+
+
+def test_the_readme_set_up_installs_from_the_projects_files():
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installs = [words for words in commands(REPO / "README.md") if words[:2] == ["pip", "install"]]
+    assert installs, "the README has no set-up command"
+    for words in installs:
+        assert words[words.index("-c") + 1] == "constraints.txt" and (REPO / "constraints.txt").is_file()
+        extra = re.fullmatch(r"\.\[(\w+)\]", words[-1])
+        assert extra and extra.group(1) in extras
+    assert ["pytest"] in [words[-1:] for words in commands(REPO / "README.md")]
