@@ -3,8 +3,7 @@
 Lightning destroys an NCCL group at exit (an atexit handler) but leaves a gloo group open. Gloo's worker threads
 can then still hold tensors with Python references while the interpreter finalizes; freeing them takes the GIL of
 an interpreter being torn down, and the process aborts ("terminate called without an active exception", exit
-status -6) after its work succeeded. CI saw it once, in `python -m diffusion.sample --devices 2` on CPU; torch's
-docs ask every process to call `destroy_process_group()` once communication is over.
+status -6) after its work succeeded, as `python -m diffusion.sample --devices 2` on a CPU can; torch's docs ask every process to call `destroy_process_group()` once communication is over.
 """
 
 from collections.abc import Iterator

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.sh, the GPU measurements of issue 9 in one device call, runs end to end: a GPU is lent
+"""benchmarks/gpu_suite.sh, the GPU measurements in device calls, runs end to end: a GPU is lent
 only now and then, and a wrong flag found there would cost its scarce minutes. SUITE_QUICK=1 runs the stages on
 this CPU with a tiny UNet (the compiled stage's flags are those of speed.py --compiled, tests/training/test_speed_options.py)."""
 

@@ -1,5 +1,5 @@
 """Training and sampling close the process group they opened (diffusion/cli/process_group.py): a gloo group left
-open can abort the process at interpreter exit after its work succeeded (exit -6, seen once in CI).
+open can abort the process at interpreter exit after its work succeeded (exit -6).
 `python -m diffusion.sample --devices 2` is checked in tests/cli/test_sample_distributed.py. And `--ddp_timeout` reaches
 the group on a torch without `torch.distributed.set_timeout` (2.11, on the lent GPU machines)."""
 
