@@ -1,13 +1,85 @@
-"""The right run to resume: a resume is refused when it would change what the run trains (the checkpoint's optimizer
-state, EMA and data order belong to the run's own settings)."""
+"""The right run to resume: `--ckpt_path last` is the newest checkpoint of the newest run of the logger's name, and
+the resumed run goes on writing into its folder; a resume is refused when it would change what the run trains
+(the checkpoint's optimizer state, EMA and data order belong to the run's own settings)."""
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
+from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.cli.legacy import same_class
 from diffusion.errors import UserError
-from diffusion.training.run_folders import run_folder_of
+from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.run_folders import RunFolder, newest_checkpoint, run_folder_of
+
+# Where each logger keeps its runs, as Lightning's ModelCheckpoint derives <save_dir>/<name>/<version>/ from it: the
+# init_args that hold the save_dir and the name, with their defaults. Every one of them takes the run's folder name
+# (TensorBoard's and CSV's version_N, a W&B run id) as its `version` init_arg, which continues that run.
+RUN_LAYOUTS = {
+    "TensorBoardLogger": ("save_dir", None, "name", "lightning_logs"),
+    "CSVLogger": ("save_dir", None, "name", "lightning_logs"),
+    "WandbLogger": ("save_dir", ".", "project", "lightning_logs"),
+}
+
+
+def _known_logger(config) -> tuple[Any, str, str] | None:
+    """(init_args, save_dir key, name key) of the run's first logger, when this module knows its layout."""
+    logger = config.trainer.logger
+    if isinstance(logger, list):
+        logger = logger[0] if logger else None
+    if not logger or not hasattr(logger, "get"):
+        return None
+    layout = RUN_LAYOUTS.get(str(logger.get("class_path", "")).rsplit(".", 1)[-1])
+    if layout is None:
+        return None
+    save_key, save_default, name_key, name_default = layout
+    init_args = logger.init_args
+    init_args[save_key] = init_args.get(save_key) or save_default
+    init_args[name_key] = init_args.get(name_key) or name_default
+    return init_args, save_key, name_key
+
+
+def resolve_resume(config) -> tuple[dict[str, Any], str | None]:
+    """Turn `--ckpt_path` (a path, or `last`) into the checkpoint to resume, point the logger at that run's folder so
+    the resumed run goes on writing there, and return the checkpoint's contents (read once, checked) with the file
+    name the resumed command's config is saved under (None: config.yaml, for a run without one)."""
+    logger = _known_logger(config)
+    if config.ckpt_path == "last":
+        if logger is None:
+            raise UserError(
+                "--ckpt_path last finds the runs of TensorBoardLogger, CSVLogger and WandbLogger, and this run "
+                "has another logger or none",
+                "pass the path of a checkpoint, e.g. <save_dir>/<name>/<version>/checkpoints/last.ckpt",
+            )
+        init_args, save_key, name_key = logger
+        point = newest_checkpoint(init_args[save_key], init_args[name_key])
+        if point.skipped and rank_zero_only.rank == 0:
+            passed = ", ".join(f"{path.name} ({why})" for path, why in point.skipped)
+            print(
+                f"warning: --ckpt_path last: passed over unreadable {passed} in {point.path.parent}; "
+                f"resuming from {point.path.name} (step {point.step})",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+        config.ckpt_path = str(point.path)
+    checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
+    run = run_folder_of(config.ckpt_path)
+    if run is None or logger is None:
+        return checkpoint, None
+    _continue_run(logger, run)
+    step = int(checkpoint.get("global_step", 0))
+    # The run's own config.yaml stays what it started with.
+    return checkpoint, f"config-resumed-at-step-{step}.yaml" if run.config_file.is_file() else None
+
+
+def _continue_run(logger: tuple[Any, str, str], run: RunFolder) -> None:
+    init_args, save_key, name_key = logger
+    if Path(init_args[save_key], init_args[name_key]).absolute() != run.save_dir / run.name:
+        # Spelled as configured unless the checkpoint is elsewhere: checkpoints record their folder.
+        init_args[save_key], init_args[name_key] = str(run.save_dir), run.name
+    init_args["version"] = run.version
+
 
 # ---- the right run: settings a resumed run must share with the run it continues ---------------------------
 # Everything under these keys changes what is trained (network, schedule, loss, optimizer and lr, data, batch,

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import LightningDataModule, Trainer
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from diffusion.cli.checks import cpu_mixed_precision_note
@@ -27,7 +27,7 @@ from diffusion.cli.legacy import accept_moved_class_paths
 from diffusion.cli.parsing import DEBUG_VARIABLE, add_debug_flag
 from diffusion.cli.process_group import closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.cli.resume import check_same_training_settings
+from diffusion.cli.resume import check_same_training_settings, resolve_resume
 from diffusion.cli.train_checks import (
     check_init_from,
     check_monitored_metric,
@@ -40,6 +40,7 @@ from diffusion.cli.trainer_options import (
     SHORTHANDS,
     TRAINER_DEFAULTS,
     check_hardware_flags,
+    check_logger_installed,
     check_trainer_option_ranges,
     expand_shorthands,
 )
@@ -47,9 +48,24 @@ from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
-from diffusion.training.checkpoint_files import read_checkpoint
 from diffusion.training.module import DiffusionModule
-from diffusion.training.run_folders import newest_checkpoint, run_folder_of
+from diffusion.training.run_folders import run_folder
+
+
+class SaveConfigToRunFolder(SaveConfigCallback):
+    """Saves the config into the run's folder whatever the logger. Lightning saves it into `trainer.log_dir`, which for
+    W&B and other loggers is their save_dir, shared by every run."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._folder = run_folder(trainer)  # a collective under DDP: here, on every rank
+        super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:  # on rank 0
+        self._folder.mkdir(parents=True, exist_ok=True)
+        path = str(self._folder / self.config_filename)
+        self.parser.save(
+            self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile
+        )
 
 
 class DiffusionCLI(LightningCLI):
@@ -81,7 +97,9 @@ class DiffusionCLI(LightningCLI):
             run=False,
             seed_everything_default=0,
             parser_kwargs={"description": description, **(parser_kwargs or {})},
-            save_config_kwargs={"overwrite": True},  # a resumed run writes its config into the same folder
+            save_config_callback=SaveConfigToRunFolder,
+            # A resumed run writes its config into the same folder.
+            save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
             trainer_defaults=TRAINER_DEFAULTS,
             args=args,
             **kwargs,
@@ -140,49 +158,19 @@ class DiffusionCLI(LightningCLI):
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config)
         check_hardware_flags(self.config.trainer)
+        check_logger_installed(self.config.trainer)
 
     def before_instantiate_classes(self) -> None:
         config = self.config
         if config.ckpt_path:
-            self._resume_checkpoint = self._resolve_resume(config)
+            self._resume_checkpoint, config_filename = resolve_resume(config)
+            if config_filename:
+                self.save_config_kwargs["config_filename"] = config_filename
         if config.model.init_from:
             check_init_from(config.model.init_from, config.model.network.class_path)
         note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
         if note and config.trainer.accelerator == "cpu":
             rank_zero_warn(note)
-
-    def _resolve_resume(self, config) -> dict[str, Any]:
-        """Turn --ckpt_path into the checkpoint to resume and point the logger at that run's version folder,
-        so the resumed run goes on writing there; return the checkpoint's contents (read once, checked)."""
-        logger = config.trainer.logger
-        tensorboard = bool(logger) and "TensorBoardLogger" in str(logger.get("class_path", ""))
-        if config.ckpt_path == "last":
-            if not tensorboard:
-                raise ValueError(
-                    "--ckpt_path last needs the default TensorBoardLogger; pass a checkpoint path"
-                )
-            point = newest_checkpoint(logger.init_args.save_dir, logger.init_args.name)
-            if point.skipped and rank_zero_only.rank == 0:
-                passed = ", ".join(f"{path.name} ({why})" for path, why in point.skipped)
-                print(
-                    f"warning: --ckpt_path last: passed over unreadable {passed} in {point.path.parent}; "
-                    f"resuming from {point.path.name} (step {point.step})",
-                    file=sys.stderr, flush=True,
-                )  # fmt: skip
-            config.ckpt_path = str(point.path)
-        checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
-        run = run_folder_of(config.ckpt_path)
-        if run is not None and tensorboard:
-            configured = Path(logger.init_args.save_dir, logger.init_args.name).absolute()
-            if (
-                configured != run.save_dir / run.name
-            ):  # as spelled unless elsewhere: checkpoints record their folder
-                logger.init_args.save_dir, logger.init_args.name = str(run.save_dir), run.name
-            logger.init_args.version = run.version  # keep logging into the run being resumed
-            if run.config_file.is_file():  # the run's own config.yaml stays what it started with
-                step = int(checkpoint.get("global_step", 0))
-                self.save_config_kwargs["config_filename"] = f"config-resumed-at-step-{step}.yaml"
-        return checkpoint
 
     def after_instantiate_classes(self) -> None:
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
@@ -227,10 +215,9 @@ def with_default_config(args: list[str]) -> list[str]:
 
 def new_run_folders(trainer: Trainer) -> list[Path]:
     """The run folder this fit will create and its missing parents, deepest first ([] if it exists)."""
-    log_dir = getattr(trainer.logger, "log_dir", None) if trainer.is_global_zero else None
-    if log_dir is None:
+    if not trainer.is_global_zero or not trainer.loggers:
         return []
-    path = Path(log_dir).absolute()
+    path = run_folder(trainer).absolute()
     return [folder for folder in [path, *path.parents] if not folder.exists()]
 
 

@@ -128,3 +128,23 @@ def check_hardware_flags(trainer: dict[str, Any]) -> None:
             "pass auto, ddp, ddp_spawn, ddp_find_unused_parameters_true, fsdp, or another of "
             "lightning.pytorch.strategies.StrategyRegistry",
         )
+
+
+# Lightning's loggers whose packages are optional: class name -> (module, pip requirement).
+LOGGER_PACKAGES = {
+    "WandbLogger": ("wandb", 'wandb (or this project\'s extra: pip install -e ".[loggers]")'),
+    "MLFlowLogger": ("mlflow", "mlflow"),
+    "CometLogger": ("comet_ml", "comet-ml"),
+    "NeptuneLogger": ("neptune", "neptune"),
+}
+
+
+def check_logger_installed(trainer: dict[str, Any]) -> None:
+    """The logger's package is installed: Lightning would end in a traceback when it builds the logger."""
+    loggers = trainer.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        name = str(logger.get("class_path", "")).rsplit(".", 1)[-1] if hasattr(logger, "get") else ""
+        module, requirement = LOGGER_PACKAGES.get(name, (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            raise UserError(f"--trainer.logger {name} needs the {module} package, which is not installed",
+                            f"pip install {requirement}, or pick another logger")  # fmt: skip

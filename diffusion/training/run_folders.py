@@ -1,5 +1,7 @@
-"""Where a run's files live: ``<save_dir>/<name>/version_<N>/`` (TensorBoardLogger's layout) with its checkpoints
-in ``checkpoints/`` and its config in ``config.yaml``. The only code that knows that layout: `run_folder_of`,
+"""Where a run's files live: ``<save_dir>/<name>/<version>/``, with its checkpoints in ``checkpoints/``, its config
+in ``config.yaml`` and its sample grids in ``samples/``. That is the folder Lightning's ModelCheckpoint derives
+from the first logger (TensorBoard's and CSV's ``version_N``, a W&B run id, ...), or the Trainer's
+``default_root_dir`` without a logger. The only code that knows that layout: `run_folder`, `run_folder_of`,
 `run_checkpoints`, and `newest_checkpoint`, which is what `--ckpt_path last` resumes."""
 
 import os
@@ -7,10 +9,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
+
 from diffusion.errors import UserError
 from diffusion.training.checkpoint_files import read_checkpoint
 
-RUN_FOLDER = re.compile(r"version_(\d+)")
+NUMBERED_VERSION = re.compile(r"version_(\d+)")
 
 
 @dataclass(frozen=True)
@@ -19,35 +23,52 @@ class ResumePoint:
     checkpoints of that run it passed over (path, why)."""
 
     path: Path
-    version: int
+    version: str
     step: int
     skipped: tuple[tuple[Path, str], ...] = ()
 
 
 @dataclass(frozen=True)
 class RunFolder:
-    """Where a checkpoint's run lives: ``<save_dir>/<name>/version_<version>/``."""
+    """Where a checkpoint's run lives: ``<save_dir>/<name>/<version>/``."""
 
     save_dir: Path
     name: str
-    version: int
+    version: str
 
     @property
     def path(self) -> Path:
-        return self.save_dir / self.name / f"version_{self.version}"
+        return self.save_dir / self.name / self.version
 
     @property
     def config_file(self) -> Path:
         return self.path / "config.yaml"
 
+    @property
+    def version_number(self) -> int | None:
+        """N of a ``version_N`` folder (TensorBoard's and CSV's), None for another logger's run id."""
+        numbered = NUMBERED_VERSION.fullmatch(self.version)
+        return int(numbered.group(1)) if numbered else None
+
+
+def run_folder(trainer: L.Trainer) -> Path:
+    """This run's folder, as Lightning's ModelCheckpoint derives its ``checkpoints/`` folder from the first logger.
+    A collective under DDP (rank 0's answer, which knows a logger's run id): call it on every rank."""
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+        folder = Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
+    else:
+        folder = Path(trainer.default_root_dir)
+    return Path(trainer.strategy.broadcast(str(folder)))
+
 
 def run_folder_of(checkpoint: str | os.PathLike) -> RunFolder | None:
-    """The run a checkpoint belongs to, when it sits at ``<save_dir>/<name>/version_<N>/checkpoints/``."""
+    """The run a checkpoint belongs to, when it sits at ``<save_dir>/<name>/<version>/checkpoints/``."""
     path = Path(checkpoint).expanduser().absolute()
-    version = RUN_FOLDER.fullmatch(path.parent.parent.name)
-    if path.parent.name != "checkpoints" or version is None:
+    if path.parent.name != "checkpoints" or len(path.parents) < 4:
         return None
-    return RunFolder(path.parents[3], path.parents[2].name, int(version.group(1)))
+    return RunFolder(path.parents[3], path.parents[2].name, path.parents[1].name)
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -56,19 +77,24 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.ckpt") if not p.name.startswith(".") and p.is_file())
 
 
-def run_checkpoints(save_dir: str | os.PathLike, name: str) -> list[tuple[int, list[Path]]]:
-    """(version, checkpoint files) of every ``<save_dir>/<name>/version_<N>/`` holding any, by version."""
+def run_checkpoints(save_dir: str | os.PathLike, name: str) -> list[tuple[RunFolder, list[Path]]]:
+    """Every run of this name holding a checkpoint, oldest first: ``version_N`` folders by N (TensorBoard, CSV),
+    runs named by another logger's id (W&B) by their newest checkpoint's time."""
     found = []
-    for folder in Path(save_dir, name).glob("version_*/checkpoints"):
-        version = RUN_FOLDER.fullmatch(folder.parent.name)
+    for folder in Path(save_dir, name).glob("*/checkpoints"):
         files = checkpoint_files(folder)
-        if version and files:
-            found.append((int(version.group(1)), files))
-    return sorted(found)
+        if files:
+            found.append((RunFolder(Path(save_dir), name, folder.parent.name), files))
+
+    def age(run: tuple[RunFolder, list[Path]]) -> tuple[int, float]:
+        number = run[0].version_number
+        return (-1, max(path.stat().st_mtime for path in run[1])) if number is None else (number, 0.0)
+
+    return sorted(found, key=age)
 
 
 def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
-    """The newest intact checkpoint of the newest run of this name (highest N holding a checkpoint).
+    """The newest intact checkpoint of the newest run of this name (the last of `run_checkpoints`).
 
     Newest = highest global step (``last.ckpt``, ``last-vN.ckpt`` and ``step=N.ckpt`` alike; a tie goes to a
     ``last`` file, then to the file written last). Files that cannot be read (empty, truncated, foreign) are passed over and listed in
@@ -77,10 +103,10 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
     runs = run_checkpoints(save_dir, name)
     if not runs:
         raise FileNotFoundError(
-            f"no checkpoint under {Path(save_dir, name)}/version_*/checkpoints/: train first "
+            f"no checkpoint under {Path(save_dir, name)}/*/checkpoints/: train first "
             f"(python train.py), or pass the path of a checkpoint"
         )
-    version, files = runs[-1]
+    run, files = runs[-1]
     intact, skipped = [], []
     for path in files:
         try:
@@ -96,7 +122,7 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
             "pass the path of an intact checkpoint, or start a new run without --ckpt_path",
         )
     step, _, _, path = max(intact)
-    return ResumePoint(path, version, step, tuple(skipped))
+    return ResumePoint(path, run.version, step, tuple(skipped))
 
 
 def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:

@@ -141,6 +141,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         ["--ckpt_path", "last", "--trainer.logger.init_args.name", "none"],
         r"train first",
     ),
+    "resume_last_without_a_logger": (
+        ["--ckpt_path", "last", "--trainer.logger", "false"],
+        r"--ckpt_path last finds the runs of TensorBoardLogger, CSVLogger and WandbLogger.* — pass the path of a",
+    ),
     "resume_vector_run": (
         ["--ckpt_path", "{user}/runs/toy2d/version_0/checkpoints/last.ckpt"],
         r"another kind of run: MLP on samples of shape \(2,\), while this config has UNet.* — resume it with its "

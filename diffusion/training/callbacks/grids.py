@@ -11,6 +11,7 @@ from diffusion.data.labels import class_labels
 from diffusion.generation.ranks import sample_across_ranks
 from diffusion.generation.render import save_preview
 from diffusion.training.module import DiffusionModule
+from diffusion.training.run_folders import run_folder
 
 
 class EveryNValidations(L.Callback):
@@ -34,8 +35,9 @@ class EveryNValidations(L.Callback):
 
 
 class SampleGrid(EveryNValidations):
-    """Samples a fixed-seed grid at the end of validation (so with EMA weights when EMA is on), logs it to
-    TensorBoard and saves it as `<run dir>/samples/step_<global step>.png` (and `latest.png`).
+    """Samples a fixed-seed grid at the end of validation (so with EMA weights when EMA is on), saves it as
+    `<run folder>/samples/step_<global step>.png` (and `latest.png`) and logs it as an image to every logger that
+    takes images (TensorBoard, W&B; a CSV log has the files in the run folder).
 
     Every rank draws its share of the grid (per-sample seeds make the union the same grid whatever the
     world size), so no rank sits idle in a collective while rank 0 samples.
@@ -62,9 +64,9 @@ class SampleGrid(EveryNValidations):
         self._out_dir: Path | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # trainer.log_dir is a collective under DDP (rank 0 broadcasts it): read it here on every rank,
-        # never inside the rank-zero-only save, where the other ranks would not join and it would deadlock.
-        self._out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "samples"
+        # A collective under DDP (rank 0 broadcasts it): read here on every rank, never inside the rank-zero-only
+        # save, where the other ranks would not join and it would deadlock.
+        self._out_dir = run_folder(trainer) / "samples"
         self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, "--sample_grid.sampling.steps")
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
@@ -85,7 +87,9 @@ class SampleGrid(EveryNValidations):
         self._out_dir.mkdir(parents=True, exist_ok=True)
         path = self._out_dir / f"step_{trainer.global_step:07d}.png"
         grid = save_preview(samples, pl_module.normalization, path, labels)
-        experiment = getattr(trainer.logger, "experiment", None)
-        if grid is not None and hasattr(experiment, "add_image"):
-            experiment.add_image("samples", grid, global_step=trainer.global_step)
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_image"):  # W&B's signature: the saved picture, grid or scatter plot
+                logger.log_image(key="samples", images=[str(path)], step=trainer.global_step)
+            elif grid is not None and hasattr(logger.experiment, "add_image"):  # TensorBoard's SummaryWriter
+                logger.experiment.add_image("samples", grid, global_step=trainer.global_step)
         (self._out_dir / "latest.png").write_bytes(path.read_bytes())

@@ -1,0 +1,101 @@
+"""Any Lightning logger: TensorBoard is the default, and a CSV log and Weights & Biases (offline) get the metrics
+and the sample grids too; each run's checkpoints, config.yaml and grids share one run folder
+(`<save_dir>/<name>/<version>/`, as Lightning derives the checkpoints' folder from the logger), which
+`--ckpt_path last` finds and goes on writing into."""
+
+import csv
+import importlib.util
+
+import pytest
+import torch
+import wandb
+from helpers import QUICK, TINY_UNET
+from lightning.pytorch.loggers import WandbLogger
+
+from diffusion.cli.train import main as train
+
+CSV = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.name", "digits"]
+WANDB = ["--trainer.logger", "lightning.pytorch.loggers.WandbLogger", "--trainer.logger.init_args.project", "digits",
+         "--trainer.logger.init_args.offline", "true"]  # fmt: skip
+
+
+def run(logger: list[str], save_dir, *extra: str):
+    return train(
+        [*TINY_UNET, *QUICK, "--trainer.log_every_n_steps", "1", *logger, "--trainer.logger.init_args.save_dir",
+         str(save_dir), *extra]
+    )  # fmt: skip
+
+
+def test_a_csv_log_gets_the_metrics_and_ckpt_path_last_goes_on_in_its_folder(tmp_path):
+    run(CSV, tmp_path)
+    folder = tmp_path / "digits" / "version_0"
+    with (folder / "metrics.csv").open() as file:
+        columns = next(csv.reader(file))
+    assert {"train/loss", "val/loss"} <= set(columns)
+    assert (folder / "checkpoints" / "last.ckpt").is_file() and (folder / "config.yaml").is_file()
+    assert sorted(path.name for path in (folder / "samples").glob("step_*.png")) == [
+        "step_0000002.png", "step_0000004.png"
+    ]  # fmt: skip
+
+    run(CSV, tmp_path, "--ckpt_path", "last", "--max_steps", "6")
+    assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    assert (folder / "config-resumed-at-step-4.yaml").is_file() and (
+        folder / "samples" / "step_0000006.png"
+    ).is_file()
+    assert not (tmp_path / "digits" / "version_1").exists()
+
+
+@pytest.fixture
+def wandb_calls(monkeypatch) -> dict[str, list]:
+    """What reached the W&B logger (W&B itself stores it in its offline run files)."""
+    calls = {"metrics": [], "images": []}
+    log_metrics, log_image = WandbLogger.log_metrics, WandbLogger.log_image
+
+    def record_metrics(self, metrics, step=None):
+        calls["metrics"].append(dict(metrics))
+        return log_metrics(self, metrics, step)
+
+    def record_image(self, key, images, step=None, **kwargs):
+        calls["images"].append((key, list(images), step))
+        return log_image(self, key, images, step, **kwargs)
+
+    monkeypatch.setattr(WandbLogger, "log_metrics", record_metrics)
+    monkeypatch.setattr(WandbLogger, "log_image", record_image)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return calls
+
+
+def test_weights_and_biases_offline_gets_metrics_and_grids_and_ckpt_path_last_resumes_its_run(
+    tmp_path, wandb_calls
+):
+    run(WANDB, tmp_path)
+    (folder,) = [path.parent.parent for path in (tmp_path / "digits").glob("*/checkpoints/last.ckpt")]
+    assert (folder / "config.yaml").is_file()  # the run's folder, not W&B's save_dir shared by every run
+    assert any("train/loss" in metrics for metrics in wandb_calls["metrics"])
+    assert any("val/loss" in metrics for metrics in wandb_calls["metrics"])
+    assert [(key, step) for key, _, step in wandb_calls["images"]] == [("samples", 2), ("samples", 4)]
+    assert all(
+        (folder / "samples").joinpath(f"step_{step:07d}.png").is_file()
+        for _, _, step in wandb_calls["images"]
+    )
+
+    wandb.finish()  # as the first run's process would at exit: else the next logger attaches to its run
+    run(WANDB, tmp_path, "--ckpt_path", "last", "--max_steps", "6")
+    assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    assert len(list((tmp_path / "digits").glob("*/checkpoints"))) == 1  # it went on in the same run
+    assert (folder / "config-resumed-at-step-4.yaml").is_file()
+
+
+def test_a_logger_whose_package_is_missing_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a)
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        run(WANDB, tmp_path)
+    assert exit_info.value.code == 2
+    assert (
+        "WandbLogger needs the wandb package, which is not installed — pip install wandb"
+        in capsys.readouterr().err
+    )
+    assert list(tmp_path.iterdir()) == []
