@@ -46,4 +46,5 @@ class InceptionScore(Metric):
                 f"{self.splits} samples, got {len(logits)} — score more samples"
             )
         score = isc_features_to_metric(logits.cpu(), splits=self.splits, shuffle=False)
-        return torch.tensor(score["inception_score_mean"]), torch.tensor(score["inception_score_std"])
+        mean, std = score["inception_score_mean"], score["inception_score_std"]
+        return torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)

@@ -16,8 +16,6 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from diffusion.metrics.features import InceptionFeatures, PixelFeatures
-from diffusion.metrics.sample_quality import SampleQuality, feed_images
 from helpers import QUICK, TINY_UNET, tiny_run
 from sklearn.datasets import load_digits
 
@@ -25,6 +23,8 @@ from diffusion.cli import evaluate as evaluate_cli
 from diffusion.core.sampling import SamplingOptions
 from diffusion.data.images import ImageDataModule
 from diffusion.generation.render import to_uint8_images
+from diffusion.metrics.features import InceptionFeatures, PixelFeatures
+from diffusion.metrics.sample_quality import SampleQuality, feed_images
 from diffusion.training.callbacks import FIDCallback
 
 REPO = Path(__file__).parents[2]
@@ -137,30 +137,6 @@ def test_sample_quality_and_callback_reject_bad_options():
     fid_only.setup(SimpleNamespace(world_size=1), image_model, "fit")
     assert fid_only.quality.reported == ("fid",) and fid_only.quality.kid is None
     assert fid_only.quality.extractor.num_features == 3 * 64
-
-
-@pytest.fixture(scope="module")
-def inception_weights(tmp_path_factory) -> Path:
-    """A weights file for torch-fidelity's InceptionV3 with random (seeded) weights and batch-norm statistics,
-    so both extractors can be built offline from the same file. He-normal convolutions and unit-scale
-    normalization keep the activations of order 1 through all 94 layers, so every stage shapes the output."""
-    import torch_fidelity.feature_extractor_inceptionv3 as fidelity
-
-    with pytest.MonkeyPatch.context() as patch:  # build the architecture without fetching the real weights
-        patch.setattr(fidelity, "load_state_dict_from_url", lambda *args, **kwargs: None)
-        patch.setattr(fidelity.FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None)
-        network = fidelity.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
-    generator = torch.Generator().manual_seed(0)
-    for module in network.modules():
-        if isinstance(module, torch.nn.Conv2d):
-            fan_in = module.weight[0].numel()
-            module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * (2 / fan_in) ** 0.5)
-        elif isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean.copy_(0.1 * torch.randn(module.num_features, generator=generator))
-            module.running_var.copy_(0.5 + torch.rand(module.num_features, generator=generator))
-    path = tmp_path_factory.mktemp("inception") / "random_inception.pth"
-    torch.save(network.state_dict(), path)
-    return path
 
 
 @pytest.mark.slow  # one full InceptionV3 pass each for ours and torch-fidelity's
