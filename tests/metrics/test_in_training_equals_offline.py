@@ -1,6 +1,7 @@
 """The FID a training run logs is the FID `python -m diffusion.evaluate` gives for the same samples against the
-same reference: the FIDCallback's images, saved as a samples file and evaluated offline, score the same to
-float precision, against the training images and against a statistics file written by --save_stats."""
+same reference: the FIDCallback's images (which `python -m diffusion.sample` draws again from the run's
+checkpoint), evaluated offline, score the same to float precision, against the training images and against a
+statistics file written by --save_stats."""
 
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from helpers import tiny_run
 
-from diffusion.cli import evaluate
+from diffusion.cli import evaluate, sample
 from diffusion.errors import UserError
 from diffusion.metrics.sample_quality import SampleQuality
 from diffusion.training.callbacks import FIDCallback
@@ -62,7 +63,12 @@ def test_fid_logged_in_training_is_the_evaluators_fid_of_the_same_samples(tmp_pa
     callback = next(c for c in cli.trainer.callbacks if isinstance(c, FIDCallback))
     logged = float(cli.trainer.callback_metrics["val/fid"])
     assert len(generated.evaluations) == 3 and callback.last["num_real"] == 1797  # two evaluations
-    samples = generated.save_last(tmp_path / "samples.npz")
+    # The sample CLI draws the callback's images again from the run's last checkpoint, with its options.
+    checkpoint = next((tmp_path / "runs").rglob("last.ckpt"))
+    samples = str(sample.main(["--ckpt", str(checkpoint), "--num_samples", "16", "--steps", "3", "--device", "cpu",
+                               "--out", str(tmp_path / "drawn")]))  # fmt: skip
+    fed = generated.save_last(tmp_path / "fed.npz")
+    np.testing.assert_array_equal(np.load(samples)["arr_0"], np.load(fed)["arr_0"])
     pixels = ["--features", "pixels", "--metrics", "fid"]
     offline = evaluate.main(["--samples", samples, "--reference", "digits", *pixels])
     assert offline["num_real"] == 1797 and offline["num_fake"] == callback.last["num_fake"] == 16
@@ -77,13 +83,13 @@ def test_fid_logged_in_training_is_the_evaluators_fid_of_the_same_samples(tmp_pa
     assert from_stats["fid"] == pytest.approx(offline["fid"], rel=1e-9)
 
 
-@pytest.mark.slow  # 26 images through a full InceptionV3 (random weights: nothing downloads)
+@pytest.mark.slow  # 14 images through a full InceptionV3 (random weights: nothing downloads)
 def test_inception_fid_against_saved_statistics_is_the_same_in_training_and_offline(
     tmp_path, monkeypatch, inception_weights
 ):
     from sklearn.datasets import load_digits
 
-    real = (load_digits().images[:10] * (255 / 16)).round().astype(np.uint8)  # (10, 8, 8)
+    real = (load_digits().images[:6] * (255 / 16)).round().astype(np.uint8)  # (6, 8, 8)
     np.savez(
         tmp_path / "real.npz", np.kron(real, np.ones((1, 2, 2), np.uint8))[..., None]
     )  # 16x16, like samples
@@ -92,14 +98,14 @@ def test_inception_fid_against_saved_statistics_is_the_same_in_training_and_offl
     evaluate.main(["--reference", str(tmp_path / "real.npz"), "--save_stats", stats, *inception])
     generated = GeneratedImages(monkeypatch)
     callback_flags = fid_callback("features", "inception", "inception_weights", str(inception_weights),
-                                  "reference_stats", stats, "num_samples", "8", "sampling.steps", "3",
+                                  "reference_stats", stats, "num_samples", "4", "sampling.steps", "3",
                                   "every_n_validations", "2")  # fmt: skip
     cli = tiny_run(tmp_path / "runs", *callback_flags)
     callback = next(c for c in cli.trainer.callbacks if isinstance(c, FIDCallback))
     assert callback.quality.kid is None and "val/kid" not in cli.trainer.callback_metrics  # stats: no KID
     samples = generated.save_last(tmp_path / "samples.npz")
     offline = evaluate.main(["--samples", samples, "--reference", stats, "--metrics", "fid", *inception])
-    assert offline["num_real"] == callback.last["num_real"] == 10 and offline["num_fake"] == 8
+    assert offline["num_real"] == callback.last["num_real"] == 6 and offline["num_fake"] == 4
     assert offline["fid"] == pytest.approx(callback.last["fid"], rel=1e-6) and offline["fid"] > 0
     assert float(cli.trainer.callback_metrics["val/fid"]) == pytest.approx(offline["fid"], rel=1e-6)
 

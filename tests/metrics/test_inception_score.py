@@ -57,7 +57,7 @@ def test_inception_score_needs_inception_features():
         SampleQuality("pixels", ["fid", "is"], channels=1)
 
 
-@pytest.mark.slow  # 30 images through a full InceptionV3
+@pytest.mark.slow  # 24 images through a full InceptionV3
 def test_evaluate_gives_fid_kid_and_is_from_one_inception_pass(
     inception_weights, tmp_path, monkeypatch, capsys
 ):
@@ -65,7 +65,7 @@ def test_evaluate_gives_fid_kid_and_is_from_one_inception_pass(
 
     digits = (load_digits().images * (255 / 16)).round().astype(np.uint8)[..., None]  # (1797, 8, 8, 1)
     np.savez(tmp_path / "samples.npz", digits[:20])
-    np.savez(tmp_path / "reference.npz", digits[100:110])
+    np.savez(tmp_path / "reference.npz", digits[100:104])
     seen, pools, hooked = [], [], []
     original = FeatureExtractorInceptionV3.forward
 
@@ -82,7 +82,7 @@ def test_evaluate_gives_fid_kid_and_is_from_one_inception_pass(
             "--features", "inception", "--inception_weights", str(inception_weights), "--batch_size", "10"]  # fmt: skip
     result = evaluate.main(args)
     # One pass over every image (reference, then samples) feeds FID, KID and IS alike.
-    assert sum(seen) == 30
+    assert sum(seen) == 24
     assert {"fid", "kid_mean", "is_mean", "is_std"} <= set(result) and result["num_fake"] == 20
     # IS from the samples' logits without the head's bias (torch-fidelity's "logits_unbiased", what the
     # original code's matmul(pool3, w) gives), computed here from the pool features and the weights file.
