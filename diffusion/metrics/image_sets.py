@@ -55,21 +55,17 @@ def load_npz_images(path: str | Path) -> np.ndarray:
     return images
 
 
-def is_dataset_name(reference: str) -> bool:
-    return reference in get_args(ImageDatasetName) and not Path(reference).is_file()
-
-
 def load_reference(
     reference: str,
-    image_size: int,
-    channels: int,
+    image_size: int | None,
+    channels: int | None,
     data_root: str = "data",
     num_reference: int | None = None,
     seed: int = 0,
 ) -> np.ndarray | FeatureStatistics:
     """The reference: FID statistics (an .npz holding ``mu`` and ``sigma`` and no images), uint8 (N, H, W, C)
-    images of an .npz, or of a dataset's train split rendered at ``image_size`` (all, or a fixed random
-    ``num_reference`` of them)."""
+    images of an .npz, or of a dataset's train split rendered at ``image_size`` (None: the dataset's own; all
+    images, or a fixed random ``num_reference`` of them)."""
     if is_statistics_file(reference):
         if num_reference is not None:
             raise ValueError(
@@ -85,7 +81,7 @@ def load_reference(
             f"--reference {reference!r} is neither an existing .npz file nor a dataset — pass an .npz (images or "
             f"FID statistics) or one of the datasets {', '.join(get_args(ImageDatasetName))}"
         )
-    if image_size < MIN_IMAGE_SIZE:  # a dataset is rendered at the samples' size
+    if image_size is not None and image_size < MIN_IMAGE_SIZE:  # rendered at the samples' size
         raise ValueError(
             f"the samples are {image_size}x{image_size}, smaller than the {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE} a "
             f"dataset reference can be rendered at — compare them with an .npz of {image_size}x{image_size} "
