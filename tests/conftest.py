@@ -48,8 +48,9 @@ def toy2d_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory, digits_checkpoint, toy2d_checkpoint) -> Path:
-    """A user's folder: two finished runs, broken checkpoint files, bare weights, a samples folder, a folder
-    holding only a grid.png, a file, an image folder with one corrupt image, and two broken configs."""
+    """A user's folder: two finished runs, broken checkpoint files, bare weights, a samples folder, FID
+    statistics files, a folder holding only a grid.png, a file, an image folder with one corrupt image, and two
+    broken configs."""
     home = tmp_path_factory.mktemp("user")
     shutil.copytree(digits_checkpoint.parents[1], home / "runs" / "digits" / "version_0")
     shutil.copytree(toy2d_checkpoint.parents[1], home / "runs" / "toy2d" / "version_0")
@@ -61,6 +62,13 @@ def user(tmp_path_factory, digits_checkpoint, toy2d_checkpoint) -> Path:
     (home / "a_file").write_text("not a folder")
     (home / "samples").mkdir()
     np.savez(home / "samples" / "samples.npz", np.zeros((4, 16, 16, 1), np.uint8))
+    (
+        home / "stats"
+    ).mkdir()  # FID statistics (pytorch-fid's mu, sigma): of 1-channel pixel features, 3-d, ...
+    np.savez(home / "stats" / "pixels.npz", mu=np.zeros(64), sigma=np.eye(64), features="pixels")
+    np.savez(home / "stats" / "three_d.npz", mu=np.zeros(3), sigma=np.eye(3))
+    np.savez(home / "stats" / "of_inception.npz", mu=np.zeros(3), sigma=np.eye(3), features="inception")
+    np.savez(home / "stats" / "only_mu.npz", mu=np.zeros(64))
     (home / "grid_only").mkdir()
     (home / "grid_only" / "grid.png").write_bytes(b"a picture of the user's, not made by the sample CLI")
     (home / "images").mkdir()

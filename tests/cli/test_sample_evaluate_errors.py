@@ -108,6 +108,55 @@ EVALUATE_CASES = {
     "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
     "not_a_device": (["--device", "tpu9"], r"--device tpu9 is not a device — pass cpu, cuda or cuda:N"),
     "missing_reference": (["--reference", "{user}/nope.npz"], r"no such file .*nope.npz"),
+    "unknown_metric": (
+        ["--metrics", "fd"],
+        r"--metrics .*fd.* is not one of the choices — choose one of 'fid'",
+    ),
+    "inception_score_of_pixels": (
+        ["--metrics", "fid", "is"],
+        r"--metrics is: the Inception Score needs Inception features .* — pass --features inception",
+    ),
+    "kid_against_statistics": (
+        ["--reference", "{user}/stats/pixels.npz", "--metrics", "fid", "kid"],
+        r"--metrics kid: .*pixels.npz holds FID statistics .* KID needs the reference images' features — pass",
+    ),
+    "statistics_of_other_features": (
+        ["--reference", "{user}/stats/of_inception.npz"],
+        r"of_inception.npz holds statistics of inception features, not pixels — use features inception",
+    ),
+    "statistics_of_another_dimension": (
+        ["--reference", "{user}/stats/three_d.npz"],
+        r"three_d.npz holds 3-d statistics but pixels features of these images are 64-d — use the statistics",
+    ),
+    "statistics_without_sigma": (
+        ["--reference", "{user}/stats/only_mu.npz"],
+        r"only_mu.npz has no sigma .* so it is no FID statistics file — write one with python -m diffusion.evaluate",
+    ),
+    "num_reference_of_statistics": (
+        ["--reference", "{user}/stats/pixels.npz", "--num_reference", "10"],
+        r"--num_reference picks reference images, and .*pixels.npz holds statistics, not images — leave",
+    ),
+    "save_stats_exists": (
+        ["--save_stats", "{user}/stats/pixels.npz"],
+        r"--save_stats .*pixels.npz exists — pass --overwrite to replace it",
+    ),
+    "save_stats_not_npz": (
+        ["--save_stats", "{user}/stats/new.txt"],
+        r"does not end in .npz — pass a name like",
+    ),
+    "save_stats_in_no_folder": (
+        ["--save_stats", "{user}/nope/new.npz"],
+        r"no folder .*nope — create it first",
+    ),
+    "save_stats_of_statistics": (
+        ["--reference", "{user}/stats/pixels.npz", "--save_stats", "{user}/stats/new.npz"],
+        r"holds FID statistics already, and --save_stats writes those of images — pass a dataset name",
+    ),
+    "no_reference": (
+        ["--reference", "null"],
+        r"FID and KID compare the samples with a --reference, and none is given — pass --reference",
+    ),
+    "nothing_to_evaluate": (["--samples", "null"], r"nothing to evaluate — pass --samples samples.npz"),
 }
 
 

@@ -23,7 +23,8 @@ from diffusion.cli import evaluate as evaluate_cli
 from diffusion.core.sampling import SamplingOptions
 from diffusion.data.images import ImageDataModule
 from diffusion.generation.render import to_uint8_images
-from diffusion.metrics.fid_kid import InceptionFeatures, PixelFeatures, compute_metrics, make_metrics
+from diffusion.metrics.features import InceptionFeatures, PixelFeatures
+from diffusion.metrics.sample_quality import SampleQuality, feed_images
 from diffusion.training.callbacks import FIDCallback
 
 REPO = Path(__file__).parents[2]
@@ -49,11 +50,10 @@ def scipy_fd(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def pixel_scores(real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
-    metrics = make_metrics("pixels", kid_subset_size=min(50, len(real), len(fake)), channels=real.shape[1])
-    for metric in metrics.values():
-        metric.update(real, real=True)
-        metric.update(fake, real=False)
-    return compute_metrics(metrics)
+    quality = SampleQuality("pixels", ["fid", "kid"], channels=real.shape[1], kid_subset_size=50)
+    quality.update(real, real=True)
+    quality.update(fake, real=False)
+    return quality.compute()
 
 
 @pytest.fixture(scope="module")
@@ -71,17 +71,18 @@ def digit_halves() -> tuple[torch.Tensor, torch.Tensor]:
 def test_pixel_features_golden_values():
     features = PixelFeatures(size=8, channels=3)
     constant = torch.full((2, 3, 16, 12), 51, dtype=torch.uint8)  # 51 / 255 * 16 = 3.2
-    out = features(constant)
+    out = features(constant).pool
     assert out.shape == (2, 3 * 8 * 8) and out.dtype == torch.float32 and features.num_features == 192
     torch.testing.assert_close(out, torch.full((2, 192), 3.2))
     # Floats are read as 0..1 (what torchmetrics passes along with normalize=True).
-    torch.testing.assert_close(features(torch.full((1, 3, 8, 8), 0.25)), torch.full((1, 192), 4.0))
+    torch.testing.assert_close(features(torch.full((1, 3, 8, 8), 0.25)).pool, torch.full((1, 192), 4.0))
+    assert features(constant).logits is None  # no classifier: no Inception Score
     # Area averaging: a 16x16 image, white left half, pools to 8x8 with 16 in the left 4 columns.
     half = torch.zeros(1, 1, 16, 16, dtype=torch.uint8)
     half[..., :8] = 255
     expected = torch.zeros(8, 8)
     expected[:, :4] = 16
-    torch.testing.assert_close(PixelFeatures(channels=1)(half), expected.flatten()[None])
+    torch.testing.assert_close(PixelFeatures(channels=1)(half).pool, expected.flatten()[None])
     with pytest.raises(ValueError, match=r"channels=3.*got shape \(1, 1, 8, 8\)"):
         features(torch.zeros(1, 1, 8, 8, dtype=torch.uint8))
 
@@ -113,11 +114,13 @@ def test_fd_of_two_halves_of_the_digits_is_the_benchmark_floor(digit_halves):
     assert scores["num_real"] == 898 and scores["num_fake"] == 899
 
 
-def test_make_metrics_and_callback_reject_bad_options():
+def test_sample_quality_and_callback_reject_bad_options():
     with pytest.raises(ValueError, match="'clip'.*inception.*pixels"):
-        make_metrics("clip")
+        SampleQuality("clip")
     with pytest.raises(ValueError, match="kid_subset_size=1"):
-        make_metrics("pixels", kid_subset_size=1)
+        SampleQuality("pixels", kid_subset_size=1)
+    with pytest.raises(ValueError, match=r"unknown metrics \['fd'\]"):
+        SampleQuality("pixels", ["fd"])
     with pytest.raises(ValueError, match="'fancy'"):
         FIDCallback(features="fancy")
     with pytest.raises(ValueError, match="num_samples=1"):
@@ -132,31 +135,8 @@ def test_make_metrics_and_callback_reject_bad_options():
         )
     fid_only = FIDCallback(features="pixels", kid=False)
     fid_only.setup(SimpleNamespace(world_size=1), image_model, "fit")
-    assert list(fid_only.metrics) == ["fid"] and fid_only.metrics["fid"].inception.num_features == 3 * 64
-
-
-@pytest.fixture(scope="module")
-def inception_weights(tmp_path_factory) -> Path:
-    """A weights file for torch-fidelity's InceptionV3 with random (seeded) weights and batch-norm statistics,
-    so both extractors can be built offline from the same file. He-normal convolutions and unit-scale
-    normalization keep the activations of order 1 through all 94 layers, so every stage shapes the output."""
-    import torch_fidelity.feature_extractor_inceptionv3 as fidelity
-
-    with pytest.MonkeyPatch.context() as patch:  # build the architecture without fetching the real weights
-        patch.setattr(fidelity, "load_state_dict_from_url", lambda *args, **kwargs: None)
-        patch.setattr(fidelity.FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None)
-        network = fidelity.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
-    generator = torch.Generator().manual_seed(0)
-    for module in network.modules():
-        if isinstance(module, torch.nn.Conv2d):
-            fan_in = module.weight[0].numel()
-            module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * (2 / fan_in) ** 0.5)
-        elif isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean.copy_(0.1 * torch.randn(module.num_features, generator=generator))
-            module.running_var.copy_(0.5 + torch.rand(module.num_features, generator=generator))
-    path = tmp_path_factory.mktemp("inception") / "random_inception.pth"
-    torch.save(network.state_dict(), path)
-    return path
+    assert fid_only.quality.reported == ("fid",) and fid_only.quality.kid is None
+    assert fid_only.quality.extractor.num_features == 3 * 64
 
 
 @pytest.mark.slow  # one full InceptionV3 pass each for ours and torch-fidelity's
@@ -191,7 +171,7 @@ def test_inception_features_are_torch_fidelitys_fid_extractor(inception_weights)
     rgb = torch.randint(0, 256, (1, 3, 32, 32), generator=generator, dtype=torch.uint8)
     gray = torch.randint(0, 256, (1, 1, 16, 16), generator=generator, dtype=torch.uint8)
     # The whole network once (11 s on a busy 2-core CPU): the same features, bit for bit.
-    features = ours(rgb)
+    features = ours(rgb).pool
     assert features.shape == (1, 2048) and features.dtype == torch.float32
     assert torch.equal(features, theirs(rgb)[0]) and features.std() > 0.01 * features.abs().mean()
     assert seen["ours"].shape == (1, 3, 299, 299) and torch.equal(seen["ours"], seen["theirs"])
@@ -203,11 +183,10 @@ def test_inception_features_are_torch_fidelitys_fid_extractor(inception_weights)
                 network(x)
         assert torch.equal(seen["ours"], seen["theirs"])
         assert (seen["antialiased"] - seen["theirs"]).abs().max() > 0.1  # the issue's ~35/255 per pixel
-    # In a metric, the network stays in eval mode (batch norm on its stored statistics) through train().
-    metrics = make_metrics("inception", channels=1, inception_weights=str(inception_weights))
-    assert metrics["fid"].inception is metrics["kid"].inception  # one network, shared
-    metrics["fid"].train()
-    assert metrics["fid"].inception.training and not metrics["fid"].inception.network.training
+    # In the metrics, the network stays in eval mode (batch norm on its stored statistics) through train().
+    quality = SampleQuality("inception", channels=1, inception_weights=str(inception_weights))
+    quality.train()
+    assert quality.extractor.training and not quality.extractor.network.training
     with pytest.raises(ValueError, match="uint8.*got torch.float32"):
         ours(gray.float() / 255)
 
@@ -224,7 +203,7 @@ def test_inception_features_explain_a_failed_download(monkeypatch):
 
 
 def test_kid_subsets_of_1000_by_default_capped_at_the_image_counts(digit_halves):
-    assert make_metrics("pixels", channels=1)["kid"].subset_size == 1000
+    assert SampleQuality("pixels", channels=1).kid.subset_size == 1000
     assert FIDCallback().kid_subset_size == 1000
     assert (
         evaluate_cli.build_parser()
@@ -233,7 +212,10 @@ def test_kid_subsets_of_1000_by_default_capped_at_the_image_counts(digit_halves)
         == 1000
     )
     first, second = (half.permute(0, 2, 3, 1).numpy() for half in digit_halves)
-    result = evaluate_cli.evaluate(first[:300], second, features="pixels")  # 300 < 1000: capped, no error
+    quality = SampleQuality("pixels", channels=1)
+    feed_images(quality, second, real=True)
+    feed_images(quality, first[:300], real=False)
+    result = quality.compute()  # 300 < 1000: capped, no error
     assert math.isfinite(result["kid_mean"]) and result["num_fake"] == 300
 
 
@@ -260,8 +242,8 @@ def test_fid_callback_takes_real_images_without_random_flips():
     chosen = torch.randperm(len(plain.train_set), generator=torch.Generator().manual_seed(0))[:64]
     images = torch.stack([plain.train_set[i][0] for i in chosen.tolist()])
     uint8 = torch.from_numpy(to_uint8_images(images, plain.normalization)).permute(0, 3, 1, 2)
-    expected = PixelFeatures(channels=1)(uint8).double().sum(0)
-    torch.testing.assert_close(callback.metrics["fid"].real_features_sum, expected)
+    expected = PixelFeatures(channels=1)(uint8).pool.double().sum(0)
+    torch.testing.assert_close(callback.quality.fid.real_features_sum, expected)
 
 
 def test_evaluate_cli_on_npz_files_and_a_dataset_name(tmp_path, digit_halves, capsys):

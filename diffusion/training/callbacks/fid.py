@@ -1,18 +1,18 @@
-"""FID / KID of generated samples against the training images, at the end of validation."""
-
-from typing import get_args
+"""FID / KID of generated samples against the training images (or their saved statistics), at the end of
+validation: the computation of `python -m diffusion.evaluate` (`diffusion.metrics.sample_quality`)."""
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
-from torchmetrics import Metric
 
 from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
 from diffusion.generation.ranks import generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
-from diffusion.metrics.fid_kid import Features, compute_metrics, make_metrics
+from diffusion.metrics.features import Features, check_features, feature_size
+from diffusion.metrics.reference_stats import load_statistics
+from diffusion.metrics.sample_quality import SampleQuality
 from diffusion.training.callbacks.grids import EveryNValidations
 from diffusion.training.module import DiffusionModule
 
@@ -22,13 +22,18 @@ FID, KID = "val/fid", "val/kid"  # the metrics it logs (a checkpoint can monitor
 class FIDCallback(EveryNValidations):
     """FID (and KID) of generated samples against the training images, logged as ``val/fid``, ``val/kid``.
 
+    The value is the one ``python -m diffusion.evaluate`` gives for the same samples against the same
+    reference: both feed uint8 images to `diffusion.metrics.sample_quality.SampleQuality`.
+
     Runs at the end of validation (not in the sanity check), so with EMA weights when EMA is on, every
     ``every_n_validations`` validations. ``ModelCheckpoint(monitor="val/fid", mode="min")`` can keep the
     best model. With ``features="pixels"`` the logged value is the pixel-space FD (offline), not Inception FID.
 
     The real images are the training images as stored, without random augmentation: the data module's
     ``unaugmented_train_set()`` when it has one (`diffusion.data.ImageDataModule` does), else the training
-    DataLoader's dataset. Under DDP nothing is duplicated and no rank idles: rank r feeds real images
+    DataLoader's dataset. With ``reference_stats`` (an .npz of FID statistics, written once by
+    ``python -m diffusion.evaluate --reference DATASET --save_stats FILE``) no real image is read at all; KID,
+    which needs the real images' features, is then not computed. Under DDP nothing is duplicated and no rank idles: rank r feeds real images
     r, r + world, ... of a fixed random subset of ``num_real`` of them (once; real statistics are kept) and generates
     samples r, r + world, ... of ``num_samples`` (per-sample seeds: the same images whatever the world
     size); torchmetrics then sums the states over ranks. FID depends on the sample count: compare values
@@ -42,9 +47,11 @@ class FIDCallback(EveryNValidations):
         every_n_validations: evaluate at every n-th validation.
         sampling: how to sample; unset fields take the model's defaults.
         seed: seed of the generated samples, of the real subset and of KID's subsets.
-        kid: also compute KID (keeps all features in memory).
+        kid: also compute KID (keeps all features in memory); by default whenever real images are read, i.e.
+            without ``reference_stats``.
         kid_subset_size: KID subset size (1,000 as in torch-fidelity), capped at the number of images available.
         num_real: real images for the reference statistics (default: num_samples, capped at the train set).
+        reference_stats: an .npz of FID statistics (``mu``, ``sigma``) standing in for the real images.
         batch_size: images per sampling / feature batch on each rank.
         inception_weights: a local copy of the InceptionV3 weights (offline clusters).
     """
@@ -56,14 +63,23 @@ class FIDCallback(EveryNValidations):
         every_n_validations: int = 1,
         sampling: SamplingOptions = DEFER,
         seed: int = 0,
-        kid: bool = True,
+        kid: bool | None = None,
         kid_subset_size: int = 1000,
         num_real: int | None = None,
         batch_size: int = 256,
         inception_weights: str | None = None,
+        reference_stats: str | None = None,
     ) -> None:
-        if features not in get_args(Features):
-            raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
+        check_features(features)
+        if reference_stats is not None and kid:
+            raise ValueError(
+                "FIDCallback kid=True needs the real images' features, and reference_stats holds only their mean "
+                "and covariance — leave kid unset (or False) with reference_stats, or drop reference_stats"
+            )
+        if reference_stats is not None and num_real is not None:
+            raise ValueError(
+                "FIDCallback num_real picks real images, and with reference_stats none are read — leave num_real out"
+            )
         for name, value, low in [
             ("num_samples", num_samples, 2),
             ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
@@ -75,15 +91,15 @@ class FIDCallback(EveryNValidations):
         self.features = features
         self.sampling = sampling
         self.seed = seed
-        self.kid = kid
+        self.kid = kid if kid is not None else reference_stats is None
         self.kid_subset_size = kid_subset_size
         self.num_real = num_real or num_samples
         self.batch_size = batch_size
         self.inception_weights = inception_weights
-        self.metrics: dict[str, Metric] | None = None
+        self.reference_stats = reference_stats
+        self.quality: SampleQuality | None = None
         self.last: dict[str, float] = {}  # the latest result (all ranks), with the gathered image counts
         self._real_fed = False
-        self._num_real_total = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         shape = tuple(getattr(pl_module, "sample_shape", ()))
@@ -97,33 +113,35 @@ class FIDCallback(EveryNValidations):
             raise ValueError(
                 f"FIDCallback num_samples={self.num_samples} must be >= the world size {trainer.world_size}"
             )
-        if self.metrics is None:
-            # Built here on every rank (not in __init__) so that a bad Inception download fails at setup,
-            # and so the pixel features know the channel count.
-            self.metrics = make_metrics(
-                self.features, self.kid_subset_size, channels=shape[0],
-                inception_weights=self.inception_weights,
+        if self.quality is None:
+            # Built here on every rank (not in __init__) so that a bad Inception download or statistics file
+            # fails at setup, and so the pixel features know the channel count.
+            reference = None
+            if self.reference_stats is not None:
+                reference = load_statistics(self.reference_stats)
+                reference.check_fits(
+                    self.features, feature_size(self.features, shape[0]), shape[1:],
+                    f"FIDCallback reference_stats {self.reference_stats}",
+                )  # fmt: skip
+                rank_zero_info(
+                    f"FIDCallback: FID against the statistics in {self.reference_stats}; no KID (it needs the real "
+                    "images' features, which a statistics file does not hold)"
+                )
+            self.quality = SampleQuality(
+                self.features, ["fid", "kid"] if self.kid else ["fid"], channels=shape[0], reference=reference,
+                kid_subset_size=self.kid_subset_size, inception_weights=self.inception_weights,
             )  # fmt: skip
-            if not self.kid:
-                del self.metrics["kid"]
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if not self.is_due(trainer):
             return
-        for metric in self.metrics.values():
-            metric.to(pl_module.device)  # no-op after the first time; the module moves after setup
-        if not self._real_fed:
+        self.quality.to(pl_module.device)  # no-op after the first time; the module moves after setup
+        if not self._real_fed and self.reference_stats is None:
             self._feed_real(trainer, pl_module)
             self._real_fed = True
         self._feed_generated(trainer, pl_module)
-        if self.kid:
-            # KID's subsets are drawn from all gathered features: they cannot outnumber them.
-            self.metrics["kid"].subset_size = min(
-                self.kid_subset_size, self.num_samples, self._num_real_total
-            )
-        result = compute_metrics(self.metrics, self.seed)
-        for metric in self.metrics.values():
-            metric.reset()  # generated features only (reset_real_features=False); also clears the cached value
+        result = self.quality.compute(self.seed)
+        self.quality.reset()  # generated features only (the real side stays); also clears the cached values
         self.last = result
         # Every rank computed the same value from the same gathered states; sync_dist averages identical
         # numbers (exact) and spares Lightning's "use sync_dist=True" warning. Logged on every rank so a
@@ -131,17 +149,21 @@ class FIDCallback(EveryNValidations):
         pl_module.log(FID, result["fid"], sync_dist=True)
         if self.kid:
             pl_module.log(KID, result["kid_mean"], sync_dist=True)
+        against = (
+            f"{result['num_real']} real images" if self.reference_stats is None
+            else f"the statistics in {self.reference_stats}"
+        )  # fmt: skip
         rank_zero_info(
             f"step {trainer.global_step}: FID ({self.features} features) {result['fid']:.4g} from "
-            f"{result['num_fake']} generated and {result['num_real']} real images"
+            f"{result['num_fake']} generated and {against}"
         )
 
     def _feed_real(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         dataset = _train_dataset(trainer)
-        self._num_real_total = min(self.num_real, len(dataset))
+        num_real = min(self.num_real, len(dataset))
         # A fixed random subset rather than the first items: folders sorted by class would bias those.
         subset = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed))
-        shard = subset[rank_indices(self._num_real_total, pl_module.global_rank, trainer.world_size)]
+        shard = subset[rank_indices(num_real, pl_module.global_rank, trainer.world_size)]
         loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=self.batch_size, shuffle=False)
         # A fallback dataset's random transforms would draw from the global RNG: fork it so training noise
         # is unchanged.
@@ -166,8 +188,7 @@ class FIDCallback(EveryNValidations):
 
     def _update(self, images: torch.Tensor, pl_module: DiffusionModule, real: bool) -> None:
         uint8 = to_uint8(images.to(pl_module.device), pl_module.normalization)  # (N, C, H, W)
-        for metric in self.metrics.values():
-            metric.update(uint8, real=real)
+        self.quality.update(uint8, real=real)
 
 
 def _train_dataset(trainer: L.Trainer) -> Dataset:

@@ -1,0 +1,255 @@
+"""The sample-quality family of `python -m diffusion.evaluate`: FID, KID and IS of a samples file against a
+reference, and the FID statistics of a reference (--save_stats). The flags, which metrics a request allows,
+and the printed lines live here; the computation is `diffusion.metrics.sample_quality`, the one the FID
+callback runs during training.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import get_args
+
+import numpy as np
+from jsonargparse import ActionYesNo, ArgumentParser, Namespace
+from jsonargparse.typing import restricted_number_type
+
+from diffusion.data.images import ImageDatasetName
+from diffusion.errors import UserError
+from diffusion.metrics.features import Features, feature_size
+from diffusion.metrics.image_sets import load_npz_images, load_reference
+from diffusion.metrics.inception_score import IS_SPLITS
+from diffusion.metrics.reference_stats import FeatureStatistics, check_new_statistics_file, save_statistics
+from diffusion.metrics.sample_quality import KID_SUBSET_SIZE, QualityMetric, SampleQuality, feed_images
+
+AtLeastTwo = restricted_number_type("AtLeastTwo", int, (">=", 2), docstring="int restricted to be >=2")
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--samples", type=str | None, default=None, help="samples.npz (arr_0: uint8 N x H x W x C)"
+    )
+    parser.add_argument(
+        "--reference", type=str | None, default=None,
+        help=f"a dataset {get_args(ImageDatasetName)}, an .npz of images, or an .npz of FID statistics (mu, sigma)",
+    )  # fmt: skip
+    parser.add_argument("--features", type=Features, default="inception")
+    parser.add_argument(
+        "--metrics", type=QualityMetric, nargs="+", default=None,
+        help="some of fid kid is (default: all that the features and the reference allow)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kid_subset_size", type=AtLeastTwo, default=KID_SUBSET_SIZE,
+        help="KID subset size (capped at the image counts)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--num_reference", type=AtLeastTwo | None, default=None, help="a fixed random subset of the reference"
+    )
+    parser.add_argument(
+        "--data_root", type=str, default="data", help="download folder of torchvision datasets; folder root"
+    )
+    parser.add_argument(
+        "--image_size", type=AtLeastTwo | None, default=None,
+        help="the size a dataset reference is rendered at (default: the samples', else the dataset's own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--inception_weights", type=str | None, default=None, help="a local copy of the InceptionV3 weights"
+    )
+    parser.add_argument(
+        "--save_stats", type=str | None, default=None,
+        help="write the FID statistics (mu, sigma) of --reference to this .npz, for later --reference FILE",
+    )  # fmt: skip
+    parser.add_argument(
+        "--overwrite",
+        action=ActionYesNo,
+        nargs="?",
+        default=False,
+        help="replace an existing --save_stats file",
+    )
+
+
+def run(args: Namespace, device: str) -> dict[str, float] | None:
+    """FID, KID and IS of --samples (those --metrics asks for) and --save_stats, printed; None when neither
+    --samples nor --save_stats is given."""
+    if args.samples is None and args.save_stats is None:
+        return None
+    if args.save_stats is not None:
+        check_new_statistics_file(args.save_stats, args.overwrite)  # before any time is spent
+    samples = None if args.samples is None else load_npz_images(args.samples)
+    if args.reference is None:
+        if args.save_stats is not None:
+            raise UserError(
+                "--save_stats writes the statistics of --reference, and none is given",
+                "pass --reference with a dataset name or an .npz of images",
+            )
+        if args.metrics is None or {"fid", "kid"} & set(args.metrics):
+            raise UserError(
+                "FID and KID compare the samples with a --reference, and none is given",
+                "pass --reference with a dataset name or an .npz (images or FID statistics), or --metrics is",
+            )
+    reference = None
+    if args.reference is not None:
+        size = args.image_size or (None if samples is None else samples.shape[1])
+        channels = None if samples is None else samples.shape[-1]
+        reference = load_reference(
+            args.reference, size, channels, args.data_root, args.num_reference, args.seed
+        )
+    if isinstance(reference, FeatureStatistics) and args.save_stats is not None:
+        raise UserError(
+            f"--reference {args.reference} holds FID statistics already, and --save_stats writes those of images",
+            "pass a dataset name or an .npz of images as --reference",
+        )
+    if samples is None:
+        metrics, notes = ["fid"], {}  # the reference's statistics alone: no other metric's state to fill
+    else:
+        metrics, notes = choose_metrics(args.metrics, args.features, args.reference, reference, samples)
+    check_comparable(samples, reference, args.features, args.reference)
+    images = samples if samples is not None else reference
+    quality = build_quality(args, metrics, images.shape[-1], reference)
+    quality.to(device)
+    values: dict[str, float] = {}
+    if isinstance(reference, np.ndarray):
+        feed_images(
+            quality, reference, True, args.batch_size, device, f"{args.features} features of the reference"
+        )
+        values["num_real"] = len(reference)
+    saved = None
+    if args.save_stats is not None:
+        saved = save_statistics(args.save_stats, quality.real_statistics(image_size=reference.shape[1:3]))
+    if samples is not None:
+        feed_images(
+            quality, samples, False, args.batch_size, device, f"{args.features} features of the samples"
+        )
+        values.update(quality.compute(args.seed))
+    lines = describe(args, samples, reference) + result_lines(values, notes)
+    if saved is not None:
+        lines.append(f"wrote the FID statistics of {args.reference} ({args.features} features) to {saved}")
+    print("\n".join(lines))
+    return values
+
+
+def describe(
+    args: Namespace, samples: np.ndarray | None, reference: np.ndarray | FeatureStatistics | None
+) -> list[str]:
+    """What was compared: the samples, the reference, the features."""
+    lines = []
+    if samples is not None:
+        lines.append(
+            f"samples:   {args.samples} ({len(samples)} images, {samples.shape[1]}x{samples.shape[2]})"
+        )
+    if isinstance(reference, FeatureStatistics):
+        count = "an unknown number of" if reference.num_images is None else str(reference.num_images)
+        lines.append(f"reference: {args.reference} (FID statistics of {count} images)")
+    elif reference is not None:
+        lines.append(f"reference: {args.reference} ({len(reference)} images)")
+    return [*lines, f"features:  {args.features}"]
+
+
+def choose_metrics(
+    requested: list[str] | None,
+    features: str,
+    reference_name: str | None,
+    reference: np.ndarray | FeatureStatistics | None,
+    samples: np.ndarray | None,
+) -> tuple[list[str], dict[str, str]]:
+    """The metrics to compute, and for each left out by default a note why. What --metrics asks for and cannot
+    be computed is a user error."""
+    num_samples = 0 if samples is None else len(samples)
+    reasons = {
+        "kid": (
+            f"{reference_name} holds FID statistics (a mean and a covariance), and KID needs the reference "
+            "images' features"
+            if isinstance(reference, FeatureStatistics) else None
+        ),
+        "is": (
+            f"the Inception Score needs Inception features (the classifier's logits), and --features {features} "
+            "has none" if features != "inception"
+            else f"the Inception Score needs at least {IS_SPLITS} samples ({IS_SPLITS} splits), got {num_samples}"
+            if num_samples < IS_SPLITS else None
+        ),
+    }  # fmt: skip
+    fixes = {
+        "kid": "pass reference images (a dataset name or an .npz of images) as --reference, or leave kid out of "
+        "--metrics",
+        "is": "pass --features inception, or leave is out of --metrics"
+        if features != "inception"
+        else "evaluate more samples, or leave is out of --metrics",
+    }
+    if requested is not None:
+        for name in dict.fromkeys(requested):
+            if reasons.get(name):
+                raise UserError(f"--metrics {name}: {reasons[name]}", fixes[name])
+        return list(dict.fromkeys(requested)), {}
+    chosen = [name for name in get_args(QualityMetric) if not reasons.get(name)]
+    return chosen, {name: reason for name, reason in reasons.items() if reason}
+
+
+def check_comparable(
+    samples: np.ndarray | None,
+    reference: np.ndarray | FeatureStatistics | None,
+    features: str,
+    name: str | None,
+) -> None:
+    """The samples can be scored against the reference: same channels; for Inception, the same size."""
+    if samples is None or reference is None:
+        return
+    size = (samples.shape[1], samples.shape[2])
+    if isinstance(reference, FeatureStatistics):
+        reference.check_fits(features, feature_size(features, samples.shape[-1]), size, f"--reference {name}")
+        return
+    if samples.shape[-1] != reference.shape[-1]:
+        raise ValueError(
+            f"samples have {samples.shape[-1]} channel(s) but the reference has {reference.shape[-1]}; "
+            "compare images with the same channel count"
+        )
+    if features == "inception" and size != reference.shape[1:3]:
+        raise ValueError(
+            f"samples are {size[0]}x{size[1]} but the reference is "
+            f"{reference.shape[1]}x{reference.shape[2]}; Inception FID needs one size (pass a dataset name as "
+            "--reference to render it at the samples' size, or use --features pixels, which pools both to 8x8)"
+        )
+
+
+def build_quality(
+    args: Namespace, metrics: list[str], channels: int, reference: np.ndarray | FeatureStatistics | None
+) -> SampleQuality:
+    """`SampleQuality` from the flags, with a bad --inception_weights file reported as one line that names it."""
+    options = dict(
+        channels=channels, kid_subset_size=args.kid_subset_size, inception_weights=args.inception_weights,
+        reference=reference if isinstance(reference, FeatureStatistics) else None,
+    )  # fmt: skip
+    if args.features != "inception" or args.inception_weights is None:
+        return SampleQuality(args.features, metrics, **options)
+    path = Path(args.inception_weights)
+    fix = (
+        "pass torch-fidelity's weights-inception-2015-12-05-6726825d.pth (github.com/toshas/torch-fidelity "
+        "releases), or leave --inception_weights out to download it"
+    )
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"--inception_weights {path} {what} — {fix}")
+    try:
+        return SampleQuality(args.features, metrics, **options)
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as err:
+        if "Error(s) in loading state_dict" in str(err):  # a PyTorch file of other weights: keys summarized
+            raise
+        reason = " ".join(str(err.__cause__ or err).split())
+        raise UserError(
+            f"--inception_weights {path} is not a readable PyTorch weights file ({reason})", fix
+        ) from err
+
+
+def result_lines(values: dict[str, float], notes: dict[str, str]) -> list[str]:
+    """`FID: ...`, `KID: mean ± std`, `IS: mean ± std`, and for a metric left out, why."""
+    lines = []
+    if "fid" in values:
+        lines.append(f"FID: {values['fid']:.4f}")
+    if "kid_mean" in values:
+        lines.append(f"KID: {values['kid_mean']:.6f} ± {values['kid_std']:.6f}")
+    elif "kid" in notes:
+        lines.append(f"KID: not computed — {notes['kid']}")
+    if "is_mean" in values:
+        lines.append(f"IS:  {values['is_mean']:.4f} ± {values['is_std']:.4f} ({IS_SPLITS} splits)")
+    elif "is" in notes:
+        lines.append(f"IS:  not computed — {notes['is']}")
+    return lines

@@ -1,0 +1,131 @@
+"""The feature extractors FID, KID and IS read images through, both taking uint8 images (N, C, H, W) in 0..255,
+the range the samples file holds (images pass through `diffusion.generation.render.to_uint8` first, so the FID
+callback, the sample CLI and the evaluator all score the same quantized pixels):
+
+- ``"inception"``: the standard features. `InceptionFeatures` is torch-fidelity's own extractor
+  (``FeatureExtractorInceptionV3``, "inception-v3-compat"), used as is: uint8 in, TensorFlow-1-compatible
+  bilinear resize to 299 x 299, (x - 128) / 128, the TF Inception graph's weights. That is the computation of
+  TTUR's ``fid.py`` and of the original Inception Score code, which Ho et al. 2020 and most papers report.
+  One pass gives both outputs: the 2048-d pool features (FID, KID) and the 1008-class logits of the TF graph
+  without the bias term (IS; torch-fidelity's ``logits_unbiased``, what the original IS code's
+  ``matmul(pool3, w)`` computes). torchmetrics' default ``FrechetInceptionDistance(feature=2048)`` resizes
+  with torch's antialiased bilinear instead (``antialias=True``), whose values are not comparable with papers.
+  Its weights (~92 MB) are downloaded from GitHub on first use (``pip install -e ".[fid]"`` for
+  torch-fidelity); offline, give a local copy with ``inception_weights``. Grayscale images are repeated to 3
+  channels (what torch-fidelity's PIL ``convert("RGB")`` does with image files).
+- ``"pixels"``: `PixelFeatures`, offline and deterministic: images area-averaged to 8x8 per channel, in
+  scikit-learn's digits range 0..16. The Fréchet distance on these is the pixel-space FD of the digits
+  quality benchmark (two halves of the real digits score about 16.3, the floor a model can reach). They have
+  no class logits, so no Inception Score.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, get_args
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Features = Literal["inception", "pixels"]
+
+PIXEL_SIZE = 8  # PixelFeatures pools every image to 8x8 per channel
+
+
+class ImageFeatures(NamedTuple):
+    """What one pass of an extractor gives: ``pool`` (N, D) for FID and KID, ``logits`` (N, classes) for IS
+    (None where the extractor has no classifier)."""
+
+    pool: torch.Tensor
+    logits: torch.Tensor | None
+
+
+class PixelFeatures(nn.Module):
+    """Images area-averaged (`adaptive_avg_pool2d`) to size x size per channel and flattened, in 0..16.
+
+    Both ranges are accepted: uint8 in 0..255 (what this project passes) maps to value / 255 * 16, floats are
+    taken as 0..1 and map to value * 16.
+    """
+
+    def __init__(self, size: int = PIXEL_SIZE, channels: int = 1) -> None:
+        super().__init__()
+        if size < 1 or channels < 1:
+            raise ValueError(f"PixelFeatures needs size >= 1 and channels >= 1, got {size=}, {channels=}")
+        self.size = size
+        self.channels = channels
+        self.num_features = channels * size * size
+
+    def forward(self, images: torch.Tensor) -> ImageFeatures:
+        if images.ndim != 4 or images.shape[1] != self.channels:
+            raise ValueError(
+                f"PixelFeatures(channels={self.channels}) expects images (N, {self.channels}, H, W), "
+                f"got shape {tuple(images.shape)}"
+            )
+        scale = 16 / 255 if images.dtype == torch.uint8 else 16.0
+        pooled = F.adaptive_avg_pool2d(images.float() * scale, self.size)  # (N, C, size, size)
+        return ImageFeatures(pooled.flatten(1), None)  # (N, C * size * size)
+
+
+class InceptionFeatures(nn.Module):
+    """torch-fidelity's InceptionV3 (see the module docstring) for uint8 (N, 1 or 3, H, W) images: 2048-d pool
+    features and 1008 logits from one pass; it resizes to 299 x 299 itself. Downloads its weights on first use
+    unless ``weights_path`` points at a local copy. The network stays in eval mode (its batch norms use their
+    stored statistics) whatever ``train()`` is called on a module holding it."""
+
+    num_features = 2048
+
+    def __init__(self, weights_path: str | None = None) -> None:
+        super().__init__()
+        try:
+            from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+        except ImportError as err:
+            raise ModuleNotFoundError(
+                "features='inception' needs torch-fidelity: pip install -e '.[fid]' (or use features='pixels')"
+            ) from err
+        try:
+            self.network = FeatureExtractorInceptionV3(
+                "inception-v3-compat",
+                ["2048", "logits_unbiased"],
+                feature_extractor_weights_path=weights_path,
+            )
+        except OSError as err:  # urllib's URLError is an OSError: no network, or a bad weights_path
+            raise RuntimeError(
+                f"could not load the InceptionV3 weights ({err}). They are downloaded from GitHub on first use; "
+                "offline, pass a local copy (inception_weights / --inception_weights) or use features='pixels'"
+            ) from err
+
+    def train(self, mode: bool = True) -> InceptionFeatures:
+        super().train(mode)
+        self.network.eval()
+        return self
+
+    def forward(self, images: torch.Tensor) -> ImageFeatures:
+        if images.ndim != 4 or images.shape[1] not in (1, 3) or images.dtype != torch.uint8:
+            raise ValueError(
+                "Inception features need uint8 (N, 1 or 3, H, W) images in 0..255 (to_uint8_images), got "
+                f"{images.dtype} of shape {tuple(images.shape)}"
+            )
+        if images.shape[1] == 1:
+            images = images.expand(-1, 3, -1, -1)  # grayscale -> RGB: Inception was trained on colour
+        pool, logits = self.network(images)  # (N, 2048), (N, 1008) float32
+        return ImageFeatures(pool, logits)
+
+
+def check_features(features: str) -> None:
+    if features not in get_args(Features):
+        raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
+
+
+def feature_size(features: Features, channels: int) -> int:
+    """The length of the pool features (what FID statistics are made of), known without building anything."""
+    check_features(features)
+    return InceptionFeatures.num_features if features == "inception" else channels * PIXEL_SIZE**2
+
+
+def make_feature_extractor(
+    features: Features = "inception", channels: int = 3, inception_weights: str | None = None
+) -> PixelFeatures | InceptionFeatures:
+    check_features(features)
+    if features == "pixels":
+        return PixelFeatures(size=PIXEL_SIZE, channels=channels)
+    return InceptionFeatures(inception_weights)

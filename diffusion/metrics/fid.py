@@ -1,0 +1,104 @@
+"""The Fréchet distance of two feature sets (FID with Inception features; Heusel et al. 2017), from their
+statistics: either both sets' features, or the generated ones against fixed reference statistics (a
+`FeatureStatistics` file), through one formula.
+
+`FrechetDistance` keeps torchmetrics' FID states (float64 feature sums and sums of outer products per set,
+summed over ranks when distributed) and takes already extracted pool features, so one pass of the extractor
+feeds FID, KID and IS together (`diffusion.metrics.sample_quality`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torchmetrics.image.fid import FrechetInceptionDistance
+
+from diffusion.metrics.reference_stats import FeatureStatistics
+
+
+def frechet_distance(
+    mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor, sigma2: torch.Tensor
+) -> torch.Tensor:
+    """||mu1 - mu2||^2 + tr(sigma1 + sigma2 - 2 (sigma1 sigma2)^(1/2)), in float64.
+
+    The trace of the matrix square root is the sum of the square roots of the eigenvalues of sigma1 @ sigma2
+    (as torchmetrics computes it): the product is similar to the positive semi-definite
+    sigma1^(1/2) sigma2 sigma1^(1/2), so its eigenvalues are real and >= 0 up to rounding; the real part of
+    the complex square root drops the rounding's tiny negative ones (singular covariances, e.g. blank pixels).
+    """
+    mu1, sigma1, mu2, sigma2 = (x.double() for x in (mu1, sigma1, mu2, sigma2))
+    eigenvalues = torch.linalg.eigvals(sigma1 @ sigma2)
+    trace_sqrt = eigenvalues.sqrt().real.sum()
+    return (mu1 - mu2).square().sum() + sigma1.trace() + sigma2.trace() - 2 * trace_sqrt
+
+
+class GivenFeatures(nn.Module):
+    """The 'extractor' of a metric fed features already extracted: passes them on (``num_features`` spares
+    torchmetrics a dummy forward pass)."""
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__()
+        self.num_features = num_features
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features
+
+
+class FrechetDistance(FrechetInceptionDistance):
+    """torchmetrics' FID over given (N, num_features) features: ``update(features, real=...)``.
+
+    Real statistics survive ``reset()``: they are computed once and each evaluation feeds only generated
+    features. With ``reference``, the real side is those fixed statistics and no real features are fed.
+    ``metric_kwargs`` are torchmetrics' Metric options (e.g. ``compute_on_cpu``).
+    """
+
+    def __init__(
+        self, num_features: int, reference: FeatureStatistics | None = None, **metric_kwargs
+    ) -> None:
+        if reference is not None and reference.size != num_features:
+            raise ValueError(f"reference statistics are {reference.size}-d, the features {num_features}-d")
+        super().__init__(feature=GivenFeatures(num_features), reset_real_features=False, **metric_kwargs)
+        self.reference = reference
+
+    def update(self, features: torch.Tensor, real: bool) -> None:
+        if real and self.reference is not None:
+            raise ValueError(
+                "this FrechetDistance compares with fixed reference statistics: feed no real features"
+            )
+        super().update(features, real)
+
+    def statistics(self, real: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean (D,) and unbiased covariance (D, D) in float64 of the fed real or generated features (of this
+        process; inside ``compute`` they are the states summed over ranks)."""
+        count = self.real_features_num_samples if real else self.fake_features_num_samples
+        if count < 2:
+            raise ValueError(
+                f"FID needs at least 2 {'real' if real else 'generated'} images, got {int(count)}"
+            )
+        total = self.real_features_sum if real else self.fake_features_sum
+        outer = self.real_features_cov_sum if real else self.fake_features_cov_sum
+        mean = total / count
+        covariance = (outer - count * torch.outer(mean, mean)) / (count - 1)
+        return mean, covariance
+
+    def reference_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The real side: the fixed reference, or the statistics of the fed real features."""
+        if self.reference is None:
+            return self.statistics(real=True)
+        device = self.fake_features_sum.device
+        return (
+            torch.from_numpy(self.reference.mu).to(device),
+            torch.from_numpy(self.reference.sigma).to(device),
+        )
+
+    def compute(self) -> torch.Tensor:
+        return frechet_distance(*self.reference_statistics(), *self.statistics(real=False))
+
+    def feature_statistics(self, **provenance) -> FeatureStatistics:
+        """The fed real features' statistics as a `FeatureStatistics` (to save as a reference file);
+        ``provenance``: its ``features``, ``num_images`` and ``image_size``."""
+        mean, covariance = self.statistics(real=True)
+        return FeatureStatistics(
+            mean.cpu().numpy().astype(np.float64), covariance.cpu().numpy().astype(np.float64), **provenance
+        )

@@ -1,0 +1,112 @@
+"""The image sets an evaluation reads, as uint8 (N, H, W, C) arrays: a samples file, and the reference it is
+compared with — another .npz of images, a dataset's train split rendered at the samples' size, or a file of
+FID statistics (`diffusion.metrics.reference_stats`) standing in for the reference images.
+"""
+
+from __future__ import annotations
+
+import zipfile
+import zlib
+from pathlib import Path
+from typing import get_args
+
+import numpy as np
+from torch.utils.data import DataLoader, Subset
+
+from diffusion.data.image_files import find_images
+from diffusion.data.images import MIN_IMAGE_SIZE, ImageDataModule, ImageDatasetName
+from diffusion.data.numpy_files import numpy_file_kind
+from diffusion.generation.render import to_uint8_images
+from diffusion.metrics.progress import progress_bar
+from diffusion.metrics.reference_stats import FeatureStatistics, is_statistics_file, load_statistics
+
+
+def load_npz_images(path: str | Path) -> np.ndarray:
+    """``arr_0`` of a samples file, checked to be uint8 (N, H, W, C) images with C in {1, 3}."""
+    path = Path(path)
+    fix = "pass the samples.npz that python -m diffusion.sample wrote (or np.savez(path, uint8_images))"
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {path} — make one with python -m diffusion.sample")
+    kind = numpy_file_kind(path)
+    if kind == "npy":
+        raise ValueError(f"{path} is a single .npy array, not an .npz archive — {fix}")
+    if kind == "other":
+        raise ValueError(f"{path} is not an .npz archive — {fix}")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if "arr_0" not in archive.files:
+                raise ValueError(
+                    f"{path} has no arr_0 (it holds {archive.files}) — samples files store the images as "
+                    "arr_0: np.savez(path, images); FID statistics files hold mu and sigma"
+                )
+            images = archive["arr_0"]
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as err:
+        raise ValueError(f"{path} is truncated or corrupt ({err}) — {fix}") from err
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise ValueError(
+            f"{path}: arr_0 has dtype {images.dtype} and shape {images.shape}, not uint8 images of shape "
+            "(N, H, W, C) with C = 1 or 3 (vector samples have no FID) — save images as np.savez(path, images) "
+            "with images.astype(np.uint8) in 0..255"
+        )
+    if len(images) < 2:
+        raise ValueError(
+            f"{path} holds {len(images)} image(s) and FID needs at least 2 — sample more (--num_samples)"
+        )
+    return images
+
+
+def load_reference(
+    reference: str,
+    image_size: int | None,
+    channels: int | None,
+    data_root: str = "data",
+    num_reference: int | None = None,
+    seed: int = 0,
+) -> np.ndarray | FeatureStatistics:
+    """The reference: FID statistics (an .npz holding ``mu`` and ``sigma`` and no images), uint8 (N, H, W, C)
+    images of an .npz, or of a dataset's train split rendered at ``image_size`` (None: the dataset's own; all
+    images, or a fixed random ``num_reference`` of them)."""
+    if is_statistics_file(reference):
+        if num_reference is not None:
+            raise ValueError(
+                f"--num_reference picks reference images, and {reference} holds statistics, not images — "
+                "leave --num_reference out"
+            )
+        return load_statistics(reference)
+    if reference.endswith(".npz") or Path(reference).is_file():
+        images = load_npz_images(reference)
+        return images[_subset(len(images), num_reference, seed)]
+    if reference not in get_args(ImageDatasetName):
+        raise ValueError(
+            f"--reference {reference!r} is neither an existing .npz file nor a dataset — pass an .npz (images or "
+            f"FID statistics) or one of the datasets {', '.join(get_args(ImageDatasetName))}"
+        )
+    if image_size is not None and image_size < MIN_IMAGE_SIZE:  # rendered at the samples' size
+        raise ValueError(
+            f"the samples are {image_size}x{image_size}, smaller than the {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE} a "
+            f"dataset reference can be rendered at — compare them with an .npz of {image_size}x{image_size} "
+            "images as --reference"
+        )
+    if reference == "folder":
+        find_images(data_root, "--data_root")  # the folder's errors, naming evaluate's flag
+    folder_channels = channels if reference == "folder" else None
+    data = ImageDataModule(
+        reference, root=data_root, image_size=image_size, channels=folder_channels, random_flip=False,
+        val_fraction=0.0,
+    )  # fmt: skip
+    data.prepare_data()  # downloads torchvision datasets on first use
+    data.setup("fit")
+    dataset = Subset(data.train_set, _subset(len(data.train_set), num_reference, seed).tolist())
+    parts = []
+    with progress_bar(len(dataset), f"reading {reference}") as bar:
+        for batch in DataLoader(dataset, batch_size=500, shuffle=False):
+            parts.append(to_uint8_images(batch.x, data.normalization))
+            bar.update(len(batch.x))
+    return np.concatenate(parts)
+
+
+def _subset(n: int, num: int | None, seed: int) -> np.ndarray:
+    """All n indices, or a fixed random ``num`` of them in increasing order."""
+    if num is None or num >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).permutation(n)[:num])

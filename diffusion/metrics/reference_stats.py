@@ -1,0 +1,160 @@
+"""FID statistics of a reference set in a file: the mean ``mu`` (D,) and covariance ``sigma`` (D, D) of its pool
+features, so that real images are read and passed through Inception once, not at every evaluation.
+
+The file is an .npz with keys ``mu`` and ``sigma``: the format of pytorch-fid's ``--save-stats`` and of TTUR's
+precomputed statistics, and the keys of guided-diffusion's reference batches. ``sigma`` is the unbiased
+covariance (``np.cov(features, rowvar=False)``, as those tools compute it). Files written here also hold
+``features`` ("inception" or "pixels"), ``num_images`` and ``image_size`` (H, W), which let a mismatch be
+named; files without them are accepted and checked by their dimensionality alone.
+
+KID cannot use such a file: it compares random subsets of the features themselves, which a mean and a
+covariance no longer hold.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from diffusion.data.numpy_files import numpy_file_kind
+from diffusion.errors import UserError
+
+WRITE_FIX = "write one with python -m diffusion.evaluate --reference DATASET_OR_NPZ --save_stats FILE.npz"
+
+
+@dataclass(frozen=True)
+class FeatureStatistics:
+    """Mean (D,) and unbiased covariance (D, D) of a set's pool features, float64; what produced them when
+    known."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+    features: str | None = None
+    num_images: int | None = None
+    image_size: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        mu, sigma = self.mu, self.sigma
+        if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
+            raise ValueError(
+                f"mu has shape {mu.shape} and sigma {sigma.shape}, not (D,) and (D, D) of one feature space"
+            )
+        if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+            raise ValueError("mu or sigma holds NaN or infinite values")
+
+    @property
+    def size(self) -> int:
+        return len(self.mu)
+
+    def check_fits(self, features: str, size: int, image_size: tuple[int, int], name: str) -> None:
+        """Raise a UserError unless these statistics can be compared with ``features`` of length ``size`` of
+        images of ``image_size``; ``name`` says where they come from (a path, an option)."""
+        if self.features is not None and self.features != features:
+            raise UserError(
+                f"{name} holds statistics of {self.features} features, not {features}",
+                f"use features {self.features} (--features {self.features}), or write statistics of {features} "
+                "features (--save_stats)",
+            )
+        if self.size != size:
+            raise UserError(
+                f"{name} holds {self.size}-d statistics but {features} features of these images are {size}-d",
+                f"use the statistics of the same features and channels ({WRITE_FIX})",
+            )
+        if features == "inception" and self.image_size is not None and tuple(self.image_size) != image_size:
+            h, w = self.image_size
+            raise UserError(
+                f"{name} holds statistics of {h}x{w} images but the samples are {image_size[0]}x{image_size[1]}",
+                "Inception FID compares images of one size: write statistics at the samples' size (--save_stats "
+                "with a dataset name as --reference renders it at that size)",
+            )
+
+
+def is_statistics_file(path: str | Path) -> bool:
+    """Whether ``path`` is an .npz archive holding ``mu`` or ``sigma`` and no images (``arr_0``): an .npz of
+    images with statistics beside them (guided-diffusion's reference batches) is read as images."""
+    path = Path(path)
+    if not path.is_file() or numpy_file_kind(path) != "npz":
+        return False  # the image reader says what is wrong with it
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            names = set(archive.files)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):
+        return False
+    return "arr_0" not in names and bool(names & {"mu", "sigma"})
+
+
+def load_statistics(path: str | Path) -> FeatureStatistics:
+    """Read an .npz of FID statistics (``mu``, ``sigma``; see the module docstring), checked."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"statistics file {path} {what} — {WRITE_FIX}")
+    if numpy_file_kind(path) != "npz":
+        raise UserError(f"{path} is not an .npz archive of FID statistics", WRITE_FIX)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            missing = [key for key in ("mu", "sigma") if key not in archive.files]
+            if missing:
+                raise UserError(
+                    f"{path} has no {' and no '.join(missing)} (it holds {archive.files}), so it is no FID "
+                    "statistics file",
+                    WRITE_FIX,
+                )
+            mu, sigma = archive["mu"], archive["sigma"]
+            features = str(archive["features"]) if "features" in archive.files else None
+            num_images = int(archive["num_images"]) if "num_images" in archive.files else None
+            size = tuple(int(s) for s in archive["image_size"]) if "image_size" in archive.files else None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
+        raise ValueError(f"{path} is truncated or corrupt ({err}) — {WRITE_FIX}") from err
+    try:
+        return FeatureStatistics(mu.astype(np.float64), sigma.astype(np.float64), features, num_images, size)
+    except ValueError as err:
+        raise UserError(f"{path}: {err}", WRITE_FIX) from err
+
+
+def check_new_statistics_file(path: str | Path, overwrite: bool = False) -> Path:
+    """Raise a UserError unless ``path`` names an .npz that may be written (new, or replaced with
+    ``overwrite``) in an existing folder; checked before any time is spent."""
+    path = Path(path)
+    if path.suffix != ".npz":
+        raise UserError(
+            f"--save_stats {path} does not end in .npz", f"pass a name like {path.with_suffix('.npz')}"
+        )
+    if path.is_dir():
+        raise UserError(f"--save_stats {path} is a folder", "pass a file name ending in .npz")
+    if path.exists() and not overwrite:
+        raise UserError(f"--save_stats {path} exists", "pass --overwrite to replace it, or another file name")
+    if not path.parent.is_dir():
+        raise UserError(
+            f"--save_stats {path}: no folder {path.parent}", "create it first, or pass another path"
+        )
+    return path
+
+
+def save_statistics(path: str | Path, stats: FeatureStatistics) -> Path:
+    """Write ``stats`` to ``path`` atomically (a temporary file in the same folder, renamed into place): a
+    crash leaves the previous file or none, never a truncated one."""
+    path = Path(path)
+    extra = {
+        key: np.asarray(value)
+        for key, value in [("features", stats.features), ("num_images", stats.num_images),
+                           ("image_size", stats.image_size)]
+        if value is not None
+    }  # fmt: skip
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "xb") as file:  # a file object: np.savez appends no second .npz
+            np.savez(file, mu=stats.mu, sigma=stats.sigma, **extra)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,182 @@
+"""FID, KID and IS of generated images: the one computation `python -m diffusion.evaluate` and
+`diffusion.training.callbacks.FIDCallback` both run, so a value logged during training and the evaluator's on
+the same images against the same reference are the same number.
+
+`SampleQuality` holds a feature extractor (`diffusion.metrics.features`) and the metrics fed from its single
+pass over each batch: FID (`diffusion.metrics.fid`, torchmetrics' states), KID (torchmetrics) and the
+Inception Score (`diffusion.metrics.inception_score`). The real side of FID is either real images fed once
+(their statistics survive ``reset``) or a statistics file (`diffusion.metrics.reference_stats`).
+
+The protocol of the papers (Ho et al. 2020, Sec. 4; Nichol & Dhariwal 2021; Karras et al. 2022): FID of
+50,000 samples against the statistics of the whole training set (CIFAR-10: its 50,000 training images,
+unaugmented), KID with subsets of 1,000, IS of the same 50,000 samples in 10 splits. FID is biased upwards
+at smaller sample counts (10,000 samples score several points higher than 50,000), so compare with a paper
+only at 50,000 samples against the same reference set; smaller counts compare runs with each other.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+import numpy as np
+import torch
+from torch import nn
+from torchmetrics import Metric
+from torchmetrics.image.kid import KernelInceptionDistance
+from torchmetrics.utilities.distributed import gather_all_tensors
+
+from diffusion.metrics.features import Features, check_features, make_feature_extractor
+from diffusion.metrics.fid import FrechetDistance, GivenFeatures
+from diffusion.metrics.inception_score import IS_SPLITS, InceptionScore
+from diffusion.metrics.progress import progress_bar
+from diffusion.metrics.reference_stats import FeatureStatistics
+
+QualityMetric = Literal["fid", "kid", "is"]
+KID_SUBSET_SIZE = 1000  # torch-fidelity's and Binkowski et al. 2018's
+
+
+class SampleQuality(nn.Module):
+    """FID, KID and IS of uint8 (N, C, H, W) images fed with ``update(images, real=...)``.
+
+    Args:
+        features: "inception" (the papers' features) or "pixels" (offline 8x8 pixels; no IS).
+        metrics: which of "fid", "kid", "is" ``compute`` reports. IS is of the generated images alone.
+        channels: the images' channel count (sizes the pixel features).
+        reference: fixed FID statistics for the real side (no real images are fed then; no KID).
+        kid_subset_size: KID's subset size, capped at the image counts when computed.
+        kid_subsets: how many random subsets KID averages.
+        is_splits: the Inception Score's splits (10, as the papers).
+        inception_weights: a local copy of the InceptionV3 weights (offline machines).
+        metric_kwargs: torchmetrics' Metric options (e.g. ``compute_on_cpu``), for every metric.
+    """
+
+    def __init__(
+        self,
+        features: Features = "inception",
+        metrics: Sequence[QualityMetric] = ("fid", "kid"),
+        *,
+        channels: int = 3,
+        reference: FeatureStatistics | None = None,
+        kid_subset_size: int = KID_SUBSET_SIZE,
+        kid_subsets: int = 100,
+        is_splits: int = IS_SPLITS,
+        inception_weights: str | None = None,
+        **metric_kwargs,
+    ) -> None:
+        super().__init__()
+        check_features(features)
+        unknown = [name for name in metrics if name not in get_args(QualityMetric)]
+        if unknown:
+            raise ValueError(f"unknown metrics {unknown}; choose from {get_args(QualityMetric)}")
+        if "is" in metrics and features != "inception":
+            raise ValueError(
+                f"the Inception Score needs Inception features (the classifier's logits), not {features} — "
+                "use features='inception' or leave 'is' out"
+            )
+        if "kid" in metrics and reference is not None:
+            raise ValueError(
+                "KID needs the reference images' features, and FID statistics hold only their mean and "
+                "covariance — leave 'kid' out or compare with reference images"
+            )
+        if kid_subset_size < 2:
+            raise ValueError(f"kid_subset_size={kid_subset_size} must be >= 2 (KID's unbiased estimator)")
+        self.features = features
+        self.reported = tuple(metrics)
+        self.kid_subset_size = kid_subset_size
+        self.extractor = make_feature_extractor(features, channels, inception_weights)
+        size = self.extractor.num_features
+        # FID's states are always kept: they hold the image counts and the statistics --save_stats writes.
+        self.fid = FrechetDistance(size, reference, **metric_kwargs)
+        self.kid: KernelInceptionDistance | None = None
+        if "kid" in metrics:
+            with warnings.catch_warnings():
+                # KID keeps every feature vector (N x 2048 floats: 8 MB per 1000 images); no need to warn.
+                warnings.filterwarnings("ignore", message=".*will save all extracted features in buffer.*")
+                self.kid = KernelInceptionDistance(
+                    feature=GivenFeatures(size), subsets=kid_subsets, subset_size=kid_subset_size,
+                    reset_real_features=False, **metric_kwargs,
+                )  # fmt: skip
+        self.inception_score = InceptionScore(is_splits, **metric_kwargs) if "is" in metrics else None
+
+    @property
+    def reference(self) -> FeatureStatistics | None:
+        return self.fid.reference
+
+    def update(self, images: torch.Tensor, real: bool) -> None:
+        """Feed uint8 (N, C, H, W) images: one extractor pass for every metric."""
+        with torch.no_grad():
+            pool, logits = self.extractor(images)
+        self.fid.update(pool, real=real)
+        if self.kid is not None:
+            self.kid.update(pool, real=real)
+        if self.inception_score is not None and not real:
+            self.inception_score.update(logits)
+
+    def compute(self, seed: int = 0) -> dict[str, float]:
+        """The reported metrics (``fid``; ``kid_mean``, ``kid_std``; ``is_mean``, ``is_std``) and the image
+        counts ``num_fake`` and ``num_real`` (absent when a statistics file does not say), over all ranks.
+
+        A collective when distributed (torchmetrics gathers the states in ``compute``): every rank must call
+        it, and every rank gets the same values. KID draws its random subsets under ``seed`` in a forked RNG,
+        so ranks agree and training randomness is left untouched.
+        """
+        num_fake = _gathered_sum(self.fid, self.fid.fake_features_num_samples)
+        if self.reference is None:
+            num_real = _gathered_sum(self.fid, self.fid.real_features_num_samples)
+        else:
+            num_real = self.reference.num_images
+        result: dict[str, float] = {"num_fake": num_fake}
+        if num_real is not None:
+            result["num_real"] = num_real
+        if "fid" in self.reported:
+            result["fid"] = float(self.fid.compute())
+        if self.kid is not None:
+            # KID's subsets are drawn from all gathered features: they cannot outnumber them.
+            self.kid.subset_size = min(self.kid_subset_size, num_real, num_fake)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                kid_mean, kid_std = self.kid.compute()
+            result.update(kid_mean=float(kid_mean), kid_std=float(kid_std))
+        if self.inception_score is not None:
+            is_mean, is_std = self.inception_score.compute()
+            result.update(is_mean=float(is_mean), is_std=float(is_std))
+        return result
+
+    def reset(self) -> None:
+        """Forget the generated images (also the cached values); the real side stays."""
+        for metric in self.metrics():
+            metric.reset()
+
+    def metrics(self) -> list[Metric]:
+        return [m for m in (self.fid, self.kid, self.inception_score) if m is not None]
+
+    def real_statistics(self, image_size: tuple[int, int] | None = None) -> FeatureStatistics:
+        """The statistics of the real images fed so far (this process's), as a reference file holds them."""
+        count = int(self.fid.real_features_num_samples)
+        return self.fid.feature_statistics(features=self.features, num_images=count, image_size=image_size)
+
+
+def feed_images(
+    quality: SampleQuality,
+    images: np.ndarray,
+    real: bool,
+    batch_size: int = 250,
+    device: str | torch.device = "cpu",
+    description: str = "features",
+) -> None:
+    """Feed uint8 (N, H, W, C) images (the samples-file layout) in batches, with a progress bar on a
+    terminal."""
+    with progress_bar(len(images), description) as bar:
+        for start in range(0, len(images), batch_size):
+            batch = torch.from_numpy(images[start : start + batch_size]).permute(0, 3, 1, 2)  # (B, C, H, W)
+            quality.update(batch.to(device), real=real)
+            bar.update(len(batch))
+
+
+def _gathered_sum(metric: Metric, count: torch.Tensor) -> int:
+    """A count state summed over ranks, as the metric's own sync sums it (shows what was fed in total)."""
+    if metric.distributed_available_fn():
+        return int(sum(gather_all_tensors(count)))
+    return int(count)
