@@ -84,12 +84,14 @@ def check_monitored_metric(trainer: Trainer, monitor: str | None) -> None:
     if monitor is None or any(not name.startswith(("diffusion.", "lightning.")) for name in modules):
         return
     logged = {TRAIN_LOSS, VAL_LOSS, "step", "epoch"}  # Lightning adds step and epoch
-    if any(isinstance(callback, FIDCallback) for callback in trainer.callbacks):
-        logged |= {FID, KID}
+    for callback in trainer.callbacks:
+        if isinstance(callback, FIDCallback):
+            logged |= {FID, KID} if callback.kid else {FID}
     if monitor not in logged:
         raise UserError(
             f"--checkpoint.monitor {monitor} is not a metric this run logs",
-            f"pass one of {', '.join(sorted(logged))} ({FID} and {KID} need the FIDCallback)",
+            f"pass one of {', '.join(sorted(logged))} ({FID} needs the FIDCallback, {KID} one that computes KID, "
+            "i.e. without reference_stats)",
         )
 
 

@@ -69,7 +69,19 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     # Lightning finds an unknown metric only at the first validation, losing the training before it.
     "monitor_not_logged": (
         ["--checkpoint.monitor", "val/fid"],
-        r"--checkpoint.monitor val/fid is not a metric this run logs — pass one of .*val/loss .*need the FIDCallback",
+        r"--checkpoint.monitor val/fid is not a metric this run logs — pass one of .*val/loss .*needs the FIDCallback",
+    ),
+    "monitor_kid_without_kid": (
+        [
+            "--trainer.callbacks+=diffusion.training.callbacks.FIDCallback",
+            "--trainer.callbacks.init_args.features",
+            "pixels",
+            "--trainer.callbacks.init_args.reference_stats",
+            "{user}/stats/pixels.npz",
+            "--checkpoint.monitor",
+            "val/kid",
+        ],
+        r"--checkpoint.monitor val/kid is not a metric this run logs — pass one of .*val/fid",
     ),
     "checkpoint_mode": (["--checkpoint.mode", "foo"], r"--checkpoint.mode foo is not min or max — pass min"),
     "seed_negative": (["--seed_everything", "-1"], r"--seed_everything -1 is out of range — pass an integer"),
