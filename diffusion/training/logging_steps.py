@@ -17,29 +17,29 @@ import torch
 import torch.distributed as dist
 
 
-def is_logging_step(trainer: L.Trainer) -> bool:
-    """Whether the optimizer step just taken (asked after it, in `on_train_batch_end`) is one at which Lightning
-    writes step metrics to its loggers: every `log_every_n_steps` steps, and when the run is stopping."""
+def is_logging_step(trainer: L.Trainer, step: int) -> bool:
+    """Whether optimizer step `step` (1 for the first) is one after which Lightning writes step metrics to its
+    loggers: every `log_every_n_steps` steps, and when the run is stopping."""
     every = trainer.log_every_n_steps
-    return every > 0 and (trainer.global_step % every == 0 or trainer.should_stop)
+    return every > 0 and (step % every == 0 or trainer.should_stop)
 
 
 class IntervalLoss:
     """The training loss averaged over a logging interval, summed on the device in between.
 
-    `add` each micro-batch's loss (a device op, nothing read). After each micro-batch, `mean_at_logging_step`
-    returns None, except after the optimizer step of a logging step: then the mean over the interval's
-    micro-batches and over the ranks, on the host, from one all-reduce (under DDP) and one read.
+    `add` each micro-batch's loss (a device op, nothing read). Before each optimizer step,
+    `mean_at_logging_step` returns None, except before the step that ends a logging interval: then the mean
+    over the interval's micro-batches and over the ranks, on the host, from one all-reduce (under DDP) and one
+    read.
     """
 
     def __init__(self) -> None:
         self._total: torch.Tensor | None = None
         self._count = 0
-        self._step = 0  # the optimizer step of the last call
 
-    def start(self, global_step: int) -> None:
-        """A fit starts (or resumes) at `global_step`: a new interval."""
-        self._total, self._count, self._step = None, 0, global_step
+    def reset(self) -> None:
+        """A new interval (a fit starts or resumes)."""
+        self._total, self._count = None, 0
 
     def add(self, loss: torch.Tensor) -> None:
         loss = loss.detach()
@@ -47,13 +47,12 @@ class IntervalLoss:
         self._count += 1
 
     def mean_at_logging_step(self, trainer: L.Trainer) -> torch.Tensor | None:
-        """The interval's mean loss over micro-batches and ranks as a host tensor, after the optimizer step of a
-        logging step (a collective under DDP: every rank calls this after every micro-batch); else None."""
-        stepped, self._step = trainer.global_step != self._step, trainer.global_step
-        if not stepped or not is_logging_step(trainer) or self._total is None:
+        """The interval's mean loss over micro-batches and ranks as a host tensor, when the optimizer step about
+        to be taken ends a logging interval (asked before every step: a collective under DDP); else None."""
+        if not is_logging_step(trainer, trainer.global_step + 1) or self._total is None:
             return None
         mean = self._total / self._count
-        self._total, self._count = None, 0
+        self.reset()
         if trainer.world_size > 1:
             # A sum, then divided (gloo has no average): Lightning's own reduce would add a barrier.
             dist.all_reduce(mean)

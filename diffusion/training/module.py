@@ -199,7 +199,7 @@ class DiffusionModule(L.LightningModule):
         if self._resumed_states is not None:
             restore_global_random_states(self._resumed_states, self.device)
             self._resumed_states = None
-        self._train_loss.start(self.global_step)
+        self._train_loss.reset()
         rank_zero_info(describe_batches(self.trainer))
 
     # Validation must not move the training streams (the val loader seeds its iterator from the global RNG, an
@@ -277,7 +277,7 @@ class DiffusionModule(L.LightningModule):
         self._train_loss.add(loss)
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Read once per logging interval; the bar gets a number (a prog_bar metric is read after every batch).
         loss = self._train_loss.mean_at_logging_step(self.trainer)
         if loss is not None:

@@ -36,6 +36,8 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from diffusion.training.logging_steps import is_logging_step
+
 log = logging.getLogger(__name__)
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -101,9 +103,9 @@ class Preemption:
     def polls_after(trainer: L.Trainer, last_step: bool) -> bool:
         """Whether to poll after the optimizer step just taken: always in one process; under DDP at the logging
         steps and the run's last step (`last_step`), the same steps on every rank."""
-        if trainer.world_size == 1 or last_step:
+        if trainer.world_size == 1 or last_step or is_logging_step(trainer, trainer.global_step):
             return True
-        return trainer.global_step % (trainer.log_every_n_steps or UNLOGGED_POLL_EVERY_N_STEPS) == 0
+        return trainer.log_every_n_steps == 0 and trainer.global_step % UNLOGGED_POLL_EVERY_N_STEPS == 0
 
     def poll(self, trainer: L.Trainer) -> tuple[int | None, bool]:
         """(signal to stop for or None, whether a timed checkpoint is due), the same on every rank.
