@@ -110,8 +110,8 @@ class StepCosts(L.Callback):
 
 class NoSyncOnCuda(L.Callback):
     """Runs the steady-state batches (not the first, not the last, not completing a logging step: from the
-    batch's start to the next batch's start) under `torch.cuda.set_sync_debug_mode("error")`, so any
-    synchronizing CUDA call there raises and ends the run."""
+    batch's start to the next batch's start, or to a validation) under `torch.cuda.set_sync_debug_mode("error")`,
+    so any synchronizing CUDA call there raises and ends the run. For runs without gradient accumulation."""
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -121,6 +121,9 @@ class NoSyncOnCuda(L.Callback):
         every = trainer.log_every_n_steps
         if 1 < step < trainer.max_steps and step % every != 0:
             torch.cuda.set_sync_debug_mode("error")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.cuda.set_sync_debug_mode("default")
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         torch.cuda.set_sync_debug_mode("default")
