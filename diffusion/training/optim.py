@@ -68,8 +68,8 @@ def adam(
     Lightning will not clip the gradients of such a step (it unscales inside), so the module clips them itself
     (`clip_gradients`).
 
-    A checkpoint written with another implementation (foreach, from before mixed precision went fused) resumes
-    with this one: the saved flags would otherwise replace the constructor's on load.
+    A checkpoint whose optimizer state names another implementation (a foreach Adam's) resumes with this one:
+    on load, the saved flags would replace the constructor's.
     """
     fused = device.type in ("cpu", "cuda")
     flags = {"fused": fused, "foreach": None if fused else True}

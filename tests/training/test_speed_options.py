@@ -180,8 +180,8 @@ def test_the_fused_adam_with_clipping_takes_the_steps_of_the_plain_loop(precisio
 
 
 def test_a_checkpoint_of_the_foreach_adam_resumes_with_the_fused_step():
-    """Mixed-precision runs saved a foreach Adam; the saved flags would replace the fused ones on load, and the
-    foreach step refuses the found-inf flag a GradScaler hands a fused optimizer."""
+    """An optimizer state saved by a foreach Adam: its flags would replace the fused ones on load, and a foreach
+    step refuses the found-inf flag a GradScaler hands a fused optimizer."""
     torch.manual_seed(0)
     model, x = torch.nn.Linear(4, 4), torch.randn(8, 4)
     old = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=True)

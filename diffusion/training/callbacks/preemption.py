@@ -79,10 +79,9 @@ class Preemption:
             return  # signal handlers can only be set from the main thread
         for signum in PREEMPTION_SIGNALS:
             signal.signal(signum, self._note)
-        if (
-            not trainer.received_sigterm
-        ):  # else (a SIGTERM before training) Lightning's broadcast stops the ranks
-            # An instance attribute over the loop's method; `uninstall` removes it.
+        # An instance attribute over the loop's method (`uninstall` removes it). After a SIGTERM that came before
+        # training, Lightning's handler set its flag: its broadcast is left to stop every rank.
+        if not trainer.received_sigterm:
             trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
 
     def uninstall(self, trainer: L.Trainer) -> None:
