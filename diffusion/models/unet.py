@@ -60,8 +60,15 @@ class AttnBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _, _, height, width = x.shape  # (B, C, H, W)
-        qkv = self.qkv(self.norm(x))  # (B, 3C, H, W)
-        q, k, v = rearrange(qkv, "b (three g d) h w -> three b g (h w) d", three=3, g=self.num_heads)
+        # The positions as a sequence with the channels last, and the 1x1 conv as the matmul it is (its own
+        # weight, flattened to (3C, C)): q, k and v then have their last dimension at stride 1, which the fused
+        # attention kernels need (flash, memory-efficient and cuDNN on CUDA, flash on a CPU). Sliced from the
+        # conv's (B, 3C, H, W) output, the channels would sit at stride H*W and every call would fall back to
+        # the math path, which builds the whole (H*W) x (H*W) score matrix. (The matmul copies its transposed
+        # input once: C channels, where making the conv's output contiguous would copy 3C.)
+        tokens = rearrange(self.norm(x), "b c h w -> b (h w) c")  # (B, H*W, C)
+        qkv = F.linear(tokens, self.qkv.weight.flatten(1), self.qkv.bias)  # (B, H*W, 3C)
+        q, k, v = rearrange(qkv, "b n (three g d) -> three b g n d", three=3, g=self.num_heads)
         # Scale 1/sqrt(C / heads); with one head this is the original's C ** -0.5.
         h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, H*W, C/heads)
         # Contiguous: from the heads' layout h would be channels-last in memory, and so would proj_out's weight

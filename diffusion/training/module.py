@@ -12,8 +12,9 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from diffusion.core import noise as counter_noise
 from diffusion.core.guidance import NO_LABEL
@@ -24,12 +25,14 @@ from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import check_labels
 from diffusion.data.split import describe_batches
 from diffusion.training.checkpoint_files import read_network_weights
-from diffusion.training.optim import LRSchedule, use_tf32_on_cuda, warmup_scheduler
+from diffusion.training.logging_steps import IntervalLoss
+from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
 from diffusion.training.options import check_training_options
 from diffusion.training.random_states import (
     gather_from_ranks,
     global_random_states,
     restore_global_random_states,
+    resumed_states,
 )
 
 LossWeighting = Literal["none", "min_snr"]
@@ -129,12 +132,16 @@ class DiffusionModule(L.LightningModule):
         self.network = network
         self.sample_shape = tuple(sample_shape)
         self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end)
+        # Constants every rank computes alike: DDP need not broadcast them from rank 0 before every forward.
+        names = [f"schedule.{name}" for name, _ in self.schedule.named_buffers()]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
         self.sampling.check_steps_fit(num_timesteps, "--model.sampling.steps")
         self._generator: torch.Generator | None = None
         self._compiled = False
         self._resumed_states: dict[str, Any] | None = None  # this rank's random states from the checkpoint
         self._resumed_step = 0
         self._states_before_validation: dict[str, Any] | None = None
+        self._train_loss = IntervalLoss()  # logged at logging steps (diffusion/training/logging_steps.py)
         if init_from is not None:
             try:
                 self.network.load_state_dict(read_network_weights(init_from))
@@ -192,6 +199,7 @@ class DiffusionModule(L.LightningModule):
         if self._resumed_states is not None:
             restore_global_random_states(self._resumed_states, self.device)
             self._resumed_states = None
+        self._train_loss.reset()
         rank_zero_info(describe_batches(self.trainer))
 
     # Validation must not move the training streams (the val loader seeds its iterator from the global RNG, an
@@ -266,8 +274,15 @@ class DiffusionModule(L.LightningModule):
         if labels is not None:
             labels = self.drop_labels(labels, indices, self.global_step, per_sample)
         loss = self.per_sample_loss(x0, noise, t, labels).mean()
-        self.log(TRAIN_LOSS, loss, prog_bar=True, sync_dist=True)
+        self._train_loss.add(loss)
         return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Read once per logging interval; the bar gets a number (a prog_bar metric is read after every batch).
+        loss = self._train_loss.mean_at_logging_step(self.trainer)
+        if loss is not None:
+            self.log(TRAIN_LOSS, loss, on_step=True, on_epoch=False)
+            self.trainer.progress_bar_metrics[TRAIN_LOSS] = loss.item()
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         x0, indices, labels = check_batch(batch, self.num_classes)
@@ -277,18 +292,19 @@ class DiffusionModule(L.LightningModule):
         self.log(VAL_LOSS, self.per_sample_loss(x0, noise, t, labels).mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        # The fused kernel updates all parameters at once: about half the time of the default per-tensor
-        # loop on a CPU (which gets no foreach default), and what CUDA runs fastest. Under mixed precision
-        # Lightning refuses to clip a fused optimizer's gradients (it unscales them internally): foreach there.
-        mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
-        fused = self.device.type in ("cpu", "cuda") and not mixed
-        optimizer = torch.optim.Adam(
-            self.parameters(), lr=self.hparams.lr, betas=self.hparams.adam_betas,
-            weight_decay=self.hparams.weight_decay, fused=fused, foreach=None if fused else True,
+        optimizer = adam(
+            self.parameters(), self.device, lr=self.hparams.lr, betas=self.hparams.adam_betas,
+            weight_decay=self.hparams.weight_decay,
         )  # fmt: skip
         total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
         scheduler = warmup_scheduler(optimizer, self.hparams.lr_schedule, self.hparams.warmup_steps, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:  # fmt: skip
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)  # fused too (optim.py)
 
     # ---- sampling -------------------------------------------------------------------------------------
     @property
@@ -373,7 +389,9 @@ class DiffusionModule(L.LightningModule):
         return labels.to(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._take_random_states(checkpoint)
+        if self._trainer is not None:  # fitting: this rank's random states (on_fit_start, on_train_start)
+            rank, world_size = self.trainer.global_rank, self.trainer.world_size
+            self._resumed_states, self._resumed_step = resumed_states(checkpoint, rank, world_size)
         # Checkpoints of earlier versions carry six more schedule buffers (posterior terms now computed on use).
         for key in ("state_dict", "current_model_state"):
             if key in checkpoint:
@@ -381,17 +399,3 @@ class DiffusionModule(L.LightningModule):
                 checkpoint[key] = {
                     k: v for k, v in checkpoint[key].items() if k in own or not k.startswith("schedule.")
                 }
-
-    def _take_random_states(self, checkpoint: dict[str, Any]) -> None:
-        """Keep this rank's random states from the checkpoint, for on_fit_start and on_train_start."""
-        if self._trainer is None or "random_states" not in checkpoint:
-            return  # loaded outside fit, or written before they were saved
-        states, world_size = checkpoint["random_states"], self.trainer.world_size
-        self._resumed_step = int(checkpoint.get("global_step", 0))
-        if len(states) == world_size:
-            self._resumed_states = states[self.global_rank]
-        else:
-            rank_zero_warn(
-                f"resuming with {world_size} processes a checkpoint saved by {len(states)}: training "
-                "continues, but noise, dropout and the rest of the interrupted epoch differ from the first run"
-            )

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
 
 
 # ---- random states: plain data (tensors, ints, floats, dicts), so checkpoints load with weights_only=True ----
@@ -51,3 +52,22 @@ def gather_from_ranks(states: dict[str, Any], world_size: int) -> list[dict[str,
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, states)
     return gathered
+
+
+def resumed_states(
+    checkpoint: dict[str, Any], rank: int, world_size: int
+) -> tuple[dict[str, Any] | None, int]:
+    """(this rank's random states in the checkpoint, or None, the checkpoint's step) for a fit resuming from it.
+
+    None, with the step, when the checkpoint was saved by another number of processes (with a warning); (None,
+    0) when it holds no states (written before they were saved)."""
+    if "random_states" not in checkpoint:
+        return None, 0
+    states, step = checkpoint["random_states"], int(checkpoint.get("global_step", 0))
+    if len(states) == world_size:
+        return states[rank], step
+    rank_zero_warn(
+        f"resuming with {world_size} processes a checkpoint saved by {len(states)}: training "
+        "continues, but noise, dropout and the rest of the interrupted epoch differ from the first run"
+    )
+    return None, step

@@ -25,7 +25,8 @@ class Recorder(L.Callback):
     - `indices`: the dataset indices of every micro-batch, per epoch (items are `(x, index)`);
     - `first_t`, `first_noise`: the timesteps and noise `training_step` drew for the first micro-batch;
     - `losses`: the rank's own (not synced) loss of every micro-batch;
-    - `synced_losses`: `trainer.callback_metrics["train/loss"]` after every micro-batch (the synced value);
+    - `synced_losses`: `trainer.callback_metrics["train/loss"]` after every micro-batch (the synced value; None
+      before the first logging step);
     - `allreduce_calls`: how many times DDP's communication hook had run after every micro-batch;
     - `num_training_batches`, `global_step`, `world_size`, `accumulate_grad_batches`.
     """
@@ -72,7 +73,8 @@ class Recorder(L.Callback):
         self.record["indices"][-1].append(batch[1].tolist())
         # Lightning divides the loss it returns here by accumulate_grad_batches.
         self.record["losses"].append(float(outputs["loss"]) * trainer.accumulate_grad_batches)
-        self.record["synced_losses"].append(float(trainer.callback_metrics["train/loss"]))
+        synced = trainer.callback_metrics.get("train/loss")  # logged at logging steps, before the optimizer's
+        self.record["synced_losses"].append(None if synced is None else float(synced))
         self.record["allreduce_calls"].append(self._allreduce_calls)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

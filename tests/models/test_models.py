@@ -4,9 +4,13 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from diffusion.models import MLP, UNet, sinusoidal_embedding
 from diffusion.models.embedding import fourier_features
+from diffusion.models.unet import AttnBlock
 
 # Small enough that every test here runs in well under a second on a laptop CPU.
 TINY_UNET = {"channels": 16, "channel_mult": (1, 2), "num_res_blocks": 1, "attention_levels": (1,)}
@@ -220,6 +224,85 @@ def test_unet_gradients_have_their_parameters_strides() -> None:
     model(torch.randn(2, 1, 8, 8), torch.tensor([3, 700])).square().mean().backward()
     mismatched = [name for name, p in model.named_parameters() if p.grad.stride() != p.stride()]
     assert mismatched == []
+
+
+# --- attention layout ------------------------------------------------------------------------------
+
+
+def _conv_layout_attention(block: AttnBlock, x: torch.Tensor) -> torch.Tensor:
+    """The block computed from the 1x1 conv's (B, 3C, H, W) output, heads sliced from its channels (last
+    dimension at stride H*W): the reference the sequence layout must reproduce."""
+    _, _, height, width = x.shape
+    qkv = block.qkv(block.norm(x))
+    q, k, v = rearrange(qkv, "b (three g d) h w -> three b g (h w) d", three=3, g=block.num_heads)
+    h = rearrange(F.scaled_dot_product_attention(q, k, v), "b g (h w) d -> b (g d) h w", h=height, w=width)
+    return x + block.proj_out(h)
+
+
+@pytest.mark.parametrize("num_heads", [1, 2])
+def test_attention_hands_sdpa_a_contiguous_last_dimension_and_proj_out_a_contiguous_input(
+    monkeypatch, num_heads: int
+) -> None:
+    """The fused kernels (flash, memory-efficient, cuDNN; flash on a CPU) need q, k and v at stride 1 in their
+    last dimension; otherwise every call falls back to the math path and its full score matrix."""
+    strides, proj_out_inputs = [], []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording_sdpa(q, k, v, *args, **kwargs):
+        strides.append([tensor.stride(-1) for tensor in (q, k, v)])
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording_sdpa)
+    model = UNet(**{**TINY_UNET, "num_heads": num_heads, "attention_levels": (0, 1)})
+    blocks = [block for block in model.modules() if isinstance(block, AttnBlock)]
+    for block in blocks:
+        block.proj_out.register_forward_pre_hook(lambda _, inputs: proj_out_inputs.append(inputs[0]))
+    model(torch.randn(2, 1, 8, 8), torch.tensor([3, 700]))
+    assert len(strides) == len(proj_out_inputs) == len(blocks) == 7  # 2 down, 1 in the middle, 4 up
+    assert all(s == [1, 1, 1] for s in strides), strides
+    assert all(h.is_contiguous() for h in proj_out_inputs)
+
+
+def test_attention_runs_on_the_fused_cpu_kernel_with_the_outputs_of_the_conv_layout() -> None:
+    """Restricted to the flash kernel (which refuses a last dimension at stride != 1), the block runs, forward
+    and backward, and gives the conv layout's output (the math path's) to float rounding, with the same
+    parameters: an older checkpoint's weights load unchanged."""
+    torch.manual_seed(0)
+    block = AttnBlock(32, groups=8, num_heads=2)
+    _randomise_zero_layers(block)
+    x = torch.randn(2, 32, 8, 8, requires_grad=True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = block(x)
+        out.square().mean().backward()
+    with sdpa_kernel([SDPBackend.MATH]):
+        reference = _conv_layout_attention(block, x)
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+    assert (out - x).abs().max() > 0.1  # the attention does change its input
+    assert [name for name, _ in block.named_parameters()] == [
+        "norm.weight",
+        "norm.bias",
+        "qkv.weight",
+        "qkv.bias",
+        "proj_out.weight",
+        "proj_out.bias",
+    ]
+    assert block.qkv.weight.shape == (96, 32, 1, 1) and block.proj_out.weight.shape == (32, 32, 1, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_attention_runs_on_a_fused_cuda_kernel(dtype: torch.dtype) -> None:
+    """On CUDA the block runs, forward and backward, with SDPA limited to the flash and memory-efficient
+    kernels (float32: memory-efficient; half precision: either), under autocast as --precision *-mixed runs."""
+    torch.manual_seed(0)
+    model = UNet(**{**TINY_UNET, "channels": 32, "num_heads": 2, "attention_levels": (0, 1)}).cuda()
+    x, t = torch.randn(2, 1, 16, 16, device="cuda"), torch.tensor([3, 700], device="cuda")
+    with (
+        sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]),
+        torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32),
+    ):
+        model(x, t).float().square().mean().backward()
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def test_mlp_gradient_reaches_every_parameter() -> None:

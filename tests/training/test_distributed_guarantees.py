@@ -135,16 +135,19 @@ def cleanup(process: subprocess.Popen, pid: int | None = None) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-PREEMPTED_AT = 3  # SIGUSR1 reaches rank 0 in the middle of step 3, after the validation (and grid) of step 2
+SIGNALLED_IN = 3  # SIGUSR1 reaches rank 0 in the middle of step 3, after the validation (and grid) of step 2
+# Under DDP the ranks agree to stop at logging steps (every 2 here): the save comes at step 4, the first logging
+# step after the signal, less than one logging interval later.
+LOG_EVERY, SAVED_AT = 2, 4
 
 
 def preempted(save_dir: Path) -> Launch:
     """SIGUSR1 to rank 0 only (Lightning's launcher passes it on), with the Audit on both ranks."""
     signal_at = {"class_path": "helpers.guarantees.SignalAt",
-                 "init_args": {"step": PREEMPTED_AT - 1, "signal": "SIGUSR1"}}  # fmt: skip
+                 "init_args": {"step": SIGNALLED_IN - 1, "signal": "SIGUSR1"}}  # fmt: skip
     audit = callbacks(save_dir, ("Audit", {"watch_dir": str(save_dir / "run")}))
     audit = audit[:-1] + ", " + json.dumps(signal_at) + "]"
-    return finish(start(save_dir, audit), save_dir)
+    return finish(start(save_dir, audit, "--trainer.log_every_n_steps", str(LOG_EVERY)), save_dir)
 
 
 def stopped(save_dir: Path) -> Launch:
@@ -200,12 +203,13 @@ def test_every_rank_samples_its_share_of_the_grid(runs):
 
 # ---- preemption under DDP --------------------------------------------------------------------------------
 @pytest.mark.multiprocess
-def test_sigusr1_under_ddp_saves_the_current_step_on_both_ranks_and_exits_non_zero(runs):
+def test_sigusr1_under_ddp_saves_within_a_logging_interval_on_both_ranks_and_exits_non_zero(runs):
     run = runs["preempted"]
     assert run.returncode != 0, run.output[-4000:]
-    assert f"SIGUSR1 received: saved the checkpoint of step {PREEMPTED_AT}" in run.output
+    assert SIGNALLED_IN < SAVED_AT < SIGNALLED_IN + LOG_EVERY
+    assert f"SIGUSR1 received: saved the checkpoint of step {SAVED_AT}" in run.output
     last = torch.load(run.save_dir / "run" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert last["global_step"] == PREEMPTED_AT  # the current step, not the last validation's (2)
+    assert last["global_step"] == SAVED_AT  # the logging step after the signal, not the validation's (2)
     assert len(last["random_states"]) == 2  # both ranks took part in the save
 
 

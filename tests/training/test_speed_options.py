@@ -1,20 +1,25 @@
-"""Speed options give the results of the plain path: `--model.compile true`, the fused Adam, TF32 on CUDA only,
-and the speed benchmark's plumbing (benchmarks/speed.py --quick)."""
+"""Speed options give the results of the plain path: `--model.compile true`, the fused Adam (in every precision,
+with clipping), TF32 on CUDA only, and the speed benchmark's plumbing (benchmarks/speed.py --quick)."""
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from conftest import tiny_run
+from lightning.pytorch.plugins import MixedPrecision
+from torch.utils.data import DataLoader
 
 from diffusion.core.sampling import SamplingOptions
-from diffusion.models import UNet
+from diffusion.data.batch import Batch
+from diffusion.models import MLP, UNet
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.module import DiffusionModule
-from diffusion.training.optim import use_tf32_on_cuda
+from diffusion.training.optim import adam, use_tf32_on_cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,6 +91,117 @@ def test_fused_adam_takes_the_steps_of_the_per_tensor_loop():
     assert (
         max((p.detach() - p0).abs().max() for p, p0 in zip(module.parameters(), initial, strict=True)) > 0.01
     )
+
+
+@pytest.mark.parametrize("precision", [None, "32-true", "16-mixed", "bf16-mixed"])
+def test_every_path_gets_the_fused_adam_whatever_the_precision(precision):
+    """The speed benchmark's plain loop calls configure_optimizers without a Trainer (precision None); the
+    project path with one: both get the same fused Adam."""
+    module = DiffusionModule(MLP(in_channels=4, hidden_dim=16, num_blocks=1), sample_shape=(4,))
+    if precision is not None:
+        module._trainer = SimpleNamespace(precision=precision, estimated_stepping_batches=10)
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert optimizer.defaults["fused"] is True and optimizer._step_supports_amp_scaling
+
+
+STEPS, CLIP = 4, 1e-3
+
+
+def tiny_unet_module() -> DiffusionModule:
+    torch.manual_seed(0)
+    network = UNet(in_channels=1, channels=8, channel_mult=[1, 2], num_res_blocks=1, attention_levels=[1])
+    # Per-sample noise (a function of seed, step and index) so that both loops draw the same; weight decay so
+    # that clipping changes the steps (Adam alone would not see a gradient scaled the same at every step).
+    return DiffusionModule(
+        network, sample_shape=(1, 8, 8), lr=1e-3, warmup_steps=1, weight_decay=0.1, noise_mode="per_sample",
+        noise_seed=0,
+    )  # fmt: skip
+
+
+def trainer_precision(precision: str) -> dict:
+    if precision == "16-mixed":  # Lightning's flag would run bf16-mixed on a CPU: fp16 with a GradScaler
+        return {"plugins": [MixedPrecision("16-mixed", "cpu")]}
+    return {"precision": precision}
+
+
+def plain_loop(module: DiffusionModule, batches: list[Batch], precision: str, clip: float | None) -> None:
+    """backward, unscale, clip, step by hand (Lightning's order, benchmarks/speed_paths.py's plain loop), with the
+    same fused Adam: a near-zero gradient (the zero-initialised layers' first steps) makes Adam's update
+    lr * g / (|g| + eps) depend on its last bits, which the fused and per-tensor kernels round differently
+    (the test above compares the two on ordinary gradients)."""
+    params = list(module.parameters())
+    optimizer = adam(params, torch.device("cpu"), lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1)
+    half = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
+    for step, (x0, indices, _) in enumerate(batches):
+        with torch.autocast(
+            "cpu", dtype=half or torch.float32, enabled=half is not None, cache_enabled=False
+        ):
+            noise, t = module.draw_noise_and_timesteps(x0, indices, step, per_sample=True)
+            loss = module.per_sample_loss(x0, noise, t).mean()
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(optimizer)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed", "16-mixed"])
+def test_the_fused_adam_with_clipping_takes_the_steps_of_the_plain_loop(precision):
+    """The Trainer's steps (fused Adam; the module clips before it, unscaling first under a GradScaler, where
+    Lightning's plugin refuses to clip) against unscale_, clip_grad_norm_ and the step by hand, with the
+    gradients clipped at every step; without the clipping the plain loop lands elsewhere."""
+    generator = torch.Generator().manual_seed(1)
+    data = [Batch(x, i) for i, x in enumerate(torch.randn(4 * STEPS, 1, 8, 8, generator=generator))]
+    batches = list(DataLoader(data, batch_size=4))
+    module = tiny_unet_module()
+    plain, unclipped = copy.deepcopy(module), copy.deepcopy(module)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=STEPS, gradient_clip_val=CLIP, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        **trainer_precision(precision),
+    )  # fmt: skip
+    trainer.fit(module, DataLoader(data, batch_size=4))
+    assert trainer.global_step == STEPS and trainer.optimizers[0].defaults["fused"] is True
+    plain_loop(plain, batches, precision, CLIP)
+    plain_loop(unclipped, batches, precision, None)
+
+    def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
+        return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+    assert max_difference(module, plain) < 1e-5
+    assert max_difference(plain, unclipped) > 1e-4
+
+
+def test_a_checkpoint_of_the_foreach_adam_resumes_with_the_fused_step():
+    """An optimizer state saved by a foreach Adam: its flags would replace the fused ones on load, and a foreach
+    step refuses the found-inf flag a GradScaler hands a fused optimizer."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(8, 4)
+    old = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=True)
+    model(x).square().mean().backward()
+    old.step()
+    resumed, continued = copy.deepcopy(model), copy.deepcopy(model)
+    fused = adam(resumed.parameters(), torch.device("cpu"), lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0)
+    fused.load_state_dict(
+        copy.deepcopy(old.state_dict())
+    )  # a copy: a fused step moves the step counts in place
+    assert fused.param_groups[0]["fused"] is True and fused.param_groups[0]["foreach"] is None
+    reference = torch.optim.Adam(continued.parameters(), lr=1e-2, foreach=True)
+    reference.load_state_dict(copy.deepcopy(old.state_dict()))
+    for network, optimizer in ((resumed, fused), (continued, reference)):
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(network(x).square().mean()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    for p, q in zip(resumed.parameters(), continued.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
 
 
 @pytest.fixture

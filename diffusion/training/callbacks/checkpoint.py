@@ -51,7 +51,8 @@ class Checkpoint(ModelCheckpoint):
 
     Besides the saves ModelCheckpoint makes (at validation by default), at the end of an optimizer step it
     saves last.ckpt when `every_n_minutes` of wall time passed since the last save, and when the run got
-    SIGTERM or SIGUSR1, after which it ends the run with a non-zero exit (`diffusion.training.callbacks.preemption`).
+    SIGTERM or SIGUSR1, after which it ends the run with a non-zero exit (`diffusion.training.callbacks.preemption`; under DDP it
+    asks the ranks at the logging steps only, so such a save can come up to log_every_n_steps - 1 steps later).
 
     Args:
         every_n_minutes: wall-time interval of the timed checkpoints (None: none).
@@ -85,10 +86,15 @@ class Checkpoint(ModelCheckpoint):
         if trainer.global_step == self._polled_step:
             return  # no optimizer step since the last poll (accumulating): a save here would lose gradients
         self._polled_step = trainer.global_step
-        if trainer.should_stop or trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        last_step = (
+            trainer.should_stop or trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
+        )
+        if last_step:
             # The run's final step (max_steps reached, or a callback stopped it here as max_time's Timer does).
             self._loops_after_step = (trainer.global_step, trainer.fit_loop.state_dict())
-        signum, due = self.preemption.poll(trainer)
+        signum, due = None, False
+        if self.preemption.polls_after(trainer, last_step):
+            signum, due = self.preemption.poll(trainer)
         if (signum or due) and not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
             if self.save_last:
@@ -105,6 +111,10 @@ class Checkpoint(ModelCheckpoint):
             )
             requeue_slurm_job(trainer, signum)
             raise Preempted(128 + signum)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self.preemption.uninstall(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saving_at_train_end = True

@@ -5,17 +5,20 @@ Lightning's own path is not used for the save: its SIGTERM handler runs a collec
 (which can pair with another rank's gradient all-reduce), its loops then raise `SIGTERMException` with exit
 status 0 (a scheduler takes the run as finished), possibly in the middle of a validation, with the EMA weights
 swapped in; under SLURM, its SIGUSR1 handler saves from inside the handler, mid-step. Here the handler only
-notes the signal (and passes it on to the ranks Lightning launched); `Checkpoint.on_train_batch_end` asks all
-ranks at the end of every optimizer step (one tiny all-reduce under DDP, as Lightning's own per-batch SIGTERM
-broadcast) and, if any rank was signalled, every rank saves there, in the same state as any step checkpoint,
-so resuming continues exactly. Then `Preempted(128 + signal)`, a `SIGTERMException`, ends the run (143 for SIGTERM, 138 for
-SIGUSR1, as a shell reports a process killed by the signal); under SLURM with auto-requeue, rank 0 first
-requeues the job, as Lightning does.
+notes the signal (and passes it on to the ranks Lightning launched); `Checkpoint.on_train_batch_end` polls
+after an optimizer step and, if any rank was signalled, every rank saves there, in the same state as any step
+checkpoint, so resuming continues exactly. Then `Preempted(128 + signal)`, a `SIGTERMException`, ends the run
+(143 for SIGTERM, 138 for SIGUSR1, as a shell reports a process killed by the signal); under SLURM with
+auto-requeue, rank 0 first requeues the job, as Lightning does.
 
-Cost on GPUs: reading the all-reduced flags (`.tolist()`) waits for the step's queued kernels. It adds no
-drain of its own: Lightning 2.6 broadcasts its SIGTERM flag and reads it with `.item()` before every batch
-under DDP (`_TrainingEpochLoop._broadcast_sigterm_tensor`), so the GPU queue empties once a batch anyway; the
-poll moves that wait to the end of the step and adds one tiny collective (tens of microseconds on one node).
+When it polls: one process after every optimizer step, so it saves the step the signal arrived in (its flags
+are host values: the poll costs nothing). Under DDP the ranks must agree, which takes an all-reduce and a read
+of its result, and a read makes the host wait for the device's queue to drain (see
+`diffusion.training.logging_steps`): so the ranks poll at the logging steps (every `log_every_n_steps`) and at
+the run's last step, and save the first of those at or after the step the signal arrived in, at most
+`log_every_n_steps - 1` steps later. Lightning's own per-batch SIGTERM broadcast under DDP (a collective and an
+`.item()` before every batch, `_TrainingEpochLoop._broadcast_sigterm_tensor`) is switched off while these
+handlers are in place: its flag could only change in its own handler, which they replace.
 """
 
 import contextlib
@@ -29,12 +32,16 @@ from types import FrameType
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from diffusion.training.logging_steps import is_logging_step
 
 log = logging.getLogger(__name__)
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+UNLOGGED_POLL_EVERY_N_STEPS = 10  # under DDP with log_every_n_steps=0 (no logging steps)
 
 
 class Preempted(SIGTERMException):
@@ -72,6 +79,14 @@ class Preemption:
             return  # signal handlers can only be set from the main thread
         for signum in PREEMPTION_SIGNALS:
             signal.signal(signum, self._note)
+        # An instance attribute over the loop's method (`uninstall` removes it). After a SIGTERM that came before
+        # training, Lightning's handler set its flag: its broadcast is left to stop every rank.
+        if not trainer.received_sigterm:
+            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+
+    def uninstall(self, trainer: L.Trainer) -> None:
+        """Give Lightning's loop its per-batch SIGTERM broadcast back (Lightning restores the handlers itself)."""
+        vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         first = self.signal is None
@@ -83,21 +98,32 @@ class Preemption:
     def saved(self) -> None:
         self._last_save = time.monotonic()
 
+    @staticmethod
+    def polls_after(trainer: L.Trainer, last_step: bool) -> bool:
+        """Whether to poll after the optimizer step just taken: always in one process; under DDP at the logging
+        steps and the run's last step (`last_step`), the same steps on every rank."""
+        if trainer.world_size == 1 or last_step or is_logging_step(trainer, trainer.global_step):
+            return True
+        return trainer.log_every_n_steps == 0 and trainer.global_step % UNLOGGED_POLL_EVERY_N_STEPS == 0
+
     def poll(self, trainer: L.Trainer) -> tuple[int | None, bool]:
         """(signal to stop for or None, whether a timed checkpoint is due), the same on every rank.
 
-        A collective under DDP: every rank calls it at the end of the same optimizer steps."""
+        A collective under DDP: every rank calls it after the same optimizer steps (`polls_after`)."""
         due = (
             self.every_n_minutes is not None
             and time.monotonic() - self._last_save >= 60 * self.every_n_minutes
         )
         flags = [self.signal or 0, int(due and trainer.is_global_zero)]  # rank 0's clock decides the time
         if trainer.world_size > 1:
-            reduced = trainer.strategy.reduce(
-                torch.tensor(flags, device=trainer.strategy.root_device), reduce_op="max"
-            )
+            reduced = torch.tensor(flags, device=trainer.strategy.root_device)
+            dist.all_reduce(reduced, op=dist.ReduceOp.MAX)  # without the barrier of Lightning's reduce
             flags = [int(value) for value in reduced.tolist()]
         return flags[0] or None, bool(flags[1])
+
+
+def _no_broadcast() -> None:
+    """Stands in for Lightning's per-batch SIGTERM broadcast (see the module's docstring)."""
 
 
 def requeue_slurm_job(trainer: L.Trainer, signum: int) -> None:
