@@ -127,9 +127,8 @@ def _module_names(unet: UNet) -> dict[str, str]:
                 names |= _resblock(f"{path}.{level}.blocks.{i}", f"{theirs}.{level}.resnets.{i}")
                 if isinstance(attn, AttnBlock):
                     names |= _attention(f"{path}.{level}.attns.{i}", f"{theirs}.{level}.attentions.{i}")
-    for i in range(
-        unet.num_levels - 1
-    ):  # every level but the deepest downsamples, every one but the first up
+    # Down stage i < L-1 ends in a downsample; up stage i < L-1 (level L-1-i) in an upsample.
+    for i in range(unet.num_levels - 1):
         names[f"down.{i}.downsample.conv"] = f"down_blocks.{i}.downsamplers.0.conv"
         names[f"up.{i}.upsample.conv"] = f"up_blocks.{i}.upsamplers.0.conv"
     return names
