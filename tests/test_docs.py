@@ -1,6 +1,6 @@
 """The README and the guides in docs/ stay true to the code: every relative link resolves (to a file, and to a
 heading where it names one), and every command in their code blocks parses as the command would parse it
-(`--print_config` for train.py, the parser alone for the sample and evaluate CLIs): no training, no sampling."""
+(`--print_config` for train.py, the parser alone for the sample, evaluate and export CLIs): no training, no sampling."""
 
 import re
 import shlex
@@ -10,10 +10,16 @@ import pytest
 import tomllib
 
 from diffusion.cli.evaluate import build_parser as evaluate_parser
+from diffusion.cli.export import build_parser as export_parser
 from diffusion.cli.sample import build_parser as sample_parser
 from diffusion.cli.train import main as train
 
 REPO = Path(__file__).resolve().parents[1]
+PARSERS = {
+    "diffusion.sample": sample_parser,
+    "diffusion.evaluate": evaluate_parser,
+    "diffusion.export": export_parser,
+}
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -78,9 +84,8 @@ def test_every_documented_command_parses(document, argv, capsys, monkeypatch):
         with pytest.raises(SystemExit) as exit_info:
             train([*args, "--print_config"])
         assert exit_info.value.code == 0, capsys.readouterr().err
-    elif program in ("diffusion.sample", "diffusion.evaluate"):
-        parser = sample_parser() if program == "diffusion.sample" else evaluate_parser()
-        parser.parse_args(args)
+    elif program in PARSERS:
+        PARSERS[program]().parse_args(args)
     else:
         pytest.fail(f"{document}: {' '.join(argv)} names no command of this project")
 

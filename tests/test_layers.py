@@ -2,7 +2,7 @@
 up, also inside functions; and no modules import each other in a circle, within a layer either.
 
 Layers, bottom to top (`diffusion/__init__.py` draws the same picture): errors -> core -> models -> data ->
-generation and metrics -> training -> cli -> the entry points (`python -m diffusion.sample`, `... evaluate`).
+generation and metrics -> training -> cli -> the entry points (`python -m diffusion.sample`, `... evaluate`, `... export`).
 """
 
 import ast
@@ -20,7 +20,7 @@ LAYERS = [
     ["diffusion.generation", "diffusion.metrics"],
     ["diffusion.training"],
     ["diffusion.cli"],
-    ["diffusion.sample", "diffusion.evaluate", "diffusion"],
+    ["diffusion.sample", "diffusion.evaluate", "diffusion.export", "diffusion"],
 ]
 
 

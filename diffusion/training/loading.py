@@ -1,26 +1,40 @@
-"""A trained model from its checkpoint alone: no config file, no code run (``weights_only=True``)."""
+"""A trained model from its checkpoint alone, or from an export of it: no config file, no code run
+(``weights_only=True``; an export is JSON and safetensors)."""
 
 import os
 from typing import Literal
 
 import torch
 
-from diffusion.errors import check_choice
+from diffusion.errors import UserError, check_choice
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
+from diffusion.training.exported import is_export, load_export, read_export_config
 from diffusion.training.module import DiffusionModule
 
 Weights = Literal["ema", "raw"]
 
 
 def load_checkpoint(
-    path: str | os.PathLike, weights: Weights = "ema", map_location: str | torch.device = "cpu"
+    path: str | os.PathLike, weights: Weights | None = None, map_location: str | torch.device = "cpu"
 ) -> DiffusionModule:
     """A DiffusionModule from a checkpoint alone (no config), with its EMA weights or its raw ones.
 
     Lightning's EMA callback stores the averaged weights under "state_dict" and the raw ones under
-    "current_model_state"; a run without EMA has only raw weights, which both choices then return.
+    "current_model_state"; a run without EMA has only raw weights, which both choices then return. None: EMA.
+
+    `path` may also be a folder written by `python -m diffusion.export --format safetensors` (or its config.json),
+    which holds one set of weights: None returns it, and asking for the other set is an error.
     """
-    check_choice("weights", weights, Weights)
+    if weights is not None:
+        check_choice("weights", weights, Weights)
+    if is_export(path):
+        exported = read_export_config(path)[0].get("weights")
+        if weights is not None and weights != exported:
+            raise UserError(
+                f"{path} holds {exported} weights, not {weights}",
+                f"export the checkpoint again with --weights {weights}, or load it without weights=",
+            )
+        return load_export(path, map_location)
     checkpoint = read_checkpoint(path, map_location=map_location)  # checked before Lightning reads it again
     check_written_by_train(checkpoint, path)
     module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)

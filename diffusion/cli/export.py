@@ -1,0 +1,104 @@
+"""A model that leaves the project: `python -m diffusion.export --ckpt PATH --format FORMAT --out DIR`.
+
+--format safetensors: DIR/model.safetensors (the network's weights) and DIR/config.json (the network's settings,
+the noise schedule, the prediction type, the sample shape, the normalization, the class names, the sampling
+defaults). `diffusion.training.loading.load_checkpoint(DIR)` rebuilds the model from it, and so can a few lines
+with `diffusion.models.UNet` (docs/export.md); reading it runs no code.
+
+--format diffusers: a diffusers DDPMPipeline (UNet2DModel + DDPMScheduler, `save_pretrained`), which
+`DDPMPipeline.from_pretrained(DIR)` loads in a Python that has diffusers and not this package. For an
+unconditional UNet with channel_mult[0] = 1 predicting what it is fed (no learned variances); other models are
+refused in one line (export them with --format safetensors). Needs `pip install diffusers`.
+
+The EMA weights by default (--weights raw: the raw ones; a run without EMA has only raw weights). DIR must be
+new or empty: --overwrite replaces what an earlier export wrote there. The files are written to a temporary
+folder next to DIR and moved in once complete. A user error ends in one line on stderr and exit status 2;
+--debug (or DIFFUSION_DEBUG=1) shows its traceback.
+"""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from jsonargparse import ActionYesNo, ArgumentParser
+
+from diffusion.cli.checks import check_writable_folder
+from diffusion.cli.parsing import command_parser
+from diffusion.cli.reporting import reporting_user_errors
+from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
+from diffusion.errors import UserError
+from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
+from diffusion.training.exported import write_export
+from diffusion.training.loading import Weights, load_checkpoint
+
+Format = Literal["safetensors", "diffusers"]
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser("python -m diffusion.export", __doc__)
+    parser.add_argument(
+        "--ckpt", type=str, required=True, help="a checkpoint of train.py (e.g. .../last.ckpt)"
+    )
+    parser.add_argument(
+        "--format", type=Format, required=True,
+        help="safetensors (this project's, every model) or diffusers (a DDPMPipeline)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=str, required=True, help="output folder (new or empty)")
+    parser.add_argument("--weights", type=Weights, default="ema", help="EMA weights or raw ones")
+    parser.add_argument(
+        "--overwrite", action=ActionYesNo, nargs="?", default=False,
+        help="write into a folder that is not empty, replacing an earlier export's files",
+    )  # fmt: skip
+    return parser
+
+
+def check_out(out: str, overwrite: bool) -> None:
+    check_writable_folder(out, "--out")
+    path = Path(out).expanduser()
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise UserError(
+            f"--out {path} is not empty", "pass --overwrite to replace an export there, or a new --out"
+        )
+
+
+def move_into(staged: Path, out: Path) -> None:
+    """Move every file of `staged` to the same place under `out`, replacing files of the same name."""
+    for source in sorted(p for p in staged.rglob("*") if p.is_file()):
+        target = out / source.relative_to(staged)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, target)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """`python -m diffusion.export [flags]`: write the export into OUT and return OUT."""
+    with reporting_user_errors(argv):
+        args = build_parser().parse_args(argv)
+        check_out(args.out, args.overwrite)
+        checkpoint = read_checkpoint(args.ckpt, "--ckpt")
+        network = check_written_by_train(checkpoint, args.ckpt, "--ckpt")["network"]
+        if args.format == "diffusers":
+            import_diffusers()  # before any time is spent: one line if it is missing
+        module = load_checkpoint(args.ckpt, weights=args.weights)
+        if args.format == "diffusers":
+            check_pipeline_fits(module)  # refused before anything is written
+        # A run without EMA keeps its raw weights under "state_dict", which both choices load.
+        weights = "ema" if args.weights == "ema" and "current_model_state" in checkpoint else "raw"
+        out = Path(args.out).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        try:
+            if args.format == "diffusers":
+                save_pipeline(module, staged)
+            else:
+                write_export(module, network, staged, weights)
+            move_into(staged, out)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+        print(f"wrote the {weights} weights of {args.ckpt} to {out} ({args.format})")
+        return out
+
+
+if __name__ == "__main__":
+    main()

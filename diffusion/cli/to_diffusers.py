@@ -1,0 +1,107 @@
+"""A trained model as a diffusers ``DDPMPipeline`` (a ``UNet2DModel`` and a ``DDPMScheduler``) that
+``DDPMPipeline.from_pretrained(folder)`` loads without this package.
+
+The network maps exactly (`diffusion.models.diffusers_unet`); the scheduler is set to sample as this project's
+DDPM does: the same betas (diffusers' named schedule where its betas agree with ours to float32 rounding, else
+``trained_betas``), the prediction type, the model's sampling defaults for the variance (``fixed_large`` = beta_t,
+``fixed_small`` = beta~_t) and for clipping x_0 to [-1, 1], and ``timestep_spacing="linspace"``, whose
+``num_inference_steps`` < T visit the timesteps our respaced DDPM (``--steps``) visits. ``DDPMPipeline`` maps
+samples to [0, 1] as ``x / 2 + 0.5``, the normalization of every image model here.
+
+diffusers is an optional dependency: imported here, when a command asks for this format.
+"""
+
+import inspect
+import os
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from diffusion.core.sampling import reverse_steps
+from diffusion.errors import UserError
+from diffusion.models.diffusers_unet import (
+    INSTEAD,
+    check_maps_to_diffusers,
+    diffusers_unet_config,
+    diffusers_unet_weights,
+)
+from diffusion.training.module import DiffusionModule
+
+PREDICTION_TYPES = {"eps": "epsilon", "x0": "sample", "v": "v_prediction"}
+VARIANCE_TYPES = {"fixedlarge": "fixed_large", "fixedsmall": "fixed_small"}
+PIPELINE_NORMALIZATION = (0.5, 0.5)  # DDPMPipeline's (shift, scale): images = x / 2 + 0.5
+
+
+def import_diffusers() -> ModuleType:
+    try:
+        import diffusers
+    except ImportError as err:
+        raise UserError(
+            "--format diffusers needs the diffusers package, which is not installed",
+            'pip install diffusers (or pip install -e ".[dev]"), or export with --format safetensors',
+        ) from err
+    return diffusers
+
+
+def check_pipeline_fits(module: DiffusionModule) -> None:
+    """Raise UserError (one line) unless a DDPMPipeline samples what `module` samples."""
+    check_maps_to_diffusers(module.network)
+    variance = module.hparams.get("variance", "fixed")
+    if variance != "fixed":
+        raise UserError(f"hparam variance={variance!r} != 'fixed' does not map to DDPMPipeline", INSTEAD)
+    normalization = module.normalization
+    if any(
+        (shift, scale) != PIPELINE_NORMALIZATION
+        for shift, scale in zip(normalization["shift"], normalization["scale"], strict=True)
+    ):
+        raise UserError(f"normalization {normalization} is not DDPMPipeline's images = x / 2 + 0.5", INSTEAD)
+
+
+def ddpm_scheduler_config(module: DiffusionModule, scheduler_class: type) -> dict[str, Any]:
+    """DDPMScheduler's arguments that sample as `module`'s DDPM; `scheduler_class` is diffusers' DDPMScheduler,
+    built once to compare its named schedule's betas with the module's."""
+    hparams, schedule = module.hparams, module.schedule
+    defaults = {name: p.default for name, p in inspect.signature(reverse_steps).parameters.items()}
+    sampling = {**defaults, **module.sampling.as_kwargs()}
+    T = schedule.num_timesteps
+    config: dict[str, Any] = {
+        "num_train_timesteps": T,
+        "prediction_type": PREDICTION_TYPES[hparams.prediction_type],
+        "variance_type": VARIANCE_TYPES[sampling["variance"]],
+        "clip_sample": bool(sampling["clip_denoised"]),
+        "clip_sample_range": 1.0,
+        "thresholding": False,
+        "timestep_spacing": "linspace",
+        "steps_offset": 0,
+        "rescale_betas_zero_snr": False,
+    }
+    scale = 1000 / T  # make_betas' rule: beta_start and beta_end are the values at T = 1000
+    named = {
+        "linear": {"beta_schedule": "linear", "beta_start": scale * hparams.beta_start, "beta_end": scale * hparams.beta_end},
+        "cosine": {"beta_schedule": "squaredcos_cap_v2"},
+    }.get(hparams.beta_schedule)  # fmt: skip
+    betas = schedule.betas.detach().cpu().double()
+    if named is not None:
+        theirs = scheduler_class(**config, **named).betas.double()
+        if torch.allclose(theirs, betas, rtol=1e-6, atol=0):
+            return {**config, **named}
+    # Clipped at 0.999 (a linear schedule with T <= 20), or a schedule diffusers does not name: the betas themselves.
+    # (beta_start and beta_end only document the ends: DDPMScheduler takes trained_betas as they are.)
+    return {
+        **config,
+        "trained_betas": betas.tolist(),
+        "beta_start": betas[0].item(),
+        "beta_end": betas[-1].item(),
+    }
+
+
+def save_pipeline(module: DiffusionModule, folder: str | os.PathLike) -> None:
+    """Write `module` as a DDPMPipeline into `folder` (`save_pretrained`): refused in one line unless it maps."""
+    diffusers = import_diffusers()
+    check_pipeline_fits(module)
+    network = module.network
+    unet = diffusers.UNet2DModel(**diffusers_unet_config(network, module.sample_shape))
+    unet.load_state_dict(diffusers_unet_weights(network))  # strict: every weight has its place
+    scheduler = diffusers.DDPMScheduler(**ddpm_scheduler_config(module, diffusers.DDPMScheduler))
+    diffusers.DDPMPipeline(unet=unet, scheduler=scheduler).save_pretrained(folder)

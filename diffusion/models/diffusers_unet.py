@@ -1,0 +1,157 @@
+"""This project's UNet as diffusers' ``UNet2DModel``: its arguments and its weights under diffusers' names.
+
+Both are the UNet of Ho et al. 2020 (``diffusion_tf``), so an unconditional network maps layer for layer and
+computes the same function: the sinusoidal time embedding with ``flip_sin_to_cos=False, freq_shift=1`` (sines
+first, frequencies ``10000 ** (-i / (half - 1))``); ResBlocks norm-act-conv with the time embedding's projection
+added after the first conv and a 1x1 shortcut when widths differ; single- or multi-head self-attention with
+GroupNorm, 1/sqrt(head width) scale and a residual add; a stride-2 3x3 conv padded right and bottom
+(``downsample_padding=0``); nearest x2 + 3x3 conv; ``num_res_blocks + 1`` ResBlocks per level on the way up
+(``layers_per_block + 1``); GroupNorm eps 1e-6 everywhere.
+
+What does not map is refused with `UserError`: class-conditional networks (a ``DDPMPipeline`` has no labels),
+outputs wider than the input (learned variances), ``num_res_blocks=0``, ``channel_mult[0] != 1`` (``UNet2DModel`` sizes ``conv_in``
+and the time embedding by the first level's width, this UNet by ``channels``), several attention heads at
+attention levels of different widths (``UNet2DModel`` has one head width), and ``channels < 4`` (diffusers'
+embedding divides by ``half - 1``).
+
+Plain dicts and tensors only: diffusers is not imported here (it is an optional dependency).
+"""
+
+import torch
+from torch import nn
+
+from diffusion.errors import UserError
+from diffusion.models.unet import AttnBlock, ResBlock, UNet
+
+INSTEAD = "export with --format safetensors (this project's own format) instead"
+
+
+def check_maps_to_diffusers(unet: nn.Module) -> None:
+    """Raise UserError (one line: why, and what to use instead) unless `unet` maps exactly to UNet2DModel."""
+    if not isinstance(unet, UNet):
+        raise UserError(
+            f"a {type(unet).__name__} network has no diffusers UNet2DModel counterpart (only the UNet has)",
+            INSTEAD,
+        )
+    if unet.num_classes is not None:
+        raise UserError(
+            "a class-conditional UNet does not map to diffusers' DDPMPipeline, which samples without labels",
+            INSTEAD,
+        )
+    if unet.conv_out.out_channels != unet.in_channels:
+        raise UserError(
+            f"the UNet outputs {unet.conv_out.out_channels} channels for {unet.in_channels} input channels "
+            "(learned variances); diffusers' DDPMPipeline takes a prediction of the sample's shape",
+            INSTEAD,
+        )
+    if unet.channels < 4:
+        raise UserError(f"channels={unet.channels} < 4 has no diffusers time embedding", INSTEAD)
+    if not unet.down[0].blocks:
+        raise UserError(
+            "num_res_blocks=0 does not map to UNet2DModel (it needs layers_per_block >= 1)", INSTEAD
+        )
+    if level_widths(unet)[0] != unet.channels:
+        raise UserError(
+            "channel_mult[0] != 1 does not map to UNet2DModel (its input conv and time embedding take the "
+            "first level's width, this UNet's take `channels`)",
+            INSTEAD,
+        )
+    widths = {attn.proj_out.out_channels for attn in unet.modules() if isinstance(attn, AttnBlock)}
+    if unet.mid_attn.num_heads > 1 and len(widths) > 1:
+        raise UserError(
+            f"num_heads={unet.mid_attn.num_heads} at attention widths {sorted(widths)}: UNet2DModel gives every "
+            "attention block the same head width",
+            INSTEAD,
+        )
+
+
+def level_widths(unet: UNet) -> list[int]:
+    """The width of every level, channels * channel_mult[level] (read off the up path, which always has blocks)."""
+    return [stage.blocks[0].conv1.out_channels for stage in reversed(unet.up)]
+
+
+def diffusers_unet_config(unet: UNet, sample_shape: tuple[int, ...]) -> dict:
+    """UNet2DModel's arguments for `unet` (checked with `check_maps_to_diffusers`) and samples of `sample_shape`
+    (C, H, W)."""
+    check_maps_to_diffusers(unet)
+    widths = level_widths(unet)
+    attention = [isinstance(stage.attns[0], AttnBlock) for stage in reversed(unet.up)]
+    down = ["AttnDownBlock2D" if attn else "DownBlock2D" for attn in attention]
+    heads = unet.mid_attn.num_heads
+    height, width = sample_shape[-2:]
+    return {
+        "sample_size": height if height == width else [height, width],
+        "in_channels": unet.in_channels,
+        "out_channels": unet.conv_out.out_channels,
+        "block_out_channels": widths,
+        "layers_per_block": len(unet.down[0].blocks),
+        "down_block_types": down,
+        "up_block_types": [block.replace("Down", "Up") for block in reversed(down)],
+        "attention_head_dim": None if heads == 1 else unet.mid_attn.proj_out.out_channels // heads,
+        "norm_num_groups": unet.norm_out.num_groups,
+        "norm_eps": unet.norm_out.eps,
+        "dropout": next((m.dropout.p for m in unet.modules() if isinstance(m, ResBlock)), 0.0),
+        "flip_sin_to_cos": False,  # [sin, cos], as diffusion_tf's get_timestep_embedding
+        "freq_shift": 1,  # frequencies 10000 ** (-i / (half - 1))
+        "downsample_padding": 0,  # pad right and bottom, then a stride-2 3x3 conv
+        "act_fn": "silu",
+        "time_embedding_type": "positional",
+    }
+
+
+def _resblock(ours: str, theirs: str) -> dict[str, str]:
+    names = {"norm1": "norm1", "conv1": "conv1", "temb_proj": "time_emb_proj", "norm2": "norm2",
+             "conv2": "conv2", "skip": "conv_shortcut"}  # fmt: skip
+    return {f"{ours}.{a}": f"{theirs}.{b}" for a, b in names.items()}
+
+
+def _attention(ours: str, theirs: str) -> dict[str, str]:
+    # qkv is split into to_q, to_k, to_v by `diffusers_unet_weights`.
+    return {
+        f"{ours}.norm": f"{theirs}.group_norm",
+        f"{ours}.proj_out": f"{theirs}.to_out.0",
+        f"{ours}.qkv": theirs,
+    }
+
+
+def _module_names(unet: UNet) -> dict[str, str]:
+    """Each of our layers' name -> its UNet2DModel name."""
+    names = {"time_embed.0": "time_embedding.linear_1", "time_embed.2": "time_embedding.linear_2",
+             "conv_in": "conv_in", "norm_out": "conv_norm_out", "conv_out": "conv_out"}  # fmt: skip
+    names |= _resblock("mid_block1", "mid_block.resnets.0") | _resblock("mid_block2", "mid_block.resnets.1")
+    names |= _attention("mid_attn", "mid_block.attentions.0")
+    # Both store the up path in forward order, deepest level first.
+    for path, theirs in (("down", "down_blocks"), ("up", "up_blocks")):
+        for level, stage in enumerate(getattr(unet, path)):
+            for i, attn in enumerate(stage.attns):
+                names |= _resblock(f"{path}.{level}.blocks.{i}", f"{theirs}.{level}.resnets.{i}")
+                if isinstance(attn, AttnBlock):
+                    names |= _attention(f"{path}.{level}.attns.{i}", f"{theirs}.{level}.attentions.{i}")
+    # Down stage i < L-1 ends in a downsample; up stage i < L-1 (level L-1-i) in an upsample.
+    for i in range(unet.num_levels - 1):
+        names[f"down.{i}.downsample.conv"] = f"down_blocks.{i}.downsamplers.0.conv"
+        names[f"up.{i}.upsample.conv"] = f"up_blocks.{i}.upsamplers.0.conv"
+    return names
+
+
+def diffusers_unet_weights(unet: UNet) -> dict[str, torch.Tensor]:
+    """`unet`'s weights as a UNet2DModel state_dict (for `diffusers_unet_config(unet, ...)`): renamed, the fused
+    1x1-conv qkv split into the three linear layers to_q, to_k, to_v, and 1x1 conv kernels as linear weights."""
+    check_maps_to_diffusers(unet)
+    names = _module_names(unet)
+    attention = {f"{name}.{layer}" for name, m in unet.named_modules() if isinstance(m, AttnBlock)
+                 for layer in ("qkv", "proj_out")}  # fmt: skip
+    weights = {}
+    for key, value in unet.state_dict().items():
+        layer, kind = key.rsplit(".", 1)  # kind: weight or bias
+        theirs = names[layer]
+        if layer in attention:
+            value = value.flatten(1) if kind == "weight" else value  # (C_out, C_in, 1, 1) -> (C_out, C_in)
+        if layer.endswith(".qkv"):
+            # Channels are [q | k | v], each [head 0 | head 1 | ...]: diffusers' to_q/to_k/to_v split heads the
+            # same way.
+            for part, chunk in zip(("to_q", "to_k", "to_v"), value.chunk(3, dim=0), strict=True):
+                weights[f"{theirs}.{part}.{kind}"] = chunk.clone()
+        else:
+            weights[f"{theirs}.{kind}"] = value.clone()
+    return weights

@@ -1,0 +1,109 @@
+"""This project's export format, a folder readable without Lightning or pickle: ``model.safetensors`` (the network's
+state_dict, one set of weights) and ``config.json`` (everything sampling needs).
+
+``config.json`` holds ``hyper_parameters``, the DiffusionModule's settings as a checkpoint saves them (the network's
+``class_path`` and ``init_args``, the schedule, ``prediction_type``, ``sample_shape``, ``normalization``,
+``class_names``, the sampling defaults), ``weights`` ("ema" or "raw": which set this is), and ``betas``: the
+schedule's betas, for code outside this package (this package rebuilds them from the settings). Reading it runs no
+code: JSON and safetensors only, and the network must be one of this project's (`NETWORKS`).
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from diffusion.errors import UserError
+from diffusion.models import MLP, UNet
+from diffusion.training.module import DiffusionModule
+
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+FORMAT, FORMAT_VERSION = "diffusion.export", 1
+NETWORKS: dict[str, type[torch.nn.Module]] = {"UNet": UNet, "MLP": MLP}
+FIX = "pass a folder written by python -m diffusion.export --format safetensors (or its config.json)"
+
+
+def is_export(path: str | os.PathLike) -> bool:
+    """Whether `path` names an export: a folder holding config.json, or a .json file."""
+    path = Path(path).expanduser()
+    return (path.is_dir() and (path / CONFIG).is_file()) or path.suffix == ".json"
+
+
+def write_export(
+    module: DiffusionModule, network: dict[str, Any], folder: str | os.PathLike, weights: str
+) -> None:
+    """Write `module` into `folder` (which exists): its network's weights and settings, `network` being the
+    checkpoint's {"class_path", "init_args"} of the network and `weights` which set the module holds."""
+    folder = Path(folder)
+    name = type(module.network).__name__
+    if name not in NETWORKS:
+        raise UserError(f"a {name} network cannot be exported", f"export a network of {sorted(NETWORKS)}")
+    hparams = {
+        **module.hparams,
+        "network": {"class_path": f"diffusion.models.{name}", "init_args": network["init_args"]},
+    }
+    config = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "weights": weights,
+        "hyper_parameters": hparams, "betas": module.schedule.betas.double().tolist(),
+    }  # fmt: skip
+    state = {key: value.detach().cpu().contiguous() for key, value in module.network.state_dict().items()}
+    save_file(state, folder / WEIGHTS, metadata={"format": "pt"})
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
+    """(config.json's contents, the export's folder) for an export folder or its config.json, checked."""
+    path = Path(path).expanduser()
+    config_path = path / CONFIG if path.is_dir() else path
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no export config at {config_path} — {FIX}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{config_path} is not valid JSON ({err})", FIX) from err
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise UserError(f"{config_path} is not the config of an export of this project", FIX)
+    if config.get("format_version") != FORMAT_VERSION:
+        raise UserError(
+            f"{config_path} has format_version {config.get('format_version')!r}, this version reads "
+            f"{FORMAT_VERSION}",
+            "load it with the version of this package that wrote it, or export the checkpoint again",
+        )
+    return config, config_path.parent
+
+
+def network_class(class_path: object) -> type[torch.nn.Module]:
+    """The class a network's class_path names, among this project's networks only (no import of other code)."""
+    module, _, name = str(class_path).rpartition(".")
+    if name not in NETWORKS or not (module == "diffusion.models" or module.startswith("diffusion.models.")):
+        raise UserError(
+            f"the export's network {class_path} is not one of this project's networks, and loading runs no "
+            "other code",
+            f"use a network of {[f'diffusion.models.{n}' for n in NETWORKS]}",
+        )
+    return NETWORKS[name]
+
+
+def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> DiffusionModule:
+    """A DiffusionModule, in eval mode, from an export folder (or its config.json), with the weights it holds."""
+    config, folder = read_export_config(path)
+    hparams = dict(config["hyper_parameters"])
+    network_config = hparams.pop("network")
+    network = network_class(network_config.get("class_path"))(**network_config.get("init_args", {}))
+    try:
+        module = DiffusionModule(network=network, **hparams)
+    except TypeError as err:  # settings of another version of DiffusionModule
+        raise UserError(
+            f"{folder / CONFIG} has settings this version does not take ({err})",
+            "load it with the version of this package that wrote it",
+        ) from err
+    try:
+        state = load_file(folder / WEIGHTS)
+    except (FileNotFoundError, SafetensorError) as err:
+        raise UserError(f"{folder / WEIGHTS} cannot be read ({str(err) or type(err).__name__})", FIX) from err
+    module.network.load_state_dict(state)
+    return module.to(map_location).eval()

@@ -1,0 +1,57 @@
+"""The export CLI's user errors: one line, `error: <what is wrong> — <how to fix it>`, exit status 2, no traceback,
+and the user's files unchanged, --out not created (the contract: tests/cli/test_train_errors.py)."""
+
+import re
+import sys
+
+import pytest
+from helpers.user_errors import fill, run_in_process
+
+from diffusion.cli import export
+
+TOY2D = "{user}/runs/toy2d/version_0/checkpoints/last.ckpt"
+
+EXPORT_CASES = {
+    "unknown_format": (["--format", "onnx"], r"--format onnx is not one of the choices — choose one of 'safetensors'"),
+    "unknown_weights": (["--weights", "best"], r"--weights best is not one of the choices — choose one of 'ema'"),
+    "unknown_flag": (["--steps", "5"], r"unrecognized arguments: --steps 5"),
+    "truncated": (["--ckpt", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated or not a PyTorch"),
+    "empty": (["--ckpt", "{user}/empty.ckpt"], r"empty.ckpt is empty"),
+    "a_folder": (["--ckpt", "{user}/runs/toy2d"], r"is a folder, not a checkpoint file — pass .*last.ckpt"),
+    "missing": (["--ckpt", "{user}/nope.ckpt"], r"no checkpoint at .*nope.ckpt"),
+    "bare_weights": (["--ckpt", "{user}/weights.pt"], r"weights.pt is not a checkpoint written by train.py"),
+    "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),
+    "out_under_a_file": (["--out", "{user}/a_file/export"], r"a_file is a file, not a folder"),
+    "out_not_empty": (["--out", "{user}/samples"], r"--out .*samples is not empty — pass --overwrite"),
+    "a_vector_model_to_diffusers": (
+        ["--ckpt", TOY2D, "--format", "diffusers"],
+        r"a MLP network has no diffusers UNet2DModel counterpart .* — export with --format safetensors",
+    ),
+}  # fmt: skip
+
+
+def export_args(flags: list[str], user) -> list[str]:
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    return ["--ckpt", str(good), "--format", "safetensors", "--out", str(user / "new"), *fill(flags, user)]
+
+
+@pytest.mark.parametrize(("flags", "expected"), EXPORT_CASES.values(), ids=EXPORT_CASES.keys())
+def test_export_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
+    assert re.search(expected, run_in_process(export.main, export_args(flags, user), user, capsys))
+
+
+@pytest.mark.parametrize("missing", ["--ckpt", "--format", "--out"])
+def test_export_names_a_missing_required_flag(missing, user, capsys):
+    args = export_args([], user)
+    del args[args.index(missing) : args.index(missing) + 2]
+    line = run_in_process(export.main, args, user, capsys)
+    assert f"{missing} is required" in line
+
+
+def test_diffusers_missing_says_to_install_it(user, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # `import diffusers` raises ImportError
+    line = run_in_process(export.main, export_args(["--format", "diffusers"], user), user, capsys)
+    assert re.search(
+        r"--format diffusers needs the diffusers package, which is not installed — pip install diffusers",
+        line,
+    )
