@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from conftest import tiny_run
+from helpers import tiny_run
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
