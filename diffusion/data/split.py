@@ -1,0 +1,175 @@
+"""The dataset contract and the train/validation split every DataModule of this project shares.
+
+Every dataset item is a `Batch` ``(x, index)`` (`IndexedDataset` wraps any dataset so): ``x`` a float32 tensor in
+model units and ``index`` the sample's position in the full dataset, which per-sample noise is seeded with, so
+the noise a sample gets does not depend on which rank or batch it lands in. A third field, ``label``, holds the
+class of each sample for class-conditional training and `NO_LABEL` otherwise.
+
+``batch_size`` is per device: the global batch is ``batch_size x devices x num_nodes x accumulate_grad_batches``.
+The training loader is resumable mid-epoch (`diffusion.data.resumable`).
+"""
+
+import math
+import os
+
+import lightning as L
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from diffusion.core.guidance import NO_LABEL
+from diffusion.data.batch import Batch
+from diffusion.data.resumable import ResumableLoader, ResumableSampler
+
+
+class IndexedDataset(Dataset):
+    """Wraps any dataset so that items become ``Batch(x, index, label)``: from a tuple item (x, label, ...) it keeps
+    x, and the label too when ``with_labels`` (otherwise the label is NO_LABEL)."""
+
+    def __init__(self, base: Dataset, transform=None, with_labels: bool = False) -> None:
+        self.base = base
+        self.transform = transform
+        self.with_labels = with_labels
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> Batch:
+        x = self.base[index]
+        label = NO_LABEL
+        if self.with_labels:
+            if not isinstance(x, tuple | list) or len(x) < 2:
+                raise TypeError(f"with_labels needs items (x, label, ...), got {type(x).__name__}")
+            label = int(x[1])
+        if isinstance(x, tuple | list):
+            x = x[0]
+        if self.transform is not None:
+            x = self.transform(x)
+        return Batch(x, int(index), label)
+
+class SplitDataModule(LightningDataModule):
+    """Shared train/val split and dataloaders; subclasses call ``_split`` in ``setup``.
+
+    Either ``val_fraction`` of the data is held out, or (``val_from_train=N``, with ``val_fraction=0``) the
+    model trains on all of it and validates on a fixed random subset of N training samples, as Ho et al.
+    train CIFAR-10 on all 50,000 images.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_workers: int,
+        val_fraction: float,
+        seed: int,
+        val_from_train: int | None = None,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size} — pass --data.batch_size 1 or more")
+        if num_workers < 0:
+            raise ValueError(
+                f"num_workers must be >= 0, got {num_workers} — pass --data.num_workers 0 (load in the main "
+                "process) or a count of worker processes"
+            )
+        if not 0 <= val_fraction < 1:
+            raise ValueError(
+                f"val_fraction must be in [0, 1), got {val_fraction} — pass the share of the data to hold out, "
+                "e.g. --data.val_fraction 0.05 (0: no validation)"
+            )
+        if val_from_train is not None and val_from_train < 1:
+            raise ValueError(
+                f"val_from_train must be >= 1 (or None), got {val_from_train} — pass a count of training "
+                "samples, or leave --data.val_from_train unset"
+            )
+        if val_from_train is not None and val_fraction > 0:
+            raise ValueError(
+                f"val_from_train={val_from_train} validates on training samples and holds nothing out; "
+                f"set --data.val_fraction 0 (got {val_fraction})"
+            )
+        self.val_from_train = val_from_train
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+    def _split(self, full: Dataset) -> None:
+        n = len(full)
+        # A fixed generator: the same seed gives the same split on every rank and every run.
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        if self.val_from_train is not None:
+            if self.val_from_train > n:
+                raise ValueError(
+                    f"val_from_train={self.val_from_train} is more than the {n} training samples — "
+                    f"pass --data.val_from_train {n} or less"
+                )
+            self.train_set = Subset(full, list(range(n)))
+            self.val_set = Subset(full, perm[: self.val_from_train].sort().values.tolist())
+            return
+        n_val = max(1, round(n * self.val_fraction)) if self.val_fraction > 0 else 0
+        if n - n_val < 1:
+            raise ValueError(
+                f"{n} samples leave none for training with val_fraction={self.val_fraction}; "
+                "add data or set --data.val_fraction 0"
+            )
+        self.val_set = Subset(full, perm[:n_val].sort().values.tolist()) if n_val else None
+        self.train_set = Subset(full, perm[n_val:].sort().values.tolist())
+
+    def _loader(self, dataset: Dataset, loader: type[DataLoader] = DataLoader, **kwargs) -> DataLoader:
+        return loader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            drop_last=False,
+            **kwargs,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_set is None:
+            self.setup("fit")
+        trainer = self.trainer
+        distributed = trainer is not None and trainer.world_size > 1
+        # The DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) Lightning would inject under DDP, built
+        # here for every world size: with one replica it yields the very permutation DDP splits across ranks
+        # (a 1-process run and an N-process run see the same samples in each global batch), and it resumes
+        # mid-epoch at the next batch (diffusion.resume). Lightning sees a DistributedSampler, injects none,
+        # and calls set_epoch on it every epoch.
+        sampler = ResumableSampler(
+            self.train_set,
+            num_replicas=trainer.world_size if distributed else 1,
+            rank=trainer.global_rank if distributed else 0,
+            shuffle=True,
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            drop_last=False,
+        )
+        return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.train_set is None:
+            self.setup("validate")
+        if self.val_set is None:
+            return []  # val_fraction=0: Lightning then skips validation
+        # Its own generator: creating an iterator draws the worker seed from it, not from the global RNG that
+        # dropout uses, so validating at other steps (or an extra time, where a run stops) leaves training as is.
+        return self._loader(self.val_set, shuffle=False, generator=torch.Generator())
+
+def describe_batches(trainer: L.Trainer) -> str:
+    """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch'.
+
+    Per rank, an epoch has ceil(N / (B x W)) batches (DistributedSampler pads the last shard) and Lightning
+    steps the optimizer every A batches and at the end of the epoch.
+    """
+    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches  # world = devices x nodes
+    loader = trainer.train_dataloader
+    dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
+    if batch_size is None or not hasattr(dataset, "__len__"):  # an iterable dataset or a batch sampler
+        return f"{world} processes x {accumulate} accumulation"
+    batches = trainer.num_training_batches
+    steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
+    return (
+        f"{len(dataset)} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
+        f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
+    )
