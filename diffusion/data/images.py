@@ -7,25 +7,18 @@ maps model units back to data units, ``data = model * 0.5 + 0.5`` per channel.
 
 from __future__ import annotations
 
-import math
-import os
 from pathlib import Path
 from typing import Literal, get_args
 from urllib.error import URLError
 
-import lightning as L
 import torch
-from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from diffusion.data.batch import Batch
 from diffusion.data.image_files import ImageFiles, find_images, read_image
 from diffusion.data.labels import DATASET_CLASS_NAMES, folder_classes
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.core.guidance import NO_LABEL
-from diffusion.data.resumable import ResumableLoader, ResumableSampler
 
 MIN_IMAGE_SIZE = 8
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
@@ -234,5 +227,3 @@ def download(dataset: str, root: str) -> None:
             f"could not download {dataset} into {root} ({' '.join(str(err).split())}) — check the network "
             f"connection, or copy {files} into {Path(root, folder)} yourself"
         ) from err
-
-

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.data.numpy_files import numpy_file_kind
 from diffusion.data.labels import load_labels
+from diffusion.data.numpy_files import numpy_file_kind
+from diffusion.data.split import IndexedDataset, SplitDataModule
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy"]
 Normalize = Literal["standardize", "minmax"]
