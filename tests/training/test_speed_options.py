@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import tiny_run
+from helpers import TINY_MLP
 
+from diffusion.cli.train import main
 from diffusion.core.sampling import SamplingOptions
 from diffusion.models import UNet
 from diffusion.training.loading import load_checkpoint
@@ -56,6 +58,28 @@ def test_compile_trains_the_same_weights_under_the_same_checkpoint_keys(tmp_path
     # The checkpoint loads as any other (sampling does not compile).
     module = load_checkpoint(tmp_path / "compiled/digits/version_0/checkpoints/last.ckpt")
     assert module.sample(2, seed=0, options=SamplingOptions(steps=2)).shape == (2, 1, 16, 16)
+
+
+@pytest.mark.slow
+def test_a_compiled_run_builds_one_training_graph_and_one_evaluation_graph(tmp_path, compile_calls):
+    """No recompilation at a ragged last batch, at validation or at the sample grid: 30 training samples in
+    batches of 12 (whole global batches: 2 steps an epoch, no batch of 6), 10 validation samples (one batch
+    of 10) and a grid of 5, over 3 epochs with a validation every 2 steps. Dynamo compiles the network
+    once for training and once for evaluation (no_grad, eval mode: validation and sampling share it)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    main([
+        "--config", str(ROOT / "configs" / "toy2d.yaml"), *TINY_MLP, "--model.compile", "true",
+        "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "2", "--data.init_args.num_samples", "40",
+        "--data.init_args.val_fraction", "0.25", "--data.init_args.batch_size", "12",
+        "--max_steps", "6", "--trainer.val_check_interval", "2", "--model.warmup_steps", "1",
+        "--sample_grid.num_samples", "5", "--sample_grid.sampling.steps", "3",
+        "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(tmp_path),
+    ])  # fmt: skip
+    assert compile_calls == ["MLP"]
+    assert counters["frames"]["ok"] == counters["frames"]["total"] == 2  # no graph break
+    assert counters["stats"]["unique_graphs"] == 2
 
 
 def test_compile_keeps_parameter_names(compile_calls):
