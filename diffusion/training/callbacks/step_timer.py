@@ -65,10 +65,12 @@ class StepTimer(L.Callback):
         self.warmup_steps, self.steps, self.peak_tflops = warmup_steps, steps, peak_tflops
         self.path, self.label = path, label
         self.report: dict[str, Any] | None = None
+        self._clock = time.perf_counter  # the host clock (a test's own clock in tests)
         self._reset()
 
     def _reset(self) -> None:
         self._marks: list[tuple[float, Any]] = []  # (host time, CUDA event or None) at each timed step start
+        self._first_timed_step: int | None = None  # the global step the window starts at
         self._validated: set[int] = set()  # intervals (index of their first mark) with a validation in them
         self._started = 0  # optimizer steps started in this fit
         self._last_global_step: int | None = None
@@ -96,6 +98,7 @@ class StepTimer(L.Callback):
         self._last_global_step = trainer.global_step
         if self._started == self.warmup_steps:
             self._batch = len(batch[0])
+            self._first_timed_step = trainer.global_step
             self._graphs_at["window"] = graphs_compiled()
         if self._started >= self.warmup_steps:
             self._mark(pl_module.device)
@@ -118,7 +121,7 @@ class StepTimer(L.Callback):
         if device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
             event.record()
-        self._marks.append((time.perf_counter(), event))
+        self._marks.append((self._clock(), event))
 
     def step_seconds(self) -> list[float]:
         """Seconds of each timed step, in order (CUDA: between the events; waits for the last one)."""
@@ -155,7 +158,9 @@ class StepTimer(L.Callback):
             "accumulate_grad_batches": accumulate,
             "global_batch": per_device * trainer.world_size,
             "warmup_steps": self.warmup_steps,
+            "first_timed_step": self._first_timed_step,
             "timed_steps": len(seconds),
+            "steps_with_validation": len(self._validated),
             "median_ms": median * 1000,
             "mean_ms": statistics.fmean(seconds) * 1000 if seconds else float("nan"),
             "images_per_s": per_device * trainer.world_size / median,
