@@ -1,6 +1,7 @@
 """Speed options give the results of the plain path: `--model.compile true`, the fused Adam, TF32 on CUDA only,
 and the speed benchmark's plumbing (benchmarks/speed.py --quick)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,11 @@ def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
     for row in ("| project: Lightning Trainer + EMA callback |", "| plain loop, same module |"):
         assert row in table
     assert "framework tax: project / plain loop <= 1.03" in table and "images / s" in table
+    # train.py in a process of its own, timed by its StepTimer; the loader alone; both samplers.
+    assert "| `train.py` as users run it (StepTimer; 32-true, global batch 64) |" in table
+    assert "Data loader alone (ImageDataModule(digits): the recipe's training loader, 0 workers" in table
+    assert "| ddim-3 | 32 | 64 |" in table and "| dpmpp_2m_sde-3 | 32 | 64 |" in table
+    assert json.loads((tmp_path / "speed.json").read_text())["train_py"][0]["timed_steps"] == 3
     try:
         import diffusers  # noqa: F401
     except ImportError:
@@ -168,7 +174,14 @@ def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import speed
 
-    table = speed.main(["--quick", "--no_diffusers", "--compiled", "--out", str(tmp_path)])
+    def broken_peer(*args):
+        raise ModuleNotFoundError("No module named 'diffusers.models.unets'")
+
+    monkeypatch.setattr(speed, "diffusers_path", broken_peer)  # a peer that fails to import says why
+    options = ["--quick", "--compiled", "--no_train_py", "--loader_batches", "0", "--samplers", ""]
+    table = speed.main([*options, "--out", str(tmp_path)])
     assert compile_calls == ["UNet"]  # the compiled path's network alone: the others stay eager
     assert "| plain loop, network compiled (torch.compile, default mode) |" in table
     assert "Compiling: the compiled path's first round took" in table
+    expected = "diffusers UNet2DModel, plain loop: not run, ModuleNotFoundError: No module named 'diffusers.models.unets'"
+    assert f"| {expected} |" in table
