@@ -13,6 +13,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 from helpers import TINY_UNET
 
 from diffusion.cli.train import DEFAULT_CONFIG, DiffusionCLI, fit
@@ -116,3 +117,14 @@ def test_under_ddp_rank_zero_alone_writes_the_report_of_the_global_batch(tmp_pat
     assert report["images_per_s"] == pytest.approx(16 / (report["median_ms"] / 1000))
     assert all(math.isfinite(v) for v in report.values() if isinstance(v, float))
     assert output.count("StepTimer [train.py]:") == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_timer_reads_the_steps_off_cuda_events(tmp_path):
+    cli = DiffusionCLI(
+        args(tmp_path, "--accelerator", "cuda", "--trainer.callbacks.steps", "3", "--max_steps", "6")
+    )
+    fit(cli)
+    report = next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer)).report
+    assert report["timed_steps"] == 3 and 0 < report["median_ms"] < math.inf and "CUDA" in report["device"]
+    assert report["peak_memory_bytes"] > 0 and report["images_per_s"] > 0

@@ -219,7 +219,7 @@ def count_flops_per_sample(module: nn.Module, batch: int = 2) -> float | None:
         args = (x, t) if getattr(network, "num_classes", None) is None else (x, t, t)
         with FlopCounterMode(display=False) as counter:
             meta.forward(*args).float().square().mean().backward()  # never a compiled call
-    except (RuntimeError, NotImplementedError, TypeError):
+    except Exception:  # a network the meta device cannot run: the report goes without FLOPs
         return None
     return counter.get_total_flops() / batch
 
