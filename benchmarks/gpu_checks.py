@@ -165,7 +165,7 @@ def check_sample(out: Path) -> list[str]:
             (out / "sample.md").write_text(f"FAILED: no checkpoint to sample from: {tail}\n")
             return ["FAILED"]
         lines.append("(from a 2-step run of its own: the train stage left no checkpoint)")
-    num, batch = (8, 4) if QUICK else (5000, 1250)
+    num, batch = (8, 4) if QUICK else (2500, 1250)
     for sampler, steps in [("ddim", 50), ("dpmpp_2m_sde", 20)]:
         for precision in ("32", "bf16-mixed"):
             command = [sys.executable, "-m", "diffusion.sample", "--ckpt", str(checkpoint), "--num_samples", str(num),

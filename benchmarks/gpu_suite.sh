@@ -57,7 +57,7 @@ fi
 speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
        --goal_images_per_s 8000 --rounds 3 --steps 30)
 after=()  # train.py flags after `--`
-limits=(check 120 train 270 sample 110 speed_fp16 210 speed_bf16 300 speed_compiled 300 digits 210)
+limits=(check 150 train 250 sample 110 speed_fp16 210 speed_bf16 300 speed_compiled 300 digits 210)
 if [[ "$quick" == 1 ]]; then
     speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --quick)
     after=(--data.init_args.num_workers 0 --data.init_args.val_from_train 8)

@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> str:
         measured["paths"] = [{k: v for k, v in asdict(p).items() if k != "run"} for p in run.paths]
         (out / "speed.json").write_text(json.dumps(measured, indent=1, default=str))
     print("\n" + table + f"\nwritten to {out / 'speed.md'}")
+    PROBLEMS[:] = run.problems
     return table
 
 
@@ -301,12 +302,14 @@ def measure_processes(run: Run, cli, accelerator: str) -> None:
         except RuntimeError as error:
             print(error, flush=True)
             run.problems.append(
-                f"`train.py {flags}`: FAILED, {str(error).splitlines()[-1]}".replace("|", "/")
+                f"`{' '.join(['train.py', *flags.split()])}`: FAILED, {str(error).splitlines()[-1]}".replace(
+                    "|", "/"
+                )
             )
     if args.loader_batches:
         data, recipe = cli.datamodule, cli.config.data.init_args.as_dict()
         if args.synthetic and recipe.get("dataset") != "cifar10":
-            run.problems.append("data loader: not measured (--synthetic on a recipe other than CIFAR-10)")
+            print("  data loader: not measured (--synthetic on a recipe other than CIFAR-10)", flush=True)
             return
         if args.synthetic:  # the recipe's ImageDataModule and settings over made-up pixels (speed_data.py)
             data = SyntheticCIFAR10(**recipe)
@@ -314,5 +317,9 @@ def measure_processes(run: Run, cli, accelerator: str) -> None:
         print(f"  data loader: {run.loader['images_per_s']:,.0f} images/s", flush=True)
 
 
+PROBLEMS: list[str] = []  # of the last main(): a path that failed or could not run
+
+
 if __name__ == "__main__":
     main()
+    sys.exit(1 if PROBLEMS else 0)  # the table is written; a suite's stage still says FAILED

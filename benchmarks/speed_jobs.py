@@ -22,7 +22,7 @@ def timed_train_py(
     """`python train.py <cli_args> <extra>` as users run it (the recipe's progress bar, TensorBoard logger,
     checkpoints and strategy) for `warmup + steps` optimizer steps and one more, timed by its StepTimer
     callback; returns the timer's report (its JSON line), with the run's wall time and command line."""
-    label = " ".join(["train.py", *extra])
+    label = " ".join(["train.py", *extra])  # run from the repo root, as users do: recipe paths are relative
     work.mkdir(parents=True, exist_ok=True)
     report, log = work / "step_timer.jsonl", work / "train.log"
     command = [
@@ -42,7 +42,7 @@ def timed_train_py(
     start = time.perf_counter()
     with log.open("w") as output:
         result = subprocess.run(
-            command, cwd=work, env={**env, "PYTHONPATH": os.pathsep.join(filter(None, paths))},
+            command, cwd=ROOT, env={**env, "PYTHONPATH": os.pathsep.join(filter(None, paths))},
             stdout=output, stderr=subprocess.STDOUT,
         )  # fmt: skip
     seconds = time.perf_counter() - start
