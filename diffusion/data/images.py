@@ -17,6 +17,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from diffusion.data.image_files import ImageFiles, find_images, read_image
+from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import DATASET_CLASS_NAMES, folder_classes
 from diffusion.data.split import IndexedDataset, SplitDataModule
 
@@ -127,21 +128,8 @@ class ImageDataModule(SplitDataModule):
         # Image data units are [0, 1]: data = model * 0.5 + 0.5.
         return {"shift": [0.5] * self.channels, "scale": [0.5] * self.channels}
 
-    def _transform(self, native_size: int | None, random_flip: bool) -> v2.Compose:
-        # Resize on uint8 (before ToDtype) so that interpolation cannot overshoot [0, 1].
-        steps = [v2.ToImage()]
-        if native_size is None:  # folder: arbitrary sizes and aspect ratios
-            steps += [v2.Resize(self.image_size, antialias=True), v2.CenterCrop(self.image_size)]
-        elif native_size != self.image_size:
-            steps.append(v2.Resize(self.image_size, antialias=True))
-        if random_flip:
-            steps.append(v2.RandomHorizontalFlip())
-        steps += [
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize([0.5] * self.channels, [0.5] * self.channels),
-            v2.ToPureTensor(),  # a plain tensor, like every other source
-        ]
-        return v2.Compose(steps)
+    def _transform(self, random_flip: bool) -> ToModelUnits:
+        return ToModelUnits(self.image_size, random_flip)
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, so concurrent downloads cannot corrupt the files.
@@ -175,15 +163,13 @@ class ImageDataModule(SplitDataModule):
         if self.dataset == "folder":
             mode = "RGB" if self.channels == 3 else "L"
             return IndexedDataset(
-                ImageFiles(self._files, mode, self._transform(None, random_flip), self._labels),
+                ImageFiles(self._files, mode, self._transform(random_flip), self._labels),
                 None,
                 labelled,
             )
-        cls, _, native_size = _TORCHVISION[self.dataset]
+        cls = _TORCHVISION[self.dataset][0]
         try:
-            base = cls(
-                self.root, train=True, download=False, transform=self._transform(native_size, random_flip)
-            )
+            base = cls(self.root, train=True, download=False, transform=self._transform(random_flip))
         except RuntimeError as err:
             raise FileNotFoundError(
                 f"{self.dataset} not found under {self.root!r}: {err} "

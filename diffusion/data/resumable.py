@@ -34,10 +34,21 @@ class ResumableSampler(DistributedSampler):
 
     Positions count entries of the epoch's global order (the padded permutation that rank r reads at r, r + W,
     r + 2W, ...), so a position means the same samples whatever the world size.
+
+    With `global_batch` (samples per optimizer step, all ranks and accumulated micro-batches together), each
+    epoch's order is cut to whole global batches: every step then has the same shape (a compiled network is
+    not compiled again for a ragged last batch) and the same samples whatever the split into processes and
+    accumulation (Lightning would scale an incomplete accumulation group by 1/k, and DDP pads the last
+    shards with repeated samples). The order is the same permutation, so the samples cut off differ from
+    epoch to epoch. A dataset smaller than one global batch is kept whole (each epoch one smaller step).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, global_batch: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        whole = len(self.dataset) // global_batch * global_batch if global_batch else 0
+        if whole and global_batch % self.num_replicas == 0:
+            # DistributedSampler.__iter__ cuts its order at total_size when drop_last is set.
+            self.drop_last, self.total_size, self.num_samples = True, whole, whole // self.num_replicas
         self._resume_at: tuple[int, int] | None = None  # (epoch, position) from a checkpoint
         self._skip = 0  # items of this rank's share to skip in the next iteration
 

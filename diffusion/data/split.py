@@ -133,18 +133,21 @@ class SplitDataModule(LightningDataModule):
             self.setup("fit")
         trainer = self.trainer
         distributed = trainer is not None and trainer.world_size > 1
+        world = trainer.world_size if distributed else 1
+        accumulate = getattr(trainer, "accumulate_grad_batches", 1) if trainer is not None else 1
         # The DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) Lightning would inject under DDP, built
         # here for every world size: with one replica it yields the very permutation DDP splits across ranks
         # (a 1-process run and an N-process run see the same samples in each global batch), and it resumes
         # mid-epoch at the next batch (diffusion.data.resumable). Lightning sees a DistributedSampler, injects none,
-        # and calls set_epoch on it every epoch.
+        # and calls set_epoch on it every epoch. Each epoch is cut to whole optimizer steps (global_batch).
         sampler = ResumableSampler(
             self.train_set,
-            num_replicas=trainer.world_size if distributed else 1,
+            num_replicas=world,
             rank=trainer.global_rank if distributed else 0,
             shuffle=True,
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
             drop_last=False,
+            global_batch=self.batch_size * world * accumulate,
         )
         return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
 
@@ -161,8 +164,10 @@ class SplitDataModule(LightningDataModule):
 def describe_batches(trainer: L.Trainer) -> str:
     """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch'.
 
-    Per rank, an epoch has ceil(N / (B x W)) batches (DistributedSampler pads the last shard) and Lightning
-    steps the optimizer every A batches and at the end of the epoch.
+    Each epoch is cut to whole global batches (`ResumableSampler`): S = N // G, and the N - S x G samples left
+    over sit out that epoch (others the next). A dataset smaller than one global batch is kept whole:
+    DistributedSampler pads it to ceil(N / (B x W)) batches per rank, and Lightning steps the optimizer every
+    A batches and at the end of the epoch.
     """
     world, accumulate = trainer.world_size, trainer.accumulate_grad_batches  # world = devices x nodes
     loader = trainer.train_dataloader
@@ -171,7 +176,14 @@ def describe_batches(trainer: L.Trainer) -> str:
         return f"{world} processes x {accumulate} accumulation"
     batches = trainer.num_training_batches
     steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
-    return (
+    line = (
         f"{len(dataset)} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
         f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
     )
+    sampler = getattr(loader, "sampler", None)
+    left_over = len(dataset) - sampler.total_size if isinstance(sampler, ResumableSampler) else 0
+    if left_over > 0:
+        line += f" (a random {left_over} sit out each epoch: steps of whole global batches)"
+    elif len(dataset) < batch_size * world * accumulate:
+        line += " (fewer samples than one global batch: each epoch is one smaller step)"
+    return line

@@ -152,6 +152,17 @@ class DiffusionModule(L.LightningModule):
                 ) from error
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self._compiled:
+            # Validation and sampling come in many batch sizes (a ragged last validation batch, a rank's share
+            # of the sample grid, guidance's doubled batch): one evaluation graph with a dynamic batch size
+            # serves them all, where each new size would compile another. Training batches all have one size
+            # (whole global batches, ResumableSampler): its graph stays static, the fastest kernels, even when
+            # Dynamo has seen other sizes from validation first.
+            training = self.network.training
+            mark = torch._dynamo.mark_static if training else torch._dynamo.maybe_mark_dynamic
+            for tensor in (x_t, t, labels):
+                if tensor is not None:
+                    mark(tensor, 0)
         # A network without classes is called as before, so any `model(x_t, t)` keeps working.
         return self.network(x_t, t) if labels is None else self.network(x_t, t, labels)
 
@@ -353,7 +364,8 @@ class DiffusionModule(L.LightningModule):
         self.eval()
         try:
             yield from reverse_steps(
-                self.network, self.schedule, x_T, prediction_type=self.hparams.prediction_type,
+                self if self._compiled else self.network, self.schedule, x_T,
+                prediction_type=self.hparams.prediction_type,
                 generator=generator, progress=progress, labels=self._sampling_labels(labels, len(x_T)),
                 **(options or DEFER).over(self.sampling).as_kwargs(),
             )  # fmt: skip

@@ -6,13 +6,13 @@ start-up of a fresh interpreter. Test-only callbacks from tests/helpers.ddp.py r
 process saw (dataset indices, noise, losses, all-reduce calls). Runs are built once per module and shared
 between the tests that read them, so the whole file costs eight DDP launches, run two at a time.
 
-Data: `gaussian` vectors, N = 48 (50 in the sharding run), no validation split; every run has a global
-batch of 16 samples, so one epoch is 3 optimizer steps whatever the split into devices and accumulation,
-and 6 steps are 2 epochs.
+Data: `gaussian` vectors, N = 50, no validation split; every run has a global batch of 16 samples, so one
+epoch is 3 optimizer steps of whole global batches (a random 2 samples sit out each epoch) whatever the split
+into devices and accumulation, and 6 steps are 2 epochs: the runs go past an epoch's end where a ragged last
+batch would otherwise be.
 """
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.multiprocess
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]
-N = 48
+N = 50
 
 BASE = [
     "--config", str(REPO / "configs" / "toy2d.yaml"), *TINY_MLP,
@@ -42,6 +42,9 @@ BASE = [
     "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "4",
     "--data.init_args.num_samples", str(N), "--data.init_args.val_fraction", "0",
     "--max_steps", "6", "--model.warmup_steps", "1", "--trainer.log_every_n_steps", "1",
+    # No clipping: clipping each step's gradient to norm 1 would hide a step whose gradient is scaled (an
+    # incomplete accumulation group at an epoch's end, which Lightning scales by 1/k).
+    "--trainer.gradient_clip_val", "0",
     "--checkpoint.every_n_train_steps", "1", "--checkpoint.save_top_k", "-1",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
@@ -159,10 +162,8 @@ RUNS = {
     "fast_2": ddp("fast_2", *batch(8)),
     "fast_2_again": ddp("fast_2", *batch(8)),
     "fast_2_seed_1": ddp("fast_2", *batch(8), "--seed_everything", "1"),
-    # Item 3: N = 50 is not a multiple of 8 x 2, so each rank's last batch is partial: ceil(50 / 16) = 4.
-    "shards": ddp(
-        "shards", *batch(8), "--data.init_args.num_samples", "50", "--max_steps", "-1", "--max_epochs", "2"
-    ),
+    # Item 3: N = 50 is not a multiple of 8 x 2; epochs end by max_epochs.
+    "shards": ddp("shards", *batch(8), "--max_steps", "-1", "--max_epochs", "2"),
     # Item 6: one rank raises at step 2.
     "fail_on_rank_1": failing_on(1),
     "fail_on_rank_0": failing_on(0),
@@ -204,7 +205,8 @@ def max_abs_diff(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor]) -> floa
 # Float32 sums in a different order (a mean of 16 vs the mean of two means of 8, gloo's all-reduce, a sum of
 # two accumulated micro-batches) make the gradients differ in the last bits, and Adam's normalisation carries
 # that into the update. Measured: max|diff| ~1e-7 after 6 steps; each weight moves by ~6e-3 and the fast
-# noise mode (which draws noise per rank) lands ~8e-3 away. 1e-5 sits far from both.
+# noise mode (which draws noise per rank) lands ~8e-3 away. 1e-5 sits far from both. The 6 steps cross an
+# epoch's end with N = 50: without whole global batches, its ragged last step leaves them ~4e-3 apart.
 TOLERANCE = 1e-5
 
 
@@ -243,32 +245,34 @@ def test_same_seed_reproduces_a_ddp_run_and_another_seed_does_not(runs):
 
 
 # ---- 3. sharding ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("name", "n", "per_device"), [("shards", 50, 8), ("d", 48, 4)])
-def test_each_epoch_is_split_into_disjoint_shards_covering_the_dataset(runs, name, n, per_device):
+@pytest.mark.parametrize(("name", "per_device", "accumulate"), [("shards", 8, 1), ("d", 4, 2)])
+def test_each_epoch_is_split_into_disjoint_shards_of_whole_global_batches(runs, name, per_device, accumulate):
     rank0, rank1 = runs(name).records
-    expected_batches = math.ceil(n / (per_device * 2))  # seed 001's arithmetic
+    whole = N // 16 * 16  # whole global batches of 16: 48 of the 50 samples each epoch
+    expected_batches = whole // (per_device * 2)  # micro-batches per rank, none of them ragged
     for record in (rank0, rank1):
         assert record["num_training_batches"] == expected_batches
         assert len(record["indices"]) == 2  # epochs
         assert all(len(epoch) == expected_batches for epoch in record["indices"])
+        assert all(len(b) == per_device for epoch in record["indices"] for b in epoch)
     epochs = []
     for epoch0, epoch1 in zip(rank0["indices"], rank1["indices"], strict=True):
         shard0 = [i for b in epoch0 for i in b]
         shard1 = [i for b in epoch1 for i in b]
-        assert len(shard0) == len(set(shard0)) == len(shard1) == n // 2
+        assert len(shard0) == len(set(shard0)) == len(shard1) == whole // 2
         assert not set(shard0) & set(shard1)
-        assert set(shard0) | set(shard1) == set(range(n))
-        epochs.append((shard0, shard1))
-    assert epochs[0][0] != epochs[1][0] and set(epochs[0][0]) != set(epochs[1][0])  # reshuffled each epoch
+        assert set(shard0) | set(shard1) <= set(range(N))
+        epochs.append(set(shard0) | set(shard1))
+    assert epochs[0] != epochs[1]  # reshuffled each epoch: other samples sit out
 
 
 @pytest.mark.parametrize(
     ("name", "line"),
     [
         ("shards", "50 samples, 8 per device x 2 processes x 1 accumulation = global batch 16, "
-                   "4 optimizer steps per epoch"),
-        ("d", "48 samples, 4 per device x 2 processes x 2 accumulation = global batch 16, "
-              "3 optimizer steps per epoch"),
+                   "3 optimizer steps per epoch (a random 2 sit out each epoch: steps of whole global batches)"),
+        ("d", "50 samples, 4 per device x 2 processes x 2 accumulation = global batch 16, "
+              "3 optimizer steps per epoch (a random 2 sit out each epoch: steps of whole global batches)"),
     ],
 )  # fmt: skip
 def test_the_batch_arithmetic_is_logged_once(runs, name, line):

@@ -144,15 +144,20 @@ def reference(tmp_path_factory):
 
 
 # ---- exact resume ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("global_batch", [None, 8], ids=["padded epochs", "whole global batches"])
 @pytest.mark.parametrize("num_workers", [0, 2], ids=["in process", "2 workers"])
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_a_loader_resumed_after_k_batches_hands_out_the_rest_of_its_epoch(world_size, num_workers):
+def test_a_loader_resumed_after_k_batches_hands_out_the_rest_of_its_epoch(
+    world_size, num_workers, global_batch
+):
     """Lightning saves `state_dict()` with the checkpoint and calls `load_state_dict` on resume; workers
     prefetch batches ahead, which must not count as handed out."""
     dataset = list(range(100, 150))
 
     def loader(rank: int, epoch: int) -> ResumableLoader:
-        sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=5)
+        sampler = ResumableSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=5, global_batch=global_batch
+        )
         sampler.set_epoch(epoch)
         return ResumableLoader(dataset, batch_size=4, sampler=sampler, num_workers=num_workers)
 

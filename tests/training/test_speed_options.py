@@ -2,6 +2,7 @@
 with clipping), TF32 on CUDA only, and the speed benchmark's plumbing (benchmarks/speed.py --quick)."""
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,11 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import tiny_run
+from helpers import TINY_MLP, tiny_run
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
+from diffusion.cli.train import main
 from diffusion.core.sampling import SamplingOptions
 from diffusion.data.batch import Batch
 from diffusion.models import MLP, UNet
@@ -61,6 +63,28 @@ def test_compile_trains_the_same_weights_under_the_same_checkpoint_keys(tmp_path
     # The checkpoint loads as any other (sampling does not compile).
     module = load_checkpoint(tmp_path / "compiled/digits/version_0/checkpoints/last.ckpt")
     assert module.sample(2, seed=0, options=SamplingOptions(steps=2)).shape == (2, 1, 16, 16)
+
+
+@pytest.mark.slow
+def test_a_compiled_run_builds_one_training_graph_and_one_evaluation_graph(tmp_path, compile_calls):
+    """No recompilation at a ragged last batch, at validation or at the sample grid: 30 training samples in
+    batches of 12 (whole global batches: 2 steps an epoch, no batch of 6), 10 validation samples (one batch
+    of 10) and a grid of 5, over 3 epochs with a validation every 2 steps. Dynamo compiles the network
+    once for training and once for evaluation (no_grad, eval mode: validation and sampling share it)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    main([
+        "--config", str(ROOT / "configs" / "toy2d.yaml"), *TINY_MLP, "--model.compile", "true",
+        "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "2", "--data.init_args.num_samples", "40",
+        "--data.init_args.val_fraction", "0.25", "--data.init_args.batch_size", "12",
+        "--max_steps", "6", "--trainer.val_check_interval", "2", "--model.warmup_steps", "1",
+        "--sample_grid.num_samples", "5", "--sample_grid.sampling.steps", "3",
+        "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(tmp_path),
+    ])  # fmt: skip
+    assert compile_calls == ["MLP"]
+    assert counters["frames"]["ok"] == counters["frames"]["total"] == 2  # no graph break
+    assert counters["stats"]["unique_graphs"] == 2
 
 
 def test_compile_keeps_parameter_names(compile_calls):
@@ -245,6 +269,11 @@ def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
     for row in ("| project: Lightning Trainer + EMA callback |", "| plain loop, same module |"):
         assert row in table
     assert "framework tax: project / plain loop <= 1.03" in table and "images / s" in table
+    # train.py in a process of its own, timed by its StepTimer; the loader alone; both samplers.
+    assert "| `train.py` as users run it (StepTimer; 32-true, global batch 64) |" in table
+    assert "Data loader alone (ImageDataModule(digits): the recipe's training loader, 0 workers" in table
+    assert "| ddim-3 | 32 | 64 |" in table and "| dpmpp_2m_sde-3 | 32 | 64 |" in table
+    assert json.loads((tmp_path / "speed.json").read_text())["train_py"][0]["timed_steps"] == 3
     try:
         import diffusers  # noqa: F401
     except ImportError:
@@ -260,7 +289,14 @@ def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import speed
 
-    table = speed.main(["--quick", "--no_diffusers", "--compiled", "--out", str(tmp_path)])
+    def broken_peer(*args):
+        raise ModuleNotFoundError("No module named 'diffusers.models.unets'")
+
+    monkeypatch.setattr(speed, "diffusers_path", broken_peer)  # a peer that fails to import says why
+    options = ["--quick", "--compiled", "--no_train_py", "--loader_batches", "0", "--samplers", ""]
+    table = speed.main([*options, "--out", str(tmp_path)])
     assert compile_calls == ["UNet"]  # the compiled path's network alone: the others stay eager
     assert "| plain loop, network compiled (torch.compile, default mode) |" in table
     assert "Compiling: the compiled path's first round took" in table
+    expected = "diffusers UNet2DModel, plain loop: not run, ModuleNotFoundError: No module named 'diffusers.models.unets'"
+    assert f"| {expected} |" in table

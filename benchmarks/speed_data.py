@@ -1,0 +1,70 @@
+"""Data for the speed benchmarks on machines that cannot download CIFAR-10, and the loader's own throughput.
+
+`SyntheticCIFAR10` is the recipe's ImageDataModule (its split, per-image transform, workers and resumable
+loader) over 50,000 random uint8 images held as torchvision's CIFAR10 holds its data, an (N, 32, 32, 3)
+uint8 array decoded by CIFAR10.__getitem__ (PIL image, then the transform): only the pixels are made up.
+`python train.py --config configs/cifar10.yaml --data.class_path speed_data.SyntheticCIFAR10` (with
+benchmarks/ on PYTHONPATH) trains on it with every other setting of the recipe.
+"""
+
+import statistics
+import time
+
+import numpy as np
+import torch
+from torchvision import datasets
+from torchvision.datasets.vision import VisionDataset
+
+from diffusion.data.images import ImageDataModule
+from diffusion.data.split import IndexedDataset
+
+CIFAR10_IMAGES = 50_000
+DATA_CLASS = "speed_data.SyntheticCIFAR10"
+
+
+class SyntheticCIFAR10(ImageDataModule):
+    """ImageDataModule whose `cifar10` is random pixels in torchvision's CIFAR10 (other datasets as usual)."""
+
+    def prepare_data(self) -> None:
+        if self.dataset != "cifar10":
+            super().prepare_data()
+
+    def _full_dataset(self, random_flip: bool):
+        if self.dataset != "cifar10":
+            return super()._full_dataset(random_flip)
+        base = datasets.CIFAR10.__new__(datasets.CIFAR10)  # its files' checksums would refuse made-up data
+        VisionDataset.__init__(base, self.root, transform=self._transform(random_flip))
+        rng = np.random.default_rng(0)
+        base.train = True
+        base.data = rng.integers(0, 256, (CIFAR10_IMAGES, 32, 32, 3), dtype=np.uint8)
+        base.targets = rng.integers(0, 10, CIFAR10_IMAGES).tolist()
+        return IndexedDataset(base, with_labels=self.conditional)
+
+
+def loader_throughput(datamodule, batches: int, warmup: int = 5, repeats: int = 3) -> dict:
+    """Training images/s of `datamodule`'s own training loader alone (its workers, transforms, collation and
+    pinning, as the Trainer iterates it; no model): the median over `repeats` passes of `batches` batches,
+    each after `warmup` batches that start the workers and fill their prefetch queues."""
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+    batches = max(1, min(batches, len(loader) - warmup))  # within one epoch
+    rates = []
+    for _ in range(repeats):
+        batch_iter = iter(loader)
+        for _ in range(warmup):
+            next(batch_iter)
+        images, start = 0, time.perf_counter()
+        for _ in range(batches):
+            images += len(next(batch_iter)[0])
+        rates.append(images / (time.perf_counter() - start))
+        del batch_iter
+    return {
+        "images_per_s": statistics.median(rates),
+        "per_pass": rates,
+        "batch_size": loader.batch_size,
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "batches": batches,
+        "dataset": type(datamodule).__name__ + f"({getattr(datamodule, 'dataset', '?')})",
+        "threads": torch.get_num_threads(),
+    }
