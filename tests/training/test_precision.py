@@ -100,7 +100,7 @@ def test_true_half_precision_is_rejected_naming_the_mixed_alternative(precision,
 
 
 def test_16_mixed_on_cpu_is_run_as_bf16_mixed_by_lightning():
-    with pytest.warns(UserWarning, match="Lightning runs bf16-mixed instead"):
+    with pytest.warns(UserWarning, match="16-mixed runs as bf16-mixed"):
         cli = DiffusionCLI([*FAST, "--precision", "16-mixed", "--trainer.logger", "false"])
     assert cli.trainer.precision == "bf16-mixed"
     assert cli.trainer.precision_plugin.scaler is None
