@@ -11,6 +11,8 @@ Image sizes must match for Inception features: comparing two resolutions would s
 features area-average both sets to 8x8, so they accept different sizes (e.g. 16x16 samples against the
 8x8 originals); channel counts must always match.
 
+``--nll --ckpt CKPT`` evaluates a checkpoint's bits/dim on held-out images instead (`diffusion.cli.likelihood`).
+
 Options can also come from a YAML file (--config FILE; --print_config writes one). A user error ends in one
 line on stderr and exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
@@ -29,6 +31,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt, restricted_number_type
 from torch.utils.data import DataLoader, Subset
 
+from diffusion.cli import likelihood
 from diffusion.cli.parsing import command_parser
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.data.image_files import find_images
@@ -210,6 +213,8 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """`python -m diffusion.evaluate [flags]`: print and return FID and KID of a samples file."""
+    if likelihood.requested(argv):  # --nll: bits/dim of a checkpoint, a command of its own
+        return likelihood.main(argv)
     # RuntimeError too: torch-fidelity's failed download of the Inception weights says what to do instead.
     with reporting_user_errors(argv, also=(RuntimeError,)):
         args = build_parser().parse_args(argv)
