@@ -115,3 +115,18 @@ def test_two_processes_give_one_processs_bits_per_dim(short_chain_checkpoint):
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr
     assert result.stdout.count("bits/dim:") == 1  # rank 0 alone reports
     assert bits(result.stdout) == f"{one['bits_per_dim']:.5f}"
+
+
+def test_a_learned_variance_checkpoint_is_evaluated_with_its_own_variance(tmp_path, capsys):
+    save_dir = tmp_path / "runs"
+    tiny_run(save_dir, "--model.num_timesteps", str(T), "--model.variance", "learned_range")
+    ckpt = save_dir / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    result = likelihood.main(["--ckpt", str(ckpt), "--num_images", "4"])
+    module = load_checkpoint(ckpt)
+    images = quantize_to_8_bits(held_out_digits()[:4])
+    process = ReverseProcess(variance="learned_range", learned_variance=True)
+    expected = bound_terms(module.network, module.schedule, process, images, torch.arange(4))
+    torch.testing.assert_close(result["per_image"], expected.total, rtol=1e-6, atol=0)
+    with pytest.raises(SystemExit):
+        likelihood.main(["--ckpt", str(ckpt), "--variance", "fixedlarge"])
+    assert "this model learned its variance — leave --variance out" in capsys.readouterr().err
