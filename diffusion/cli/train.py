@@ -152,6 +152,18 @@ class DiffusionCLI(LightningCLI):
             "data", "model.class_names", compute_fn=lambda data: getattr(data, "class_names", None),
             apply_on="instantiate",
         )  # fmt: skip
+        # A model that learns its variance (--model.variance learned_range) outputs 2C channels: the prediction,
+        # then the variance's v.
+        parser.link_arguments(
+            "data", "model.network.init_args.out_channels", compute_fn=self._network_output_channels,
+            apply_on="instantiate",
+        )  # fmt: skip
+
+    def _network_output_channels(self, data: LightningDataModule) -> int | None:
+        """2C with learned variances, else None (the network's default: its input channels)."""
+        if self.config.get("model.variance") != "learned_range":
+            return None
+        return 2 * data.sample_shape[0]
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)

@@ -1,6 +1,7 @@
 """Ancestral DDPM (Ho et al. 2020, Algorithm 2), DDPM on a respaced subsequence of timesteps (Nichol & Dhariwal
 2021) and DDIM (Song et al. 2021): one loop over a subsequence tau_S > ... > tau_1 of the training timesteps, which
-differ only in step 4, the variance of x_{t_prev}."""
+differ only in step 4, the variance of x_{t_prev}. A network with learned variances (2C output channels,
+`diffusion.core.variance`) gives DDPM its variance; DDIM uses only its prediction."""
 
 from collections.abc import Iterator
 from typing import Literal
@@ -12,8 +13,7 @@ from tqdm import tqdm
 from diffusion.core.guidance import guided_output
 from diffusion.core.noise import Generators, randn
 from diffusion.core.schedule import NoiseSchedule, PredictionType
-
-VarianceType = Literal["fixedlarge", "fixedsmall"]
+from diffusion.core.variance import VarianceType, reverse_log_variance, split_output
 
 
 def spaced_timesteps(num_timesteps: int, steps: int) -> torch.Tensor:
@@ -41,6 +41,7 @@ def ddpm_ddim_steps(
     progress: bool,
     labels: torch.Tensor | None,
     guidance_scale: float,
+    learned_variance: bool = False,
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """DDPM or DDIM from x_T over `steps` evenly spaced timesteps, yielding (t, x_{t_prev}, predicted x_0) after
     every step; the options as `diffusion.core.sampling.reverse_steps` documents them (checked there)."""
@@ -51,9 +52,10 @@ def ddpm_ddim_steps(
     for t, t_prev in tqdm(pairs, desc=f"{sampler} sampling", disable=not progress, leave=False):
         t_batch = torch.full((batch,), t, device=x.device, dtype=torch.long)
         t_prev_batch = torch.full_like(t_batch, t_prev)
-        # 1. predict x_0 and eps from the network output (Eq. 15 for eps-prediction).
-        output = guided_output(model, x, t_batch, labels, guidance_scale)
-        x0, eps = schedule.split_prediction(prediction_type, x, t_batch, output)
+        # 1. predict x_0 and eps from the network output (Eq. 15 for eps-prediction); v: its learned variance.
+        output = guided_output(model, x, t_batch, labels, guidance_scale, learned_variance)
+        prediction, v = split_output(output, learned_variance)
+        x0, eps = schedule.split_prediction(prediction_type, x, t_batch, prediction)
         # 2. optionally clip predicted x_0 to the data range, and keep eps consistent with it.
         if clip_denoised:
             x0 = x0.clamp(-1, 1)
@@ -61,8 +63,16 @@ def ddpm_ddim_steps(
         # 3. the posterior q(x_{t_prev} | x_t, x_0) of this (possibly respaced) step, Eq. (6)-(7).
         mean, posterior_variance, beta = schedule.q_posterior(x0, x, t_batch, t_prev_batch)
         if sampler == "ddpm":
-            # 4a. x_{t_prev} ~ N(mu~, sigma_t^2) with sigma_t^2 = beta_t or beta~_t (Sec. 3.2).
-            sigma2 = beta if variance == "fixedlarge" else posterior_variance
+            # 4a. x_{t_prev} ~ N(mu~, sigma_t^2) with sigma_t^2 = beta_t or beta~_t (Sec. 3.2), or learned:
+            # Nichol & Dhariwal Eq. 15 between this (respaced) step's beta and beta~.
+            if variance == "learned_range":
+                sigma2 = (
+                    reverse_log_variance(schedule, variance, t_batch, t_prev_batch, x.ndim, v)
+                    .exp()
+                    .to(x.dtype)
+                )
+            else:
+                sigma2 = beta if variance == "fixedlarge" else posterior_variance
             x = mean
         else:
             # 4b. DDIM, Song et al. 2021 Eq. (12), with sigma_t^2 = eta^2 beta~_t from Eq. (16).

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from diffusion.core.guidance import guided_output
 from diffusion.core.noise import Generators, randn
 from diffusion.core.schedule import NoiseSchedule, PredictionType
+from diffusion.core.variance import split_output
 
 # DPM-Solver's reference code clips lambda here (NoiseScheduleVP.numerical_clip_alpha); Ho et al.'s linear
 # schedule ends at lambda = -5.06, so it is untouched.
@@ -69,6 +70,7 @@ def dpm_solver_pp_2m_steps(
     progress: bool = False,
     labels: torch.Tensor | None = None,
     guidance_scale: float = 1.0,
+    learned_variance: bool = False,
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """DPM-Solver++(2M) from x_T, yielding (t, x_{t_prev}, predicted x_0) after every step, as `reverse_steps`.
 
@@ -98,6 +100,9 @@ def dpm_solver_pp_2m_steps(
     corrects part of the network's error that the ODE carries along: on the digits recipe, 20 steps of it
     score close to DDPM-1000 where every ODE solver (DDIM, dpmpp_2m) levels off higher
     (benchmarks/results/quality.md).
+
+    learned_variance: the network outputs 2C channels (`diffusion.core.variance`); the solver uses only the
+    prediction, the first C (its steps have no free variance to learn).
     """
     timesteps = log_snr_timesteps(schedule.alphas_cumprod, steps).tolist()
     # Plain floats from a CPU copy: no device sync per step (see reverse_steps).
@@ -114,8 +119,10 @@ def dpm_solver_pp_2m_steps(
     ):
         t_batch = torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)
         # 1. the data prediction x0(x_t, t) from any parameterization, optionally clipped.
-        output = guided_output(model, x, t_batch, labels, guidance_scale)
-        x0, _ = schedule.split_prediction(prediction_type, x, t_batch, output)
+        output = guided_output(model, x, t_batch, labels, guidance_scale, learned_variance)
+        x0, _ = schedule.split_prediction(
+            prediction_type, x, t_batch, split_output(output, learned_variance)[0]
+        )
         if clip_denoised:
             x0 = x0.clamp(-1, 1)
         if t_prev < 0:

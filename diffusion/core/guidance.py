@@ -18,6 +18,7 @@ def guided_output(
     t: torch.Tensor,
     labels: torch.Tensor | None,
     guidance_scale: float = 1.0,
+    learned_variance: bool = False,
 ) -> torch.Tensor:
     """The network output at (x, t), float32, with classifier-free guidance (Ho & Salimans 2022, Eq. 6):
     out = out_uncond + s (out_cond - out_uncond), both halves from one forward of the doubled batch.
@@ -26,6 +27,11 @@ def guided_output(
     eps at a fixed (x_t, t) with the same coefficients for both halves, so this is exactly eps-space guidance
     (`eps_uncond + s (eps_cond - eps_uncond)`) for every prediction type, and no conversion is needed.
     s = 1 and s = 0 need only one half: the conditional or the unconditional output (NO_LABEL).
+
+    learned_variance: the output is 2C channels, the prediction then the variance's v
+    (`diffusion.core.variance`). Only the prediction is guided; v is the conditional half's, as the
+    classifier-free sampling of GLIDE (Nichol et al. 2022, built on improved-/guided-diffusion) does: the
+    guided mean has no variance of its own, and the conditional one models the class being drawn.
     """
     if labels is None:
         return model(x, t).float()
@@ -38,4 +44,8 @@ def guided_output(
         torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, unconditional])
     ).float()  # (2B, ...)
     conditional, unconditional_output = both.chunk(2)
-    return unconditional_output + guidance_scale * (conditional - unconditional_output)
+    guided = unconditional_output + guidance_scale * (conditional - unconditional_output)
+    if learned_variance:
+        channels = x.shape[1]
+        guided = torch.cat([guided[:, :channels], conditional[:, channels:]], dim=1)
+    return guided

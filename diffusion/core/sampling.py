@@ -18,10 +18,11 @@ from typing import Literal
 import torch
 from torch import nn
 
-from diffusion.core.ddpm_ddim import VarianceType, ddpm_ddim_steps
+from diffusion.core.ddpm_ddim import ddpm_ddim_steps
 from diffusion.core.dpm_solver import dpm_solver_pp_2m_steps
 from diffusion.core.noise import Generators
 from diffusion.core.schedule import NoiseSchedule, PredictionType
+from diffusion.core.variance import VarianceType
 from diffusion.errors import check_choice
 
 Sampler = Literal["ddpm", "ddim", "dpmpp_2m", "dpmpp_2m_sde"]
@@ -44,7 +45,9 @@ class SamplingOptions:
     eta: float | None = None
     """DDIM noise in [0, 1]: 0 (default) is deterministic, 1 the DDPM posterior variance."""
     variance: VarianceType | None = None
-    """DDPM's sigma_t^2: fixedlarge = beta_t (default, Ho et al.'s CIFAR-10 choice) or fixedsmall = beta~_t."""
+    """DDPM's sigma_t^2: fixedlarge = beta_t (default, Ho et al.'s CIFAR-10 choice), fixedsmall = beta~_t, or
+    learned_range: the network's own (Nichol & Dhariwal 2021; the default of a model trained with
+    --model.variance learned_range)."""
     clip_denoised: bool | None = None
     """Clip the predicted x_0 to [-1, 1] at every step (default true)."""
     guidance_scale: float | None = None
@@ -115,6 +118,7 @@ def reverse_steps(
     progress: bool = False,
     labels: torch.Tensor | None = None,
     guidance_scale: float = 1.0,
+    learned_variance: bool = False,
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """Run the reverse process from x_T, yielding (t, x_{t_prev}, predicted x_0) after every step.
 
@@ -123,25 +127,33 @@ def reverse_steps(
     steps: how many timesteps to visit, i.e. network evaluations (default: all T for ddpm, 50 for ddim,
         20 for the DPM-Solver++ samplers).
     eta: DDIM stochasticity (0 = deterministic DDIM, 1 = the DDPM posterior variance); DDIM only.
-    variance: DDPM's sigma_t^2 = beta_t ("fixedlarge", Ho et al.'s choice for CIFAR-10) or the posterior
-        variance beta~_t ("fixedsmall"); with respacing, betas are those of the respaced process. DDPM only.
+    variance: DDPM's sigma_t^2 = beta_t ("fixedlarge", Ho et al.'s choice for CIFAR-10), the posterior
+        variance beta~_t ("fixedsmall"), or the network's interpolation between them ("learned_range", Nichol &
+        Dhariwal 2021); with respacing, betas are those of the respaced process. DDPM only.
     labels: (B,) class labels for a class-conditional `model(x, t, y)` (NO_LABEL: none); None calls `model(x, t)`.
     guidance_scale: classifier-free guidance with `labels` (see `guided_output`); every sampler.
+    learned_variance: the network outputs 2C channels, its prediction then its variance's v
+        (`diffusion.core.variance`); DDIM and DPM-Solver use only the prediction.
     """
     SamplingOptions(sampler, steps, eta, variance, clip_denoised, guidance_scale)  # checks every option
     check_choice("prediction_type", prediction_type, PredictionType)
+    if variance == "learned_range" and not learned_variance:
+        raise ValueError(
+            "variance='learned_range' needs a network that learned its variance — train with --model.variance "
+            "learned_range, or sample with fixedlarge or fixedsmall"
+        )
     T = schedule.num_timesteps
     if sampler in ("dpmpp_2m", "dpmpp_2m_sde"):
         yield from dpm_solver_pp_2m_steps(
             model, schedule, x_T, steps=steps or min(20, T), prediction_type=prediction_type,
             clip_denoised=clip_denoised, stochastic=sampler == "dpmpp_2m_sde", generator=generator,
-            progress=progress, labels=labels, guidance_scale=guidance_scale,
+            progress=progress, labels=labels, guidance_scale=guidance_scale, learned_variance=learned_variance,
         )  # fmt: skip
         return
     yield from ddpm_ddim_steps(
         model, schedule, x_T, sampler=sampler, steps=steps or (T if sampler == "ddpm" else min(50, T)), eta=eta,
         variance=variance, prediction_type=prediction_type, clip_denoised=clip_denoised, generator=generator,
-        progress=progress, labels=labels, guidance_scale=guidance_scale,
+        progress=progress, labels=labels, guidance_scale=guidance_scale, learned_variance=learned_variance,
     )  # fmt: skip
 
 

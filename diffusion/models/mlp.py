@@ -45,6 +45,7 @@ class MLP(nn.Module):
             (``fourier_features``), which fine structure in low-dimensional data needs; 0 feeds raw x.
         num_classes: classes of a class-conditional network (``model(x, t, y)``, see `ClassEmbedding`); None
             (default) builds the unconditional network, parameter for parameter.
+        out_channels: output features, ``in_channels`` when None (as the UNet's).
     """
 
     def __init__(
@@ -56,9 +57,15 @@ class MLP(nn.Module):
         dropout: float = 0.0,
         fourier_frequencies: int = 0,
         num_classes: int | None = None,
+        out_channels: int | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("in_channels", in_channels), ("hidden_dim", hidden_dim)):
+        out_channels = in_channels if out_channels is None else out_channels
+        for name, value in (
+            ("in_channels", in_channels),
+            ("hidden_dim", hidden_dim),
+            ("out_channels", out_channels),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if num_blocks < 0:
@@ -82,7 +89,7 @@ class MLP(nn.Module):
         self.input = nn.Linear(in_channels * (1 + 2 * fourier_frequencies), hidden_dim)
         self.blocks = nn.ModuleList(ResidualBlock(hidden_dim, hidden_dim, dropout) for _ in range(num_blocks))
         self.out_norm = nn.LayerNorm(hidden_dim)
-        self.out = nn.Linear(hidden_dim, in_channels)
+        self.out = nn.Linear(hidden_dim, out_channels)
         # A zero output layer makes the first prediction 0 for every input, so early steps
         # do not push the residual stream around with random noise estimates.
         nn.init.zeros_(self.out.weight)
@@ -92,7 +99,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, D) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only with
-        num_classes) -> predicted noise (B, D)."""
+        num_classes) -> predicted noise (B, D), or (B, out_channels)."""
         if x.ndim != 2 or x.shape[1] != self.in_channels:
             raise ValueError(f"MLP expects x of shape (B, {self.in_channels}), got {tuple(x.shape)}")
         temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim).to(x.dtype))  # (B, hidden)

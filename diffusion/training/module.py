@@ -26,6 +26,7 @@ from diffusion.data.labels import check_labels
 from diffusion.data.split import describe_batches
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.logging_steps import IntervalLoss
+from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
 from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
 from diffusion.training.options import check_training_options
 from diffusion.training.random_states import (
@@ -35,7 +36,6 @@ from diffusion.training.random_states import (
     resumed_states,
 )
 
-LossWeighting = Literal["none", "min_snr"]
 NoiseMode = Literal["fast", "per_sample"]
 # Per-sample label dropout draws from a counter-noise stream of its own (diffusion/core/noise.py has 0-2), so it is
 # independent of the same sample's noise and timestep, and an unconditional run draws exactly as before.
@@ -78,6 +78,8 @@ class DiffusionModule(L.LightningModule):
             model that classifier-free guidance needs (Ho & Salimans 2022 use 0.1-0.2). Drawn per sample like
             the noise (see noise_mode).
         class_names: names of the classes 0..num_classes-1; set from the data by the CLI, kept in the checkpoint.
+        variance: "fixed" (Ho et al.) or "learned_range" (Nichol & Dhariwal 2021): the network outputs 2C channels
+            (see `diffusion.training.loss`), and DDPM samples with the learned variance by default. Images only.
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class DiffusionModule(L.LightningModule):
         compile: bool = False,
         label_dropout: float = 0.0,
         class_names: list[str] | None = None,
+        variance: ModelVariance = "fixed",
     ) -> None:
         super().__init__()
         check_training_options(
@@ -112,10 +115,12 @@ class DiffusionModule(L.LightningModule):
                 ("loss_weighting", loss_weighting, LossWeighting),
                 ("noise_mode", noise_mode, NoiseMode),
                 ("lr_schedule", lr_schedule, LRSchedule),
+                ("variance", variance, ModelVariance),
             ],
             lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
             min_snr_gamma=min_snr_gamma, label_dropout=label_dropout,
-            network_num_classes=getattr(network, "num_classes", None),
+            network_num_classes=getattr(network, "num_classes", None), variance=variance, sample_shape=sample_shape,
+            sampling_variance=(sampling.get("variance") if isinstance(sampling, dict) else sampling.variance),
         )  # fmt: skip
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
@@ -263,20 +268,13 @@ class DiffusionModule(L.LightningModule):
     def per_sample_loss(
         self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Weighted MSE between the network output and its target, one value per sample, shape (B,)."""
+        """The loss of each sample, shape (B,): `diffusion.training.loss.diffusion_loss` of the network output."""
         x_t = self.schedule.q_sample(x0, t, noise)
-        target = self.schedule.training_target(self.hparams.prediction_type, x0, t, noise)
-        output = self.forward(x_t, t, labels).float()
-        loss = (output - target).pow(2).flatten(1).mean(dim=1)
-        if self.hparams.loss_weighting == "min_snr":
-            snr = self.schedule.snr(t)
-            clipped = snr.clamp(max=self.hparams.min_snr_gamma)
-            # Hang et al. 2023: weight min(SNR, gamma) on the x0 loss, expressed for each target.
-            weight = {"eps": clipped / snr, "x0": clipped, "v": clipped / (snr + 1)}[
-                self.hparams.prediction_type
-            ]
-            loss = loss * weight
-        return loss
+        return diffusion_loss(
+            self.schedule, self.forward(x_t, t, labels), x0, x_t, t, noise,
+            prediction_type=self.hparams.prediction_type, loss_weighting=self.hparams.loss_weighting,
+            min_snr_gamma=self.hparams.min_snr_gamma, variance=self.hparams.variance,
+        )  # fmt: skip
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x0, indices, labels = check_batch(batch, self.num_classes)
@@ -362,12 +360,14 @@ class DiffusionModule(L.LightningModule):
         """
         was_training = self.training
         self.eval()
+        learned = self.hparams.variance == "learned_range"
+        defaults = SamplingOptions(variance="learned_range") if learned else DEFER  # unless told otherwise
         try:
             yield from reverse_steps(
                 self if self._compiled else self.network, self.schedule, x_T,
                 prediction_type=self.hparams.prediction_type,
                 generator=generator, progress=progress, labels=self._sampling_labels(labels, len(x_T)),
-                **(options or DEFER).over(self.sampling).as_kwargs(),
+                learned_variance=learned, **(options or DEFER).over(self.sampling).over(defaults).as_kwargs(),
             )  # fmt: skip
         finally:
             self.train(was_training)

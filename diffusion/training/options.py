@@ -12,6 +12,7 @@ from diffusion.errors import check_choice
 def check_training_options(
     *, choices: list[tuple[str, Any, Any]], lr: float, warmup_steps: int, adam_betas: tuple[float, float],
     weight_decay: float, min_snr_gamma: float, label_dropout: float, network_num_classes: int | None,
+    variance: str = "fixed", sample_shape: tuple[int, ...] = (1, 16, 16), sampling_variance: str | None = None,
 ) -> None:  # fmt: skip
     for name, value, allowed in choices:
         check_choice(name, value, allowed)
@@ -37,4 +38,14 @@ def check_training_options(
         raise ValueError(
             f"label_dropout={label_dropout} needs a class-conditional network — train with "
             "--data.conditional true (the CLI then sets the network's num_classes)"
+        )
+    if variance == "learned_range" and len(sample_shape) != 3:
+        raise ValueError(
+            "variance='learned_range' is for images: its L_vlb gives probabilities to 8-bit pixels — train "
+            "vectors with --model.variance fixed"
+        )
+    if sampling_variance == "learned_range" and variance != "learned_range":
+        raise ValueError(
+            "--model.sampling.variance learned_range needs a model that learns its variance — train with "
+            "--model.variance learned_range, or sample with fixedlarge or fixedsmall"
         )

@@ -1,0 +1,212 @@
+"""Bits per dimension of held-out images: `python -m diffusion.evaluate --nll --ckpt CKPT`.
+
+The negative log-likelihood bound of Ho et al. 2020 (Eq. 5) in bits/dim: the prior term L_T, the KL terms
+L_1 .. L_{T-1} against the true posterior and the discretized Gaussian decoder L_0 on 8-bit data, summed over
+all T steps for every image (T network evaluations an image; `diffusion.core.likelihood`), printed as the mean
+over the images with its standard error. The images are the held-out (validation) split of the checkpoint's
+run, rebuilt from the run's config.yaml (`--split train` for its training split), or `--data.path FILE.npz`
+(``arr_0`` uint8 N x H x W x C, the samples-file format; ``arr_1`` labels for a class-conditional model).
+Images are taken on the 8-bit grid (the digits' 17 grey levels are rounded to the 256 levels they are saved
+as). Vector data has no 8-bit bins: --nll refuses vector checkpoints.
+
+The model's p(x_{t-1} | x_t) is the one the DDPM sampler draws from: the checkpoint's prediction type and
+variance (its learned one, if trained with --model.variance learned_range; else --variance, default the
+checkpoint's sampling variance), the predicted x_0 clipped to [-1, 1] unless --clip_denoised false.
+Class-conditional checkpoints give the bound on -log p(x | y) with the images' labels.
+
+`--devices D` evaluates on D processes per machine (Lightning Fabric, as `python -m diffusion.sample`): rank r
+takes images r, r + W, ...; the noise of each term is a function of (--seed, t, image position), so any number
+of devices gives the same bound.
+"""
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from jsonargparse import ActionYesNo, ArgumentParser
+from jsonargparse.typing import PositiveInt
+from lightning.fabric import Fabric
+from torch.utils.data import DataLoader, Subset
+
+from diffusion.cli.legacy import accept_moved_class_paths
+from diffusion.cli.parsing import command_parser
+from diffusion.cli.process_group import closing_process_group
+from diffusion.cli.reporting import reporting_user_errors
+from diffusion.cli.sample import Accelerator, check_sampling_checkpoint, resolve_device
+from diffusion.core.likelihood import ReverseProcess
+from diffusion.core.variance import VarianceType
+from diffusion.data.images import ImageDataModule
+from diffusion.errors import CallerError, UserError
+from diffusion.generation.ranks import gather_in_order
+from diffusion.metrics.likelihood import BitsPerDim, image_bounds, quantize_to_8_bits
+from diffusion.training.loading import Weights, load_checkpoint
+from diffusion.training.run_folders import run_folder_of
+
+
+def requested(argv: list[str] | None = None) -> bool:
+    """Whether `python -m diffusion.evaluate` was given --nll (on the command line, or in `argv`)."""
+    args = sys.argv[1:] if argv is None else argv
+    return any(
+        arg == "--nll" or arg.startswith("--nll=") and arg[6:].lower() in ("true", "yes") for arg in args
+    )
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser("python -m diffusion.evaluate --nll", __doc__)
+    parser.add_argument("--nll", action=ActionYesNo, nargs="?", default=True, help="bits/dim (this command)")
+    parser.add_argument(
+        "--ckpt", type=str, required=True, help="a checkpoint of train.py (e.g. .../last.ckpt)"
+    )
+    parser.add_argument(
+        "--data.path", type=str | None, default=None,
+        help="an .npz of uint8 N x H x W x C images (arr_1: labels) instead of the run's held-out split",
+    )  # fmt: skip
+    parser.add_argument(
+        "--split",
+        type=str,
+        default="val",
+        help="val (the run's held-out images) or train: from its config.yaml",
+    )
+    parser.add_argument("--num_images", type=PositiveInt | None, default=None, help="only the first N images")
+    parser.add_argument("--batch_size", type=PositiveInt, default=256)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise of every term")
+    parser.add_argument("--weights", type=Weights, default="ema", help="EMA weights or raw ones")
+    parser.add_argument(
+        "--variance", type=VarianceType | None, default=None,
+        help="fixedlarge or fixedsmall for a fixed-variance model (default: its sampling variance)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clip_denoised", type=bool, default=True, help="clip the predicted x_0 to [-1, 1], as the samplers"
+    )
+    parser.add_argument("--device", type=str | None, default=None, help="with --devices 1: cpu, cuda, cuda:1")
+    parser.add_argument(
+        "--devices", type=PositiveInt, default=1, help="processes to evaluate on (one per GPU)"
+    )
+    parser.add_argument("--num_nodes", type=PositiveInt, default=1, help="machines, under torchrun / srun")
+    parser.add_argument("--accelerator", type=Accelerator, default="auto", help="cpu or cuda (gpu)")
+    return parser
+
+
+def run_images(ckpt: str, split: str) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+    """The `split` images of the checkpoint's run in model units, rebuilt from its config.yaml, with their labels
+    for a class-conditional run; and where they came from."""
+    run = run_folder_of(ckpt)
+    fix = "pass --data.path FILE.npz (uint8 N x H x W x C images) to evaluate other images"
+    if run is None or not run.config_file.is_file():
+        raise UserError(f"--ckpt {ckpt} is not in a run folder with a config.yaml to find its data in", fix)
+    data_config = (yaml.safe_load(run.config_file.read_text()) or {}).get("data") or {}
+    accept_moved_class_paths()
+    if "ImageDataModule" not in str(data_config.get("class_path")):
+        raise UserError(f"--ckpt {ckpt}: its run trained on {data_config.get('class_path')}, not images", fix)
+    init_args = {**data_config.get("init_args", {}), "random_flip": False}  # the images as they are
+    data = ImageDataModule(**init_args)
+    data.prepare_data()
+    data.setup("fit")
+    if split not in ("val", "train"):
+        raise UserError(f"--split {split} is not a split", "pass val (held out) or train")
+    held_out = data.val_set if data.val_from_train is None else None
+    if split == "val" and held_out is None:
+        raise UserError(
+            f"the run of {ckpt} held out no images (--data.val_fraction 0)", f"{fix}, or --split train"
+        )
+    dataset: Subset = held_out if split == "val" else data.train_set
+    items = list(DataLoader(dataset, batch_size=500, shuffle=False))
+    images = torch.cat([batch.x for batch in items])
+    labels = torch.cat([torch.as_tensor(batch.label) for batch in items]) if data.conditional else None
+    return images, labels, f"{data.dataset}, {split} split of {run.config_file}"
+
+
+def npz_images(path: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+    """The uint8 images (and labels) of an .npz in model units, checked against the model's sample shape."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--data.path: no such file {path} — pass an .npz of uint8 images")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            images, labels = archive["arr_0"], archive["arr_1"] if "arr_1" in archive.files else None
+    except (ValueError, KeyError, OSError, EOFError) as err:
+        raise UserError(
+            f"--data.path {path} is not an .npz holding arr_0 ({err})", "np.savez(path, images)"
+        ) from err
+    channels, height, width = shape
+    if images.dtype != np.uint8 or images.shape[1:] != (height, width, channels):
+        raise UserError(
+            f"--data.path {path}: arr_0 is {images.dtype} {images.shape}, the model's images uint8 "
+            f"(N, {height}, {width}, {channels})",
+            "pass images of the checkpoint's size, as samples.npz stores them",
+        )
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1
+    return x, None if labels is None else torch.from_numpy(labels).long(), path
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """`python -m diffusion.evaluate --nll --ckpt CKPT [flags]`: print and return the bits/dim of the images."""
+    with reporting_user_errors(argv), closing_process_group():
+        args = build_parser().parse_args(argv)
+        device, accelerator = resolve_device(args.device, args.accelerator)
+        hparams = check_sampling_checkpoint(args.ckpt)
+        shape = tuple(hparams.get("sample_shape", ()))
+        if len(shape) != 3:
+            raise UserError(
+                f"--nll: {args.ckpt} models vectors of shape {shape}, and bits/dim is a bound on 8-bit images",
+                "evaluate an image model's checkpoint (vector models have no 8-bit bins to give probabilities)",
+            )
+        if hparams.get("normalization") != {"shift": [0.5] * shape[0], "scale": [0.5] * shape[0]}:
+            raise UserError(f"--nll: {args.ckpt} does not model images in [-1, 1]", "train it on images")
+        learned = hparams.get("variance", "fixed") == "learned_range"
+        if learned and args.variance not in (None, "learned_range"):
+            raise UserError(
+                f"--variance {args.variance}: this model learned its variance", "leave --variance out"
+            )
+        if not learned and args.variance == "learned_range":
+            raise UserError(
+                "--variance learned_range: this model was trained with fixed variances", "leave it out"
+            )
+        data_path = args.get("data.path")
+        if data_path is not None:
+            images, labels, source = npz_images(data_path, shape)
+        else:
+            images, labels, source = run_images(args.ckpt, args.split)
+        images = quantize_to_8_bits(images[: args.num_images])
+        labels = (
+            None
+            if labels is None or hparams["network"].get("init_args", {}).get("num_classes") is None
+            else labels
+        )
+        labels = None if labels is None else labels[: args.num_images]
+        fabric, rank, world_size = None, 0, 1
+        if args.devices > 1 or args.num_nodes > 1:
+            fabric = Fabric(
+                accelerator=accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy="ddp"
+            )
+            if argv is not None and not fabric.strategy.cluster_environment.creates_processes_externally:
+                raise CallerError(
+                    f"--devices {args.devices} starts processes by re-running the command line: run "
+                    "`python -m diffusion.evaluate --nll ...` (or under torchrun / srun) rather than main([...])"
+                )
+            fabric.launch()
+            rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
+        module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
+        variance = "learned_range" if learned else args.variance or module.sampling.variance or "fixedlarge"
+        process = ReverseProcess(module.hparams.prediction_type, variance, learned, args.clip_denoised)
+        bounds = image_bounds(
+            module.network, module.schedule, process, images, labels, seed=args.seed, batch_size=args.batch_size,
+            rank=rank, world_size=world_size, progress=rank == 0,
+        )  # fmt: skip
+        if fabric is not None:
+            bounds = gather_in_order(bounds.to(fabric.device), len(images), fabric.all_gather)
+        result = BitsPerDim.of(bounds[: len(images)])
+        if rank == 0:
+            print(f"images: {len(images)} ({source}); p(x_(t-1) | x_t): {process}", file=sys.stderr)
+            print(
+                f"bits/dim: {result.bits_per_dim:.5f} ± {result.standard_error:.5f} (standard error over images)"
+            )
+            print(
+                f"  prior L_T {result.prior:.6f}, decoder L_0 {result.decoder:.4f}, "
+                f"KL terms L_1..L_(T-1) {result.kl:.4f}"
+            )
+        if fabric is not None:
+            fabric.barrier()
+        return {**result.__dict__, "per_image": bounds[: len(images), 3]}

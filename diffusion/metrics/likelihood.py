@@ -1,0 +1,85 @@
+"""Bits per dimension of a set of 8-bit images under a diffusion model: every term of the variational bound
+(`diffusion.core.likelihood.bound_terms`, T network evaluations per image) on one or many ranks.
+
+Ranks split the images by the generation rule (`diffusion.generation.ranks.rank_indices`: rank r takes images
+r, r + W, ...), and the noise of each image's x_t is a function of (seed, t, its position in the set), so any
+number of ranks and any batch size give the same per-image bounds, gathered back in order (`gather_in_order`).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from diffusion.core.guidance import guided_output
+from diffusion.core.likelihood import ReverseProcess, bound_terms
+from diffusion.core.schedule import NoiseSchedule
+from diffusion.generation.ranks import rank_indices
+
+COLUMNS = ("prior", "decoder", "kl", "total")
+"""What `image_bounds` returns per image, in bits/dim: L_T, L_0, L_1 + ... + L_{T-1}, and their sum."""
+
+
+def quantize_to_8_bits(images: torch.Tensor) -> torch.Tensor:
+    """Images in model units [-1, 1] moved to the nearest of the 256 levels of 8-bit data, the values the
+    discretized decoder gives probabilities to (data that is not 8-bit, such as the digits' 17 grey levels, is
+    then evaluated as the 8-bit images it would be saved as)."""
+    return ((images.clamp(-1, 1) + 1) * 127.5).round() / 127.5 - 1
+
+
+@torch.no_grad()
+def image_bounds(
+    network: nn.Module,
+    schedule: NoiseSchedule,
+    process: ReverseProcess,
+    images: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    *,
+    seed: int = 0,
+    batch_size: int = 256,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = False,
+) -> torch.Tensor:
+    """This rank's equal share of the bounds of `images` (N, C, H, W) in model units on the 8-bit grid: a
+    (ceil(N / W), 4) float64 tensor on the CPU, columns `COLUMNS`; pad rows beyond N repeat image i % N.
+
+    labels: (N,) classes for a class-conditional network (the bound of p(x | y)); None: unconditional.
+    """
+    device = next(network.parameters()).device
+    indices = rank_indices(len(images), rank, world_size, equal_shares=True)
+    rows = []
+    starts = range(0, len(indices), batch_size)
+    for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
+        batch = indices[start : start + batch_size]
+        x0 = images[batch % len(images)].to(device)
+        batch_labels = None if labels is None else labels[batch % len(labels)].to(device)
+
+        def model(x_t: torch.Tensor, t: torch.Tensor, batch_labels=batch_labels) -> torch.Tensor:
+            return guided_output(network, x_t, t, batch_labels)  # conditional, unguided: p(x | y)
+
+        terms = bound_terms(model, schedule, process, x0, batch, seed=seed, progress=progress)
+        prior, decoder, kl = terms.prior, terms.terms[:, 0], terms.terms[:, 1:].sum(1)
+        rows.append(torch.stack([prior, decoder, kl, terms.total], dim=1).cpu())
+    return torch.cat(rows)
+
+
+@dataclass(frozen=True)
+class BitsPerDim:
+    """The mean bound over a set of images, in bits/dim, with its standard error over the images."""
+
+    bits_per_dim: float
+    standard_error: float
+    prior: float
+    decoder: float
+    kl: float
+    num_images: int
+
+    @classmethod
+    def of(cls, bounds: torch.Tensor) -> "BitsPerDim":
+        """From every image's row of `image_bounds` (N, 4)."""
+        mean = bounds.mean(0)
+        error = bounds[:, 3].std().item() / math.sqrt(len(bounds)) if len(bounds) > 1 else math.nan
+        return cls(mean[3].item(), error, mean[0].item(), mean[1].item(), mean[2].item(), len(bounds))

@@ -1,0 +1,132 @@
+"""`python -m diffusion.evaluate --nll --ckpt CKPT`: bits/dim of the run's held-out images (or an .npz), the same
+on 1 or 2 processes, refused for vector models in one line."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_run
+from helpers.user_errors import run_in_process
+
+from diffusion.cli import evaluate, likelihood
+from diffusion.core.likelihood import ReverseProcess, bound_terms
+from diffusion.data.images import ImageDataModule
+from diffusion.generation.render import to_uint8_images
+from diffusion.metrics.likelihood import quantize_to_8_bits
+from diffusion.training.loading import load_checkpoint
+
+REPO_ROOT = Path(__file__).parents[2]
+T = 20  # a short chain: every image costs T network evaluations
+
+
+@pytest.fixture(scope="module")
+def short_chain_checkpoint(tmp_path_factory) -> Path:
+    """A tiny digits run with T = 20 timesteps."""
+    save_dir = tmp_path_factory.mktemp("runs")
+    tiny_run(save_dir, "--model.num_timesteps", str(T))
+    return save_dir / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def held_out_digits() -> torch.Tensor:
+    """The digits recipe's validation split, as ImageDataModule's defaults hold it out."""
+    data = ImageDataModule("digits")
+    data.setup("fit")
+    return torch.stack([item.x for item in data.val_set])
+
+
+def bits(stdout: str) -> str:
+    return re.search(r"bits/dim: (\S+)", stdout).group(1)
+
+
+def test_bits_per_dim_of_the_runs_held_out_images(short_chain_checkpoint, capsys):
+    result = likelihood.main(["--ckpt", str(short_chain_checkpoint), "--seed", "3"])
+    images = quantize_to_8_bits(held_out_digits())
+    assert result["num_images"] == len(images) == 90  # 5% of the 1,797 digits
+    module = load_checkpoint(short_chain_checkpoint)
+    expected = bound_terms(
+        module.network, module.schedule, ReverseProcess(), images, torch.arange(90), seed=3
+    )
+    torch.testing.assert_close(result["per_image"], expected.total, rtol=1e-6, atol=0)
+    assert result["bits_per_dim"] == pytest.approx(expected.total.mean().item(), rel=1e-9)
+    assert bits(capsys.readouterr().out) == f"{result['bits_per_dim']:.5f}"
+    assert 0 < result["prior"] < 1e-3 < result["decoder"]  # a 4-step model: far from the data
+
+
+def test_an_npz_of_the_same_images_gives_the_same_bits_per_dim(short_chain_checkpoint, tmp_path):
+    path = tmp_path / "held_out.npz"
+    np.savez(path, to_uint8_images(held_out_digits(), {"shift": [0.5], "scale": [0.5]}))
+    from_file = evaluate.main(["--nll", "--ckpt", str(short_chain_checkpoint), "--data.path", str(path)])
+    from_run = evaluate.main(["--ckpt", str(short_chain_checkpoint), "--nll"])  # through evaluate's main
+    torch.testing.assert_close(from_file["per_image"], from_run["per_image"], rtol=1e-6, atol=0)
+
+
+def test_only_nll_goes_to_the_likelihood_command():
+    assert likelihood.requested(["--nll", "--ckpt", "x"]) and likelihood.requested(["--nll=true"])
+    assert not likelihood.requested(["--samples", "s.npz", "--reference", "digits"])
+    assert not likelihood.requested(["--nll=false"])
+
+
+@pytest.mark.parametrize(
+    "case, pattern",
+    [
+        ("vectors", r"--nll: .* models vectors of shape \(2,\), and bits/dim is a bound on 8-bit images — "),
+        (
+            "npz_size",
+            r"--data.path .*: arr_0 is uint8 \(4, 8, 8, 1\), the model's images uint8 \(N, 16, 16, 1\)",
+        ),
+        ("no_split", r"held out no images \(--data.val_fraction 0\) — pass --data.path"),
+    ],
+)
+def test_user_errors_are_one_line(case, pattern, user, toy2d_checkpoint, digits_checkpoint, tmp_path, capsys):
+    ckpt = toy2d_checkpoint if case == "vectors" else digits_checkpoint
+    args = ["--nll", "--ckpt", str(ckpt)]
+    if case == "npz_size":
+        np.savez(tmp_path / "small.npz", np.zeros((4, 8, 8, 1), np.uint8))
+        args += ["--data.path", str(tmp_path / "small.npz")]
+    if case == "no_split":
+        config = digits_checkpoint.parents[1] / "config.yaml"
+        copy = tmp_path / "runs" / "digits" / "version_0"
+        (copy / "checkpoints").mkdir(parents=True)
+        (copy / "checkpoints" / "last.ckpt").write_bytes(digits_checkpoint.read_bytes())
+        (copy / "config.yaml").write_text(
+            config.read_text().replace("val_fraction: 0.05", "val_fraction: 0.0")
+        )
+        args = ["--nll", "--ckpt", str(copy / "checkpoints" / "last.ckpt")]
+    line = run_in_process(evaluate.main, args, user, capsys)
+    assert re.search(pattern, line), line
+
+
+@pytest.mark.multiprocess
+def test_two_processes_give_one_processs_bits_per_dim(short_chain_checkpoint):
+    # 7 images over 2 ranks in batches of 2: another split and other batches than one process's single batch.
+    args = ["--nll", "--ckpt", str(short_chain_checkpoint), "--num_images", "7", "--seed", "5"]
+    one = evaluate.main(args)
+    result = subprocess.run(
+        [sys.executable, "-m", "diffusion.evaluate", *args, "--devices", "2", "--accelerator", "cpu",
+         "--batch_size", "2"],
+        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr
+    assert result.stdout.count("bits/dim:") == 1  # rank 0 alone reports
+    assert bits(result.stdout) == f"{one['bits_per_dim']:.5f}"
+
+
+def test_a_learned_variance_checkpoint_is_evaluated_with_its_own_variance(tmp_path, capsys):
+    save_dir = tmp_path / "runs"
+    tiny_run(save_dir, "--model.num_timesteps", str(T), "--model.variance", "learned_range")
+    ckpt = save_dir / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    result = likelihood.main(["--ckpt", str(ckpt), "--num_images", "4"])
+    module = load_checkpoint(ckpt)
+    images = quantize_to_8_bits(held_out_digits()[:4])
+    process = ReverseProcess(variance="learned_range", learned_variance=True)
+    expected = bound_terms(module.network, module.schedule, process, images, torch.arange(4))
+    torch.testing.assert_close(result["per_image"], expected.total, rtol=1e-6, atol=0)
+    with pytest.raises(SystemExit):
+        likelihood.main(["--ckpt", str(ckpt), "--variance", "fixedlarge"])
+    assert "this model learned its variance — leave --variance out" in capsys.readouterr().err
