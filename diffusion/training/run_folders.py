@@ -1,6 +1,7 @@
 """Where a run's files live: ``<save_dir>/<name>/version_<N>/`` (TensorBoardLogger's layout) with its checkpoints
-in ``checkpoints/`` and its config in ``config.yaml``. The only code that knows that layout: `run_folder_of`,
-`run_checkpoints`, and `newest_checkpoint`, which is what `--ckpt_path last` resumes."""
+in ``checkpoints/``, its config in ``config.yaml`` and its post-hoc EMA snapshots in ``post_hoc_ema/``. The only
+code that knows that layout: `run_folder_of`, `run_checkpoints`, `newest_checkpoint`, which is what
+`--ckpt_path last` resumes, `checkpoints_of_run` and `post_hoc_ema_folder`."""
 
 import os
 import re
@@ -11,6 +12,8 @@ from diffusion.errors import UserError
 from diffusion.training.checkpoint_files import read_checkpoint
 
 RUN_FOLDER = re.compile(r"version_(\d+)")
+CHECKPOINTS = "checkpoints"
+POST_HOC_EMA = "post_hoc_ema"
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ def run_folder_of(checkpoint: str | os.PathLike) -> RunFolder | None:
     """The run a checkpoint belongs to, when it sits at ``<save_dir>/<name>/version_<N>/checkpoints/``."""
     path = Path(checkpoint).expanduser().absolute()
     version = RUN_FOLDER.fullmatch(path.parent.parent.name)
-    if path.parent.name != "checkpoints" or version is None:
+    if path.parent.name != CHECKPOINTS or version is None:
         return None
     return RunFolder(path.parents[3], path.parents[2].name, int(version.group(1)))
 
@@ -108,3 +111,21 @@ def latest_run(save_dir: str | os.PathLike, name: str) -> tuple[int, Path]:
 def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
     """The newest run's newest intact checkpoint (see `newest_checkpoint`)."""
     return newest_checkpoint(save_dir, name).path
+
+
+def post_hoc_ema_folder(run: str | os.PathLike) -> Path:
+    """Where a run (``<save_dir>/<name>/version_<N>``, a trainer's `log_dir`) keeps its post-hoc EMA snapshots."""
+    return Path(run) / POST_HOC_EMA
+
+
+def checkpoints_of_run(run: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(global step, path) of every readable checkpoint in a run folder's ``checkpoints/``, by step (a tie:
+    ``last`` files after the others)."""
+    found = []
+    for path in checkpoint_files(Path(run) / CHECKPOINTS):
+        try:
+            step = int(read_checkpoint(path, "checkpoint").get("global_step", -1))
+        except (UserError, OSError):
+            continue
+        found.append((step, path.name.startswith("last"), path))
+    return [(step, path) for step, _, path in sorted(found)]
