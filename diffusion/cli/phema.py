@@ -43,6 +43,8 @@ from diffusion.training.loading import load_checkpoint
 from diffusion.training.post_hoc_ema import check_sigma_rel
 from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder
 
+POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
+
 
 def build_parser() -> ArgumentParser:
     parser = command_parser("python -m diffusion.phema", __doc__)
@@ -227,6 +229,13 @@ def main(argv: list[str] | None = None) -> Path | None:
             chosen = reconstruct(snapshots, args.sigma_rel, step)
         if args.out is None or chosen is None:
             return None
+        if chosen.solution.relative_error > POOR_FIT:
+            print(
+                f"warning: the snapshots fit the profile of sigma_rel {chosen.sigma_rel:g} poorly (L2 error "
+                f"{100 * chosen.solution.relative_error:.0f}%): it lies outside the tracked ones, or there are few "
+                "snapshots; the weights are an approximation of that EMA",
+                file=sys.stderr,
+            )
         save_atomically(with_weights(read_checkpoint(base, "--ckpt"), chosen, base), args.out)
         print(
             f"wrote {args.out}: the EMA of sigma_rel {chosen.sigma_rel:g} at step {chosen.step}, from "

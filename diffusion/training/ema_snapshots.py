@@ -96,6 +96,7 @@ def check_step(snapshots: list[Snapshot], step: int | None) -> int:
     steps = snapshot_steps(snapshots)
     if step is None:
         return steps[-1]
+    step = int(step)  # a plain int: it goes into checkpoints (weights_only loading takes no int subclass)
     if step not in steps:
         shown = ", ".join(map(str, steps[-5:]))
         raise UserError(
@@ -117,4 +118,4 @@ def reconstruct(snapshots: list[Snapshot], sigma_rel: float, step: int | None = 
         for coefficient, snapshot in zip(solution.coefficients.tolist(), used, strict=True):
             yield coefficient, read_weights(snapshot)
 
-    return Reconstruction(combine(weighted()), step, sigma_rel, used, solution)
+    return Reconstruction(combine(weighted()), step, float(sigma_rel), used, solution)
