@@ -27,7 +27,9 @@ from test_resume import (
 from diffusion.cli.train import main
 from diffusion.training.ema_snapshots import find_snapshots, read_weights
 
-POST_HOC = ["--ema.post_hoc", "true", "--ema.snapshot_every", "2"]
+# A wide profile too: in 8 steps the default ones (0.05, 0.10) put almost no weight on the steps before a kill.
+SIGMA_RELS = [0.1, 0.25]
+POST_HOC = ["--ema.post_hoc", "true", "--ema.snapshot_every", "2", "--ema.sigma_rels", json.dumps(SIGMA_RELS)]
 
 
 def load(path: Path) -> dict:
@@ -40,7 +42,7 @@ def run_folder(save_dir: Path) -> Path:
 
 def profiles(checkpoint: dict) -> list[dict[str, torch.Tensor]]:
     state = checkpoint["callbacks"]["EMA"]["post_hoc"]
-    assert state["sigma_rels"] == [0.05, 0.1]
+    assert state["sigma_rels"] == SIGMA_RELS
     return state["profiles"]
 
 
@@ -64,7 +66,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_post_hoc_ema_of_the_run_left_alon
     killed_at = load(last)
     assert killed_at["global_step"] == KILL_STEP
     before_resume = snapshot_weights(tmp_path / "killed")
-    assert sorted(before_resume) == [(2, 0.05), (2, 0.1), (4, 0.05), (4, 0.1)]
+    assert sorted(before_resume) == [(step, s) for step in (2, 4) for s in SIGMA_RELS]
     main(args(tmp_path / "killed", *ONE_PROCESS, *POST_HOC, "--ckpt_path", str(last)))
 
     expected, resumed = (load(checkpoints(tmp_path / run) / "last.ckpt") for run in ("left_alone", "killed"))
@@ -73,7 +75,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_post_hoc_ema_of_the_run_left_alon
         assert max_abs_diff(mine, theirs) <= TOLERANCE
         assert max_abs_diff(before, theirs) > 100 * TOLERANCE  # the steps after the kill moved them
     reference = snapshot_weights(left_alone)
-    assert sorted(reference) == [(step, s) for step in (2, 4, 6, 8) for s in (0.05, 0.1)]
+    assert sorted(reference) == [(step, s) for step in (2, 4, 6, 8) for s in SIGMA_RELS]
     snapshots = snapshot_weights(tmp_path / "killed")
     assert snapshots.keys() == reference.keys()
     for key, weights in reference.items():
@@ -99,5 +101,5 @@ def test_under_ddp_only_rank_0_writes_snapshots(tmp_path):
     assert writes[1] == []
     checkpoint = load(checkpoints(tmp_path) / "last.ckpt")
     # Both ranks track the same profiles of the same synced weights; rank 0's are in the checkpoint.
-    for profile, snapshot in zip(profiles(checkpoint), (0.05, 0.1), strict=True):
+    for profile, snapshot in zip(profiles(checkpoint), SIGMA_RELS, strict=True):
         assert max_abs_diff(profile, snapshot_weights(tmp_path)[MAX_STEPS, snapshot]) == 0
