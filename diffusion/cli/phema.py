@@ -8,8 +8,8 @@ trained with `--ema.post_hoc true` wrote into RUN/post_hoc_ema/.
 step with snapshots; --ckpt names another) with the reconstructed weights as its EMA weights ("state_dict")
 and the raw ones ("current_model_state") as trained, so `python -m diffusion.sample --ckpt OUT` and
 `load_checkpoint(OUT)` take it as any checkpoint. sigma_rel is the EMA's length relative to the training time
-(the standard deviation of its averaging profile over the steps, divided by the step count): 0.05 averages
-about the last 15% of the run, 0.10 the last 30%.
+(the standard deviation of its averaging profile over the steps, divided by the step count): 0.05 puts 90% of
+its weight on the last 12% of the steps, 0.10 on the last 25%.
 
 --sweep [S1, S2, ...] samples the run's own EMA and each sigma_rel with the same seeds (--num_samples,
 --sampler, --steps: by default the checkpoint's sampler) and scores them by FID with --features (default:

@@ -8,7 +8,7 @@ density (EDM2 Eq. 121)
 
 Its width relative to its time, sigma_rel = std(tau) / t = sqrt((gamma + 1) / ((gamma + 2)^2 (gamma + 3)))
 (Eq. 123), is the one number that says how long the average is, whatever the run's length: sigma_rel 0.05
-averages roughly the last 15% of the run. Tracked once per optimizer step t = 1, 2, ... (Eq. 127):
+puts 90% of its weight on the last 12% of the steps. Tracked once per optimizer step t = 1, 2, ... (Eq. 127):
 
     1. beta_t = (1 - 1/t)^(gamma + 1)                       (beta_1 = 0: the first update copies the weights)
     2. ema_t = beta_t ema_{t-1} + (1 - beta_t) theta_t,
