@@ -1,6 +1,6 @@
 """The README and the guides in docs/ stay true to the code: every relative link resolves (to a file, and to a
 heading where it names one), and every command in their code blocks parses as the command would parse it
-(`--print_config` for train.py, the parser alone for the sample, evaluate and export CLIs): no training, no sampling."""
+(`--print_config` for train.py, the parser alone for the sample, evaluate, export and phema CLIs): no training, no sampling."""
 
 import re
 import shlex
@@ -10,7 +10,9 @@ import pytest
 import tomllib
 
 from diffusion.cli.evaluate import build_parser as evaluate_parser
+from diffusion.cli import likelihood
 from diffusion.cli.export import build_parser as export_parser
+from diffusion.cli.phema import build_parser as phema_parser
 from diffusion.cli.sample import build_parser as sample_parser
 from diffusion.cli.train import main as train
 
@@ -19,6 +21,7 @@ PARSERS = {
     "diffusion.sample": sample_parser,
     "diffusion.evaluate": evaluate_parser,
     "diffusion.export": export_parser,
+    "diffusion.phema": phema_parser,
 }
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -84,6 +87,8 @@ def test_every_documented_command_parses(document, argv, capsys, monkeypatch):
         with pytest.raises(SystemExit) as exit_info:
             train([*args, "--print_config"])
         assert exit_info.value.code == 0, capsys.readouterr().err
+    elif program == "diffusion.evaluate" and likelihood.requested(args):  # --nll: a command of its own
+        likelihood.build_parser().parse_args(args)
     elif program in PARSERS:
         PARSERS[program]().parse_args(args)
     else:

@@ -93,6 +93,7 @@ TRAINING_SETTINGS = (
 
 NOT_TRAINING = (
     "model.sampling", "model.init_from", "model.compile", "data.init_args.num_workers", "data.init_args.verify",
+    "ema.snapshot_every", "ema.max_snapshot_gb",
 )  # fmt: skip
 
 

@@ -1,8 +1,9 @@
 """Where a run's files live: ``<save_dir>/<name>/<version>/``, with its checkpoints in ``checkpoints/``, its config
-in ``config.yaml`` and its sample grids in ``samples/``. That is the folder Lightning's ModelCheckpoint derives
-from the first logger (TensorBoard's and CSV's ``version_N``, a W&B run id, ...), or the Trainer's
-``default_root_dir`` without a logger. The only code that knows that layout: `run_folder`, `run_folder_of`,
-`run_checkpoints`, and `newest_checkpoint`, which is what `--ckpt_path last` resumes."""
+in ``config.yaml``, its sample grids in ``samples/`` and its post-hoc EMA snapshots in ``post_hoc_ema/``. That is
+the folder Lightning's ModelCheckpoint derives from the first logger (TensorBoard's and CSV's ``version_N``, a W&B
+run id, ...), or the Trainer's ``default_root_dir`` without a logger. The only code that knows that layout:
+`run_folder`, `run_folder_of`, `run_checkpoints`, `newest_checkpoint` (what `--ckpt_path last` resumes),
+`checkpoints_of_run` and `post_hoc_ema_folder`."""
 
 import os
 import re
@@ -15,6 +16,8 @@ from diffusion.errors import UserError
 from diffusion.training.checkpoint_files import read_checkpoint
 
 NUMBERED_VERSION = re.compile(r"version_(\d+)")
+CHECKPOINTS = "checkpoints"
+POST_HOC_EMA = "post_hoc_ema"
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def run_folder(trainer: L.Trainer) -> Path:
 def run_folder_of(checkpoint: str | os.PathLike) -> RunFolder | None:
     """The run a checkpoint belongs to, when it sits at ``<save_dir>/<name>/<version>/checkpoints/``."""
     path = Path(checkpoint).expanduser().absolute()
-    if path.parent.name != "checkpoints" or len(path.parents) < 4:
+    if path.parent.name != CHECKPOINTS or len(path.parents) < 4:
         return None
     return RunFolder(path.parents[3], path.parents[2].name, path.parents[1].name)
 
@@ -128,3 +131,21 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
 def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
     """The newest run's newest intact checkpoint (see `newest_checkpoint`)."""
     return newest_checkpoint(save_dir, name).path
+
+
+def post_hoc_ema_folder(run: str | os.PathLike) -> Path:
+    """Where a run (``<save_dir>/<name>/<version>``, `run_folder`) keeps its post-hoc EMA snapshots."""
+    return Path(run) / POST_HOC_EMA
+
+
+def checkpoints_of_run(run: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(global step, path) of every readable checkpoint in a run folder's ``checkpoints/``, by step (a tie:
+    ``last`` files after the others)."""
+    found = []
+    for path in checkpoint_files(Path(run) / CHECKPOINTS):
+        try:
+            step = int(read_checkpoint(path, "checkpoint").get("global_step", -1))
+        except (UserError, OSError):
+            continue
+        found.append((step, path.name.startswith("last"), path))
+    return [(step, path) for step, _, path in sorted(found)]

@@ -36,19 +36,25 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = temporary_name(path)
-        try:
-            with open(temporary, "xb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException:  # a full disk (OSError ENOSPC), Ctrl+C, ...: no temporary file stays behind
-            temporary.unlink(missing_ok=True)
-            raise
-        _fsync_folder(path.parent)  # so that the rename itself survives a power cut
+        save_atomically(checkpoint, path)
+
+
+def save_atomically(contents: Any, path: _PATH) -> None:
+    """`torch.save(contents, path)` through a hidden temporary file in the same folder, fsynced and renamed
+    into place: `path` ends up complete or as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_name(path)
+    try:
+        with open(temporary, "xb") as file:
+            torch.save(contents, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # a full disk (OSError ENOSPC), Ctrl+C, ...: no temporary file stays behind
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)  # so that the rename itself survives a power cut
 
 
 def link_atomically(target: _PATH, link: _PATH) -> None:
@@ -81,9 +87,9 @@ def install(strategy: Strategy) -> None:
         writer.checkpoint_io = AtomicCheckpointIO()  # AsyncCheckpointIO: it runs ours in its thread
 
 
-def remove_leftovers(folder: Path) -> None:
-    """Remove the temporary files of saves that were killed in `folder`."""
-    for leftover in folder.glob(LEFTOVERS):
+def remove_leftovers(folder: Path, pattern: str = LEFTOVERS) -> None:
+    """Remove the temporary files of saves that were killed in `folder` (of checkpoints, or `pattern`'s)."""
+    for leftover in folder.glob(pattern):
         leftover.unlink(missing_ok=True)
 
 

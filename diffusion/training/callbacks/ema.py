@@ -1,10 +1,14 @@
-"""EMA of the weights on Lightning's WeightAveraging, one foreach update per optimizer step."""
+"""EMA of the weights on Lightning's WeightAveraging, one foreach update per optimizer step; optionally post-hoc
+EMA profiles and their snapshots beside it."""
 
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.utilities import rank_zero_warn
+
+from diffusion.training.callbacks.post_hoc_ema import PostHocEMA
 
 
 class EMA(WeightAveraging):
@@ -28,9 +32,31 @@ class EMA(WeightAveraging):
     Only parameters are averaged (use_buffers=False): the module's buffers are the constant noise schedule,
     which averaging could only blur by rounding; the EMA copy's buffers follow the module's at every update,
     as AveragedModel does with use_buffers=False.
+
+    With `post_hoc`, it also tracks power-function EMA profiles and writes their snapshots into the run folder
+    (`diffusion.training.callbacks.post_hoc_ema.PostHocEMA`), from which `python -m diffusion.phema` builds
+    the EMA of any length after training (Karras et al. 2024). The EMA above is unchanged by it.
+
+    Args:
+        decay: the EMA's decay per update (Ho et al. 0.9999).
+        warmup: warm the decay up as min(decay, (1 + n) / (10 + n)).
+        update_every_n_steps: update the EMA every this many optimizer steps.
+        post_hoc: also track post-hoc EMA profiles and write their snapshots (see docs/post_hoc_ema.md).
+        sigma_rels: the post-hoc profiles' relative widths (EDM2 tracks 0.05 and 0.10).
+        snapshot_every: a snapshot of every profile every this many optimizer steps (and at the last).
+        max_snapshot_gb: the disk the snapshots may take; a wider interval is used when they would take more.
     """
 
-    def __init__(self, decay: float = 0.9999, warmup: bool = True, update_every_n_steps: int = 1) -> None:
+    def __init__(
+        self,
+        decay: float = 0.9999,
+        warmup: bool = True,
+        update_every_n_steps: int = 1,
+        post_hoc: bool = False,
+        sigma_rels: tuple[float, ...] = (0.05, 0.10),
+        snapshot_every: int = 100,
+        max_snapshot_gb: float = 2.0,
+    ) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay={decay} must be in (0, 1); Ho et al. use 0.9999")
         if update_every_n_steps < 1:
@@ -44,6 +70,7 @@ class EMA(WeightAveraging):
         self._num_updates = 0  # = the AveragedModel's n_averaged, kept on the host
         # (EMA params, params, EMA buffers, buffers), collected at the first update
         self._pairs: tuple[list[torch.Tensor], ...] | None = None
+        self.post_hoc = PostHocEMA(sigma_rels, snapshot_every, max_snapshot_gb) if post_hoc else None
         super().__init__(use_buffers=False)
 
     def current_decay(self, num_updates: int) -> float:
@@ -56,6 +83,12 @@ class EMA(WeightAveraging):
         super().setup(trainer, pl_module, stage)
         # A second fit with this callback (a notebook extending a run) must not save the first fit's raw weights.
         self._num_updates, self._pairs, self._raw_state_at_end = 0, None, None
+        if self.post_hoc is not None and stage == "fit":
+            self.post_hoc.setup(trainer, pl_module)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.post_hoc is not None:
+            self.post_hoc.on_train_start(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -66,6 +99,8 @@ class EMA(WeightAveraging):
         ):
             self.update(pl_module)
             self._latest_update_step = trainer.global_step
+        if self.post_hoc is not None:
+            self.post_hoc.on_train_batch_end(trainer)
 
     @torch.no_grad()
     def update(self, pl_module: L.LightningModule) -> None:
@@ -108,6 +143,26 @@ class EMA(WeightAveraging):
         # keep the raw weights so that checkpoint still holds both (and resuming continues the raw ones).
         self._raw_state_at_end = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         super().on_train_end(trainer, pl_module)
+        if self.post_hoc is not None:
+            self.post_hoc.on_train_end(trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.post_hoc is not None:
+            state["post_hoc"] = self.post_hoc.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.post_hoc is None:
+            return
+        if "post_hoc" in state_dict:
+            self.post_hoc.load_state_dict(state_dict["post_hoc"])
+        else:
+            rank_zero_warn(
+                "resuming with --ema.post_hoc true from a checkpoint trained without it: the post-hoc EMA profiles "
+                "start at this step, so reconstructions take the weights before it as equal to its own"
+            )
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)

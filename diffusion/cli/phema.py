@@ -1,0 +1,257 @@
+"""Post-hoc EMA (Karras et al. 2024, EDM2): the EMA of any length after training, from the snapshots a run
+trained with `--ema.post_hoc true` wrote into RUN/post_hoc_ema/.
+
+    python -m diffusion.phema --run runs/digits/version_0 --sigma_rel 0.08 --out phema.ckpt
+    python -m diffusion.phema --run runs/digits/version_0 --sweep "[0.02, 0.05, 0.08, 0.12, 0.2]"
+
+--sigma_rel S writes OUT: the run's checkpoint of the reconstruction's step (--step, by default the newest
+step with snapshots; --ckpt names another) with the reconstructed weights as its EMA weights ("state_dict")
+and the raw ones ("current_model_state") as trained, so `python -m diffusion.sample --ckpt OUT` and
+`load_checkpoint(OUT)` take it as any checkpoint. sigma_rel is the EMA's length relative to the training time
+(the standard deviation of its averaging profile over the steps, divided by the step count): 0.05 puts 90% of
+its weight on the last 12% of the steps, 0.10 on the last 25%.
+
+--sweep [S1, S2, ...] samples the run's own EMA and each sigma_rel with the same seeds (--num_samples,
+--sampler, --steps: by default the checkpoint's sampler) and scores them by FID with --features (default:
+pixels, the offline 8x8 pixel-space FD of the digits) against --reference (a dataset or an .npz, as in
+`python -m diffusion.evaluate`), printing a table; with --out it also writes the best one's checkpoint.
+
+Nothing is overwritten without --overwrite. A user error ends in one line on stderr and exit status 2;
+--debug (or DIFFUSION_DEBUG=1) shows its traceback.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+from jsonargparse import ActionYesNo, ArgumentParser
+from jsonargparse.typing import NonNegativeInt, PositiveInt
+
+from diffusion.cli.checks import check_writable_folder
+from diffusion.cli.parsing import command_parser
+from diffusion.cli.reporting import reporting_user_errors
+from diffusion.cli.sample import requested_labels, resolve_device
+from diffusion.core.sampling import Sampler, SamplingOptions
+from diffusion.errors import UserError
+from diffusion.generation.ranks import generate
+from diffusion.metrics.features import Features
+from diffusion.metrics.image_sets import load_reference
+from diffusion.metrics.sample_quality import SampleQuality, feed_images
+from diffusion.training.callbacks.atomic_writes import save_atomically
+from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.ema_snapshots import Reconstruction, check_step, find_snapshots, reconstruct
+from diffusion.training.loading import load_checkpoint
+from diffusion.training.post_hoc_ema import check_sigma_rel
+from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder
+
+POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser("python -m diffusion.phema", __doc__)
+    parser.add_argument("--run", type=str, required=True, help="a run folder: runs/<name>/version_N")
+    parser.add_argument("--sigma_rel", type=float | None, default=None, help="the EMA length to reconstruct")
+    parser.add_argument(
+        "--sweep", type=list[float] | None, default=None, help='score several, e.g. "[0.02, 0.05, 0.1, 0.2]"'
+    )
+    parser.add_argument("--out", type=str | None, default=None, help="the checkpoint to write (.ckpt)")
+    parser.add_argument("--overwrite", action=ActionYesNo, nargs="?", default=False, help="replace OUT")
+    parser.add_argument(
+        "--step", type=PositiveInt | None, default=None, help="default: the newest snapshots'"
+    )
+    parser.add_argument(
+        "--ckpt",
+        type=str | None,
+        default=None,
+        help="the checkpoint to start from (default: the run's at --step)",
+    )
+    sweep = parser.add_argument_group("--sweep: sampling and scoring")
+    sweep.add_argument("--num_samples", type=PositiveInt, default=1000)
+    sweep.add_argument("--batch_size", type=PositiveInt, default=256)
+    sweep.add_argument("--seed", type=NonNegativeInt, default=0, help="the same samples' noise for every row")
+    sweep.add_argument("--sampler", type=Sampler | None, default=None, help="default: the checkpoint's")
+    sweep.add_argument("--steps", type=PositiveInt | None, default=None, help="reverse steps")
+    sweep.add_argument("--features", type=Features, default="pixels", help="pixels (offline) or inception")
+    sweep.add_argument("--reference", type=str, default="digits", help="a dataset or an .npz of real images")
+    sweep.add_argument(
+        "--data_root", type=str, default="data", help="download folder of torchvision datasets"
+    )
+    sweep.add_argument("--device", type=str | None, default=None, help="default: cuda if visible, else cpu")
+    return parser
+
+
+def check_out(out: str | None, overwrite: bool) -> None:
+    if out is None:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise UserError(
+            f"--out {out} is a folder", "pass the path of the checkpoint to write, e.g. phema.ckpt"
+        )
+    check_writable_folder(path.parent, "--out")
+    if path.exists() and not overwrite:
+        raise UserError(f"--out {out} exists", "pass --overwrite to replace it, or another --out")
+
+
+def base_checkpoint(run: Path, step: int, ckpt: str | None) -> Path:
+    """--ckpt, or the run's checkpoint of `step` (a last.ckpt before a step=N.ckpt), or its newest."""
+    if ckpt is not None:
+        return Path(ckpt)
+    found = checkpoints_of_run(run)
+    if not found:
+        raise UserError(
+            f"--run {run} holds no readable checkpoint in checkpoints/",
+            "pass the checkpoint to start from: --ckpt",
+        )
+    at_step = [path for found_step, path in found if found_step == step]
+    if at_step:
+        return at_step[-1]
+    newest_step, newest = found[-1]
+    print(
+        f"note: no checkpoint of step {step} in {run / 'checkpoints'}; the raw weights and settings come from "
+        f"{newest.name} (step {newest_step})",
+        file=sys.stderr,
+    )
+    return newest
+
+
+def with_weights(checkpoint: dict, reconstruction: Reconstruction, path: Path) -> dict:
+    """The checkpoint with the reconstructed parameters as its EMA weights, and what they are."""
+    state = checkpoint["state_dict"]
+    for name, value in reconstruction.weights.items():
+        if name not in state or state[name].shape != value.shape:
+            raise UserError(
+                f"the snapshots do not fit the network of {path} (at {name})",
+                "pass the run's own checkpoint (--ckpt) or the run the snapshots belong to (--run)",
+            )
+    return {
+        **checkpoint,
+        "state_dict": {**state, **reconstruction.weights},
+        "post_hoc_ema": {
+            "sigma_rel": reconstruction.sigma_rel,
+            "step": reconstruction.step,
+            "snapshots": len(reconstruction.snapshots),
+            "relative_error": reconstruction.solution.relative_error,
+        },
+    }
+
+
+def run_ema_label(run: Path) -> str:
+    """ "the run's EMA (decay D)" with the decay its config.yaml records."""
+    config = run / "config.yaml"
+    decay = (
+        (yaml.safe_load(config.read_text()) or {}).get("ema", {}).get("decay") if config.is_file() else None
+    )
+    return f"the run's EMA (decay {decay:g})" if isinstance(decay, float) else "the run's EMA"
+
+
+def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction | None:
+    """Score the run's EMA and every --sweep sigma_rel; print the table; return the best reconstruction."""
+    hparams = read_checkpoint(base, "--ckpt").get("hyper_parameters", {})
+    if len(hparams.get("sample_shape", ())) != 3:
+        raise UserError(
+            f"--sweep scores images, and {base} samples vectors", "use --sigma_rel and score them yourself"
+        )
+    labels = requested_labels(hparams, args.num_samples, None, False)
+    options = SamplingOptions(sampler=args.sampler, steps=args.steps)
+    device, _ = resolve_device(args.device, "auto")
+    module = load_checkpoint(base, weights="ema", map_location=device)
+    channels, size = hparams["sample_shape"][0], hparams["sample_shape"][-1]
+    reference = load_reference(args.reference, size, channels, args.data_root, None, args.seed)
+    statistics = None if isinstance(reference, np.ndarray) else reference  # an .npz of FID statistics
+    quality = SampleQuality(args.features, ["fid"], channels=channels, reference=statistics).to(device)
+    if statistics is None:
+        feed_images(quality, reference, True, args.batch_size, device, "features of the reference")
+    run_ema = {name: value.clone() for name, value in module.state_dict().items()}
+
+    def score(weights: dict) -> float:
+        module.load_state_dict({**run_ema, **weights})
+        samples = generate(
+            module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options,
+            uint8_images=True, labels=labels,
+        )  # fmt: skip
+        quality.reset()  # the generated side only: the reference's features are kept
+        images = samples.permute(0, 2, 3, 1).numpy()  # (N, H, W, C), the samples-file layout
+        feed_images(quality, images, False, args.batch_size, device, "features of the samples")
+        return quality.compute(args.seed)["fid"]
+
+    rows = [(run_ema_label(run), "-", "-", score({}))]
+    print(f"{rows[0][0]}: FD {rows[0][3]:.3f}", flush=True)
+    best: tuple[float, Reconstruction] | None = None
+    for sigma_rel in args.sweep:
+        reconstruction = reconstruct(snapshots, sigma_rel, step)
+        fd = score(reconstruction.weights)
+        error = f"{100 * reconstruction.solution.relative_error:.2f}%"
+        rows.append(("post-hoc EMA", f"{sigma_rel:g}", error, fd))
+        print(f"sigma_rel {sigma_rel:g}: FD {fd:.3f} (profile fit error {error})", flush=True)
+        if best is None or fd < best[0]:
+            best = (fd, reconstruction)
+    metric = "FD (8x8 pixels)" if args.features == "pixels" else "FID (Inception)"
+    used = options.over(module.sampling)
+    print(
+        f"\n{args.num_samples} samples of step {step} ({used.sampler or 'ddpm'}, {used.steps or 'default'} steps, "
+        f"seed {args.seed}) against {args.reference}:\n"
+    )
+    print(f"| weights | sigma_rel | profile fit error | {metric} |\n| --- | ---: | ---: | ---: |")
+    for label, sigma_rel, error, fd in rows:
+        print(f"| {label} | {sigma_rel} | {error} | {fd:.3f} |")
+    if best is not None:
+        change = 100 * (best[0] - rows[0][3]) / rows[0][3]
+        print(
+            f"\nbest: sigma_rel {best[1].sigma_rel:g}, {metric} {best[0]:.3f} ({change:+.1f}% against the run's EMA)"
+        )
+    return None if best is None else best[1]
+
+
+def main(argv: list[str] | None = None) -> Path | None:
+    """`python -m diffusion.phema [flags]`: write OUT (and return its path), or print a --sweep's table."""
+    with reporting_user_errors(argv):
+        args = build_parser().parse_args(argv)
+        if (args.sigma_rel is None) == (args.sweep is None):
+            raise UserError(
+                "pass one of --sigma_rel and --sweep",
+                '--sigma_rel S --out OUT.ckpt, or --sweep "[S1, S2, ...]"',
+            )
+        if args.sigma_rel is not None and args.out is None:
+            raise UserError("--sigma_rel needs --out", "pass the checkpoint to write: --out phema.ckpt")
+        if args.sweep is not None and not args.sweep:
+            raise UserError("--sweep [] is empty", 'pass the sigma_rel values to score, e.g. "[0.05, 0.1]"')
+        for sigma_rel in [args.sigma_rel] if args.sweep is None else args.sweep:
+            check_sigma_rel(sigma_rel, "--sigma_rel" if args.sweep is None else "--sweep: sigma_rel")
+        check_out(args.out, args.overwrite)
+        run = Path(args.run)
+        if not run.is_dir():
+            raise UserError(f"--run {run} is not a folder", "pass a run folder, e.g. runs/digits/version_0")
+        snapshots = find_snapshots(post_hoc_ema_folder(run))
+        if not snapshots:
+            raise UserError(
+                f"--run {run} holds no post-hoc EMA snapshots (in {post_hoc_ema_folder(run)})",
+                "train with --ema.post_hoc true, or pass the run folder that did",
+            )
+        step = check_step(snapshots, args.step)
+        base = base_checkpoint(run, step, args.ckpt)
+        if args.sweep is not None:
+            chosen = sweep(args, run, base, snapshots, step)
+        else:
+            chosen = reconstruct(snapshots, args.sigma_rel, step)
+        if args.out is None or chosen is None:
+            return None
+        if chosen.solution.relative_error > POOR_FIT:
+            print(
+                f"warning: the snapshots fit the profile of sigma_rel {chosen.sigma_rel:g} poorly (L2 error "
+                f"{100 * chosen.solution.relative_error:.0f}%): it lies outside the tracked ones, or there are few "
+                "snapshots; the weights are an approximation of that EMA",
+                file=sys.stderr,
+            )
+        save_atomically(with_weights(read_checkpoint(base, "--ckpt"), chosen, base), args.out)
+        print(
+            f"wrote {args.out}: the EMA of sigma_rel {chosen.sigma_rel:g} at step {chosen.step}, from "
+            f"{len(chosen.snapshots)} snapshots (profile fit error {100 * chosen.solution.relative_error:.2f}%) "
+            f"on {base.name}"
+        )
+        return Path(args.out)
+
+
+if __name__ == "__main__":
+    main()

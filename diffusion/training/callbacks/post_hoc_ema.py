@@ -1,0 +1,180 @@
+"""Post-hoc EMA during training: power-function EMA profiles tracked every optimizer step, and their snapshots
+written into the run folder, from which `python -m diffusion.phema` reconstructs any EMA length afterwards
+(Karras et al. 2024, EDM2; the math: `diffusion.training.post_hoc_ema`). The `EMA` callback runs it with
+``--ema.post_hoc true``."""
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from diffusion.errors import UserError
+from diffusion.training.callbacks.atomic_writes import remove_leftovers, save_atomically
+from diffusion.training.ema_snapshots import LEFTOVERS, snapshot_contents, snapshot_name
+from diffusion.training.post_hoc_ema import check_sigma_rel, gamma_of, update_weight
+from diffusion.training.run_folders import post_hoc_ema_folder, run_folder
+
+GB = 1e9
+
+
+class PostHocEMA:
+    """Power-function EMA profiles of the parameters (one per sigma_rel), tracked in float32 on the parameters'
+    device whatever the training precision, and a snapshot of each every `snapshot_every` optimizer steps and
+    at the end of training, written atomically by global rank 0 into ``<run>/post_hoc_ema/``.
+
+    Every profile is updated once per optimizer step (not per micro-batch), with the step count as time, so
+    accumulation, DDP (each rank holds the same profiles of the same synced weights) and resumption (the
+    profiles and their step are in the checkpoint, `state_dict`) all see one clock. The update is one
+    `torch._foreach_lerp_` per profile, with its weight computed on the host (no device sync).
+
+    The snapshots must fit in `max_snapshot_gb`: at the start of training rank 0 prints how many there will be
+    and their size; when the requested interval would take more, the interval is widened to the smallest
+    multiple of `snapshot_every` that fits (said in that line). A budget that cannot hold one snapshot of each
+    profile is refused before training.
+    """
+
+    def __init__(self, sigma_rels: Sequence[float], snapshot_every: int, max_snapshot_gb: float) -> None:
+        sigma_rels = [float(s) for s in sigma_rels]
+        if not sigma_rels:
+            raise ValueError("ema.sigma_rels is empty — pass at least one, e.g. [0.05, 0.1] (EDM2's)")
+        for sigma_rel in sigma_rels:
+            check_sigma_rel(sigma_rel, "ema.sigma_rels: sigma_rel")
+        if len({snapshot_name(1, s) for s in sigma_rels}) != len(sigma_rels):
+            raise ValueError(
+                f"ema.sigma_rels={sigma_rels} repeats a value — pass distinct ones, e.g. [0.05, 0.1]"
+            )
+        if snapshot_every < 1:
+            raise ValueError(
+                f"ema.snapshot_every={snapshot_every} must be >= 1 — pass a number of steps, e.g. 100"
+            )
+        if not max_snapshot_gb > 0:
+            raise ValueError(
+                f"ema.max_snapshot_gb={max_snapshot_gb} must be > 0 — pass the GB the snapshots may take"
+            )
+        self.sigma_rels = sigma_rels
+        self.gammas = [gamma_of(s) for s in sigma_rels]
+        self.snapshot_every = snapshot_every
+        self.max_snapshot_gb = max_snapshot_gb
+        self.interval = snapshot_every  # widened in `on_train_start` when the budget asks for it
+        self.folder: Path | None = None
+        self.step = 0  # the optimizer step of the latest update (0: none yet)
+        self.profiles: list[dict[str, torch.Tensor]] | None = None  # per sigma_rel: parameter name -> float32
+        self._params: dict[str, torch.Tensor] | None = None
+        # The profiles' tensors in the parameters' order, for the foreach update.
+        self._targets: list[list[torch.Tensor]] | None = None
+
+    def snapshot_bytes(self) -> int:
+        """The size of one snapshot instant: every profile's parameters in float32."""
+        assert self._params is not None
+        return len(self.sigma_rels) * sum(p.numel() for p in self._params.values()) * 4
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.folder = post_hoc_ema_folder(run_folder(trainer))  # a collective under DDP: called on every rank
+        # The Parameter objects: the strategy moves the module to its device by swapping their data.
+        self._params = dict(pl_module.named_parameters())
+        self.step, self.profiles, self._targets, self.interval = 0, None, None, self.snapshot_every
+        instant = self.snapshot_bytes()
+        if instant > self.max_snapshot_gb * GB:
+            # Suggest what the requested interval takes over the whole run (10 instants when it is open-ended).
+            instants = math.ceil(trainer.max_steps / self.snapshot_every) if trainer.max_steps > 0 else 10
+            each = instant // len(self.sigma_rels)
+            raise UserError(
+                f"--ema.max_snapshot_gb {self.max_snapshot_gb:g} cannot hold one post-hoc EMA snapshot of each of "
+                f"the {len(self.sigma_rels)} profiles ({len(self.sigma_rels)} x {size(each)})",
+                f"pass --ema.max_snapshot_gb {_round_up(instants * instant / GB)} (a snapshot every "
+                f"{self.snapshot_every} steps) or at least {_round_up(instant / GB)}, or --ema.post_hoc false",
+            )
+        if trainer.is_global_zero and self.folder.is_dir():
+            remove_leftovers(self.folder, LEFTOVERS)
+
+    def on_train_start(self, trainer: L.Trainer) -> None:
+        total = trainer.max_steps if trainer.max_steps != -1 else int(trainer.estimated_stepping_batches)
+        instant = self.snapshot_bytes()
+        allowed = int(self.max_snapshot_gb * GB // instant)  # >= 1 (checked in setup)
+        self.interval = self.snapshot_every * max(1, math.ceil(total / (allowed * self.snapshot_every)))
+        count = math.ceil(total / self.interval)
+        requested = math.ceil(total / self.snapshot_every) * instant
+        widened = (
+            f" (every {self.snapshot_every} would take {size(requested)})"
+            if requested > count * instant
+            else ""
+        )
+        shown = ", ".join(f"{s:g}" for s in self.sigma_rels)
+        rank_zero_info(
+            f"post-hoc EMA: profiles sigma_rel {shown}, a snapshot of each every {self.interval} steps{widened} and "
+            f"at the last: {count * len(self.sigma_rels)} files, {size(count * instant)} in {self.folder} "
+            f"(--ema.max_snapshot_gb {self.max_snapshot_gb:g}); every checkpoint holds the profiles too "
+            f"(+{size(instant)})"
+        )
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        """Fold the current parameters into every profile at optimizer step `step` (1-based)."""
+        assert self._params is not None
+        # Under true half precision the profiles still average in float32.
+        sources = [p.detach() if p.dtype == torch.float32 else p.float() for p in self._params.values()]
+        if self.profiles is None:  # every profile's first update copies the weights (beta = 0)
+            self.profiles = [
+                {name: s.clone() for name, s in zip(self._params, sources, strict=True)} for _ in self.gammas
+            ]
+            self._targets = [list(profile.values()) for profile in self.profiles]
+            self.step = step
+            return
+        if self._targets is None:  # restored from a checkpoint, on the CPU: onto the parameters' device, once
+            self.profiles = [self._on_device(profile) for profile in self.profiles]
+            self._targets = [list(profile.values()) for profile in self.profiles]
+        for targets, gamma in zip(self._targets, self.gammas, strict=True):
+            torch._foreach_lerp_(targets, sources, update_weight(gamma, step, step - self.step))
+        self.step = step
+
+    def _on_device(self, profile: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        assert self._params is not None
+        return {name: profile[name].to(param.device) for name, param in self._params.items()}
+
+    def on_train_batch_end(self, trainer: L.Trainer) -> None:
+        if trainer.global_step <= self.step:
+            return  # no optimizer step since the last update (accumulating gradients)
+        self.update(trainer.global_step)
+        if self.step % self.interval == 0:
+            self.write_snapshots(trainer)
+
+    def on_train_end(self, trainer: L.Trainer) -> None:
+        # The final step, when it is not a multiple of the interval (never twice: the name is the step's).
+        if self.profiles is None or self.step != trainer.global_step or self.folder is None:
+            return
+        if not (self.folder / snapshot_name(self.step, self.sigma_rels[0])).exists():
+            self.write_snapshots(trainer)
+
+    def write_snapshots(self, trainer: L.Trainer) -> None:
+        if not trainer.is_global_zero:
+            return
+        assert self.profiles is not None and self.folder is not None
+        for sigma_rel, gamma, profile in zip(self.sigma_rels, self.gammas, self.profiles, strict=True):
+            weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in profile.items()}
+            contents = snapshot_contents(self.step, sigma_rel, gamma, weights)
+            save_atomically(contents, self.folder / snapshot_name(self.step, sigma_rel))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "sigma_rels": list(self.sigma_rels), "profiles": self.profiles}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if [float(s) for s in state["sigma_rels"]] != self.sigma_rels:
+            raise ValueError(
+                f"the checkpoint's post-hoc EMA tracks sigma_rel {state['sigma_rels']}, not {self.sigma_rels} — "
+                f"resume with --ema.sigma_rels {list(state['sigma_rels'])}"
+            )
+        self.step, self.profiles, self._targets = int(state["step"]), state["profiles"], None
+
+
+def size(num_bytes: float) -> str:
+    return f"{num_bytes / GB:.3g} GB" if num_bytes >= 0.1 * GB else f"{num_bytes / 1e6:.3g} MB"
+
+
+def _round_up(gb: float) -> str:
+    """A budget to suggest: `gb` rounded up to two significant digits."""
+    scale = 10 ** (math.floor(math.log10(gb)) - 1)
+    return f"{math.ceil(gb / scale) * scale:.2g}"

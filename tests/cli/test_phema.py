@@ -1,0 +1,172 @@
+"""`python -m diffusion.phema`: the checkpoint it writes (reconstructed EMA weights, raw weights as trained) is
+taken by the sample command and `load_checkpoint` as any checkpoint, also class-conditional; `--sweep` prints
+its table; every bad input ends in one line with exit status 2 and the user's files unchanged, train.py's
+too (a snapshot budget that cannot hold one snapshot of each profile)."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import QUICK, TINY_UNET, tiny_run
+from helpers.user_errors import REPO, fill, run_in_process, train_args
+
+from diffusion.cli import phema, sample
+from diffusion.cli.train import main as train
+from diffusion.training.ema_snapshots import find_snapshots, read_weights
+from diffusion.training.loading import load_checkpoint
+
+POST_HOC = ["--ema.post_hoc", "true", "--ema.snapshot_every", "2"]  # tiny runs: 4 steps, snapshots at 2 and 4
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    save_dir = tmp_path_factory.mktemp("runs")
+    tiny_run(save_dir, *POST_HOC)
+    return save_dir / "digits" / "version_0"
+
+
+def network(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k.startswith("network.")}
+
+
+def assert_equal_states(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and a
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_the_checkpoint_holds_the_reconstructed_ema_weights_and_the_raw_ones_as_trained(
+    run, tmp_path, capsys
+):
+    out = tmp_path / "phema.ckpt"
+    assert phema.main(["--run", str(run), "--sigma_rel", "0.05", "--out", str(out)]) == out
+    assert "the EMA of sigma_rel 0.05 at step 4, from 4 snapshots" in capsys.readouterr().out
+    written, last = load(out), load(run / "checkpoints" / "last.ckpt")
+    own = next(s for s in find_snapshots(run / "post_hoc_ema") if (s.step, s.sigma_rel) == (4, 0.05))
+    # A tracked sigma_rel is its own snapshot (up to float32 rounding of the float64 sum).
+    for key, value in read_weights(own).items():
+        torch.testing.assert_close(written["state_dict"][key], value, atol=1e-7, rtol=0)
+    assert_equal_states(written["current_model_state"], last["current_model_state"])
+    buffers = {k: v for k, v in last["state_dict"].items() if not k.startswith("network.")}
+    assert buffers and all(torch.equal(written["state_dict"][k], v) for k, v in buffers.items())
+    assert written["post_hoc_ema"]["sigma_rel"] == 0.05 and written["post_hoc_ema"]["step"] == 4
+    assert written["hyper_parameters"] == last["hyper_parameters"] and written["global_step"] == 4
+
+    other = tmp_path / "other.ckpt"
+    phema.main(["--run", str(run), "--sigma_rel", "0.08", "--out", str(other), "--step", "2"])
+    module = load_checkpoint(other)  # any command loads it
+    reconstructed = network(load(other)["state_dict"])
+    assert_equal_states(network(module.state_dict()), reconstructed)
+    for snapshot in find_snapshots(run / "post_hoc_ema"):  # a new average, none of the snapshots
+        assert (
+            max((reconstructed[k] - v).abs().max().item() for k, v in read_weights(snapshot).items()) > 1e-6
+        )
+    samples = sample.main(
+        ["--ckpt", str(other), "--num_samples", "4", "--steps", "2", "--out", str(tmp_path / "s")]
+    )
+    assert samples.is_file()
+
+
+def test_a_class_conditional_run_reconstructs_and_samples_by_class(tmp_path):
+    save_dir = tmp_path / "runs"
+    config = [
+        "--config",
+        str(REPO / "configs" / "digits_conditional.yaml"),
+    ]  # first: a config overrides flags
+    train([*config, *TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(save_dir), *POST_HOC])
+    run = save_dir / "digits_conditional" / "version_0"
+    out = tmp_path / "phema.ckpt"
+    phema.main(["--run", str(run), "--sigma_rel", "0.12", "--out", str(out)])
+    assert any(".class_embed." in key for key in network(load(out)["state_dict"]))  # the class embedding too
+    samples = sample.main([
+        "--ckpt", str(out), "--num_samples", "4", "--steps", "2", "--class_label", "3", "--out", str(tmp_path / "s")
+    ])  # fmt: skip
+    assert samples.is_file()
+
+
+def test_a_sweep_prints_the_runs_ema_and_every_sigma_rel_and_writes_the_best(run, tmp_path, capsys):
+    best = tmp_path / "best.ckpt"
+    flags = ["--sweep", "[0.05, 0.2]", "--num_samples", "8", "--sampler", "ddim", "--steps", "2"]
+    phema.main(["--run", str(run), *flags, "--out", str(best)])
+    output = capsys.readouterr().out
+    table = [line for line in output.splitlines() if line.startswith("| ") and "---" not in line]
+    assert table[0] == "| weights | sigma_rel | profile fit error | FD (8x8 pixels) |"
+    assert re.fullmatch(r"\| the run's EMA \(decay 0\.999\) \| - \| - \| [\d.]+ \|", table[1]), table
+    assert re.fullmatch(r"\| post-hoc EMA \| 0\.05 \| 0\.00% \| [\d.]+ \|", table[2]), table
+    assert re.fullmatch(r"\| post-hoc EMA \| 0\.2 \| [\d.]+% \| [\d.]+ \|", table[3]), table
+    scores = {row.split(" | ")[1]: float(row.split(" | ")[3].rstrip(" |")) for row in table[2:]}
+    chosen = min(scores, key=scores.get)
+    assert f"best: sigma_rel {chosen}" in output
+    assert load(best)["post_hoc_ema"]["sigma_rel"] == float(chosen)
+
+
+# ---- user errors -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def home(tmp_path_factory, run, digits_checkpoint) -> Path:
+    """A user's folder: a run with snapshots, one without, and a checkpoint already written."""
+    home = tmp_path_factory.mktemp("home")
+    shutil.copytree(run, home / "runs" / "phema" / "version_0")
+    shutil.copytree(digits_checkpoint.parents[1], home / "runs" / "digits" / "version_0")
+    shutil.copyfile(run / "checkpoints" / "last.ckpt", home / "mine.ckpt")
+    (home / "a_file").write_text("not a run")
+    return home
+
+
+RUN = ["--run", "{user}/runs/phema/version_0"]
+PHEMA_CASES = {  # id: (flags, what the line must say)
+    "neither": (RUN, r"pass one of --sigma_rel and --sweep — --sigma_rel S --out OUT.ckpt"),
+    "both": ([*RUN, "--sigma_rel", "0.1", "--sweep", "[0.1]"], r"pass one of --sigma_rel and --sweep"),
+    "no_out": ([*RUN, "--sigma_rel", "0.1"], r"--sigma_rel needs --out — pass the checkpoint to write"),
+    "sigma_rel_too_large": (
+        [*RUN, "--sigma_rel", "0.5", "--out", "{user}/x.ckpt"],
+        r"--sigma_rel=0.5 is out of range — pass a value in \(0, 0.2887\]",
+    ),
+    "sweep_sigma_rel_0": ([*RUN, "--sweep", "[0.1, 0]"], r"--sweep: sigma_rel=0.0 is out of range"),
+    "sweep_empty": ([*RUN, "--sweep", "[]"], r"--sweep \[\] is empty"),
+    "out_exists": (
+        [*RUN, "--sigma_rel", "0.1", "--out", "{user}/mine.ckpt"],
+        r"--out .*mine.ckpt exists — pass --overwrite",
+    ),
+    "out_is_a_folder": ([*RUN, "--sigma_rel", "0.1", "--out", "{user}/runs"], r"--out .*runs is a folder"),
+    "run_missing": (
+        ["--run", "{user}/nope", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
+        r"is not a folder",
+    ),
+    "run_is_a_file": (
+        ["--run", "{user}/a_file", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
+        r"not a folder",
+    ),
+    "run_without_snapshots": (
+        ["--run", "{user}/runs/digits/version_0", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
+        r"holds no post-hoc EMA snapshots .* — train with --ema.post_hoc true",
+    ),
+    "step_without_snapshots": (
+        [*RUN, "--sigma_rel", "0.1", "--out", "{user}/x.ckpt", "--step", "3"],
+        r"--step 3: no snapshot was written at that step — pick a step with snapshots \(the last ones: 2, 4\)",
+    ),
+    "ckpt_missing": (
+        [*RUN, "--sigma_rel", "0.1", "--out", "{user}/x.ckpt", "--ckpt", "{user}/nope.ckpt"],
+        r"no checkpoint at .*nope.ckpt",
+    ),
+}
+
+
+@pytest.mark.parametrize(("flags", "expected"), PHEMA_CASES.values(), ids=PHEMA_CASES.keys())
+def test_phema_reports_a_bad_input_in_one_line(flags, expected, home, capsys):
+    assert re.search(expected, run_in_process(phema.main, fill(flags, home), home, capsys))
+
+
+def test_train_refuses_a_snapshot_budget_below_one_snapshot_of_each_profile(home, capsys):
+    flags = ["--ema.post_hoc", "true", "--ema.max_snapshot_gb", "1e-5"]
+    line = run_in_process(train, train_args(flags, home, home / "runs"), home, capsys)
+    assert re.search(
+        r"--ema.max_snapshot_gb 1e-05 cannot hold one post-hoc EMA snapshot of each of the 2 profiles "
+        r"\(2 x [\d.]+ MB\) — pass --ema.max_snapshot_gb [\d.e-]+ \(a snapshot every 100 steps\)",
+        line,
+    )
