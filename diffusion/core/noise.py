@@ -23,7 +23,8 @@ _KEY_INITS = (0x243F6A88, 0x85A308D3)  # digits of pi: two independent 32-bit ha
 
 # Streams keep the draws of different purposes apart even when their seeds and counters coincide.
 TRAINING_NOISE, TRAINING_TIMESTEPS, SAMPLING_NOISE = 0, 1, 2
-LIKELIHOOD_NOISE = 4  # the noise of the bound's x_t (3 is the training's label dropout, training/module.py)
+LABEL_DROPOUT = 3  # per-sample label dropout: independent of the same sample's noise and timestep
+LIKELIHOOD_NOISE = 4  # the noise of the bound's x_t
 
 IntOrTensor = TypeVar("IntOrTensor", int, torch.Tensor)
 

@@ -17,13 +17,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from diffusion.core import noise as counter_noise
-from diffusion.core.guidance import NO_LABEL
 from diffusion.core.noise import Generators, randn
 from diffusion.core.sampling import DEFER, SamplingOptions, final_sample, reverse_steps
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import check_labels
 from diffusion.data.split import describe_batches
+from diffusion.training import training_noise
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.logging_steps import IntervalLoss
 from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
@@ -36,17 +36,7 @@ from diffusion.training.random_states import (
     resumed_states,
 )
 
-NoiseMode = Literal["fast", "per_sample"]
-# Per-sample label dropout draws from a counter-noise stream of its own (diffusion/core/noise.py has 0-2), so it is
-# independent of the same sample's noise and timestep, and an unconditional run draws exactly as before.
-LABEL_DROPOUT_STREAM = 3
-
-
-def sample_seed(seed: int, step: int, index: int) -> int:
-    """A 63-bit seed that depends only on (seed, step, sample index), for per-sample generators."""
-    return ((seed * 1_000_003 + step) * 2_654_435_761 + index) % (2**63 - 1)
-
-
+NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/training_noise.py
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkpoint can monitor them)
 
 
@@ -205,7 +195,9 @@ class DiffusionModule(L.LightningModule):
         # stream saved in its checkpoint; without one for this rank (another world size) it takes fresh noise
         # from the checkpoint's step rather than replaying the first steps.
         self._generator = torch.Generator(device=self.device)
-        self._generator.manual_seed(sample_seed(self._noise_seed, self._resumed_step, self.global_rank + 1))
+        self._generator.manual_seed(
+            training_noise.sample_seed(self._noise_seed, self._resumed_step, self.global_rank + 1)
+        )
         self._resumed_step = 0
         if self._resumed_states is not None and self._resumed_states.get("generator") is not None:
             self._generator.set_state(self._resumed_states["generator"])
@@ -239,31 +231,19 @@ class DiffusionModule(L.LightningModule):
         self, x0: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Noise like x0 and timesteps (B,) for one batch, from the rank's generator or per sample."""
-        T = self.schedule.num_timesteps
-        if per_sample:  # a function of (seed, step, dataset index), drawn for the whole batch on its device
-            indices = indices.to(x0.device)
-            seed = self._noise_seed
-            t_key = counter_noise.noise_key(seed, counter_noise.TRAINING_TIMESTEPS, step)
-            t = counter_noise.randint(T, t_key, indices)
-            key = counter_noise.noise_key(seed, counter_noise.TRAINING_NOISE, step)
-            return counter_noise.normal(x0.shape, key, indices, dtype=x0.dtype), t
-        t = torch.randint(T, (x0.shape[0],), device=x0.device, generator=self._generator)
-        return randn(x0.shape, self._generator, x0.device), t
+        generator = None if per_sample else self._generator
+        return training_noise.noise_and_timesteps(
+            x0, indices, step, self.schedule.num_timesteps, self._noise_seed, generator
+        )
 
     def drop_labels(
         self, labels: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool
     ) -> torch.Tensor:
-        """Labels with each replaced by NO_LABEL with probability label_dropout, drawn from the rank's generator
-        or (per_sample) from one seeded by (noise seed, step, dataset index), like the noise."""
-        if self.hparams.label_dropout == 0:
-            return labels
-        if per_sample:  # a function of (seed, step, dataset index), like the noise
-            key = counter_noise.noise_key(self._noise_seed, LABEL_DROPOUT_STREAM, step)
-            bits = counter_noise.random_bits(key, indices.to(labels.device), 1)[:, 0]  # (B,) in [0, 2**32)
-            uniform = (bits >> 8).float() * 2.0**-24  # [0, 1)
-        else:
-            uniform = torch.rand(labels.shape, device=labels.device, generator=self._generator)
-        return torch.where(uniform < self.hparams.label_dropout, NO_LABEL, labels)
+        """Labels with each replaced by NO_LABEL with probability label_dropout (like the noise, per sample)."""
+        generator = None if per_sample else self._generator
+        return training_noise.drop_labels(
+            labels, indices, step, self.hparams.label_dropout, self._noise_seed, generator
+        )
 
     def per_sample_loss(
         self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None
