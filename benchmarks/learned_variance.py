@@ -38,10 +38,9 @@ from diffusion.training.loading import load_checkpoint
 from diffusion.training.run_folders import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_UNET = [
-    "--model.network.init_args.channels", "8", "--model.network.init_args.channel_mult", "[1, 2]",
-    "--model.network.init_args.num_res_blocks", "1", "--model.network.init_args.attention_levels", "[1]",
-]  # fmt: skip
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import TINY_UNET  # noqa: E402 (the tiny network --quick shares with the tests)
+
 QUICK = ["--max_steps", "20", "--model.warmup_steps", "1", "--trainer.enable_progress_bar", "false"]
 MODELS = {"fixed": [], "learned": ["--model.variance", "learned_range"]}
 STEPS = [25, 50, 100, 1000]

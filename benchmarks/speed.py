@@ -64,10 +64,8 @@ from diffusion.training.callbacks.step_timer import (
 from diffusion.training.optim import use_tf32_on_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_UNET = [
-    "--model.network.init_args.channels", "8", "--model.network.init_args.channel_mult", "[1, 2]",
-    "--model.network.init_args.num_res_blocks", "1", "--model.network.init_args.attention_levels", "[1]",
-]  # fmt: skip
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import TINY_UNET  # noqa: E402 (the tiny network --quick shares with the tests)
 
 
 @dataclass
