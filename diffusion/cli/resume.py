@@ -3,6 +3,7 @@ the resumed run goes on writing into its folder; a resume is refused when it wou
 (the checkpoint's optimizer state, EMA and data order belong to the run's own settings)."""
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,31 +15,95 @@ from diffusion.errors import UserError
 from diffusion.training.checkpoint_files import read_checkpoint
 from diffusion.training.run_folders import RunFolder, newest_checkpoint, run_folder_of
 
-# Where each logger keeps its runs, as Lightning's ModelCheckpoint derives <save_dir>/<name>/<version>/ from it: the
-# init_args that hold the save_dir and the name, with their defaults. Every one of them takes the run's folder name
-# (TensorBoard's and CSV's version_N, a W&B run id) as its `version` init_arg, which continues that run.
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where a logger keeps its runs, as Lightning's ModelCheckpoint derives <save_dir>/<name>/<version>/ from it:
+    the init_args that hold the save_dir and the name, with their defaults, and the one that takes the run's folder
+    name (TensorBoard's and CSV's version_N, a W&B run id) and continues that run."""
+
+    save_key: str
+    save_default: str | None
+    name_key: str
+    name_default: str
+    version_key: str = "version"
+
+    def runs(self, init_args: Any) -> tuple[str, str]:
+        """(save_dir, name): this logger's runs are the folders <save_dir>/<name>/*/ (the defaults filled in, so
+        the saved config says where the run went)."""
+        init_args[self.save_key] = init_args.get(self.save_key) or self.save_default
+        init_args[self.name_key] = init_args.get(self.name_key) or self.name_default
+        return init_args[self.save_key], init_args[self.name_key]
+
+    def continue_run(self, init_args: Any, run: RunFolder) -> bool:
+        """Point the logger at the run a checkpoint belongs to; False when it cannot go on in that run."""
+        save_dir, name = self.runs(init_args)
+        if Path(save_dir, name).absolute() != run.save_dir / run.name:
+            # Spelled as configured unless the checkpoint is elsewhere: checkpoints record their folder.
+            init_args[self.save_key], init_args[self.name_key] = str(run.save_dir), run.name
+        init_args[self.version_key] = run.version
+        return True
+
+
+class MLflowLayout(RunLayout):
+    """MLflow's local file store: <tracking_uri's folder>/<experiment id>/<run id>/ (Lightning's save_dir is the
+    tracking_uri without `file:`, else `file:<save_dir>`), a run continued by its `run_id`. The experiment id is
+    the store's, looked up by `experiment_name`."""
+
+    def store(self, init_args: Any) -> str | None:
+        """The file store's folder, None for a tracking server."""
+        uri = init_args.get("tracking_uri") or f"file:{init_args.get(self.save_key) or self.save_default}"
+        return uri.removeprefix("file:") if uri.startswith("file:") else None
+
+    def runs(self, init_args: Any) -> tuple[str, str]:
+        store = self.store(init_args)
+        if store is None:
+            raise UserError(
+                f"--ckpt_path last finds the runs of an MLflow file store, and this run logs to the tracking "
+                f"server {init_args.get('tracking_uri')}",
+                "pass the path of a checkpoint, e.g. <default_root_dir>/<experiment id>/<run id>/checkpoints/"
+                "last.ckpt",
+            )
+        name = init_args.get(self.name_key) or self.name_default
+        experiment = None
+        if Path(store).is_dir():  # the store's client creates a missing store
+            from mlflow.tracking import MlflowClient
+
+            experiment = MlflowClient(f"file:{store}").get_experiment_by_name(name)
+        if experiment is None or experiment.lifecycle_stage == "deleted":
+            raise UserError(
+                f"--ckpt_path last: no MLflow experiment {name!r} in {store}",
+                "train first (python train.py), or pass the path of a checkpoint",
+            )
+        return store, experiment.experiment_id
+
+    def continue_run(self, init_args: Any, run: RunFolder) -> bool:
+        if not (run.path / "meta.yaml").is_file():  # not a run of an MLflow file store: a new run begins
+            return False
+        store = self.store(init_args)
+        if store is None or Path(store).absolute() != run.save_dir:
+            init_args["tracking_uri"] = f"file:{run.save_dir}"
+        init_args[self.version_key] = run.version
+        return True
+
+
 RUN_LAYOUTS = {
-    "TensorBoardLogger": ("save_dir", None, "name", "lightning_logs"),
-    "CSVLogger": ("save_dir", None, "name", "lightning_logs"),
-    "WandbLogger": ("save_dir", ".", "project", "lightning_logs"),
+    "TensorBoardLogger": RunLayout("save_dir", None, "name", "lightning_logs"),
+    "CSVLogger": RunLayout("save_dir", None, "name", "lightning_logs"),
+    "WandbLogger": RunLayout("save_dir", ".", "project", "lightning_logs"),
+    "MLFlowLogger": MLflowLayout("save_dir", "./mlruns", "experiment_name", "lightning_logs", "run_id"),
 }
 
 
-def _known_logger(config) -> tuple[Any, str, str] | None:
-    """(init_args, save_dir key, name key) of the run's first logger, when this module knows its layout."""
+def _known_logger(config) -> tuple[Any, RunLayout] | None:
+    """(init_args, layout) of the run's first logger, when this module knows its layout."""
     logger = config.trainer.logger
     if isinstance(logger, list):
         logger = logger[0] if logger else None
     if not logger or not hasattr(logger, "get"):
         return None
     layout = RUN_LAYOUTS.get(str(logger.get("class_path", "")).rsplit(".", 1)[-1])
-    if layout is None:
-        return None
-    save_key, save_default, name_key, name_default = layout
-    init_args = logger.init_args
-    init_args[save_key] = init_args.get(save_key) or save_default
-    init_args[name_key] = init_args.get(name_key) or name_default
-    return init_args, save_key, name_key
+    return None if layout is None else (logger.init_args, layout)
 
 
 def resolve_resume(config) -> tuple[dict[str, Any], str | None]:
@@ -49,12 +114,12 @@ def resolve_resume(config) -> tuple[dict[str, Any], str | None]:
     if config.ckpt_path == "last":
         if logger is None:
             raise UserError(
-                "--ckpt_path last finds the runs of TensorBoardLogger, CSVLogger and WandbLogger, and this run "
-                "has another logger or none",
+                f"--ckpt_path last finds the runs of {', '.join(list(RUN_LAYOUTS)[:-1])} and "
+                f"{list(RUN_LAYOUTS)[-1]}, and this run has another logger or none",
                 "pass the path of a checkpoint, e.g. <save_dir>/<name>/<version>/checkpoints/last.ckpt",
             )
-        init_args, save_key, name_key = logger
-        point = newest_checkpoint(init_args[save_key], init_args[name_key])
+        init_args, layout = logger
+        point = newest_checkpoint(*layout.runs(init_args))
         if point.skipped and rank_zero_only.rank == 0:
             passed = ", ".join(f"{path.name} ({why})" for path, why in point.skipped)
             print(
@@ -67,18 +132,12 @@ def resolve_resume(config) -> tuple[dict[str, Any], str | None]:
     run = run_folder_of(config.ckpt_path)
     if run is None or logger is None:
         return checkpoint, None
-    _continue_run(logger, run)
+    init_args, layout = logger
+    if not layout.continue_run(init_args, run):
+        return checkpoint, None
     step = int(checkpoint.get("global_step", 0))
     # The run's own config.yaml stays what it started with.
     return checkpoint, f"config-resumed-at-step-{step}.yaml" if run.config_file.is_file() else None
-
-
-def _continue_run(logger: tuple[Any, str, str], run: RunFolder) -> None:
-    init_args, save_key, name_key = logger
-    if Path(init_args[save_key], init_args[name_key]).absolute() != run.save_dir / run.name:
-        # Spelled as configured unless the checkpoint is elsewhere: checkpoints record their folder.
-        init_args[save_key], init_args[name_key] = str(run.save_dir), run.name
-    init_args["version"] = run.version
 
 
 # ---- the right run: settings a resumed run must share with the run it continues ---------------------------

@@ -39,6 +39,7 @@ from diffusion.cli.train_checks import (
 from diffusion.cli.trainer_options import (
     SHORTHANDS,
     TRAINER_DEFAULTS,
+    allow_mlflow_file_store,
     check_hardware_flags,
     check_logger_installed,
     check_trainer_option_ranges,
@@ -171,6 +172,7 @@ class DiffusionCLI(LightningCLI):
         check_trainer_option_ranges(self.config)
         check_hardware_flags(self.config.trainer)
         check_logger_installed(self.config.trainer)
+        allow_mlflow_file_store(self.config.trainer)
 
     def before_instantiate_classes(self) -> None:
         config = self.config

@@ -3,6 +3,7 @@ project's conventions), the shorthands (`--devices 4` for `--trainer.devices 4`)
 devices/accelerator/strategy against this machine), made before LightningCLI seeds or builds anything."""
 
 import importlib.util
+import os
 import re
 from typing import Any
 
@@ -133,18 +134,35 @@ def check_hardware_flags(trainer: dict[str, Any]) -> None:
 # Lightning's loggers whose packages are optional: class name -> (module, pip requirement).
 LOGGER_PACKAGES = {
     "WandbLogger": ("wandb", 'wandb (or this project\'s extra: pip install -e ".[loggers]")'),
-    "MLFlowLogger": ("mlflow", "mlflow"),
+    "MLFlowLogger": ("mlflow", 'mlflow-skinny (or this project\'s extra: pip install -e ".[loggers]")'),
     "CometLogger": ("comet_ml", "comet-ml"),
     "NeptuneLogger": ("neptune", "neptune"),
 }
 
 
+def _loggers(trainer: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(class name, init_args) of each logger the run is configured with."""
+    loggers = trainer.get("logger")
+    return [
+        (str(logger.get("class_path", "")).rsplit(".", 1)[-1], logger.get("init_args") or {})
+        for logger in (loggers if isinstance(loggers, list) else [loggers])
+        if hasattr(logger, "get")
+    ]
+
+
 def check_logger_installed(trainer: dict[str, Any]) -> None:
     """The logger's package is installed: Lightning would end in a traceback when it builds the logger."""
-    loggers = trainer.get("logger")
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
-        name = str(logger.get("class_path", "")).rsplit(".", 1)[-1] if hasattr(logger, "get") else ""
+    for name, _ in _loggers(trainer):
         module, requirement = LOGGER_PACKAGES.get(name, (None, None))
         if module and importlib.util.find_spec(module) is None:
             raise UserError(f"--trainer.logger {name} needs the {module} package, which is not installed",
                             f"pip install {requirement}, or pick another logger")  # fmt: skip
+
+
+def allow_mlflow_file_store(trainer: dict[str, Any]) -> None:
+    """An MLFlowLogger with a local file store (its default, ./mlruns): MLflow refuses to open one unless
+    MLFLOW_ALLOW_FILE_STORE is set, and mlflow-skinny has no other store that works offline. Choosing the file
+    store is the opt-in; a user's own MLFLOW_ALLOW_FILE_STORE is left as it is."""
+    for name, init_args in _loggers(trainer):
+        if name == "MLFlowLogger" and str(init_args.get("tracking_uri") or "file:").startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")

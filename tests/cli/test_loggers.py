@@ -1,5 +1,5 @@
-"""Any Lightning logger: TensorBoard is the default, and a CSV log and Weights & Biases (offline) get the metrics
-and the sample grids too; each run's checkpoints, config.yaml and grids share one run folder
+"""Any Lightning logger: TensorBoard is the default, and a CSV log, Weights & Biases (offline) and MLflow (a local
+file store) get the metrics and the sample grids too; each run's checkpoints, config.yaml and grids share one run folder
 (`<save_dir>/<name>/<version>/`, as Lightning derives the checkpoints' folder from the logger), which
 `--ckpt_path last` finds and goes on writing into."""
 
@@ -11,12 +11,18 @@ import torch
 import wandb
 from helpers import QUICK, TINY_UNET
 from lightning.pytorch.loggers import WandbLogger
+from mlflow.tracking import MlflowClient
 
 from diffusion.cli.train import main as train
 
 CSV = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.name", "digits"]
 WANDB = ["--trainer.logger", "lightning.pytorch.loggers.WandbLogger", "--trainer.logger.init_args.project", "digits",
          "--trainer.logger.init_args.offline", "true"]  # fmt: skip
+
+
+def mlflow_logger(store) -> list[str]:
+    return ["--trainer.logger", "lightning.pytorch.loggers.MLFlowLogger", "--trainer.logger.init_args.experiment_name",
+            "digits", "--trainer.logger.init_args.tracking_uri", f"file:{store}"]  # fmt: skip
 
 
 def run(logger: list[str], save_dir, *extra: str):
@@ -99,3 +105,60 @@ def test_a_logger_whose_package_is_missing_is_named_in_one_line(tmp_path, monkey
         in capsys.readouterr().err
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def no_file_store_opt_in(monkeypatch) -> None:
+    """MLFLOW_ALLOW_FILE_STORE unset, as on a user's machine (set, then deleted, so that it is restored after)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "unset")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+
+
+def test_mlflow_gets_metrics_and_grids_and_ckpt_path_last_resumes_its_newest_run(
+    tmp_path, no_file_store_opt_in
+):
+    store = tmp_path / "mlruns"
+    run(mlflow_logger(store), tmp_path)
+    run(mlflow_logger(store), tmp_path, "--max_steps", "2")  # the newest run
+    client = MlflowClient(f"file:{store}")
+    experiment = client.get_experiment_by_name("digits").experiment_id
+    older, newest = sorted(client.search_runs([experiment]), key=lambda found: found.info.start_time)
+    assert {"train/loss", "val/loss"} <= set(older.data.metrics)
+    assert [artifact.path for artifact in client.list_artifacts(older.info.run_id, "samples")] == [
+        "samples/step_0000002.png", "samples/step_0000004.png"
+    ]  # fmt: skip
+    folder = store / experiment / newest.info.run_id  # Lightning's run folder is the MLflow run's
+    assert (folder / "checkpoints" / "last.ckpt").is_file() and (folder / "config.yaml").is_file()
+
+    run(mlflow_logger(store), tmp_path, "--ckpt_path", "last", "--max_steps", "6")
+    assert {found.info.run_id for found in client.search_runs([experiment])} == {
+        older.info.run_id, newest.info.run_id
+    }  # fmt: skip
+    assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    assert (folder / "config-resumed-at-step-2.yaml").is_file()
+    assert len(client.get_metric_history(newest.info.run_id, "val/loss")) == 3  # steps 2, 4, 6 in the one run
+    assert [artifact.path for artifact in client.list_artifacts(newest.info.run_id, "samples")] == [
+        "samples/step_0000002.png", "samples/step_0000004.png", "samples/step_0000006.png"
+    ]  # fmt: skip
+    older_folder = store / experiment / older.info.run_id
+    assert torch.load(older_folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+
+
+@pytest.mark.parametrize(
+    "tracking_uri, expected",
+    [
+        ("http://localhost:5000", "--ckpt_path last finds the runs of an MLflow file store, and this run logs to the "
+         "tracking server http://localhost:5000 — pass the path of a checkpoint"),
+        ("file:{tmp_path}/mlruns", "--ckpt_path last: no MLflow experiment 'digits' in {tmp_path}/mlruns — train "
+         "first"),
+    ],
+)  # fmt: skip
+def test_ckpt_path_last_without_an_mlflow_run_to_find_says_what_to_pass(
+    tmp_path, capsys, tracking_uri, expected
+):
+    logger = [*mlflow_logger(tmp_path / "mlruns")[:-1], tracking_uri.format(tmp_path=tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        run(logger, tmp_path, "--ckpt_path", "last")
+    assert exit_info.value.code == 2
+    assert expected.format(tmp_path=tmp_path) in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no store made on the way

@@ -155,7 +155,8 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     ),
     "resume_last_without_a_logger": (
         ["--ckpt_path", "last", "--trainer.logger", "false"],
-        r"--ckpt_path last finds the runs of TensorBoardLogger, CSVLogger and WandbLogger.* — pass the path of a",
+        r"--ckpt_path last finds the runs of TensorBoardLogger, CSVLogger, WandbLogger and MLFlowLogger.* — pass the "
+        r"path of a",
     ),
     "resume_vector_run": (
         ["--ckpt_path", "{user}/runs/toy2d/version_0/checkpoints/last.ckpt"],

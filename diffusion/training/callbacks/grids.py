@@ -1,9 +1,11 @@
-"""Sample grids at the end of validation (TensorBoard and PNG), and the every-n-validations base."""
+"""Sample grids at the end of validation (PNG, and to TensorBoard, W&B and MLflow), and the every-n-validations
+base."""
 
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.core.sampling import DEFER, SamplingOptions
@@ -36,8 +38,9 @@ class EveryNValidations(L.Callback):
 
 class SampleGrid(EveryNValidations):
     """Samples a fixed-seed grid at the end of validation (so with EMA weights when EMA is on), saves it as
-    `<run folder>/samples/step_<global step>.png` (and `latest.png`) and logs it as an image to every logger that
-    takes images (TensorBoard, W&B; a CSV log has the files in the run folder).
+    `<run folder>/samples/step_<global step>.png` (and `latest.png`) and logs it to every logger that takes
+    pictures: as an image to TensorBoard and W&B, as a file in the run's `samples` artifacts to MLflow (a CSV log
+    has the files in the run folder).
 
     Every rank draws its share of the grid (per-sample seeds make the union the same grid whatever the
     world size), so no rank sits idle in a collective while rank 0 samples.
@@ -90,6 +93,8 @@ class SampleGrid(EveryNValidations):
         for logger in trainer.loggers:
             if hasattr(logger, "log_image"):  # W&B's signature: the saved picture, grid or scatter plot
                 logger.log_image(key="samples", images=[str(path)], step=trainer.global_step)
+            elif isinstance(logger, MLFlowLogger):  # MLflow keeps pictures as the run's artifacts
+                logger.experiment.log_artifact(logger.run_id, str(path), "samples")
             elif grid is not None and hasattr(logger.experiment, "add_image"):  # TensorBoard's SummaryWriter
                 logger.experiment.add_image("samples", grid, global_step=trainer.global_step)
         (self._out_dir / "latest.png").write_bytes(path.read_bytes())
