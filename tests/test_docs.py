@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from diffusion.cli.evaluate import build_parser as evaluate_parser
 from diffusion.cli import likelihood
+from diffusion.cli.evaluate import build_parser as evaluate_parser
 from diffusion.cli.export import build_parser as export_parser
 from diffusion.cli.phema import build_parser as phema_parser
 from diffusion.cli.sample import build_parser as sample_parser
