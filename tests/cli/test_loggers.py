@@ -162,3 +162,16 @@ def test_ckpt_path_last_without_an_mlflow_run_to_find_says_what_to_pass(
     assert exit_info.value.code == 2
     assert expected.format(tmp_path=tmp_path) in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # no store made on the way
+
+
+def test_a_checkpoint_of_another_logger_resumed_with_mlflow_goes_on_in_a_new_mlflow_run(
+    tmp_path, digits_checkpoint, no_file_store_opt_in
+):
+    tensorboard_run = digits_checkpoint.parents[1]
+    files = sorted(tensorboard_run.rglob("*"))
+    store = tmp_path / "mlruns"
+    run(mlflow_logger(store), tmp_path, "--ckpt_path", str(digits_checkpoint), "--max_steps", "6")
+    (folder,) = [path.parents[1] for path in store.glob("*/*/checkpoints/last.ckpt")]
+    assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    assert (folder / "config.yaml").is_file()
+    assert sorted(tensorboard_run.rglob("*")) == files  # the TensorBoard run is left as it was
