@@ -120,13 +120,16 @@ def main(argv: list[str] | None = None) -> str:
         "--out", type=Path, help="table, cache and runs here (default with --quick: a temp dir)"
     )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--num_samples", type=int, default=REFERENCE_SIZE, help="samples per row (FD rises as they fall)"
+    )
     args = parser.parse_args(argv)
     if args.quick and args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="learned_variance_"))
     out = args.out or ROOT / "benchmarks" / "results"
     runs = (args.out or ROOT / "benchmarks") / "runs"
     cache = Cache((args.out or runs) / "learned_variance_cache.json")
-    num_samples, steps = (64, QUICK_STEPS) if args.quick else (REFERENCE_SIZE, STEPS)
+    num_samples, steps = (64, QUICK_STEPS) if args.quick else (args.num_samples, STEPS)
     given = {"fixed": args.fixed, "learned": args.learned}
     checkpoints = {
         model: checkpoint_of(given[model], f"digits_{model}")
@@ -149,20 +152,23 @@ def main(argv: list[str] | None = None) -> str:
         model: cache.get(f"{model}/bpd", bpd_of, ckpt, 8 if args.quick else None, args.device)
         for model, ckpt in checkpoints.items()
     }
-    text = markdown(rows, bpd, checkpoints, steps, args.quick)
+    text = markdown(rows, bpd, checkpoints, steps, args.quick, num_samples)
     out.mkdir(parents=True, exist_ok=True)
     (out / "learned_variance.md").write_text(text)
     print(text)
     return text
 
 
-def markdown(rows: list, bpd: dict, checkpoints: dict, steps: list[int], quick: bool) -> str:
+def markdown(
+    rows: list, bpd: dict, checkpoints: dict, steps: list[int], quick: bool, num_samples: int
+) -> str:
     full = {(model, variance): fd for model, variance, n, fd, _ in rows if n == steps[-1]}
     lines = [
         f"## Learned variances on the digits ({time.strftime('%Y-%m-%d')}, torch {torch.__version__}"
         f"{', --quick: meaningless numbers' if quick else ''})",
         "",
         "Checkpoints: " + ", ".join(f"{model} `{ckpt}`" for model, ckpt in checkpoints.items()) + ".",
+        f"{num_samples} samples per row (per-sample seed 0) against {REFERENCE_SIZE} real digits, FD in 8x8 pixels.",
         "",
         f"| model | DDPM sigma^2 | steps | FD 8x8 | FD / same sigma^2's FD at {steps[-1]} | sampling time |",
         "| --- | --- | ---: | ---: | ---: | ---: |",

@@ -54,25 +54,18 @@ def test_the_first_call_trains_resumes_after_a_kill_and_samples(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_speed_stages_and_the_digits_recipe_run_on_the_cifar10_recipe(tmp_path):
+def test_the_bf16_speed_stage_runs_on_the_cifar10_recipe(tmp_path):
+    # The stage with the most flags of its own; speed.py --quick and quality.py --quick, which the other stages
+    # run with fewer flags, have end-to-end tests of their own (test_speed_options.py, test_quality_benchmark.py).
     out = tmp_path / "out"
-    result = suite(out, "speed_fp16", "speed_bf16", "digits")
+    result = suite(out, "speed_bf16")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert all(cells[0] == "OK" for cells in stage_results(out).values()), (out / "summary.md").read_text()
-    for stage in ("speed_fp16", "speed_bf16"):
-        table = (out / stage / "speed.md").read_text()
-        assert "configs/cifar10.yaml" in table and "| project: Lightning Trainer + EMA callback |" in table
-        assert "as users run it (StepTimer;" in table
-    assert "precision bf16-mixed" in (out / "speed_bf16" / "speed.md").read_text()
-    assert (
-        "| `train.py --trainer.benchmark true` as users run it"
-        in (out / "speed_bf16" / "speed.md").read_text()
-    )
-    assert "| dpmpp_2m_sde-3 | bf16-mixed | 8 |" in (out / "speed_bf16" / "speed.md").read_text()
-    assert "Data loader alone (SyntheticCIFAR10(cifar10)" in (out / "speed_fp16" / "speed.md").read_text()
-    assert (out / "digits" / "quality.md").is_file()
-    files = [p for p in out.rglob("*") if p.is_file()]
-    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 2 for p in files)
+    assert stage_results(out)["speed_bf16"][0] == "OK", (out / "summary.md").read_text()
+    table = (out / "speed_bf16" / "speed.md").read_text()
+    assert "configs/cifar10.yaml" in table and "| project: Lightning Trainer + EMA callback |" in table
+    assert "as users run it (StepTimer;" in table and "precision bf16-mixed" in table
+    assert "| `train.py --trainer.benchmark true` as users run it" in table
+    assert "| dpmpp_2m_sde-3 | bf16-mixed | 8 |" in table
 
 
 def test_a_failing_stage_says_why_and_the_next_one_runs(tmp_path):
