@@ -28,18 +28,17 @@ import torch
 import yaml
 from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import PositiveInt
-from lightning.fabric import Fabric
 from torch.utils.data import DataLoader, Subset
 
 from diffusion.cli.legacy import accept_moved_class_paths
 from diffusion.cli.parsing import command_parser
-from diffusion.cli.process_group import closing_process_group
+from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import Accelerator, check_sampling_checkpoint, resolve_device
 from diffusion.core.likelihood import ReverseProcess
 from diffusion.core.variance import VarianceType
 from diffusion.data.images import ImageDataModule
-from diffusion.errors import CallerError, UserError
+from diffusion.errors import UserError
 from diffusion.generation.ranks import gather_in_order
 from diffusion.metrics.likelihood import BitsPerDim, image_bounds, quantize_to_8_bits
 from diffusion.training.loading import Weights, load_checkpoint
@@ -176,18 +175,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             else labels
         )
         labels = None if labels is None else labels[: args.num_images]
-        fabric, rank, world_size = None, 0, 1
-        if args.devices > 1 or args.num_nodes > 1:
-            fabric = Fabric(
-                accelerator=accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy="ddp"
-            )
-            if argv is not None and not fabric.strategy.cluster_environment.creates_processes_externally:
-                raise CallerError(
-                    f"--devices {args.devices} starts processes by re-running the command line: run "
-                    "`python -m diffusion.evaluate --nll ...` (or under torchrun / srun) rather than main([...])"
-                )
-            fabric.launch()
-            rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
+        fabric, rank, world_size, device = launch_ranks(
+            args.devices, args.num_nodes, accelerator, device, argv, "diffusion.evaluate --nll"
+        )
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
         variance = "learned_range" if learned else args.variance or module.sampling.variance or "fixedlarge"
         process = ReverseProcess(module.hparams.prediction_type, variance, learned, args.clip_denoised)

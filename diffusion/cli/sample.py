@@ -26,15 +26,14 @@ from typing import Literal, get_args
 import torch
 from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, PositiveInt
-from lightning.fabric import Fabric
 
 from diffusion.cli.checks import check_writable_folder, cpu_mixed_precision_note
 from diffusion.cli.parsing import command_parser
-from diffusion.cli.process_group import closing_process_group
+from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.sampling import Sampler, SamplingOptions
 from diffusion.data.labels import class_labels
-from diffusion.errors import CallerError, UserError
+from diffusion.errors import UserError
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import gather_in_order, generate
 from diffusion.generation.render import write_samples
@@ -165,19 +164,9 @@ def main(argv: list[str] | None = None) -> Path:
         labels = requested_labels(
             hparams, args.num_samples, args.class_label, args.guidance_scale is not None
         )
-        fabric, rank, world_size = None, 0, 1
-        if args.devices > 1 or args.num_nodes > 1:
-            fabric = Fabric(
-                accelerator=accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy="ddp"
-            )
-            if argv is not None and not fabric.strategy.cluster_environment.creates_processes_externally:
-                # Fabric would start the other ranks by re-running sys.argv, which is not `argv` here.
-                raise CallerError(
-                    f"--devices {args.devices} starts processes by re-running the command line: run "
-                    "`python -m diffusion.sample ...` (or under torchrun / srun) rather than main([...])"
-                )
-            fabric.launch()
-            rank, world_size, device = fabric.global_rank, fabric.world_size, fabric.device
+        fabric, rank, world_size, device = launch_ranks(
+            args.devices, args.num_nodes, accelerator, device, argv, "diffusion.sample"
+        )
         if rank == 0:
             note = cpu_mixed_precision_note(args.precision, training=False)
             if note and torch.device(device).type == "cpu":
