@@ -30,18 +30,8 @@ from diffusion.training.ema_snapshots import find_snapshots, reconstruct  # noqa
 from diffusion.training.loading import load_checkpoint  # noqa: E402
 from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder  # noqa: E402
 
-SIGMA_RELS = [
-    0.03,
-    0.05,
-    0.07,
-    0.09,
-    0.11,
-    0.13,
-    0.16,
-    0.2,
-    0.25,
-    0.28,
-]  # power profiles end at sqrt(1/12) = 0.289
+# Power-function profiles end at sqrt(1/12) = 0.289, a plain mean over the whole run.
+SIGMA_RELS = [0.03, 0.05, 0.07, 0.09, 0.11, 0.13, 0.16, 0.2, 0.25, 0.28]
 
 
 def main(argv: list[str] | None = None) -> str:
