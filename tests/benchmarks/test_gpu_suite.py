@@ -54,18 +54,21 @@ def test_the_first_call_trains_resumes_after_a_kill_and_samples(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_bf16_speed_stage_runs_on_the_cifar10_recipe(tmp_path):
-    # The stage with the most flags of its own; speed.py --quick and quality.py --quick, which the other stages
-    # run with fewer flags, have end-to-end tests of their own (test_speed_options.py, test_quality_benchmark.py).
+def test_the_speed_stages_run_on_the_cifar10_recipe(tmp_path):
+    # The digits stage is quality.py --quick plus a grep; quality.py --quick has an end-to-end test of its own
+    # (test_quality_benchmark.py), and speed_compiled's flags are those of test_speed_options.py's --compiled run.
     out = tmp_path / "out"
-    result = suite(out, "speed_bf16")
+    result = suite(out, "speed_fp16", "speed_bf16")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert stage_results(out)["speed_bf16"][0] == "OK", (out / "summary.md").read_text()
-    table = (out / "speed_bf16" / "speed.md").read_text()
-    assert "configs/cifar10.yaml" in table and "| project: Lightning Trainer + EMA callback |" in table
-    assert "as users run it (StepTimer;" in table and "precision bf16-mixed" in table
-    assert "| `train.py --trainer.benchmark true` as users run it" in table
-    assert "| dpmpp_2m_sde-3 | bf16-mixed | 8 |" in table
+    assert all(cells[0] == "OK" for cells in stage_results(out).values()), (out / "summary.md").read_text()
+    for stage in ("speed_fp16", "speed_bf16"):
+        table = (out / stage / "speed.md").read_text()
+        assert "configs/cifar10.yaml" in table and "| project: Lightning Trainer + EMA callback |" in table
+        assert "as users run it (StepTimer;" in table
+    bf16 = (out / "speed_bf16" / "speed.md").read_text()
+    assert "precision bf16-mixed" in bf16 and "| `train.py --trainer.benchmark true` as users run it" in bf16
+    assert "| dpmpp_2m_sde-3 | bf16-mixed | 8 |" in bf16
+    assert "Data loader alone (SyntheticCIFAR10(cifar10)" in (out / "speed_fp16" / "speed.md").read_text()
 
 
 def test_a_failing_stage_says_why_and_the_next_one_runs(tmp_path):
