@@ -166,16 +166,16 @@ def check_sample(out: Path) -> list[str]:
             return ["FAILED"]
         lines.append("(from a 2-step run of its own: the train stage left no checkpoint)")
     num, batch = (8, 4) if QUICK else (2500, 1250)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     for sampler, steps in [("ddim", 50), ("dpmpp_2m_sde", 20)]:
         for precision in ("32", "bf16-mixed"):
             command = [sys.executable, "-m", "diffusion.sample", "--ckpt", str(checkpoint), "--num_samples", str(num),
                        "--batch_size", str(batch), "--sampler", sampler, "--steps", str(steps), "--precision", precision,
                        "--out", str(WORK / "samples" / f"{sampler}_{precision}"), "--overwrite"]  # fmt: skip
             start = time.perf_counter()
-            env = {
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            }
             result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
             seconds = time.perf_counter() - start
             if result.returncode != 0:

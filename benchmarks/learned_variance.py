@@ -28,8 +28,7 @@ import torch
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
 from train_run import run_training
 
-from diffusion.cli.likelihood import run_images
-from diffusion.core.likelihood import ReverseProcess
+from diffusion.cli.likelihood import reverse_process_of, run_images
 from diffusion.core.sampling import SamplingOptions
 from diffusion.generation.ranks import generate
 from diffusion.generation.render import to_uint8_images
@@ -100,9 +99,7 @@ def bpd_of(ckpt: Path, num_images: int | None, device: str) -> dict:
     module = load_checkpoint(ckpt, map_location=device)
     images, _, _ = run_images(str(ckpt), "val")
     images = quantize_to_8_bits(images[:num_images])
-    learned = module.hparams.variance == "learned_range"
-    variance = "learned_range" if learned else module.sampling.variance or "fixedlarge"
-    process = ReverseProcess(module.hparams.prediction_type, variance, learned, clip_denoised=True)
+    process = reverse_process_of(module)  # as `python -m diffusion.evaluate --nll` by default
     bounds = image_bounds(module.network, module.schedule, process, images, batch_size=128, progress=True)
     return BitsPerDim.of(bounds).__dict__
 

@@ -42,7 +42,18 @@ from diffusion.errors import UserError
 from diffusion.generation.ranks import gather_in_order
 from diffusion.metrics.likelihood import BitsPerDim, image_bounds, quantize_to_8_bits
 from diffusion.training.loading import Weights, load_checkpoint
+from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder_of
+
+
+def reverse_process_of(
+    module: DiffusionModule, variance: VarianceType | None = None, clip_denoised: bool = True
+) -> ReverseProcess:
+    """The p(x_{t-1} | x_t) the DDPM sampler draws from: a learned variance if the model has one, else `variance`
+    (default: the model's sampling variance, fixedlarge unless set)."""
+    learned = module.hparams.get("variance", "fixed") == "learned_range"
+    chosen = "learned_range" if learned else variance or module.sampling.variance or "fixedlarge"
+    return ReverseProcess(module.hparams.prediction_type, chosen, learned, clip_denoised)
 
 
 def requested(argv: list[str] | None = None) -> bool:
@@ -179,8 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.devices, args.num_nodes, accelerator, device, argv, "diffusion.evaluate --nll"
         )
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
-        variance = "learned_range" if learned else args.variance or module.sampling.variance or "fixedlarge"
-        process = ReverseProcess(module.hparams.prediction_type, variance, learned, args.clip_denoised)
+        process = reverse_process_of(module, args.variance, args.clip_denoised)
         bounds = image_bounds(
             module.network, module.schedule, process, images, labels, seed=args.seed, batch_size=args.batch_size,
             rank=rank, world_size=world_size, progress=rank == 0,
