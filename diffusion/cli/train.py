@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from diffusion.cli.checks import cpu_mixed_precision_note
@@ -43,6 +43,7 @@ from diffusion.cli.trainer_options import (
     check_hardware_flags,
     check_logger_installed,
     check_trainer_option_ranges,
+    drop_ddp_on_one_device,
     expand_shorthands,
 )
 from diffusion.errors import UserError
@@ -171,6 +172,9 @@ class DiffusionCLI(LightningCLI):
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config)
         check_hardware_flags(self.config.trainer)
+        note = drop_ddp_on_one_device(self.config.trainer)
+        if note:
+            rank_zero_info(note)
         check_logger_installed(self.config.trainer)
         allow_mlflow_file_store(self.config.trainer)
 

@@ -131,6 +131,40 @@ def check_hardware_flags(trainer: dict[str, Any]) -> None:
         )
 
 
+def _single_device(trainer: dict[str, Any]) -> bool:
+    """Whether the run is certainly one process on one device (forms of `devices` that could mean more: no)."""
+    if int(trainer.get("num_nodes") or 1) != 1:
+        return False
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, list):
+        return len(devices) == 1
+    text = str(devices).strip()
+    if text.endswith(","):  # "0,": one GPU index
+        return text[:-1].strip().isdigit()
+    if text == "auto":
+        accelerator = str(trainer.get("accelerator", "auto")).lower()
+        on_cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+        return not on_cuda or torch.cuda.device_count() == 1  # Lightning's "auto" on a CPU is one process
+    return text == "1"
+
+
+def drop_ddp_on_one_device(trainer: dict[str, Any]) -> str | None:
+    """`--strategy ddp` (or another ddp_* name) on one device becomes Lightning's single-device strategy, and the
+    note saying so is returned. With one process DDP only costs: every step copies the gradients into its
+    buckets and back, and it cuts a compiled network into a graph per bucket. A DDP strategy given as a class
+    (`--trainer.strategy.class_path DDPStrategy`) is kept: that is how to test DDP itself
+    (NCCL, gloo) on one device."""
+    strategy = trainer.get("strategy", "auto")
+    if not (isinstance(strategy, str) and strategy.startswith("ddp") and _single_device(trainer)):
+        return None
+    trainer["strategy"] = "auto"
+    return (
+        f"--strategy {strategy} on one device: training without the DDP wrapper, which would only add a "
+        "gradient copy per step and cut a compiled network into pieces (pass --trainer.strategy.class_path "
+        "DDPStrategy to run DDP on one device anyway)"
+    )
+
+
 # Lightning's loggers whose packages are optional: class name -> (module, pip requirement).
 LOGGER_PACKAGES = {
     "WandbLogger": ("wandb", 'wandb (or this project\'s extra: pip install -e ".[loggers]")'),

@@ -166,3 +166,22 @@ def test_bad_options_are_rejected_naming_the_option(flag, value, message, capsys
 def test_mixed_precision_on_cpu_warns_that_it_is_slow():
     with pytest.warns(UserWarning, match="precision=16-mixed on CPU"):
         DiffusionCLI(["--accelerator", "cpu", "--precision", "16-mixed", "--trainer.logger", "false"])
+
+
+@pytest.mark.parametrize("flags", [["--strategy", "ddp"], ["--strategy", "ddp", "--devices", "1"],
+                                   ["--strategy", "ddp_find_unused_parameters_true", "--devices", "1"]])  # fmt: skip
+def test_ddp_on_one_device_trains_without_the_wrapper(flags, caplog):
+    # One process pays nothing for DDP: its bucket copies and the graph breaks it puts in a compiled network.
+    cli = DiffusionCLI([*TINY_UNET, *flags, "--accelerator", "cpu", "--trainer.logger", "false"])
+    assert type(cli.trainer.strategy).__name__ == "SingleDeviceStrategy"
+    assert "training without the DDP wrapper" in caplog.text
+
+
+def test_ddp_on_several_devices_or_as_a_class_stays_ddp():
+    two = DiffusionCLI([*TINY_UNET, "--strategy", "ddp", "--devices", "2", "--accelerator", "cpu",
+                        "--trainer.logger", "false"])  # fmt: skip
+    assert type(two.trainer.strategy).__name__ == "DDPStrategy"
+    # The class form is how DDP itself (NCCL, gloo) is tested on one device.
+    one = DiffusionCLI([*TINY_UNET, "--trainer.strategy.class_path", "DDPStrategy",
+                        "--devices", "1", "--accelerator", "cpu", "--trainer.logger", "false"])  # fmt: skip
+    assert type(one.trainer.strategy).__name__ == "DDPStrategy"
