@@ -124,7 +124,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="timed steps per path and round")
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--profile", type=int, default=0, help="print this many heaviest functions (Lightning)")
+    parser.add_argument(
+        "--profile", type=int, default=0, help="print this many heaviest functions (Lightning)"
+    )
     parser.add_argument("--save_dir", default="/tmp/host_cost_runs")
     parser.add_argument("flags", nargs="*", help="train.py flags, after --")
     args = parser.parse_args()

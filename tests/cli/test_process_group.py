@@ -51,8 +51,11 @@ def test_training_under_ddp_closes_its_group(tmp_path, monkeypatch):
     seen = []
     original = dist.init_process_group
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: seen.append(True) or original(*a, **k))
-    tiny_run(tmp_path, "--trainer.strategy.class_path", "DDPStrategy", "--devices", "1",
-             "--accelerator", "cpu", "--max_steps", "1")
+    ddp = [
+        "--trainer.strategy.class_path",
+        "DDPStrategy",
+    ]  # the class: --strategy ddp on one device drops DDP
+    tiny_run(tmp_path, *ddp, "--devices", "1", "--accelerator", "cpu", "--max_steps", "1")
     assert seen, "the run opened no process group: the test would prove nothing"
     assert not process_group_is_open()
 
