@@ -37,6 +37,7 @@ from diffusion.training.random_states import (
 )
 
 NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/training_noise.py
+CompileWhen = Literal["cuda"]  # compile: True, False, or "cuda" (compiled where it pays: on a CUDA device)
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkpoint can monitor them)
 
 
@@ -61,8 +62,9 @@ class DiffusionModule(L.LightningModule):
         noise_seed: seed of the training noise; None uses the seed given to seed_everything (or 0).
         init_from: weights to start from: a checkpoint of this project or a state_dict of the network.
             Loaded here, before the strategy wraps the model, so every rank starts identical.
-        compile: compile the network with torch.compile when fitting starts. In place (nn.Module.compile),
-            so parameter names and checkpoint keys stay `network.*`, with no `_orig_mod.` in them.
+        compile: compile the network (torch.compile) when fitting starts: True, False, or "cuda" (on a CUDA GPU
+            only: the GPU recipes' choice). In place, so checkpoint keys stay `network.*`; images enter it
+            channels_last, while weights, optimizer state, EMA and checkpoints keep their layout.
         label_dropout: for a class-conditional network (built with num_classes): the probability that a
             training sample's label is replaced by NO_LABEL, so the same network also learns the unconditional
             model that classifier-free guidance needs (Ho & Salimans 2022 use 0.1-0.2). Drawn per sample like
@@ -93,7 +95,7 @@ class DiffusionModule(L.LightningModule):
         noise_mode: NoiseMode = "fast",
         noise_seed: int | None = None,
         init_from: str | None = None,
-        compile: bool = False,
+        compile: bool | CompileWhen = False,
         label_dropout: float = 0.0,
         class_names: list[str] | None = None,
         variance: ModelVariance = "fixed",
@@ -106,6 +108,7 @@ class DiffusionModule(L.LightningModule):
                 ("noise_mode", noise_mode, NoiseMode),
                 ("lr_schedule", lr_schedule, LRSchedule),
                 ("variance", variance, ModelVariance),
+                *([] if isinstance(compile, bool) else [("compile", compile, CompileWhen)]),
             ],
             lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
             min_snr_gamma=min_snr_gamma, label_dropout=label_dropout,
@@ -148,13 +151,14 @@ class DiffusionModule(L.LightningModule):
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self._compiled:
-            # Validation and sampling come in many batch sizes (a ragged last validation batch, a rank's share
-            # of the sample grid, guidance's doubled batch): one evaluation graph with a dynamic batch size
-            # serves them all, where each new size would compile another. Training batches all have one size
-            # (whole global batches, ResumableSampler): its graph stays static, the fastest kernels, even when
-            # Dynamo has seen other sizes from validation first.
+            # Validation and sampling come in many batch sizes (ragged last batches, a rank's share of a grid,
+            # guidance's doubled batch): one evaluation graph with a dynamic batch size serves them all. Training
+            # batches all have one size (whole global batches): its graph stays static, the fastest kernels.
             training = self.network.training
             mark = torch._dynamo.mark_static if training else torch._dynamo.maybe_mark_dynamic
+            if x_t.ndim == 4:
+                # The fastest convolutions read NHWC; parameters stay NCHW, Inductor lays weights out in-graph.
+                x_t = x_t.contiguous(memory_format=torch.channels_last)
             for tensor in (x_t, t, labels):
                 if tensor is not None:
                     mark(tensor, 0)
@@ -184,10 +188,13 @@ class DiffusionModule(L.LightningModule):
                 "schedule and loss stay float32)"
             )
         use_tf32_on_cuda(self.device)  # Lightning already points self.device at the run's device here
-        if self.hparams.compile and stage == "fit" and not self._compiled:
+        if self._compile_when_fitting() and stage == "fit" and not self._compiled:
             # After the EMA callback's setup has copied the module: its copy stays a plain module.
             self.network.compile()
             self._compiled = True
+
+    def _compile_when_fitting(self) -> bool:
+        return self.hparams.compile is True or (self.hparams.compile == "cuda" and self.device.type == "cuda")
 
     def on_fit_start(self) -> None:
         # seed_everything gives every rank the same seed: without the rank in this generator's seed, all ranks
