@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -50,6 +51,7 @@ from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
+from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder
 
@@ -197,6 +199,12 @@ class DiffusionCLI(LightningCLI):
             raise UserError(f"--ddp_timeout {timeout:g} is out of range", "pass seconds > 0, e.g. 600")
         self.heartbeat = Heartbeat(timeout)
         self.trainer.callbacks.append(self.heartbeat)
+        chosen = [
+            str(c.get("class_path", ""))
+            for c in self.config.trainer.get("callbacks") or []
+            if hasattr(c, "get")
+        ]
+        use_run_progress(self.trainer, keep_bar=any(path.endswith("ProgressBar") for path in chosen))
         check_input_shape = getattr(self.model.network, "check_input_shape", None)
         if check_input_shape is not None:
             check_input_shape(self.model.sample_shape)
@@ -209,6 +217,21 @@ class DiffusionCLI(LightningCLI):
             )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
+
+
+def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:
+    """One progress bar over the run in place of Lightning's default bar per epoch (unless the user chose a
+    bar: `keep_bar`), and the loss plot in the run folder."""
+    callbacks = trainer.callbacks
+    for index, callback in enumerate(callbacks):
+        if type(callback) is TQDMProgressBar and not keep_bar:
+            callbacks[index] = RunProgressBar()
+    # Before the checkpoint callbacks (Lightning puts them last): a checkpoint saved at a validation then
+    # holds that validation's loss.
+    first_checkpoint = next(
+        (i for i, c in enumerate(callbacks) if isinstance(c, ModelCheckpoint)), len(callbacks)
+    )
+    callbacks.insert(first_checkpoint, LossPlot())
 
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"

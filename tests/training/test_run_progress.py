@@ -1,0 +1,64 @@
+"""One progress bar over the whole run (not one per epoch), lines in a log file, and the loss plot."""
+
+import re
+
+import torch
+from helpers import QUICK, TINY_UNET, tiny_run
+
+from diffusion.cli.train import main
+from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
+
+# 1,707 training digits in batches of 512: 3 optimizer steps an epoch, so 8 steps cross two epoch boundaries.
+THREE_STEPS_AN_EPOCH = ["--data.init_args.batch_size", "512", "--max_steps", "8", "--trainer.log_every_n_steps", "2",
+                        "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "true"]  # fmt: skip
+OWN_BAR = ["--trainer.callbacks+=diffusion.training.callbacks.run_progress.RunProgressBar"]
+
+
+def test_the_run_gets_one_bar_and_a_loss_plot_in_place_of_lightnings_bar(tmp_path):
+    cli = tiny_run(tmp_path, "--max_steps", "2", "--trainer.enable_progress_bar", "true")
+    assert type(cli.trainer.progress_bar_callback) is RunProgressBar
+    assert sum(isinstance(c, LossPlot) for c in cli.trainer.callbacks) == 1
+
+
+def test_a_log_file_gets_a_line_per_interval_counting_steps_across_epochs(tmp_path, capsys):
+    tiny_run(tmp_path, *THREE_STEPS_AN_EPOCH, *OWN_BAR, "--trainer.callbacks.line_every_s", "0")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    steps = [int(re.match(r"step (\d+)/8 ", line).group(1)) for line in lines]
+    assert steps == [2, 4, 6, 8]  # every logging step (line_every_s 0), one count through epochs 0, 1 and 2
+    assert lines[-1].startswith("step 8/8 (100%), ") and "left" in lines[-1] and "train/loss=" in lines[-1]
+    assert "val/loss=" in lines[-1]
+
+
+def test_a_log_file_gets_few_lines_by_default(tmp_path, capsys):
+    tiny_run(tmp_path, *THREE_STEPS_AN_EPOCH)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert (
+        lines[-1].startswith("step 8/8") and len(lines) <= 2
+    )  # 60 s apart, and the last: a short run has 1-2
+    assert "Validation" not in out and "Epoch" not in out  # no bar is redrawn into a file
+
+
+def test_a_terminal_gets_one_bar_over_the_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(RunProgressBar, "is_terminal", staticmethod(lambda: True))
+    tiny_run(tmp_path, *THREE_STEPS_AN_EPOCH)
+    bars = [text for text in re.split(r"[\r\n]", capsys.readouterr().out) if text.startswith("Training")]
+    assert bars and all("/8 [" in bar for bar in bars)  # the run's total, never an epoch's 3
+    assert "8/8 [" in bars[-1] and "train/loss=" in bars[-1]
+    assert not any(text.startswith("Epoch") for text in bars)
+
+
+def test_the_loss_plot_covers_a_resumed_run(tmp_path):
+    first = tiny_run(tmp_path, *THREE_STEPS_AN_EPOCH[:-2], "--max_steps", "4")
+    folder = tmp_path / "digits" / "version_0"
+    plot = next(c for c in first.trainer.callbacks if isinstance(c, LossPlot))
+    assert [step for step, _ in plot.points["train/loss"]] == [2, 4]
+    assert [step for step, _ in plot.points["val/loss"]] == [4]
+    assert (folder / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    checkpoint = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
+    assert any(key.startswith("LossPlot") for key in checkpoint["callbacks"])
+    resumed = main([*TINY_UNET, *QUICK, *THREE_STEPS_AN_EPOCH[:-2], "--trainer.logger.init_args.save_dir",
+                    str(tmp_path), "--ckpt_path", "last"])  # fmt: skip
+    plot = next(c for c in resumed.trainer.callbacks if isinstance(c, LossPlot))
+    assert [step for step, _ in plot.points["train/loss"]] == [2, 4, 6, 8]  # the first run's points kept
+    assert [step for step, _ in plot.points["val/loss"]] == [4, 8]
