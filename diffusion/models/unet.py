@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
 
@@ -142,6 +143,10 @@ class UNet(nn.Module):
         out_channels: output channels, ``in_channels`` when None.
         num_classes: classes of a class-conditional network (``model(x, t, y)``, see `ClassEmbedding`); None
             (default) builds the unconditional network, parameter for parameter.
+        checkpoint_levels: levels (indices into ``channel_mult``; the middle block counts as the last level)
+            whose blocks keep no activations for the backward while training, and recompute them there
+            (activation checkpointing): less memory for more compute, the same gradients (dropout's random
+            state is replayed). The high-resolution levels hold most of the activations.
     """
 
     def __init__(
@@ -155,10 +160,18 @@ class UNet(nn.Module):
         num_heads: int = 1,
         out_channels: int | None = None,
         num_classes: int | None = None,
+        checkpoint_levels: Sequence[int] = (),
     ) -> None:
         super().__init__()
         channel_mult = tuple(channel_mult)
         attention_levels = tuple(attention_levels)
+        for level in checkpoint_levels:
+            if not 0 <= level < len(channel_mult):
+                raise ValueError(
+                    f"checkpoint level {level} is out of range: levels are indices into channel_mult="
+                    f"{channel_mult}, allowed 0..{len(channel_mult) - 1}"
+                )
+        self.checkpoint_levels = frozenset(checkpoint_levels)
         self._validate(
             in_channels, channels, channel_mult, num_res_blocks, attention_levels, dropout, num_heads
         )
@@ -322,17 +335,31 @@ class UNet(nn.Module):
         hs = [self.conv_in(x)]  # skip stack, each (B, C_level, H_level, W_level)
         for level, stage in enumerate(self.down):
             for block, attn in zip(stage.blocks, stage.attns, strict=True):
-                hs.append(attn(block(hs[-1], temb)))
+                hs.append(self._run(level, _block_then_attention, block, attn, hs[-1], temb))
             if level != self.num_levels - 1:
                 hs.append(stage.downsample(hs[-1]))
 
-        h = self.mid_block2(self.mid_attn(self.mid_block1(hs[-1], temb)), temb)
+        h = self._run(self.num_levels - 1, self._middle, hs[-1], temb)
 
-        for stage in self.up:
+        for level, stage in zip(reversed(range(self.num_levels)), self.up, strict=True):
             for block, attn in zip(stage.blocks, stage.attns, strict=True):
-                h = attn(
-                    block(torch.cat([h, hs.pop()], dim=1), temb)
-                )  # (B, C_h + C_skip, ...) -> (B, C, ...)
+                skip = torch.cat([h, hs.pop()], dim=1)  # (B, C_h + C_skip, ...) -> (B, C, ...) by the block
+                h = self._run(level, _block_then_attention, block, attn, skip, temb)
             h = stage.upsample(h)
 
         return self.conv_out(F.silu(self.norm_out(h)))  # (B, C_out, H, W)
+
+    def _middle(self, h: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        return self.mid_block2(self.mid_attn(self.mid_block1(h, temb)), temb)
+
+    def _run(self, level: int, function, *args: torch.Tensor) -> torch.Tensor:
+        """`function(*args)`, as a checkpointed segment when `level` is checkpointed and gradients are taken."""
+        if level in self.checkpoint_levels and self.training and torch.is_grad_enabled():
+            return checkpoint(function, *args, use_reentrant=False)
+        return function(*args)
+
+
+def _block_then_attention(
+    block: ResBlock, attn: nn.Module, h: torch.Tensor, temb: torch.Tensor
+) -> torch.Tensor:
+    return attn(block(h, temb))

@@ -1,0 +1,94 @@
+"""Activation checkpointing in the UNet (`--model.network.init_args.checkpoint_levels`): peak memory and step
+time of a training step against no checkpointing, each configuration in a fresh process.
+
+    python benchmarks/activation_memory.py                        # the CIFAR-10 network at batch 16 on the CPU
+    python benchmarks/activation_memory.py --device cuda --batch 128
+
+Peak memory: on CUDA `max_memory_allocated`; on the CPU the growth of the process's peak resident memory over
+the first step's start (the weights, gradients and Adam's state are there before it), which is the
+activations' high-water mark plus what the allocator keeps.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+NETWORKS = {  # the recipes' networks
+    "cifar10": {"in_channels": 3, "channels": 128, "channel_mult": [1, 2, 2, 2], "dropout": 0.1, "size": 32},
+    "digits": {"in_channels": 1, "channels": 32, "channel_mult": [1, 2, 2], "size": 16},
+}
+
+
+def measure(network_name: str, levels: list[int], batch: int, steps: int, device: str) -> dict:
+    import torch
+
+    from diffusion.models import UNet
+
+    config = dict(NETWORKS[network_name])
+    size = config.pop("size")
+    torch.manual_seed(0)
+    network = UNet(**config, checkpoint_levels=levels).to(device).train()
+    optimizer = torch.optim.Adam(network.parameters(), lr=1e-4)
+    x = torch.randn(batch, config["in_channels"], size, size, device=device)
+    t = torch.randint(0, 1000, (batch,), device=device)
+
+    def step() -> None:
+        (network(x, t) - x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # the gradients' memory stays: it is not the activations'
+
+    step()  # Adam's state and the gradients exist from here on
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return {"levels": levels, "peak_mib": peak, "step_s": statistics.median(seconds)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--network", choices=sorted(NETWORKS), default="cifar10")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--levels", default="[];[0];[0,1];[0,1,2,3]", help="semicolon-separated lists")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: measure this list of levels
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(measure(args.network, json.loads(args.one), args.batch, args.steps, args.device)))
+        return
+    rows = []
+    for levels in args.levels.split(";"):
+        command = [sys.executable, __file__, "--network", args.network, "--batch", str(args.batch),
+                   "--steps", str(args.steps), "--device", args.device, "--one", levels]  # fmt: skip
+        rows.append(json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout))
+    base = rows[0]
+    print(f"\n{args.network} UNet, batch {args.batch}, {args.device}, median of {args.steps} steps")
+    print(
+        "| checkpoint_levels | activations' peak | vs off | step | vs off |\n| --- | ---: | ---: | ---: | ---: |"
+    )
+    for row in rows:
+        print(f"| {row['levels']} | {row['peak_mib']:.0f} MiB | {row['peak_mib'] / base['peak_mib']:.2f}x "
+              f"| {row['step_s']:.2f} s | {row['step_s'] / base['step_s']:.2f}x |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
