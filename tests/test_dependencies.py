@@ -10,9 +10,8 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-REQUIREMENTS = [
-    Requirement(line) for line in PROJECT["dependencies"] + PROJECT["optional-dependencies"]["dev"]
-]
+EXTRAS = PROJECT["optional-dependencies"]
+REQUIREMENTS = [Requirement(line) for line in PROJECT["dependencies"] + EXTRAS["dev"]]
 
 
 def pinned() -> dict[str, Version]:
@@ -30,6 +29,16 @@ def test_every_requirement_is_pinned_inside_its_range():
         name = requirement.name.lower().replace("_", "-")
         assert name in pins, f"{requirement.name} has no pin in constraints.txt"
         assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} is outside {requirement}"
+
+
+def test_every_extra_is_pinned_inside_its_range():
+    # pip install -c constraints.txt -e ".[notebook]" must not fetch what nobody tested either.
+    pins = pinned()
+    for extra, lines in EXTRAS.items():
+        for requirement in map(Requirement, lines):
+            name = requirement.name.lower().replace("_", "-")
+            assert name in pins, f"{requirement.name} (extra {extra}) has no pin in constraints.txt"
+            assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} is outside {requirement}"
 
 
 def test_the_ranges_admit_the_gpu_machines_stack():
