@@ -52,6 +52,7 @@ from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
+from diffusion.training.from_diffusers import init_settings
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder
 
@@ -187,7 +188,9 @@ class DiffusionCLI(LightningCLI):
             if config_filename:
                 self.save_config_kwargs["config_filename"] = config_filename
         if config.model.init_from:
-            check_init_from(config.model.init_from, config.model.network.class_path)
+            take_diffusers_settings(config) or check_init_from(
+                config.model.init_from, config.model.network.class_path
+            )
         note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
         if note and config.trainer.accelerator == "cpu":
             rank_zero_warn(note)
@@ -217,6 +220,29 @@ class DiffusionCLI(LightningCLI):
             )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
+
+
+def take_diffusers_settings(config) -> bool:
+    """--model.init_from a diffusers folder: train its network and schedule (read from its configs, whatever the
+    recipe says); False for any other init_from."""
+    settings = init_settings(config.model.init_from)
+    if settings is None:
+        return False
+    if config.model.network.class_path.rsplit(".", 1)[-1] != "UNet":
+        raise UserError(
+            f"--model.init_from {config.model.init_from} is a diffusers UNet, but this config's network is "
+            f"{config.model.network.class_path}", "fine-tune it with an image recipe (a UNet network)",
+        )  # fmt: skip
+    for key, value in settings.pop("model.network")["init_args"].items():
+        config.model.network.init_args[key] = value
+    for key, value in settings.items():
+        config[key] = value
+    rank_zero_info(
+        f"--model.init_from {config.model.init_from}: the network and schedule are the diffusers model's "
+        f"(UNet {dict(config.model.network.init_args)}, {config.model.beta_schedule} betas over "
+        f"{config.model.num_timesteps} steps, {config.model.prediction_type} prediction)"
+    )
+    return True
 
 
 def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:

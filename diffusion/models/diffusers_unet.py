@@ -1,4 +1,6 @@
-"""This project's UNet as diffusers' ``UNet2DModel``: its arguments and its weights under diffusers' names.
+"""This project's UNet as diffusers' ``UNet2DModel`` and back: its arguments and its weights under diffusers' names
+(export), and a ``UNet2DModel``'s config and weights as this UNet (`unet_arguments_from_diffusers`,
+`unet_weights_from_diffusers`: pretrained diffusers models in).
 
 Both are the UNet of Ho et al. 2020 (``diffusion_tf``), so an unconditional network maps layer for layer and
 computes the same function: the sinusoidal time embedding with ``flip_sin_to_cos=False, freq_shift=1`` (sines
@@ -21,7 +23,7 @@ import torch
 from torch import nn
 
 from diffusion.errors import UserError
-from diffusion.models.unet import AttnBlock, ResBlock, UNet
+from diffusion.models.unet import MAX_GROUPS, AttnBlock, ResBlock, UNet
 
 INSTEAD = "export with --format safetensors (this project's own format) instead"
 
@@ -154,4 +156,101 @@ def diffusers_unet_weights(unet: UNet) -> dict[str, torch.Tensor]:
                 weights[f"{theirs}.{part}.{kind}"] = chunk.clone()
         else:
             weights[f"{theirs}.{kind}"] = value.clone()
+    return weights
+
+
+# ---- the other way: a UNet2DModel's config and weights as this project's UNet ----------------------------------
+# UNet2DModel's defaults, for keys an older config.json leaves out.
+DIFFUSERS_DEFAULTS = {
+    "center_input_sample": False, "time_embedding_type": "positional", "time_embedding_dim": None,
+    "freq_shift": 0, "flip_sin_to_cos": True, "mid_block_type": "UNetMidBlock2D", "mid_block_scale_factor": 1,
+    "downsample_padding": 1, "downsample_type": "conv", "upsample_type": "conv", "dropout": 0.0, "act_fn": "silu",
+    "attention_head_dim": 8, "norm_num_groups": 32, "attn_norm_num_groups": None, "norm_eps": 1e-5,
+    "resnet_time_scale_shift": "default", "add_attention": True, "class_embed_type": None,
+    "num_class_embeds": None, "layers_per_block": 2, "in_channels": 3, "out_channels": 3,
+}  # fmt: skip
+# What this UNet computes, as UNet2DModel settings: a config that differs in any of them computes something else.
+SAME_FUNCTION = {
+    "center_input_sample": False, "time_embedding_type": "positional", "freq_shift": 1, "flip_sin_to_cos": False,
+    "mid_block_type": "UNetMidBlock2D", "mid_block_scale_factor": 1, "downsample_padding": 0,
+    "downsample_type": "conv", "upsample_type": "conv", "act_fn": "silu", "attn_norm_num_groups": None,
+    "norm_eps": 1e-6, "resnet_time_scale_shift": "default", "add_attention": True, "class_embed_type": None,
+    "num_class_embeds": None,
+}  # fmt: skip
+LEVEL_BLOCKS = {"DownBlock2D": False, "AttnDownBlock2D": True}  # down block type -> has attention
+
+
+def unet_arguments_from_diffusers(config: dict) -> dict:
+    """This UNet's arguments for a UNet2DModel config (its config.json), or UserError naming what differs."""
+    config = {**DIFFUSERS_DEFAULTS, **{k: v for k, v in config.items() if not k.startswith("_")}}
+    for key, ours in SAME_FUNCTION.items():
+        if config[key] != ours:
+            raise UserError(
+                f"a UNet2DModel with {key}={config[key]!r} does not map to this project's UNet (it computes "
+                f"{key}={ours!r})", "use a model with Ho et al.'s UNet layout, e.g. google/ddpm-cifar10-32",
+            )  # fmt: skip
+    widths = list(config["block_out_channels"])
+    channels = widths[0]
+    down = list(config["down_block_types"])
+    if len(down) != len(widths) or any(block not in LEVEL_BLOCKS for block in down):
+        raise UserError(f"down_block_types {down} do not map (each must be one of {sorted(LEVEL_BLOCKS)})",
+                        "use a model whose levels are DownBlock2D or AttnDownBlock2D")  # fmt: skip
+    up = [block.replace("Down", "Up") for block in reversed(down)]
+    if list(config["up_block_types"]) != up:
+        raise UserError(f"up_block_types {config['up_block_types']} do not mirror down_block_types ({up})",
+                        "use a model whose up path mirrors its down path")  # fmt: skip
+    if any(width % channels for width in widths):
+        raise UserError(f"block_out_channels {widths} are not multiples of the first level's width",
+                        "use a model whose level widths are multiples of block_out_channels[0]")  # fmt: skip
+    if config["norm_num_groups"] != min(MAX_GROUPS, channels):
+        raise UserError(f"norm_num_groups={config['norm_num_groups']} is not min(32, block_out_channels[0])",
+                        "use a model with this project's GroupNorm groups")  # fmt: skip
+    if config["time_embedding_dim"] not in (None, 4 * channels):
+        raise UserError(f"time_embedding_dim={config['time_embedding_dim']} is not 4 x block_out_channels[0]",
+                        "use a model with the default time embedding")  # fmt: skip
+    attention_levels = [level for level, block in enumerate(down) if LEVEL_BLOCKS[block]]
+    head_dim = config["attention_head_dim"]
+    attention_widths = {widths[level] for level in [*attention_levels, len(widths) - 1]}
+    heads = {1 if head_dim is None else width // head_dim for width in attention_widths}
+    if len(heads) > 1 or (head_dim is not None and any(width % head_dim for width in attention_widths)):
+        raise UserError(f"attention_head_dim={head_dim} at attention widths {sorted(attention_widths)} gives "
+                        "no one head count", "use a model with one head count at every attention level")  # fmt: skip
+    return {
+        "in_channels": config["in_channels"], "out_channels": config["out_channels"], "channels": channels,
+        "channel_mult": [width // channels for width in widths], "num_res_blocks": config["layers_per_block"],
+        "attention_levels": attention_levels, "dropout": float(config["dropout"]), "num_heads": heads.pop(),
+    }  # fmt: skip
+
+
+# Names older diffusers versions saved attention layers under (google/ddpm-cifar10-32's), and the current ones.
+OLD_ATTENTION_NAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}
+
+
+def unet_weights_from_diffusers(unet: UNet, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A UNet2DModel state_dict as `unet`'s (built from `unet_arguments_from_diffusers`): renamed, to_q/to_k/to_v
+    joined into the fused qkv 1x1 conv, linear attention weights as 1x1 conv kernels. Raises UserError when a
+    weight is missing or left over."""
+    state = dict(state)
+    for key in list(state):
+        layer, _, kind = key.rpartition(".")
+        prefix, _, last = layer.rpartition(".")
+        if last in OLD_ATTENTION_NAMES:
+            state[f"{prefix}.{OLD_ATTENTION_NAMES[last]}.{kind}"] = state.pop(key)
+    names = _module_names(unet)
+    weights = {}
+    for key, ours in unet.state_dict().items():
+        layer, kind = key.rsplit(".", 1)
+        theirs = names[layer]
+        try:
+            if layer.endswith(".qkv"):
+                value = torch.cat([state.pop(f"{theirs}.{part}.{kind}") for part in ("to_q", "to_k", "to_v")])
+            else:
+                value = state.pop(f"{theirs}.{kind}")
+        except KeyError as err:
+            raise UserError(f"the UNet2DModel weights have no {err.args[0]}",
+                            "pass the weights saved with this config.json") from err  # fmt: skip
+        weights[key] = value.reshape(ours.shape)  # (C_out, C_in) linear -> (C_out, C_in, 1, 1) conv kernels
+    if state:
+        raise UserError(f"the UNet2DModel weights hold {len(state)} that this UNet has no place for, e.g. "
+                        f"{sorted(state)[0]}", "use a model whose config maps (see docs/export.md)")  # fmt: skip
     return weights

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from diffusion.errors import UserError
+from diffusion.training.from_diffusers import diffusers_folders, read_init_weights
 
 
 def read_checkpoint(
@@ -78,7 +79,10 @@ def check_written_by_train(
 
 
 def read_network_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Network weights from a checkpoint of this project (its `network.` entries) or a plain state_dict."""
+    """Network weights from a checkpoint of this project (its `network.` entries), a plain state_dict, or a
+    diffusers DDPMPipeline / UNet2DModel folder (renamed to this project's UNet)."""
+    if diffusers_folders(path) is not None:
+        return read_init_weights(path)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(

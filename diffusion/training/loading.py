@@ -7,8 +7,11 @@ from typing import Literal
 import torch
 
 from diffusion.errors import UserError, check_choice
+from diffusion.models import UNet
+from diffusion.models.diffusers_unet import unet_weights_from_diffusers
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import is_export, load_export, read_export_config
+from diffusion.training.from_diffusers import diffusers_folders, module_settings
 from diffusion.training.module import DiffusionModule
 
 Weights = Literal["ema", "raw"]
@@ -23,10 +26,17 @@ def load_checkpoint(
     "current_model_state"; a run without EMA has only raw weights, which both choices then return. None: EMA.
 
     `path` may also be a folder written by `python -m diffusion.export --format safetensors` (or its config.json),
-    which holds one set of weights: None returns it, and asking for the other set is an error.
+    or a diffusers DDPMPipeline or UNet2DModel folder (`diffusion.training.from_diffusers`), which hold one set
+    of weights: None returns it, and asking for the other set is an error.
     """
     if weights is not None:
         check_choice("weights", weights, Weights)
+    if diffusers_folders(path) is not None:
+        if weights == "raw":
+            raise UserError(
+                f"{path} is a diffusers model: it holds one set of weights", "load it without weights="
+            )
+        return load_diffusers(path, map_location)
     if is_export(path):
         exported = read_export_config(path)[0].get("weights")
         if weights is not None and weights != exported:
@@ -41,3 +51,12 @@ def load_checkpoint(
     if weights == "raw" and "current_model_state" in checkpoint:
         module.load_state_dict(checkpoint["current_model_state"])
     return module.eval()
+
+
+def load_diffusers(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> DiffusionModule:
+    """A DiffusionModule, in eval mode, that samples as the diffusers model in `path` (a DDPMPipeline or
+    UNet2DModel folder) does."""
+    arguments, settings, weights = module_settings(path)
+    network = UNet(**arguments)
+    network.load_state_dict(unet_weights_from_diffusers(network, weights))
+    return DiffusionModule(network, **settings).to(map_location).eval()

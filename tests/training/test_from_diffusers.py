@@ -1,0 +1,128 @@
+"""Pretrained diffusers models in: a UNet2DModel or DDPMPipeline folder written by diffusers itself (small widths,
+random weights, save_pretrained) loads as a DiffusionModule whose network computes UNet2DModel's function and
+whose DDPM samples are the pipeline's for the same noise; it fine-tunes with --model.init_from; a layout that
+does not map is refused in one line naming what differs. Nothing is downloaded."""
+
+import pytest
+import torch
+from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
+from helpers import QUICK
+from safetensors.torch import load_file, save_file
+
+from diffusion.cli.train import main
+from diffusion.core.sampling import SamplingOptions
+from diffusion.errors import UserError
+from diffusion.models.diffusers_unet import diffusers_unet_weights
+from diffusion.training.checkpoint_files import read_network_weights
+from diffusion.training.loading import load_checkpoint
+
+# Ho et al.'s layout at small widths: google/ddpm-cifar10-32's settings (attention at the second level).
+HO_LAYOUT = {
+    "block_out_channels": (32, 64), "layers_per_block": 1, "down_block_types": ("DownBlock2D", "AttnDownBlock2D"),
+    "up_block_types": ("AttnUpBlock2D", "UpBlock2D"), "attention_head_dim": None, "norm_eps": 1e-6,
+    "flip_sin_to_cos": False, "freq_shift": 1, "downsample_padding": 0, "norm_num_groups": 32,
+}  # fmt: skip
+
+
+def diffusers_unet(in_channels: int = 3, **overrides) -> UNet2DModel:
+    torch.manual_seed(0)
+    unet = UNet2DModel(
+        sample_size=16, in_channels=in_channels, out_channels=in_channels, **{**HO_LAYOUT, **overrides}
+    )
+    with torch.no_grad():  # every layer shapes the output (diffusers zero-initialises none, but be sure)
+        for parameter in unet.parameters():
+            parameter.normal_(0, 0.1)
+    return unet.eval()
+
+
+@pytest.mark.parametrize("head_dim", [None, 16], ids=["one_head", "four_heads"])
+def test_the_network_computes_the_unet2dmodels_function(head_dim, tmp_path):
+    unet = diffusers_unet(attention_head_dim=head_dim)
+    unet.save_pretrained(tmp_path)
+    module = load_checkpoint(tmp_path)
+    x, t = torch.randn(3, 3, 16, 16), torch.tensor([0, 421, 999])
+    with torch.no_grad():
+        torch.testing.assert_close(module.network(x, t), unet(x, t).sample, atol=1e-5, rtol=0)
+    assert (
+        module.sample_shape == (3, 16, 16) and module.hparams.num_timesteps == 1000
+    )  # no scheduler: Ho et al.'s
+
+
+def test_weights_under_older_diffusers_attention_names_load_alike(tmp_path):
+    unet = diffusers_unet()
+    unet.save_pretrained(tmp_path)
+    path = tmp_path / "diffusion_pytorch_model.safetensors"
+    old = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
+    state = {}
+    for key, value in load_file(path).items():
+        for new, before in old.items():
+            key = key.replace(f".{new}.", f".{before}.")
+        state[key] = value
+    assert any(".query." in key for key in state)
+    save_file(state, path)
+    x, t = torch.randn(2, 3, 16, 16), torch.tensor([3, 700])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            load_checkpoint(tmp_path).network(x, t), unet(x, t).sample, atol=1e-5, rtol=0
+        )
+
+
+SCHEDULERS = {
+    "linear_fixed_small_clipped": {"num_train_timesteps": 10},
+    "linear_fixed_large_v": {"num_train_timesteps": 10, "variance_type": "fixed_large",
+                             "prediction_type": "v_prediction", "clip_sample": False},
+    "cosine_x0": {"num_train_timesteps": 12, "beta_schedule": "squaredcos_cap_v2", "prediction_type": "sample"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS.values(), ids=SCHEDULERS.keys())
+def test_the_pipeline_samples_as_diffusers_samples(scheduler, tmp_path):
+    pipe = DDPMPipeline(unet=diffusers_unet(), scheduler=DDPMScheduler(**scheduler))
+    pipe.save_pretrained(tmp_path)
+    pipe.set_progress_bar_config(disable=True)
+    T = scheduler["num_train_timesteps"]
+    theirs = pipe(batch_size=2, generator=torch.Generator().manual_seed(5), num_inference_steps=T,
+                  output_type="pt").images  # fmt: skip
+    module = load_checkpoint(tmp_path)
+    torch.testing.assert_close(module.schedule.betas, DDPMScheduler(**scheduler).betas, rtol=1e-6, atol=0)
+    torch.manual_seed(5)  # as the pipeline's generator: x_T, then each step's noise
+    ours = (module.sample(2, options=SamplingOptions(steps=T)) * 0.5 + 0.5).clamp(0, 1)
+    assert (theirs[0] - theirs[1]).abs().max() > 0.1  # samples, not a constant image
+    torch.testing.assert_close(ours, torch.as_tensor(theirs), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [({"flip_sin_to_cos": True}, "flip_sin_to_cos=True does not map"),
+     ({"attention_head_dim": 8, "down_block_types": ("AttnDownBlock2D", "DownBlock2D"),
+       "up_block_types": ("UpBlock2D", "AttnUpBlock2D")}, r"attention_head_dim=8 at attention widths \[32, 64\]"),
+     ({"downsample_padding": 1}, "downsample_padding=1 does not map")],
+)  # fmt: skip
+def test_a_layout_that_does_not_map_is_refused_naming_what_differs(overrides, message, tmp_path):
+    diffusers_unet(**overrides).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match=message):
+        load_checkpoint(tmp_path)
+
+
+def test_a_scheduler_without_counterpart_is_refused(tmp_path):
+    DDPMPipeline(
+        unet=diffusers_unet(), scheduler=DDPMScheduler(beta_schedule="scaled_linear")
+    ).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="beta_schedule='scaled_linear' has no counterpart"):
+        load_checkpoint(tmp_path)
+
+
+def test_init_from_a_pipeline_fine_tunes_its_network_and_schedule(tmp_path):
+    unet = diffusers_unet(in_channels=1)  # the digits' one channel
+    DDPMPipeline(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=200)).save_pretrained(
+        tmp_path / "pipe"
+    )
+    cli = main([*QUICK, "--model.init_from", str(tmp_path / "pipe"), "--max_steps", "1", "--model.lr", "1e-12",
+                "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])  # fmt: skip
+    assert cli.model.hparams.num_timesteps == 200
+    assert dict(cli.config.model.network.init_args)["channel_mult"] == [1, 2]
+    start = read_network_weights(tmp_path / "pipe")
+    # Adam's first step moves each weight by about lr: with lr 1e-12 the trained weights are the loaded ones.
+    for key, value in cli.model.network.state_dict().items():
+        torch.testing.assert_close(value, start[key], atol=1e-9, rtol=0, msg=key)
+    assert set(diffusers_unet_weights(cli.model.network)) == set(unet.state_dict())
