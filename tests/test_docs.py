@@ -101,6 +101,6 @@ def test_the_readme_set_up_installs_from_the_projects_files():
     assert installs, "the README has no set-up command"
     for words in installs:
         assert words[words.index("-c") + 1] == "constraints.txt" and (REPO / "constraints.txt").is_file()
-        extra = re.fullmatch(r"\.\[(\w+)\]", words[-1])
-        assert extra and extra.group(1) in extras
+        extra = re.fullmatch(r"\.(?:\[(\w+)\])?", words[-1])  # the project itself, or with an extra
+        assert extra and (extra.group(1) is None or extra.group(1) in extras)
     assert ["pytest"] in [words[-1:] for words in commands(REPO / "README.md")]
