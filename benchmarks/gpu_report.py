@@ -4,7 +4,8 @@ of benchmarks/results/gpu.md (copy it there).
 
     python benchmarks/gpu_report.py OUT [--seconds S] [--plan TEXT]
 
-Reads OUT/summary.md and OUT/details/: train.md, sample.md, speed_bf16/ and speed_fp16/ (speed.md, speed.json).
+Reads OUT/summary.md and OUT/details/ (or, once packed, OUT/details.tar.gz): train.md, sample.md, speed_bf16/ and
+speed_fp16/ (speed.md, speed.json).
 Imports no torch: the versions come from the installed packages' metadata, the GPU from nvidia-smi.
 """
 
@@ -16,6 +17,8 @@ import os
 import re
 import statistics
 import subprocess
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,8 +80,8 @@ def demoted(markdown: str) -> list[str]:
 
 def speed_rows(stage: str, speed: dict) -> list[str]:
     """One row per path and train.py run: ms/step, images/s, share of the peak, peak memory."""
-    precision, batch, flops, peak = (
-        speed["precision"],
+    label, batch, flops, peak = (
+        stage_label(stage, speed),
         speed["batch"],
         speed["flops"],
         speed.get("peak_tflops"),
@@ -89,7 +92,7 @@ def speed_rows(stage: str, speed: dict) -> list[str]:
         tflops = flops / seconds / 1e12
         share = f"{tflops / peak:.1%}" if peak else "-"
         rows.append(
-            f"| {precision} | {name} | {seconds * 1000:.2f} | {batch / seconds:,.0f} | {share} "
+            f"| {label} | {name} | {seconds * 1000:.2f} | {batch / seconds:,.0f} | {share} "
             f"| {memory / 2**30:.2f} GiB | {graphs} |"
         )
 
@@ -105,12 +108,19 @@ def speed_rows(stage: str, speed: dict) -> list[str]:
         if path["times"]:
             name = f"{path['name']} ({path['note']})" if path["note"] else path["name"]
             row(name, statistics.median(path["times"]), path["peak_bytes"])
-    rows += [f"| {precision} | {line} | | | | | |" for line in speed["problems"] + speed.get("skipped", [])]
+    rows += [f"| {label} | {line} | | | | | |" for line in speed["problems"] + speed.get("skipped", [])]
     return rows
 
 
 def report(out: Path, seconds: int | None, plan: str) -> str:
     details = out / "details"
+    if (
+        not details.is_dir() and (out / "details.tar.gz").is_file()
+    ):  # written again from a packed call's files
+        unpacked = Path(tempfile.mkdtemp(prefix="gpu_report_"))
+        with tarfile.open(out / "details.tar.gz") as tar:
+            tar.extractall(unpacked, filter="data")
+        details = unpacked / "details"
     speeds = {}
     for stage in SPEED_STAGES:
         with contextlib.suppress(OSError, ValueError):
@@ -143,12 +153,12 @@ def report(out: Path, seconds: int | None, plan: str) -> str:
                 lines.append(
                     f"| {stage_label(stage, speed)} | {target['target']} | {target['value']} | {result} |"
                 )
-        peak = first.get("peak_tflops")
+        peak = f"{first['peak_tflops']:g}" if first.get("peak_tflops") else "-"
         lines += [
             "",
             "## Training speed",
             "",
-            f"| stage (precision) | path | ms / step | images / s | share of {peak or '-'} TFLOP/s | peak memory "
+            f"| stage (precision) | path | ms / step | images / s | share of {peak} TFLOP/s | peak memory "
             "| graphs compiled (after warm-up) |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
         ]

@@ -17,20 +17,21 @@ round, so a machine that slows down for a while (other jobs) moves both sides of
   validation, logger, checkpointing or progress bar.
 - plain: the same DiffusionModule (a copy), batches and optimizer (configure_optimizers) in a hand-written
   loop: autocast/GradScaler as the precision asks, clip_grad_norm_, EMA by one torch._foreach_lerp_; eager, and
-  with --compiled also with the network compiled as fitting compiles it (--quick: the aot_eager backend).
+  with --compiled also with the network compiled as fitting compiles it (--quick: the eager backend).
 - diffusers: diffusers' UNet2DModel built with the same widths, blocks and attention levels (so the same
   parameter count) in its own best loop: DDPMScheduler.add_noise, fused Adam with warmup, clipping,
   EMAModel(foreach=True), its attention through SDPA, the same precision: the loop of diffusers'
   train_unconditional example without accelerate, eager. When it cannot be built (diffusers missing: `pip install
   -e ".[bench]"`, or failing to import) the table says why.
 
-First, each in a process of its own, `python train.py` as users run it (progress bar, logger, checkpoints, the
-recipe's strategy and data path) timed by its StepTimer callback (diffusion/training/callbacks/step_timer.py):
-the recipe as it is, and with `--train_py FLAGS` variants (a variant whose flags train.py does not accept is
-skipped with a note). After the interleaved paths, the recipe's data path alone (images/s with its workers and
-transforms; with --synthetic, random pixels in torchvision's CIFAR10, speed_data.py), and sampling images/s of each `--samplers` entry under each `--sampling_precisions`, with the
-time 50,000 samples would take. Peak memory per path: CUDA max_memory_allocated; CPU the process's peak RSS
-(VmHWM, reset per path through /proc/self/clear_refs; it includes what the other paths keep resident).
+In order (what the targets are about first, so that a run ended early has it): `python train.py` as users run it
+(progress bar, logger, checkpoints, the recipe's strategy and data path) in a process of its own, timed by its
+StepTimer callback (diffusion/training/callbacks/step_timer.py); the interleaved paths; `train.py` with each
+`--train_py FLAGS` variant (one whose flags train.py does not accept is skipped with a note); the recipe's data
+path alone (images/s with its workers and transforms; with --synthetic, random pixels in torchvision's CIFAR10,
+speed_data.py); sampling images/s of each `--samplers` entry under each `--sampling_precisions`, with the time
+50,000 samples would take. Peak memory per path: CUDA max_memory_allocated; CPU the process's peak RSS (VmHWM,
+reset per path through /proc/self/clear_refs; it includes what the other paths keep resident).
 
 Results go to benchmarks/results/speed.md (OUT/speed.md with --out, and always with --quick; OUT/speed.json too),
 written again after each measurement: a run ended early keeps what it measured.
@@ -199,7 +200,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         args.rounds, args.steps, args.warmup, args.train_py_warmup, args.train_py_steps = 2, 3, 2, 2, 3
         args.job_steps, args.job_rounds, args.loader_batches = 4, 1, min(args.loader_batches, 3)
         args.samplers = ",".join(f"{entry.split(':')[0]}:3" for entry in args.samplers.split(",") if entry)
-        args.compile_backend = "aot_eager"  # Dynamo and AOTAutograd as usual; Inductor takes minutes on a CPU
+        args.compile_backend = "eager"  # Dynamo traces as usual; Inductor would take minutes on a CPU
         cli_args = [*TINY_UNET, *cli_args]
         args.out = args.out or Path(tempfile.mkdtemp(prefix="speed_quick_"))
     if min(args.rounds, args.steps, args.train_py_steps) < 1 or min(args.warmup, args.train_py_warmup) < 0:
@@ -227,8 +228,10 @@ def main(argv: list[str] | None = None) -> str:
     run.flops = round(
         (count_flops_per_sample(cli.model) or 0) * batch
     )  # a meta copy: before anything compiles
-    # train.py first: the figures the targets are about, before anything else could end the run.
-    time_train_py(run, accelerator)
+    # What the targets are about first (train.py as the recipe is, then the loops it is held against), so that a
+    # run ended early has those; the train.py variants, for the record, after them.
+    variants = [] if args.no_train_py else ["", *(flags for flags in args.train_py if flags.strip())]
+    time_train_py(run, accelerator, variants[:1])
     if not args.no_project:
         run.paths.append(Timed(PROJECT, project_path(cli, device, args.warmup)))
     run.paths.append(Timed(PLAIN, plain_path(cli, device, args.warmup)))
@@ -248,6 +251,7 @@ def main(argv: list[str] | None = None) -> str:
           f"steps), batch {batch}, {run.num_params:,} parameters, on {device_name(device)}", flush=True)  # fmt: skip
     interleave(run.paths, args.rounds, args.steps, device)
     save(run)
+    time_train_py(run, accelerator, variants[1:])
     if args.loader_batches:
         measure_data_path(run, cli)
         save(run)
@@ -292,16 +296,14 @@ def save(run: Run) -> str:
     return table
 
 
-def time_train_py(run: Run, accelerator: str) -> None:
-    """train.py as users run it, the recipe as it is and each variant, each a process of its own."""
+def time_train_py(run: Run, accelerator: str, variants: list[str]) -> None:
+    """train.py as users run it with each of these flags ('': the recipe as it is), each a process of its own."""
     args = run.args
-    if args.no_train_py:
-        return
     env = dict(os.environ)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     work = Path(tempfile.mkdtemp(prefix="speed_train_py_"))
-    for i, flags in enumerate(dict.fromkeys(["", *args.train_py])):
+    for i, flags in enumerate(dict.fromkeys(variants)):
         label = " ".join(["train.py", *flags.split()])
         try:
             run.train_py.append(

@@ -138,7 +138,10 @@ def compile_lines(run) -> list[str]:
     extra = compiled.walls[0] - statistics.median(compiled.walls[1:])
     saved = plain.step_seconds - compiled.step_seconds
     if extra <= 0:
-        first = "the compiled path's first round took no longer than its later ones (graphs from Inductor's cache)"
+        first = (
+            "the compiled path's first round took no longer than its later ones (its graphs came from Inductor's "
+            "cache, or compiling took less than the rounds vary)"
+        )
         return [
             "",
             f"Compiling: {first}; a compiled step takes {-saved * 1000:+.1f} ms against the plain loop's.",
