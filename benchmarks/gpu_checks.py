@@ -14,9 +14,8 @@ recipe's data module over made-up pixels) in chains that run side by side (none 
   differ, the run is left alone once more: how far two uninterrupted runs on this GPU land from each other
   (nondeterministic kernels). The kill chains load in the main process (num_workers 0): flips drawn in worker
   processes are not reproduced after a mid-epoch resume (diffusion/data/resumable.py).
-- on a GPU, the recipe as users run it (one device, the network compiled where the recipe compiles it), in
-  bf16-mixed and 16-mixed; their graphs then sit in Inductor's on-disk cache when the speed stages compile the
-  same ones.
+- on a GPU, the recipe as users run it (its own strategy and compile setting), in bf16-mixed and 16-mixed; what
+  they compile then sits in Inductor's on-disk cache when the speed stages compile the same graphs.
 Every run's logged losses must be finite.
 
 sample: a 1-step checkpoint of its own, then `python -m diffusion.sample` with DDIM-50 in 32-bit and
@@ -34,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,7 +194,7 @@ def as_users_run_it(precision: str) -> tuple[list[str], bool]:
 def check_train(out: Path) -> bool:
     shutil.rmtree(WORK / "runs", ignore_errors=True)  # run folders are read as version_0
     chains = {"fp16": fp16_and_resume, "kill": kill_and_resume}
-    if AS_USERS_STEPS:  # a CPU runs the same commands as the chains above
+    if AS_USERS_STEPS:  # not on a CPU: nothing compiles there, so these would repeat the chains above
         chains |= {
             "bf16-mixed": lambda: as_users_run_it("bf16-mixed"),
             "16-mixed": lambda: as_users_run_it("16-mixed"),
@@ -209,16 +208,16 @@ def check_train(out: Path) -> bool:
         for name in ("fp16", "kill"):
             lines += done.get(name, ([f"- ({name}: not finished)"], False))[0]
         if AS_USERS_STEPS:
-            lines += ["", f"The recipe as users run it, `python train.py {' '.join(RECIPE)} ...` (one device; the "
-                      "network compiled where the recipe compiles it):", ""]  # fmt: skip
+            lines += ["", f"The recipe as users run it (its own strategy and compile setting), `python train.py "
+                      f"{' '.join(RECIPE)} ...`:", ""]  # fmt: skip
             for name in ("bf16-mixed", "16-mixed"):
                 lines += done.get(name, ([f"- ({name}: not finished)"], False))[0]
         (out / "train.md").write_text("\n".join(lines) + "\n")
 
     with ThreadPoolExecutor(len(chains)) as pool:
         futures = {pool.submit(chain): name for name, chain in chains.items()}
-        for future, name in futures.items():
-            done[name] = future.result()
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
             write()
     print((out / "train.md").read_text(), flush=True)
     return all(ok for _, ok in done.values())
