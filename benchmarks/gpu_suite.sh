@@ -158,7 +158,7 @@ run_stage() {
     elif ((code == 124 || code == 137)); then
         note "$stage" FAILED "$took" "ran past its $limit s limit: ended" > "$details/logs/$stage.row"
     else
-        reason=$(grep -E "Error|error:|FAILED|Traceback|MISS|not run" "$log" | tail -1)
+        reason=$(grep -E "Error|error:|FAILED|Traceback|not run" "$log" | tail -1)  # a MISS is a figure, not why
         note "$stage" FAILED "$took" "exit status $code: ${reason:-$(grep -v '^\s*$' "$log" | tail -1)}" \
             > "$details/logs/$stage.row"
     fi
@@ -168,7 +168,7 @@ run_stage() {
 if ((${#side_by_side[@]})); then
     pids=()
     for stage in "${side_by_side[@]}"; do SILENT=1 run_stage "$stage" & pids+=($!); done
-    wait "${pids[@]}"
+    ((${#pids[@]})) && wait "${pids[@]}"  # these alone: a bare wait would wait for the log's tee too
     for stage in "${side_by_side[@]}"; do
         cat "$details/logs/$stage.row" >> "$summary"
         echo "--- $stage, the end of its log (all of it: details/logs/$stage.log)"
