@@ -1,72 +1,104 @@
 #!/usr/bin/env bash
-# What only a GPU shows, in stages that each run whatever happened to the ones before (docs/gpu.md: the plan).
+# What only a GPU shows, in one device call of at most 8 minutes (docs/gpu.md: the plan).
 #
-#   bash benchmarks/gpu_suite.sh OUT STAGE...            # check train sample speed_fp16 speed_bf16
-#                                                        # speed_compiled digits, or call1 call2 call3
+#   bash benchmarks/gpu_suite.sh OUT                     # the call: wheels; check, train and sample side by
+#                                                        # side; then speed_bf16 and speed_fp16, each alone
+#   bash benchmarks/gpu_suite.sh OUT STAGE...            # stages one after another: check train sample
+#                                                        # speed_bf16 speed_fp16 digits (call: the whole call)
 #   SUITE_QUICK=1 bash benchmarks/gpu_suite.sh OUT ...   # the same commands on a CPU, tiny, for the tests
+#   SUITE_DRY=1 bash benchmarks/gpu_suite.sh OUT         # the plan and its time limits, nothing run
 #
-# call1 = check train sample, call2 = speed_fp16 speed_bf16, call3 = speed_compiled digits: one device call
-# each, their stages' time limits adding up to under 9 minutes. A stage that fails or runs past its limit is
-# ended (its whole process group) and reported FAILED with the reason in OUT/summary.md; the next stage runs.
-# OUT/suite.log has everything printed. Files that come back (at most 6 a call, the device tool takes 8):
-# summary.md, suite.log, train.md, sample.md, <speed stage>/speed.md and speed.json, digits/quality.md and
-# digits/digits_grid.png.
+# The correctness stages share the GPU (none of them times anything), each in a SUITE_WORK folder of its own; the
+# speed stages run alone. Every stage has a time limit of its own: past it the stage is ended with its whole
+# process group and reported FAILED, and the suite goes on. What comes back (the device tool returns 8 files):
+# OUT/gpu.md (machine, versions, the targets PASS/MISS, every table: benchmarks/results/gpu.md's form),
+# OUT/summary.md (each stage OK or FAILED, why, seconds), OUT/suite.log (everything printed) and
+# OUT/details.tar.gz (train.md, sample.md, each speed stage's speed.md and speed.json, each stage's log).
 #
 # The device machine lacks jsonargparse (and diffusers, the speed stages' peer): wheels carried in .whl/ are
 # installed first (docs/gpu.md says which). A stage that needs a missing one fails and says so; the others run.
 set -uo pipefail
-out=${1:?usage: bash benchmarks/gpu_suite.sh OUT STAGE... (check train sample speed_fp16 speed_bf16 speed_compiled digits, call1 call2 call3)}
+out=${1:?usage: bash benchmarks/gpu_suite.sh OUT [STAGE...] (check train sample speed_bf16 speed_fp16 digits, or call)}
 shift
 cd "$(dirname "$0")/.."
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-exec > >(tee -a "$out/suite.log") 2>&1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export SUITE_WORK=${SUITE_WORK:-/tmp/suite_work}
 quick=${SUITE_QUICK:-0}
 
-stages=()
+side_by_side=() alone=()
+(($#)) || set -- call
 for stage in "$@"; do
     case "$stage" in
-        call1) stages+=(check train sample) ;;
-        call2) stages+=(speed_fp16 speed_bf16) ;;
-        call3) stages+=(speed_compiled digits) ;;
-        check|train|sample|speed_fp16|speed_bf16|speed_compiled|digits) stages+=("$stage") ;;
-        *) echo "unknown stage $stage: choose from check train sample speed_fp16 speed_bf16 speed_compiled digits, call1 call2 call3" >&2
+        call) side_by_side+=(check train sample) alone+=(speed_bf16 speed_fp16) ;;
+        check|train|sample|speed_bf16|speed_fp16|digits) alone+=("$stage") ;;
+        *) echo "unknown stage $stage: choose from check train sample speed_bf16 speed_fp16 digits, or call" >&2
            exit 2 ;;
     esac
 done
-((${#stages[@]})) || { echo "no stage given: e.g. call1" >&2; exit 2; }
 
+# Seconds. The call: wheels + the longest side-by-side stage + the speed stages <= 480 (8 minutes).
+limits=(wheels 20 check 150 train 170 sample 100 speed_bf16 180 speed_fp16 110 digits 210)
+[[ "$quick" == 1 ]] && limits=(wheels 60 check 300 train 900 sample 600 speed_bf16 900 speed_fp16 900 digits 900)
+# SUITE_LIMITS="train=200 digits=300" overrides a stage's limit.
+for pair in ${SUITE_LIMITS:-}; do limits+=("${pair%%=*}" "${pair#*=}"); done
+limit_of() { local i found=; for ((i = 0; i < ${#limits[@]}; i += 2)); do [[ ${limits[i]} == "$1" ]] && found=${limits[i+1]}; done; echo "$found"; }
+plan_seconds=$(limit_of wheels) longest=0 plan="wheels ($(limit_of wheels) s)"
+if ((${#side_by_side[@]})); then
+    plan+=", side by side:"
+    for stage in "${side_by_side[@]}"; do
+        plan+=" $stage ($(limit_of "$stage") s)"
+        (($(limit_of "$stage") > longest)) && longest=$(limit_of "$stage")
+    done
+fi
+plan_seconds=$((plan_seconds + longest))
+((${#alone[@]})) && plan+=", then alone:"
+for stage in "${alone[@]}"; do plan+=" $stage ($(limit_of "$stage") s)"; plan_seconds=$((plan_seconds + $(limit_of "$stage"))); done
+plan+=": at most $plan_seconds s"
+if [[ "${SUITE_DRY:-0}" == 1 ]]; then echo "plan: $plan"; exit 0; fi
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+details="$out/details"  # packed into details.tar.gz at the end
+
+# A stage run on its own into an OUT of an earlier call: its files join the earlier ones.
+[[ -f "$out/details.tar.gz" ]] && tar -xzf "$out/details.tar.gz" -C "$out" && rm "$out/details.tar.gz"
+mkdir -p "$details/logs"
+exec > >(tee -a "$out/suite.log") 2>&1
+echo "plan: $plan"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+work_root=${SUITE_WORK:-/tmp/suite_work}  # each stage works in $work_root/<stage>
 summary="$out/summary.md"
 [[ -f "$summary" ]] || printf '| stage | result | seconds | reason or note |\n| --- | --- | ---: | --- |\n' > "$summary"
-note() { echo "| $1 | $2 | $3 | ${4//|//} |" >> "$summary"; }
+note() { echo "| $1 | $2 | $3 | ${4//|//} |"; }
 
 started=$SECONDS
 if compgen -G ".whl/*.whl" > /dev/null; then
-    if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
+    if timeout "$(limit_of wheels)" python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl; then
         export PYTHONPATH="/tmp/site:$PYTHONPATH"
-        note wheels OK $((SECONDS - started)) "$(ls .whl | tr '\n' ' ')"
+        note wheels OK $((SECONDS - started)) "$(ls .whl | tr '\n' ' ')" >> "$summary"
     else
-        note wheels FAILED $((SECONDS - started)) "pip could not install .whl/*.whl"
+        note wheels FAILED $((SECONDS - started)) "pip could not install .whl/*.whl" >> "$summary"
     fi
 fi
 
 # 790 TFLOP/s: bf16 matrix products measured on the lent H200 (an 8192-cube matmul); 8,000 images/s: the goal
-# for the 35.7M UNet at batch 128 on one such GPU.
+# for the 35.7M UNet at batch 128 on one such GPU. Sampling speed is measured elsewhere: no samplers here.
 speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
-       --goal_images_per_s 8000 --rounds 3 --steps 30)
+       --goal_images_per_s 8000 --rounds 3 --steps 30 --no_project --compiled --samplers "")
 after=()  # train.py flags after `--`
-limits=(check 150 train 250 sample 110 speed_fp16 210 speed_bf16 300 speed_compiled 300 digits 210)
 if [[ "$quick" == 1 ]]; then
-    speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --quick)
-    after=(--data.init_args.num_workers 0 --data.init_args.val_from_train 8)
-    limits=(check 300 train 900 sample 600 speed_fp16 900 speed_bf16 900 speed_compiled 900 digits 900)
+    speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
+           --goal_images_per_s 8000 --quick --no_project --compiled --samplers "")
+    after=(--data.init_args.batch_size 8 --data.init_args.num_workers 0 --data.init_args.val_from_train 8)
+    export OMP_NUM_THREADS=1  # a few cores shared by stages side by side: spinning OpenMP threads stall each other
 fi
-# SUITE_LIMITS="train=400 digits=300" overrides a stage's limit (seconds).
-for pair in ${SUITE_LIMITS:-}; do limits+=("${pair%%=*}" "${pair#*=}"); done
-limit_of() { local i found; for ((i = 0; i < ${#limits[@]}; i += 2)); do [[ ${limits[i]} == "$1" ]] && found=${limits[i+1]}; done; echo "$found"; }
-logs=$(mktemp -d /tmp/suite_logs.XXXXXX)
+# train.py variants timed beside the recipe as it is (a process each). A variant whose flags train.py does not
+# accept (an option not there yet) is skipped with a note, not a failure: SUITE_VARIANTS="--data.on_device false"
+# adds one (variants separated by ';').
+variants=("--model.compile false")
+IFS=';' read -r -a extra_variants <<< "${SUITE_VARIANTS:-}"
+for variant in "${extra_variants[@]}"; do [[ -n "${variant// /}" ]] && variants+=("$variant"); done
+variant_flags=()
+for variant in "${variants[@]}"; do variant_flags+=(--train_py "$variant"); done
 
 cuda_tests=(tests/core/test_noise.py tests/training/test_speed_options.py tests/training/test_precision.py
             tests/training/test_step_timer.py tests/generation/test_sample_precision.py tests/cli/test_sample_cli.py)
@@ -82,47 +114,78 @@ stage_command() {
             else
                 python3 -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess" "${cuda_tests[@]}"
             fi ;;
-        train|sample) python3 benchmarks/gpu_checks.py "$1" "$out" ;;
-        speed_fp16) "${speed[@]}" --samplers "" --out "$out/speed_fp16" -- "${after[@]}" ;;
+        train|sample) python3 benchmarks/gpu_checks.py "$1" "$details" ;;
+        # The recipe as it is (16-mixed): its train.py, the plain loop eager and compiled.
+        speed_fp16) "${speed[@]}" --no_diffusers --loader_batches 0 --out "$details/speed_fp16" -- "${after[@]}" ;;
+        # bf16-mixed: train.py as the recipe is and its variants, the plain loop eager and compiled, diffusers'
+        # UNet2DModel in its plain loop, and the data path alone.
         speed_bf16)
-            "${speed[@]}" --loader_batches 0 --train_py "--trainer.benchmark true" --samplers ddim:50,dpmpp_2m_sde:20 \
-                --sampling_precisions 32,bf16-mixed --sampling_batch "$( [[ $quick == 1 ]] && echo 8 || echo 1000 )" \
-                --out "$out/speed_bf16" -- --trainer.precision bf16-mixed "${after[@]}" ;;
-        speed_compiled)
-            "${speed[@]}" --no_diffusers --compiled --loader_batches 0 --samplers "" --out "$out/speed_compiled" \
-                -- --trainer.precision bf16-mixed "${after[@]}" ;;
+            "${speed[@]}" "${variant_flags[@]}" --out "$details/speed_bf16" -- --trainer.precision bf16-mixed "${after[@]}" ;;
         digits)
             if [[ "$quick" == 1 ]]; then
-                python3 benchmarks/quality.py --only digits --quick --out "$out/digits" --runs "$SUITE_WORK/digits_runs"
+                python3 benchmarks/quality.py --only digits --quick --out "$details/digits" --runs "$SUITE_WORK/runs"
             else
-                python3 benchmarks/quality.py --only digits --device cuda --out "$out/digits" --runs "$SUITE_WORK/digits_runs"
+                python3 benchmarks/quality.py --only digits --device cuda --out "$details/digits" --runs "$SUITE_WORK/runs"
             fi || return 1
             echo "the CPU table (benchmarks/results/quality.md) beside this GPU's:"
-            grep -h "FD 8x8\|train wall" benchmarks/results/quality.md "$out/digits/quality.md" | grep digits ;;
+            grep -h "FD 8x8\|train wall" benchmarks/results/quality.md "$details/digits/quality.md" | grep digits ;;
     esac
 }
+export -f stage_command
+export details quick
 
-for stage in "${stages[@]}"; do
+# run_stage STAGE: the stage under its limit, its output in details/logs/STAGE.log (and on the terminal unless
+# SILENT=1); its summary row in details/logs/STAGE.row. timeout runs the stage in a process group of its own and
+# ends it whole at the limit (train.py, its DataLoader workers, speed.py's children; gpu_checks.py ends the
+# train.py sessions it started itself).
+run_stage() {
+    local stage=$1 limit log="$details/logs/$1.log" began=$SECONDS code took reason
     limit=$(limit_of "$stage")
     echo "=== $stage (limit $limit s, $(date -u +%H:%M:%S))"
-    log="$logs/$stage.log"
-    began=$SECONDS
-    # timeout runs the stage in a process group of its own and ends it whole at the limit (train.py, its
-    # DataLoader workers, speed.py's children; gpu_checks.py ends the train.py sessions it started itself).
-    export -f stage_command
-    export out quick
-    timeout --kill-after=15 "$limit" bash -c "$(declare -p speed after cuda_tests); stage_command $stage" 2>&1 \
-        | tee "$log"
-    code=${PIPESTATUS[0]}
+    mkdir -p "$work_root/$stage" 2> /dev/null
+    if [[ "${SILENT:-0}" == 1 ]]; then
+        SUITE_WORK="$work_root/$stage" timeout --kill-after=15 "$limit" \
+            bash -c "$(declare -p speed after variant_flags cuda_tests); stage_command $stage" > "$log" 2>&1
+        code=$?
+    else
+        SUITE_WORK="$work_root/$stage" timeout --kill-after=15 "$limit" \
+            bash -c "$(declare -p speed after variant_flags cuda_tests); stage_command $stage" 2>&1 | tee "$log"
+        code=${PIPESTATUS[0]}
+    fi
     took=$((SECONDS - began))
     if ((code == 0)); then
-        note "$stage" OK "$took" ""
+        note "$stage" OK "$took" "" > "$details/logs/$stage.row"
     elif ((code == 124 || code == 137)); then
-        note "$stage" FAILED "$took" "ran past its $limit s limit: ended"
+        note "$stage" FAILED "$took" "ran past its $limit s limit: ended" > "$details/logs/$stage.row"
     else
-        reason=$(grep -E "Error|error:|FAILED|Traceback|MISS|not run" "$log" | tail -1)
-        note "$stage" FAILED "$took" "exit status $code: ${reason:-$(grep -v '^\s*$' "$log" | tail -1)}"
+        reason=$(grep -E "Error|error:|FAILED|Traceback|not run" "$log" | tail -1)  # a MISS is a figure, not why
+        note "$stage" FAILED "$took" "exit status $code: ${reason:-$(grep -v '^\s*$' "$log" | tail -1)}" \
+            > "$details/logs/$stage.row"
     fi
+    echo "=== $stage: $(cut -d'|' -f3 "$details/logs/$stage.row" | xargs) after $took s"
+}
+
+if ((${#side_by_side[@]})); then
+    pids=()
+    for stage in "${side_by_side[@]}"; do SILENT=1 run_stage "$stage" & pids+=($!); done
+    ((${#pids[@]})) && wait "${pids[@]}"  # these alone: a bare wait would wait for the log's tee too
+    for stage in "${side_by_side[@]}"; do
+        cat "$details/logs/$stage.row" >> "$summary"
+        echo "--- $stage, the end of its log (all of it: details/logs/$stage.log)"
+        tail -n 25 "$details/logs/$stage.log"
+    done
+fi
+for stage in "${alone[@]}"; do
+    run_stage "$stage"
+    cat "$details/logs/$stage.row" >> "$summary"
 done
 echo "=== done ($(date -u +%H:%M:%S), $((SECONDS - started)) s)"
+
+# gpu.md from what the stages left, then everything else into one archive: the device tool returns 8 files.
+python3 benchmarks/gpu_report.py "$out" --seconds $((SECONDS - started)) --plan "$plan" \
+    || echo "gpu_report.py failed: OUT/details holds the stages' files"
+rm -f "$details"/logs/*.row
+tar -czf "$out/details.tar.gz" -C "$out" details && rm -rf "$details"
+files=$(find "$out" -type f | wc -l)
+((files <= 8)) || note files FAILED 0 "$files files under OUT: the device tool returns 8" >> "$summary"
 cat "$summary"

@@ -4,9 +4,9 @@
     python benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790   # on a GPU
     python benchmarks/speed.py --baseline 82f9c05              # also the default job's wall time vs that commit
     python benchmarks/speed.py --quick --out /tmp/speed        # plumbing check; numbers meaningless
-    python benchmarks/speed.py -- --model.compile true         # train.py flags after `--` (every path)
+    python benchmarks/speed.py -- --model.compile true         # flags after `--`: the project path and train.py
 
-Three training paths on the same batches, interleaved in one process: round r runs each path for
+Training paths on the same batches, interleaved in one process: round r runs each path for
 `--warmup + --steps` optimizer steps (the order rotates every round). A path's step time is the median, over
 all rounds, of the intervals between consecutive step starts after its warm-up (on CUDA, of 10-step chunks
 closed by a synchronize). A ratio between two paths is the median of their per-round ratios: paired within a
@@ -16,22 +16,25 @@ round, so a machine that slows down for a while (other jobs) moves both sides of
   the EMA callback, gradient clipping, Adam with warmup, precision) run by a Lightning Trainer with no
   validation, logger, checkpointing or progress bar.
 - plain: the same DiffusionModule (a copy), batches and optimizer (configure_optimizers) in a hand-written
-  loop: autocast/GradScaler as the precision asks, clip_grad_norm_, EMA by one torch._foreach_lerp_.
+  loop: autocast/GradScaler as the precision asks, clip_grad_norm_, EMA by one torch._foreach_lerp_; eager, and
+  with --compiled also with the network compiled as fitting compiles it (--quick: the eager backend).
 - diffusers: diffusers' UNet2DModel built with the same widths, blocks and attention levels (so the same
   parameter count) in its own best loop: DDPMScheduler.add_noise, fused Adam with warmup, clipping,
   EMAModel(foreach=True), its attention through SDPA, the same precision: the loop of diffusers'
-  train_unconditional example without accelerate. When it cannot be built (diffusers missing: `pip install
+  train_unconditional example without accelerate, eager. When it cannot be built (diffusers missing: `pip install
   -e ".[bench]"`, or failing to import) the table says why.
 
-Then, each in a process of its own, `python train.py` as users run it (progress bar, logger, checkpoints, the
-recipe's strategy and data loader) timed by its StepTimer callback (diffusion/training/callbacks/step_timer.py):
-plain, and with `--train_py FLAGS` variants (`--compiled` adds `--model.compile true`). Then the recipe's data
-loader alone (images/s with its workers and transforms; with --synthetic, random pixels in torchvision's CIFAR10,
-speed_data.py), and sampling images/s of each `--samplers` entry under each `--sampling_precisions`, with the
-time 50,000 samples would take. Peak memory per path: CUDA max_memory_allocated; CPU the process's peak RSS
-(VmHWM, reset per path through /proc/self/clear_refs; it includes what the other paths keep resident).
+In order (what the targets are about first, so that a run ended early has it): `python train.py` as users run it
+(progress bar, logger, checkpoints, the recipe's strategy and data path) in a process of its own, timed by its
+StepTimer callback (diffusion/training/callbacks/step_timer.py); the interleaved paths; `train.py` with each
+`--train_py FLAGS` variant (one whose flags train.py does not accept is skipped with a note); the recipe's data
+path alone (images/s with its workers and transforms; with --synthetic, random pixels in torchvision's CIFAR10,
+speed_data.py); sampling images/s of each `--samplers` entry under each `--sampling_precisions`, with the time
+50,000 samples would take. Peak memory per path: CUDA max_memory_allocated; CPU the process's peak RSS (VmHWM,
+reset per path through /proc/self/clear_refs; it includes what the other paths keep resident).
 
-Results go to benchmarks/results/speed.md (OUT/speed.md with --out, and always with --quick; OUT/speed.json too).
+Results go to benchmarks/results/speed.md (OUT/speed.md with --out, and always with --quick; OUT/speed.json too),
+written again after each measurement: a run ended early keeps what it measured.
 """
 
 import argparse
@@ -46,11 +49,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import speed_data
 import torch
 from speed_data import SyntheticCIFAR10, loader_throughput
-from speed_jobs import compare_jobs, timed_train_py
+from speed_jobs import FlagsRefused, compare_jobs, timed_train_py
 from speed_paths import build_project, diffusers_path, plain_path, project_path
-from speed_report import COMPILED, PEER, markdown
+from speed_report import COMPILED, PEER, PLAIN, PROJECT, markdown, targets
 
 from diffusion.core.sampling import SamplingOptions
 from diffusion.generation.precision import network_precision
@@ -100,9 +104,10 @@ class Run:
     flops: int = 0  # of one training step's forward + backward
     paths: list[Timed] = field(default_factory=list)
     train_py: list[dict] = field(default_factory=list)  # StepTimer reports of train.py processes
-    loader: dict | None = None
+    loader: dict | None = None  # the data path alone
     sampling: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what could not be measured, and why
+    skipped: list[str] = field(default_factory=list)  # train.py variants whose flags train.py refused
     job: dict | None = None
 
 
@@ -157,11 +162,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--synthetic", action="store_true", help="random images of the recipe's shape")
+    parser.add_argument("--no_project", action="store_true", help="skip the in-process Lightning path")
     parser.add_argument("--no_diffusers", action="store_true", help="skip the diffusers path")
     parser.add_argument(
         "--compiled", action="store_true",
-        help="also the plain loop with the network compiled (as --model.compile true), its compile time, and "
-        "train.py --model.compile true",
+        help="also the plain loop with the network compiled as fitting compiles it, and its compile time",
     )  # fmt: skip
     parser.add_argument(
         "--train_py", action="append", default=[], metavar="FLAGS",
@@ -171,7 +176,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--train_py_warmup", type=int, default=10, help="StepTimer warm-up steps")
     parser.add_argument("--train_py_steps", type=int, default=100, help="StepTimer timed steps")
     parser.add_argument(
-        "--loader_batches", type=int, default=100, help="batches of the loader measure (0: none)"
+        "--loader_batches", type=int, default=100, help="batches of the data path measure (0: none)"
     )
     parser.add_argument(
         "--samplers", default="ddim:50,dpmpp_2m_sde:20", help="sampler:steps,... to time (empty: none)"
@@ -185,15 +190,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )  # fmt: skip
     parser.add_argument("--job_rounds", type=int, default=2, help="interleaved jobs per tree (--baseline)")
     parser.add_argument("--peak_tflops", type=float, help="the device's peak (790: bf16 measured on an H200)")
-    parser.add_argument("--goal_images_per_s", type=float, help="training target (loader: twice it)")
+    parser.add_argument("--goal_images_per_s", type=float, help="training target (data path: twice it)")
     parser.add_argument("--quick", action="store_true", help="tiny UNet and few steps: plumbing only")
     parser.add_argument("--out", type=Path, help="write speed.md here (default with --quick: a temp dir)")
     args = parser.parse_args(argv)
     args.command = command
+    args.compile_backend = None  # torch.compile's default, Inductor
     if args.quick:
         args.rounds, args.steps, args.warmup, args.train_py_warmup, args.train_py_steps = 2, 3, 2, 2, 3
         args.job_steps, args.job_rounds, args.loader_batches = 4, 1, min(args.loader_batches, 3)
         args.samplers = ",".join(f"{entry.split(':')[0]}:3" for entry in args.samplers.split(",") if entry)
+        args.compile_backend = "eager"  # Dynamo traces as usual; Inductor would take minutes on a CPU
         cli_args = [*TINY_UNET, *cli_args]
         args.out = args.out or Path(tempfile.mkdtemp(prefix="speed_quick_"))
     if min(args.rounds, args.steps, args.train_py_steps) < 1 or min(args.warmup, args.train_py_warmup) < 0:
@@ -221,13 +228,17 @@ def main(argv: list[str] | None = None) -> str:
     run.flops = round(
         (count_flops_per_sample(cli.model) or 0) * batch
     )  # a meta copy: before anything compiles
-    run.paths = [
-        Timed("project: Lightning Trainer + EMA callback", project_path(cli, device, args.warmup)),
-        Timed("plain loop, same module", plain_path(cli, device, args.warmup)),
-    ]
+    # What the targets are about first (train.py as the recipe is, then the loops it is held against), so that a
+    # run ended early has those; the train.py variants, for the record, after them.
+    variants = [] if args.no_train_py else ["", *(flags for flags in args.train_py if flags.strip())]
+    time_train_py(run, accelerator, variants[:1])
+    if not args.no_project:
+        run.paths.append(Timed(PROJECT, project_path(cli, device, args.warmup)))
+    run.paths.append(Timed(PLAIN, plain_path(cli, device, args.warmup)))
     if args.compiled:
-        compiled = plain_path(cli, device, args.warmup, compile=True)
-        run.paths.append(Timed(COMPILED, compiled, note="torch.compile, default mode"))
+        compiled = plain_path(cli, device, args.warmup, compile=True, backend=args.compile_backend)
+        note = f"torch.compile, {args.compile_backend or 'default'} backend, as fitting compiles it"
+        run.paths.append(Timed(COMPILED, compiled, note=note))
     if not args.no_diffusers and isinstance(network, UNet):
         try:
             train, note = diffusers_path(cli, device, args.warmup)
@@ -239,51 +250,61 @@ def main(argv: list[str] | None = None) -> str:
     print(f"{len(run.paths)} paths x {args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed "
           f"steps), batch {batch}, {run.num_params:,} parameters, on {device_name(device)}", flush=True)  # fmt: skip
     interleave(run.paths, args.rounds, args.steps, device)
-    measure_processes(run, cli, accelerator)
+    save(run)
+    time_train_py(run, accelerator, variants[1:])
+    if args.loader_batches:
+        measure_data_path(run, cli)
+        save(run)
     for entry in filter(None, args.samplers.split(",")):
         sampler, steps = entry.split(":")
         for precision in filter(None, args.sampling_precisions.split(",")):
             size = args.sampling_batch or batch
             seconds = sampling_seconds(cli.model, device, size, sampler, int(steps), precision, repeats=3)
             run.sampling.append(
-                {
-                    "sampler": sampler,
-                    "steps": int(steps),
-                    "precision": precision,
-                    "batch": size,
-                    "seconds": seconds,
-                }
-            )
+                {"sampler": sampler, "steps": int(steps), "precision": precision, "batch": size, "seconds": seconds}
+            )  # fmt: skip
             print(
                 f"  sampling {entry} {precision}: {size / statistics.median(seconds):,.1f} images/s",
                 flush=True,
             )
+            save(run)
     if args.baseline:
         run.job = compare_jobs(args.baseline, cli_args, args.job_steps, args.job_rounds, args.threads)
-    table = markdown(run)
-    out = args.out or ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "speed.md").write_text(table)
-    if args.out:  # the raw numbers beside the table
-        measured = {k: v for k, v in asdict(run).items() if k not in ("args", "paths", "device")}
-        measured["paths"] = [{k: v for k, v in asdict(p).items() if k != "run"} for p in run.paths]
-        (out / "speed.json").write_text(json.dumps(measured, indent=1, default=str))
-    print("\n" + table + f"\nwritten to {out / 'speed.md'}")
+    table = save(run)
+    print("\n" + table + f"\nwritten to {output_folder(run) / 'speed.md'}")
     PROBLEMS[:] = run.problems
     return table
 
 
-def measure_processes(run: Run, cli, accelerator: str) -> None:
-    """train.py as users run it (each variant a process of its own) and the data loader alone."""
+def output_folder(run: Run) -> Path:
+    return run.args.out or ROOT / "benchmarks" / "results"
+
+
+def save(run: Run) -> str:
+    """speed.md (and with --out, speed.json: the raw numbers and the targets) of what is measured so far."""
+    table = markdown(run)
+    out = output_folder(run)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "speed.md").write_text(table)
+    if run.args.out:
+        measured = {k: v for k, v in asdict(run).items() if k not in ("args", "paths", "device")}
+        measured["paths"] = [{k: v for k, v in asdict(p).items() if k != "run"} for p in run.paths]
+        measured["device"] = device_name(run.device)
+        measured["peak_tflops"] = run.args.peak_tflops
+        measured["targets"] = targets(run)
+        (out / "speed.json").write_text(json.dumps(measured, indent=1, default=str))
+    return table
+
+
+def time_train_py(run: Run, accelerator: str, variants: list[str]) -> None:
+    """train.py as users run it with each of these flags ('': the recipe as it is), each a process of its own."""
     args = run.args
-    variants = [] if args.no_train_py else ["", *args.train_py]
-    if args.compiled and not args.no_train_py:
-        variants.append("--model.compile true")
     env = dict(os.environ)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     work = Path(tempfile.mkdtemp(prefix="speed_train_py_"))
     for i, flags in enumerate(dict.fromkeys(variants)):
+        label = " ".join(["train.py", *flags.split()])
         try:
             run.train_py.append(
                 timed_train_py(
@@ -297,22 +318,34 @@ def measure_processes(run: Run, cli, accelerator: str) -> None:
                     env=env,
                 )  # fmt: skip
             )
+        except FlagsRefused as refused:
+            if not flags:  # the recipe itself: a real failure
+                run.problems.append(f"`{label}`: FAILED, {refused}".replace("|", "/"))
+            else:
+                run.skipped.append(f"`{label}`: skipped, train.py does not accept these flags: {refused}")
+            print(run.skipped[-1] if flags else run.problems[-1], flush=True)
         except RuntimeError as error:
             print(error, flush=True)
-            run.problems.append(
-                f"`{' '.join(['train.py', *flags.split()])}`: FAILED, {str(error).splitlines()[-1]}".replace(
-                    "|", "/"
-                )
-            )
-    if args.loader_batches:
-        data, recipe = cli.datamodule, cli.config.data.init_args.as_dict()
-        if args.synthetic and recipe.get("dataset") != "cifar10":
-            print("  data loader: not measured (--synthetic on a recipe other than CIFAR-10)", flush=True)
-            return
-        if args.synthetic:  # the recipe's ImageDataModule and settings over made-up pixels (speed_data.py)
-            data = SyntheticCIFAR10(**recipe)
-        run.loader = loader_throughput(data, args.loader_batches)
-        print(f"  data loader: {run.loader['images_per_s']:,.0f} images/s", flush=True)
+            run.problems.append(f"`{label}`: FAILED, {str(error).splitlines()[-1]}".replace("|", "/"))
+        save(run)
+
+
+def measure_data_path(run: Run, cli) -> None:
+    """The recipe's data path alone: batches as training gets them, no model."""
+    data, recipe = cli.datamodule, cli.config.data.init_args.as_dict()
+    if run.args.synthetic and recipe.get("dataset") != "cifar10":
+        print("  data path: not measured (--synthetic on a recipe other than CIFAR-10)", flush=True)
+        return
+    if run.args.synthetic:  # the recipe's ImageDataModule and settings over made-up pixels (speed_data.py)
+        data = SyntheticCIFAR10(**recipe)
+    # TODO(lead): speed_data.py's on-device measure, once it is there, is the data path of a dataset held on the
+    # device; the loader's measure stays the path of one that is not.
+    on_device = getattr(speed_data, "on_device_throughput", None)
+    if on_device is not None:
+        run.loader = on_device(data, run.args.loader_batches, run.device)
+    else:
+        run.loader = loader_throughput(data, run.args.loader_batches)
+    print(f"  data path: {run.loader['images_per_s']:,.0f} images/s", flush=True)
 
 
 PROBLEMS: list[str] = []  # of the last main(): a path that failed or could not run

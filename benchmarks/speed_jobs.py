@@ -13,6 +13,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = Path(__file__).resolve().parent
+# How train.py refuses an option it does not have (one line, exit status 2: diffusion/cli/reporting.py).
+REFUSED = ("is not accepted", "unrecognized arguments")
+
+
+class FlagsRefused(RuntimeError):
+    """train.py stopped at its command line: an option it does not have (yet)."""
 
 
 def timed_train_py(
@@ -46,8 +52,12 @@ def timed_train_py(
             stdout=output, stderr=subprocess.STDOUT,
         )  # fmt: skip
     seconds = time.perf_counter() - start
+    output = log.read_text(errors="replace").splitlines()
+    refused = [line for line in output if line.startswith("error: ") and any(r in line for r in REFUSED)]
+    if result.returncode == 2 and refused:
+        raise FlagsRefused(refused[-1].removeprefix("error: "))
     if result.returncode != 0 or not report.is_file():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        tail = "\n".join(output[-25:])
         raise RuntimeError(f"{label} failed (exit status {result.returncode}):\n{tail}")
     timed = json.loads(report.read_text().splitlines()[-1])
     timed.update(wall_seconds=seconds, command=" ".join(["python train.py", *command[2:]]))

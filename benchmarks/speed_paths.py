@@ -125,13 +125,13 @@ def project_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> Callab
 
 
 def plain_path(
-    cli: DiffusionCLI, device: torch.device, warmup: int, compile: bool = False
+    cli: DiffusionCLI, device: torch.device, warmup: int, compile: bool = False, backend: str | None = None
 ) -> Callable[[int], list[float]]:
-    """The same DiffusionModule (a copy), data and optimizer in a hand-written loop; its network compiled as
-    `--model.compile true` does (nn.Module.compile) if the recipe asks or `compile`."""
+    """The same DiffusionModule (a copy), data and optimizer in a hand-written loop, eager; with `compile`, its
+    network compiled as fitting compiles it (`backend`: torch.compile's, Inductor by default)."""
     module = copy.deepcopy(cli.model).to(device)
-    if compile or module.hparams.get("compile"):
-        module.network.compile()
+    if compile:
+        compile_as_fitting_does(module, str(cli.trainer.precision), device, backend)
     module.on_fit_start()  # the rank's noise generator
     params = list(module.parameters())
     ema_params = [p.detach().clone() for p in params]
@@ -165,6 +165,30 @@ def plain_path(
         return clock.per_step()
 
     return run
+
+
+def compile_as_fitting_does(
+    module: L.LightningModule, precision: str, device: torch.device, backend: str | None
+) -> None:
+    """The module's own `setup("fit")` with compiling on: torch.compile and whatever the module does with it
+    (the network's memory format, say), under a Trainer of one device that is then detached again."""
+    module.hparams.compile = True
+    module.trainer = L.Trainer(
+        accelerator=device.type, devices=1, precision=precision, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    original = torch.nn.Module.compile
+
+    def compile_with_backend(self, *args, **kwargs):
+        return original(self, *args, **{**kwargs, "backend": backend})
+
+    try:
+        if backend:
+            torch.nn.Module.compile = compile_with_backend
+        module.setup("fit")
+    finally:
+        torch.nn.Module.compile = original
+        module.trainer = None  # the loop has no Trainer: configure_optimizers takes that path
 
 
 def optimizer_step(loss, optimizer, scaler, params, clip: float | None) -> None:
@@ -210,8 +234,6 @@ def diffusers_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> tupl
     theirs = sum(p.numel() for p in model.parameters())
     if abs(theirs - ours) > 0.01 * ours:
         raise RuntimeError(f"UNet2DModel has {theirs:,} parameters, this project's UNet {ours:,}")
-    if hp.get("compile"):
-        model.compile()
     schedule = DDPMScheduler(
         num_train_timesteps=hp.num_timesteps, beta_schedule="linear", beta_start=hp.beta_start,
         beta_end=hp.beta_end,
@@ -243,4 +265,4 @@ def diffusers_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> tupl
         clock.tick()
         return clock.per_step()
 
-    return run, f"UNet2DModel, {theirs:,} parameters"
+    return run, f"UNet2DModel, {theirs:,} parameters, eager"

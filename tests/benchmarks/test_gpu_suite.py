@@ -1,16 +1,18 @@
-"""benchmarks/gpu_suite.sh runs end to end: a GPU is lent only now and then, and a wrong flag found there would cost
-its scarce minutes. SUITE_QUICK=1 runs the stages on this CPU with a tiny UNet (speed_compiled's flags are those of
-speed.py --compiled, run in-process with a light compile backend by tests/training/test_speed_options.py: Inductor
-on this CPU would take minutes)."""
+"""benchmarks/gpu_suite.sh runs end to end: a GPU is lent only now and then, for one call, and a wrong flag found
+there would cost its scarce minutes. SUITE_QUICK=1 runs the same commands on this CPU with a tiny UNet (the
+compiled plain loop with Dynamo's eager backend: Inductor would take minutes here)."""
 
 import os
+import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+RETURNED_FILES = 8  # what the device tool brings back from one call
 
 
 def suite(out: Path, *stages: str, **env: str) -> subprocess.CompletedProcess:
@@ -32,43 +34,102 @@ def stage_results(out: Path) -> dict[str, list[str]]:
     return {cells[1].strip(): [c.strip() for c in cells[2:-1]] for cells in (row.split("|") for row in rows)}
 
 
+def details(out: Path) -> dict[str, str]:
+    with tarfile.open(out / "details.tar.gz") as tar:
+        return {
+            member.name.removeprefix("details/"): tar.extractfile(member).read().decode()
+            for member in tar.getmembers()
+            if member.isfile()
+        }
+
+
 @pytest.mark.slow
-def test_the_first_call_trains_resumes_after_a_kill_and_samples(tmp_path):
+def test_the_call_runs_every_stage_and_writes_gpu_md_in_the_files_the_device_tool_returns(tmp_path):
     out = tmp_path / "out"
-    result = suite(out, "call1")
+    # A variant train.py does not accept (an option not there yet) is skipped, not a failure.
+    result = suite(out, SUITE_VARIANTS="--data.no_such_option 1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert {stage: cells[0] for stage, cells in stage_results(out).items()} == {
-        "check": "OK", "train": "OK", "sample": "OK"
-    }  # fmt: skip
-    train = (out / "train.md").read_text()
-    assert "`--precision bf16-mixed --max_steps 6`: " in train and "all finite" in train
-    assert "`--precision 16-mixed --max_steps 3`: " in train
+    assert {stage: cells[0] for stage, cells in stage_results(out).items()} == dict.fromkeys(
+        ["check", "train", "sample", "speed_bf16", "speed_fp16"], "OK"
+    ), (out / "summary.md").read_text()
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert len(files) <= RETURNED_FILES
+    assert sorted(path.name for path in files) == ["details.tar.gz", "gpu.md", "suite.log", "summary.md"]
+
+    # The correctness stages side by side: all three started before the first of them ended; then each speed
+    # stage alone.
+    log = (out / "suite.log").read_text()
+    events = re.findall(r"^=== (\w+)( \(limit|:)", log, flags=re.M)  # a stage's start, and its end
+    assert sorted(events[:3]) == [("check", " (limit"), ("sample", " (limit"), ("train", " (limit")]
+    assert sorted(events[3:6]) == [("check", ":"), ("sample", ":"), ("train", ":")]
+    assert events[6:] == [
+        ("speed_bf16", " (limit"),
+        ("speed_bf16", ":"),
+        ("speed_fp16", " (limit"),
+        ("speed_fp16", ":"),
+    ]
+
+    files = details(out)
+    train = files["train.md"]
+    assert (
+        "`--precision 16-mixed --max_steps 5 --ckpt_path last`: " in train and "NOT ALL FINITE" not in train
+    )
+    assert "(left alone): " in train and "all finite" in train
     # On the CPU the resumed run lands on the weights of the run left alone, as tests/training/test_resume.py says.
     assert "- kill -9 at step 4 + `--ckpt_path last` to step 6: raw weights max|diff| 0 from" in train
-    sample = (out / "sample.md").read_text()
-    for run in ("ddim-50 32", "ddim-50 bf16-mixed", "dpmpp_2m_sde-20 32", "dpmpp_2m_sde-20 bf16-mixed"):
-        assert f"- {run}: 8 samples (batch 4) in " in sample
-    log = (out / "suite.log").read_text()
-    assert "distributed_backend=gloo" in log  # train.py under --strategy ddp (NCCL on the GPU)
-    assert sorted(p.name for p in out.iterdir()) == ["sample.md", "suite.log", "summary.md", "train.md"]
+    assert "distributed_backend=gloo" in files["logs/train.log"]  # DDPStrategy on one device: NCCL on a GPU
+    sample = files["sample.md"]
+    for run in ("ddim-50 32", "dpmpp_2m_sde-20 bf16-mixed"):
+        assert f"- {run}: 8 samples (batch 4) in " in sample and "uint8 (8, 32, 32, 3)" in sample
+    bf16 = files["speed_bf16/speed.md"]
+    for row in (
+        "| `train.py` as users run it (StepTimer; bf16-mixed, global batch 8) |",
+        "| `train.py --model.compile false` as users run it (StepTimer; bf16-mixed, global batch 8) |",
+        "| plain loop, same module |",
+        "| plain loop, network compiled (torch.compile, eager backend, as fitting compiles it) |",
+        "| `train.py --data.no_such_option 1`: skipped, train.py does not accept these flags: ",
+    ):
+        assert row in bf16
+    assert "Data path alone (SyntheticCIFAR10(cifar10)" in bf16
+    assert (
+        "project: Lightning Trainer" not in bf16
+        and "| `train.py` as users run it" in files["speed_fp16/speed.md"]
+    )
+
+    gpu = (out / "gpu.md").read_text()
+    assert gpu.startswith("# The project on one GPU: ") and "QUICK MODE" in gpu
+    assert re.search(r"Machine: .*; torch [\d.]+.*, lightning [\d.]+.*; commit ", gpu)
+    targets = [line for line in gpu.splitlines() if line.endswith(("| PASS |", "| MISS |"))]
+    expected = {
+        "speed_bf16": ["`train.py` >= 8,000 training images / s", "`train.py` >= 3 x diffusers' plain loop",
+                       "`train.py` step <= 1.05 x the best plain loop's", "data path >= 2 x 8,000 images / s"],
+        "speed_fp16": ["`train.py` >= 8,000 training images / s", "`train.py` step <= 1.05 x the best plain loop's"],
+    }  # fmt: skip
+    for stage, names in expected.items():
+        for name in names:
+            assert any(line.startswith(f"| {stage} (") and f"| {name}" in line for line in targets), (
+                stage,
+                name,
+            )
+    assert "| speed_bf16 (bf16-mixed) | `train.py --model.compile false` as users run it | " in gpu
+    assert "| peak memory |" in gpu and "| stage | result | seconds | reason or note |" in gpu
+    assert "### train.py on the GPU" in gpu and "### The sample CLI on the GPU" in gpu
 
 
-@pytest.mark.slow
-def test_the_speed_stages_run_on_the_cifar10_recipe(tmp_path):
-    # The digits stage is quality.py --quick plus a grep; quality.py --quick has an end-to-end test of its own
-    # (test_quality_benchmark.py), and speed_compiled's flags are those of test_speed_options.py's --compiled run.
-    out = tmp_path / "out"
-    result = suite(out, "speed_fp16", "speed_bf16")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert all(cells[0] == "OK" for cells in stage_results(out).values()), (out / "summary.md").read_text()
-    for stage in ("speed_fp16", "speed_bf16"):
-        table = (out / stage / "speed.md").read_text()
-        assert "configs/cifar10.yaml" in table and "| project: Lightning Trainer + EMA callback |" in table
-        assert "as users run it (StepTimer;" in table
-    bf16 = (out / "speed_bf16" / "speed.md").read_text()
-    assert "precision bf16-mixed" in bf16 and "| `train.py --trainer.benchmark true` as users run it" in bf16
-    assert "| dpmpp_2m_sde-3 | bf16-mixed | 8 |" in bf16
-    assert "Data loader alone (SyntheticCIFAR10(cifar10)" in (out / "speed_fp16" / "speed.md").read_text()
+def test_the_call_fits_in_eight_minutes():
+    result = subprocess.run(
+        ["bash", "benchmarks/gpu_suite.sh", "unused"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "SUITE_DRY": "1", "SUITE_QUICK": "0"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = result.stdout.strip()
+    assert plan.startswith("plan: wheels (") and ", side by side: check (" in plan
+    assert plan.index("side by side:") < plan.index("then alone: speed_bf16 (") < plan.index("speed_fp16 (")
+    limits = {stage: int(s) for stage, s in re.findall(r"(\w+) \((\d+) s\)", plan)}
+    side_by_side = max(limits["check"], limits["train"], limits["sample"])
+    total = limits["wheels"] + side_by_side + limits["speed_bf16"] + limits["speed_fp16"]
+    assert plan.endswith(f"at most {total} s") and total <= 480
+    assert not (ROOT / "unused").exists()  # a dry run writes nothing
 
 
 def test_a_failing_stage_says_why_and_the_next_one_runs(tmp_path):
@@ -79,6 +140,7 @@ def test_a_failing_stage_says_why_and_the_next_one_runs(tmp_path):
     assert results["train"][0] == "FAILED" and "exit status 1: " in results["train"][2]
     assert "NotADirectoryError" in results["train"][2] or "FileNotFoundError" in results["train"][2]
     assert results["check"][0] == "OK"
+    assert "| train | FAILED |" in (out / "gpu.md").read_text()
 
 
 def test_a_stage_past_its_limit_is_ended_and_reported(tmp_path):
@@ -90,6 +152,8 @@ def test_a_stage_past_its_limit_is_ended_and_reported(tmp_path):
         stage_results(out)["check"][1],
         "ran past its 1 s limit: ended",
     ]
+    assert sorted(path.name for path in out.rglob("*")) == ["details.tar.gz", "gpu.md", "suite.log", "summary.md"]
+    assert "logs/check.log" in details(out)
 
 
 def test_an_unknown_stage_is_refused(tmp_path):

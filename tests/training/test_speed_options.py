@@ -271,14 +271,14 @@ def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
     assert "framework tax: project / plain loop <= 1.03" in table and "images / s" in table
     # train.py in a process of its own, timed by its StepTimer; the loader alone; both samplers.
     assert "| `train.py` as users run it (StepTimer; 32-true, global batch 64) |" in table
-    assert "Data loader alone (ImageDataModule(digits): the recipe's training loader, 0 workers" in table
+    assert "Data path alone (ImageDataModule(digits): the recipe's training loader, 0 workers" in table
     assert "| ddim-3 | 32 | 64 |" in table and "| dpmpp_2m_sde-3 | 32 | 64 |" in table
     assert json.loads((tmp_path / "speed.json").read_text())["train_py"][0]["timed_steps"] == 3
     try:
         import diffusers  # noqa: F401
     except ImportError:
         return
-    assert "| diffusers UNet2DModel, plain loop (UNet2DModel, 44,969 parameters) |" in table
+    assert "| diffusers UNet2DModel, plain loop (UNet2DModel, 44,969 parameters, eager) |" in table
     assert "project / diffusers <= 0.8" in table
 
 
@@ -296,7 +296,7 @@ def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(
     options = ["--quick", "--compiled", "--no_train_py", "--loader_batches", "0", "--samplers", ""]
     table = speed.main([*options, "--out", str(tmp_path)])
     assert compile_calls == ["UNet"]  # the compiled path's network alone: the others stay eager
-    assert "| plain loop, network compiled (torch.compile, default mode) |" in table
+    assert "| plain loop, network compiled (torch.compile, eager backend, as fitting compiles it) |" in table
     assert "Compiling: the compiled path's first round took" in table
     expected = "diffusers UNet2DModel, plain loop: not run, ModuleNotFoundError: No module named 'diffusers.models.unets'"
     assert f"| {expected} |" in table

@@ -1,14 +1,17 @@
 """StepTimer (diffusion.training.callbacks.step_timer) times the optimizer steps of a real train.py run after
 its warm-up, leaves validation out of the median, and reports once (rank 0) with finite numbers.
 
-The in-process run drives the timer with a clock of its own: warm-up steps last 100 units, the others 1 and a
-validation 50, so what the timer measured is exact (no timing on this machine's clock)."""
+The in-process runs drive the timer with a clock of its own: warm-up steps last 100 units, the others 1 and a
+validation 50, so what the timer measured is exact (no timing on this machine's clock). They run on the CPU
+whatever the machine has: the host clock is what the timer reads there, where on CUDA it reads events recorded in
+the stream (the CUDA test below holds those to what they can guarantee)."""
 
 import json
 import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -23,6 +26,7 @@ from diffusion.training.callbacks.step_timer import count_flops_per_sample
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 TIMER = "--trainer.callbacks+=diffusion.training.callbacks.StepTimer"
+HOST_CLOCK = ["--accelerator", "cpu"]  # where the timer reads its own clock: the fake one below
 
 
 class Clock:
@@ -59,7 +63,7 @@ def test_the_timer_skips_warm_up_leaves_validation_out_of_the_median_and_reports
     out = tmp_path / "speed.jsonl"
     cli = DiffusionCLI(
         args(tmp_path, "--trainer.callbacks.steps", "2", "--trainer.callbacks.path", str(out),
-             "--max_steps", "6", "--trainer.val_check_interval", "3"),
+             "--max_steps", "6", "--trainer.val_check_interval", "3", *HOST_CLOCK),
     )  # fmt: skip
     timer = next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer))
     timer._clock = clock = Clock()
@@ -81,7 +85,9 @@ def test_the_timer_skips_warm_up_leaves_validation_out_of_the_median_and_reports
 
 
 def test_a_run_shorter_than_the_window_reports_the_steps_it_timed_at_its_end(tmp_path):
-    cli = DiffusionCLI(args(tmp_path, "--trainer.callbacks.peak_tflops", "2", "--max_steps", "5"))
+    cli = DiffusionCLI(
+        args(tmp_path, "--trainer.callbacks.peak_tflops", "2", "--max_steps", "5", *HOST_CLOCK)
+    )
     timer = next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer))
     timer._clock = clock = Clock()
     cli.trainer.callbacks.append(Advance(clock, slow=2))
@@ -119,12 +125,33 @@ def test_under_ddp_rank_zero_alone_writes_the_report_of_the_global_batch(tmp_pat
     assert output.count("StepTimer [train.py]:") == 1
 
 
+class OccupyTheDevice(L.Callback):
+    """Queues `cycles` of GPU spinning after every batch: device time the host never waits for."""
+
+    def __init__(self, cycles: int) -> None:
+        self.cycles = cycles
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        torch.cuda._sleep(self.cycles)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_timer_reads_the_steps_off_cuda_events(tmp_path):
+    """A host clock frozen at 0 would make every step 0 ms: the steps measured are the events' device time,
+    at least the 4e7 cycles of spinning queued per step (10 ms even at 4 GHz; an H200 tops out at 1.98 GHz), and
+    together no more than the host's own time for the whole run."""
     cli = DiffusionCLI(
         args(tmp_path, "--accelerator", "cuda", "--trainer.callbacks.steps", "3", "--max_steps", "6")
     )
+    timer = next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer))
+    timer._clock = Clock()  # frozen: the host clock is not what CUDA steps are read from
+    cli.trainer.callbacks.append(OccupyTheDevice(40_000_000))
+    started = time.perf_counter()
     fit(cli)
-    report = next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer)).report
-    assert report["timed_steps"] == 3 and 0 < report["median_ms"] < math.inf and "CUDA" in report["device"]
+    host_seconds = time.perf_counter() - started
+    report = timer.report
+    assert report["timed_steps"] == 3 and "CUDA" in report["device"]
+    assert all(event is not None for _, event in timer._marks)
+    assert report["median_ms"] >= 10.0
+    assert report["mean_ms"] * report["timed_steps"] <= host_seconds * 1000
     assert report["peak_memory_bytes"] > 0 and report["images_per_s"] > 0

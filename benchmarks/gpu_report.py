@@ -1,0 +1,196 @@
+"""OUT/gpu.md from what benchmarks/gpu_suite.sh's stages left in OUT: the machine, the versions, the date, the
+targets PASS/MISS, the training speed of every path, the correctness checks and each stage's result, in the form
+of benchmarks/results/gpu.md (copy it there).
+
+    python benchmarks/gpu_report.py OUT [--seconds S] [--plan TEXT]
+
+Reads OUT/summary.md and OUT/details/ (or, once packed, OUT/details.tar.gz): train.md, sample.md, speed_bf16/ and
+speed_fp16/ (speed.md, speed.json).
+Imports no torch: the versions come from the installed packages' metadata, the GPU from nvidia-smi.
+"""
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import re
+import statistics
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEED_STAGES = ("speed_bf16", "speed_fp16")
+
+
+def stage_label(stage: str, speed: dict) -> str:
+    """The stage and the precision it ran (a CPU runs 16-mixed as bf16-mixed)."""
+    return f"{stage} ({speed['precision']})"
+
+
+def run_quietly(*command: str) -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=ROOT)
+        if result.returncode == 0:
+            return result.stdout.strip()
+    return ""
+
+
+def machine() -> str:
+    """The GPU (nvidia-smi: name, memory, driver) or, without one, the CPU; and its cores."""
+    gpu = run_quietly("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader")
+    cores = f"{os.cpu_count()} CPU cores"
+    if gpu:
+        name, memory, driver = (part.strip() for part in gpu.splitlines()[0].split(","))
+        return f"{name} ({memory}, driver {driver}), {cores}"
+    cpu = "a CPU"
+    with contextlib.suppress(OSError):
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")), cpu,
+        )  # fmt: skip
+    return f"no GPU (nvidia-smi: none): {cpu}, {cores}"
+
+
+def versions() -> str:
+    found = []
+    for package in ("torch", "lightning", "jsonargparse", "diffusers"):
+        try:
+            found.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{package} not installed")
+    cuda = re.search(r"\+cu(\d+)(\d)$", importlib.metadata.version("torch"))
+    return ", ".join(found) + (f" (CUDA {cuda[1]}.{cuda[2]})" if cuda else "")
+
+
+def commit() -> str:
+    revision = run_quietly("git", "rev-parse", "--short", "HEAD") or os.environ.get("SUITE_COMMIT", "")
+    return (
+        f"commit {revision}" if revision else "commit unknown (the copy has no .git: SUITE_COMMIT names it)"
+    )
+
+
+def demoted(markdown: str) -> list[str]:
+    """A stage's own markdown under this file's headings (## -> ###)."""
+    return [("#" + line) if line.startswith("## ") else line for line in markdown.strip().splitlines()]
+
+
+def speed_rows(stage: str, speed: dict) -> list[str]:
+    """One row per path and train.py run: ms/step, images/s, share of the peak, peak memory."""
+    label, batch, flops, peak = (
+        stage_label(stage, speed),
+        speed["batch"],
+        speed["flops"],
+        speed.get("peak_tflops"),
+    )
+    rows = []
+
+    def row(name: str, seconds: float, memory: int, graphs: str = "-") -> None:
+        tflops = flops / seconds / 1e12
+        share = f"{tflops / peak:.1%}" if peak else "-"
+        rows.append(
+            f"| {label} | {name} | {seconds * 1000:.2f} | {batch / seconds:,.0f} | {share} "
+            f"| {memory / 2**30:.2f} GiB | {graphs} |"
+        )
+
+    for report in speed["train_py"]:
+        graphs = f"{report['graphs_compiled']} ({report['graphs_compiled_after_warmup']})"
+        row(
+            f"`{report['label']}` as users run it",
+            report["median_ms"] / 1000,
+            report["peak_memory_bytes"],
+            graphs,
+        )
+    for path in speed["paths"]:
+        if path["times"]:
+            name = f"{path['name']} ({path['note']})" if path["note"] else path["name"]
+            row(name, statistics.median(path["times"]), path["peak_bytes"])
+    rows += [f"| {label} | {line} | | | | | |" for line in speed["problems"] + speed.get("skipped", [])]
+    return rows
+
+
+def report(out: Path, seconds: int | None, plan: str) -> str:
+    details = out / "details"
+    if (
+        not details.is_dir() and (out / "details.tar.gz").is_file()
+    ):  # written again from a packed call's files
+        unpacked = Path(tempfile.mkdtemp(prefix="gpu_report_"))
+        with tarfile.open(out / "details.tar.gz") as tar:
+            tar.extractall(unpacked, filter="data")
+        details = unpacked / "details"
+    speeds = {}
+    for stage in SPEED_STAGES:
+        with contextlib.suppress(OSError, ValueError):
+            speeds[stage] = json.loads((details / stage / "speed.json").read_text())
+    quick = " QUICK MODE (SUITE_QUICK=1, a tiny UNet): the commands, not the numbers." if os.environ.get(
+        "SUITE_QUICK"
+    ) == "1" else ""  # fmt: skip
+    device = next((s["device"] for s in speeds.values()), machine().split(" (")[0])
+    call = f"one call of {seconds} s" if seconds is not None else "the suite"
+    lines = [
+        f"# The project on one GPU: {device} ({time.strftime('%Y-%m-%d', time.gmtime())})",
+        "",
+        f"Machine: {machine()}; {versions()}; {commit()}. `bash benchmarks/gpu_suite.sh OUT`: {call}"
+        + (f" (plan: {plan})" if plan else "")
+        + f".{quick}",
+    ]
+    if speeds:
+        first = next(iter(speeds.values()))
+        lines += [
+            "",
+            f"## Targets (the CIFAR-10 recipe, {first['num_params']:,} parameters, batch {first['batch']}, "
+            f"{first['flops'] / first['batch'] / 1e9:.2f} GFLOP per image, synthetic data)",
+            "",
+            "| stage (precision) | target | value | result |",
+            "| --- | --- | ---: | --- |",
+        ]
+        for stage, speed in speeds.items():
+            for target in speed["targets"]:
+                result = "PASS" if target["pass"] else "MISS"
+                lines.append(
+                    f"| {stage_label(stage, speed)} | {target['target']} | {target['value']} | {result} |"
+                )
+        peak = f"{first['peak_tflops']:g}" if first.get("peak_tflops") else "-"
+        lines += [
+            "",
+            "## Training speed",
+            "",
+            f"| stage (precision) | path | ms / step | images / s | share of {peak} TFLOP/s | peak memory "
+            "| graphs compiled (after warm-up) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for stage, speed in speeds.items():
+            lines += speed_rows(stage, speed)
+        lines += [
+            "",
+            "`train.py` rows: a process of its own as users run it, the median step of its StepTimer; peak memory "
+            "since its fit started. Plain loops and diffusers: interleaved in one process, the median step over "
+            "rounds; peak memory while the path ran. Each stage's own table is below.",
+        ]
+    summary = out / "summary.md"
+    lines += ["", "## Stages", ""] + (
+        summary.read_text().strip().splitlines() if summary.is_file() else ["(none)"]
+    )
+    for name in ("train.md", "sample.md"):
+        if (details / name).is_file():
+            lines += ["", *demoted((details / name).read_text())]
+    for stage in speeds:
+        lines += ["", *demoted((details / stage / "speed.md").read_text())]
+    text = "\n".join(lines) + "\n"
+    (out / "gpu.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seconds", type=int, help="the call's wall time")
+    parser.add_argument("--plan", default="", help="the stages and their limits")
+    args = parser.parse_args()
+    report(args.out, args.seconds, args.plan)
+    print(f"written to {args.out / 'gpu.md'}")
