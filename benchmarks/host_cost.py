@@ -18,6 +18,7 @@ module, batches from the same data module, Adam, clipping, an EMA lerp: what any
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import sys
@@ -131,6 +132,8 @@ def main() -> None:
     parser.add_argument("flags", nargs="*", help="train.py flags, after --")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the host's own work is single-threaded; steadier figures on a busy machine
+    Path(args.save_dir).mkdir(parents=True, exist_ok=True)
+    os.chdir(args.save_dir)  # runs without a logger write into the working directory
     times: dict[str, list[float]] = {"train.py": [], "plain loop": []}
     ratios = []
     profiler = None
