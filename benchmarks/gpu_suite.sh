@@ -35,7 +35,7 @@ for stage in "$@"; do
 done
 
 # Seconds. The call: wheels + the longest side-by-side stage + the speed stages <= 480 (8 minutes).
-limits=(wheels 20 check 150 train 170 sample 100 speed_bf16 180 speed_fp16 110 digits 210)
+limits=(wheels 20 check 170 train 170 sample 100 speed_bf16 180 speed_fp16 110 digits 210)
 [[ "$quick" == 1 ]] && limits=(wheels 60 check 300 train 900 sample 600 speed_bf16 900 speed_fp16 900 digits 900)
 # SUITE_LIMITS="train=200 digits=300" overrides a stage's limit.
 for pair in ${SUITE_LIMITS:-}; do limits+=("${pair%%=*}" "${pair#*=}"); done
@@ -113,6 +113,9 @@ stage_command() {
                 python3 -m pytest -q -p no:cacheprovider --collect-only "${cuda_tests[@]}" | tail -1
             else
                 python3 -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess" "${cuda_tests[@]}"
+                # The fast path against eager with Inductor on CUDA (bf16 and fp16), and the dtype policy's casts.
+                python3 -m pytest -q -p no:cacheprovider -k cuda tests/training/test_fast_path.py \
+                    && python3 -m pytest -q -p no:cacheprovider tests/models/test_mixed_precision.py
             fi ;;
         train|sample) python3 benchmarks/gpu_checks.py "$1" "$details" ;;
         # The recipe as it is (16-mixed): its train.py, the plain loop eager and compiled.
