@@ -64,10 +64,6 @@ class HeldSamples:
         labels = None if self.labels is None else self.labels.to(device)
         return HeldSamples(self.samples.to(device), labels, self.random_flip, self.uint8_images)
 
-    def flips(self, index: torch.Tensor, epoch: int, seed: int) -> torch.Tensor:
-        """(B,) bool: which of the samples `index` epoch `epoch` flips; a function of (seed, epoch, index)."""
-        return randint(2, noise_key(seed, AUGMENTATION, epoch), index).bool()
-
     def batch(self, index: torch.Tensor, epoch: int, seed: int) -> Batch:
         """The `Batch(x, index, label)` of the samples `index` (B,), on this device."""
         index = index.to(self.device, non_blocking=True)
@@ -77,7 +73,7 @@ class HeldSamples:
         if (
             self.random_flip
         ):  # after the conversion, which it commutes with: the CPU flips uint8 several times slower
-            flip = self.flips(index, epoch, seed).view(-1, *[1] * (x.ndim - 1))  # (B, 1, 1, 1)
+            flip = random_flips(index, epoch, seed).view(-1, *[1] * (x.ndim - 1))  # (B, 1, 1, 1)
             x = torch.where(flip, x.flip(-1), x)
         labels = (
             torch.full_like(index, NO_LABEL) if self.labels is None else self.labels.index_select(0, index)
@@ -88,6 +84,12 @@ class HeldSamples:
         """'on cpu: 1.8 MB of float32 samples, ...' for the start-up line."""
         flips = ", flipped per sample by (seed, epoch, index)" if self.random_flip else ""
         return f"on {self.device}: {megabytes(self.nbytes)} of {dtype_name(self.samples)} samples, gathered per batch{flips}"
+
+
+def random_flips(index: torch.Tensor, epoch: int, seed: int) -> torch.Tensor:
+    """(B,) bool: which of the samples `index` (B,) epoch `epoch` flips, each with probability 1/2; a function of
+    (seed, epoch, index) alone, on the device of `index`."""
+    return randint(2, noise_key(seed, AUGMENTATION, epoch), index).bool()
 
 
 def held_images(
