@@ -9,6 +9,7 @@ sit out each; 5 steps cover 3 epochs, and the kill at step 3 is in the middle of
 """
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,11 +20,12 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import TINY_UNET
+from helpers import TINY_UNET, tiny_run
 
 from diffusion.cli.train import main
+from diffusion.data import split
 from diffusion.data.images import ImageDataModule
-from diffusion.data.on_device import random_flips
+from diffusion.data.on_device import megabytes, random_flips
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]
@@ -155,3 +157,26 @@ def test_two_processes_killed_and_resumed_train_on_the_loaders_samples_flipped_b
             # ...flipped by (seed, epoch, index): the same whether the run was resumed before it or not.
             flipped = random_flips(batch.index, epoch, SEED)[:, None, None, None]
             assert torch.equal(seen["x"], torch.where(flipped, batch.x.flip(-1), batch.x)), (rank, step)
+
+
+@pytest.mark.parametrize(
+    ("extra", "fits", "path"),
+    [
+        ([], True, "held on cpu: 1.8 MB of float32 samples, gathered per batch"),
+        (["--data.init_args.on_device", "false"], True, "per-item DataLoader, 0 worker processes (--data.on_device false)"),
+        ([], False, "per-item DataLoader, 0 worker processes (its 1.8 MB would not fit)"),
+    ],
+    ids=["held", "turned off", "too big"],
+)  # fmt: skip
+def test_a_run_says_in_one_line_which_data_path_it_takes(tmp_path, monkeypatch, caplog, extra, fits, path):
+    if not fits:
+        monkeypatch.setattr(
+            split, "room_for", lambda nbytes, device: f"its {megabytes(nbytes)} would not fit"
+        )
+    with caplog.at_level(logging.INFO):
+        cli = tiny_run(tmp_path, "--max_steps", "1", "--trainer.limit_val_batches", "1", *extra)
+    lines = [line for record in caplog.records for line in record.getMessage().splitlines()]
+    assert [
+        line for line in lines if any(word in line for word in ("training data", "not fit", "DataLoader"))
+    ] == [f"training data: {path}"], lines
+    assert cli.trainer.global_step == 1
