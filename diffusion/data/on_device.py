@@ -70,20 +70,18 @@ class HeldSamples:
         x = self.samples.index_select(0, index)  # (B, ...) in the stored dtype
         if self.uint8_images:
             x = to_model_units(x)
-        if (
-            self.random_flip
-        ):  # after the conversion, which it commutes with: the CPU flips uint8 several times slower
+        # Flipped after the conversion, which it commutes with: a CPU flips uint8 several times slower than float.
+        if self.random_flip:
             flip = random_flips(index, epoch, seed).view(-1, *[1] * (x.ndim - 1))  # (B, 1, 1, 1)
             x = torch.where(flip, x.flip(-1), x)
-        labels = (
-            torch.full_like(index, NO_LABEL) if self.labels is None else self.labels.index_select(0, index)
-        )
-        return Batch(x, index, labels)
+        if self.labels is None:
+            return Batch(x, index, torch.full_like(index, NO_LABEL))
+        return Batch(x, index, self.labels.index_select(0, index))
 
     def describe(self) -> str:
-        """'on cpu: 1.8 MB of float32 samples, ...' for the start-up line."""
-        flips = ", flipped per sample by (seed, epoch, index)" if self.random_flip else ""
-        return f"on {self.device}: {megabytes(self.nbytes)} of {dtype_name(self.samples)} samples, gathered per batch{flips}"
+        """'on cuda:0 (153.6 MB uint8), batched there, flips per sample' for the start-up line."""
+        flips = ", flips per sample" if self.random_flip else ""
+        return f"on {self.device} ({megabytes(self.nbytes)} {dtype_name(self.samples)}), batched there{flips}"
 
 
 def random_flips(index: torch.Tensor, epoch: int, seed: int) -> torch.Tensor:

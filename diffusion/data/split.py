@@ -217,8 +217,8 @@ class SplitDataModule(LightningDataModule):
 
     @property
     def data_path(self) -> str:
-        """How training batches are made, as the start-up line prints it: 'held on cuda:0: 153.6 MB of uint8
-        samples, gathered per batch, flipped ...' or 'per-item DataLoader, 8 worker processes (<why>)'."""
+        """How training batches are made, as the start-up line prints it: 'held on cuda:0 (153.6 MB uint8),
+        batched there, flips per sample' or 'per-item DataLoader, 8 worker processes (<why>)'."""
         return self._data_path
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
