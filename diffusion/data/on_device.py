@@ -17,6 +17,7 @@ split into batches draw the same flips (a loader's worker processes draw theirs 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,11 @@ from diffusion.data.image_transform import resized, to_model_units
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
 
 RESIZE_CHUNK = 1024  # images resized at a time while the held tensors are built: bounds the float copies
+
+# Lightning suggests worker processes for every training loader with fewer than two; the loader of data held on the
+# device hands out indices, which workers would only copy between processes. Set at import: a filter added later
+# resets the warnings already shown once, which would then show again.
+warnings.filterwarnings("ignore", message="The 'train_dataloader' does not have many workers")
 
 
 class HeldSamples:

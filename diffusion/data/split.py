@@ -13,7 +13,6 @@ by a DataLoader (and its ``num_workers`` worker processes).
 
 import math
 import os
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,8 +176,6 @@ class SplitDataModule(LightningDataModule):
         )
         if self._hold_on(device) is None:
             return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
-        # Lightning suggests worker processes for a loader with none; this one hands out indices only.
-        warnings.filterwarnings("ignore", message="The 'train_dataloader' does not have many workers")
         return IndexLoader(
             TrainingIndices(self.train_set.indices),
             batch_size=self.batch_size,
