@@ -1,10 +1,19 @@
-"""Data for the speed benchmarks on machines that cannot download CIFAR-10, and the loader's own throughput.
+"""Data for the speed benchmarks on machines that cannot download CIFAR-10, and the two training data paths'
+own throughput.
 
-`SyntheticCIFAR10` is the recipe's ImageDataModule (its split, per-image transform, workers and resumable
-loader) over 50,000 random uint8 images held as torchvision's CIFAR10 holds its data, an (N, 32, 32, 3)
+`SyntheticCIFAR10` is the recipe's ImageDataModule (its split, per-image transform, workers, resumable loader and
+on-device path) over 50,000 random uint8 images held as torchvision's CIFAR10 holds its data, an (N, 32, 32, 3)
 uint8 array decoded by CIFAR10.__getitem__ (PIL image, then the transform): only the pixels are made up.
 `python train.py --config configs/cifar10.yaml --data.class_path speed_data.SyntheticCIFAR10` (with
 benchmarks/ on PYTHONPATH) trains on it with every other setting of the recipe.
+
+The measures (no model; each a dict with `images_per_s`, the median of `repeats` passes, and what was measured):
+- `loader_throughput(datamodule, batches, warmup=5, repeats=3)`: the per-item DataLoader (`--data.on_device
+  false`): its workers, transforms, collation and pinning, on the host;
+- `on_device_throughput(datamodule, device, batches, warmup=5, repeats=3)`: the on-device path alone, on
+  `device`: the index loader's batch, its copy to the device and the DataModule's `on_after_batch_transfer`
+  (gather, flips, conversion), the device synchronized at the end of each pass. Its `path` says which path
+  the datamodule took (the per-item loader for data that is not held as arrays or does not fit).
 """
 
 import statistics
@@ -42,11 +51,16 @@ class SyntheticCIFAR10(ImageDataModule):
 
 
 def loader_throughput(datamodule, batches: int, warmup: int = 5, repeats: int = 3) -> dict:
-    """Training images/s of `datamodule`'s own training loader alone (its workers, transforms, collation and
-    pinning, as the Trainer iterates it; no model): the median over `repeats` passes of `batches` batches,
-    each after `warmup` batches that start the workers and fill their prefetch queues."""
+    """Training images/s of `datamodule`'s per-item training loader alone (its workers, transforms, collation and
+    pinning, as the Trainer iterates it with `--data.on_device false`; no model): the median over `repeats`
+    passes of `batches` batches, each after `warmup` batches that start the workers and fill their prefetch
+    queues."""
     datamodule.setup("fit")
-    loader = datamodule.train_dataloader()
+    on_device, datamodule.on_device = getattr(datamodule, "on_device", False), False
+    try:
+        loader = datamodule.train_dataloader()
+    finally:
+        datamodule.on_device = on_device
     batches = max(1, min(batches, len(loader) - warmup))  # within one epoch
     rates = []
     for _ in range(repeats):
@@ -67,4 +81,43 @@ def loader_throughput(datamodule, batches: int, warmup: int = 5, repeats: int = 
         "batches": batches,
         "dataset": type(datamodule).__name__ + f"({getattr(datamodule, 'dataset', '?')})",
         "threads": torch.get_num_threads(),
+    }
+
+
+def on_device_throughput(
+    datamodule, device: torch.device | str, batches: int, warmup: int = 5, repeats: int = 3
+) -> dict:
+    """Training images/s of `datamodule`'s on-device data path alone on `device` (`SplitDataModule.
+    training_batches`: index batch -> device -> `Batch` gathered, flipped and converted there; no model): the
+    median over `repeats` passes of `batches` batches, each after `warmup` batches (the first copies the dataset
+    to the device), the device synchronized before the clock starts and stops."""
+    device = torch.device(device)
+    datamodule.setup("fit")
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    rates, per_epoch = [], None
+    for _ in range(repeats):
+        epoch = datamodule.training_batches(device)
+        for _ in range(warmup):
+            next(epoch)
+        per_epoch = per_epoch or len(datamodule.train_set) // datamodule.batch_size
+        count = max(1, min(batches, per_epoch - warmup))  # within one epoch
+        synchronize()
+        images, start = 0, time.perf_counter()
+        for _ in range(count):
+            images += len(next(epoch).x)
+        synchronize()
+        rates.append(images / (time.perf_counter() - start))
+    return {
+        "images_per_s": statistics.median(rates),
+        "per_pass": rates,
+        "batch_size": datamodule.batch_size,
+        "batches": count,
+        "device": str(device),
+        "path": datamodule.data_path,
+        "random_flip": getattr(datamodule, "random_flip", False),
+        "dataset": type(datamodule).__name__ + f"({getattr(datamodule, 'dataset', '?')})",
     }

@@ -25,6 +25,7 @@ _KEY_INITS = (0x243F6A88, 0x85A308D3)  # digits of pi: two independent 32-bit ha
 TRAINING_NOISE, TRAINING_TIMESTEPS, SAMPLING_NOISE = 0, 1, 2
 LABEL_DROPOUT = 3  # per-sample label dropout: independent of the same sample's noise and timestep
 LIKELIHOOD_NOISE = 4  # the noise of the bound's x_t
+AUGMENTATION = 5  # the training data's random flips: a function of (data seed, epoch, dataset index)
 
 IntOrTensor = TypeVar("IntOrTensor", int, torch.Tensor)
 

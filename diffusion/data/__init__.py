@@ -1,6 +1,7 @@
 """LightningDataModules and what they yield: images (`ImageDataModule`) and vectors (`VectorDataModule`) in model
 units, as `Batch(x, index[, label])` items (`IndexedDataset` wraps a dataset of your own), split into training and
-validation sets, with a training loader that resumes mid-epoch.
+validation sets, with a training loader that resumes mid-epoch; a dataset held as arrays is batched and augmented
+on the training device (`diffusion.data.on_device`).
 
 `diffusion.data.ImageDataModule` and `diffusion.data.VectorDataModule` are the class paths configs name.
 """

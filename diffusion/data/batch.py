@@ -1,5 +1,6 @@
 """The batch contract between data modules and the training module: `Batch(x, index, label)`, and the check
-that turns anything else into one clear error."""
+that turns anything else into one clear error; `IndexBatch`, what the training loader of data held on the device
+yields before its DataModule makes a `Batch` of it."""
 
 from typing import Any, NamedTuple
 
@@ -20,11 +21,29 @@ class Batch(NamedTuple):
     """(B,) int64 classes 0..num_classes-1, or NO_LABEL (an item: an int); used by class-conditional models."""
 
 
+class IndexBatch(NamedTuple):
+    """What the training loader yields for data held on the device (`diffusion.data.on_device`); the DataModule's
+    `on_after_batch_transfer` turns it into a `Batch` there."""
+
+    index: torch.Tensor
+    """(B,) int64 positions in the full dataset, in the sampler's order."""
+    epoch: int
+    """The sampler's epoch: with `seed`, what the flips are drawn from."""
+    seed: int
+    """The sampler's seed (PL_GLOBAL_SEED)."""
+
+
 def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
     """The training batch, or a clear error for a DataModule that does not yield `Batch(x, index)`, or (for a
     class-conditional model, `num_classes` set) whose labels are missing or out of range.
 
     The returned batch's label is None for an unconditional model (its labels, if any, are not used)."""
+    if isinstance(batch, IndexBatch):
+        raise TypeError(
+            "training got the dataset indices of data held on the device, not a Batch: its DataModule's "
+            "on_after_batch_transfer makes the Batch — pass the DataModule to fit (trainer.fit(model, "
+            "datamodule=dm)) rather than its train_dataloader(), or build it with on_device=False"
+        )
     if not isinstance(batch, Batch):
         raise TypeError(
             f"training batches must be diffusion.data.Batch(x, index), got {type(batch).__name__}; wrap your "

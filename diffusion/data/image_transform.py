@@ -1,14 +1,27 @@
-"""The per-image transform of the image datasets: a PIL image to a float32 tensor in model units, [-1, 1]."""
+"""The per-image transform of the image datasets: a PIL image to a float32 tensor in model units, [-1, 1]; its
+resize and its conversion also serve whole batches of uint8 images (`diffusion.data.on_device`)."""
 
 import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 
+def resized(images: torch.Tensor, size: int | None) -> torch.Tensor:
+    """uint8 images (..., C, H, W) resized on their shorter side to `size` (antialiased, on uint8 so
+    interpolation cannot overshoot [0, 1]) and center-cropped; as they are where they are `size` already."""
+    if size is None or tuple(images.shape[-2:]) == (size, size):
+        return images
+    return F.center_crop(F.resize(images, size, antialias=True), size)
+
+
+def to_model_units(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images -> float32 in [-1, 1]: v2.ToDtype(float32, scale=True) then v2.Normalize(0.5, 0.5)."""
+    return images.to(torch.float32).mul_(1.0 / 255).sub_(0.5).div_(0.5)
+
+
 class ToModelUnits:
-    """PIL image -> float32 tensor (C, size, size) in [-1, 1]: resized (shorter side, antialiased, on uint8 so
-    interpolation cannot overshoot [0, 1]) and center-cropped where the image is not `size` already, flipped
-    horizontally with probability 1/2 if `random_flip`.
+    """PIL image -> float32 tensor (C, size, size) in [-1, 1]: `resized`, flipped horizontally with
+    probability 1/2 if `random_flip`, `to_model_units`.
 
     The arithmetic and random draws of v2.Compose([ToImage(), Resize(size), CenterCrop(size),
     RandomHorizontalFlip(), ToDtype(float32, scale=True), Normalize(0.5, 0.5), ToPureTensor()]), output for
@@ -21,11 +34,7 @@ class ToModelUnits:
         self.random_flip = random_flip
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        x = F.pil_to_tensor(image)  # (C, H, W) uint8, as v2.ToImage
-        if self.size is not None and tuple(x.shape[-2:]) != (self.size, self.size):
-            x = F.center_crop(F.resize(x, self.size, antialias=True), self.size)
+        x = resized(F.pil_to_tensor(image), self.size)  # (C, H, W) uint8, as v2.ToImage
         if self.random_flip and torch.rand(1) < 0.5:  # v2.RandomHorizontalFlip's draw from the global RNG
             x = x.flip(-1)
-        return (
-            x.to(torch.float32).mul_(1.0 / 255).sub_(0.5).div_(0.5)
-        )  # ToDtype(scale) then Normalize(0.5, 0.5)
+        return to_model_units(x)

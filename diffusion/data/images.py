@@ -19,6 +19,7 @@ from torchvision.transforms import v2
 from diffusion.data.image_files import ImageFiles, find_images, read_image
 from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import DATASET_CLASS_NAMES, folder_classes
+from diffusion.data.on_device import HeldSamples, held_images
 from diffusion.data.split import IndexedDataset, SplitDataModule
 
 MIN_IMAGE_SIZE = 8
@@ -58,6 +59,10 @@ class ImageDataModule(SplitDataModule):
             CIFAR-10: their own; folder: one subfolder of ``root`` per class, torchvision's ImageFolder
             convention). Sets ``num_classes`` and ``class_names``, which the CLI hands to the network and the
             checkpoint. Default False: labels are not read, and training is unconditional.
+        on_device: hold the dataset on the training device (uint8 for MNIST, Fashion-MNIST and CIFAR-10, at
+            ``image_size``) and gather and flip each training batch there (`diffusion.data.on_device`), where it
+            fits; False reads it image by image in ``num_workers`` DataLoader workers. ``folder`` is always
+            read image by image (decoding every file before the first step would be a long start).
     """
 
     def __init__(
@@ -74,8 +79,9 @@ class ImageDataModule(SplitDataModule):
         val_from_train: int | None = None,
         verify: bool = False,
         conditional: bool = False,
+        on_device: bool = True,
     ) -> None:
-        super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train)
+        super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train, on_device)
         if dataset not in get_args(ImageDatasetName):
             raise ValueError(f"unknown image dataset {dataset!r}; choose one of {get_args(ImageDatasetName)}")
         if channels is not None and channels not in (1, 3):
@@ -152,6 +158,25 @@ class ImageDataModule(SplitDataModule):
             return self.train_set
         full = self._full_dataset(random_flip=False)
         return Subset(full, self.train_set.indices) if isinstance(self.train_set, Subset) else full
+
+    def _held_samples(self) -> HeldSamples | None:
+        # The arrays the per-image path reads its items from: the bundled digits' tensor (model units already)
+        # or torchvision's in-memory uint8 arrays (MNIST's (N, H, W) tensor, CIFAR-10's (N, H, W, C) array).
+        base = getattr(self.train_set.dataset, "base", None)
+        if self.dataset == "digits" and isinstance(base, TensorDataset):
+            labels = base.tensors[1] if self.conditional else None
+            return HeldSamples(base.tensors[0], labels, self.random_flip, uint8_images=False)
+        if self.dataset not in _TORCHVISION or not hasattr(base, "data"):
+            return None
+        stored = torch.as_tensor(base.data)
+        images = stored.unsqueeze(1) if stored.ndim == 3 else stored.permute(0, 3, 1, 2)  # (N, C, H, W)
+        labels = torch.as_tensor(base.targets, dtype=torch.long) if self.conditional else None
+        return held_images(images, labels, self.image_size, self.random_flip)
+
+    def _not_held_reason(self) -> str:
+        if self.dataset == "folder":
+            return "image files are decoded as they are drawn"
+        return super()._not_held_reason()
 
     def _full_dataset(self, random_flip: bool) -> Dataset:
         labelled = self.conditional

@@ -14,8 +14,9 @@ A resume is also refused when it would change what the run trains (`check_same_t
 checkpoint's optimizer state, EMA and data order belong to the run's own settings).
 
 Reproduced (same world size): the data order, noise, timesteps, dropout masks and augmentations drawn in the
-main process (num_workers=0), whichever step the checkpoint was taken at. Not reproduced: augmentations drawn
-in DataLoader worker processes after a mid-epoch resume (workers restart from their epoch's seed); and with a
+main process (num_workers=0) and the flips of data held on the device (`diffusion.data.on_device`: a function of
+(seed, epoch, sample)), whichever step the checkpoint was taken at. Not reproduced: augmentations drawn in
+DataLoader worker processes after a mid-epoch resume (workers restart from their epoch's seed); and with a
 different world size (a warning says so), the noise and dropout streams (each rank restarts from (seed, step,
 rank)) and the rest of the interrupted epoch: it continues from the same place in the epoch's order, but
 Lightning still counts that epoch's batches as the old world size would, so a few of its samples may be

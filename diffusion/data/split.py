@@ -6,19 +6,25 @@ the noise a sample gets does not depend on which rank or batch it lands in. A th
 class of each sample for class-conditional training and `NO_LABEL` otherwise.
 
 ``batch_size`` is per device: the global batch is ``batch_size x devices x num_nodes x accumulate_grad_batches``.
-The training loader is resumable mid-epoch (`diffusion.data.resumable`).
+The training loader is resumable mid-epoch (`diffusion.data.resumable`). A dataset held as arrays is batched on the
+training device (`diffusion.data.on_device`) unless ``on_device`` is False; other datasets are read item by item
+by a DataLoader (and its ``num_workers`` worker processes).
 """
 
 import math
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from diffusion.core.guidance import NO_LABEL
-from diffusion.data.batch import Batch
+from diffusion.data.batch import Batch, IndexBatch
+from diffusion.data.on_device import HeldSamples, IndexLoader, TrainingIndices, keep_tensor, room_for
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
 
 
@@ -54,6 +60,17 @@ class SplitDataModule(LightningDataModule):
     Either ``val_fraction`` of the data is held out, or (``val_from_train=N``, with ``val_fraction=0``) the
     model trains on all of it and validates on a fixed random subset of N training samples, as Ho et al.
     train CIFAR-10 on all 50,000 images.
+
+    Training batches come one of two ways (``data_path`` says which, and the run prints it as it starts):
+
+    - on the device (``on_device``, the default, where the subclass holds the data as arrays, `_held_samples`, and
+      they fit, `diffusion.data.on_device.room_for`): the whole dataset is copied to the trainer's root device
+      once, the training loader yields indices only and `on_after_batch_transfer` gathers, flips and converts
+      each batch there;
+    - by a DataLoader over the dataset's items, in ``num_workers`` worker processes (``on_device=False``, image
+      files, a dataset that does not fit). Validation always takes this way.
+
+    Both give the same batches: the same samples in the same order, bitwise the same x where nothing is flipped.
     """
 
     def __init__(
@@ -63,6 +80,7 @@ class SplitDataModule(LightningDataModule):
         val_fraction: float,
         seed: int,
         val_from_train: int | None = None,
+        on_device: bool = True,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -92,8 +110,11 @@ class SplitDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.val_fraction = val_fraction
         self.seed = seed
+        self.on_device = on_device
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        self._held: HeldSamples | None = None  # the training data on its device, once copied there
+        self._data_path = "not chosen yet: no training loader built"
 
     def _split(self, full: Dataset) -> None:
         n = len(full)
@@ -129,6 +150,10 @@ class SplitDataModule(LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
+        root = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+        return self._train_loader(root if root is not None else torch.device("cpu"))
+
+    def _train_loader(self, device: torch.device) -> DataLoader:
         if self.train_set is None:
             self.setup("fit")
         trainer = self.trainer
@@ -149,7 +174,65 @@ class SplitDataModule(LightningDataModule):
             drop_last=False,
             global_batch=self.batch_size * world * accumulate,
         )
-        return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
+        if self._hold_on(device) is None:
+            return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
+        return IndexLoader(
+            TrainingIndices(self.train_set.indices),
+            batch_size=self.batch_size,
+            sampler=sampler,
+            collate_fn=keep_tensor,
+            pin_memory=device.type == "cuda",
+            generator=torch.Generator(),
+        )
+
+    def _hold_on(self, device: torch.device) -> HeldSamples | None:
+        """The training data on `device` (copied there once), or None for the per-item loader; sets `data_path`."""
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if self.on_device and self._held is not None and self._held.device == device:
+            return self._held
+        self._held, reason = None, "--data.on_device false"
+        if self.on_device:
+            held = self._held_samples() if isinstance(self.train_set, Subset) else None
+            reason = self._not_held_reason() if held is None else room_for(held.nbytes, device)
+        if reason is None:
+            self._held = held.to(device)
+            self._data_path = f"held {self._held.describe()}"
+        else:
+            workers = f"{self.num_workers} worker process{'es' if self.num_workers != 1 else ''}"
+            self._data_path = f"per-item DataLoader, {workers} ({reason})"
+        return self._held
+
+    def _held_samples(self) -> HeldSamples | None:
+        """The whole dataset as tensors in host memory, indexed as the dataset is (None: read it item by item).
+        Called after `setup`; subclasses that hold their data as arrays return them."""
+        return None
+
+    def _not_held_reason(self) -> str:
+        """Why `_held_samples` gives None, for `data_path`."""
+        return f"{type(self).__name__} does not hold its data as arrays"
+
+    @property
+    def data_path(self) -> str:
+        """How training batches are made, as the start-up line prints it: 'held on cuda:0 (153.6 MB uint8),
+        batched there, flips per sample' or 'per-item DataLoader, 8 worker processes (<why>)'."""
+        return self._data_path
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Lightning calls it on every batch once it is on the device: the training loader's `IndexBatch` becomes
+        the `Batch` it names (gathered, flipped, converted there); any other batch is left as it is."""
+        if isinstance(batch, IndexBatch):
+            if self._held is None:
+                raise RuntimeError("an IndexBatch reached a DataModule that holds no data on a device")
+            return self._held.batch(batch.index, batch.epoch, batch.seed)
+        return batch
+
+    def training_batches(self, device: torch.device | str = "cpu") -> Iterator[Batch]:
+        """One epoch of training batches on `device`, as `training_step` gets them from the Trainer (whichever
+        path `data_path` names): what a loop without a Trainer iterates (benchmarks' plain loops)."""
+        device = torch.device(device)
+        for batch in self._train_loader(device):
+            yield self.on_after_batch_transfer(move_data_to_device(batch, device), 0)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.train_set is None:
@@ -162,7 +245,8 @@ class SplitDataModule(LightningDataModule):
 
 
 def describe_batches(trainer: L.Trainer) -> str:
-    """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch'.
+    """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch', and
+    on a second line how batches are made: 'training data: held on cuda:0: ...' (`SplitDataModule.data_path`).
 
     Each epoch is cut to whole global batches (`ResumableSampler`): S = N // G, and the N - S x G samples left
     over sit out that epoch (others the next). A dataset smaller than one global batch is kept whole:
@@ -186,4 +270,5 @@ def describe_batches(trainer: L.Trainer) -> str:
         line += f" (a random {left_over} sit out each epoch: steps of whole global batches)"
     elif len(dataset) < batch_size * world * accumulate:
         line += " (fewer samples than one global batch: each epoch is one smaller step)"
-    return line
+    data_path = getattr(getattr(trainer, "datamodule", None), "data_path", None)
+    return line if data_path is None else f"{line}\ntraining data: {data_path}"

@@ -14,6 +14,7 @@ from torch.utils.data import TensorDataset
 
 from diffusion.data.labels import load_labels
 from diffusion.data.numpy_files import numpy_file_kind
+from diffusion.data.on_device import HeldSamples
 from diffusion.data.split import IndexedDataset, SplitDataModule
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy"]
@@ -54,6 +55,8 @@ class VectorDataModule(SplitDataModule):
         labels: a ``.npy`` file of N integer classes 0..K-1, one per sample of the data (usually beside
             ``path``). Giving it trains a class-conditional model (``num_classes`` = K, linked into the network
             by the CLI); without it training is unconditional.
+        on_device: hold the data on the training device and gather each training batch there
+            (`diffusion.data.on_device`), where it fits; False reads it item by item in a DataLoader.
     """
 
     def __init__(
@@ -70,8 +73,9 @@ class VectorDataModule(SplitDataModule):
         normalize: Normalize = "standardize",
         feature_std: float = 3.0,
         labels: str | None = None,
+        on_device: bool = True,
     ) -> None:
-        super().__init__(batch_size, num_workers, val_fraction, seed)
+        super().__init__(batch_size, num_workers, val_fraction, seed, on_device=on_device)
         if dataset not in get_args(VectorDatasetName):
             raise ValueError(
                 f"unknown vector dataset {dataset!r}; choose one of {get_args(VectorDatasetName)}"
@@ -126,6 +130,9 @@ class VectorDataModule(SplitDataModule):
                 self._split(IndexedDataset(self.data))
             else:
                 self._split(IndexedDataset(TensorDataset(self.data, self.labels), with_labels=True))
+
+    def _held_samples(self) -> HeldSamples:
+        return HeldSamples(self.data, self.labels, random_flip=False, uint8_images=False)
 
     def _generate(self) -> np.ndarray:
         from sklearn.datasets import make_moons, make_swiss_roll

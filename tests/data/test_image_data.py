@@ -65,8 +65,10 @@ def test_digits_split_depends_only_on_seed(digits):
     assert other.val_set.indices != digits.val_set.indices
 
 
-def test_dataloader_batches_are_indexed(digits):
-    x, index, _ = next(iter(digits.train_dataloader()))
+@pytest.mark.parametrize("on_device", [True, False], ids=["held on the device", "per-item loader"])
+def test_training_batches_are_indexed(on_device):
+    digits = ImageDataModule("digits", seed=0, on_device=on_device)
+    x, index, _ = next(digits.training_batches())
     assert x.shape == (64, 1, 16, 16) and index.dtype == torch.int64 and index.shape == (64,)
 
 
@@ -334,7 +336,7 @@ def test_to_uint8_images():
 
 
 def test_batches_are_typed_and_a_foreign_batch_is_refused_with_a_clear_error(digits):
-    batch = next(iter(digits.train_dataloader()))
+    batch = next(digits.training_batches())
     assert isinstance(batch, Batch) and batch.index.dtype == torch.int64
     # A user's DataModule yielding (image, label): labels would silently become noise seeds without the check.
     images, labels = batch.x, torch.zeros(len(batch.x), dtype=torch.long)

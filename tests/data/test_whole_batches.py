@@ -50,5 +50,5 @@ def test_the_training_loader_steps_in_whole_global_batches_of_the_trainer():
             world_size=world_size, global_rank=0, accumulate_grad_batches=accumulate
         )
         loader = data.train_dataloader()
-        sizes = [len(batch.x) for batch in loader]
+        sizes = [len(batch.index) for batch in loader]  # an IndexBatch: the data is held on the device
         assert sizes == [8] * batches, (world_size, accumulate)  # a multiple of accumulate, none ragged

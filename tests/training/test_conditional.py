@@ -42,7 +42,7 @@ def test_digit_labels_reach_the_network_through_the_cli_data_module():
     assert cli.datamodule.num_classes == cli.model.network.num_classes == 10
     assert cli.model.hparams.class_names == [str(i) for i in range(10)]
     cli.datamodule.setup("fit")
-    batch = next(iter(cli.datamodule.train_dataloader()))
+    batch = next(cli.datamodule.training_batches())
     torch.testing.assert_close(batch.label, torch.from_numpy(load_digits().target)[batch.index])
     seen = []
     cli.model.network.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[2].clone()))
@@ -56,7 +56,7 @@ def test_labelled_data_trains_unconditionally_unless_asked():
     assert cli.datamodule.num_classes is None and cli.model.network.num_classes is None
     assert not hasattr(cli.model.network, "class_embed")
     cli.datamodule.setup("fit")
-    batch = next(iter(cli.datamodule.train_dataloader()))
+    batch = next(cli.datamodule.training_batches())
     assert (batch.label == NO_LABEL).all()
     seen = []
     cli.model.network.register_forward_pre_hook(lambda module, inputs: seen.append(len(inputs)))
