@@ -86,8 +86,12 @@ def train_py(name: str, base: list[str], *flags: str) -> Trained:
     output = process.communicate()[0]
     RUNNING.remove(process)
     seconds = time.perf_counter() - start
+    # The process group's backend (NCCL on a GPU), wherever it appears, then the end of the output.
+    backend = next(
+        (line for line in output.splitlines() if "distributed_backend=" in line), "(no process group)"
+    )
     with PRINTING:  # whole blocks: the chains print side by side
-        print(f"[{name}] python train.py {' '.join(command[2:])}\n{output[-1500:]}", flush=True)
+        print(f"[{name}] python train.py {' '.join(command[2:])}\n{backend}\n{output[-1500:]}", flush=True)
     return Trained(name, list(flags), process.returncode, seconds, " ".join(output.strip().splitlines()[-3:]))
 
 

@@ -338,11 +338,10 @@ def measure_data_path(run: Run, cli) -> None:
         return
     if run.args.synthetic:  # the recipe's ImageDataModule and settings over made-up pixels (speed_data.py)
         data = SyntheticCIFAR10(**recipe)
-    # TODO(lead): speed_data.py's on-device measure, once it is there, is the data path of a dataset held on the
-    # device; the loader's measure stays the path of one that is not.
-    on_device = getattr(speed_data, "on_device_throughput", None)
-    if on_device is not None:
-        run.loader = on_device(data, run.args.loader_batches, run.device)
+    # A dataset held on the device (the default where it fits): its gather, flips and conversion there; else the
+    # per-item loader with the recipe's workers.
+    if data.on_device:
+        run.loader = speed_data.on_device_throughput(data, run.device, run.args.loader_batches)
     else:
         run.loader = loader_throughput(data, run.args.loader_batches)
     print(f"  data path: {run.loader['images_per_s']:,.0f} images/s", flush=True)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from diffusion.cli.train import DiffusionCLI, with_default_config
+from diffusion.data.on_device import HeldSamples
 from diffusion.data.split import IndexedDataset, SplitDataModule
 from diffusion.models import UNet
 from diffusion.models.unet import AttnBlock
@@ -65,9 +66,11 @@ def precision_context(precision: str, device: torch.device) -> tuple[Callable, t
     return (lambda: torch.autocast(device.type, dtype=dtype)), scaler
 
 
-def cycle(loader) -> Iterator:
+def endless_batches(datamodule: SplitDataModule, device: torch.device) -> Iterator:
+    """Training batches on `device` as the Trainer hands them to training_step, epoch after epoch (on the
+    device path: gathered there)."""
     while True:
-        yield from loader
+        yield from datamodule.training_batches(device)
 
 
 def to_device(batch, device: torch.device):
@@ -99,6 +102,11 @@ class SyntheticImages(SplitDataModule):
             generator = torch.Generator().manual_seed(0)
             images = torch.rand((self.num_samples, *self.sample_shape), generator=generator) * 2 - 1
             self._split(IndexedDataset(TensorDataset(images)))
+
+    def _held_samples(self) -> HeldSamples:
+        return HeldSamples(
+            self.train_set.dataset.base.tensors[0], None, random_flip=False, uint8_images=False
+        )
 
 
 def recipe_ema(cli: DiffusionCLI) -> EMA:
@@ -139,7 +147,7 @@ def plain_path(
     autocast, scaler = precision_context(str(cli.trainer.precision), device)
     per_sample = module.hparams.noise_mode == "per_sample"
     cli.datamodule.setup("fit")
-    batches = cycle(cli.datamodule.train_dataloader())
+    batches = endless_batches(cli.datamodule, device)
     # Without a Trainer there is no max_steps for a decay to end at; the rate's value does not change a step's cost.
     module.hparams.lr_schedule = "constant"
     config = module.configure_optimizers()
@@ -246,7 +254,7 @@ def diffusers_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> tupl
     ema = EMAModel(params, decay=recipe_ema(cli).decay, foreach=True)
     clip = cli.trainer.gradient_clip_val
     autocast, scaler = precision_context(str(cli.trainer.precision), device)
-    batches = cycle(cli.datamodule.train_dataloader())
+    batches = endless_batches(cli.datamodule, device)
 
     def run(steps: int) -> list[float]:
         clock = StepClock(device, warmup)

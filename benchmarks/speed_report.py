@@ -106,11 +106,18 @@ def loader_lines(run) -> list[str]:
     loader = run.loader
     return [
         "",
-        f"Data path alone ({loader['dataset']}: the recipe's training loader, {loader['num_workers']} workers, "
-        f"batch {loader['batch_size']}, pin_memory {loader['pin_memory']}, no model): "
+        f"Data path alone ({loader['dataset']}: {how_batches_are_made(loader)}, batch {loader['batch_size']}, "
+        "no model): "
         f"**{loader['images_per_s']:,.0f} images / s** (median of {len(loader['per_pass'])} passes of "
         f"{loader['batches']} batches: {', '.join(f'{r:,.0f}' for r in loader['per_pass'])}).",
     ]
+
+
+def how_batches_are_made(loader: dict) -> str:
+    """The data path a measure took: held on the device (speed_data.on_device_throughput) or the loader's."""
+    if "num_workers" not in loader:
+        return f"the training data {loader['path']}"
+    return f"the recipe's training loader, {loader['num_workers']} workers, pin_memory {loader['pin_memory']}"
 
 
 def sampling_lines(run) -> list[str]:

@@ -38,7 +38,9 @@ def test_every_extra_is_pinned_inside_its_range():
         for requirement in map(Requirement, lines):
             name = requirement.name.lower().replace("_", "-")
             assert name in pins, f"{requirement.name} (extra {extra}) has no pin in constraints.txt"
-            assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} is outside {requirement}"
+            assert requirement.specifier.contains(pins[name]), (
+                f"{name}=={pins[name]} is outside {requirement}"
+            )
 
 
 def test_the_ranges_admit_the_gpu_machines_stack():

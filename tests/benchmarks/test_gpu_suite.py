@@ -152,7 +152,12 @@ def test_a_stage_past_its_limit_is_ended_and_reported(tmp_path):
         stage_results(out)["check"][1],
         "ran past its 1 s limit: ended",
     ]
-    assert sorted(path.name for path in out.rglob("*")) == ["details.tar.gz", "gpu.md", "suite.log", "summary.md"]
+    assert sorted(path.name for path in out.rglob("*")) == [
+        "details.tar.gz",
+        "gpu.md",
+        "suite.log",
+        "summary.md",
+    ]
     assert "logs/check.log" in details(out)
 
 

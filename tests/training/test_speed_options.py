@@ -271,7 +271,7 @@ def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
     assert "framework tax: project / plain loop <= 1.03" in table and "images / s" in table
     # train.py in a process of its own, timed by its StepTimer; the loader alone; both samplers.
     assert "| `train.py` as users run it (StepTimer; 32-true, global batch 64) |" in table
-    assert "Data path alone (ImageDataModule(digits): the recipe's training loader, 0 workers" in table
+    assert "Data path alone (ImageDataModule(digits): the training data held on cpu" in table
     assert "| ddim-3 | 32 | 64 |" in table and "| dpmpp_2m_sde-3 | 32 | 64 |" in table
     assert json.loads((tmp_path / "speed.json").read_text())["train_py"][0]["timed_steps"] == 3
     try:
