@@ -61,6 +61,6 @@ def add_sampling_arguments(parser: ArgumentParser) -> None:
         group.add_argument(f"--{option.name}", type=option.type, default=None, help=text)
 
 
-def sampling_options(args: Namespace) -> SamplingOptions:
+def options_from_flags(args: Namespace) -> SamplingOptions:
     """The `SamplingOptions` of the flags `add_sampling_arguments` added, checked."""
     return SamplingOptions(**{option.name: args[option.name] for option in fields(SamplingOptions)})

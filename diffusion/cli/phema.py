@@ -29,7 +29,7 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from diffusion.cli.checks import check_writable_folder
-from diffusion.cli.parsing import add_sampling_arguments, command_parser, sampling_options
+from diffusion.cli.parsing import add_sampling_arguments, command_parser, options_from_flags
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import requested_labels, resolve_device
 from diffusion.errors import UserError
@@ -151,7 +151,7 @@ def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction |
         raise UserError(
             f"--sweep scores images, and {base} samples vectors", "use --sigma_rel and score them yourself"
         )
-    options = sampling_options(args)
+    options = options_from_flags(args)
     labels = requested_labels(hparams, args.num_samples, None, options.guidance_scale is not None)
     device, _ = resolve_device(args.device, "auto")
     module = load_checkpoint(base, weights="ema", map_location=device)

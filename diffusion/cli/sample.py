@@ -28,7 +28,7 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import PositiveInt
 
 from diffusion.cli.checks import check_writable_folder, cpu_mixed_precision_note
-from diffusion.cli.parsing import add_sampling_arguments, command_parser, sampling_options
+from diffusion.cli.parsing import add_sampling_arguments, command_parser, options_from_flags
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.data.labels import class_labels
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv), closing_process_group():
         args = build_parser().parse_args(argv)
-        options = sampling_options(args)
+        options = options_from_flags(args)
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)
         path = Path(args.out) / "samples.npz"

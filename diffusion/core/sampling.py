@@ -36,7 +36,7 @@ DEFAULT_SAMPLER = "ddpm"  # a model whose options name no sampler samples as Ho 
 SamplerName = Literal[tuple(SAMPLERS)]  # type: ignore[valid-type]  # --sampler's choices
 
 
-def sampler_options(sampler: type[Sampler]) -> dict[str, Field]:
+def options_of(sampler: type[Sampler]) -> dict[str, Field]:
     """A sampler's options: its dataclass fields, by name."""
     return {option.name: option for option in fields(sampler)}
 
@@ -53,7 +53,7 @@ def _owners() -> dict[str, list[type[Sampler]]]:
     """Every option name, with the samplers that have it (in registration order)."""
     owners: dict[str, list[type[Sampler]]] = {}
     for sampler in SAMPLERS.values():
-        for name in sampler_options(sampler):
+        for name in options_of(sampler):
             owners.setdefault(name, []).append(sampler)
     return owners
 
@@ -64,7 +64,7 @@ OPTION_OWNERS = _owners()
 def option_help(name: str) -> str:
     """The help of an option, with the samplers that have it and their defaults."""
     owners = OPTION_OWNERS[name]
-    declared = [sampler_options(sampler)[name] for sampler in owners]
+    declared = [options_of(sampler)[name] for sampler in owners]
     text = "; ".join(dict.fromkeys(option.metadata.get("help", "") for option in declared))
     whom = "every sampler" if len(owners) == len(SAMPLERS) else ", ".join(sampler.name for sampler in owners)
     if name == "steps":
@@ -158,7 +158,7 @@ def build_sampler(options: "SamplingOptions") -> Sampler:
     """The sampler `options.sampler` names (default ddpm) with the options it has that are set; the rest take
     its defaults."""
     sampler = SAMPLERS[options.sampler or DEFAULT_SAMPLER]
-    own = sampler_options(sampler)
+    own = options_of(sampler)
     return sampler(**{name: value for name, value in options.as_kwargs().items() if name in own})
 
 
