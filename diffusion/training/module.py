@@ -354,13 +354,9 @@ class DiffusionModule(L.LightningModule):
             self.train(was_training)
 
     def trajectory(
-        self,
-        x_T: torch.Tensor,
-        generator: Generators = None,
-        options: SamplingOptions | None = None,
-        progress: bool = False,
-        labels: torch.Tensor | None = None,
-    ) -> Iterator[Step]:
+        self, x_T: torch.Tensor, generator: Generators = None, options: SamplingOptions | None = None,
+        progress: bool = False, labels: torch.Tensor | None = None,
+    ) -> Iterator[Step]:  # fmt: skip
         """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step, by
         `self.sampler(options)` for `self.denoiser(len(x_T), labels)`, guided by `guidance_scale`."""
         sampler = self.sampler(options)
@@ -369,15 +365,9 @@ class DiffusionModule(L.LightningModule):
             yield from sampler(denoiser, x_T, generator, progress)
 
     def sample(
-        self,
-        num_samples: int,
-        *,
-        seed: int | None = None,
-        indices: torch.Tensor | None = None,
-        options: SamplingOptions | None = None,
-        progress: bool = False,
-        labels: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, num_samples: int, *, seed: int | None = None, indices: torch.Tensor | None = None,
+        options: SamplingOptions | None = None, progress: bool = False, labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """Draw samples in model units, shape (num_samples, *sample_shape); see `initial_noise`, `trajectory`."""
         x_T, generator = self.initial_noise(num_samples, seed, indices)
         return final_sample(self.trajectory(x_T, generator, options, progress, labels))
