@@ -10,7 +10,7 @@ help are made from `SamplingOptions`, so every layer reads the names, defaults a
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import Field, fields, make_dataclass
+from dataclasses import Field, dataclass, fields, make_dataclass
 from typing import Any, Literal, Union, get_type_hints
 
 import torch
@@ -80,8 +80,10 @@ def sampler_help() -> str:
     return f"the sampler: {listed} (default {DEFAULT_SAMPLER})"
 
 
+@dataclass(frozen=True)
 class _Settings:
-    """The methods of `SamplingOptions` (whose fields come from the registry)."""
+    """The methods of `SamplingOptions`, whose fields come from the registry (a dataclass, as jsonargparse reads
+    a dataclass's fields as plain config keys only when every base is one)."""
 
     def __post_init__(self) -> None:
         if self.sampler is not None:
@@ -124,7 +126,7 @@ class _Settings:
 
 def _options_class() -> type:
     """`SamplingOptions`: `sampler` and every option of every registered sampler, each None (unset) by default."""
-    hints = {name: get_type_hints(owners[0])[name] for name, owners in OPTION_OWNERS.items()}
+    hints = {}
     for name, owners in OPTION_OWNERS.items():  # one option name, several types: any of them
         types = tuple(dict.fromkeys(get_type_hints(owner)[name] for owner in owners))
         hints[name] = Union[types] if len(types) > 1 else types[0]  # noqa: UP007
