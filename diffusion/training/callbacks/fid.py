@@ -109,9 +109,6 @@ class FIDCallback(EveryNValidations):
                 "FID/KID compare images. Remove the callback for vector data."
             )
         self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, "FIDCallback sampling.steps")
-        pl_module.sampler(
-            self.sampling
-        )  # the sampler these options make for this model, refused now if it must be
         if self.num_samples < trainer.world_size:
             raise ValueError(
                 f"FIDCallback num_samples={self.num_samples} must be >= the world size {trainer.world_size}"

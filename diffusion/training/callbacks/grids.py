@@ -71,9 +71,6 @@ class SampleGrid(EveryNValidations):
         # save, where the other ranks would not join and it would deadlock.
         self._out_dir = run_folder(trainer) / "samples"
         self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, "--sample_grid.sampling.steps")
-        pl_module.sampler(
-            self.sampling
-        )  # the sampler these options make for this model, refused now if it must be
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if not self.is_due(trainer):
