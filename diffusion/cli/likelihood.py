@@ -53,11 +53,8 @@ def reverse_process_of(
     """The p(x_{t-1} | x_t) the DDPM sampler draws from: a learned variance if the model has one, else `variance`
     (default: the model's sampling variance, fixedlarge unless set)."""
     learned = module.hparams.get("variance", "fixed") == "learned_range"
-    chosen = (
-        "learned_range"
-        if learned
-        else module.sampler(SamplingOptions(sampler="ddpm", variance=variance)).variance
-    )
+    ddpm = module.sampler(SamplingOptions(sampler="ddpm", variance=variance))  # the model's DDPM
+    chosen = "learned_range" if learned else ddpm.variance
     return ReverseProcess(module.hparams.prediction_type, chosen, learned, clip_denoised)
 
 

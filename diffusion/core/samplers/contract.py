@@ -18,9 +18,11 @@ the reverse process from x_T:
 Class attributes say what a sampler is: `name` (its key in `diffusion.core.sampling.SAMPLERS` and the value of
 `--sampler`), `summary` (one line of --help), `default_steps` (None: every timestep of the schedule), and what it
 takes: classifier-free guidance, a network with learned variances, a schedule with alpha_bar_T = 0 (zero terminal
-SNR). `check_fits` refuses the others in one line before any time is spent: a sampler that cannot take one says
-so with one class attribute. The timesteps it visits come from a spacing (`diffusion.core.samplers.spacing`): a
-sampler offering several has a `spacing` option.
+SNR). `check_fits` (called by `DiffusionModule.sampler` and `reverse_steps`) refuses the others in one line before
+any time is spent: a sampler that cannot take one says so with one class attribute. Two properties say what the
+contract test may expect: `deterministic` (x_T alone fixes the sample) and `uses_learned_variance`. The timesteps
+it visits come from a spacing (`diffusion.core.samplers.spacing`): a sampler offering several has a `spacing`
+option.
 
 An option is declared with `option(default, help)`: `SamplingOptions`, the commands' flags and their --help are
 made from these fields, so a new option needs no other line.
