@@ -36,6 +36,7 @@ from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import Accelerator, check_sampling_checkpoint, resolve_device
 from diffusion.core.likelihood import ReverseProcess
+from diffusion.core.sampling import SamplingOptions
 from diffusion.core.variance import VarianceType
 from diffusion.data.images import ImageDataModule
 from diffusion.errors import UserError
@@ -52,7 +53,8 @@ def reverse_process_of(
     """The p(x_{t-1} | x_t) the DDPM sampler draws from: a learned variance if the model has one, else `variance`
     (default: the model's sampling variance, fixedlarge unless set)."""
     learned = module.hparams.get("variance", "fixed") == "learned_range"
-    chosen = "learned_range" if learned else variance or module.sampling.variance or "fixedlarge"
+    ddpm = module.sampler(SamplingOptions(sampler="ddpm", variance=variance))  # the model's DDPM
+    chosen = "learned_range" if learned else ddpm.variance
     return ReverseProcess(module.hparams.prediction_type, chosen, learned, clip_denoised)
 
 

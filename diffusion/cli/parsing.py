@@ -1,11 +1,15 @@
-"""What every command's parser shares with `train.py`'s: `--config FILE`, `--print_config` and `--debug`."""
+"""What every command's parser shares with `train.py`'s: `--config FILE`, `--print_config` and `--debug`; and the
+sampling flags of the commands that sample (`--sampler`, `--steps`, `--eta`, ...), made from `SamplingOptions`."""
 
 import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter, Namespace
+
+from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 
 DEBUG_VARIABLE = "DIFFUSION_DEBUG"
 
@@ -46,3 +50,17 @@ def debug_requested(argv: Sequence[str] | None = None) -> bool:
             following = args[i + 1] if i + 1 < len(args) else ""
             return following.lower() not in ("false", "no")
     return False
+
+
+def add_sampling_arguments(parser: ArgumentParser) -> None:
+    """A flag for every field of `SamplingOptions` (`--sampler`, `--steps`, `--eta`, ...: every registered
+    sampler's options), with the registry's help; unset, each takes the checkpoint's value."""
+    group = parser.add_argument_group("sampling (a flag left out takes the checkpoint's value)")
+    for option in fields(SamplingOptions):
+        text = sampler_help() if option.name == "sampler" else option_help(option.name)
+        group.add_argument(f"--{option.name}", type=option.type, default=None, help=text)
+
+
+def options_from_flags(args: Namespace) -> SamplingOptions:
+    """The `SamplingOptions` of the flags `add_sampling_arguments` added, checked."""
+    return SamplingOptions(**{option.name: args[option.name] for option in fields(SamplingOptions)})

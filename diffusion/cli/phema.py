@@ -29,10 +29,9 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from diffusion.cli.checks import check_writable_folder
-from diffusion.cli.parsing import command_parser
+from diffusion.cli.parsing import add_sampling_arguments, command_parser, options_from_flags
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import requested_labels, resolve_device
-from diffusion.core.sampling import Sampler, SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.ranks import generate
 from diffusion.metrics.features import Features
@@ -70,14 +69,13 @@ def build_parser() -> ArgumentParser:
     sweep.add_argument("--num_samples", type=PositiveInt, default=1000)
     sweep.add_argument("--batch_size", type=PositiveInt, default=256)
     sweep.add_argument("--seed", type=NonNegativeInt, default=0, help="the same samples' noise for every row")
-    sweep.add_argument("--sampler", type=Sampler | None, default=None, help="default: the checkpoint's")
-    sweep.add_argument("--steps", type=PositiveInt | None, default=None, help="reverse steps")
     sweep.add_argument("--features", type=Features, default="pixels", help="pixels (offline) or inception")
     sweep.add_argument("--reference", type=str, default="digits", help="a dataset or an .npz of real images")
     sweep.add_argument(
         "--data_root", type=str, default="data", help="download folder of torchvision datasets"
     )
     sweep.add_argument("--device", type=str | None, default=None, help="default: cuda if visible, else cpu")
+    add_sampling_arguments(parser)
     return parser
 
 
@@ -153,8 +151,8 @@ def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction |
         raise UserError(
             f"--sweep scores images, and {base} samples vectors", "use --sigma_rel and score them yourself"
         )
-    labels = requested_labels(hparams, args.num_samples, None, False)
-    options = SamplingOptions(sampler=args.sampler, steps=args.steps)
+    options = options_from_flags(args)
+    labels = requested_labels(hparams, args.num_samples, None, options.guidance_scale is not None)
     device, _ = resolve_device(args.device, "auto")
     module = load_checkpoint(base, weights="ema", map_location=device)
     channels, size = hparams["sample_shape"][0], hparams["sample_shape"][-1]
@@ -188,10 +186,10 @@ def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction |
         if best is None or fd < best[0]:
             best = (fd, reconstruction)
     metric = "FD (8x8 pixels)" if args.features == "pixels" else "FID (Inception)"
-    used = options.over(module.sampling)
+    used = module.sampler(options)
     print(
-        f"\n{args.num_samples} samples of step {step} ({used.sampler or 'ddpm'}, {used.steps or 'default'} steps, "
-        f"seed {args.seed}) against {args.reference}:\n"
+        f"\n{args.num_samples} samples of step {step} ({used.name}, {used.steps_for(module.schedule.num_timesteps)} "
+        f"steps, seed {args.seed}) against {args.reference}:\n"
     )
     print(f"| weights | sigma_rel | profile fit error | {metric} |\n| --- | ---: | ---: | ---: |")
     for label, sigma_rel, error, fd in rows:

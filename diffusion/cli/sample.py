@@ -25,13 +25,12 @@ from typing import Literal, get_args
 
 import torch
 from jsonargparse import ActionYesNo, ArgumentParser
-from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, PositiveInt
+from jsonargparse.typing import PositiveInt
 
 from diffusion.cli.checks import check_writable_folder, cpu_mixed_precision_note
-from diffusion.cli.parsing import command_parser
+from diffusion.cli.parsing import add_sampling_arguments, command_parser, options_from_flags
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.core.sampling import Sampler, SamplingOptions
 from diffusion.data.labels import class_labels
 from diffusion.errors import UserError
 from diffusion.generation.precision import Precision, network_precision
@@ -74,23 +73,10 @@ def build_parser() -> ArgumentParser:
         help="cpu or cuda (gpu); default: the type of --device",
     )
     parser.add_argument("--weights", type=Weights, default="ema", help="EMA weights or raw ones")
-    parser.add_argument("--sampler", type=Sampler | None, default=None, help="default: the checkpoint's")
-    parser.add_argument(
-        "--steps",
-        type=PositiveInt | None,
-        default=None,
-        help="reverse steps (default: all T for ddpm, 50 ddim, 20 dpmpp_2m)",
-    )
-    parser.add_argument(
-        "--eta", type=ClosedUnitInterval | None, default=None, help="DDIM noise: 0 deterministic, 1 = DDPM"
-    )
+    add_sampling_arguments(parser)
     parser.add_argument(
         "--class_label", type=str | None, default=None,
         help="class-conditional checkpoints: a class (index or name) or 'all' (default): classes in turn",
-    )  # fmt: skip
-    parser.add_argument(
-        "--guidance_scale", type=NonNegativeFloat | None, default=None,
-        help="classifier-free guidance: 0 unconditional, 1 conditional, > 1 guided (default: the checkpoint)",
     )  # fmt: skip
     parser.add_argument(
         "--precision", type=str, default="32",
@@ -150,9 +136,7 @@ def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv), closing_process_group():
         args = build_parser().parse_args(argv)
-        options = SamplingOptions(
-            sampler=args.sampler, steps=args.steps, eta=args.eta, guidance_scale=args.guidance_scale
-        )
+        options = options_from_flags(args)
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)
         path = Path(args.out) / "samples.npz"

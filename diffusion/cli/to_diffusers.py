@@ -11,14 +11,13 @@ samples to [0, 1] as ``x / 2 + 0.5``, the normalization of every image model her
 diffusers is an optional dependency: imported here, when a command asks for this format.
 """
 
-import inspect
 import os
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from diffusion.core.sampling import reverse_steps
+from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.models.diffusers_unet import (
     INSTEAD,
@@ -62,14 +61,13 @@ def ddpm_scheduler_config(module: DiffusionModule, scheduler_class: type) -> dic
     """DDPMScheduler's arguments that sample as `module`'s DDPM; `scheduler_class` is diffusers' DDPMScheduler,
     built once to compare its named schedule's betas with the module's."""
     hparams, schedule = module.hparams, module.schedule
-    defaults = {name: p.default for name, p in inspect.signature(reverse_steps).parameters.items()}
-    sampling = {**defaults, **module.sampling.as_kwargs()}
+    ddpm = module.sampler(SamplingOptions(sampler="ddpm"))  # the model's DDPM: its variance and clipping
     T = schedule.num_timesteps
     config: dict[str, Any] = {
         "num_train_timesteps": T,
         "prediction_type": PREDICTION_TYPES[hparams.prediction_type],
-        "variance_type": VARIANCE_TYPES[sampling["variance"]],
-        "clip_sample": bool(sampling["clip_denoised"]),
+        "variance_type": VARIANCE_TYPES[ddpm.variance],
+        "clip_sample": bool(ddpm.clip_denoised),
         "clip_sample_range": 1.0,
         "thresholding": False,
         "timestep_spacing": "linspace",

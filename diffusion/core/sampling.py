@@ -1,80 +1,106 @@
-"""How to sample, in one place: `SamplingOptions` (the settings every layer names the same way) and
-`reverse_steps`, the one entry point to every reverse process, which yields every intermediate x_t (the
-notebook draws the denoising trajectory from it).
+"""How to sample, in one place: the registry of samplers (`SAMPLERS`), `SamplingOptions` (the settings every layer
+names the same way, made from the registered samplers' options), `build_sampler` (options -> the sampler that
+runs) and `reverse_steps`, which runs one on a bare network.
 
-The samplers, one file per family: ancestral DDPM, respaced DDPM and DDIM (`diffusion.core.ddpm_ddim`), and
-DPM-Solver++(2M) with its SDE variant (`diffusion.core.dpm_solver`). Noise comes from `generator`
-(`diffusion.core.noise.Generators`): per-sample noise makes sample i depend only on its own seed, so N samples
-split over any number of processes (or batches) are the same as N samples drawn at once. Class-conditional
-networks (`model(x, t, y)`) take one label per sample, guided in every sampler (`diffusion.core.guidance`).
+A sampler is one object with one signature (`diffusion.core.samplers.contract`); its options are its dataclass
+fields, checked where they are declared. The commands' flags (`python -m diffusion.sample --sampler --steps
+--eta ...`), the config keys (`--model.sampling.*`, `--sample_grid.sampling.*`, the FID callback's) and their
+help are made from `SamplingOptions`, so every layer reads the names, defaults and help from here.
 """
 
-import math
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
-from typing import Literal
+from dataclasses import Field, dataclass, fields, make_dataclass
+from typing import Any, Literal, Union, get_type_hints
 
 import torch
 from torch import nn
 
-from diffusion.core.ddpm_ddim import ddpm_ddim_steps
-from diffusion.core.dpm_solver import dpm_solver_pp_2m_steps
 from diffusion.core.noise import Generators
+from diffusion.core.samplers import ddpm_ddim, dpm_solver
+from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.schedule import NoiseSchedule, PredictionType
-from diffusion.core.variance import VarianceType
 from diffusion.errors import check_choice
 
-Sampler = Literal["ddpm", "ddim", "dpmpp_2m", "dpmpp_2m_sde"]
+# The registry. A new sampler is its file in diffusion/core/samplers/ and one line here.
+SAMPLERS: dict[str, type[Sampler]] = {
+    sampler.name: sampler
+    for sampler in (
+        ddpm_ddim.DDPM,
+        ddpm_ddim.DDIM,
+        dpm_solver.DPMSolverPP2M,
+        dpm_solver.DPMSolverPP2MSDE,
+    )
+}
+DEFAULT_SAMPLER = "ddpm"  # a model whose options name no sampler samples as Ho et al. (all T steps)
+SamplerName = Literal[tuple(SAMPLERS)]  # type: ignore[valid-type]  # --sampler's choices
+
+
+def options_of(sampler: type[Sampler]) -> dict[str, Field]:
+    """A sampler's options: its dataclass fields, by name."""
+    return {option.name: option for option in fields(sampler)}
+
+
+def steps_defaults() -> str:
+    """Every sampler's default step count, e.g. 'all T for ddpm, 50 for ddim, 20 for dpmpp_2m and dpmpp_2m_sde'."""
+    by_default: dict[str, list[str]] = {}
+    for name, sampler in SAMPLERS.items():
+        by_default.setdefault(sampler.default_steps_text(), []).append(name)
+    return ", ".join(f"{steps} for {' and '.join(names)}" for steps, names in by_default.items())
+
+
+def _owners() -> dict[str, list[type[Sampler]]]:
+    """Every option name, with the samplers that have it (in registration order)."""
+    owners: dict[str, list[type[Sampler]]] = {}
+    for sampler in SAMPLERS.values():
+        for name in options_of(sampler):
+            owners.setdefault(name, []).append(sampler)
+    return owners
+
+
+OPTION_OWNERS = _owners()
+
+
+def option_help(name: str) -> str:
+    """The help of an option, with the samplers that have it and their defaults."""
+    owners = OPTION_OWNERS[name]
+    declared = [options_of(sampler)[name] for sampler in owners]
+    text = "; ".join(dict.fromkeys(option.metadata.get("help", "") for option in declared))
+    whom = "every sampler" if len(owners) == len(SAMPLERS) else ", ".join(sampler.name for sampler in owners)
+    if name == "steps":
+        default = steps_defaults()
+    else:
+        defaults = dict.fromkeys(repr(option.default) for option in declared)
+        default = " or ".join(defaults)
+    return f"{text} ({whom}; default {default})"
+
+
+def sampler_help() -> str:
+    listed = "; ".join(f"{name}: {sampler.summary}" for name, sampler in SAMPLERS.items())
+    return f"the sampler: {listed} (default {DEFAULT_SAMPLER})"
 
 
 @dataclass(frozen=True)
-class SamplingOptions:
-    """How to run the reverse process: the one place these settings are named and checked.
-
-    Every layer that chooses how to sample holds one (the model's defaults in its checkpoint, `SampleGrid`,
-    `FIDCallback`, `python -m diffusion.sample`); a field left None takes the value of the layer below
-    (`over`), and finally the defaults of `reverse_steps`.
-    """
-
-    sampler: Sampler | None = None
-    """ddpm: ancestral sampling (Ho et al. Algorithm 2), respaced when steps < T; ddim: Song et al. 2021;
-    dpmpp_2m: DPM-Solver++(2M), Lu et al. 2022 (deterministic, few steps); dpmpp_2m_sde: its SDE variant."""
-    steps: int | None = None
-    """Reverse steps (network evaluations): default all T for ddpm, 50 for ddim, 20 for the dpmpp samplers."""
-    eta: float | None = None
-    """DDIM noise in [0, 1]: 0 (default) is deterministic, 1 the DDPM posterior variance."""
-    variance: VarianceType | None = None
-    """DDPM's sigma_t^2: fixedlarge = beta_t (default, Ho et al.'s CIFAR-10 choice), fixedsmall = beta~_t, or
-    learned_range: the network's own (Nichol & Dhariwal 2021; the default of a model trained with
-    --model.variance learned_range)."""
-    clip_denoised: bool | None = None
-    """Clip the predicted x_0 to [-1, 1] at every step (default true)."""
-    guidance_scale: float | None = None
-    """Classifier-free guidance s for class-conditional models: eps = eps_uncond + s (eps_cond - eps_uncond);
-    1 (default) plain conditional sampling, 0 unconditional, > 1 guided. Ignored without labels."""
+class _Settings:
+    """The methods of `SamplingOptions`, whose fields come from the registry (a dataclass, as jsonargparse reads
+    a dataclass's fields as plain config keys only when every base is one)."""
 
     def __post_init__(self) -> None:
         if self.sampler is not None:
-            check_choice("sampler", self.sampler, Sampler)
-        if self.variance is not None:
-            check_choice("variance", self.variance, VarianceType)
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(
-                f"steps={self.steps} must be >= 1 — pass a step count, or leave it unset (all T for ddpm, 50 "
-                "for ddim, 20 for dpmpp)"
-            )
-        if self.eta is not None and not 0.0 <= self.eta <= 1.0:
-            raise ValueError(
-                f"eta={self.eta} must be in [0, 1] — pass 0 for deterministic DDIM, 1 for the DDPM variance"
-            )
-        if self.guidance_scale is not None and not (
-            math.isfinite(self.guidance_scale) and self.guidance_scale >= 0
-        ):
-            raise ValueError(
-                f"guidance_scale={self.guidance_scale} must be a finite number >= 0 — pass 0 for unconditional, "
-                "1 for plain conditional, > 1 for guided (Ho & Salimans' w is guidance_scale - 1)"
-            )
+            check_choice("sampler", self.sampler, SamplerName)
+            build_sampler(self)  # the chosen sampler checks every option it has
+            return
+        # No sampler named yet (a layer below may name it): a value is refused when no sampler takes it.
+        for name, value in self.as_kwargs().items():
+            errors = []
+            for sampler in OPTION_OWNERS[name]:
+                try:
+                    sampler(**{name: value})
+                    break
+                except ValueError as error:
+                    errors.append(error)
+            else:
+                raise errors[0]
 
     def check_steps_fit(self, num_timesteps: int, flag: str) -> None:
         """Steps beyond the schedule, refused when a run starts rather than at its first validation."""
@@ -88,75 +114,84 @@ class SamplingOptions:
         """These options on top of `base`: a field set here wins, an unset one comes from `base`."""
         if base is None:
             return self
-        return SamplingOptions(
+        return type(self)(
             **{f.name: getattr(base, f.name) if getattr(self, f.name) is None else getattr(self, f.name)
                for f in fields(self)}
         )  # fmt: skip
 
-    def as_kwargs(self) -> dict:
-        """The fields that are set, as keyword arguments of `reverse_steps`."""
+    def as_kwargs(self) -> dict[str, Any]:
+        """The fields that are set."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
+
+def _options_class() -> type:
+    """`SamplingOptions`: `sampler` and every option of every registered sampler, each None (unset) by default."""
+    hints = {}
+    for name, owners in OPTION_OWNERS.items():  # one option name, several types: any of them
+        types = tuple(dict.fromkeys(get_type_hints(owner)[name] for owner in owners))
+        hints[name] = Union[types] if len(types) > 1 else types[0]  # noqa: UP007
+    args = "\n".join(f"    {name}: {option_help(name)}" for name in OPTION_OWNERS)
+    doc = (
+        "How to run the reverse process: the one place these settings are named and checked, for every layer.\n\n"
+        "Every layer that chooses how to sample holds one (the model's defaults in its checkpoint, `SampleGrid`,\n"
+        "`FIDCallback`, `python -m diffusion.sample`); a field left None takes the value of the layer below\n"
+        "(`over`), and finally the sampler's own default. A field the chosen sampler does not have is ignored.\n\n"
+        f"Args:\n    sampler: {sampler_help()}\n{args}\n"
+    )
+    return make_dataclass(
+        "SamplingOptions",
+        [
+            ("sampler", SamplerName | None, None),
+            *[(name, hints[name] | None, None) for name in OPTION_OWNERS],
+        ],
+        bases=(_Settings,),
+        frozen=True,
+        namespace={"__module__": __name__, "__doc__": doc},
+    )
+
+
+SamplingOptions = _options_class()
 
 DEFER = SamplingOptions()
 """Every field unset: each defers to the layer below (the default of the callbacks' and the module's options)."""
 
 
-@torch.no_grad()
+def build_sampler(options: "SamplingOptions") -> Sampler:
+    """The sampler `options.sampler` names (default ddpm) with the options it has that are set; the rest take
+    its defaults."""
+    sampler = SAMPLERS[options.sampler or DEFAULT_SAMPLER]
+    own = options_of(sampler)
+    return sampler(**{name: value for name, value in options.as_kwargs().items() if name in own})
+
+
 def reverse_steps(
     model: nn.Module,
     schedule: NoiseSchedule,
     x_T: torch.Tensor,
     *,
-    sampler: Sampler = "ddpm",
-    steps: int | None = None,
-    eta: float = 0.0,
-    variance: VarianceType = "fixedlarge",
     prediction_type: PredictionType = "eps",
-    clip_denoised: bool = True,
     generator: Generators = None,
     progress: bool = False,
     labels: torch.Tensor | None = None,
-    guidance_scale: float = 1.0,
     learned_variance: bool = False,
-) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-    """Run the reverse process from x_T, yielding (t, x_{t_prev}, predicted x_0) after every step.
+    **options: Any,
+) -> Iterator[Step]:
+    """Run the reverse process of a bare network from x_T, yielding (t, x_{t_prev}, predicted x_0) after every
+    step; `DiffusionModule.trajectory` does the same for a model with its own defaults.
 
-    sampler: "ddpm", "ddim", "dpmpp_2m" (DPM-Solver++(2M), deterministic) or "dpmpp_2m_sde" (its SDE
-        variant); see `dpm_solver_pp_2m_steps`.
-    steps: how many timesteps to visit, i.e. network evaluations (default: all T for ddpm, 50 for ddim,
-        20 for the DPM-Solver++ samplers).
-    eta: DDIM stochasticity (0 = deterministic DDIM, 1 = the DDPM posterior variance); DDIM only.
-    variance: DDPM's sigma_t^2 = beta_t ("fixedlarge", Ho et al.'s choice for CIFAR-10), the posterior
-        variance beta~_t ("fixedsmall"), or the network's interpolation between them ("learned_range", Nichol &
-        Dhariwal 2021); with respacing, betas are those of the respaced process. DDPM only.
+    options: `SamplingOptions`' fields (sampler, steps, eta, variance, clip_denoised, guidance_scale, ...); unset,
+        the sampler's defaults (ddpm over all T steps).
     labels: (B,) class labels for a class-conditional `model(x, t, y)` (NO_LABEL: none); None calls `model(x, t)`.
-    guidance_scale: classifier-free guidance with `labels` (see `guided_output`); every sampler.
     learned_variance: the network outputs 2C channels, its prediction then its variance's v
-        (`diffusion.core.variance`); DDIM and DPM-Solver use only the prediction.
+        (`diffusion.core.variance`).
     """
-    SamplingOptions(sampler, steps, eta, variance, clip_denoised, guidance_scale)  # checks every option
+    sampler = build_sampler(SamplingOptions(**options))
     check_choice("prediction_type", prediction_type, PredictionType)
-    if variance == "learned_range" and not learned_variance:
-        raise ValueError(
-            "variance='learned_range' needs a network that learned its variance — train with --model.variance "
-            "learned_range, or sample with fixedlarge or fixedsmall"
-        )
-    T = schedule.num_timesteps
-    if sampler in ("dpmpp_2m", "dpmpp_2m_sde"):
-        yield from dpm_solver_pp_2m_steps(
-            model, schedule, x_T, steps=steps or min(20, T), prediction_type=prediction_type,
-            clip_denoised=clip_denoised, stochastic=sampler == "dpmpp_2m_sde", generator=generator,
-            progress=progress, labels=labels, guidance_scale=guidance_scale, learned_variance=learned_variance,
-        )  # fmt: skip
-        return
-    yield from ddpm_ddim_steps(
-        model, schedule, x_T, sampler=sampler, steps=steps or (T if sampler == "ddpm" else min(50, T)), eta=eta,
-        variance=variance, prediction_type=prediction_type, clip_denoised=clip_denoised, generator=generator,
-        progress=progress, labels=labels, guidance_scale=guidance_scale, learned_variance=learned_variance,
-    )  # fmt: skip
+    sampler.check_fits(schedule, learned_variance, conditional=labels is not None)
+    denoiser = Denoiser(model, schedule, prediction_type, learned_variance, labels)
+    return sampler(denoiser, x_T, generator, progress)
 
 
-def final_sample(steps: Iterator[tuple[int, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def final_sample(steps: Iterator[Step]) -> torch.Tensor:
     """Run a reverse process to the end and return its last x (x_0), keeping no intermediate x_t."""
-    return deque(steps, maxlen=1)[0][1]
+    return deque(steps, maxlen=1)[0].x

@@ -2,8 +2,10 @@
 
 The rule that makes any world size give the same samples lives here once: with W ranks, rank r draws
 samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
-`DiffusionModule.initial_noise`; `module` is a DiffusionModule, or any module with its `sample` and
-`normalization`), and `gather_in_order` puts the gathered shares back in index order.
+`DiffusionModule.initial_noise`; `module` is a DiffusionModule, or any module with its `initial_noise`, `sampler`,
+`denoiser`, `evaluating` and `normalization`), and `gather_in_order` puts the gathered shares back in index order.
+Each batch runs the sampler here, one call from the commands: `python -m diffusion.sample` -> `generate` -> the
+sampler's numbered steps (`diffusion.core.samplers`).
 Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.data.labels.class_labels`) on any
 rank.
 Ranks exchange images as uint8 (`render.compact`, a quarter of float32's bytes: 50,000 256x256 RGB images
@@ -14,6 +16,7 @@ sampler's arithmetic stays float32.
 """
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import lightning as L
@@ -42,18 +45,21 @@ def generate_batches(
     progress: bool = False,
     labels: torch.Tensor | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Samples with the given indices in model units, `batch_size` at a time, on the module's device.
+    """Samples with the given indices in model units, `batch_size` at a time, on the module's device: the
+    module's sampler for `options` (`DiffusionModule.sampler`), run on its network in eval mode.
 
     labels: the labels of samples 0..N-1 (`diffusion.data.labels.class_labels`); sample i gets labels[i] (an index
     beyond N, a padding sample of `rank_indices`, gets labels[i % N]).
     """
+    sampler = module.sampler(options)
     starts = range(0, len(indices), batch_size)
-    for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
-        batch = indices[start : start + batch_size]
-        batch_labels = None if labels is None else labels[batch % len(labels)]
-        yield module.sample(
-            len(batch), seed=seed, indices=batch, options=options, progress=progress, labels=batch_labels
-        )
+    with module.evaluating():
+        for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
+            batch = indices[start : start + batch_size]
+            batch_labels = None if labels is None else labels[batch % len(labels)]
+            x_T, noise = module.initial_noise(len(batch), seed, batch)
+            steps = sampler(module.denoiser(len(batch), batch_labels), x_T, noise, progress)
+            yield deque(steps, maxlen=1)[0].x  # the last step's x is the sample; no intermediate x_t is kept
 
 
 def generate(

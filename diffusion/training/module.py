@@ -7,6 +7,7 @@ checkpointing); this file owns only the diffusion objective, the optimizer and s
 import os
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -18,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from diffusion.core import noise as counter_noise
 from diffusion.core.noise import Generators, randn
-from diffusion.core.sampling import DEFER, SamplingOptions, final_sample, reverse_steps
+from diffusion.core.samplers.contract import Denoiser, Sampler, Step
+from diffusion.core.sampling import DEFER, SamplingOptions, build_sampler, final_sample
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import check_labels
@@ -330,45 +332,49 @@ class DiffusionModule(L.LightningModule):
             generator = counter_noise.PerSampleNoise(seed, indices, step=0)
         return randn((num_samples, *self.sample_shape), generator, self.device), generator
 
-    @torch.no_grad()
-    def trajectory(
-        self,
-        x_T: torch.Tensor,
-        generator: Generators = None,
-        options: SamplingOptions | None = None,
-        progress: bool = False,
-        labels: torch.Tensor | None = None,
-    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step.
-
-        `options` override this model's sampling defaults field by field. `labels` (B,): the class of each
-        sample of a class-conditional model (NO_LABEL: none), guided by `guidance_scale`; None samples a
-        conditional model unconditionally.
-        """
-        was_training = self.training
-        self.eval()
+    def sampler(self, options: SamplingOptions | None = None) -> Sampler:
+        """The sampler `options` ask for: fields set there override this model's defaults (its `sampling`, and
+        the learned variance of a model that learned it) field by field; checked against this model."""
         learned = self.hparams.variance == "learned_range"
         defaults = SamplingOptions(variance="learned_range") if learned else DEFER  # unless told otherwise
+        sampler = build_sampler((options or DEFER).over(self.sampling).over(defaults))
+        sampler.check_fits(self.schedule, learned, conditional=self.num_classes is not None)
+        return sampler
+
+    def denoiser(self, num_samples: int, labels: torch.Tensor | None = None) -> Denoiser:
+        """The network as samplers see it, for `num_samples` samples of these `labels` (B,): the class of each
+        sample of a class-conditional model (NO_LABEL: none); None samples a conditional model unconditionally."""
+        return Denoiser(
+            self if self._compiled else self.network, self.schedule, self.hparams.prediction_type,
+            learned_variance=self.hparams.variance == "learned_range",
+            labels=self._sampling_labels(labels, num_samples),
+        )  # fmt: skip
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Eval mode within the block, the module's own mode after it."""
+        was_training = self.training
+        self.eval()
         try:
-            yield from reverse_steps(
-                self if self._compiled else self.network, self.schedule, x_T,
-                prediction_type=self.hparams.prediction_type,
-                generator=generator, progress=progress, labels=self._sampling_labels(labels, len(x_T)),
-                learned_variance=learned, **(options or DEFER).over(self.sampling).over(defaults).as_kwargs(),
-            )  # fmt: skip
+            yield
         finally:
             self.train(was_training)
 
+    def trajectory(
+        self, x_T: torch.Tensor, generator: Generators = None, options: SamplingOptions | None = None,
+        progress: bool = False, labels: torch.Tensor | None = None,
+    ) -> Iterator[Step]:  # fmt: skip
+        """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step, by
+        `self.sampler(options)` for `self.denoiser(len(x_T), labels)`, guided by `guidance_scale`."""
+        sampler = self.sampler(options)
+        denoiser = self.denoiser(len(x_T), labels)
+        with self.evaluating():
+            yield from sampler(denoiser, x_T, generator, progress)
+
     def sample(
-        self,
-        num_samples: int,
-        *,
-        seed: int | None = None,
-        indices: torch.Tensor | None = None,
-        options: SamplingOptions | None = None,
-        progress: bool = False,
-        labels: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, num_samples: int, *, seed: int | None = None, indices: torch.Tensor | None = None,
+        options: SamplingOptions | None = None, progress: bool = False, labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """Draw samples in model units, shape (num_samples, *sample_shape); see `initial_noise`, `trajectory`."""
         x_T, generator = self.initial_noise(num_samples, seed, indices)
         return final_sample(self.trajectory(x_T, generator, options, progress, labels))

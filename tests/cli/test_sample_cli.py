@@ -3,6 +3,7 @@
 Every run passes --sampler and --steps, so that these tests do not depend on the recipes' default samplers.
 """
 
+import inspect
 import re
 import subprocess
 import sys
@@ -13,7 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
+import diffusion
 from diffusion.cli.sample import main
+from diffusion.core.samplers.contract import Sampler
+from diffusion.core.sampling import SAMPLERS
 from diffusion.training.loading import load_checkpoint
 
 REPO_ROOT = Path(__file__).parents[2]
@@ -145,3 +149,24 @@ def test_a_bare_sample_command_on_the_default_recipes_checkpoint_draws_its_best_
     module.network.forward = lambda *args: calls.append(1) or original(*args)
     module.sample(2, seed=0)
     assert len(calls) == 20  # one network evaluation per step
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_from_the_sampler_flag_to_the_samplers_steps_is_three_files(
+    name, digits_checkpoint, tmp_path, monkeypatch
+):
+    # docs/layout.md's sampling walk: at a sampler's step, the package's code on the stack is the sample
+    # command, generation on ranks and the sampler's own file (lookups, such as the registry's, have returned).
+    stacks = []
+    predict = Sampler.predict
+
+    def recording_predict(self, *args, **kwargs):  # called by the sampler's step 1, from its own file
+        stacks.append([Path(frame.filename) for frame in inspect.stack(context=0)[1:]])
+        return predict(self, *args, **kwargs)
+
+    monkeypatch.setattr(Sampler, "predict", recording_predict)
+    main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path), *override(BASE, sampler=name, steps="2")])
+    package = Path(diffusion.__file__).parent
+    files = [str(path.relative_to(package)) for path in stacks[0] if path.is_relative_to(package)]
+    sampler_file = str(Path(inspect.getfile(SAMPLERS[name])).relative_to(package))
+    assert list(dict.fromkeys(files)) == [sampler_file, "generation/ranks.py", "cli/sample.py"]

@@ -18,9 +18,9 @@ SAMPLE_CASES = {
     "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),
     "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
     "devices_0": (["--devices", "0"], r"--devices 0 is out of range"),
-    "steps_0": (["--steps", "0"], r"--steps 0 is out of range — pass a value > 0"),
-    "eta_negative": (["--eta", "-1"], r"--eta -1 is out of range — pass a value >= 0 and <= 1"),
-    "eta_100": (["--eta", "100"], r"--eta 100 is out of range — pass a value >= 0 and <= 1"),
+    "steps_0": (["--steps", "0"], r"steps=0 must be >= 1 — pass a step count, or leave it unset"),
+    "eta_negative": (["--eta", "-1"], r"eta=-1.0 must be in \[0, 1\] — pass 0 for deterministic DDIM"),
+    "eta_100": (["--eta", "100"], r"eta=100.0 must be in \[0, 1\]"),
     "steps_beyond_the_schedule": (["--steps", "5000"], r"steps=5000 must be between 1 and .*1000"),
     "unknown_sampler": (
         ["--sampler", "ddqm"],
@@ -42,9 +42,9 @@ SAMPLE_CASES = {
     "grid_exists": (["--out", "{user}/grid_only"], r"grid.png exists — pass --overwrite"),
     "guidance_negative": (
         ["--guidance_scale", "-1"],
-        r"--guidance_scale -1 is out of range — pass a value >= 0",
+        r"guidance_scale=-1.0 must be a finite number >= 0 — pass 0 for unconditional",
     ),
-    "guidance_infinite": (["--guidance_scale", "inf"], r"guidance_scale=inf must be a finite number >= 0"),
+    "guidance_infinite": (["--guidance_scale", "inf"], r"--guidance_scale inf is not a valid float"),
     "class_of_an_unconditional_model": (
         ["--class_label", "3"],
         r"--class_label: this checkpoint is unconditional .* — sample it without --class_label",

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from diffusion.cli.sample import main as sample_main
-from diffusion.core.dpm_solver import half_log_snr, log_snr_timesteps
 from diffusion.core.noise import randn
+from diffusion.core.samplers.spacing import half_log_snr, log_snr_timesteps
 from diffusion.core.sampling import SamplingOptions, final_sample, reverse_steps
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.training.loading import load_checkpoint

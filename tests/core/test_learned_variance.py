@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion.core.ddpm_ddim import spaced_timesteps
 from diffusion.core.guidance import NO_LABEL, guided_output
 from diffusion.core.noise import PerSampleNoise, randn
+from diffusion.core.samplers.spacing import uniform_timesteps
 from diffusion.core.sampling import final_sample, reverse_steps
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.core.variance import split_output
@@ -38,7 +38,7 @@ def reference_respaced_ddpm(
     the new log beta and log beta~ (Eq. 15); the last step adds no noise. x_0 is clipped to [-1, 1]."""
     betas = NoiseSchedule(num_timesteps=T).betas.double().numpy()
     abar_all = np.cumprod(1 - betas)
-    kept = spaced_timesteps(T, steps).numpy()
+    kept = uniform_timesteps(T, steps).numpy()
     abar = abar_all[kept]
     abar_prev = np.append(1.0, abar[:-1])
     new_betas = 1 - abar / abar_prev

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from diffusion.core.ddpm_ddim import spaced_timesteps
 from diffusion.core.noise import randn
+from diffusion.core.samplers.spacing import uniform_timesteps
 from diffusion.core.sampling import final_sample, reverse_steps
 from diffusion.core.schedule import NoiseSchedule, make_betas
 
@@ -178,11 +178,11 @@ def test_ddim_with_eta_1_and_all_steps_equals_the_ddpm_posterior_step():
 
 
 def test_respaced_timesteps_cover_both_ends():
-    assert spaced_timesteps(1000, 1000).tolist() == list(range(1000))
-    steps = spaced_timesteps(1000, 50)
+    assert uniform_timesteps(1000, 1000).tolist() == list(range(1000))
+    steps = uniform_timesteps(1000, 50)
     assert steps[0] == 0 and steps[-1] == 999 and len(set(steps.tolist())) == 50
     with pytest.raises(ValueError, match="steps=2000"):
-        spaced_timesteps(1000, 2000)
+        uniform_timesteps(1000, 2000)
 
 
 def test_oracle_network_gives_zero_loss_and_exact_x0():
