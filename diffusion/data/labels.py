@@ -120,3 +120,19 @@ def check_labels(labels: torch.Tensor, num_classes: int, what: str) -> None:
             f"{what} must be classes 0..{num_classes - 1} (or {NO_LABEL}: no label), got "
             f"{sorted(set(labels.tolist()))[:12]}"
         )
+
+
+def labels_for_sampling(labels, num_classes: int | None, num_samples: int) -> torch.Tensor | None:
+    """The labels of `num_samples` samples to draw, checked once (not at every step), as an int64 tensor; None
+    samples without labels. Raises ValueError for labels given to an unconditional model (num_classes None)."""
+    if labels is None:
+        return None
+    if num_classes is None:
+        raise ValueError(
+            "this model is unconditional (trained without --data.conditional): it takes no labels"
+        )
+    labels = torch.as_tensor(labels, dtype=torch.long)
+    if labels.shape != (num_samples,):
+        raise ValueError(f"need one label per sample: {num_samples}, got shape {tuple(labels.shape)}")
+    check_labels(labels, num_classes, "labels")
+    return labels

@@ -23,7 +23,7 @@ from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.sampling import DEFER, SamplingOptions, build_sampler, final_sample
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
-from diffusion.data.labels import check_labels
+from diffusion.data.labels import labels_for_sampling
 from diffusion.data.split import describe_batches
 from diffusion.training import training_noise
 from diffusion.training.checkpoint_files import read_network_weights
@@ -347,8 +347,11 @@ class DiffusionModule(L.LightningModule):
         return Denoiser(
             self if self._compiled else self.network, self.schedule, self.hparams.prediction_type,
             learned_variance=self.hparams.variance == "learned_range",
-            labels=self._sampling_labels(labels, num_samples),
+            labels=self._to_device(labels_for_sampling(labels, self.num_classes, num_samples)),
         )  # fmt: skip
+
+    def _to_device(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to(self.device)
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:
@@ -378,20 +381,6 @@ class DiffusionModule(L.LightningModule):
         """Draw samples in model units, shape (num_samples, *sample_shape); see `initial_noise`, `trajectory`."""
         x_T, generator = self.initial_noise(num_samples, seed, indices)
         return final_sample(self.trajectory(x_T, generator, options, progress, labels))
-
-    def _sampling_labels(self, labels: torch.Tensor | None, num_samples: int) -> torch.Tensor | None:
-        """`labels` checked once here (not at every step) and moved to the device."""
-        if labels is None:
-            return None
-        if self.num_classes is None:
-            raise ValueError(
-                "this model is unconditional (trained without --data.conditional): it takes no labels"
-            )
-        labels = torch.as_tensor(labels, dtype=torch.long)
-        if labels.shape != (num_samples,):
-            raise ValueError(f"need one label per sample: {num_samples}, got shape {tuple(labels.shape)}")
-        check_labels(labels, self.num_classes, "labels")
-        return labels.to(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._trainer is not None:  # fitting: this rank's random states (on_fit_start, on_train_start)
