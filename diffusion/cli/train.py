@@ -46,6 +46,7 @@ from diffusion.cli.trainer_options import (
     check_trainer_option_ranges,
     drop_ddp_on_one_device,
     expand_shorthands,
+    runs_on_cpu,
 )
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
@@ -192,7 +193,7 @@ class DiffusionCLI(LightningCLI):
                 config.model.init_from, config.model.network.class_path
             )
         note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
-        if note and config.trainer.accelerator == "cpu":
+        if note and runs_on_cpu(config.trainer):  # --accelerator cpu, or auto on a machine without a GPU
             rank_zero_warn(note)
 
     def after_instantiate_classes(self) -> None:

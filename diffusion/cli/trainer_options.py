@@ -89,6 +89,13 @@ def _device_count_or_indices(value: Any) -> bool:
     return text.isdigit() and int(text) >= 1
 
 
+def runs_on_cpu(trainer: dict[str, Any]) -> bool:
+    """Whether --accelerator (cpu, or auto: what Lightning picks) puts the run on the CPU."""
+    accelerator = str(trainer.get("accelerator", "auto")).lower()
+    has_gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    return accelerator == "cpu" or (accelerator == "auto" and not has_gpu)
+
+
 def check_hardware_flags(trainer: dict[str, Any]) -> None:
     """--devices, --accelerator and --strategy in forms Lightning takes, on hardware this machine has: Lightning
     itself raises a TypeError, an ImportError or a message without a fix for these."""
@@ -116,8 +123,7 @@ def check_hardware_flags(trainer: dict[str, Any]) -> None:
             "pass a count >= 1 (processes on a CPU, GPUs on a GPU machine), -1 for all, auto, or GPU indices "
             "such as 0,1",
         )
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not (torch.cuda.is_available() or has_mps))
-    if on_cpu and _device_indices(devices):
+    if runs_on_cpu(trainer) and _device_indices(devices):
         raise UserError(
             f"--devices {devices} lists GPU indices, but this run is on the CPU",
             "pass a number of processes, e.g. --devices 2",

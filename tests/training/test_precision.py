@@ -106,6 +106,14 @@ def test_16_mixed_on_cpu_is_run_as_bf16_mixed_by_lightning():
     assert cli.trainer.precision_plugin.scaler is None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the default accelerator is then the GPU")
+def test_the_cpu_note_comes_with_the_default_accelerator_too():
+    # A user on a machine without a GPU passes no --accelerator: auto is the CPU, and the note is due.
+    default = [arg for arg in FAST if arg not in ("--accelerator", "cpu")]
+    with pytest.warns(UserWarning, match="16-mixed runs as bf16-mixed"):
+        DiffusionCLI([*default, "--precision", "16-mixed", "--trainer.logger", "false"])
+
+
 def test_grad_scaler_state_is_checkpointed_and_restored_on_resume(tmp_path):
     args = [
         *FAST,
