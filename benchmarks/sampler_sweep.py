@@ -1,0 +1,177 @@
+"""Sample quality against cost for every registered sampler: the digits' Fréchet distance in 8x8 pixel space (the
+quality benchmark's protocol, benchmarks/metrics_lib.py) against network evaluations, on one checkpoint.
+
+    python benchmarks/sampler_sweep.py --run runs/digits/version_0                 # the default recipe's run
+    python benchmarks/sampler_sweep.py --run runs/digits_conditional/version_0     # at the recipe's guidance
+    python benchmarks/sampler_sweep.py --quick --out /tmp/sweep                    # plumbing, tiny, a minute
+
+Evaluations are counted, not assumed: each sampler runs once on one sample at two step counts while its network
+calls are counted, which gives its evaluations per step (Heun's second order takes two but the last), and the step
+count for each target in `--evaluations` is then chosen from that. A batched classifier-free-guidance call (the
+conditional and unconditional halves in one forward) counts as one evaluation of a doubled batch. Every row uses
+the same per-sample seeds (sample i's noise depends on i only), so the samplers differ by their steps alone.
+
+Outputs: `benchmarks/results/sampler_sweep[_<run name>].md` (the table and, per sampler, the best FD at 20-35
+evaluations) and `docs/sampler_sweep[_<run name>].png`, or both under `--out`.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features  # noqa: E402
+
+from diffusion.core.sampling import SAMPLERS, SamplingOptions  # noqa: E402
+from diffusion.data.labels import class_labels  # noqa: E402
+from diffusion.generation.ranks import generate  # noqa: E402
+from diffusion.generation.render import to_uint8_images  # noqa: E402
+from diffusion.training.loading import load_checkpoint  # noqa: E402
+from diffusion.training.run_folders import latest_checkpoint  # noqa: E402
+
+EVALUATIONS = (10, 15, 20, 25, 35, 50, 100, 250, 1000)
+DEFAULT_WINDOW = (20, 35)  # the recipe's default sampler: the best FD in this range of evaluations
+
+
+class CountingNetwork(torch.nn.Module):
+    """The network, counting its calls."""
+
+    def __init__(self, network: torch.nn.Module) -> None:
+        super().__init__()
+        self.network, self.calls = network, 0
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.network(*args, **kwargs)
+
+
+def evaluations_of(module, sampler: str, steps: int, labels) -> int:
+    """Network calls of one sample drawn by `sampler` in `steps` steps."""
+    counting = CountingNetwork(module.network)
+    network, module.network = module.network, counting
+    try:
+        generate(module, 1, options=SamplingOptions(sampler=sampler, steps=steps), labels=labels)
+    finally:
+        module.network = network
+    return counting.calls
+
+
+def steps_for(module, sampler: str, targets, labels) -> dict[int, int]:
+    """{evaluations: steps} for each target a sampler can reach within the schedule's T steps (its count is
+    linear in the steps: measured at 2 and 3)."""
+    at_two, at_three = (evaluations_of(module, sampler, steps, labels) for steps in (2, 3))
+    per_step, offset = at_three - at_two, at_two - 2 * (at_three - at_two)
+    found = {}
+    for target in targets:
+        steps = max(1, round((target - offset) / per_step))
+        if steps <= module.schedule.num_timesteps:
+            found[per_step * steps + offset] = steps
+    return found
+
+
+def sweep(args: argparse.Namespace) -> tuple[dict, float, str]:
+    ckpt = args.run / "checkpoints" / "last.ckpt" if (args.run / "checkpoints").is_dir() else Path(args.run)
+    if ckpt.is_dir():
+        ckpt = latest_checkpoint(ckpt, args.name)
+    module = load_checkpoint(ckpt, weights="ema", map_location=args.device)
+    reference, _, other, _ = digits_split()
+    floor = frechet_distance(other[: args.num_samples], reference)
+    labels = class_labels(args.num_samples, module.num_classes) if module.num_classes else None
+    guidance = f", guidance {module.sampling.guidance_scale}" if labels is not None else ""
+    samplers = args.samplers.split(",") if args.samplers else list(SAMPLERS)
+    table: dict[str, dict[int, float]] = {}
+    for sampler in samplers:
+        table[sampler] = {}
+        for evaluations, steps in steps_for(module, sampler, args.evaluations, labels).items():
+            start = time.perf_counter()
+            samples = generate(module, args.num_samples, seed=0, batch_size=args.batch_size,
+                               options=SamplingOptions(sampler=sampler, steps=steps), labels=labels)  # fmt: skip
+            features = to_digit_features(to_uint8_images(samples, module.normalization))
+            table[sampler][evaluations] = frechet_distance(features, reference)
+            print(f"{sampler} {steps} steps = {evaluations} evaluations: FD {table[sampler][evaluations]:.2f} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+    return table, floor, f"{ckpt} (EMA weights), {args.num_samples} samples{guidance}"
+
+
+def markdown(table: dict, floor: float, what: str) -> str:
+    columns = sorted({evaluations for row in table.values() for evaluations in row})
+    lines = [f"# FD 8x8 of the digits against network evaluations\n\n{what}; real data's floor: {floor:.2f}.\n",
+             "| sampler | " + " | ".join(str(c) for c in columns) + " |",
+             "| --- |" + " ---: |" * len(columns)]  # fmt: skip
+    for sampler, row in table.items():
+        lines.append(
+            f"| {sampler} | " + " | ".join(f"{row[c]:.2f}" if c in row else "-" for c in columns) + " |"
+        )
+    low, high = DEFAULT_WINDOW
+    best = {s: min((fd, e) for e, fd in row.items() if low <= e <= high) for s, row in table.items()
+            if any(low <= e <= high for e in row)}  # fmt: skip
+    if best:
+        winner = min(best, key=lambda s: best[s][0])
+        lines += ["", f"Best FD at {low}-{high} evaluations: " + "; ".join(
+            f"{s} {fd:.2f} ({e})" for s, (fd, e) in sorted(best.items(), key=lambda kv: kv[1][0])
+        ) + f". The recipe's default sampler should be **{winner}**."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: dict, floor: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6.4, 4), dpi=100, layout="constrained")
+    axes = figure.subplots()
+    for sampler, row in table.items():
+        evaluations = sorted(row)
+        axes.plot(
+            evaluations, [row[e] for e in evaluations], "o-", label=sampler, markersize=3, linewidth=1.2
+        )
+    axes.axhline(floor, color="gray", linestyle="--", linewidth=1, label="real data (floor)")
+    axes.set(xscale="log", yscale="log", xlabel="network evaluations", ylabel="FD, 8x8 pixels", title=title)
+    axes.grid(alpha=0.3, which="both")
+    axes.legend(fontsize=8)
+    figure.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, help="a run folder, a save dir holding --name's runs, or a .ckpt")
+    parser.add_argument("--name", default="digits", help="the run name under a save dir")
+    parser.add_argument("--samplers", default="", help="comma-separated; default every registered sampler")
+    parser.add_argument("--evaluations", type=lambda text: [int(v) for v in text.split(",")],
+                        default=list(EVALUATIONS))  # fmt: skip
+    parser.add_argument("--num_samples", type=int, default=REFERENCE_SIZE)
+    parser.add_argument("--batch_size", type=int, default=300)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, help="write the table and plot here instead of the repository")
+    parser.add_argument("--quick", action="store_true", help="a tiny run trained here, few evaluations")
+    args = parser.parse_args(argv)
+    if args.quick:
+        from helpers import tiny_run  # tests/helpers: the tests' tiny UNet
+
+        args.out = args.out or Path("/tmp/sampler_sweep")
+        tiny_run(args.out / "runs", "--trainer.enable_progress_bar", "false")
+        args.run, args.evaluations, args.num_samples = args.out / "runs" / "digits" / "version_0", [4, 8], 40
+    if args.run is None:
+        parser.error("--run is required (or --quick)")
+    table, floor, what = sweep(args)
+    suffix = "" if args.name == "digits" else f"_{args.name}"
+    results = args.out or ROOT / "benchmarks" / "results"
+    figures = args.out or ROOT / "docs"
+    results.mkdir(parents=True, exist_ok=True)
+    text = markdown(table, floor, what)
+    (results / f"sampler_sweep{suffix}.md").write_text(text)
+    plot(table, floor, figures / f"sampler_sweep{suffix}.png", f"{args.name}: FD against cost")
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "tests"))
+    main()
