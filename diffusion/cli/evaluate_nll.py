@@ -2,7 +2,7 @@
 
 The negative log-likelihood bound of Ho et al. 2020 (Eq. 5) in bits/dim: the prior term L_T, the KL terms
 L_1 .. L_{T-1} against the true posterior and the discretized Gaussian decoder L_0 on 8-bit data, summed over
-all T steps for every image (T network evaluations an image; `diffusion.core.likelihood`), printed as the mean
+all T steps for every image (T network evaluations an image; `diffusion.core.variational_bound`), printed as the mean
 over the images with its standard error. The images are the held-out (validation) split of the checkpoint's
 run, rebuilt from the run's config.yaml (`--split train` for its training split), or `--data.path FILE.npz`
 (``arr_0`` uint8 N x H x W x C, the samples-file format; ``arr_1`` labels for a class-conditional model).
@@ -35,13 +35,13 @@ from diffusion.cli.parsing import command_parser
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import Accelerator, check_sampling_checkpoint, resolve_device
-from diffusion.core.likelihood import ReverseProcess
 from diffusion.core.sampling import SamplingOptions
 from diffusion.core.variance import VarianceType
+from diffusion.core.variational_bound import ReverseProcess
 from diffusion.data.images import ImageDataModule
 from diffusion.errors import UserError
 from diffusion.generation.ranks import gather_in_order
-from diffusion.metrics.likelihood import BitsPerDim, image_bounds, quantize_to_8_bits
+from diffusion.metrics.bits_per_dim import BitsPerDim, image_bounds, quantize_to_8_bits
 from diffusion.training.loading import Weights, load_checkpoint
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder_of
