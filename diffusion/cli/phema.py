@@ -37,11 +37,11 @@ from diffusion.generation.ranks import generate
 from diffusion.metrics.features import Features
 from diffusion.metrics.image_sets import load_reference
 from diffusion.metrics.sample_quality import SampleQuality, feed_images
-from diffusion.training.callbacks.atomic_writes import save_atomically
+from diffusion.training.atomic_writes import save_atomically
 from diffusion.training.checkpoint_files import read_checkpoint
-from diffusion.training.ema_snapshots import Reconstruction, check_step, find_snapshots, reconstruct
+from diffusion.training.ema_profiles import check_sigma_rel
 from diffusion.training.loading import load_checkpoint
-from diffusion.training.post_hoc_ema import check_sigma_rel
+from diffusion.training.post_hoc_ema import Reconstruction, check_step, find_snapshots, reconstruct
 from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder
 
 POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
