@@ -8,7 +8,7 @@ from typing import Any
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 
-from diffusion.cli.checks import check_writable_folder
+from diffusion.cli.flags import check_writable_folder
 from diffusion.errors import UserError
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
@@ -90,8 +90,8 @@ def check_monitored_metric(trainer: Trainer, monitor: str | None) -> None:
     if monitor not in logged:
         raise UserError(
             f"--checkpoint.monitor {monitor} is not a metric this run logs",
-            f"pass one of {', '.join(sorted(logged))} ({FID} needs the SampleQualityCallback, {KID} one that computes KID, "
-            "i.e. without reference_stats)",
+            f"pass one of {', '.join(sorted(logged))} ({FID} needs the SampleQualityCallback, {KID} one that "
+            "computes KID, i.e. without reference_stats)",
         )
 
 

@@ -12,8 +12,9 @@ Weighting Strategy").
 
 Learned variances (Nichol & Dhariwal 2021, Sec. 3.1): the hybrid loss L_hybrid = L_simple + lambda L_vlb with
 lambda = 0.001, where L_vlb, the variational bound (Ho et al. Eq. 5), is estimated from each sample's uniform
-timestep as T L_t (`diffusion.core.variational_bound.bound_term`, in bits/dim, as the authors' code). The gradient of
-L_vlb reaches only the variance channels: the mean is detached there, so L_simple alone trains the mean.
+timestep as T L_t (`diffusion.core.variational_bound.bound_term`, in bits/dim, as the authors' code). The
+gradient of L_vlb reaches only the variance channels: the mean is detached there, so L_simple alone trains the
+mean.
 """
 
 from typing import Literal

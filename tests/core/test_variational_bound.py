@@ -1,5 +1,5 @@
-"""The variational bound's terms (diffusion.core.variational_bound) against float64 references written here from the
-papers' formulas, and the sum over all T steps against an unbiased Monte-Carlo estimate of the same bound."""
+"""The variational bound's terms (diffusion.core.variational_bound) against float64 references written here from
+the papers' formulas, and the sum over all T steps against an unbiased Monte-Carlo estimate of the same bound."""
 
 import math
 

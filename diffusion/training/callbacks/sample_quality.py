@@ -74,12 +74,13 @@ class SampleQualityCallback(EveryNValidations):
         check_features(features)
         if reference_stats is not None and kid:
             raise ValueError(
-                "SampleQualityCallback kid=True needs the real images' features, and reference_stats holds only their mean "
-                "and covariance — leave kid unset (or False) with reference_stats, or drop reference_stats"
+                "SampleQualityCallback kid=True needs the real images' features, and reference_stats holds only "
+                "their mean and covariance — leave kid unset (or False) with reference_stats, or drop reference_stats"
             )
         if reference_stats is not None and num_real is not None:
             raise ValueError(
-                "SampleQualityCallback num_real picks real images, and with reference_stats none are read — leave num_real out"
+                "SampleQualityCallback num_real picks real images, and with reference_stats none are read — leave "
+                "num_real out"
             )
         for name, value, low in [
             ("num_samples", num_samples, 2),
@@ -108,15 +109,16 @@ class SampleQualityCallback(EveryNValidations):
         shape = tuple(getattr(pl_module, "sample_shape", ()))
         if len(shape) != 3:
             raise ValueError(
-                f"SampleQualityCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is {shape}; "
-                "FID/KID compare images. Remove the callback for vector data."
+                "SampleQualityCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is "
+                f"{shape}; FID/KID compare images. Remove the callback for vector data."
             )
         self.sampling.check_steps_fit(
             pl_module.schedule.num_timesteps, "SampleQualityCallback sampling.steps"
         )
         if self.num_samples < trainer.world_size:
             raise ValueError(
-                f"SampleQualityCallback num_samples={self.num_samples} must be >= the world size {trainer.world_size}"
+                f"SampleQualityCallback num_samples={self.num_samples} must be >= the world size "
+                f"{trainer.world_size}"
             )
         if self.quality is None:
             # Built here on every rank (not in __init__) so that a bad Inception download or statistics file
@@ -129,8 +131,8 @@ class SampleQualityCallback(EveryNValidations):
                     f"SampleQualityCallback reference_stats {self.reference_stats}",
                 )  # fmt: skip
                 rank_zero_info(
-                    f"SampleQualityCallback: FID against the statistics in {self.reference_stats}; no KID (it needs the real "
-                    "images' features, which a statistics file does not hold)"
+                    f"SampleQualityCallback: FID against the statistics in {self.reference_stats}; no KID (it needs "
+                    "the real images' features, which a statistics file does not hold)"
                 )
             self.quality = SampleQuality(
                 self.features, ["fid", "kid"] if self.kid else ["fid"], channels=shape[0], reference=reference,
@@ -206,7 +208,8 @@ def _train_dataset(trainer: L.Trainer) -> Dataset:
     dataset = getattr(loader, "dataset", None)
     if dataset is None or not hasattr(dataset, "__len__"):
         raise ValueError(
-            f"SampleQualityCallback takes real images from the training DataLoader's dataset, but got {type(loader).__name__}"
+            "SampleQualityCallback takes real images from the training DataLoader's dataset, but got "
+            f"{type(loader).__name__}"
         )
     return dataset
 
