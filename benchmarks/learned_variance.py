@@ -28,11 +28,11 @@ import torch
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
 from train_run import run_training
 
-from diffusion.cli.likelihood import reverse_process_of, run_images
+from diffusion.cli.evaluate_nll import reverse_process_of, run_images
 from diffusion.core.sampling import SamplingOptions
 from diffusion.generation.ranks import generate
 from diffusion.generation.render import to_uint8_images
-from diffusion.metrics.likelihood import BitsPerDim, image_bounds, quantize_to_8_bits
+from diffusion.metrics.bits_per_dim import BitsPerDim, image_bounds, quantize_to_8_bits
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.run_folders import latest_checkpoint
 

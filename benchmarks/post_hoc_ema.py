@@ -26,8 +26,8 @@ from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit
 from diffusion.core.sampling import SamplingOptions  # noqa: E402
 from diffusion.generation.ranks import generate  # noqa: E402
 from diffusion.generation.render import to_uint8_images  # noqa: E402
-from diffusion.training.ema_snapshots import find_snapshots, reconstruct  # noqa: E402
 from diffusion.training.loading import load_checkpoint  # noqa: E402
+from diffusion.training.post_hoc_ema import find_snapshots, reconstruct  # noqa: E402
 from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder  # noqa: E402
 
 # Power-function profiles end at sqrt(1/12) = 0.289, a plain mean over the whole run.

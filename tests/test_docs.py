@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from diffusion.cli import likelihood
+from diffusion.cli import evaluate_nll
 from diffusion.cli.evaluate import build_parser as evaluate_parser
 from diffusion.cli.export import build_parser as export_parser
 from diffusion.cli.phema import build_parser as phema_parser
@@ -87,8 +87,8 @@ def test_every_documented_command_parses(document, argv, capsys, monkeypatch):
         with pytest.raises(SystemExit) as exit_info:
             train([*args, "--print_config"])
         assert exit_info.value.code == 0, capsys.readouterr().err
-    elif program == "diffusion.evaluate" and likelihood.requested(args):  # --nll: a command of its own
-        likelihood.build_parser().parse_args(args)
+    elif program == "diffusion.evaluate" and evaluate_nll.requested(args):  # --nll: a command of its own
+        evaluate_nll.build_parser().parse_args(args)
     elif program in PARSERS:
         PARSERS[program]().parse_args(args)
     else:

@@ -18,7 +18,8 @@ IS). Image sizes must match for Inception features: comparing two resolutions wo
 Pixel features area-average both sets to 8x8, so they accept different sizes (e.g. 16x16 samples against
 the 8x8 originals); channel counts must always match. Feature extraction shows a progress bar on a terminal.
 
-``--nll --ckpt CKPT`` evaluates a checkpoint's bits/dim on held-out images instead (`diffusion.cli.likelihood`).
+``--nll --ckpt CKPT`` evaluates a checkpoint's bits/dim on held-out images instead
+(`diffusion.cli.evaluate_nll`).
 
 Options can also come from a YAML file (--config FILE; --print_config writes one). A user error ends in one
 line on stderr and exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
@@ -29,12 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jsonargparse import ArgumentParser, Namespace
-from jsonargparse.typing import PositiveInt
 
-from diffusion.cli import evaluate_quality, likelihood
-from diffusion.cli.parsing import command_parser
+from diffusion.cli import evaluate_nll, evaluate_quality
+from diffusion.cli.flags import add_flags, command_parser, resolve_device
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.cli.sample import resolve_device
 from diffusion.errors import UserError
 
 # A metric family: the flags it adds, and what it runs given the parsed flags and the device, returning its
@@ -50,17 +49,19 @@ def build_parser() -> ArgumentParser:
     parser = command_parser("python -m diffusion.evaluate", __doc__)
     for add_arguments, _ in FAMILIES:
         add_arguments(parser)
-    parser.add_argument("--batch_size", type=PositiveInt, default=250, help="images per feature batch")
-    parser.add_argument("--device", type=str | None, default=None, help="default: cuda if visible, else cpu")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the reference subset and KID's subsets")
+    add_flags(
+        parser, "batch_size", "device", "seed",
+        batch_size={"default": 250, "help": "images per feature batch"},
+        seed={"help": "seed of the reference subset and KID's subsets"},
+    )  # fmt: skip
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """`python -m diffusion.evaluate [flags]`: print and return the values of every metric family asked for."""
     # --nll scores a checkpoint, not samples, on 1..N devices: a command of its own with its own flags.
-    if likelihood.requested(argv):
-        return likelihood.main(argv)
+    if evaluate_nll.requested(argv):
+        return evaluate_nll.main(argv)
     # RuntimeError too: torch-fidelity's failed download of the Inception weights says what to do instead.
     with reporting_user_errors(argv, also=(RuntimeError,)):
         args = build_parser().parse_args(argv)

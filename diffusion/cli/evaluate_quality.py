@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import get_args
 
 import numpy as np
-from jsonargparse import ActionYesNo, ArgumentParser, Namespace
+from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import restricted_number_type
 
+from diffusion.cli.flags import add_flags
 from diffusion.data.images import ImageDatasetName
 from diffusion.errors import UserError
 from diffusion.metrics.features import Features, feature_size
@@ -59,13 +60,7 @@ def add_arguments(parser: ArgumentParser) -> None:
         "--save_stats", type=str | None, default=None,
         help="write the FID statistics (mu, sigma) of --reference to this .npz, for later --reference FILE",
     )  # fmt: skip
-    parser.add_argument(
-        "--overwrite",
-        action=ActionYesNo,
-        nargs="?",
-        default=False,
-        help="replace an existing --save_stats file",
-    )
+    add_flags(parser, "overwrite", overwrite={"help": "replace an existing --save_stats file"})
 
 
 def run(args: Namespace, device: str) -> dict[str, float] | None:

@@ -22,34 +22,30 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from jsonargparse import ActionYesNo, ArgumentParser
+from jsonargparse import ArgumentParser
 
-from diffusion.cli.checks import check_writable_folder
-from diffusion.cli.parsing import command_parser
+from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
 from diffusion.errors import UserError
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
-from diffusion.training.loading import Weights, load_checkpoint
+from diffusion.training.loading import load_checkpoint
 
 Format = Literal["safetensors", "diffusers"]
 
 
 def build_parser() -> ArgumentParser:
     parser = command_parser("python -m diffusion.export", __doc__)
-    parser.add_argument(
-        "--ckpt", type=str, required=True, help="a checkpoint of train.py (e.g. .../last.ckpt)"
-    )
+    add_flags(parser, "ckpt")
     parser.add_argument(
         "--format", type=Format, required=True,
         help="safetensors (this project's, every model) or diffusers (a DDPMPipeline)",
     )  # fmt: skip
     parser.add_argument("--out", type=str, required=True, help="output folder (new or empty)")
-    parser.add_argument("--weights", type=Weights, default="ema", help="EMA weights or raw ones")
-    parser.add_argument(
-        "--overwrite", action=ActionYesNo, nargs="?", default=False,
-        help="write into a folder that is not empty, replacing an earlier export's files",
+    add_flags(
+        parser, "weights", "overwrite",
+        overwrite={"help": "write into a folder that is not empty, replacing an earlier export's files"},
     )  # fmt: skip
     return parser
 

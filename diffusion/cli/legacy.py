@@ -1,6 +1,7 @@
-"""Class paths that configs written before the package was split into layers name, so that their `config.yaml`
-still trains and resumes: `diffusion.vectors.VectorDataModule`, `diffusion.training.callbacks.FIDCallback`, ...
-(`diffusion.data.ImageDataModule` and `diffusion.models.UNet` kept their paths).
+"""Class paths that configs of earlier versions name, so that their `config.yaml` still trains and resumes:
+`diffusion.vectors.VectorDataModule`, `diffusion.callbacks.FIDCallback`, ... (`diffusion.data.ImageDataModule` and
+`diffusion.models.UNet` kept their paths). A renamed class keeps its old name beside the new one in its module
+(`diffusion.training.callbacks.FIDCallback` is `SampleQualityCallback`).
 
 The old module names are aliases of the new modules, registered when a command parses a config, so jsonargparse
 imports the same classes under either name; configs written from now on name the new paths.
@@ -13,6 +14,7 @@ MOVED_MODULES = {
     "diffusion.vectors": "diffusion.data.vectors",
     "diffusion.callbacks": "diffusion.training.callbacks",
     "diffusion.module": "diffusion.training.module",
+    "diffusion.training.callbacks.fid": "diffusion.training.callbacks.sample_quality",
 }
 
 

@@ -25,23 +25,29 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from jsonargparse import ActionYesNo, ArgumentParser
+from jsonargparse import ArgumentParser
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
-from diffusion.cli.checks import check_writable_folder
-from diffusion.cli.parsing import add_sampling_arguments, command_parser, options_from_flags
+from diffusion.cli.flags import (
+    add_flags,
+    add_sampling_arguments,
+    check_writable_folder,
+    command_parser,
+    options_from_flags,
+    requested_labels,
+    resolve_device,
+)
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.cli.sample import requested_labels, resolve_device
 from diffusion.errors import UserError
 from diffusion.generation.ranks import generate
 from diffusion.metrics.features import Features
 from diffusion.metrics.image_sets import load_reference
 from diffusion.metrics.sample_quality import SampleQuality, feed_images
-from diffusion.training.callbacks.atomic_writes import save_atomically
+from diffusion.training.atomic_writes import save_atomically
 from diffusion.training.checkpoint_files import read_checkpoint
-from diffusion.training.ema_snapshots import Reconstruction, check_step, find_snapshots, reconstruct
+from diffusion.training.ema_profiles import check_sigma_rel
 from diffusion.training.loading import load_checkpoint
-from diffusion.training.post_hoc_ema import check_sigma_rel
+from diffusion.training.post_hoc_ema import Reconstruction, check_step, find_snapshots, reconstruct
 from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder
 
 POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
@@ -55,26 +61,29 @@ def build_parser() -> ArgumentParser:
         "--sweep", type=list[float] | None, default=None, help='score several, e.g. "[0.02, 0.05, 0.1, 0.2]"'
     )
     parser.add_argument("--out", type=str | None, default=None, help="the checkpoint to write (.ckpt)")
-    parser.add_argument("--overwrite", action=ActionYesNo, nargs="?", default=False, help="replace OUT")
+    add_flags(parser, "overwrite", overwrite={"help": "replace OUT"})
     parser.add_argument(
         "--step", type=PositiveInt | None, default=None, help="default: the newest snapshots'"
     )
-    parser.add_argument(
-        "--ckpt",
-        type=str | None,
-        default=None,
-        help="the checkpoint to start from (default: the run's at --step)",
-    )
+    add_flags(
+        parser, "ckpt",
+        ckpt={"type": str | None, "required": False, "default": None,
+              "help": "the checkpoint to start from (default: the run's at --step)"},
+    )  # fmt: skip
     sweep = parser.add_argument_group("--sweep: sampling and scoring")
     sweep.add_argument("--num_samples", type=PositiveInt, default=1000)
-    sweep.add_argument("--batch_size", type=PositiveInt, default=256)
-    sweep.add_argument("--seed", type=NonNegativeInt, default=0, help="the same samples' noise for every row")
+    add_flags(
+        sweep,
+        "batch_size",
+        "seed",
+        seed={"type": NonNegativeInt, "help": "the same samples' noise for every row"},
+    )
     sweep.add_argument("--features", type=Features, default="pixels", help="pixels (offline) or inception")
     sweep.add_argument("--reference", type=str, default="digits", help="a dataset or an .npz of real images")
     sweep.add_argument(
         "--data_root", type=str, default="data", help="download folder of torchvision datasets"
     )
-    sweep.add_argument("--device", type=str | None, default=None, help="default: cuda if visible, else cpu")
+    add_flags(sweep, "device")
     add_sampling_arguments(parser)
     return parser
 

@@ -15,7 +15,7 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from diffusion.cli.parsing import debug_requested
+from diffusion.cli.flags import debug_requested
 from diffusion.errors import CallerError, UserError
 
 USER_ERROR_EXIT_STATUS = 2  # argparse's status for a bad command line; here for every user error

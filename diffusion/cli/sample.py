@@ -21,58 +21,45 @@ exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 
 import sys
 from pathlib import Path
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
-from jsonargparse import ActionYesNo, ArgumentParser
+from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt
 
-from diffusion.cli.checks import check_writable_folder, cpu_mixed_precision_note
-from diffusion.cli.parsing import add_sampling_arguments, command_parser, options_from_flags
+from diffusion.cli.flags import (
+    add_flags,
+    add_sampling_arguments,
+    check_sampling_checkpoint,
+    check_writable_folder,
+    command_parser,
+    cpu_mixed_precision_note,
+    options_from_flags,
+    requested_labels,
+    resolve_device,
+)
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.data.labels import class_labels
 from diffusion.errors import UserError
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import gather_in_order, generate
 from diffusion.generation.render import write_samples
-from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
-from diffusion.training.loading import Weights, load_checkpoint
-
-Accelerator = Literal["auto", "cpu", "cuda", "gpu"]
+from diffusion.training.loading import load_checkpoint
 
 
 def build_parser() -> ArgumentParser:
     parser = command_parser("python -m diffusion.sample", __doc__)
-    parser.add_argument(
-        "--ckpt", type=str, required=True, help="a checkpoint of train.py (e.g. .../last.ckpt)"
-    )
+    add_flags(parser, "ckpt")
     parser.add_argument("--num_samples", type=PositiveInt, default=64)
     parser.add_argument("--out", type=str, default="samples", help="output folder")
-    parser.add_argument(
-        "--overwrite",
-        action=ActionYesNo,
-        nargs="?",
-        default=False,
-        help="replace an existing OUT/samples.npz and OUT/grid.png",
-    )
-    parser.add_argument("--batch_size", type=PositiveInt, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--device", type=str | None, default=None,
-        help="with --devices 1: cpu, cuda, cuda:1, ...; default: the --accelerator's, else cuda if visible",
+    add_flags(
+        parser, "overwrite", "batch_size", "seed", "device", "devices", "num_nodes", "accelerator", "weights",
+        overwrite={"help": "replace an existing OUT/samples.npz and OUT/grid.png"},
+        device={
+            "help": "with --devices 1: cpu, cuda, cuda:1, ...; default: the --accelerator's, else cuda if visible"
+        },
+        devices={"help": "processes to sample on (one per GPU)"},
     )  # fmt: skip
-    parser.add_argument("--devices", type=PositiveInt, default=1, help="processes to sample on (one per GPU)")
-    parser.add_argument(
-        "--num_nodes", type=PositiveInt, default=1, help="machines, when started by torchrun / srun"
-    )
-    parser.add_argument(
-        "--accelerator",
-        type=Accelerator,
-        default="auto",
-        help="cpu or cuda (gpu); default: the type of --device",
-    )
-    parser.add_argument("--weights", type=Weights, default="ema", help="EMA weights or raw ones")
     add_sampling_arguments(parser)
     parser.add_argument(
         "--class_label", type=str | None, default=None,
@@ -93,43 +80,6 @@ def check_precision(precision: str) -> None:
             f"--precision {precision} is not supported for sampling",
             "choose 32, 16-mixed or bf16-mixed (true half precision would round the noise schedule)",
         )
-
-
-def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:
-    """(device of a one-device run, accelerator of a Fabric run): an explicit --accelerator decides both."""
-    if accelerator == "cpu":
-        device = "cpu"
-    elif accelerator in ("cuda", "gpu") and not (device or "").startswith("cuda"):
-        device = "cuda"
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        torch.device(device)
-    except RuntimeError as err:
-        raise UserError(f"--device {device} is not a device", "pass cpu, cuda or cuda:N") from err
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA GPU is visible here", "use --device cpu")
-    return device, "cuda" if device.startswith("cuda") else "cpu"
-
-
-def check_sampling_checkpoint(path: str) -> dict:
-    """The checkpoint can be read and holds what sampling needs; returns its hyperparameters."""
-    return check_written_by_train(read_checkpoint(path, "--ckpt"), path, "--ckpt")
-
-
-def requested_labels(
-    hparams: dict, num_samples: int, class_label: str | None, guidance: bool
-) -> torch.Tensor | None:
-    """The label of every sample (`diffusion.data.labels.class_labels`) from a checkpoint's hyperparameters, checked
-    before any sampling time is spent; None for an unconditional checkpoint, which takes neither a class nor
-    guidance."""
-    num_classes = hparams["network"].get("init_args", {}).get("num_classes")
-    if num_classes is None and (class_label is not None or guidance):
-        flag = "--class_label" if class_label is not None else "--guidance_scale"
-        raise UserError(
-            f"{flag}: this checkpoint is unconditional (trained without --data.conditional)",
-            "sample it without --class_label and --guidance_scale, or pass a class-conditional checkpoint",
-        )
-    return class_labels(num_samples, num_classes, class_label, hparams.get("class_names"))
 
 
 def main(argv: list[str] | None = None) -> Path:

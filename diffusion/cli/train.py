@@ -23,9 +23,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from diffusion.cli.checks import cpu_mixed_precision_note
+from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, cpu_mixed_precision_note
 from diffusion.cli.legacy import accept_moved_class_paths
-from diffusion.cli.parsing import DEBUG_VARIABLE, add_debug_flag
 from diffusion.cli.process_group import closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.resume import check_same_training_settings, resolve_resume

@@ -8,9 +8,9 @@ from typing import Any
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 
-from diffusion.cli.checks import check_writable_folder
+from diffusion.cli.flags import check_writable_folder
 from diffusion.errors import UserError
-from diffusion.training.callbacks.fid import FID, KID, FIDCallback
+from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
 from diffusion.training.run_folders import run_folder_of
@@ -85,13 +85,13 @@ def check_monitored_metric(trainer: Trainer, monitor: str | None) -> None:
         return
     logged = {TRAIN_LOSS, VAL_LOSS, "step", "epoch"}  # Lightning adds step and epoch
     for callback in trainer.callbacks:
-        if isinstance(callback, FIDCallback):
+        if isinstance(callback, SampleQualityCallback):
             logged |= {FID, KID} if callback.kid else {FID}
     if monitor not in logged:
         raise UserError(
             f"--checkpoint.monitor {monitor} is not a metric this run logs",
-            f"pass one of {', '.join(sorted(logged))} ({FID} needs the FIDCallback, {KID} one that computes KID, "
-            "i.e. without reference_stats)",
+            f"pass one of {', '.join(sorted(logged))} ({FID} needs the SampleQualityCallback, {KID} one that "
+            "computes KID, i.e. without reference_stats)",
         )
 
 

@@ -1,1 +1,1 @@
-"""Sample-quality metrics and their feature extractors; nothing of training."""
+"""Sample-quality metrics (FID, KID, IS) and their feature extractors, and bits/dim; nothing of training."""

@@ -1,6 +1,6 @@
 """FID, KID and IS of generated images: the one computation `python -m diffusion.evaluate` and
-`diffusion.training.callbacks.FIDCallback` both run, so a value logged during training and the evaluator's on
-the same images against the same reference are the same number.
+`diffusion.training.callbacks.SampleQualityCallback` both run, so a value logged during training and the
+evaluator's on the same images against the same reference are the same number.
 
 `SampleQuality` holds a feature extractor (`diffusion.metrics.features`) and the metrics fed from its single
 pass over each batch: FID (`diffusion.metrics.fid`, torchmetrics' states), KID (torchmetrics) and the

@@ -1,4 +1,10 @@
-"""The training objective, one value per sample (the module reduces and logs).
+"""The training objective of a batch, one value per sample (the module reduces and logs), and the random draws it
+is taken at: each sample's noise, timestep and dropped label.
+
+The draws come either from the rank's torch.Generator (noise_mode "fast") or, with `generator=None` (noise_mode
+"per_sample"), as a function of (noise seed, optimizer step, dataset index) through the counter-based noise of
+`diffusion.core.noise`: a sample then gets the same draws whichever rank, batch or accumulation step it lands in,
+which is what makes a run on N devices reproduce a run on one with accumulate_grad_batches=N.
 
 Fixed variances: Ho et al.'s simple loss, the MSE between the network's prediction (eps, x0 or v) and its
 target, optionally weighted by min(SNR, gamma) (Hang et al. 2023, "Efficient Diffusion Training via Min-SNR
@@ -6,22 +12,61 @@ Weighting Strategy").
 
 Learned variances (Nichol & Dhariwal 2021, Sec. 3.1): the hybrid loss L_hybrid = L_simple + lambda L_vlb with
 lambda = 0.001, where L_vlb, the variational bound (Ho et al. Eq. 5), is estimated from each sample's uniform
-timestep as T L_t (`diffusion.core.likelihood.bound_term`, in bits/dim, as the authors' code). The gradient of
-L_vlb reaches only the variance channels: the mean is detached there, so L_simple alone trains the mean.
+timestep as T L_t (`diffusion.core.variational_bound.bound_term`, in bits/dim, as the authors' code). The
+gradient of L_vlb reaches only the variance channels: the mean is detached there, so L_simple alone trains the
+mean.
 """
 
 from typing import Literal
 
 import torch
 
-from diffusion.core.likelihood import ReverseProcess, bound_term, model_posterior
+from diffusion.core import noise as counter_noise
+from diffusion.core.guidance import NO_LABEL
 from diffusion.core.schedule import NoiseSchedule, PredictionType
 from diffusion.core.variance import split_output
+from diffusion.core.variational_bound import ReverseProcess, bound_term, model_posterior
 
 LossWeighting = Literal["none", "min_snr"]
 ModelVariance = Literal["fixed", "learned_range"]
 VLB_WEIGHT = 0.001
 """lambda of L_hybrid (Nichol & Dhariwal 2021, Sec. 3.1)."""
+
+
+def sample_seed(seed: int, step: int, index: int) -> int:
+    """A 63-bit seed that depends only on (seed, step, index), for a generator of its own."""
+    return ((seed * 1_000_003 + step) * 2_654_435_761 + index) % (2**63 - 1)
+
+
+def noise_and_timesteps(
+    x0: torch.Tensor, indices: torch.Tensor, step: int, num_timesteps: int, seed: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Noise like x0 and timesteps (B,) in [0, num_timesteps): from `generator`, or per sample without one."""
+    if generator is None:  # drawn for the whole batch on its device
+        indices = indices.to(x0.device)
+        t_key = counter_noise.noise_key(seed, counter_noise.TRAINING_TIMESTEPS, step)
+        t = counter_noise.randint(num_timesteps, t_key, indices)
+        key = counter_noise.noise_key(seed, counter_noise.TRAINING_NOISE, step)
+        return counter_noise.normal(x0.shape, key, indices, dtype=x0.dtype), t
+    t = torch.randint(num_timesteps, (x0.shape[0],), device=x0.device, generator=generator)
+    return counter_noise.randn(x0.shape, generator, x0.device), t
+
+
+def drop_labels(
+    labels: torch.Tensor, indices: torch.Tensor, step: int, probability: float, seed: int,
+    generator: torch.Generator | None,
+) -> torch.Tensor:  # fmt: skip
+    """`labels` with each replaced by NO_LABEL with `probability`: from `generator`, or per sample without one."""
+    if probability == 0:
+        return labels
+    if generator is None:
+        key = counter_noise.noise_key(seed, counter_noise.LABEL_DROPOUT, step)
+        bits = counter_noise.random_bits(key, indices.to(labels.device), 1)[:, 0]  # (B,) in [0, 2**32)
+        uniform = (bits >> 8).float() * 2.0**-24  # [0, 1)
+    else:
+        uniform = torch.rand(labels.shape, device=labels.device, generator=generator)
+    return torch.where(uniform < probability, NO_LABEL, labels)
 
 
 def diffusion_loss(

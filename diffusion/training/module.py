@@ -25,7 +25,7 @@ from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import labels_for_sampling
 from diffusion.data.split import describe_batches
-from diffusion.training import training_noise
+from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.logging_steps import IntervalLoss
 from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
@@ -38,7 +38,7 @@ from diffusion.training.random_states import (
     resumed_states,
 )
 
-NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/training_noise.py
+NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/loss.py
 CompileWhen = Literal["cuda"]  # compile: True, False, or "cuda" (compiled where it pays: on a CUDA device)
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkpoint can monitor them)
 
@@ -205,7 +205,7 @@ class DiffusionModule(L.LightningModule):
         # from the checkpoint's step rather than replaying the first steps.
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(
-            training_noise.sample_seed(self._noise_seed, self._resumed_step, self.global_rank + 1)
+            objective.sample_seed(self._noise_seed, self._resumed_step, self.global_rank + 1)
         )
         self._resumed_step = 0
         if self._resumed_states is not None and self._resumed_states.get("generator") is not None:
@@ -241,7 +241,7 @@ class DiffusionModule(L.LightningModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Noise like x0 and timesteps (B,) for one batch, from the rank's generator or per sample."""
         generator = None if per_sample else self._generator
-        return training_noise.noise_and_timesteps(
+        return objective.noise_and_timesteps(
             x0, indices, step, self.schedule.num_timesteps, self._noise_seed, generator
         )
 
@@ -250,7 +250,7 @@ class DiffusionModule(L.LightningModule):
     ) -> torch.Tensor:
         """Labels with each replaced by NO_LABEL with probability label_dropout (like the noise, per sample)."""
         generator = None if per_sample else self._generator
-        return training_noise.drop_labels(
+        return objective.drop_labels(
             labels, indices, step, self.hparams.label_dropout, self._noise_seed, generator
         )
 

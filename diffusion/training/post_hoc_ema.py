@@ -1,165 +1,289 @@
-"""Power-function EMA profiles and the post-hoc EMA solver (Karras et al. 2024, "Analyzing and Improving the
-Training Dynamics of Diffusion Models", EDM2, Sec. 3 and Appendix C). Torch only, all math in float64.
+"""Post-hoc EMA (Karras et al. 2024, "Analyzing and Improving the Training Dynamics of Diffusion Models", EDM2):
+power-function EMA profiles tracked every optimizer step during training (`PostHocEMA`, which the `EMA` callback
+runs with ``--ema.post_hoc true``), their snapshot files in the run folder, and the EMA of any length
+reconstructed from them afterwards (`reconstruct`; the command: `python -m diffusion.phema`). The math of the
+profiles and the solver: `diffusion.training.ema_profiles`.
 
-A power-function EMA of exponent gamma, read at time t, averages the weights theta(tau) seen so far with the
-density (EDM2 Eq. 121)
-
-    p_{t,gamma}(tau) = (gamma + 1) tau^gamma / t^(gamma + 1),   0 <= tau <= t.
-
-Its width relative to its time, sigma_rel = std(tau) / t = sqrt((gamma + 1) / ((gamma + 2)^2 (gamma + 3)))
-(Eq. 123), is the one number that says how long the average is, whatever the run's length: sigma_rel 0.05
-puts 90% of its weight on the last 12% of the steps. Tracked once per optimizer step t = 1, 2, ... (Eq. 127):
-
-    1. beta_t = (1 - 1/t)^(gamma + 1)                       (beta_1 = 0: the first update copies the weights)
-    2. ema_t = beta_t ema_{t-1} + (1 - beta_t) theta_t,
-
-which puts the weight (tau^(gamma+1) - (tau-1)^(gamma+1)) / t^(gamma+1) on the weights after step tau (the
-product of the betas telescopes): exactly the mass of p_{t,gamma} over (tau - 1, tau]. The discrete average is
-the continuous one binned per step, so the continuous math below holds for it (`step_weights`).
-
-Post-hoc (EDM2 Sec. 3.2, Appendix C.3): snapshots of a few such averages at several times each carry one known
-profile; the average of any other sigma_rel at the time of a snapshot is approximated by the combination of
-snapshots whose profile is closest to the target's in L2 over time. With A_ij = <p_i, p_j> (snapshots) and
-b_i = <p_i, p_target> in closed form (`profile_inner_products`), the coefficients x minimize
-||sum_i x_i p_i - p_target||^2 = x^T A x - 2 x^T b + <p_target, p_target> subject to sum_i x_i = 1, so the
-combination is an average and keeps the weights' scale (EDM2 instead rescales the unconstrained solution to
-sum 1; both coincide when the fit is exact). Binning per step only shrinks an L2 error (Cauchy-Schwarz), so the
-reconstructed step weights are at least as close to the target's as the continuous profiles are.
+A snapshot is one profile's averaged parameters at one optimizer step, written into ``<run>/post_hoc_ema/`` as
+``step=<step, 9 digits>-sigma_rel=<sigma_rel>.pt``: a plain dict of tensors and numbers (loadable with
+``weights_only=True``) holding ``step``, ``sigma_rel``, ``gamma`` and ``weights`` (the averaged parameters under
+the module's state_dict names, float32 on the CPU).
 """
 
 import math
-from collections.abc import Iterable, Sequence
+import pickle
+import re
+import zipfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
-# gamma = 0 (a plain running mean over the whole run) is the widest profile: sigma_rel = sqrt(1/12).
-MAX_SIGMA_REL = math.sqrt(1 / 12)
+from diffusion.errors import UserError
+from diffusion.training.atomic_writes import remove_leftovers, save_atomically
+from diffusion.training.ema_profiles import Solution, check_sigma_rel, combine, gamma_of, solve, update_weight
+from diffusion.training.run_folders import post_hoc_ema_folder, run_folder
 
-
-def check_sigma_rel(sigma_rel: float, name: str = "sigma_rel") -> None:
-    if not 0.0 < sigma_rel <= MAX_SIGMA_REL:
-        raise ValueError(
-            f"{name}={sigma_rel} is out of range — pass a value in (0, {MAX_SIGMA_REL:.4f}] (EDM2 tracks 0.05 and "
-            "0.10; the widest profile, a mean over the whole run, has sqrt(1/12))"
-        )
-
-
-def sigma_rel_of(gamma: float) -> float:
-    """The relative width of the power-function profile of exponent `gamma` >= 0 (EDM2 Eq. 123)."""
-    return math.sqrt((gamma + 1) / ((gamma + 2) ** 2 * (gamma + 3)))
+SNAPSHOT_NAME = re.compile(r"step=(\d+)-sigma_rel=([0-9.e-]+)\.pt")
+LEFTOVERS = ".step=*.pt.*.tmp"  # the hidden temporary files of snapshot writes that were killed
+GB = 1e9
 
 
-def gamma_of(sigma_rel: float) -> float:
-    """The exponent of the profile of relative width `sigma_rel` (EDM2 Eq. 126): the largest real root of
-    gamma^3 + 7 gamma^2 + (16 - s) gamma + (12 - s) with s = sigma_rel^-2, which is Eq. 123 squared and
-    multiplied out. Found as the largest eigenvalue of the cubic's companion matrix, in float64."""
-    check_sigma_rel(sigma_rel)
-    s = sigma_rel**-2
-    companion = torch.tensor(
-        [[-7.0, -(16.0 - s), -(12.0 - s)], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64
-    )
-    roots = torch.linalg.eigvals(companion)
-    real = roots.real[roots.imag.abs() <= 1e-9 * (1 + roots.abs())]
-    return max(float(real.max()), 0.0)  # at sigma_rel = sqrt(1/12) the root is 0 (up to rounding)
+def snapshot_name(step: int, sigma_rel: float) -> str:
+    return f"step={step:09d}-sigma_rel={sigma_rel:g}.pt"
 
 
-def update_weight(gamma: float, step: int, steps_since_update: int = 1) -> float:
-    """1 - beta of the update at optimizer step `step` (1-based) of a profile last updated `steps_since_update`
-    steps before (Eq. 127: beta = (1 - delta / t)^(gamma + 1)); 1 at the first update, a copy."""
-    if step < 1 or not 1 <= steps_since_update <= step:
-        raise ValueError(f"an update at step {step}, {steps_since_update} step(s) after the previous one")
-    return 1.0 - (1.0 - steps_since_update / step) ** (gamma + 1.0)
-
-
-def step_weights(step: int, gamma: float) -> torch.Tensor:
-    """(step,) float64: the weight the profile read at `step` puts on the weights after steps 1..step."""
-    tau = torch.arange(step + 1, dtype=torch.float64) / step
-    cumulative = tau ** (gamma + 1.0)  # the profile's mass up to each step
-    return cumulative[1:] - cumulative[:-1]
-
-
-def profile_inner_products(
-    steps_a: Sequence[float], gammas_a: Sequence[float], steps_b: Sequence[float], gammas_b: Sequence[float]
-) -> torch.Tensor:
-    """(len(a), len(b)) float64: the L2 inner products <p_{t_a,gamma_a}, p_{t_b,gamma_b}> over time.
-
-    Both densities are zero past their own time, so the integral of their product runs to m = min(t_a, t_b):
-    (gamma_a + 1)(gamma_b + 1) m^(gamma_a + gamma_b + 1) / ((gamma_a + gamma_b + 1) t_a^(gamma_a + 1)
-    t_b^(gamma_b + 1)), computed through its logarithm (the powers alone overflow float64 for long runs).
-    """
-    as_column = lambda v: torch.as_tensor(v, dtype=torch.float64).reshape(-1, 1)  # noqa: E731
-    t_a, g_a = as_column(steps_a), as_column(gammas_a)
-    t_b, g_b = as_column(steps_b).T, as_column(gammas_b).T
-    m = torch.minimum(t_a, t_b)
-    log = (
-        torch.log((g_a + 1) * (g_b + 1) / (g_a + g_b + 1))
-        + (g_a + g_b + 1) * torch.log(m)
-        - (g_a + 1) * torch.log(t_a)
-        - (g_b + 1) * torch.log(t_b)
-    )
-    return torch.exp(log)
+def snapshot_contents(step: int, sigma_rel: float, gamma: float, weights: dict[str, torch.Tensor]) -> dict:
+    return {"step": step, "sigma_rel": sigma_rel, "gamma": gamma, "weights": weights}
 
 
 @dataclass(frozen=True)
-class Solution:
-    """The snapshots' coefficients (float64, summing to 1) and how far their combined profile is from the
-    target's: ||sum_i x_i p_i - p_target|| / ||p_target|| in L2 over time (0: exact)."""
+class Snapshot:
+    path: Path
+    step: int
+    sigma_rel: float
+    gamma: float
 
-    coefficients: torch.Tensor
-    relative_error: float
+
+def _load(path: Path) -> dict[str, Any]:
+    fix = "delete that file (the other snapshots still reconstruct), or restore it from a backup"
+    try:
+        if not zipfile.is_zipfile(path):
+            raise UserError(f"post-hoc EMA snapshot {path} is truncated or not a PyTorch file", fix)
+        contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, OSError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"post-hoc EMA snapshot {path} cannot be read ({first_line})", fix) from err
+    if not isinstance(contents, dict) or not {"step", "sigma_rel", "gamma", "weights"} <= contents.keys():
+        raise UserError(f"{path} is not a post-hoc EMA snapshot of this project", fix)
+    return contents
 
 
-def solve(
-    snapshot_steps: Sequence[int], snapshot_gammas: Sequence[float], target_step: int, target_gamma: float
-) -> Solution:
-    """The average of snapshots (at `snapshot_steps`, of exponents `snapshot_gammas`) whose profile is closest
-    in L2 to the power-function profile of `target_gamma` read at `target_step` (see the module docstring).
+def find_snapshots(folder: str | Path) -> list[Snapshot]:
+    """The snapshots in `folder`, by (step, sigma_rel); hidden temporary files of killed writes are not."""
+    snapshots = []
+    for path in sorted(Path(folder).glob("step=*-sigma_rel=*.pt")):
+        if SNAPSHOT_NAME.fullmatch(path.name) and path.is_file():
+            contents = _load(path)
+            snapshots.append(
+                Snapshot(path, int(contents["step"]), float(contents["sigma_rel"]), float(contents["gamma"]))
+            )
+    return sorted(snapshots, key=lambda s: (s.step, s.sigma_rel))
 
-    Solves the equality-constrained least squares through its KKT system
-        [[A, 1], [1^T, 0]] [x; lambda] = [b; 1],
-    with every inner product scaled by `target_step` (they shrink as 1/t) so the system is of order 1.
+
+def read_weights(snapshot: Snapshot) -> dict[str, torch.Tensor]:
+    return _load(snapshot.path)["weights"]
+
+
+class PostHocEMA:
+    """Power-function EMA profiles of the parameters (one per sigma_rel), tracked in float32 on the parameters'
+    device whatever the training precision, and a snapshot of each every `snapshot_every` optimizer steps and
+    at the end of training, written atomically by global rank 0 into ``<run>/post_hoc_ema/``.
+
+    Every profile is updated once per optimizer step (not per micro-batch), with the step count as time, so
+    accumulation, DDP (each rank holds the same profiles of the same synced weights) and resumption (the
+    profiles and their step are in the checkpoint, `state_dict`) all see one clock. The update is one
+    `torch._foreach_lerp_` per profile, with its weight computed on the host (no device sync).
+
+    The snapshots must fit in `max_snapshot_gb`: at the start of training rank 0 prints how many there will be
+    and their size; when the requested interval would take more, the interval is widened to the smallest
+    multiple of `snapshot_every` that fits (said in that line). A budget that cannot hold one snapshot of each
+    profile is refused before training.
     """
-    count = len(snapshot_steps)
-    if count == 0 or count != len(snapshot_gammas):
-        raise ValueError(
-            f"{count} snapshot steps and {len(snapshot_gammas)} exponents: need as many, at least 1"
+
+    def __init__(self, sigma_rels: Sequence[float], snapshot_every: int, max_snapshot_gb: float) -> None:
+        sigma_rels = [float(s) for s in sigma_rels]
+        if not sigma_rels:
+            raise ValueError("ema.sigma_rels is empty — pass at least one, e.g. [0.05, 0.1] (EDM2's)")
+        for sigma_rel in sigma_rels:
+            check_sigma_rel(sigma_rel, "ema.sigma_rels: sigma_rel")
+        if len({snapshot_name(1, s) for s in sigma_rels}) != len(sigma_rels):
+            raise ValueError(
+                f"ema.sigma_rels={sigma_rels} repeats a value — pass distinct ones, e.g. [0.05, 0.1]"
+            )
+        if snapshot_every < 1:
+            raise ValueError(
+                f"ema.snapshot_every={snapshot_every} must be >= 1 — pass a number of steps, e.g. 100"
+            )
+        if not max_snapshot_gb > 0:
+            raise ValueError(
+                f"ema.max_snapshot_gb={max_snapshot_gb} must be > 0 — pass the GB the snapshots may take"
+            )
+        self.sigma_rels = sigma_rels
+        self.gammas = [gamma_of(s) for s in sigma_rels]
+        self.snapshot_every = snapshot_every
+        self.max_snapshot_gb = max_snapshot_gb
+        self.interval = snapshot_every  # widened in `on_train_start` when the budget asks for it
+        self.folder: Path | None = None
+        self.step = 0  # the optimizer step of the latest update (0: none yet)
+        self.profiles: list[dict[str, torch.Tensor]] | None = None  # per sigma_rel: parameter name -> float32
+        self._params: dict[str, torch.Tensor] | None = None
+        # The profiles' tensors in the parameters' order, for the foreach update.
+        self._targets: list[list[torch.Tensor]] | None = None
+
+    def snapshot_bytes(self) -> int:
+        """The size of one snapshot instant: every profile's parameters in float32."""
+        assert self._params is not None
+        return len(self.sigma_rels) * sum(p.numel() for p in self._params.values()) * 4
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.folder = post_hoc_ema_folder(run_folder(trainer))  # a collective under DDP: called on every rank
+        # The Parameter objects: the strategy moves the module to its device by swapping their data.
+        self._params = dict(pl_module.named_parameters())
+        self.step, self.profiles, self._targets, self.interval = 0, None, None, self.snapshot_every
+        instant = self.snapshot_bytes()
+        if instant > self.max_snapshot_gb * GB:
+            # Suggest what the requested interval takes over the whole run (10 instants when it is open-ended).
+            instants = math.ceil(trainer.max_steps / self.snapshot_every) if trainer.max_steps > 0 else 10
+            each = instant // len(self.sigma_rels)
+            raise UserError(
+                f"--ema.max_snapshot_gb {self.max_snapshot_gb:g} cannot hold one post-hoc EMA snapshot of each of "
+                f"the {len(self.sigma_rels)} profiles ({len(self.sigma_rels)} x {size(each)})",
+                f"pass --ema.max_snapshot_gb {_round_up(instants * instant / GB)} (a snapshot every "
+                f"{self.snapshot_every} steps) or at least {_round_up(instant / GB)}, or --ema.post_hoc false",
+            )
+        if trainer.is_global_zero and self.folder.is_dir():
+            remove_leftovers(self.folder, LEFTOVERS)
+
+    def on_train_start(self, trainer: L.Trainer) -> None:
+        total = trainer.max_steps if trainer.max_steps != -1 else int(trainer.estimated_stepping_batches)
+        instant = self.snapshot_bytes()
+        allowed = int(self.max_snapshot_gb * GB // instant)  # >= 1 (checked in setup)
+        self.interval = self.snapshot_every * max(1, math.ceil(total / (allowed * self.snapshot_every)))
+        count = math.ceil(total / self.interval)
+        requested = math.ceil(total / self.snapshot_every) * instant
+        widened = (
+            f" (every {self.snapshot_every} would take {size(requested)})"
+            if requested > count * instant
+            else ""
         )
-    if max(snapshot_steps) > target_step or min(snapshot_steps) < 1:
-        raise ValueError(
-            f"snapshots must lie in steps 1..{target_step} (the target's), got {list(snapshot_steps)}"
+        shown = ", ".join(f"{s:g}" for s in self.sigma_rels)
+        rank_zero_info(
+            f"post-hoc EMA: profiles sigma_rel {shown}, a snapshot of each every {self.interval} steps{widened} and "
+            f"at the last: {count * len(self.sigma_rels)} files, {size(count * instant)} in {self.folder} "
+            f"(--ema.max_snapshot_gb {self.max_snapshot_gb:g}); every checkpoint holds the profiles too "
+            f"(+{size(instant)})"
         )
-    gram = (
-        profile_inner_products(snapshot_steps, snapshot_gammas, snapshot_steps, snapshot_gammas) * target_step
-    )
-    cross = profile_inner_products(snapshot_steps, snapshot_gammas, [target_step], [target_gamma])[:, 0]
-    cross = cross * target_step
-    target_norm = float(profile_inner_products([target_step], [target_gamma], [target_step], [target_gamma]))
-    target_norm *= target_step
-    ones = torch.ones(count, dtype=torch.float64)
-    system = torch.zeros(count + 1, count + 1, dtype=torch.float64)
-    system[:count, :count], system[:count, count], system[count, :count] = gram, ones, ones
-    right = torch.cat([cross, torch.ones(1, dtype=torch.float64)])
-    # lstsq (SVD) rather than solve: snapshots whose profiles nearly coincide make the system near-singular,
-    # where the minimum-norm solution avoids huge coefficients of opposite signs.
-    x = torch.linalg.lstsq(system, right[:, None], driver="gelsd").solution[:count, 0]
-    squared_error = float(x @ gram @ x - 2 * x @ cross + target_norm)
-    return Solution(x, math.sqrt(max(squared_error, 0.0) / target_norm))
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        """Fold the current parameters into every profile at optimizer step `step` (1-based)."""
+        assert self._params is not None
+        # Under true half precision the profiles still average in float32.
+        sources = [p.detach() if p.dtype == torch.float32 else p.float() for p in self._params.values()]
+        if self.profiles is None:  # every profile's first update copies the weights (beta = 0)
+            self.profiles = [
+                {name: s.clone() for name, s in zip(self._params, sources, strict=True)} for _ in self.gammas
+            ]
+            self._targets = [list(profile.values()) for profile in self.profiles]
+            self.step = step
+            return
+        if self._targets is None:  # restored from a checkpoint, on the CPU: onto the parameters' device, once
+            self.profiles = [self._on_device(profile) for profile in self.profiles]
+            self._targets = [list(profile.values()) for profile in self.profiles]
+        for targets, gamma in zip(self._targets, self.gammas, strict=True):
+            torch._foreach_lerp_(targets, sources, update_weight(gamma, step, step - self.step))
+        self.step = step
+
+    def _on_device(self, profile: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        assert self._params is not None
+        return {name: profile[name].to(param.device) for name, param in self._params.items()}
+
+    def on_train_batch_end(self, trainer: L.Trainer) -> None:
+        if trainer.global_step <= self.step:
+            return  # no optimizer step since the last update (accumulating gradients)
+        self.update(trainer.global_step)
+        if self.step % self.interval == 0:
+            self.write_snapshots(trainer)
+
+    def on_train_end(self, trainer: L.Trainer) -> None:
+        # The final step, when it is not a multiple of the interval (never twice: the name is the step's).
+        if self.profiles is None or self.step != trainer.global_step or self.folder is None:
+            return
+        if not (self.folder / snapshot_name(self.step, self.sigma_rels[0])).exists():
+            self.write_snapshots(trainer)
+
+    def write_snapshots(self, trainer: L.Trainer) -> None:
+        if not trainer.is_global_zero:
+            return
+        assert self.profiles is not None and self.folder is not None
+        for sigma_rel, gamma, profile in zip(self.sigma_rels, self.gammas, self.profiles, strict=True):
+            weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in profile.items()}
+            contents = snapshot_contents(self.step, sigma_rel, gamma, weights)
+            save_atomically(contents, self.folder / snapshot_name(self.step, sigma_rel))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "sigma_rels": list(self.sigma_rels), "profiles": self.profiles}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if [float(s) for s in state["sigma_rels"]] != self.sigma_rels:
+            raise ValueError(
+                f"the checkpoint's post-hoc EMA tracks sigma_rel {state['sigma_rels']}, not {self.sigma_rels} — "
+                f"resume with --ema.sigma_rels {list(state['sigma_rels'])}"
+            )
+        self.step, self.profiles, self._targets = int(state["step"]), state["profiles"], None
 
 
-def combine(weighted: Iterable[tuple[float, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
-    """sum_i x_i state_i over (x_i, state_i) pairs, streamed (one state in memory at a time), summed in float64:
-    coefficients of opposite signs cancel, which float32 sums would round. Returned in each entry's dtype."""
-    total: dict[str, torch.Tensor] | None = None
-    dtypes: dict[str, torch.dtype] = {}
-    for coefficient, state in weighted:
-        if total is None:
-            total = {key: torch.zeros(value.shape, dtype=torch.float64) for key, value in state.items()}
-            dtypes = {key: value.dtype for key, value in state.items()}
-        if state.keys() != total.keys():
-            raise ValueError("the snapshots hold different parameters: they come from different networks")
-        for key, value in state.items():
-            total[key].add_(value.to(torch.float64), alpha=coefficient)
-    if total is None:
-        raise ValueError("nothing to combine: no snapshots")
-    return {key: value.to(dtypes[key]) for key, value in total.items()}
+@dataclass(frozen=True)
+class Reconstruction:
+    """The parameters of the EMA of relative width `sigma_rel` at optimizer step `step`, the snapshots they
+    combine and the solver's `Solution` (its relative L2 error over time says how well the profile is met)."""
+
+    weights: dict[str, torch.Tensor]
+    step: int
+    sigma_rel: float
+    snapshots: list[Snapshot]
+    solution: Solution
+
+
+def snapshot_steps(snapshots: list[Snapshot]) -> list[int]:
+    return sorted({snapshot.step for snapshot in snapshots})
+
+
+def check_step(snapshots: list[Snapshot], step: int | None) -> int:
+    """`step` if snapshots were written at it, or by default the newest such step."""
+    if not snapshots:
+        raise UserError(
+            "no post-hoc EMA snapshots to reconstruct from",
+            "train with --ema.post_hoc true (snapshots go to <run>/post_hoc_ema/)",
+        )
+    steps = snapshot_steps(snapshots)
+    if step is None:
+        return steps[-1]
+    step = int(step)  # a plain int: it goes into checkpoints (weights_only loading takes no int subclass)
+    if step not in steps:
+        shown = ", ".join(map(str, steps[-5:]))
+        raise UserError(
+            f"--step {step}: no snapshot was written at that step",
+            f"pick a step with snapshots (the last ones: {shown}), or leave --step out for the newest",
+        )
+    return step
+
+
+def reconstruct(snapshots: list[Snapshot], sigma_rel: float, step: int | None = None) -> Reconstruction:
+    """The EMA of relative width `sigma_rel` at `step` (a step with snapshots; default: the newest), from the
+    snapshots up to that step, streamed from disk one at a time."""
+    check_sigma_rel(sigma_rel, "--sigma_rel")
+    step = check_step(snapshots, step)
+    used = [snapshot for snapshot in snapshots if snapshot.step <= step]
+    solution = solve([s.step for s in used], [s.gamma for s in used], step, gamma_of(sigma_rel))
+
+    def weighted() -> Iterator[tuple[float, dict[str, torch.Tensor]]]:
+        for coefficient, snapshot in zip(solution.coefficients.tolist(), used, strict=True):
+            yield coefficient, read_weights(snapshot)
+
+    return Reconstruction(combine(weighted()), step, float(sigma_rel), used, solution)
+
+
+def size(num_bytes: float) -> str:
+    return f"{num_bytes / GB:.3g} GB" if num_bytes >= 0.1 * GB else f"{num_bytes / 1e6:.3g} MB"
+
+
+def _round_up(gb: float) -> str:
+    """A budget to suggest: `gb` rounded up to two significant digits."""
+    scale = 10 ** (math.floor(math.log10(gb)) - 1)
+    return f"{math.ceil(gb / scale) * scale:.2g}"

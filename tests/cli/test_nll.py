@@ -13,11 +13,11 @@ import torch
 from helpers import tiny_run
 from helpers.user_errors import run_in_process
 
-from diffusion.cli import evaluate, likelihood
-from diffusion.core.likelihood import ReverseProcess, bound_terms
+from diffusion.cli import evaluate, evaluate_nll
+from diffusion.core.variational_bound import ReverseProcess, bound_terms
 from diffusion.data.images import ImageDataModule
 from diffusion.generation.render import to_uint8_images
-from diffusion.metrics.likelihood import quantize_to_8_bits
+from diffusion.metrics.bits_per_dim import quantize_to_8_bits
 from diffusion.training.loading import load_checkpoint
 
 REPO_ROOT = Path(__file__).parents[2]
@@ -44,7 +44,7 @@ def bits(stdout: str) -> str:
 
 
 def test_bits_per_dim_of_the_runs_held_out_images(short_chain_checkpoint, capsys):
-    result = likelihood.main(["--ckpt", str(short_chain_checkpoint), "--seed", "3"])
+    result = evaluate_nll.main(["--ckpt", str(short_chain_checkpoint), "--seed", "3"])
     images = quantize_to_8_bits(held_out_digits())
     assert result["num_images"] == len(images) == 90  # 5% of the 1,797 digits
     module = load_checkpoint(short_chain_checkpoint)
@@ -66,9 +66,9 @@ def test_an_npz_of_the_same_images_gives_the_same_bits_per_dim(short_chain_check
 
 
 def test_only_nll_goes_to_the_likelihood_command():
-    assert likelihood.requested(["--nll", "--ckpt", "x"]) and likelihood.requested(["--nll=true"])
-    assert not likelihood.requested(["--samples", "s.npz", "--reference", "digits"])
-    assert not likelihood.requested(["--nll=false"])
+    assert evaluate_nll.requested(["--nll", "--ckpt", "x"]) and evaluate_nll.requested(["--nll=true"])
+    assert not evaluate_nll.requested(["--samples", "s.npz", "--reference", "digits"])
+    assert not evaluate_nll.requested(["--nll=false"])
 
 
 @pytest.mark.parametrize(
@@ -121,12 +121,12 @@ def test_a_learned_variance_checkpoint_is_evaluated_with_its_own_variance(tmp_pa
     save_dir = tmp_path / "runs"
     tiny_run(save_dir, "--model.num_timesteps", str(T), "--model.variance", "learned_range")
     ckpt = save_dir / "digits" / "version_0" / "checkpoints" / "last.ckpt"
-    result = likelihood.main(["--ckpt", str(ckpt), "--num_images", "4"])
+    result = evaluate_nll.main(["--ckpt", str(ckpt), "--num_images", "4"])
     module = load_checkpoint(ckpt)
     images = quantize_to_8_bits(held_out_digits()[:4])
     process = ReverseProcess(variance="learned_range", learned_variance=True)
     expected = bound_terms(module.network, module.schedule, process, images, torch.arange(4))
     torch.testing.assert_close(result["per_image"], expected.total, rtol=1e-6, atol=0)
     with pytest.raises(SystemExit):
-        likelihood.main(["--ckpt", str(ckpt), "--variance", "fixedlarge"])
+        evaluate_nll.main(["--ckpt", str(ckpt), "--variance", "fixedlarge"])
     assert "this model learned its variance — leave --variance out" in capsys.readouterr().err

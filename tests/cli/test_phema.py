@@ -14,8 +14,8 @@ from helpers.user_errors import REPO, fill, run_in_process, train_args
 
 from diffusion.cli import phema, sample
 from diffusion.cli.train import main as train
-from diffusion.training.ema_snapshots import find_snapshots, read_weights
 from diffusion.training.loading import load_checkpoint
+from diffusion.training.post_hoc_ema import find_snapshots, read_weights
 
 POST_HOC = ["--ema.post_hoc", "true", "--ema.snapshot_every", "2"]  # tiny runs: 4 steps, snapshots at 2 and 4
 

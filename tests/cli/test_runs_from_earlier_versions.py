@@ -2,7 +2,8 @@
 was split into layers (tests/fixtures/runs_made_at_06c7fb7: a digits UNet whose config names
 `diffusion.data.ImageDataModule`, a toy 2-D MLP whose config names `diffusion.vectors.VectorDataModule`) train on
 from their checkpoints with their own config.yaml, start new runs from that config, sample with `python -m
-diffusion.sample` and load with `load_checkpoint`."""
+diffusion.sample` and load with `load_checkpoint`; class paths that configs of earlier versions name still name
+their classes."""
 
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from diffusion.cli.legacy import same_class
 from diffusion.cli.train import main as train
 from diffusion.training.loading import load_checkpoint
 
@@ -61,3 +63,15 @@ def test_an_old_checkpoint_samples_with_the_sample_command_and_loads(old_runs, n
     assert samples.shape == ((4, 16, 16, 1) if name == "digits" else (4, 2))
     module = load_checkpoint(checkpoint)
     assert module.sample(2, seed=0).isfinite().all()
+
+
+@pytest.mark.parametrize(
+    "old_path",
+    [
+        "diffusion.training.callbacks.FIDCallback",
+        "diffusion.training.callbacks.fid.FIDCallback",
+        "diffusion.callbacks.FIDCallback",
+    ],
+)
+def test_a_renamed_callback_keeps_its_old_class_paths(old_path):
+    assert same_class(old_path, "diffusion.training.callbacks.SampleQualityCallback")

@@ -69,7 +69,7 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     # Lightning finds an unknown metric only at the first validation, losing the training before it.
     "monitor_not_logged": (
         ["--checkpoint.monitor", "val/fid"],
-        r"--checkpoint.monitor val/fid is not a metric this run logs — pass one of .*val/loss .*needs the FIDCallback",
+        r"--checkpoint.monitor val/fid is not a metric this run logs — pass one of .*val/loss .*needs the SampleQualityCallback",
     ),
     "monitor_kid_without_kid": (
         [

@@ -1,5 +1,5 @@
 """The FID a training run logs is the FID `python -m diffusion.evaluate` gives for the same samples against the
-same reference: the FIDCallback's images (which `python -m diffusion.sample` draws again from the run's
+same reference: the SampleQualityCallback's images (which `python -m diffusion.sample` draws again from the run's
 checkpoint), evaluated offline, score the same to float precision, against the training images and against a
 statistics file written by --save_stats."""
 
@@ -13,7 +13,7 @@ from helpers import tiny_run
 from diffusion.cli import evaluate, sample
 from diffusion.errors import UserError
 from diffusion.metrics.sample_quality import SampleQuality
-from diffusion.training.callbacks import FIDCallback
+from diffusion.training.callbacks import SampleQualityCallback
 
 
 class GeneratedImages:
@@ -44,7 +44,7 @@ class GeneratedImages:
 
 
 def fid_callback(*options: str) -> list[str]:
-    flags = ["--trainer.callbacks+=diffusion.training.callbacks.FIDCallback"]
+    flags = ["--trainer.callbacks+=diffusion.training.callbacks.SampleQualityCallback"]
     for name, value in zip(options[::2], options[1::2], strict=True):
         flags += [f"--trainer.callbacks.init_args.{name}", value]
     return flags
@@ -60,7 +60,7 @@ def test_fid_logged_in_training_is_the_evaluators_fid_of_the_same_samples(tmp_pa
     callback_flags = fid_callback("features", "pixels", "num_samples", "16", "num_real", "5000", "kid", "false",
                                   "sampling.steps", "3")  # fmt: skip
     cli = tiny_run(tmp_path / "runs", *ALL_DIGITS, *callback_flags)
-    callback = next(c for c in cli.trainer.callbacks if isinstance(c, FIDCallback))
+    callback = next(c for c in cli.trainer.callbacks if isinstance(c, SampleQualityCallback))
     logged = float(cli.trainer.callback_metrics["val/fid"])
     assert len(generated.evaluations) == 3 and callback.last["num_real"] == 1797  # two evaluations
     # The sample CLI draws the callback's images again from the run's last checkpoint, with its options.
@@ -101,7 +101,7 @@ def test_inception_fid_against_saved_statistics_is_the_same_in_training_and_offl
                                   "reference_stats", stats, "num_samples", "4", "sampling.steps", "3",
                                   "every_n_validations", "2")  # fmt: skip
     cli = tiny_run(tmp_path / "runs", *callback_flags)
-    callback = next(c for c in cli.trainer.callbacks if isinstance(c, FIDCallback))
+    callback = next(c for c in cli.trainer.callbacks if isinstance(c, SampleQualityCallback))
     assert callback.quality.kid is None and "val/kid" not in cli.trainer.callback_metrics  # stats: no KID
     samples = generated.save_last(tmp_path / "samples.npz")
     offline = evaluate.main(["--samples", samples, "--reference", stats, "--metrics", "fid", *inception])
@@ -112,13 +112,13 @@ def test_inception_fid_against_saved_statistics_is_the_same_in_training_and_offl
 
 def test_fid_callback_checks_its_reference_statistics(tmp_path):
     with pytest.raises(ValueError, match="kid=True needs the real images' features"):
-        FIDCallback(reference_stats="stats.npz", kid=True)
+        SampleQualityCallback(reference_stats="stats.npz", kid=True)
     with pytest.raises(ValueError, match="num_real picks real images"):
-        FIDCallback(reference_stats="stats.npz", num_real=100)
-    assert FIDCallback().kid and not FIDCallback(reference_stats="stats.npz").kid
+        SampleQualityCallback(reference_stats="stats.npz", num_real=100)
+    assert SampleQualityCallback().kid and not SampleQualityCallback(reference_stats="stats.npz").kid
     # At setup, before any training: statistics of other features (3-d, where 1-channel pixels give 64-d).
     np.savez(tmp_path / "three_d.npz", mu=np.zeros(3), sigma=np.eye(3))
-    callback = FIDCallback(features="pixels", reference_stats=str(tmp_path / "three_d.npz"))
+    callback = SampleQualityCallback(features="pixels", reference_stats=str(tmp_path / "three_d.npz"))
     model = SimpleNamespace(sample_shape=(1, 16, 16), schedule=SimpleNamespace(num_timesteps=1000))
     with pytest.raises(UserError, match="three_d.npz holds 3-d statistics but pixels features .* are 64-d"):
         callback.setup(SimpleNamespace(world_size=1), model, "fit")

@@ -1,4 +1,4 @@
-"""FID/KID: pixel features, the digits floor, the evaluate CLI and FIDCallback in real (and DDP) fits.
+"""FID/KID: pixel features, the digits floor, the evaluate CLI and SampleQualityCallback in real (and DDP) fits.
 
 Nothing here downloads: the Inception extractor is checked against torch-fidelity's own with random weights
 saved to a local file; every FID value uses the project's offline pixel features.
@@ -25,11 +25,11 @@ from diffusion.data.images import ImageDataModule
 from diffusion.generation.render import to_uint8_images
 from diffusion.metrics.features import InceptionFeatures, PixelFeatures
 from diffusion.metrics.sample_quality import SampleQuality, feed_images
-from diffusion.training.callbacks import FIDCallback
+from diffusion.training.callbacks import SampleQualityCallback
 
 REPO = Path(__file__).parents[2]
 FID_FLAGS = [
-    "--trainer.callbacks+=diffusion.training.callbacks.FIDCallback",
+    "--trainer.callbacks+=diffusion.training.callbacks.SampleQualityCallback",
     "--trainer.callbacks.init_args.features", "pixels",
     "--trainer.callbacks.init_args.num_samples", "16",
     "--trainer.callbacks.init_args.sampling.steps", "3",
@@ -122,18 +122,20 @@ def test_sample_quality_and_callback_reject_bad_options():
     with pytest.raises(ValueError, match=r"unknown metrics \['fd'\]"):
         SampleQuality("pixels", ["fd"])
     with pytest.raises(ValueError, match="'fancy'"):
-        FIDCallback(features="fancy")
+        SampleQualityCallback(features="fancy")
     with pytest.raises(ValueError, match="num_samples=1"):
-        FIDCallback(num_samples=1)
+        SampleQualityCallback(num_samples=1)
     vector_model = SimpleNamespace(sample_shape=(2,))
     with pytest.raises(ValueError, match=r"needs image data.*\(2,\)"):
-        FIDCallback(features="pixels").setup(SimpleNamespace(world_size=1), vector_model, "fit")
+        SampleQualityCallback(features="pixels").setup(SimpleNamespace(world_size=1), vector_model, "fit")
     image_model = SimpleNamespace(sample_shape=(3, 8, 8), schedule=SimpleNamespace(num_timesteps=1000))
-    with pytest.raises(ValueError, match="FIDCallback sampling.steps 5000 is more steps than .*=1000"):
-        FIDCallback(features="pixels", sampling=SamplingOptions(steps=5000)).setup(
+    with pytest.raises(
+        ValueError, match="SampleQualityCallback sampling.steps 5000 is more steps than .*=1000"
+    ):
+        SampleQualityCallback(features="pixels", sampling=SamplingOptions(steps=5000)).setup(
             SimpleNamespace(world_size=1), image_model, "fit"
         )
-    fid_only = FIDCallback(features="pixels", kid=False)
+    fid_only = SampleQualityCallback(features="pixels", kid=False)
     fid_only.setup(SimpleNamespace(world_size=1), image_model, "fit")
     assert fid_only.quality.reported == ("fid",) and fid_only.quality.kid is None
     assert fid_only.quality.extractor.num_features == 3 * 64
@@ -204,7 +206,7 @@ def test_inception_features_explain_a_failed_download(monkeypatch):
 
 def test_kid_subsets_of_1000_by_default_capped_at_the_image_counts(digit_halves):
     assert SampleQuality("pixels", channels=1).kid.subset_size == 1000
-    assert FIDCallback().kid_subset_size == 1000
+    assert SampleQualityCallback().kid_subset_size == 1000
     assert (
         evaluate_cli.build_parser()
         .parse_args(["--samples", "a.npz", "--reference", "digits"])
@@ -232,7 +234,7 @@ def test_fid_callback_takes_real_images_without_random_flips():
     torch.manual_seed(0)  # the training set itself flips about half of its images
     assert any(not torch.equal(flipping.train_set[i][0], plain.train_set[i][0]) for i in range(20))
 
-    callback = FIDCallback(num_samples=64, features="pixels", kid=False)
+    callback = SampleQualityCallback(num_samples=64, features="pixels", kid=False)
     trainer = SimpleNamespace(world_size=1, datamodule=flipping)
     module = SimpleNamespace(sample_shape=(1, 16, 16), global_rank=0, device=torch.device("cpu"),
                              normalization=flipping.normalization,
@@ -301,7 +303,7 @@ def test_evaluate_cli_errors_say_what_is_wrong(tmp_path, arrays, reference, mess
 
 def test_fid_callback_logs_val_fid_and_a_checkpoint_keeps_the_best(tmp_path):
     cli = tiny_run(tmp_path, *FID_FLAGS)
-    callback = next(c for c in cli.trainer.callbacks if isinstance(c, FIDCallback))
+    callback = next(c for c in cli.trainer.callbacks if isinstance(c, SampleQualityCallback))
     fid = cli.trainer.callback_metrics["val/fid"]
     assert math.isfinite(float(fid)) and "val/kid" in cli.trainer.callback_metrics
     assert callback.last["num_fake"] == 16 and callback.last["num_real"] == 16

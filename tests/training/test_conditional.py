@@ -20,7 +20,7 @@ from diffusion.data.batch import Batch, check_batch
 from diffusion.data.images import ImageDataModule
 from diffusion.data.vectors import VectorDataModule
 from diffusion.models import MLP, UNet
-from diffusion.training.callbacks import FIDCallback
+from diffusion.training.callbacks import SampleQualityCallback
 from diffusion.training.module import DiffusionModule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,7 +217,7 @@ def test_fid_callback_samples_classes_in_turn_with_its_guidance_scale(scale, bat
     module = DiffusionModule(randomized(network), sample_shape=(2,), num_timesteps=50)
     calls = []
     network.register_forward_pre_hook(lambda m, inputs: calls.append((len(inputs[0]), inputs[2].tolist())))
-    callback = FIDCallback(num_samples=4, features="pixels", batch_size=4,
+    callback = SampleQualityCallback(num_samples=4, features="pixels", batch_size=4,
                            sampling=SamplingOptions(sampler="ddim", steps=2, guidance_scale=scale))  # fmt: skip
     callback._update = lambda images, pl_module, real: None  # only the sampling is looked at here
     callback._feed_generated(SimpleNamespace(world_size=1), module)

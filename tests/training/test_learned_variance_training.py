@@ -13,9 +13,9 @@ import pytest
 import torch
 from helpers import QUICK, TINY_UNET, tiny_run
 
-from diffusion.core.likelihood import ReverseProcess, vlb_term
 from diffusion.core.sampling import SamplingOptions
 from diffusion.core.schedule import NoiseSchedule
+from diffusion.core.variational_bound import ReverseProcess, vlb_term
 from diffusion.models import UNet
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.loss import VLB_WEIGHT, diffusion_loss

@@ -24,10 +24,7 @@ from diffusion.data.vectors import VectorDataModule
 from diffusion.errors import UserError
 from diffusion.models import MLP
 from diffusion.training.callbacks import EMA
-from diffusion.training.callbacks.post_hoc_ema import PostHocEMA
-from diffusion.training.ema_snapshots import find_snapshots, read_weights, reconstruct
-from diffusion.training.module import DiffusionModule
-from diffusion.training.post_hoc_ema import (
+from diffusion.training.ema_profiles import (
     MAX_SIGMA_REL,
     gamma_of,
     sigma_rel_of,
@@ -35,6 +32,8 @@ from diffusion.training.post_hoc_ema import (
     step_weights,
     update_weight,
 )
+from diffusion.training.module import DiffusionModule
+from diffusion.training.post_hoc_ema import PostHocEMA, find_snapshots, read_weights, reconstruct
 
 SIGMA_RELS = (0.05, 0.10)
 # A reconstruction of an untracked sigma_rel differs from that EMA tracked directly by at most this fraction of

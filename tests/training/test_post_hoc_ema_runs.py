@@ -25,7 +25,7 @@ from test_resume import (
 )
 
 from diffusion.cli.train import main
-from diffusion.training.ema_snapshots import find_snapshots, read_weights
+from diffusion.training.post_hoc_ema import find_snapshots, read_weights
 
 # A wide profile too: in 8 steps the default ones (0.05, 0.10) put almost no weight on the steps before a kill.
 SIGMA_RELS = [0.1, 0.25]

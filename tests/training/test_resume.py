@@ -28,8 +28,8 @@ from helpers import TINY_MLP
 
 from diffusion.cli.train import main
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
+from diffusion.training.atomic_writes import AtomicCheckpointIO
 from diffusion.training.callbacks import Checkpoint
-from diffusion.training.callbacks.atomic_writes import AtomicCheckpointIO
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from diffusion.errors import UserError
-from diffusion.training.callbacks import atomic_writes as checkpoint_io
+from diffusion.training import atomic_writes as checkpoint_io
 from diffusion.training.callbacks.preemption import Preempted, Preemption, requeue_slurm_job
 
 
@@ -45,7 +45,7 @@ class Checkpoint(ModelCheckpoint):
     (a larger --max_steps) skips data: an epoch cut short counts as finished, so the rest of it is never seen;
     after a whole epoch the batch counters carry into the next one, which then ends after a single batch.
 
-    In `setup` it makes the strategy's saves atomic (`diffusion.training.callbacks.atomic_writes`; on every rank, rank 0
+    In `setup` it makes the strategy's saves atomic (`diffusion.training.atomic_writes`; on every rank, rank 0
     writes) and removes temporary files a killed save left in its folder; `save_last="link"` replaces
     last.ckpt atomically too.
 

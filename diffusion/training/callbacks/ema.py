@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_warn
 
-from diffusion.training.callbacks.post_hoc_ema import PostHocEMA
+from diffusion.training.post_hoc_ema import PostHocEMA
 
 
 class EMA(WeightAveraging):
@@ -34,7 +34,7 @@ class EMA(WeightAveraging):
     as AveragedModel does with use_buffers=False.
 
     With `post_hoc`, it also tracks power-function EMA profiles and writes their snapshots into the run folder
-    (`diffusion.training.callbacks.post_hoc_ema.PostHocEMA`), from which `python -m diffusion.phema` builds
+    (`diffusion.training.post_hoc_ema.PostHocEMA`), from which `python -m diffusion.phema` builds
     the EMA of any length after training (Karras et al. 2024). The EMA above is unchanged by it.
 
     Args:

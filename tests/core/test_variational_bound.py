@@ -1,5 +1,5 @@
-"""The variational bound's terms (diffusion.core.likelihood) against float64 references written here from the
-papers' formulas, and the sum over all T steps against an unbiased Monte-Carlo estimate of the same bound."""
+"""The variational bound's terms (diffusion.core.variational_bound) against float64 references written here from
+the papers' formulas, and the sum over all T steps against an unbiased Monte-Carlo estimate of the same bound."""
 
 import math
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion.core.likelihood import (
+from diffusion.core.noise import PerSampleNoise
+from diffusion.core.schedule import NoiseSchedule
+from diffusion.core.variational_bound import (
     ReverseProcess,
     bound_terms,
     discretized_gaussian_log_likelihood,
@@ -16,8 +18,6 @@ from diffusion.core.likelihood import (
     prior_bpd,
     vlb_term,
 )
-from diffusion.core.noise import PerSampleNoise
-from diffusion.core.schedule import NoiseSchedule
 
 LN2 = math.log(2)
 

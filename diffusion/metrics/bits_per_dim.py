@@ -1,5 +1,5 @@
 """Bits per dimension of a set of 8-bit images under a diffusion model: every term of the variational bound
-(`diffusion.core.likelihood.bound_terms`, T network evaluations per image) on one or many ranks.
+(`diffusion.core.variational_bound.bound_terms`, T network evaluations per image) on one or many ranks.
 
 Ranks split the images by the generation rule (`diffusion.generation.ranks.rank_indices`: rank r takes images
 r, r + W, ...), and the noise of each image's x_t is a function of (seed, t, its position in the set), so any
@@ -14,8 +14,8 @@ from torch import nn
 from tqdm import tqdm
 
 from diffusion.core.guidance import guided_output
-from diffusion.core.likelihood import ReverseProcess, bound_terms
 from diffusion.core.schedule import NoiseSchedule
+from diffusion.core.variational_bound import ReverseProcess, bound_terms
 from diffusion.generation.ranks import rank_indices
 
 COLUMNS = ("prior", "decoder", "kl", "total")

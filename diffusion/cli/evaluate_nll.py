@@ -2,8 +2,8 @@
 
 The negative log-likelihood bound of Ho et al. 2020 (Eq. 5) in bits/dim: the prior term L_T, the KL terms
 L_1 .. L_{T-1} against the true posterior and the discretized Gaussian decoder L_0 on 8-bit data, summed over
-all T steps for every image (T network evaluations an image; `diffusion.core.likelihood`), printed as the mean
-over the images with its standard error. The images are the held-out (validation) split of the checkpoint's
+all T steps for every image (T network evaluations an image; `diffusion.core.variational_bound`), printed as the
+mean over the images with its standard error. The images are the held-out (validation) split of the checkpoint's
 run, rebuilt from the run's config.yaml (`--split train` for its training split), or `--data.path FILE.npz`
 (``arr_0`` uint8 N x H x W x C, the samples-file format; ``arr_1`` labels for a class-conditional model).
 Images are taken on the 8-bit grid (the digits' 17 grey levels are rounded to the 256 levels they are saved
@@ -30,19 +30,18 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import PositiveInt
 from torch.utils.data import DataLoader, Subset
 
+from diffusion.cli.flags import add_flags, check_sampling_checkpoint, command_parser, resolve_device
 from diffusion.cli.legacy import accept_moved_class_paths
-from diffusion.cli.parsing import command_parser
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.cli.sample import Accelerator, check_sampling_checkpoint, resolve_device
-from diffusion.core.likelihood import ReverseProcess
 from diffusion.core.sampling import SamplingOptions
 from diffusion.core.variance import VarianceType
+from diffusion.core.variational_bound import ReverseProcess
 from diffusion.data.images import ImageDataModule
 from diffusion.errors import UserError
 from diffusion.generation.ranks import gather_in_order
-from diffusion.metrics.likelihood import BitsPerDim, image_bounds, quantize_to_8_bits
-from diffusion.training.loading import Weights, load_checkpoint
+from diffusion.metrics.bits_per_dim import BitsPerDim, image_bounds, quantize_to_8_bits
+from diffusion.training.loading import load_checkpoint
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder_of
 
@@ -69,9 +68,7 @@ def requested(argv: list[str] | None = None) -> bool:
 def build_parser() -> ArgumentParser:
     parser = command_parser("python -m diffusion.evaluate --nll", __doc__)
     parser.add_argument("--nll", action=ActionYesNo, nargs="?", default=True, help="bits/dim (this command)")
-    parser.add_argument(
-        "--ckpt", type=str, required=True, help="a checkpoint of train.py (e.g. .../last.ckpt)"
-    )
+    add_flags(parser, "ckpt")
     parser.add_argument(
         "--data.path", type=str | None, default=None,
         help="an .npz of uint8 N x H x W x C images (arr_1: labels) instead of the run's held-out split",
@@ -83,9 +80,7 @@ def build_parser() -> ArgumentParser:
         help="val (the run's held-out images) or train: from its config.yaml",
     )
     parser.add_argument("--num_images", type=PositiveInt | None, default=None, help="only the first N images")
-    parser.add_argument("--batch_size", type=PositiveInt, default=256)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the noise of every term")
-    parser.add_argument("--weights", type=Weights, default="ema", help="EMA weights or raw ones")
+    add_flags(parser, "batch_size", "seed", "weights", seed={"help": "seed of the noise of every term"})
     parser.add_argument(
         "--variance", type=VarianceType | None, default=None,
         help="fixedlarge or fixedsmall for a fixed-variance model (default: its sampling variance)",
@@ -93,12 +88,11 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--clip_denoised", type=bool, default=True, help="clip the predicted x_0 to [-1, 1], as the samplers"
     )
-    parser.add_argument("--device", type=str | None, default=None, help="with --devices 1: cpu, cuda, cuda:1")
-    parser.add_argument(
-        "--devices", type=PositiveInt, default=1, help="processes to evaluate on (one per GPU)"
-    )
-    parser.add_argument("--num_nodes", type=PositiveInt, default=1, help="machines, under torchrun / srun")
-    parser.add_argument("--accelerator", type=Accelerator, default="auto", help="cpu or cuda (gpu)")
+    add_flags(
+        parser, "device", "devices", "num_nodes", "accelerator",
+        device={"help": "with --devices 1: cpu, cuda, cuda:1, ...; default: cuda if visible"},
+        devices={"help": "processes to evaluate on (one per GPU)"},
+    )  # fmt: skip
     return parser
 
 

@@ -1,5 +1,6 @@
-"""FID / KID of generated samples against the training images (or their saved statistics), at the end of
-validation: the computation of `python -m diffusion.evaluate` (`diffusion.metrics.sample_quality`)."""
+"""The quality of generated samples during training: FID and KID against the training images (or their saved
+statistics), at the end of validation, by the computation of `python -m diffusion.evaluate`
+(`diffusion.metrics.sample_quality`)."""
 
 import lightning as L
 import torch
@@ -19,8 +20,8 @@ from diffusion.training.module import DiffusionModule
 FID, KID = "val/fid", "val/kid"  # the metrics it logs (a checkpoint can monitor them)
 
 
-class FIDCallback(EveryNValidations):
-    """FID (and KID) of generated samples against the training images, logged as ``val/fid``, ``val/kid``.
+class SampleQualityCallback(EveryNValidations):
+    """FID and KID of generated samples against the training images, logged as ``val/fid``, ``val/kid``.
 
     The value is the one ``python -m diffusion.evaluate`` gives for the same samples against the same
     reference: both feed uint8 images to `diffusion.metrics.sample_quality.SampleQuality`.
@@ -73,19 +74,22 @@ class FIDCallback(EveryNValidations):
         check_features(features)
         if reference_stats is not None and kid:
             raise ValueError(
-                "FIDCallback kid=True needs the real images' features, and reference_stats holds only their mean "
-                "and covariance — leave kid unset (or False) with reference_stats, or drop reference_stats"
+                "SampleQualityCallback kid=True needs the real images' features, and reference_stats holds only "
+                "their mean and covariance — leave kid unset (or False) with reference_stats, or drop reference_stats"
             )
         if reference_stats is not None and num_real is not None:
             raise ValueError(
-                "FIDCallback num_real picks real images, and with reference_stats none are read — leave num_real out"
+                "SampleQualityCallback num_real picks real images, and with reference_stats none are read — leave "
+                "num_real out"
             )
         for name, value, low in [
             ("num_samples", num_samples, 2),
             ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
         ]:  # fmt: skip
             if value < low:
-                raise ValueError(f"FIDCallback {name}={value} must be >= {low} — pass a larger value")
+                raise ValueError(
+                    f"SampleQualityCallback {name}={value} must be >= {low} — pass a larger value"
+                )
         super().__init__(every_n_validations)
         self.num_samples = num_samples
         self.features = features
@@ -105,13 +109,16 @@ class FIDCallback(EveryNValidations):
         shape = tuple(getattr(pl_module, "sample_shape", ()))
         if len(shape) != 3:
             raise ValueError(
-                f"FIDCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is {shape}; "
-                "FID/KID compare images. Remove the callback for vector data."
+                "SampleQualityCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is "
+                f"{shape}; FID/KID compare images. Remove the callback for vector data."
             )
-        self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, "FIDCallback sampling.steps")
+        self.sampling.check_steps_fit(
+            pl_module.schedule.num_timesteps, "SampleQualityCallback sampling.steps"
+        )
         if self.num_samples < trainer.world_size:
             raise ValueError(
-                f"FIDCallback num_samples={self.num_samples} must be >= the world size {trainer.world_size}"
+                f"SampleQualityCallback num_samples={self.num_samples} must be >= the world size "
+                f"{trainer.world_size}"
             )
         if self.quality is None:
             # Built here on every rank (not in __init__) so that a bad Inception download or statistics file
@@ -121,11 +128,11 @@ class FIDCallback(EveryNValidations):
                 reference = load_statistics(self.reference_stats)
                 reference.check_fits(
                     self.features, feature_size(self.features, shape[0]), shape[1:],
-                    f"FIDCallback reference_stats {self.reference_stats}",
+                    f"SampleQualityCallback reference_stats {self.reference_stats}",
                 )  # fmt: skip
                 rank_zero_info(
-                    f"FIDCallback: FID against the statistics in {self.reference_stats}; no KID (it needs the real "
-                    "images' features, which a statistics file does not hold)"
+                    f"SampleQualityCallback: FID against the statistics in {self.reference_stats}; no KID (it needs "
+                    "the real images' features, which a statistics file does not hold)"
                 )
             self.quality = SampleQuality(
                 self.features, ["fid", "kid"] if self.kid else ["fid"], channels=shape[0], reference=reference,
@@ -201,6 +208,11 @@ def _train_dataset(trainer: L.Trainer) -> Dataset:
     dataset = getattr(loader, "dataset", None)
     if dataset is None or not hasattr(dataset, "__len__"):
         raise ValueError(
-            f"FIDCallback takes real images from the training DataLoader's dataset, but got {type(loader).__name__}"
+            "SampleQualityCallback takes real images from the training DataLoader's dataset, but got "
+            f"{type(loader).__name__}"
         )
     return dataset
+
+
+FIDCallback = SampleQualityCallback
+"""The name configs of earlier versions give it (`diffusion.training.callbacks.FIDCallback`)."""

@@ -1,4 +1,5 @@
-"""Atomic checkpoint files: written to a hidden temporary file in their own folder, fsynced, renamed into place.
+"""Atomic writes of checkpoints and the other files a run keeps (post-hoc EMA snapshots): written to a hidden
+temporary file in their own folder, fsynced, renamed into place.
 
 Lightning's TorchCheckpointIO stages a checkpoint in the system temp dir (fsspec's `mkstemp`) and moves it,
 which across filesystems is a copy: a kill then leaves a truncated checkpoint under its final name and a temp

@@ -1,0 +1,189 @@
+"""The flags the commands share, declared once, and their checks before any time is spent.
+
+Every command's parser has train.py's conventions: `--config FILE`, `--print_config` and `--debug`
+(`command_parser`). The flags several commands take (`--ckpt`, `--device`, `--seed`, `--batch_size`,
+`--overwrite`, ...) are declared once, in `FLAGS`, and added by name (`add_flags`), a command changing only what
+differs for it (a default, the help); the sampling flags (`--sampler`, `--steps`, `--eta`, ...) are made from
+`SamplingOptions`.
+Their values are checked here too: the device, the output folder, the checkpoint, the class labels.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter, Namespace
+from jsonargparse.typing import PositiveInt
+
+from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
+from diffusion.data.labels import class_labels
+from diffusion.errors import UserError
+from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
+from diffusion.training.loading import Weights
+
+DEBUG_VARIABLE = "DIFFUSION_DEBUG"
+Accelerator = Literal["auto", "cpu", "cuda", "gpu"]
+
+FLAGS: dict[str, dict[str, Any]] = {
+    "ckpt": {"type": str, "required": True, "help": "a checkpoint of train.py (e.g. .../last.ckpt)"},
+    "weights": {"type": Weights, "default": "ema", "help": "EMA weights or raw ones"},
+    "batch_size": {"type": PositiveInt, "default": 256, "help": "how many at a time on each device"},
+    "seed": {"type": int, "default": 0, "help": "the seed of the noise"},
+    "overwrite": {
+        "action": ActionYesNo, "nargs": "?", "default": False, "help": "replace what this command wrote before",
+    },
+    "device": {
+        "type": str | None, "default": None, "help": "cpu, cuda, cuda:1, ...; default: cuda if visible, else cpu",
+    },
+    "devices": {"type": PositiveInt, "default": 1, "help": "processes to run on (one per GPU)"},
+    "num_nodes": {"type": PositiveInt, "default": 1, "help": "machines, when started by torchrun / srun"},
+    "accelerator": {
+        "type": Accelerator, "default": "auto", "help": "cpu or cuda (gpu); default: the type of --device",
+    },
+}  # fmt: skip
+"""The flags more than one command takes, by name: the keyword arguments of their `add_argument`."""
+
+
+class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help (types, defaults) with the description's line breaks kept."""
+
+
+def command_parser(prog: str, description: str) -> ArgumentParser:
+    """A parser for `python -m <prog>` with train.py's conventions: `--config FILE`, `--print_config`, `--debug`.
+
+    Parse errors raise (exit_on_error=False) so that `reporting_user_errors` prints them as one line.
+    """
+    parser = ArgumentParser(
+        prog=prog, description=description, exit_on_error=False, formatter_class=_HelpFormatter
+    )
+    parser.add_argument(
+        "--config", action=ActionConfigFile, help="options from a YAML file (see --print_config)"
+    )
+    add_debug_flag(parser)
+    return parser
+
+
+def add_flags(parser: argparse._ActionsContainer, *names: str, **changes: dict[str, Any]) -> None:
+    """Add `--<name>` for each of `names` as `FLAGS` declares it, updated by `changes[name]` where the command
+    differs, e.g. ``add_flags(parser, "seed", "device", seed={"help": "seed of the reference subset"})``."""
+    unknown = set(changes) - set(names)
+    if unknown:
+        raise ValueError(f"changes to flags not added: {sorted(unknown)}")
+    for name in names:
+        parser.add_argument(f"--{name}", **{**FLAGS[name], **changes.get(name, {})})
+
+
+def add_debug_flag(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--debug", action=ActionYesNo, nargs="?", default=False,
+        help=f"show the traceback of a user error rather than one line (also: {DEBUG_VARIABLE}=1)",
+    )  # fmt: skip
+
+
+def debug_requested(argv: Sequence[str] | None = None) -> bool:
+    """DIFFUSION_DEBUG set (not 0/false/no), or --debug on the command line (argv, or sys.argv)."""
+    if os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("", "0", "false", "no"):
+        return True
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(args):
+        if arg in ("--debug", "--debug=true", "--debug=yes"):
+            following = args[i + 1] if i + 1 < len(args) else ""
+            return following.lower() not in ("false", "no")
+    return False
+
+
+def add_sampling_arguments(parser: ArgumentParser) -> None:
+    """A flag for every field of `SamplingOptions` (`--sampler`, `--steps`, `--eta`, ...: every registered
+    sampler's options), with the registry's help; unset, each takes the checkpoint's value."""
+    group = parser.add_argument_group("sampling (a flag left out takes the checkpoint's value)")
+    for option in fields(SamplingOptions):
+        text = sampler_help() if option.name == "sampler" else option_help(option.name)
+        group.add_argument(f"--{option.name}", type=option.type, default=None, help=text)
+
+
+def options_from_flags(args: Namespace) -> SamplingOptions:
+    """The `SamplingOptions` of the flags `add_sampling_arguments` added, checked."""
+    return SamplingOptions(**{option.name: args[option.name] for option in fields(SamplingOptions)})
+
+
+def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:
+    """(device of a one-device run, accelerator of a Fabric run): an explicit --accelerator decides both."""
+    if accelerator == "cpu":
+        device = "cpu"
+    elif accelerator in ("cuda", "gpu") and not (device or "").startswith("cuda"):
+        device = "cuda"
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        torch.device(device)
+    except RuntimeError as err:
+        raise UserError(f"--device {device} is not a device", "pass cpu, cuda or cuda:N") from err
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA GPU is visible here", "use --device cpu")
+    return device, "cuda" if device.startswith("cuda") else "cpu"
+
+
+def check_writable_folder(path: str | os.PathLike, flag: str) -> None:
+    """Raise UserError unless `path` is a folder this process can write into, or could create.
+
+    Nothing is created: the nearest existing ancestor is tested by writing a temporary file there.
+    """
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is a file, not a folder", "pass a folder (it is created if missing)")
+    existing = next(p for p in [path, *path.absolute().parents] if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path}: {existing} is a file, not a folder", "pass a path through folders")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise UserError(
+            f"{flag} {path}: cannot write into {existing} ({err.strerror or err})",
+            "pick a folder you can write to",
+        ) from err
+
+
+def cpu_mixed_precision_note(precision: str, training: bool) -> str | None:
+    """What `--precision` 16-mixed or bf16-mixed means on a CPU (None for other precisions), for train.py and
+    the sample CLI. Lightning has no fp16 autocast on a CPU: it runs 16-mixed as bf16-mixed (no GradScaler).
+    Training steps under CPU autocast run about 10x slower than 32-bit; a sampling forward in bf16 took 0.5-0.8x
+    the 32-bit time at batch 16-256 on an AVX512-BF16 CPU (CPUs without bf16 instructions convert, slower)."""
+    if "mixed" not in precision:
+        return None
+    substitute = " (16-mixed runs as bf16-mixed: fp16 autocast needs CUDA)" if precision == "16-mixed" else ""
+    if training:
+        return (
+            f"precision={precision} on CPU runs about 10x slower than 32-bit{substitute}; mixed precision pays off "
+            "on CUDA GPUs. For CPU runs use --precision 32."
+        )
+    return (
+        f"--precision {precision} on a CPU runs the network in bf16{substitute}: about as fast as 32 or faster with "
+        "bf16 instructions (AVX512-BF16, AMX), slower without; mixed precision is meant for CUDA GPUs"
+    )
+
+
+def check_sampling_checkpoint(path: str) -> dict:
+    """The checkpoint can be read and holds what sampling needs; returns its hyperparameters."""
+    return check_written_by_train(read_checkpoint(path, "--ckpt"), path, "--ckpt")
+
+
+def requested_labels(
+    hparams: dict, num_samples: int, class_label: str | None, guidance: bool
+) -> torch.Tensor | None:
+    """The label of every sample (`diffusion.data.labels.class_labels`) from a checkpoint's hyperparameters, checked
+    before any sampling time is spent; None for an unconditional checkpoint, which takes neither a class nor
+    guidance."""
+    num_classes = hparams["network"].get("init_args", {}).get("num_classes")
+    if num_classes is None and (class_label is not None or guidance):
+        flag = "--class_label" if class_label is not None else "--guidance_scale"
+        raise UserError(
+            f"{flag}: this checkpoint is unconditional (trained without --data.conditional)",
+            "sample it without --class_label and --guidance_scale, or pass a class-conditional checkpoint",
+        )
+    return class_labels(num_samples, num_classes, class_label, hparams.get("class_names"))
