@@ -52,6 +52,8 @@ class DiffusionModule(L.LightningModule):
         normalization: {"shift": [...], "scale": [...]} mapping model units back to data units; set from the
             data by the CLI so a checkpoint can turn samples into images or vectors on its own.
         prediction_type: what the network outputs: the noise "eps" (Ho et al.), "x0", or "v".
+        zero_terminal_snr: rescale the betas so that alpha_bar_T = 0 (Lin et al. 2024): x_T is pure noise, as
+            sampling starts; needs prediction_type v (Lin et al.'s) or x0, as eps is undefined there.
         loss_weighting: "none" (Ho et al.'s simple loss) or "min_snr" (Hang et al. 2023, gamma=min_snr_gamma).
         lr, warmup_steps, adam_betas, weight_decay: Adam with linear warmup (Ho et al.: 2e-4, 5000 steps).
         lr_schedule: after warmup, "constant" (Ho et al.) or "cosine" to zero at the run's last step
@@ -85,6 +87,7 @@ class DiffusionModule(L.LightningModule):
         num_timesteps: int = 1000,
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
+        zero_terminal_snr: bool = False,
         prediction_type: PredictionType = "eps",
         loss_weighting: LossWeighting = "none",
         min_snr_gamma: float = 5.0,
@@ -113,8 +116,9 @@ class DiffusionModule(L.LightningModule):
                 *([] if isinstance(compile, bool) else [("compile", compile, CompileWhen)]),
             ],
             lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
-            min_snr_gamma=min_snr_gamma, label_dropout=label_dropout,
-            network_num_classes=getattr(network, "num_classes", None), variance=variance, sample_shape=sample_shape,
+            min_snr_gamma=min_snr_gamma, label_dropout=label_dropout, prediction_type=prediction_type,
+            zero_terminal_snr=zero_terminal_snr, network_num_classes=getattr(network, "num_classes", None),
+            variance=variance, sample_shape=sample_shape,
             sampling_variance=(sampling.get("variance") if isinstance(sampling, dict) else sampling.variance),
         )  # fmt: skip
         with warnings.catch_warnings():
@@ -131,7 +135,7 @@ class DiffusionModule(L.LightningModule):
             self.hparams.pop("network")
         self.network = network
         self.sample_shape = tuple(sample_shape)
-        self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end)
+        self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr)
         # Constants every rank computes alike: DDP need not broadcast them from rank 0 before every forward.
         names = [f"schedule.{name}" for name, _ in self.schedule.named_buffers()]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)

@@ -10,8 +10,8 @@ from typing import ClassVar
 import torch
 
 from diffusion.core.noise import Generators, randn
-from diffusion.core.samplers.contract import Denoiser, Sampler, Step, timestep_batch
-from diffusion.core.samplers.spacing import half_log_snr, log_snr_timesteps
+from diffusion.core.samplers.contract import SPACING_HELP, Denoiser, Sampler, Step, option, timestep_batch
+from diffusion.core.samplers.spacing import Spacing, half_log_snr
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class DPMSolverPP2M(Sampler):
     default_steps: ClassVar[int | None] = 20
     stochastic: ClassVar[bool] = False
 
+    spacing: Spacing = option("log_snr", SPACING_HELP)
+
     @property
     def deterministic(self) -> bool:
         return not self.stochastic
@@ -48,7 +50,7 @@ class DPMSolverPP2M(Sampler):
         self, denoiser: Denoiser, x_T: torch.Tensor, noise: Generators = None, progress: bool = False
     ) -> Iterator[Step]:
         schedule = denoiser.schedule
-        timesteps = log_snr_timesteps(schedule.alphas_cumprod, self.steps_for(schedule.num_timesteps))
+        timesteps = self.timesteps(schedule)
         # Plain floats from a CPU copy: no device sync per step.
         alphas_cumprod = schedule.alphas_cumprod.double().cpu()
         lambdas = half_log_snr(alphas_cumprod)
