@@ -116,7 +116,8 @@ LABELS = torch.tensor([0, 1, 2])
 
 # module.sample(3, seed=11, options=SamplingOptions(sampler=name, steps=5[, guidance_scale=1.5]), labels=...) of
 # tiny_module() ("plain": no labels; "guided": LABELS, guidance 1.5) and of tiny_module(learned_variance=True)
-# ("learned", where the sampler uses the learned variance; the others sample as "plain"), by the code at 571722a.
+# ("learned", where the sampler uses the learned variance; the others sample as "plain"), by the code at 571722a;
+# those of heun and euler_ancestral computed once by their first version.
 GOLDEN = {
     "ddpm": {
         "plain": [[0.92063999, -0.24789509, -0.38802233, 1.0], [0.03098354, -1.0, -0.49679521, 0.26939976],
@@ -143,6 +144,17 @@ GOLDEN = {
                   [0.99444461, -0.88814062, -0.11410423, 0.83896053]],
         "guided": [[-0.99542391, 0.19168787, -0.67688936, 0.63847005], [-1.0, -0.79066104, -0.44638139, -0.94341493],
                    [-0.91521430, 0.99306113, 0.05573481, 0.99106079]],
+    },
+    "heun": {
+        "plain": [[0.83835721, 0.23096432, 0.75257939, 0.63234800], [0.11406957, -0.97141469, 0.31235567, 1.0],
+                  [1.0, 0.78931987, 0.11271245, 1.0]],
+        "guided": [[-1.0, 1.0, -0.04569207, 1.0], [-1.0, -1.0, -0.19893047, 1.0], [-0.88388300, 1.0, 0.37626916, 1.0]],
+    },
+    "euler_ancestral": {
+        "plain": [[0.49821126, -0.88771582, 0.05439133, 0.47225463], [0.36751503, -0.76061356, -0.01282981, 0.03491754],
+                  [0.66795754, -0.62945914, -0.00164651, 0.43813989]],
+        "guided": [[-0.99533015, -0.26786071, -0.80894989, 0.95992875], [-1.0, -0.79735082, -0.54485971, -0.82379293],
+                   [-1.0, 0.99182081, 0.17660223, 0.99020791]],
     },
 }  # fmt: skip
 
