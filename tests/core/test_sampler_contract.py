@@ -38,6 +38,7 @@ from diffusion.generation.ranks import gather_in_order, generate
 from diffusion.training.module import DiffusionModule
 
 REPO_ROOT = Path(__file__).parents[2]
+TRAINING_DOC = (REPO_ROOT / "docs" / "training.md").read_text()
 T = 1000
 STD = torch.tensor([0.3, 0.5, 0.1, 0.7], dtype=torch.float64)
 NAMES = list(SAMPLERS)
@@ -172,6 +173,11 @@ def test_the_registry_describes_the_sampler_and_every_layer_offers_its_options(n
         assert option.metadata.get("help"), f"{name}.{option.name} has no help: declare it with option()"
         assert option.name in options_fields and option.name in flags
     assert name in SamplingOptions.__doc__ and sampler.summary in SamplingOptions.__doc__
+    # docs/training.md's table of samplers has its row, with its default steps.
+    rows = [line for line in TRAINING_DOC.splitlines() if line.startswith(f"| `{name}` |")]
+    assert len(rows) == 1 and f"| {sampler.default_steps_text()} |" in rows[0], (
+        f"docs/training.md: {name}'s row"
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
