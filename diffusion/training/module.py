@@ -156,7 +156,7 @@ class DiffusionModule(L.LightningModule):
                 ) from error
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        if self._compiled:
+        if self._compiled and not torch.compiler.is_compiling():  # a sampler's compiled loop: fixed shapes
             # Validation and sampling come in many batch sizes (ragged last batches, a rank's share of a grid,
             # guidance's doubled batch): one evaluation graph with a dynamic batch size serves them all. Training
             # batches all have one size (whole global batches): its graph stays static, the fastest kernels.
