@@ -52,8 +52,8 @@ class DiffusionModule(L.LightningModule):
         normalization: {"shift": [...], "scale": [...]} mapping model units back to data units; set from the
             data by the CLI so a checkpoint can turn samples into images or vectors on its own.
         prediction_type: what the network outputs: the noise "eps" (Ho et al.), "x0", or "v".
-        zero_terminal_snr: rescale the betas so that alpha_bar_T = 0 (Lin et al. 2024): x_T is pure noise, as
-            sampling starts; needs prediction_type v (Lin et al.'s) or x0, as eps is undefined there.
+        zero_terminal_snr: betas rescaled to alpha_bar_T = 0 (Lin et al. 2024); needs prediction_type v or x0.
+        offset_noise: Guttenberg 2023's offset noise for images (0.1 in his examples; `training_noise`).
         loss_weighting: "none" (Ho et al.'s simple loss) or "min_snr" (Hang et al. 2023, gamma=min_snr_gamma).
         lr, warmup_steps, adam_betas, weight_decay: Adam with linear warmup (Ho et al.: 2e-4, 5000 steps).
         lr_schedule: after warmup, "constant" (Ho et al.) or "cosine" to zero at the run's last step
@@ -104,6 +104,7 @@ class DiffusionModule(L.LightningModule):
         label_dropout: float = 0.0,
         class_names: list[str] | None = None,
         variance: ModelVariance = "fixed",
+        offset_noise: float = 0.0,
     ) -> None:
         super().__init__()
         check_training_options(
@@ -118,7 +119,7 @@ class DiffusionModule(L.LightningModule):
             lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
             min_snr_gamma=min_snr_gamma, label_dropout=label_dropout, prediction_type=prediction_type,
             zero_terminal_snr=zero_terminal_snr, network_num_classes=getattr(network, "num_classes", None),
-            variance=variance, sample_shape=sample_shape,
+            variance=variance, sample_shape=sample_shape, offset_noise=offset_noise,
             sampling_variance=(sampling.get("variance") if isinstance(sampling, dict) else sampling.variance),
         )  # fmt: skip
         with warnings.catch_warnings():
@@ -246,8 +247,8 @@ class DiffusionModule(L.LightningModule):
         """Noise like x0 and timesteps (B,) for one batch, from the rank's generator or per sample."""
         generator = None if per_sample else self._generator
         return training_noise.noise_and_timesteps(
-            x0, indices, step, self.schedule.num_timesteps, self._noise_seed, generator
-        )
+            x0, indices, step, self.schedule.num_timesteps, self._noise_seed, generator, self.hparams.offset_noise,
+        )  # fmt: skip
 
     def drop_labels(
         self, labels: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool
