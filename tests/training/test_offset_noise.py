@@ -28,10 +28,15 @@ def test_offset_noise_adds_one_normal_per_sample_and_channel(generator_seed):
     offset = (shifted - plain) / 0.1  # (B, C, H, W): z of each (sample, channel) over all its pixels
     torch.testing.assert_close(offset, offset[:, :, :1, :1].expand_as(offset), rtol=0, atol=1e-5)
     assert offset[:, :, 0, 0].unique().numel() == 18 and 0.3 < offset[:, :, 0, 0].std() < 3
-    # Without the option, the noise of before: no draw is spent on the offset.
-    before = noise_and_timesteps(X0, INDICES, 3, 1000, 17, None if generator_seed is None else
-                                 torch.Generator().manual_seed(generator_seed))  # fmt: skip
-    assert torch.equal(before[0], plain) and torch.equal(before[1], t)
+
+
+def test_without_offset_noise_the_generator_draws_what_it_drew_before():
+    # Fast mode's stream: the timesteps, then the noise, batch after batch; nothing spent on an offset of 0.
+    generator, replay = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    for _ in range(2):
+        noise, t = noise_and_timesteps(X0, INDICES, 3, 1000, 17, generator)
+        assert torch.equal(t, torch.randint(1000, (6,), generator=replay))
+        assert torch.equal(noise, torch.randn(X0.shape, generator=replay))
 
 
 def test_per_sample_offsets_do_not_depend_on_the_batch():
