@@ -30,7 +30,8 @@ StepTimer callback (diffusion/training/callbacks/step_timer.py); the interleaved
 `--train_py FLAGS` variant (one whose flags train.py does not accept is skipped with a note); the recipe's data
 path alone (images/s with its workers and transforms; with --synthetic, random pixels in torchvision's CIFAR10,
 speed_data.py); sampling images/s of each `--samplers` entry under each `--sampling_precisions`, with the time
-50,000 samples would take. Peak memory per path: CUDA max_memory_allocated; CPU the process's peak RSS (VmHWM,
+50,000 samples would take (with --sampling_compile also compiled: the samplers' `compile` option, one graph for the
+whole loop, CUDA graphs on CUDA; the first batch, which compiles, is reported apart; --quick: always, eager backend). Peak memory per path: CUDA max_memory_allocated; CPU the process's peak RSS (VmHWM,
 reset per path through /proc/self/clear_refs; it includes what the other paths keep resident).
 
 Results go to benchmarks/results/speed.md (OUT/speed.md with --out, and always with --quick; OUT/speed.json too),
@@ -38,6 +39,8 @@ written again after each measurement: a run ended early keeps what it measured.
 """
 
 import argparse
+import contextlib
+import itertools
 import json
 import logging
 import os
@@ -56,7 +59,8 @@ from speed_jobs import FlagsRefused, compare_jobs, timed_train_py
 from speed_paths import build_project, diffusers_path, plain_path, project_path
 from speed_report import COMPILED, PEER, PLAIN, PROJECT, markdown, targets
 
-from diffusion.core.sampling import SamplingOptions
+from diffusion.core.samplers.compiled import compiling_with
+from diffusion.core.sampling import SAMPLERS, SamplingOptions
 from diffusion.generation.precision import network_precision
 from diffusion.models import UNet
 from diffusion.training.callbacks.step_timer import (
@@ -128,23 +132,22 @@ def interleave(paths: list[Timed], rounds: int, steps: int, device: torch.device
 
 
 def sampling_seconds(
-    module, device: torch.device, batch: int, sampler: str, steps: int, precision: str, repeats: int
-) -> list[float]:
-    """Seconds per batch of `sampler`-`steps` with per-sample seeds under `precision` (as the sample CLI's
-    --precision), after one short warm-up call."""
+    module, device: torch.device, batch: int, options: SamplingOptions, precision: str, repeats: int
+) -> tuple[float, list[float]]:
+    """(seconds of the first batch, seconds per batch after it) of the sampler `options` name, with per-sample
+    seeds under `precision` (as the sample CLI's --precision); the first batch warms up (and compiles)."""
     module.to(device)
+    seconds = []
     with network_precision(module, precision):
-        module.sample(batch, seed=0, options=SamplingOptions(sampler=sampler, steps=2))
-        seconds = []
-        for _ in range(repeats):
+        for _ in range(1 + repeats):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            module.sample(batch, seed=0, options=SamplingOptions(sampler=sampler, steps=steps))
+            module.sample(batch, seed=0, options=options)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
-    return seconds
+    return seconds[0], seconds[1:]
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -182,6 +185,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         "--samplers", default="ddim:50,dpmpp_2m_sde:20", help="sampler:steps,... to time (empty: none)"
     )
     parser.add_argument("--sampling_precisions", default="32", help="e.g. 32,bf16-mixed")
+    parser.add_argument(
+        "--sampling_compile", action="store_true",
+        help="also time each sampler compiled (its compile option: one graph for the loop, CUDA graphs on CUDA)",
+    )  # fmt: skip
     parser.add_argument("--sampling_batch", type=int, help="samples per batch (default: the training batch)")
     parser.add_argument("--baseline", help="a git revision: also time the default job from it and from here")
     parser.add_argument(
@@ -201,6 +208,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         args.job_steps, args.job_rounds, args.loader_batches = 4, 1, min(args.loader_batches, 3)
         args.samplers = ",".join(f"{entry.split(':')[0]}:3" for entry in args.samplers.split(",") if entry)
         args.compile_backend = "eager"  # Dynamo traces as usual; Inductor would take minutes on a CPU
+        args.sampling_compile = True
         cli_args = [*TINY_UNET, *cli_args]
         args.out = args.out or Path(tempfile.mkdtemp(prefix="speed_quick_"))
     if min(args.rounds, args.steps, args.train_py_steps) < 1 or min(args.warmup, args.train_py_warmup) < 0:
@@ -257,14 +265,22 @@ def main(argv: list[str] | None = None) -> str:
         save(run)
     for entry in filter(None, args.samplers.split(",")):
         sampler, steps = entry.split(":")
-        for precision in filter(None, args.sampling_precisions.split(",")):
+        for precision, compile in itertools.product(
+            filter(None, args.sampling_precisions.split(",")),
+            (False, True) if args.sampling_compile else (False,),
+        ):
             size = args.sampling_batch or batch
-            seconds = sampling_seconds(cli.model, device, size, sampler, int(steps), precision, repeats=3)
+            options = SamplingOptions(sampler=sampler, steps=int(steps), compile=compile)
+            with compiling_with(args.compile_backend) if args.compile_backend else contextlib.nullcontext():
+                first, seconds = sampling_seconds(cli.model, device, size, options, precision, repeats=3)
+            evaluations = SAMPLERS[sampler].evaluations(int(steps))
             run.sampling.append(
-                {"sampler": sampler, "steps": int(steps), "precision": precision, "batch": size, "seconds": seconds}
+                {"sampler": sampler, "steps": int(steps), "evaluations": evaluations, "precision": precision,
+                 "batch": size, "compile": compile, "first_seconds": first, "seconds": seconds}
             )  # fmt: skip
             print(
-                f"  sampling {entry} {precision}: {size / statistics.median(seconds):,.1f} images/s",
+                f"  sampling {entry}{' compiled' if compile else ''} {precision}: "
+                f"{size / statistics.median(seconds):,.1f} images/s (first batch {first:.2f} s)",
                 flush=True,
             )
             save(run)

@@ -26,6 +26,7 @@ TRAINING_NOISE, TRAINING_TIMESTEPS, SAMPLING_NOISE = 0, 1, 2
 LABEL_DROPOUT = 3  # per-sample label dropout: independent of the same sample's noise and timestep
 LIKELIHOOD_NOISE = 4  # the noise of the bound's x_t
 AUGMENTATION = 5  # the training data's random flips: a function of (data seed, epoch, dataset index)
+OFFSET_NOISE = 6  # offset noise's per-(sample, channel) normal: apart from the same sample's pixel noise
 
 IntOrTensor = TypeVar("IntOrTensor", int, torch.Tensor)
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from diffusion.core.noise import Generators
-from diffusion.core.samplers import ddpm_ddim, dpm_solver
+from diffusion.core.samplers import ddpm_ddim, dpm_solver, karras
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.schedule import NoiseSchedule, PredictionType
 from diffusion.errors import check_choice
@@ -30,6 +30,8 @@ SAMPLERS: dict[str, type[Sampler]] = {
         ddpm_ddim.DDIM,
         dpm_solver.DPMSolverPP2M,
         dpm_solver.DPMSolverPP2MSDE,
+        karras.Heun,
+        karras.EulerAncestral,
     )
 }
 DEFAULT_SAMPLER = "ddpm"  # a model whose options name no sampler samples as Ho et al. (all T steps)
@@ -41,12 +43,16 @@ def options_of(sampler: type[Sampler]) -> dict[str, Field]:
     return {option.name: option for option in fields(sampler)}
 
 
-def steps_defaults() -> str:
-    """Every sampler's default step count, e.g. 'all T for ddpm, 50 for ddim, 20 for dpmpp_2m and dpmpp_2m_sde'."""
+def defaults_text(name: str) -> str:
+    """Every default of an option, with the samplers that have it when they differ, e.g. for steps 'all T for
+    ddpm, 50 for ddim, 20 for dpmpp_2m and dpmpp_2m_sde, ...'."""
     by_default: dict[str, list[str]] = {}
-    for name, sampler in SAMPLERS.items():
-        by_default.setdefault(sampler.default_steps_text(), []).append(name)
-    return ", ".join(f"{steps} for {' and '.join(names)}" for steps, names in by_default.items())
+    for sampler in OPTION_OWNERS[name]:
+        default = sampler.default_steps_text() if name == "steps" else str(options_of(sampler)[name].default)
+        by_default.setdefault(default, []).append(sampler.name)
+    if len(by_default) == 1:
+        return next(iter(by_default))
+    return ", ".join(f"{default} for {' and '.join(names)}" for default, names in by_default.items())
 
 
 def _owners() -> dict[str, list[type[Sampler]]]:
@@ -67,12 +73,7 @@ def option_help(name: str) -> str:
     declared = [options_of(sampler)[name] for sampler in owners]
     text = "; ".join(dict.fromkeys(option.metadata.get("help", "") for option in declared))
     whom = "every sampler" if len(owners) == len(SAMPLERS) else ", ".join(sampler.name for sampler in owners)
-    if name == "steps":
-        default = steps_defaults()
-    else:
-        defaults = dict.fromkeys(repr(option.default) for option in declared)
-        default = " or ".join(defaults)
-    return f"{text} ({whom}; default {default})"
+    return f"{text} ({whom}; default {defaults_text(name)})"
 
 
 def sampler_help() -> str:

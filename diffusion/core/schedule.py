@@ -58,6 +58,22 @@ def make_betas(
     return betas.clamp(0, 0.999)
 
 
+def rescale_zero_terminal_snr(betas: torch.Tensor) -> torch.Tensor:
+    """Betas rescaled so that alphas_cumprod at T is 0 (zero terminal SNR), float64.
+
+    Lin et al. 2024 ("Common Diffusion Noise Schedules and Sample Steps are Flawed", Algorithm 1): shift
+    sqrt(abar_t) so its last value is 0 and scale it so its first stays, then recover the betas; the last beta
+    is 1. Without it a schedule ends with some signal left (4e-5 of abar for Ho et al.'s), which training
+    shows the network at t = T but sampling from pure noise never gives it.
+    """
+    sqrt_alphas_cumprod = torch.cumprod(1 - betas, dim=0).sqrt()
+    first, last = sqrt_alphas_cumprod[0].clone(), sqrt_alphas_cumprod[-1].clone()
+    sqrt_alphas_cumprod = (sqrt_alphas_cumprod - last) * first / (first - last)
+    alphas_cumprod = sqrt_alphas_cumprod**2
+    alphas = torch.cat([alphas_cumprod[:1], alphas_cumprod[1:] / alphas_cumprod[:-1]])
+    return 1 - alphas
+
+
 def extract(values: torch.Tensor, t: torch.Tensor, ndim: int) -> torch.Tensor:
     """Gather values[t] for a batch of timesteps and shape it (B, 1, ..., 1) to broadcast against x."""
     return values[t].reshape(-1, *([1] * (ndim - 1)))
@@ -66,7 +82,9 @@ def extract(values: torch.Tensor, t: torch.Tensor, ndim: int) -> torch.Tensor:
 class NoiseSchedule(nn.Module):
     """The forward process q(x_t | x_0) and its posterior q(x_{t_prev} | x_t, x_0) for a beta schedule.
 
-    No learnable parameters; all tensors are buffers indexed by the timestep t in [0, T).
+    No learnable parameters; all tensors are buffers indexed by the timestep t in [0, T). With
+    `zero_terminal_snr` the betas are rescaled so that alpha_bar_T = 0 (`rescale_zero_terminal_snr`): x_T is
+    pure noise, eps-prediction is undefined there (x_0 = (x_T - eps) / 0), and the network must predict v or x_0.
     """
 
     def __init__(
@@ -75,11 +93,15 @@ class NoiseSchedule(nn.Module):
         num_timesteps: int = 1000,
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
+        zero_terminal_snr: bool = False,
     ) -> None:
         super().__init__()
         self.beta_schedule = beta_schedule
         self.num_timesteps = num_timesteps
+        self.zero_terminal_snr = zero_terminal_snr
         betas = make_betas(beta_schedule, num_timesteps, beta_start, beta_end)
+        if zero_terminal_snr:
+            betas = rescale_zero_terminal_snr(betas)
         alphas = 1.0 - betas
         alphas_cumprod = torch.cumprod(alphas, dim=0)
         buffers = {
@@ -109,9 +131,14 @@ class NoiseSchedule(nn.Module):
         )
 
     def predict_eps_from_x0(self, x_t: torch.Tensor, t: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        return (extract(self.sqrt_recip_alphas_cumprod, t, x_t.ndim) * x_t - x0) / extract(
+        eps = (extract(self.sqrt_recip_alphas_cumprod, t, x_t.ndim) * x_t - x0) / extract(
             self.sqrt_recipm1_alphas_cumprod, t, x_t.ndim
         )
+        if (
+            self.zero_terminal_snr
+        ):  # at alpha_bar = 0, x_t is the noise itself (the formula divides inf by inf)
+            eps = torch.where(extract(self.alphas_cumprod, t, x_t.ndim) == 0, x_t, eps)
+        return eps
 
     def velocity(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """v = sqrt(abar_t) eps - sqrt(1 - abar_t) x_0 (Salimans & Ho 2022)."""
@@ -181,4 +208,5 @@ class NoiseSchedule(nn.Module):
         return alphas_cumprod / (1 - alphas_cumprod)
 
     def extra_repr(self) -> str:
-        return f"beta_schedule={self.beta_schedule!r}, num_timesteps={self.num_timesteps}"
+        zero_snr = ", zero_terminal_snr=True" if self.zero_terminal_snr else ""
+        return f"beta_schedule={self.beta_schedule!r}, num_timesteps={self.num_timesteps}{zero_snr}"

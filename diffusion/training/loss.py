@@ -40,17 +40,31 @@ def sample_seed(seed: int, step: int, index: int) -> int:
 
 def noise_and_timesteps(
     x0: torch.Tensor, indices: torch.Tensor, step: int, num_timesteps: int, seed: int,
-    generator: torch.Generator | None,
+    generator: torch.Generator | None, offset_noise: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Noise like x0 and timesteps (B,) in [0, num_timesteps): from `generator`, or per sample without one."""
+    """Noise like x0 and timesteps (B,) in [0, num_timesteps): from `generator`, or per sample without one.
+
+    offset_noise: Guttenberg 2023's offset noise, noise + offset_noise z with one normal z per (sample, channel)
+    for every pixel, so that the network also learns to change an image's mean brightness (images only).
+    """
     if generator is None:  # drawn for the whole batch on its device
         indices = indices.to(x0.device)
         t_key = counter_noise.noise_key(seed, counter_noise.TRAINING_TIMESTEPS, step)
         t = counter_noise.randint(num_timesteps, t_key, indices)
         key = counter_noise.noise_key(seed, counter_noise.TRAINING_NOISE, step)
-        return counter_noise.normal(x0.shape, key, indices, dtype=x0.dtype), t
-    t = torch.randint(num_timesteps, (x0.shape[0],), device=x0.device, generator=generator)
-    return counter_noise.randn(x0.shape, generator, x0.device), t
+        noise = counter_noise.normal(x0.shape, key, indices, dtype=x0.dtype)
+    else:
+        t = torch.randint(num_timesteps, (x0.shape[0],), device=x0.device, generator=generator)
+        noise = counter_noise.randn(x0.shape, generator, x0.device)
+    if offset_noise:
+        channels = x0.shape[:2]  # (B, C): a draw of its own, so the pixel noise stays what it is without it
+        if generator is None:
+            key = counter_noise.noise_key(seed, counter_noise.OFFSET_NOISE, step)
+            offset = counter_noise.normal(channels, key, indices, dtype=x0.dtype)
+        else:
+            offset = counter_noise.randn(channels, generator, x0.device)
+        noise = noise + offset_noise * offset.view(*channels, *[1] * (x0.ndim - 2))
+    return noise, t
 
 
 def drop_labels(

@@ -52,6 +52,8 @@ class DiffusionModule(L.LightningModule):
         normalization: {"shift": [...], "scale": [...]} mapping model units back to data units; set from the
             data by the CLI so a checkpoint can turn samples into images or vectors on its own.
         prediction_type: what the network outputs: the noise "eps" (Ho et al.), "x0", or "v".
+        zero_terminal_snr: betas rescaled to alpha_bar_T = 0 (Lin et al. 2024); needs prediction_type v or x0.
+        offset_noise: Guttenberg 2023's offset noise for images (0.1 in his examples; `training/loss.py`).
         loss_weighting: "none" (Ho et al.'s simple loss) or "min_snr" (Hang et al. 2023, gamma=min_snr_gamma).
         lr, warmup_steps, adam_betas, weight_decay: Adam with linear warmup (Ho et al.: 2e-4, 5000 steps).
         lr_schedule: after warmup, "constant" (Ho et al.) or "cosine" to zero at the run's last step
@@ -85,6 +87,7 @@ class DiffusionModule(L.LightningModule):
         num_timesteps: int = 1000,
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
+        zero_terminal_snr: bool = False,
         prediction_type: PredictionType = "eps",
         loss_weighting: LossWeighting = "none",
         min_snr_gamma: float = 5.0,
@@ -101,6 +104,7 @@ class DiffusionModule(L.LightningModule):
         label_dropout: float = 0.0,
         class_names: list[str] | None = None,
         variance: ModelVariance = "fixed",
+        offset_noise: float = 0.0,
     ) -> None:
         super().__init__()
         check_training_options(
@@ -113,8 +117,9 @@ class DiffusionModule(L.LightningModule):
                 *([] if isinstance(compile, bool) else [("compile", compile, CompileWhen)]),
             ],
             lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
-            min_snr_gamma=min_snr_gamma, label_dropout=label_dropout,
-            network_num_classes=getattr(network, "num_classes", None), variance=variance, sample_shape=sample_shape,
+            min_snr_gamma=min_snr_gamma, label_dropout=label_dropout, prediction_type=prediction_type,
+            zero_terminal_snr=zero_terminal_snr, network_num_classes=getattr(network, "num_classes", None),
+            variance=variance, sample_shape=sample_shape, offset_noise=offset_noise,
             sampling_variance=(sampling.get("variance") if isinstance(sampling, dict) else sampling.variance),
         )  # fmt: skip
         with warnings.catch_warnings():
@@ -131,7 +136,7 @@ class DiffusionModule(L.LightningModule):
             self.hparams.pop("network")
         self.network = network
         self.sample_shape = tuple(sample_shape)
-        self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end)
+        self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr)
         # Constants every rank computes alike: DDP need not broadcast them from rank 0 before every forward.
         names = [f"schedule.{name}" for name, _ in self.schedule.named_buffers()]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
@@ -152,7 +157,7 @@ class DiffusionModule(L.LightningModule):
                 ) from error
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        if self._compiled:
+        if self._compiled and not torch.compiler.is_compiling():  # a sampler's compiled loop: fixed shapes
             # Validation and sampling come in many batch sizes (ragged last batches, a rank's share of a grid,
             # guidance's doubled batch): one evaluation graph with a dynamic batch size serves them all. Training
             # batches all have one size (whole global batches): its graph stays static, the fastest kernels.
@@ -242,8 +247,8 @@ class DiffusionModule(L.LightningModule):
         """Noise like x0 and timesteps (B,) for one batch, from the rank's generator or per sample."""
         generator = None if per_sample else self._generator
         return objective.noise_and_timesteps(
-            x0, indices, step, self.schedule.num_timesteps, self._noise_seed, generator
-        )
+            x0, indices, step, self.schedule.num_timesteps, self._noise_seed, generator, self.hparams.offset_noise,
+        )  # fmt: skip
 
     def drop_labels(
         self, labels: torch.Tensor, indices: torch.Tensor, step: int, per_sample: bool

@@ -13,6 +13,7 @@ def check_training_options(
     *, choices: list[tuple[str, Any, Any]], lr: float, warmup_steps: int, adam_betas: tuple[float, float],
     weight_decay: float, min_snr_gamma: float, label_dropout: float, network_num_classes: int | None,
     variance: str = "fixed", sample_shape: tuple[int, ...] = (1, 16, 16), sampling_variance: str | None = None,
+    prediction_type: str = "eps", zero_terminal_snr: bool = False, offset_noise: float = 0.0,
 ) -> None:  # fmt: skip
     for name, value, allowed in choices:
         check_choice(name, value, allowed)
@@ -48,4 +49,17 @@ def check_training_options(
         raise ValueError(
             "--model.sampling.variance learned_range needs a model that learns its variance — train with "
             "--model.variance learned_range, or sample with fixedlarge or fixedsmall"
+        )
+    if zero_terminal_snr and prediction_type == "eps":
+        raise ValueError(
+            "zero_terminal_snr needs v- or x0-prediction: eps-prediction is undefined at alpha_bar_T = 0 (x_T is "
+            "pure noise) — pass --model.prediction_type v (Lin et al. 2024)"
+        )
+    if not (math.isfinite(offset_noise) and offset_noise >= 0):
+        raise ValueError(
+            f"offset_noise={offset_noise} must be a finite number >= 0 — pass e.g. 0.1 (Guttenberg)"
+        )
+    if offset_noise and len(sample_shape) != 3:
+        raise ValueError(
+            "offset_noise shifts an image's channels: it is for images — train vectors with --model.offset_noise 0"
         )

@@ -41,7 +41,11 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "sample_grid_steps_0": (["--sample_grid.sampling.steps", "0"], r"steps=0 must be >= 1"),
     "model_sampling_steps_0": (["--model.sampling.steps", "0"], r"steps=0 must be >= 1 — pass a step count"),
     "sample_grid_num_samples_0": (["--sample_grid.num_samples", "0"], r"num_samples=0 must be >= 1 — pass"),
-    "eta_2": (["--model.sampling.eta", "2"], r"eta=2.0 must be in \[0, 1\]"),
+    # The recipe's sampler (dpmpp_2m_sde) has no eta and ignores it: a sampler that has one.
+    "eta_2": (
+        ["--model.sampling.sampler", "ddim", "--model.sampling.eta", "2"],
+        r"eta=2.0 must be in \[0, 1\]",
+    ),
     "lr_not_a_number": (["--model.lr", "abc"], r"--model.lr abc is not a valid float"),
     "lr_negative": (["--model.lr", "-1"], r"lr=-1.0 must be a finite number > 0 — pass"),
     "adam_betas_above_1": (["--model.adam_betas", "[1.5, 0.999]"], r"adam_betas=\[1.5, 0.999\] must be two"),
@@ -52,6 +56,11 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"min_snr_gamma=-5.0 must be > 0 .* — pass e.g. 5",
     ),
     "num_timesteps_1": (["--model.num_timesteps", "1"], r"num_timesteps=1 is too few — pass an integer >= 2"),
+    # Lin et al. 2024 train zero terminal SNR with v: eps-prediction is undefined at alpha_bar_T = 0.
+    "zero_terminal_snr_eps": (
+        ["--model.zero_terminal_snr", "true"],
+        r"zero_terminal_snr needs v- or x0-prediction: .* — pass --model.prediction_type v",
+    ),
     # Steps beyond the schedule failed only at the first validation, losing the training before it.
     "grid_steps_beyond_the_schedule": (
         ["--sample_grid.sampling.steps", "5000"],

@@ -14,7 +14,7 @@ import torch
 
 from diffusion.cli.sample import main as sample_main
 from diffusion.core.noise import randn
-from diffusion.core.samplers.spacing import half_log_snr, log_snr_timesteps
+from diffusion.core.samplers.spacing import half_log_snr, log_snr_timesteps, spaced_timesteps
 from diffusion.core.sampling import SamplingOptions, final_sample, reverse_steps
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.training.loading import load_checkpoint
@@ -120,18 +120,19 @@ def test_log_snr_timesteps_are_distinct_even_in_lambda_and_cover_both_ends(beta_
         log_snr_timesteps(schedule.alphas_cumprod, 1001)
 
 
-@pytest.mark.parametrize("prediction_type", ["eps", "x0", "v"])
-def test_dpmpp_2m_matches_a_reference_implementation_of_algorithm_2(prediction_type):
+@pytest.mark.parametrize("prediction_type, spacing", [("eps", "log_snr"), ("x0", "log_snr"), ("v", "log_snr"),
+                                                      ("eps", "karras")])  # fmt: skip
+def test_dpmpp_2m_matches_a_reference_implementation_of_algorithm_2(prediction_type, spacing):
     schedule = NoiseSchedule()
     steps = 12
-    timesteps = log_snr_timesteps(schedule.alphas_cumprod, steps).flip(0).tolist()  # T-1 ... 0
+    timesteps = spaced_timesteps(spacing, schedule.alphas_cumprod, steps).flip(0).tolist()  # T-1 ... 0
     noise = x_T()
     expected = reference_dpmpp_2m(schedule.alphas_cumprod.double().numpy(), timesteps, noise.numpy())
     model = GaussianOracle(schedule, prediction_type)
     trajectory = list(
         reverse_steps(
             model, schedule, noise, sampler="dpmpp_2m", steps=steps, prediction_type=prediction_type,
-            clip_denoised=False,
+            clip_denoised=False, spacing=spacing,
         )
     )  # fmt: skip
     assert [t for t, _, _ in trajectory] == timesteps
@@ -145,16 +146,17 @@ def test_dpmpp_2m_matches_a_reference_implementation_of_algorithm_2(prediction_t
     torch.testing.assert_close(trajectory[-1][1], trajectory[-1][2])
 
 
-def test_dpmpp_2m_sde_matches_the_reference_with_the_same_noise():
+@pytest.mark.parametrize("spacing", ["log_snr", "karras"])
+def test_dpmpp_2m_sde_matches_the_reference_with_the_same_noise(spacing):
     schedule = NoiseSchedule()
     steps, noise = 12, x_T()
-    timesteps = log_snr_timesteps(schedule.alphas_cumprod, steps).flip(0).tolist()
+    timesteps = spaced_timesteps(spacing, schedule.alphas_cumprod, steps).flip(0).tolist()
     replay = torch.Generator().manual_seed(5)  # the draws the sampler will make, one per step but the last
     noises = [torch.randn(noise.shape, generator=replay).double().numpy() for _ in range(steps - 1)]
     expected = reference_dpmpp_2m(schedule.alphas_cumprod.double().numpy(), timesteps, noise.numpy(), noises)
     trajectory = reverse_steps(
         GaussianOracle(schedule), schedule, noise, sampler="dpmpp_2m_sde", steps=steps, clip_denoised=False,
-        generator=torch.Generator().manual_seed(5),
+        generator=torch.Generator().manual_seed(5), spacing=spacing,
     )  # fmt: skip
     for (t, x, _), (reference_x, _) in zip(trajectory, expected, strict=True):
         np.testing.assert_allclose(x.numpy(), reference_x, atol=2e-5, err_msg=f"after the step from t={t}")

@@ -2,11 +2,14 @@
 sampler in the registry, so a new sampler is tested by registering it. The registry describes it; its trajectory
 starts at t = T - 1; a sample does not depend on its batch, nor (deterministic samplers) on anything but x_T; one
 process and two draw the same samples; guidance and learned variances work where it takes them and are refused in
-one line where not (so is alpha_bar_T = 0); golden values computed by the code before the samplers had one
-contract (571722a) stay; samples converge toward DDPM-1000 as steps grow.
+one line where not; so does a zero-terminal-SNR schedule (alpha_bar_T = 0), from which a sampler's samples converge
+to the data; it costs the network evaluations it says (`evaluations`); compiled, it draws the eager samples from
+one graph; golden values computed by the code before the samplers had one contract (571722a), and for samplers added
+since by their first version, stay; samples converge toward DDPM-1000 as steps grow.
 
-The tiny model is the optimal eps-prediction for class-conditional Gaussian data in 4 dimensions (shaped (1, 2, 2)
-so it can learn variances, which only images do), plus a seeded perturbation, as no trained network is exact.
+The tiny model is the optimal eps-prediction (or v-prediction) for class-conditional Gaussian data in 4 dimensions
+(shaped (1, 2, 2) so it can learn variances, which only images do), plus a seeded perturbation, as no trained network
+is exact.
 Run as a script (`python tests/core/test_sampler_contract.py OUT.pt`), this file draws every sampler's samples
 on two processes (Lightning Fabric, gloo) and writes rank 0's gathered samples to OUT.pt.
 """
@@ -25,6 +28,7 @@ from torch import nn
 from diffusion.cli.sample import build_parser
 from diffusion.core.guidance import NO_LABEL
 from diffusion.core.noise import PerSampleNoise
+from diffusion.core.samplers.compiled import compiling_with
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.samplers.ddpm_ddim import DDIM
 from diffusion.core.sampling import SAMPLERS, SamplingOptions, options_of, reverse_steps
@@ -34,6 +38,7 @@ from diffusion.generation.ranks import gather_in_order, generate
 from diffusion.training.module import DiffusionModule
 
 REPO_ROOT = Path(__file__).parents[2]
+TRAINING_DOC = (REPO_ROOT / "docs" / "training.md").read_text()
 T = 1000
 STD = torch.tensor([0.3, 0.5, 0.1, 0.7], dtype=torch.float64)
 NAMES = list(SAMPLERS)
@@ -41,17 +46,21 @@ NAMES = list(SAMPLERS)
 
 class TinyNetwork(nn.Module):
     """eps of class-conditional Gaussian data x_0 ~ N(means[y], diag(STD^2)) (the last row of `means` for NO_LABEL),
-    exact when `perturbation` is 0; with `learned_variance`, also a v in (-1, 1) (2C output channels)."""
+    exact when `perturbation` is 0; with `learned_variance`, also a v in (-1, 1) (2C output channels). With
+    `zero_terminal_snr`, the v-prediction (Salimans & Ho's v, not the variance's) on that schedule."""
 
     def __init__(
-        self, learned_variance: bool = False, perturbation: float = 0.05, num_classes: int = 3
-    ) -> None:
+        self, learned_variance: bool = False, perturbation: float = 0.05, num_classes: int = 3,
+        zero_terminal_snr: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__()
         generator = torch.Generator().manual_seed(0)
         self.num_classes = num_classes
         self.learned_variance = learned_variance
         self.perturbation = perturbation
-        self.register_buffer("alphas_cumprod", NoiseSchedule(num_timesteps=T).alphas_cumprod.double())
+        self.predicts_v = zero_terminal_snr
+        schedule = NoiseSchedule(num_timesteps=T, zero_terminal_snr=zero_terminal_snr)
+        self.register_buffer("alphas_cumprod", schedule.alphas_cumprod.double())
         self.register_buffer(
             "means", 0.5 * torch.randn(num_classes + 1, 4, generator=generator, dtype=torch.float64)
         )
@@ -66,6 +75,8 @@ class TinyNetwork(nn.Module):
         eps = (flat - abar.sqrt() * x0) / (1 - abar).sqrt()
         time = (t.double() / T).unsqueeze(1)
         eps = eps + self.perturbation * torch.tanh((flat[:, :, None] * self.weight).sum(1) + time)
+        if self.predicts_v:  # v = sqrt(abar) eps - sqrt(1 - abar) x_0, perturbed through eps
+            eps = abar.sqrt() * eps - (1 - abar).sqrt() * x0
         out = eps.float().view_as(x)
         if not self.learned_variance:
             return out
@@ -82,10 +93,15 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def tiny_module(learned_variance: bool = False, perturbation: float = 0.05) -> DiffusionModule:
-    network = TinyNetwork(learned_variance, perturbation)
+def tiny_module(
+    learned_variance: bool = False, perturbation: float = 0.05, zero_terminal_snr: bool = False
+) -> DiffusionModule:
+    network = TinyNetwork(learned_variance, perturbation, zero_terminal_snr=zero_terminal_snr)
     variance = "learned_range" if learned_variance else "fixed"
-    return DiffusionModule(network, sample_shape=(1, 2, 2), num_timesteps=T, variance=variance)
+    return DiffusionModule(
+        network, sample_shape=(1, 2, 2), num_timesteps=T, variance=variance, zero_terminal_snr=zero_terminal_snr,
+        prediction_type="v" if zero_terminal_snr else "eps",
+    )  # fmt: skip
 
 
 def options(name: str, steps: int = 4, **more) -> SamplingOptions:
@@ -101,7 +117,8 @@ LABELS = torch.tensor([0, 1, 2])
 
 # module.sample(3, seed=11, options=SamplingOptions(sampler=name, steps=5[, guidance_scale=1.5]), labels=...) of
 # tiny_module() ("plain": no labels; "guided": LABELS, guidance 1.5) and of tiny_module(learned_variance=True)
-# ("learned", where the sampler uses the learned variance; the others sample as "plain"), by the code at 571722a.
+# ("learned", where the sampler uses the learned variance; the others sample as "plain"), by the code at 571722a;
+# those of heun and euler_ancestral computed once by their first version.
 GOLDEN = {
     "ddpm": {
         "plain": [[0.92063999, -0.24789509, -0.38802233, 1.0], [0.03098354, -1.0, -0.49679521, 0.26939976],
@@ -129,6 +146,17 @@ GOLDEN = {
         "guided": [[-0.99542391, 0.19168787, -0.67688936, 0.63847005], [-1.0, -0.79066104, -0.44638139, -0.94341493],
                    [-0.91521430, 0.99306113, 0.05573481, 0.99106079]],
     },
+    "heun": {
+        "plain": [[0.83835721, 0.23096432, 0.75257939, 0.63234800], [0.11406957, -0.97141469, 0.31235567, 1.0],
+                  [1.0, 0.78931987, 0.11271245, 1.0]],
+        "guided": [[-1.0, 1.0, -0.04569207, 1.0], [-1.0, -1.0, -0.19893047, 1.0], [-0.88388300, 1.0, 0.37626916, 1.0]],
+    },
+    "euler_ancestral": {
+        "plain": [[0.49821126, -0.88771582, 0.05439133, 0.47225463], [0.36751503, -0.76061356, -0.01282981, 0.03491754],
+                  [0.66795754, -0.62945914, -0.00164651, 0.43813989]],
+        "guided": [[-0.99533015, -0.26786071, -0.80894989, 0.95992875], [-1.0, -0.79735082, -0.54485971, -0.82379293],
+                   [-1.0, 0.99182081, 0.17660223, 0.99020791]],
+    },
 }  # fmt: skip
 
 
@@ -145,6 +173,11 @@ def test_the_registry_describes_the_sampler_and_every_layer_offers_its_options(n
         assert option.metadata.get("help"), f"{name}.{option.name} has no help: declare it with option()"
         assert option.name in options_fields and option.name in flags
     assert name in SamplingOptions.__doc__ and sampler.summary in SamplingOptions.__doc__
+    # docs/training.md's table of samplers has its row, with its default steps.
+    rows = [line for line in TRAINING_DOC.splitlines() if line.startswith(f"| `{name}` |")]
+    assert len(rows) == 1 and f"| {sampler.default_steps_text()} |" in rows[0], (
+        f"docs/training.md: {name}'s row"
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -286,37 +319,101 @@ def test_learned_variances_are_used_or_left_aside_or_refused_in_one_line(name):
 
 @dataclass(frozen=True)
 class Refusing(DDIM):
-    """A test-only sampler that takes neither guidance nor learned variances: the refusals are one class line each."""
+    """A test-only sampler that takes neither guidance, learned variances nor alpha_bar_T = 0: the refusals are one
+    class line each."""
 
     name: ClassVar[str] = "refusing"
     takes_guidance: ClassVar[bool] = False
     takes_learned_variance: ClassVar[bool] = False
+    takes_zero_terminal_snr: ClassVar[bool] = False
 
 
-def zero_terminal_snr(schedule: NoiseSchedule) -> NoiseSchedule:
-    """`schedule` with alpha_bar_T = 0, as a zero-terminal-SNR schedule ends (Lin et al. 2024)."""
-    schedule.alphas_cumprod[-1] = 0.0
-    return schedule
-
-
-@pytest.mark.parametrize("name", [*NAMES, "refusing"])
-def test_what_a_sampler_does_not_take_is_refused_in_one_line(name):
-    sampler = Refusing() if name == "refusing" else SAMPLERS[name]()
+def test_what_a_sampler_does_not_take_is_refused_in_one_line():
     schedule = NoiseSchedule(num_timesteps=10)
-    if not sampler.takes_zero_terminal_snr:
-        with pytest.raises(
-            ValueError, match=rf"^sampler {name} does not take a schedule with alpha_bar_T = 0 .* — "
-        ):
-            sampler.check_fits(zero_terminal_snr(NoiseSchedule(num_timesteps=10)), False, False)
-    if name != "refusing":
-        return
-    with pytest.raises(ValueError, match=r"^sampler refusing does not take classifier-free guidance"):
+    with pytest.raises(ValueError, match=r"^sampler refusing does not take classifier-free guidance .* — "):
         Refusing(guidance_scale=2.0).check_fits(schedule, False, True)
-    with pytest.raises(ValueError, match=r"^sampler refusing does not take a network with learned variances"):
-        sampler.check_fits(schedule, True, False)
+    with pytest.raises(
+        ValueError, match=r"^sampler refusing does not take a network with learned variances — "
+    ):
+        Refusing().check_fits(schedule, True, False)
+    with pytest.raises(
+        ValueError, match=r"^sampler refusing does not take a schedule with alpha_bar_T = 0 .* — "
+    ):
+        Refusing().check_fits(NoiseSchedule(num_timesteps=10, zero_terminal_snr=True), False, False)
     Refusing(guidance_scale=2.0).check_fits(
         schedule, False, False
     )  # guidance of an unconditional model: unused
+
+
+@pytest.fixture(scope="module")
+def zero_snr():
+    """The tiny model as the optimal v-prediction on a zero-terminal-SNR schedule (alpha_bar_T = 0)."""
+    return tiny_module(perturbation=0.0, zero_terminal_snr=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_at_zero_terminal_snr_a_sampler_starts_from_pure_noise_and_samples_the_data_or_refuses(
+    name, zero_snr
+):
+    x_T, noise = zero_snr.initial_noise(2000, seed=0)
+    if not SAMPLERS[name].takes_zero_terminal_snr:
+        with pytest.raises(
+            ValueError, match=rf"^sampler {name} does not take a schedule with alpha_bar_T = 0 "
+        ):
+            zero_snr.sampler(options(name))
+        return
+    first = next(zero_snr.trajectory(x_T, noise, options(name, 100, clip_denoised=False)))
+    # At T - 1, x_T is the noise itself: the optimal x_0 is the data's mean, whatever x_T is.
+    assert first.t == T - 1
+    torch.testing.assert_close(first.x0.flatten(1), zero_snr.network.means[-1].float().expand(2000, 4))
+    # Over 10 seeds the distance to the data at 2 steps was >= 0.80 for every sampler, and at 100 steps <= 0.0048
+    # (euler_ancestral: DDIM's eta-1 variance, too small on few steps): the bounds keep a margin of 3.
+    data = (zero_snr.network.means[-1], torch.diag(STD**2))
+    distances = {}
+    for steps in (2, 100):
+        samples = zero_snr.sample(2000, seed=0, options=options(name, steps, clip_denoised=False))
+        assert samples.isfinite().all()
+        distances[steps] = frechet_distance(gaussian_fit(samples), data)
+    assert distances[2] > 0.3 and distances[100] < 0.015, distances
+
+
+# ---- network evaluations, compiled ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_a_sample_costs_the_network_evaluations_the_sampler_says(name):
+    module, calls = tiny_module(), []
+    module.network.register_forward_hook(lambda *_: calls.append(1))
+    module.sample(
+        3, seed=0, options=options(name, 5, **guided(name)), labels=LABELS
+    )  # a guided step: one call
+    assert len(calls) == SAMPLERS[name].evaluations(5)
+
+
+@pytest.fixture
+def graphs_handed_to_the_backend():
+    """The sampling path compiled with a backend that counts the graphs Dynamo hands it (then runs them with
+    aot_eager, Dynamo and AOTAutograd as Inductor sees them, without its minutes of C++ on a CPU)."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return torch._dynamo.backends.registry.lookup_backend("aot_eager")(graph, example_inputs)
+
+    torch._dynamo.reset()
+    with compiling_with(counting_backend):
+        yield graphs
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compiled_a_sampler_draws_the_eager_samples_from_one_graph(name, graphs_handed_to_the_backend):
+    module, more = tiny_module(), guided(name)
+    eager = module.sample(6, seed=3, options=options(name, **more), labels=LABELS.repeat(2))
+    compiled = [
+        module.sample(3, seed=3, indices=indices, options=options(name, compile=True, **more), labels=LABELS)
+        for indices in (torch.arange(3), torch.arange(3, 6))
+    ]  # two batches of one size: one graph for every step of both
+    torch.testing.assert_close(torch.cat(compiled), eager, rtol=0, atol=1e-6)
+    assert len(graphs_handed_to_the_backend) == 1
 
 
 # ---- golden values ---------------------------------------------------------------------------------------------

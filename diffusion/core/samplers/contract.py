@@ -21,8 +21,10 @@ takes: classifier-free guidance, a network with learned variances, a schedule wi
 SNR). `check_fits` (called by `DiffusionModule.sampler` and `reverse_steps`) refuses the others in one line before
 any time is spent: a sampler that cannot take one says so with one class attribute. Two properties say what the
 contract test may expect: `deterministic` (x_T alone fixes the sample) and `uses_learned_variance`. The timesteps
-it visits come from a spacing (`diffusion.core.samplers.spacing`): a sampler offering several has a `spacing`
-option.
+it visits come from its `spacing` option (`diffusion.core.samplers.spacing`; each sampler has its own default).
+`steps` counts the timesteps visited (one `Step` each); `evaluations(steps)` the network evaluations a sample
+costs (a guided evaluation's doubled batch is one), which differ for samplers with several evaluations a step.
+With `compile`, the denoiser's evaluation runs compiled (`diffusion.core.samplers.compiled`).
 
 An option is declared with `option(default, help)`: `SamplingOptions`, the commands' flags and their --help are
 made from these fields, so a new option needs no other line.
@@ -39,8 +41,16 @@ from tqdm import tqdm
 
 from diffusion.core.guidance import guided_output
 from diffusion.core.noise import Generators
+from diffusion.core.samplers.compiled import compiled
+from diffusion.core.samplers.spacing import Spacing, spaced_timesteps
 from diffusion.core.schedule import NoiseSchedule, PredictionType
 from diffusion.core.variance import split_output
+from diffusion.errors import check_choice
+
+SPACING_HELP = (
+    "the timesteps visited (diffusion/core/samplers/spacing.py): uniform (both ends), trailing (from T - 1, "
+    "Lin et al. 2024), log_snr (even in log-SNR, DPM-Solver) or karras (Karras et al. 2022's sigmas, rho 7)"
+)
 
 
 def option(default: Any, help: str) -> Any:
@@ -77,19 +87,43 @@ class Denoiser:
     learned_variance: bool = False
     labels: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        if self.prediction_type == "eps" and self.schedule.zero_terminal_snr:
+            raise ValueError(
+                "eps-prediction is undefined at alpha_bar_T = 0 (zero terminal SNR: x_0 = (x_T - eps) / 0) — "
+                "train with --model.prediction_type v (Lin et al. 2024), or without --model.zero_terminal_snr"
+            )
+
     def __call__(
-        self, x: torch.Tensor, t: torch.Tensor, guidance_scale: float, clip_denoised: bool
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        guidance_scale: float,
+        clip_denoised: bool,
+        compile: bool = False,
     ) -> Prediction:
         """x_0, eps and v at (x, t) for t (B,) int64: guided (`guided_output`), x_0 clipped to [-1, 1] when
-        `clip_denoised` and eps then recomputed from it, so the two stay consistent (Ho et al., Eq. 15)."""
+        `clip_denoised` and eps then recomputed from it, so the two stay consistent (Ho et al., Eq. 15).
+        With `compile`, all of it runs as one compiled graph (`diffusion.core.samplers.compiled`)."""
+        args = (self.network, self.schedule, self.prediction_type, self.learned_variance, self.labels, x, t)
         with torch.no_grad():  # the network's parameters need gradients in training; sampling never does
-            output = guided_output(self.network, x, t, self.labels, guidance_scale, self.learned_variance)
-        prediction, v = split_output(output, self.learned_variance)
-        x0, eps = self.schedule.split_prediction(self.prediction_type, x, t, prediction)
-        if clip_denoised:
-            x0 = x0.clamp(-1, 1)
-            eps = self.schedule.predict_eps_from_x0(x, t, x0)
-        return Prediction(x0, eps, v)
+            if not compile:
+                return Prediction(*evaluate(*args, guidance_scale, clip_denoised))
+            return Prediction(*compiled(evaluate, x.device)(*args, guidance_scale, clip_denoised))
+
+
+def evaluate(
+    network: nn.Module, schedule: NoiseSchedule, prediction_type: PredictionType, learned_variance: bool,
+    labels: torch.Tensor | None, x: torch.Tensor, t: torch.Tensor, guidance_scale: float, clip_denoised: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """What `Denoiser` computes, as a plain function of tensors and settings (which torch.compile traces)."""
+    output = guided_output(network, x, t, labels, guidance_scale, learned_variance)
+    prediction, v = split_output(output, learned_variance)
+    x0, eps = schedule.split_prediction(prediction_type, x, t, prediction)
+    if clip_denoised:
+        x0 = x0.clamp(-1, 1)
+        eps = schedule.predict_eps_from_x0(x, t, x0)
+    return x0, eps, v
 
 
 @dataclass(frozen=True)
@@ -101,17 +135,24 @@ class Sampler:
     default_steps: ClassVar[int | None] = None
     takes_guidance: ClassVar[bool] = True
     takes_learned_variance: ClassVar[bool] = True
-    takes_zero_terminal_snr: ClassVar[bool] = False
+    takes_zero_terminal_snr: ClassVar[bool] = True
 
-    steps: int | None = option(None, "reverse steps (network evaluations)")
+    steps: int | None = option(None, "reverse steps: the timesteps visited, one network evaluation each")
     clip_denoised: bool = option(True, "clip the predicted x_0 to [-1, 1] at every step")
     guidance_scale: float = option(
         1.0,
         "classifier-free guidance s for class-conditional models: eps = eps_uncond + s (eps_cond - eps_uncond); "
         "1 plain conditional sampling, 0 unconditional, > 1 guided. Ignored without labels",
     )
+    spacing: Spacing = option("uniform", SPACING_HELP)
+    compile: bool = option(
+        False,
+        "compile the network's evaluation (torch.compile) once for the whole loop, with fixed shapes; on a CUDA "
+        "GPU with CUDA graphs (mode reduce-overhead). The first batch pays the compilation",
+    )
 
     def __post_init__(self) -> None:
+        check_choice("spacing", self.spacing, Spacing)
         if self.steps is not None and self.steps < 1:
             raise ValueError(
                 f"steps={self.steps} must be >= 1 — pass a step count, or leave it unset for the sampler's default"
@@ -138,6 +179,15 @@ class Sampler:
             return self.steps
         return num_timesteps if self.default_steps is None else min(self.default_steps, num_timesteps)
 
+    def timesteps(self, schedule: NoiseSchedule) -> torch.Tensor:
+        """The training timesteps this sampler visits on `schedule`, ascending (int64): `spacing`'s rule."""
+        return spaced_timesteps(self.spacing, schedule.alphas_cumprod, self.steps_for(schedule.num_timesteps))
+
+    @classmethod
+    def evaluations(cls, steps: int) -> int:
+        """Network evaluations per sample of `steps` steps (a guided evaluation's doubled batch counts once)."""
+        return steps
+
     @property
     def deterministic(self) -> bool:
         """Whether x_T alone fixes the sample (no noise is drawn after it)."""
@@ -161,7 +211,7 @@ class Sampler:
             raise ValueError(
                 f"sampler {self.name} does not take a network with learned variances — choose another sampler"
             )
-        if not self.takes_zero_terminal_snr and schedule.alphas_cumprod[-1].item() == 0:
+        if not self.takes_zero_terminal_snr and schedule.zero_terminal_snr:
             raise ValueError(
                 f"sampler {self.name} does not take a schedule with alpha_bar_T = 0 (zero terminal SNR) — "
                 "choose another sampler"
@@ -169,7 +219,7 @@ class Sampler:
 
     def predict(self, denoiser: Denoiser, x: torch.Tensor, t: torch.Tensor) -> Prediction:
         """Step 1 of every sampler: the denoiser at (x, t), guided and clipped as this sampler's options say."""
-        return denoiser(x, t, self.guidance_scale, self.clip_denoised)
+        return denoiser(x, t, self.guidance_scale, self.clip_denoised, self.compile)
 
     def step_pairs(self, timesteps: Sequence[int], progress: bool) -> Iterable[tuple[int, int]]:
         """(t, t_prev) over ascending `timesteps` from the largest down, t_prev = -1 (the data) last, under a

@@ -1,6 +1,7 @@
 """Ancestral DDPM (Ho et al. 2020, Algorithm 2), DDPM on a respaced subsequence of timesteps (Nichol & Dhariwal
-2021) and DDIM (Song et al. 2021): a loop over a subsequence tau_S > ... > tau_1 of the training timesteps
-(`uniform_timesteps`); the two differ in step 4, the variance of x_{t_prev}. A network with learned variances
+2021) and DDIM (Song et al. 2021): a loop over a subsequence tau_S > ... > tau_1 of the training timesteps (by
+default `uniform_timesteps`); the two differ in step 4, the variance of x_{t_prev}. Both take a zero-terminal-SNR
+schedule: their steps need abar_{t_prev} > 0 only, and at abar_T = 0 the posterior's mean is sqrt(abar_prev) x_0. A network with learned variances
 (2C output channels, `diffusion.core.variance`) gives DDPM its variance; DDIM uses only its prediction."""
 
 from collections.abc import Iterator
@@ -11,7 +12,6 @@ import torch
 
 from diffusion.core.noise import Generators, randn
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step, option, timestep_batch
-from diffusion.core.samplers.spacing import uniform_timesteps
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.core.variance import VarianceType, reverse_log_variance
 from diffusion.errors import check_choice
@@ -52,7 +52,7 @@ class DDPM(Sampler):
         self, denoiser: Denoiser, x_T: torch.Tensor, noise: Generators = None, progress: bool = False
     ) -> Iterator[Step]:
         schedule = denoiser.schedule
-        timesteps = uniform_timesteps(schedule.num_timesteps, self.steps_for(schedule.num_timesteps))
+        timesteps = self.timesteps(schedule)
         x = x_T
         for t, t_prev in self.step_pairs(timesteps.tolist(), progress):
             t_batch, t_prev_batch = timestep_batch(t, x), timestep_batch(t_prev, x)
@@ -100,7 +100,7 @@ class DDIM(Sampler):
         self, denoiser: Denoiser, x_T: torch.Tensor, noise: Generators = None, progress: bool = False
     ) -> Iterator[Step]:
         schedule = denoiser.schedule
-        timesteps = uniform_timesteps(schedule.num_timesteps, self.steps_for(schedule.num_timesteps))
+        timesteps = self.timesteps(schedule)
         x = x_T
         for t, t_prev in self.step_pairs(timesteps.tolist(), progress):
             t_batch, t_prev_batch = timestep_batch(t, x), timestep_batch(t_prev, x)

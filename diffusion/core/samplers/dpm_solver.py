@@ -1,6 +1,7 @@
 """DPM-Solver++(2M) (Lu et al. 2022, "DPM-Solver++: Fast Solver for Guided Sampling of Diffusion Probabilistic
 Models", Algorithm 2), a second-order multistep solver of the probability-flow ODE, and its stochastic (SDE)
-variant, on timesteps spread evenly in the half log-SNR (`log_snr_timesteps`)."""
+variant, by default on timesteps spread evenly in the half log-SNR (`spacing` log_snr; karras, uniform or trailing
+on request)."""
 
 import math
 from collections.abc import Iterator
@@ -10,8 +11,8 @@ from typing import ClassVar
 import torch
 
 from diffusion.core.noise import Generators, randn
-from diffusion.core.samplers.contract import Denoiser, Sampler, Step, timestep_batch
-from diffusion.core.samplers.spacing import half_log_snr, log_snr_timesteps
+from diffusion.core.samplers.contract import SPACING_HELP, Denoiser, Sampler, Step, option, timestep_batch
+from diffusion.core.samplers.spacing import Spacing, half_log_snr
 
 
 @dataclass(frozen=True)
@@ -26,19 +27,23 @@ class DPMSolverPP2M(Sampler):
         D = (1 + 1 / (2 r)) x0(x_t, t) - 1 / (2 r) x0(x_{t_last}, t_last),  r = h_last / h,
 
     where t_last is the timestep visited before t. The first step has no earlier x0 and is first order
-    (D = x0: a DDIM step). The `steps` timesteps are spread evenly in lambda (`log_snr_timesteps`), from
+    (D = x0: a DDIM step). The `steps` timesteps are spread evenly in lambda by default (`spacing`), from
     T - 1 down to 0, one network evaluation each; the last step goes from t = 0 to the data (sigma = 0,
     lambda = infinity), where the first-order update is exact and returns the predicted x0 itself (DDIM's
     last step too; the reference code's ``denoise_to_zero``). With clip_denoised, the predicted x0 is
     clipped to [-1, 1] before it enters D (static thresholding, as DPM-Solver++ allows for data prediction).
     Guided x0 is the data prediction DPM-Solver++ was designed for (Lu et al.'s "guided sampling"). With
-    learned variances the solver uses only the prediction (its steps have no free variance to learn).
+    learned variances the solver uses only the prediction (its steps have no free variance to learn). At
+    alpha_bar_T = 0 (zero terminal SNR) lambda_{T-1} = -inf: h = inf, e^{-h} = 0, and the first step is DDIM's
+    from pure noise; the second, with r = h_last / h = inf, is first order too.
     """
 
     name: ClassVar[str] = "dpmpp_2m"
     summary: ClassVar[str] = "DPM-Solver++(2M), Lu et al. 2022 (deterministic, few steps)"
     default_steps: ClassVar[int | None] = 20
     stochastic: ClassVar[bool] = False
+
+    spacing: Spacing = option("log_snr", SPACING_HELP)
 
     @property
     def deterministic(self) -> bool:
@@ -48,7 +53,7 @@ class DPMSolverPP2M(Sampler):
         self, denoiser: Denoiser, x_T: torch.Tensor, noise: Generators = None, progress: bool = False
     ) -> Iterator[Step]:
         schedule = denoiser.schedule
-        timesteps = log_snr_timesteps(schedule.alphas_cumprod, self.steps_for(schedule.num_timesteps))
+        timesteps = self.timesteps(schedule)
         # Plain floats from a CPU copy: no device sync per step.
         alphas_cumprod = schedule.alphas_cumprod.double().cpu()
         lambdas = half_log_snr(alphas_cumprod)
