@@ -1,5 +1,6 @@
 """Shared fixtures: tiny runs made through the real CLI, so tests exercise what users run."""
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -18,6 +19,17 @@ from diffusion.training.loading import load_checkpoint
 def _run_in_a_temporary_folder(tmp_path, monkeypatch):
     """Runs that fall back to the working directory (no logger: ./checkpoints, ./samples) stay out of the repo."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """A test's changes to os.environ end with it. Lightning's DDP in this process sets MASTER_PORT & co., and a
+    later test's DDP subprocesses that inherit them all try that one port (EADDRINUSE in CI)."""
+    saved = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(saved):
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True, scope="session")

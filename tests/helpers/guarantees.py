@@ -73,7 +73,7 @@ class FailOrSleepAt(L.Callback):
 class Audit(L.Callback):
     """Records, per rank: every file this process opens for writing, renames or links under `watch_dir`
     (Python's audit events: torch.save to a path, fsspec, os.replace, symlinks), and the sample indices it
-    draws in validation-time sampling (`DiffusionModule.sample`'s `indices`, all of them when None).
+    draws in validation-time sampling (`DiffusionModule.initial_noise`'s `indices`, all of them when None).
 
     Written to `<out_dir>/audit_rank<rank>.json` at the end of fit or on an exception (preemption)."""
 
@@ -86,14 +86,13 @@ class Audit(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._active = True
         sys.addaudithook(self._audit)  # cannot be removed: `_active` switches it off after fit
-        sample = pl_module.sample
+        initial_noise = pl_module.initial_noise  # where every sampling path draws its samples' x_T
 
-        def recording_sample(num_samples: int, **kwargs: Any) -> Any:
-            indices = kwargs.get("indices")
+        def recording_initial_noise(num_samples: int, seed: Any = None, indices: Any = None) -> Any:
             self.record["sampled"].append(list(range(num_samples)) if indices is None else indices.tolist())
-            return sample(num_samples, **kwargs)
+            return initial_noise(num_samples, seed, indices)
 
-        pl_module.sample = recording_sample  # instance attribute: only this run
+        pl_module.initial_noise = recording_initial_noise  # instance attribute: only this run
 
     def _audit(self, event: str, args: tuple) -> None:
         if not self._active:

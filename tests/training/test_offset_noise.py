@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from diffusion.models import MLP, UNet
-from diffusion.training.module import DiffusionModule
 from diffusion.training.loss import noise_and_timesteps
+from diffusion.training.module import DiffusionModule
 
 X0 = torch.rand(6, 3, 4, 4, generator=torch.Generator().manual_seed(0)) * 2 - 1
 INDICES = torch.tensor([5, 0, 9, 2, 7, 11])
