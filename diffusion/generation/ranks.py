@@ -109,14 +109,15 @@ def sample_across_ranks(
     seed: int,
     options: SamplingOptions | None = None,
     labels: torch.Tensor | None = None,
+    progress: bool = False,
 ) -> torch.Tensor:
     """During training: `num_samples` samples split over all ranks and gathered in index order on every rank:
     images as uint8 (N, C, H, W) (`render.compact`), vectors as float in model units (`render.save_preview`
-    takes both)."""
+    takes both). `progress`: a bar over the sampler's steps (rank zero's is enough)."""
     world = module.trainer.world_size
     local = generate(module, num_samples, seed=seed, batch_size=num_samples, options=options,
                      rank=module.global_rank, world_size=world, uint8_images=True,
-                     labels=labels)  # fmt: skip
+                     labels=labels, progress=progress)  # fmt: skip
     if world == 1:
         return local
     return gather_in_order(local.to(module.device), num_samples, module.all_gather)

@@ -62,3 +62,14 @@ def test_the_loss_plot_covers_a_resumed_run(tmp_path):
     plot = next(c for c in resumed.trainer.callbacks if isinstance(c, LossPlot))
     assert [step for step, _ in plot.points["train/loss"]] == [2, 4, 6, 8]  # the first run's points kept
     assert [step for step, _ in plot.points["val/loss"]] == [4, 8]
+
+
+def test_the_sample_grid_draws_a_bar_of_its_own_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    grid = ["--max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "true",
+            "--sample_grid.num_samples", "2", "--sample_grid.sampling.sampler", "ddim",
+            "--sample_grid.sampling.steps", "3"]  # fmt: skip
+    tiny_run(tmp_path / "file", *grid)
+    assert "ddim sampling" not in capsys.readouterr().err  # a log file: no bar redrawn into it
+    monkeypatch.setattr(RunProgressBar, "is_terminal", staticmethod(lambda: True))
+    tiny_run(tmp_path / "terminal", *grid)
+    assert re.search(r"ddim sampling: 100%\|.*\| 3/3", capsys.readouterr().err)  # the grid's 3 steps

@@ -12,6 +12,7 @@ from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
 from diffusion.generation.ranks import sample_across_ranks
 from diffusion.generation.render import save_preview
+from diffusion.training.callbacks.run_progress import shows_progress
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder
 
@@ -76,7 +77,9 @@ class SampleGrid(EveryNValidations):
         if not self.is_due(trainer):
             return
         labels = class_labels(self.num_samples, pl_module.num_classes)
-        samples = sample_across_ranks(pl_module, self.num_samples, self.seed, self.sampling, labels)
+        samples = sample_across_ranks(
+            pl_module, self.num_samples, self.seed, self.sampling, labels, progress=shows_progress(trainer)
+        )  # ~20 s on a CPU: not a frozen bar
         self._save(trainer, pl_module, samples, labels)
 
     @rank_zero_only

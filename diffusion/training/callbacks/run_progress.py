@@ -124,6 +124,15 @@ class RunProgressBar(TQDMProgressBar):
         self.train_progress_bar.close()
 
 
+def shows_progress(trainer: L.Trainer) -> bool:
+    """Whether long validation work (the sample grid, FID's samples) draws bars of its own: on rank zero, while
+    the run's progress bar is on and draws to a terminal (a log file gets none)."""
+    bar = trainer.progress_bar_callback
+    if not trainer.is_global_zero or bar is None or not bar.is_enabled:
+        return False
+    return RunProgressBar.is_terminal() if isinstance(bar, RunProgressBar) else sys.stderr.isatty()
+
+
 class LossPlot(L.Callback):
     """`<run folder>/loss.png`: train/loss (at logging steps) and val/loss (at validations) against the optimizer
     step, redrawn at every validation and when training ends. The points are kept in checkpoints, so a resumed

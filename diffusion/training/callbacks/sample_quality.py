@@ -15,6 +15,7 @@ from diffusion.metrics.features import Features, check_features, feature_size
 from diffusion.metrics.reference_stats import load_statistics
 from diffusion.metrics.sample_quality import SampleQuality
 from diffusion.training.callbacks.grids import EveryNValidations
+from diffusion.training.callbacks.run_progress import shows_progress
 from diffusion.training.module import DiffusionModule
 
 FID, KID = "val/fid", "val/kid"  # the metrics it logs (a checkpoint can monitor them)
@@ -190,6 +191,7 @@ class SampleQualityCallback(EveryNValidations):
             batch_size=self.batch_size,
             options=self.sampling,
             labels=labels,
+            progress=shows_progress(trainer),  # thousands of samples: minutes, with a bar over the batches
         ):
             self._update(samples, pl_module, real=False)
 
