@@ -17,7 +17,7 @@ from jsonargparse.typing import restricted_number_type
 from diffusion.cli.flags import add_flags
 from diffusion.data.images import ImageDatasetName
 from diffusion.errors import UserError
-from diffusion.metrics.features import Features, feature_size
+from diffusion.metrics.features import Features, distance_name, feature_size
 from diffusion.metrics.image_sets import load_npz_images, load_reference
 from diffusion.metrics.inception_score import IS_SPLITS
 from diffusion.metrics.reference_stats import FeatureStatistics, check_new_statistics_file, save_statistics
@@ -116,7 +116,7 @@ def run(args: Namespace, device: str) -> dict[str, float] | None:
             quality, samples, False, args.batch_size, device, f"{args.features} features of the samples"
         )
         values.update(quality.compute(args.seed))
-    lines = describe(args, samples, reference) + result_lines(values, notes)
+    lines = describe(args, samples, reference) + result_lines(values, notes, args.features)
     if saved is not None:
         lines.append(f"wrote the FID statistics of {args.reference} ({args.features} features) to {saved}")
     print("\n".join(lines))
@@ -234,11 +234,12 @@ def build_quality(
         ) from err
 
 
-def result_lines(values: dict[str, float], notes: dict[str, str]) -> list[str]:
-    """`FID: ...`, `KID: mean ± std`, `IS: mean ± std`, and for a metric left out, why."""
+def result_lines(values: dict[str, float], notes: dict[str, str], features: Features) -> list[str]:
+    """`FID: ...` (`FD of pixels (not an FID): ...` of pixel features), `KID: mean ± std`, `IS: mean ± std`,
+    and for a metric left out, why."""
     lines = []
     if "fid" in values:
-        lines.append(f"FID: {values['fid']:.4f}")
+        lines.append(f"{distance_name(features)}: {values['fid']:.4f}")
     if "kid_mean" in values:
         lines.append(f"KID: {values['kid_mean']:.6f} ± {values['kid_std']:.6f}")
     elif "kid" in notes:

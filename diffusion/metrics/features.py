@@ -116,6 +116,12 @@ def check_features(features: str) -> None:
         raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
 
 
+def distance_name(features: Features) -> str:
+    """What a printed line calls the Fréchet distance: "FID" only of Inception features, the one papers report;
+    of pixels it is a pixel-space FD, and a reader must not take it for an FID."""
+    return "FID" if features == "inception" else f"FD of {features} (not an FID)"
+
+
 def feature_size(features: Features, channels: int) -> int:
     """The length of the pool features (what FID statistics are made of), known without building anything."""
     check_features(features)

@@ -254,7 +254,8 @@ def test_evaluate_cli_on_npz_files_and_a_dataset_name(tmp_path, digit_halves, ca
     np.savez(second, digit_halves[1].permute(0, 2, 3, 1).numpy())
     result = evaluate_cli.main(["--samples", str(first), "--reference", str(second), "--features", "pixels"])
     assert result["fid"] == pytest.approx(16.31, abs=0.05) and math.isfinite(result["kid_mean"])
-    assert "FID: 16.3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FD of pixels (not an FID): 16.3" in out and "FID:" not in out  # a pixel FD is never called FID
     # A dataset name: the whole digits train split (1797 images) rendered at the samples' 16x16.
     result = evaluate_cli.main(["--samples", str(first), "--reference", "digits", "--features", "pixels"])
     assert result["num_real"] == 1797 and 0 < result["fid"] < 16.31

@@ -11,7 +11,7 @@ from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
 from diffusion.generation.ranks import generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
-from diffusion.metrics.features import Features, check_features, feature_size
+from diffusion.metrics.features import Features, check_features, distance_name, feature_size
 from diffusion.metrics.reference_stats import load_statistics
 from diffusion.metrics.sample_quality import SampleQuality
 from diffusion.training.callbacks.grids import EveryNValidations
@@ -162,7 +162,7 @@ class SampleQualityCallback(EveryNValidations):
             else f"the statistics in {self.reference_stats}"
         )  # fmt: skip
         rank_zero_info(
-            f"step {trainer.global_step}: FID ({self.features} features) {result['fid']:.4g} from "
+            f"step {trainer.global_step}: {distance_name(self.features)} {result['fid']:.4g} from "
             f"{result['num_fake']} generated and {against}"
         )
 
