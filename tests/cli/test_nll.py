@@ -57,6 +57,16 @@ def test_bits_per_dim_of_the_runs_held_out_images(short_chain_checkpoint, capsys
     assert 0 < result["prior"] < 1e-3 < result["decoder"]  # a 4-step model: far from the data
 
 
+def test_the_time_it_takes_is_said_up_front(short_chain_checkpoint, capsys, monkeypatch):
+    clock = iter(range(1000))  # each reading 1 s after the last: a timed batch takes 1 s
+    monkeypatch.setattr(evaluate_nll, "perf_counter", lambda: next(clock))
+    evaluate_nll.main(["--ckpt", str(short_chain_checkpoint), "--batch_size", "32"])
+    err = capsys.readouterr().err
+    # 90 images in 3 batches of 32, each T = 20 evaluations of 1 s: 60 s.
+    assert "bits/dim of 90 images: 20 network evaluations each, about 00:01:00 on cpu" in err
+    assert err.index("about 00:01:00") < err.index("images: 90 (")  # before the work, not after it
+
+
 def test_an_npz_of_the_same_images_gives_the_same_bits_per_dim(short_chain_checkpoint, tmp_path):
     path = tmp_path / "held_out.npz"
     np.savez(path, to_uint8_images(held_out_digits(), {"shift": [0.5], "scale": [0.5]}))
