@@ -1,7 +1,8 @@
 """Sample quality against cost for every registered sampler: the digits' Fréchet distance in 8x8 pixel space (the
 quality benchmark's protocol, benchmarks/metrics_lib.py) against network evaluations, on one checkpoint.
 
-    python benchmarks/sampler_sweep.py --run runs/digits/version_0                 # the default recipe's run
+    python benchmarks/sampler_sweep.py --run runs/digits/version_0 --evaluations 10,15,20,25,35,50,100 \
+        --reference ddpm:1000                                                       # the README's figure
     python benchmarks/sampler_sweep.py --run runs/digits_conditional/version_0     # at the recipe's guidance
     python benchmarks/sampler_sweep.py --quick --out /tmp/sweep                    # plumbing, tiny, a minute
 
@@ -85,10 +86,14 @@ def sweep(args: argparse.Namespace) -> tuple[dict, float, str]:
     labels = class_labels(args.num_samples, module.num_classes) if module.num_classes else None
     guidance = f", guidance {module.sampling.guidance_scale}" if labels is not None else ""
     samplers = args.samplers.split(",") if args.samplers else list(SAMPLERS)
+    runs = [(sampler, args.evaluations) for sampler in samplers]
+    if args.reference:  # one long run as the others' limit, e.g. ddpm:1000
+        name, count = args.reference.split(":")
+        runs.append((name, [int(count)]))
     table: dict[str, dict[int, float]] = {}
-    for sampler in samplers:
-        table[sampler] = {}
-        for evaluations, steps in steps_for(module, sampler, args.evaluations, labels).items():
+    for sampler, targets in runs:
+        table.setdefault(sampler, {})
+        for evaluations, steps in steps_for(module, sampler, targets, labels).items():
             start = time.perf_counter()
             samples = generate(module, args.num_samples, seed=0, batch_size=args.batch_size,
                                options=SamplingOptions(sampler=sampler, steps=steps), labels=labels)  # fmt: skip
@@ -146,6 +151,13 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--samplers", default="", help="comma-separated; default every registered sampler")
     parser.add_argument("--evaluations", type=lambda text: [int(v) for v in text.split(",")],
                         default=list(EVALUATIONS))  # fmt: skip
+    parser.add_argument(
+        "--reference",
+        default="",
+        help="SAMPLER:EVALUATIONS run for one sampler only, e.g. "
+        "ddpm:1000 (a long run is the others' limit; at 1,000 evaluations for every sampler the "
+        "sweep would take hours on a CPU)",
+    )
     parser.add_argument("--num_samples", type=int, default=REFERENCE_SIZE)
     parser.add_argument("--batch_size", type=int, default=300)
     parser.add_argument("--device", default="cpu")
