@@ -123,11 +123,11 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "config_typo": (["--config", "{user}/typo.yaml"], r"'max_step'"),
     "missing_data_file": (
         ["--config", "{configs}/toy2d.yaml", "--data.path", "{user}/nope.npy"],
-        r"nope\.npy does not exist — pass the path of an \(N, D\) \.npy file",
+        r"data.path .*nope\.npy does not exist — pass an \(N, D\) array",
     ),
     "data_file_not_an_array": (
         ["--config", "{configs}/toy2d.yaml", "--data.path", "{user}/a_file"],
-        r"a_file is not a \.npy file — save your \(N, D\) array with np\.save",
+        r"a_file is not a \.npy file or an \.npz archive — pass an \(N, D\) array",
     ),
     "missing_image_folder": (
         [*FOLDER[:3], "{user}/nope", *FOLDER[4:]],
