@@ -139,6 +139,15 @@ def _parser_message(text: str) -> str:
     detail = "; ".join(line.lstrip("- ") for line in lines if line and not noise.match(line))
     if not flag:
         return detail or text
+    # A class path that imports nothing: say so, whatever else the union of types tried (bool, a list, ...).
+    missing = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*([^\n]+)", text)
+    if missing and re.search(
+        r"No module named|has no attribute|not found|cannot import|does not exist", missing[2]
+    ):
+        return (
+            f"--{flag} {missing[1]}: no such class ({missing[2].strip()}) — pass the class path of a class that "
+            "exists, as module.Class (see --help for the accepted classes)"
+        )
     restriction = re.search(r"restriction (.+)", detail)
     if restriction:
         # jsonargparse's 'v>=0 and v<=1' -> '>= 0 and <= 1'

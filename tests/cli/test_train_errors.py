@@ -31,7 +31,17 @@ from diffusion.training.loading import load_checkpoint
 
 FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "--data.image_size", "8",
           "--data.val_fraction", "0"]  # fmt: skip
+NO_SUCH_CLASS = r": no such class \(.*\) — pass the class path of a class that exists"
 TRAIN_CASES = {  # id: (flags, what the line must say)
+    "missing_logger_class": (
+        ["--trainer.logger", "nope.Logger"],
+        r"--trainer.logger nope.Logger" + NO_SUCH_CLASS,
+    ),
+    "missing_network_class": (
+        ["--model.network", "diffusion.models.Nope"],
+        r"--model.network diffusion.models.Nope" + NO_SUCH_CLASS,
+    ),
+    "missing_data_class": (["--data", "nope.Data"], r"--data nope.Data" + NO_SUCH_CLASS),
     "batch_size_0": (
         ["--data.batch_size", "0"],
         r"batch_size must be >= 1, got 0 — pass --data.batch_size 1",
