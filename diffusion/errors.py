@@ -24,3 +24,13 @@ def check_choice(name: str, value: Any, allowed: object) -> None:
     choices = get_args(allowed)
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
+
+
+class Interrupted(SystemExit):
+    """The command was stopped by a signal (Ctrl+C's SIGINT, or SIGTERM): exit status 128 + the signal's number
+    (130, 143), as a shell reports a process the signal killed. A SystemExit, so no `except Exception` on the way
+    out swallows it and Lightning's loops tear down and re-raise it as any other exception."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum

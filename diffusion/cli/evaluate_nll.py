@@ -22,11 +22,9 @@ of devices gives the same bound.
 import math
 import sys
 import time
-from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from jsonargparse import ActionYesNo, ArgumentParser
@@ -42,6 +40,7 @@ from diffusion.core.sampling import SamplingOptions
 from diffusion.core.variance import VarianceType
 from diffusion.core.variational_bound import ReverseProcess
 from diffusion.data.images import ImageDataModule
+from diffusion.data.numpy_files import read_images
 from diffusion.errors import UserError
 from diffusion.generation.ranks import gather_in_order
 from diffusion.metrics.bits_per_dim import BitsPerDim, image_bounds, quantize_to_8_bits
@@ -169,19 +168,11 @@ def run_images(ckpt: str, split: str) -> tuple[torch.Tensor, torch.Tensor | None
 
 def npz_images(path: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     """The uint8 images (and labels) of an .npz in model units, checked against the model's sample shape."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"--data.path: no such file {path} — pass an .npz of uint8 images")
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            images, labels = archive["arr_0"], archive["arr_1"] if "arr_1" in archive.files else None
-    except (ValueError, KeyError, OSError, EOFError) as err:
-        raise UserError(
-            f"--data.path {path} is not an .npz holding arr_0 ({err})", "np.savez(path, images)"
-        ) from err
+    images, labels = read_images(path, "--data.path")
     channels, height, width = shape
-    if images.dtype != np.uint8 or images.shape[1:] != (height, width, channels):
+    if images.shape[1:] != (height, width, channels):
         raise UserError(
-            f"--data.path {path}: arr_0 is {images.dtype} {images.shape}, the model's images uint8 "
+            f"--data.path {path}: the images are uint8 {images.shape}, the model's images uint8 "
             f"(N, {height}, {width}, {channels})",
             "pass images of the checkpoint's size, as samples.npz stores them",
         )

@@ -3,10 +3,18 @@
 Library code raises (`ValueError`, `FileNotFoundError`, `diffusion.errors.UserError`, ...); every command's `main`
 runs inside `reporting_user_errors`, which turns a user error into that one line. Bugs keep their traceback
 (exit status 1). `DIFFUSION_DEBUG=1` or `--debug` lets user errors through with their traceback too.
+
+Interrupts end every command the same way: SIGINT (Ctrl+C) or SIGTERM raise `diffusion.errors.Interrupted` in
+the command's process, which ends it with `error: stopped by SIGINT — ...` and exit status 130 (143 for SIGTERM),
+no traceback. Training takes both signals over while it runs (`diffusion.training.callbacks.preemption`): it saves
+the step it reached, then exits with the same status.
 """
 
+import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
@@ -16,7 +24,7 @@ from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from diffusion.cli.flags import debug_requested
-from diffusion.errors import CallerError, UserError
+from diffusion.errors import CallerError, Interrupted, UserError
 
 USER_ERROR_EXIT_STATUS = 2  # argparse's status for a bad command line; here for every user error
 
@@ -40,13 +48,52 @@ def is_user_error(error: BaseException, also: tuple[type[BaseException], ...] = 
 def reporting_user_errors(
     argv: Sequence[str] | None = None, also: tuple[type[BaseException], ...] = ()
 ) -> Iterator[None]:
-    """Around a command's main: a user error (see USER_ERRORS, plus `also`) becomes one line and exit 2."""
+    """Around a command's main: a user error (see USER_ERRORS, plus `also`) becomes one line and exit 2; SIGINT
+    and SIGTERM one line and exit 130 / 143."""
     try:
-        yield
+        with stopping_on_signals():
+            yield
+    except (Interrupted, KeyboardInterrupt) as error:
+        signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
+        print(
+            f"error: stopped by {signal.Signals(signum).name} — nothing finished was written "
+            "(files it writes appear only once complete); run the command again",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        raise SystemExit(128 + signum) from None
     except BaseException as error:
         if not is_user_error(error, also) or debug_requested(argv):
             raise
         report(error)
+
+
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Interrupted` in this process while the block runs (then the handlers found are
+    back). Processes forked inside it (DataLoader workers) behave as without it: their parent stops them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    owner = os.getpid()
+
+    def stop(signum: int, frame: object) -> None:
+        if os.getpid() != owner:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Interrupted(signum)
+
+    found = {signum: signal.signal(signum, stop) for signum in STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in found.items():
+            signal.signal(signum, handler)
 
 
 def report(error: BaseException) -> NoReturn:
@@ -92,6 +139,15 @@ def _parser_message(text: str) -> str:
     detail = "; ".join(line.lstrip("- ") for line in lines if line and not noise.match(line))
     if not flag:
         return detail or text
+    # A class path that imports nothing: say so, whatever else the union of types tried (bool, a list, ...).
+    missing = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*([^\n]+)", text)
+    if missing and re.search(
+        r"No module named|has no attribute|not found|cannot import|does not exist", missing[2]
+    ):
+        return (
+            f"--{flag} {missing[1]}: no such class ({missing[2].strip()}) — pass the class path of a class that "
+            "exists, as module.Class (see --help for the accepted classes)"
+        )
     restriction = re.search(r"restriction (.+)", detail)
     if restriction:
         # jsonargparse's 'v>=0 and v<=1' -> '>= 0 and <= 1'

@@ -1,6 +1,25 @@
-"""What a NumPy file is, told from its first bytes."""
+"""The one reader of the arrays users hand the commands (`--data.path`, `--samples`, `--reference` .npz): what a
+NumPy file is, told from its first bytes, and the same rule in every command for the neighbouring formats.
 
+The rule: a `.npy` array and an `.npz` archive's `arr_0` (or its only array) are the same thing, so either is
+read wherever an array is. Images: (N, H, W, C) or (N, C, H, W) with C = 1 or 3, whichever of the two the shape
+allows (refused when it allows both); uint8, or integers within 0..255. Float images are refused: 0..1, -1..1 and
+0..255 are all in use, and a wrong guess would give wrong numbers without a word.
+"""
+
+import zipfile
+import zlib
 from pathlib import Path
+
+import numpy as np
+
+IMAGE_FIX = (
+    "save uint8 images (N, H, W, C) with np.savez(path, images), as python -m diffusion.sample writes them"
+)
+FLOAT_FIX = (
+    "convert them to uint8 first: (x * 255).round() for 0..1, ((x + 1) * 127.5).round() for -1..1, "
+    "then .clip(0, 255).astype(np.uint8)"
+)
 
 
 def numpy_file_kind(path: Path) -> str:
@@ -11,3 +30,59 @@ def numpy_file_kind(path: Path) -> str:
     if magic == b"\x93NUMPY":
         return "npy"
     return "npz" if magic[:2] == b"PK" else "other"  # np.savez writes a zip archive
+
+
+def read_array(path: str | Path, flag: str, fix: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(array, labels or None) of a .npy file (memory-mapped) or an .npz archive (`arr_0`, or its only array;
+    labels from `arr_1`); `fix` ends each refusal."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{flag} {path} {what} — {fix}")
+    kind = numpy_file_kind(path)
+    if kind == "other":
+        raise ValueError(f"{flag} {path} is not a .npy file or an .npz archive — {fix}")
+    try:
+        if kind == "npy":
+            # mmap: shape and dtype are checked from the header before anything is read.
+            return np.load(path, mmap_mode="r", allow_pickle=False), None
+        with np.load(path, allow_pickle=False) as archive:
+            names = archive.files
+            if "arr_0" not in names and len(names) != 1:
+                raise ValueError(
+                    f"{flag} {path} holds {names}, no arr_0 (FID statistics hold mu and sigma) — {fix}"
+                )
+            array = archive["arr_0" if "arr_0" in names else names[0]]
+            labels = archive["arr_1"] if "arr_0" in names and "arr_1" in names else None
+            return array, labels
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as err:
+        if f"{flag} {path}" in str(err):
+            raise
+        if "Python objects" in str(err):  # numpy cannot load dtype object without pickle
+            raise ValueError(
+                f"{flag} {path} holds Python objects (dtype object), not numbers — {fix}"
+            ) from err
+        raise ValueError(f"{flag} {path} is truncated or corrupt ({err}) — {fix}") from err
+
+
+def read_images(path: str | Path, flag: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(uint8 images (N, H, W, C), labels or None) of a .npy or .npz file, by the module's rule."""
+    array, labels = read_array(path, flag, IMAGE_FIX)
+    shown = f"{flag} {path}: the array has dtype {array.dtype} and shape {array.shape}"
+    if array.ndim != 4:
+        raise ValueError(f"{shown}, not images (N, H, W, C) with C = 1 or 3 — {IMAGE_FIX}")
+    last, second = array.shape[-1] in (1, 3), array.shape[1] in (1, 3)
+    if last and second:
+        raise ValueError(f"{shown}: (N, H, W, C) and (N, C, H, W) both fit — {IMAGE_FIX}")
+    if not (last or second):
+        raise ValueError(f"{shown}, with neither 1 nor 3 channels first or last — {IMAGE_FIX}")
+    if not last:
+        array = array.transpose(0, 2, 3, 1)
+    if np.issubdtype(array.dtype, np.floating):
+        raise ValueError(f"{shown}: float images could be in 0..1, -1..1 or 0..255 — {FLOAT_FIX}")
+    if array.dtype != np.uint8:
+        if not np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
+            raise ValueError(f"{shown}, not numbers of pixels — {IMAGE_FIX}")
+        if array.size and (array.min() < 0 or array.max() > 255):
+            raise ValueError(f"{shown}, values beyond 0..255 — {IMAGE_FIX}")
+    return np.ascontiguousarray(array, dtype=np.uint8), labels

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from diffusion.data.labels import load_labels
-from diffusion.data.numpy_files import numpy_file_kind
+from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.split import IndexedDataset, SplitDataModule
 
@@ -169,28 +169,14 @@ def feature_scaling(
 
 
 def _load_npy(path: Path) -> np.ndarray:
-    """Load an (N, D) float array as float64, with errors that say what is wrong and how to fix it."""
+    """Load an (N, D) float array (.npy, or an .npz's arr_0) as float64, with errors that say what is wrong and
+    how to fix it."""
     save = "save your (N, D) array with np.save(path, array)"
-    if not path.is_file():
-        what = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"--data.path {path} {what} — pass the path of an (N, D) .npy file ({save})")
-    kind = numpy_file_kind(path)
-    if kind == "npz":
-        raise ValueError(f"{path} is a .npz archive, not a .npy file — {save}")
-    if kind == "other":
-        raise ValueError(
-            f"--data.path {path} is not a .npy file — {save} (a .csv: np.save(path, np.loadtxt(csv, delimiter=',')))"
-        )
-    try:
-        # mmap first: shape and dtype are checked from the header before anything is read.
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        if "Python objects" in str(err):  # numpy cannot memory-map dtype object
-            raise ValueError(
-                f"{path} holds Python objects (dtype object), not numbers — {save}, as float or int: "
-                "array.astype(np.float32)"
-            ) from err
-        raise ValueError(f"cannot read {path} as a .npy array ({err}) — is it truncated? {save}") from err
+    fix = (
+        f"pass an (N, D) array of numbers: {save}, as float or int "
+        "(a .csv: np.save(path, np.loadtxt(csv, delimiter=',')))"
+    )
+    array, _ = read_array(path, "--data.path", fix)
     if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
         raise ValueError(
             f"{path} has dtype {array.dtype}, not real numbers — {save}, as float or int: array.astype(np.float32)"

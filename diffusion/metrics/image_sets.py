@@ -5,8 +5,6 @@ FID statistics (`diffusion.metrics.reference_stats`) standing in for the referen
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from pathlib import Path
 from typing import get_args
 
@@ -15,39 +13,15 @@ from torch.utils.data import DataLoader, Subset
 
 from diffusion.data.image_files import find_images
 from diffusion.data.images import MIN_IMAGE_SIZE, ImageDataModule, ImageDatasetName
-from diffusion.data.numpy_files import numpy_file_kind
+from diffusion.data.numpy_files import read_images
 from diffusion.generation.render import to_uint8_images
 from diffusion.metrics.progress import progress_bar
 from diffusion.metrics.reference_stats import FeatureStatistics, is_statistics_file, load_statistics
 
 
-def load_npz_images(path: str | Path) -> np.ndarray:
-    """``arr_0`` of a samples file, checked to be uint8 (N, H, W, C) images with C in {1, 3}."""
-    path = Path(path)
-    fix = "pass the samples.npz that python -m diffusion.sample wrote (or np.savez(path, uint8_images))"
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file {path} — make one with python -m diffusion.sample")
-    kind = numpy_file_kind(path)
-    if kind == "npy":
-        raise ValueError(f"{path} is a single .npy array, not an .npz archive — {fix}")
-    if kind == "other":
-        raise ValueError(f"{path} is not an .npz archive — {fix}")
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            if "arr_0" not in archive.files:
-                raise ValueError(
-                    f"{path} has no arr_0 (it holds {archive.files}) — samples files store the images as "
-                    "arr_0: np.savez(path, images); FID statistics files hold mu and sigma"
-                )
-            images = archive["arr_0"]
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as err:
-        raise ValueError(f"{path} is truncated or corrupt ({err}) — {fix}") from err
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
-        raise ValueError(
-            f"{path}: arr_0 has dtype {images.dtype} and shape {images.shape}, not uint8 images of shape "
-            "(N, H, W, C) with C = 1 or 3 (vector samples have no FID) — save images as np.savez(path, images) "
-            "with images.astype(np.uint8) in 0..255"
-        )
+def load_npz_images(path: str | Path, flag: str = "--samples") -> np.ndarray:
+    """The uint8 (N, H, W, C) images of a samples file (.npz or .npy, by `diffusion.data.numpy_files`'s rule)."""
+    images, _ = read_images(path, flag)
     if len(images) < 2:
         raise ValueError(
             f"{path} holds {len(images)} image(s) and FID needs at least 2 — sample more (--num_samples)"
@@ -73,8 +47,8 @@ def load_reference(
                 "leave --num_reference out"
             )
         return load_statistics(reference)
-    if reference.endswith(".npz") or Path(reference).is_file():
-        images = load_npz_images(reference)
+    if reference.endswith((".npz", ".npy")) or Path(reference).is_file():
+        images = load_npz_images(reference, "--reference")
         return images[_subset(len(images), num_reference, seed)]
     if reference not in get_args(ImageDatasetName):
         raise ValueError(

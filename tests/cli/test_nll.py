@@ -87,7 +87,7 @@ def test_only_nll_goes_to_the_likelihood_command():
         ("vectors", r"--nll: .* models vectors of shape \(2,\), and bits/dim is a bound on 8-bit images — "),
         (
             "npz_size",
-            r"--data.path .*: arr_0 is uint8 \(4, 8, 8, 1\), the model's images uint8 \(N, 16, 16, 1\)",
+            r"--data.path .*: the images are uint8 \(4, 8, 8, 1\), the model's images uint8 \(N, 16, 16, 1\)",
         ),
         ("no_split", r"held out no images \(--data.val_fraction 0\) — pass --data.path"),
     ],

@@ -73,15 +73,15 @@ def test_sample_reports_a_bad_input_in_one_line(flags, expected, user, capsys, m
 
 
 EVALUATE_CASES = {
-    "missing_samples": (["--samples", "{user}/nope.npz"], r"no such file .*nope.npz"),
+    "missing_samples": (["--samples", "{user}/nope.npz"], r"--samples .*nope.npz does not exist — save uint8"),
     "random_bytes": (
         ["--samples", "{user}/random.ckpt"],
-        r"random.ckpt is not an .npz archive — pass the samples.npz that python -m diffusion.sample wrote",
+        r"random.ckpt is not a \.npy file or an \.npz archive — save uint8 images .* np.savez",
     ),
     # A zip cut short: zipfile's BadZipFile, with a traceback before.
     "truncated_samples": (
         ["--samples", "{user}/truncated.ckpt"],
-        r"truncated.ckpt is truncated or corrupt .* — pass",
+        r"truncated.ckpt is truncated or corrupt .* — save uint8 images",
     ),
     "truncated_reference": (
         ["--reference", "{user}/truncated.ckpt"],
@@ -107,7 +107,7 @@ EVALUATE_CASES = {
     ),
     "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
     "not_a_device": (["--device", "tpu9"], r"--device tpu9 is not a device — pass cpu, cuda or cuda:N"),
-    "missing_reference": (["--reference", "{user}/nope.npz"], r"no such file .*nope.npz"),
+    "missing_reference": (["--reference", "{user}/nope.npz"], r"--reference .*nope.npz does not exist"),
     "unknown_metric": (
         ["--metrics", "fd"],
         r"--metrics .*fd.* is not one of the choices — choose one of 'fid'",

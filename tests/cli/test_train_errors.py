@@ -31,7 +31,17 @@ from diffusion.training.loading import load_checkpoint
 
 FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "--data.image_size", "8",
           "--data.val_fraction", "0"]  # fmt: skip
+NO_SUCH_CLASS = r": no such class \(.*\) — pass the class path of a class that exists"
 TRAIN_CASES = {  # id: (flags, what the line must say)
+    "missing_logger_class": (
+        ["--trainer.logger", "nope.Logger"],
+        r"--trainer.logger nope.Logger" + NO_SUCH_CLASS,
+    ),
+    "missing_network_class": (
+        ["--model.network", "diffusion.models.Nope"],
+        r"--model.network diffusion.models.Nope" + NO_SUCH_CLASS,
+    ),
+    "missing_data_class": (["--data", "nope.Data"], r"--data nope.Data" + NO_SUCH_CLASS),
     "batch_size_0": (
         ["--data.batch_size", "0"],
         r"batch_size must be >= 1, got 0 — pass --data.batch_size 1",
@@ -123,11 +133,11 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "config_typo": (["--config", "{user}/typo.yaml"], r"'max_step'"),
     "missing_data_file": (
         ["--config", "{configs}/toy2d.yaml", "--data.path", "{user}/nope.npy"],
-        r"nope\.npy does not exist — pass the path of an \(N, D\) \.npy file",
+        r"data.path .*nope\.npy does not exist — pass an \(N, D\) array",
     ),
     "data_file_not_an_array": (
         ["--config", "{configs}/toy2d.yaml", "--data.path", "{user}/a_file"],
-        r"a_file is not a \.npy file — save your \(N, D\) array with np\.save",
+        r"a_file is not a \.npy file or an \.npz archive — pass an \(N, D\) array",
     ),
     "missing_image_folder": (
         [*FOLDER[:3], "{user}/nope", *FOLDER[4:]],

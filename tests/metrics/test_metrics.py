@@ -280,8 +280,8 @@ def test_evaluate_cli_on_npz_files_and_a_dataset_name(tmp_path, digit_halves, ca
 @pytest.mark.parametrize(
     ("arrays", "reference", "message"),
     [
-        (None, "second", "no such file"),
-        ({"images": np.zeros((4, 8, 8, 1), np.uint8)}, "second", "no arr_0.*'images'"),
+        (None, "second", "--samples .*samples.npz does not exist"),
+        ({"images": np.zeros((4, 8, 8, 1)), "labels": np.zeros(4)}, "second", "'images'.*no arr_0"),
         ({"arr_0": np.zeros((4, 8, 8, 1), np.float32)}, "second", "dtype float32.*uint8"),
         ({"arr_0": np.zeros((4, 2), np.uint8)}, "second", r"shape \(4, 2\).*\(N, H, W, C\)"),
         ({"arr_0": np.zeros((4, 8, 8, 1), np.uint8)}, "second", "samples are 8x8 but the reference is 16x16"),

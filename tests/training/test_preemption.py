@@ -1,4 +1,4 @@
-"""Preemption and timed checkpoints: a run stopped by SIGTERM/SIGUSR1 saves the step it is in, exits non-zero
+"""Preemption and timed checkpoints: a run stopped by SIGTERM/SIGUSR1/SIGINT saves the step it is in, exits non-zero
 and resumes exactly; timed checkpoints keep work between validations; SIGUSR1 under SLURM requeues the job.
 
 The runs and their reference are training/test_resume.py's (same data, network and 8 steps), in-process.
@@ -25,10 +25,11 @@ from test_resume import (  # noqa: F401 (reference is a fixture)
 )
 
 from diffusion.cli.train import main
-from diffusion.training.callbacks.preemption import Preempted, requeue_slurm_job
+from diffusion.errors import Interrupted
+from diffusion.training.callbacks.preemption import Preempted, Preemption, requeue_slurm_job
 
 
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1", "SIGINT"])
 def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exactly(
     tmp_path,
     reference,  # noqa: F811 (the fixture imported above)
@@ -42,12 +43,13 @@ def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exact
         "init_args": {"step": KILL_STEP, "signal": signal_name},
     }
     preempt = ["--checkpoint.every_n_train_steps", "100", "--trainer.callbacks=" + json.dumps([signal_at])]
+    handler = signal.getsignal(getattr(signal, signal_name))
     with pytest.raises(SystemExit) as exit_info:
         main(args(tmp_path, *ONE_PROCESS, *preempt))
     assert exit_info.value.code == 128 + getattr(
         signal, signal_name
     )  # not 0: a scheduler sees it was stopped
-    assert signal.getsignal(getattr(signal, signal_name)) == signal.SIG_DFL  # handlers restored after fit
+    assert signal.getsignal(getattr(signal, signal_name)) == handler  # handlers restored after fit
     last = checkpoints(tmp_path) / "last.ckpt"
     preempted_at = load(last)
     assert preempted_at["global_step"] == KILL_STEP + 1 and KILL_STEP + 1 < MAX_STEPS
@@ -104,3 +106,12 @@ def test_the_preemption_exit_does_not_depend_on_lightnings_exception_arguments(m
     monkeypatch.setattr(SIGTERMException, "__init__", takes_no_argument)
     stopped = Preempted(128 + signal.SIGTERM)
     assert isinstance(stopped, SIGTERMException) and stopped.code == 143
+
+
+def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_step():
+    preemption = Preemption(every_n_minutes=None)
+    preemption._note(signal.SIGINT, None)  # the first: noted, saved at the end of the step
+    assert preemption.signal == signal.SIGINT
+    with pytest.raises(Interrupted) as stopped:
+        preemption._note(signal.SIGINT, None)
+    assert stopped.value.code == 130

@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM or SIGUSR1 saves a checkpoint of the current step and ends the run with a non-zero exit;
+"""Preemption and interrupts: SIGTERM, SIGUSR1 or SIGINT (Ctrl+C) saves a checkpoint of the current step and ends the run with a non-zero exit;
 checkpoints by wall time between validations.
 
 Lightning's own path is not used for the save: its SIGTERM handler runs a collective inside the signal handler
@@ -8,8 +8,11 @@ swapped in; under SLURM, its SIGUSR1 handler saves from inside the handler, mid-
 notes the signal (and passes it on to the ranks Lightning launched); `Checkpoint.on_train_batch_end` polls
 after an optimizer step and, if any rank was signalled, every rank saves there, in the same state as any step
 checkpoint, so resuming continues exactly. Then `Preempted(128 + signal)`, a `SIGTERMException`, ends the run
-(143 for SIGTERM, 138 for SIGUSR1, as a shell reports a process killed by the signal); under SLURM with
-auto-requeue, rank 0 first requeues the job, as Lightning does.
+(143 for SIGTERM, 138 for SIGUSR1, 130 for SIGINT, as a shell reports a process killed by the signal); under
+SLURM with auto-requeue, rank 0 first requeues the job, as Lightning does. A second SIGINT stops at once, without
+saving (`diffusion.errors.Interrupted`): a step that never ends can still be stopped from the keyboard. SIGINT is
+not passed on to the launched ranks: a terminal's Ctrl+C reaches each of them already, and one that did not hear it
+learns of it when the ranks poll.
 
 When it polls: one process after every optimizer step, so it saves the step the signal arrived in (its flags
 are host values: the poll costs nothing). Under DDP the ranks must agree, which takes an all-reduce and a read
@@ -36,11 +39,12 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from diffusion.errors import Interrupted
 from diffusion.training.logging_steps import is_logging_step
 
 log = logging.getLogger(__name__)
 
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 UNLOGGED_POLL_EVERY_N_STEPS = 10  # under DDP with log_every_n_steps=0 (no logging steps)
 
 
@@ -57,7 +61,7 @@ class Preempted(SIGTERMException):
 
 
 class Preemption:
-    """Notes SIGTERM / SIGUSR1 from `install` (at train start) until Lightning restores the handlers it found
+    """Notes SIGTERM / SIGUSR1 / SIGINT from `install` (at train start) until Lightning restores the handlers it found
     (trainer teardown), and tells every rank at once whether to save and stop, or to save because
     `every_n_minutes` of wall time passed on rank 0."""
 
@@ -72,7 +76,7 @@ class Preemption:
         self._last_save = time.monotonic()
 
     def install(self, trainer: L.Trainer) -> None:
-        """Take over SIGTERM and SIGUSR1 (called after Lightning registered its handlers, which it restores)."""
+        """Take over SIGTERM, SIGUSR1 and SIGINT (called after Lightning registered its handlers, which it restores)."""
         self._trainer = trainer
         self._last_save = time.monotonic()
         if threading.current_thread() is not threading.main_thread():
@@ -89,10 +93,12 @@ class Preemption:
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.signal is not None:
+            raise Interrupted(signal.SIGINT)  # Ctrl+C again: stop now
         first = self.signal is None
         self.signal = self.signal or signum
         launcher = getattr(self._trainer.strategy, "launcher", None) if self._trainer else None
-        if first and launcher is not None and getattr(launcher, "procs", None):
+        if first and signum != signal.SIGINT and launcher is not None and getattr(launcher, "procs", None):
             launcher.kill(signum)  # the ranks this process started (python train.py --devices N)
 
     def saved(self) -> None:

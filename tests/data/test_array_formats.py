@@ -1,0 +1,83 @@
+"""One rule for the arrays every command reads (`diffusion.data.numpy_files`): a .npy and an .npz's arr_0 are the
+same array; images (N, H, W, C) or (N, C, H, W), uint8 or integers in 0..255, are taken; float images (0..1?
+-1..1? 0..255?), a layout both readings fit and other shapes are refused in one line. Each reading command
+(evaluate --samples / --reference, evaluate --nll --data.path, train's vector --data.path) goes through it."""
+
+import re
+
+import numpy as np
+import pytest
+from helpers.user_errors import run_in_process
+
+from diffusion.cli import evaluate
+from diffusion.data.numpy_files import read_images
+from diffusion.data.vectors import VectorDataModule
+
+IMAGES = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 1), dtype=np.uint8)
+ACCEPTED = {
+    "npz_nhwc": ("npz", IMAGES),
+    "npy_nhwc": ("npy", IMAGES),
+    "npz_nchw": ("npz", IMAGES.transpose(0, 3, 1, 2)),
+    "npy_nchw_int64": ("npy", IMAGES.transpose(0, 3, 1, 2).astype(np.int64)),
+}
+REFUSED = {
+    "float_0_1": ("npz", IMAGES / 255.0, r"float images could be in 0\.\.1, -1\.\.1 or 0\.\.255 — convert"),
+    "float_npy": ("npy", IMAGES / 127.5 - 1, r"float images could be .* — convert them to uint8"),
+    "both_layouts": ("npz", np.zeros((4, 3, 8, 3), np.uint8), r"\(N, H, W, C\) and \(N, C, H, W\) both fit"),
+    "beyond_255": ("npz", IMAGES.astype(np.int64) * 2, r"values beyond 0\.\.255"),
+    "vectors": ("npz", np.zeros((4, 2), np.uint8), r"not images \(N, H, W, C\)"),
+}
+
+
+def write(tmp_path, kind: str, array: np.ndarray):
+    path = tmp_path / f"images.{kind}"
+    np.save(path, array) if kind == "npy" else np.savez(path, array)
+    return path
+
+
+@pytest.mark.parametrize("case", ACCEPTED)
+def test_each_format_with_one_meaning_reads_as_the_same_images(case, tmp_path):
+    images, _ = read_images(write(tmp_path, *ACCEPTED[case]), "--samples")
+    assert images.dtype == np.uint8
+    np.testing.assert_array_equal(images, IMAGES)
+
+
+@pytest.mark.parametrize("case", REFUSED)
+@pytest.mark.parametrize("flag", ["--samples", "--reference"])
+def test_evaluate_refuses_the_rest_in_one_line(case, flag, tmp_path, capsys):
+    kind, array, pattern = REFUSED[case]
+    (tmp_path / "user").mkdir()
+    path = write(tmp_path / "user", kind, array)
+    other = ["--reference", str(path)] if flag == "--samples" else ["--save_stats", str(tmp_path / "s.npz")]
+    line = run_in_process(
+        evaluate.main, [flag, str(path), *other, "--features", "pixels"], tmp_path / "user", capsys
+    )
+    assert line.startswith(f"error: {flag} ") and re.search(pattern, line), line
+
+
+@pytest.mark.parametrize("case", ["npy_nchw_int64", "npz_nchw"])
+def test_evaluate_takes_every_accepted_format(case, tmp_path, capsys):
+    path = write(tmp_path, *ACCEPTED[case])
+    result = evaluate.main(
+        ["--reference", str(path), "--save_stats", str(tmp_path / "s.npz"), "--features", "pixels"]
+    )
+    assert result == {"num_real": 4}
+
+
+@pytest.mark.parametrize("case", ["float_0_1", "both_layouts"])
+def test_bits_per_dim_refuses_the_rest_in_one_line(case, tmp_path, digits_checkpoint, capsys):
+    kind, array, pattern = REFUSED[case]
+    (tmp_path / "user").mkdir()
+    path = write(tmp_path / "user", kind, array)
+    args = ["--nll", "--ckpt", str(digits_checkpoint), "--data.path", str(path)]
+    line = run_in_process(evaluate.main, args, tmp_path / "user", capsys)
+    assert line.startswith("error: --data.path ") and re.search(pattern, line), line
+
+
+def test_vectors_read_an_npz_as_its_npy(tmp_path):
+    points = np.random.default_rng(0).normal(size=(50, 3))
+    np.save(tmp_path / "points.npy", points)
+    np.savez(tmp_path / "points.npz", points)
+    from_npy = VectorDataModule(path=str(tmp_path / "points.npy")).data
+    from_npz = VectorDataModule(path=str(tmp_path / "points.npz")).data
+    assert from_npy.shape == (50, 3) and np.array_equal(from_npy.numpy(), from_npz.numpy())
