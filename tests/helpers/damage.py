@@ -12,10 +12,13 @@ def flip_byte(path: Path, offset: int) -> None:
 
 
 def flip_byte_inside_largest_entry(path: Path) -> str:
-    """Change one byte in the middle of the largest entry of a zip archive (a torch.save file's largest tensor,
+    """Change one byte in the middle of the largest array of a zip archive (a torch.save file's largest tensor,
     an .npz's largest array); returns the entry's name."""
     with zipfile.ZipFile(path) as archive:
-        entry = max(archive.infolist(), key=lambda info: info.file_size)
+        arrays = [
+            info for info in archive.infolist() if "/data/" in info.filename or info.filename.endswith(".npy")
+        ]
+        entry = max(arrays, key=lambda info: info.file_size)
     with open(path, "rb") as file:
         file.seek(entry.header_offset + 26)  # the local header's name and extra field lengths
         name_length, extra_length = (int.from_bytes(file.read(2), "little") for _ in range(2))
