@@ -235,6 +235,7 @@ class SamplesWriter:
             samples = samples.detach().float().cpu()
             array = denormalize(samples, self.normalization).numpy().astype(np.float32)
         self.entry.write(np.ascontiguousarray(array).tobytes())
+        self.archive.fp.flush()  # on disk as it comes, not in a buffer
         kept = sum(len(batch) for batch in self.grid_samples)
         if kept < self.grid_count:
             self.grid_samples.append(samples[: self.grid_count - kept])
