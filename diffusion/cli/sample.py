@@ -9,13 +9,16 @@ Sample i depends only on (--seed, i), so any --batch_size gives the same samples
 
 `--devices D` (D > 1) samples on D processes per machine (DDP via Lightning Fabric: gloo on CPU, NCCL on
 GPUs): with W processes in all, rank r draws samples r, r + W, r + 2W, ... (--batch_size at a time), and
-rank 0 gathers them in index order and writes the files once, so the output equals a one-device run's.
+rank 0 gathers them in index order, a chunk at a time, and writes the files once, so the output equals a
+one-device run's.
 Fabric re-runs this command line in D - 1 more processes, or joins the processes torchrun / srun started
 (across machines: --num_nodes M, as for training).
 
 Options can also come from a YAML file (--config FILE; --print_config writes one). Everything is checked
-before any sampling time is spent: the checkpoint, the output folder, and that OUT/samples.npz and
-OUT/grid.png are not there already (--overwrite replaces them). A user error ends in one line on stderr and
+before any sampling time is spent: the checkpoint (its checksums, finite weights), the output folder, that
+OUT/samples.npz and OUT/grid.png are not there already (--overwrite replaces them) and that the disk has room
+for the samples. They are written as they are made, into OUT/samples.partial/, and moved into OUT only once all
+are in; samples that are not finite stop the run with nothing written. A user error ends in one line on stderr and
 exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 

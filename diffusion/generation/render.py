@@ -146,6 +146,10 @@ def samples_file_bytes(num_samples: int, sample_shape: tuple[int, ...], conditio
     return num_samples * per_sample + 4096  # + the zip's and the .npy headers, and the grid
 
 
+def size_in_words(num_bytes: int) -> str:
+    return f"{num_bytes / GB:,.1f} GB" if num_bytes >= GB / 10 else f"{num_bytes / 1e6:,.1f} MB"
+
+
 def check_room_for_samples(
     out_dir: str | Path,
     num_samples: int,
@@ -160,8 +164,8 @@ def check_room_for_samples(
     free = shutil.disk_usage(existing).free
     if needed > free:
         raise UserError(
-            f"--num_samples {num_samples}: the samples would take {needed / GB:,.1f} GB and {flag} {out_dir} has "
-            f"{free / GB:,.1f} GB free",
+            f"--num_samples {num_samples}: the samples would take {size_in_words(needed)} and {flag} {out_dir} has "
+            f"{size_in_words(free)} free",
             "sample fewer (--num_samples), or write to a disk with room (--out)",
         )
 
@@ -199,6 +203,8 @@ class SamplesWriter:
         self.grid_samples: list[torch.Tensor] = []
         self.written = 0
         self.partial = self.out_dir / "samples.partial"
+        # The nearest folder that existed: those below it are made for OUT, and removed again on an error.
+        self.existed = next(p for p in [self.out_dir, *self.out_dir.absolute().parents] if p.exists())
         shutil.rmtree(self.partial, ignore_errors=True)  # a killed run's
         self.partial.mkdir(parents=True)
         self.archive = zipfile.ZipFile(self.partial / SAMPLES, "w", zipfile.ZIP_STORED, allowZip64=True)
@@ -223,6 +229,11 @@ class SamplesWriter:
                 self.entry.close()
                 self.archive.close()
             shutil.rmtree(self.partial, ignore_errors=True)
+            # The folders made for OUT, if they are empty:
+            for folder in [self.out_dir, *self.out_dir.absolute().parents]:
+                if folder.absolute() == self.existed.absolute() or any(folder.iterdir()):
+                    break
+                folder.rmdir()
 
     def write(self, samples: torch.Tensor) -> None:
         """The next samples in index order: model units, or images already uint8 (`compact`)."""
