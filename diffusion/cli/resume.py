@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.cli.legacy import same_class
 from diffusion.errors import UserError
-from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.checkpoint_files import check_finite, read_checkpoint
 from diffusion.training.run_folders import RunFolder, newest_checkpoint, run_folder_of
 
 
@@ -129,6 +129,10 @@ def resolve_resume(config) -> tuple[dict[str, Any], str | None]:
             )  # fmt: skip
         config.ckpt_path = str(point.path)
     checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
+    check_finite(
+        checkpoint.get("state_dict") or {}, f"--ckpt_path {config.ckpt_path}",
+        "training diverged before it was saved: resume from an earlier checkpoint of the run",
+    )  # fmt: skip
     run = run_folder_of(config.ckpt_path)
     if run is None or logger is None:
         return checkpoint, None

@@ -9,17 +9,22 @@ Sample i depends only on (--seed, i), so any --batch_size gives the same samples
 
 `--devices D` (D > 1) samples on D processes per machine (DDP via Lightning Fabric: gloo on CPU, NCCL on
 GPUs): with W processes in all, rank r draws samples r, r + W, r + 2W, ... (--batch_size at a time), and
-rank 0 gathers them in index order and writes the files once, so the output equals a one-device run's.
+rank 0 gathers them in index order, a chunk at a time, and writes the files once, so the output equals a
+one-device run's.
 Fabric re-runs this command line in D - 1 more processes, or joins the processes torchrun / srun started
 (across machines: --num_nodes M, as for training).
 
 Options can also come from a YAML file (--config FILE; --print_config writes one). Everything is checked
-before any sampling time is spent: the checkpoint, the output folder, and that OUT/samples.npz and
-OUT/grid.png are not there already (--overwrite replaces them). A user error ends in one line on stderr and
+before any sampling time is spent: the checkpoint (its checksums, finite weights), the output folder, that
+OUT/samples.npz and OUT/grid.png are not there already (--overwrite replaces them) and that the disk has room
+for the samples. They are written as they are made, into OUT/samples.partial/, and moved into OUT only once all
+are in; samples that are not finite stop the run with nothing written. A user error ends in one line on stderr and
 exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 
+import inspect
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import get_args
 
@@ -42,9 +47,12 @@ from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.errors import UserError
 from diffusion.generation.precision import Precision, network_precision
-from diffusion.generation.ranks import gather_in_order, generate
-from diffusion.generation.render import write_samples
+from diffusion.generation.ranks import generate_in_chunks
+from diffusion.generation.render import SamplesWriter, check_room_for_samples
 from diffusion.training.loading import load_checkpoint
+from diffusion.training.module import DiffusionModule
+
+DEFAULT_SAMPLE_SHAPE = inspect.signature(DiffusionModule).parameters["sample_shape"].default
 
 
 def build_parser() -> ArgumentParser:
@@ -95,9 +103,16 @@ def main(argv: list[str] | None = None) -> Path:
             if written.exists() and not args.overwrite:
                 raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
         hparams = check_sampling_checkpoint(args.ckpt)
+        num_classes = hparams["network"].get("init_args", {}).get("num_classes")
+        # Labels repeat with the classes (`class_labels`): those of the first num_classes samples stand for all.
         labels = requested_labels(
-            hparams, args.num_samples, args.class_label, args.guidance_scale is not None
+            hparams,
+            min(args.num_samples, num_classes or 1),
+            args.class_label,
+            args.guidance_scale is not None,
         )
+        sample_shape = tuple(hparams.get("sample_shape") or DEFAULT_SAMPLE_SHAPE)
+        check_room_for_samples(args.out, args.num_samples, sample_shape, labels is not None)
         fabric, rank, world_size, device = launch_ranks(
             args.devices, args.num_nodes, accelerator, device, argv, "diffusion.sample"
         )
@@ -106,16 +121,22 @@ def main(argv: list[str] | None = None) -> Path:
             if note and torch.device(device).type == "cpu":
                 print(f"note: {note}", file=sys.stderr)
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
-        with network_precision(module, args.precision):
-            samples = generate(  # images as uint8 (N, C, H, W): a quarter of the bytes to hold and gather
+        all_gather = None if fabric is None else (lambda tensor: fabric.all_gather(tensor.to(fabric.device)))
+        with network_precision(module, args.precision), ExitStack() as stack:
+            writer = None
+            if rank == 0:  # rank 0 alone writes, as the chunks come
+                writer = stack.enter_context(SamplesWriter(
+                    args.out, args.num_samples, module.sample_shape, module.normalization, labels
+                ))  # fmt: skip
+            for chunk in generate_in_chunks(  # images as uint8: a quarter of the bytes to hold and gather
                 module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options,
-                rank=rank, world_size=world_size, progress=rank == 0, uint8_images=True, labels=labels,
-            )  # fmt: skip
-        if fabric is not None:
-            samples = gather_in_order(samples.to(fabric.device), args.num_samples, fabric.all_gather)
-        if rank == 0:
-            write_samples(samples, module.normalization, args.out, labels=labels)
-            print(f"wrote {args.num_samples} samples to {path} and {Path(args.out) / 'grid.png'}")
+                rank=rank, world_size=world_size, all_gather=all_gather, progress=rank == 0, labels=labels,
+            ):  # fmt: skip
+                if writer is not None:
+                    writer.write(chunk)
+            if writer is not None:
+                writer.finish()
+                print(f"wrote {args.num_samples} samples to {path} and {Path(args.out) / 'grid.png'}")
         if fabric is not None:
             fabric.barrier()  # every rank returns only once the files exist
         return path

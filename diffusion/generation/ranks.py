@@ -24,7 +24,10 @@ import torch
 from tqdm import tqdm
 
 from diffusion.core.sampling import SamplingOptions
+from diffusion.errors import UserError
 from diffusion.generation.render import compact
+
+CHUNK_BYTES = 64 * 2**20  # samples a rank holds before they are gathered and written
 
 
 def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: bool = False) -> torch.Tensor:
@@ -37,7 +40,7 @@ def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: boo
 
 def generate_batches(
     module: L.LightningModule,
-    indices: torch.Tensor,
+    indices: torch.Tensor | range,
     *,
     seed: int = 0,
     batch_size: int = 256,
@@ -55,7 +58,7 @@ def generate_batches(
     starts = range(0, len(indices), batch_size)
     with module.evaluating():
         for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
-            batch = indices[start : start + batch_size]
+            batch = torch.as_tensor(indices[start : start + batch_size])
             batch_labels = None if labels is None else labels[batch % len(labels)]
             x_T, noise = module.initial_noise(len(batch), seed, batch)
             steps = sampler(module.denoiser(len(batch), batch_labels), x_T, noise, progress)
@@ -88,6 +91,65 @@ def generate(
     if uint8_images:
         batches = (compact(batch, module.normalization) for batch in batches)
     return torch.cat([batch.cpu() for batch in batches])
+
+
+def generate_in_chunks(
+    module: L.LightningModule,
+    num_samples: int,
+    *,
+    seed: int = 0,
+    batch_size: int = 256,
+    options: SamplingOptions | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool = False,
+    labels: torch.Tensor | None = None,
+    chunk_bytes: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Samples 0..num_samples-1 in index order, a chunk at a time, on every rank (CPU; images as uint8 (N, C, H,
+    W), vectors as float in model units): what `SamplesWriter` writes as they come, so memory holds a chunk
+    (about `chunk_bytes` a rank, CHUNK_BYTES by default, at least a batch), never all samples. With W ranks, each
+    draws its share (`rank_indices`) and a chunk is gathered with `all_gather` (Fabric's; None for one process).
+
+    Raises UserError, on every rank, as soon as a chunk holds a value that is not finite (NaN or infinity).
+    """
+    per_rank = math.ceil(num_samples / world_size)
+    indices = range(rank, per_rank * world_size, world_size)  # `rank_indices` with equal shares, never built
+    sample_bytes = math.prod(module.sample_shape) * (1 if len(module.sample_shape) == 3 else 4)
+    chunk = max(1, (chunk_bytes or CHUNK_BYTES) // sample_bytes // batch_size) * batch_size
+    batches = generate_batches(
+        module, indices, seed=seed, batch_size=batch_size, options=options, progress=progress, labels=labels
+    )
+    pending: list[torch.Tensor] = []
+    finite, done = True, 0
+    try:
+        for batch in batches:
+            finite = finite and bool(torch.isfinite(batch).all())
+            pending.append(compact(batch, module.normalization).cpu())
+            done += len(batch)
+            if done % chunk and done < per_rank:
+                continue
+            local, pending = torch.cat(pending), []
+            # This chunk's samples across ranks: first .. first + W * len(local) - 1.
+            first = (done - len(local)) * world_size
+            flags = torch.tensor([finite])
+            if all_gather is not None:  # every rank learns of a non-finite sample on any, and stops with it
+                flags = all_gather(flags)
+            if not bool(flags.all()):
+                raise UserError(
+                    f"sampling produced values that are not finite (NaN or infinity) among samples {first} to "
+                    f"{min(first + len(local) * world_size, num_samples) - 1}; nothing was written",
+                    "sample at --precision 32 (16-bit can overflow), with another --sampler, or from an earlier "
+                    "checkpoint",
+                )
+            count = min(len(local) * world_size, num_samples - first)
+            if all_gather is None:
+                yield local[:count]
+            else:
+                yield gather_in_order(local, count, all_gather)
+    finally:  # its progress bar closed before an error is printed
+        batches.close()
 
 
 def gather_in_order(

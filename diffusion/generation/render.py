@@ -11,13 +11,24 @@ Images may also arrive as uint8 (N, C, H, W) in 0..255 (`compact`): what ranks g
 together, a quarter of float32's bytes. `write_samples` and `save_preview` take either form.
 """
 
+import contextlib
 import math
+import os
+import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 from torchvision.utils import make_grid, save_image
+
+from diffusion.errors import UserError
+
+SAMPLES, GRID = "samples.npz", "grid.png"
+MAX_SCATTER = 100_000  # vectors drawn in grid.png: a scatter of more shows no more
+LABEL_CHUNK = 1 << 20
+GB = 1e9
 
 
 def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
@@ -128,6 +139,151 @@ def save_preview(
     return None
 
 
+def samples_file_bytes(num_samples: int, sample_shape: tuple[int, ...], conditional: bool) -> int:
+    """The bytes of a samples.npz of `num_samples` samples of `sample_shape` ((C, H, W) images, uint8; (D,)
+    vectors, float32), with int64 labels when `conditional`."""
+    per_sample = math.prod(sample_shape) * (1 if len(sample_shape) == 3 else 4) + (8 if conditional else 0)
+    return num_samples * per_sample + 4096  # + the zip's and the .npy headers, and the grid
+
+
+def size_in_words(num_bytes: int) -> str:
+    return f"{num_bytes / GB:,.1f} GB" if num_bytes >= GB / 10 else f"{num_bytes / 1e6:,.1f} MB"
+
+
+def check_room_for_samples(
+    out_dir: str | Path,
+    num_samples: int,
+    sample_shape: tuple[int, ...],
+    conditional: bool,
+    flag: str = "--out",
+) -> None:
+    """Raise UserError unless the disk holding `out_dir` (or its nearest existing parent) has room for the
+    samples file: refused before any sampling time is spent, in the bytes it would need."""
+    needed = samples_file_bytes(num_samples, sample_shape, conditional)
+    existing = next(p for p in [Path(out_dir), *Path(out_dir).absolute().parents] if p.exists())
+    free = shutil.disk_usage(existing).free
+    if needed > free:
+        raise UserError(
+            f"--num_samples {num_samples}: the samples would take {size_in_words(needed)} and {flag} {out_dir} has "
+            f"{size_in_words(free)} free",
+            "sample fewer (--num_samples), or write to a disk with room (--out)",
+        )
+
+
+class SamplesWriter:
+    """OUT/samples.npz and OUT/grid.png written as the samples are made, a chunk at a time: memory holds a chunk
+    and the grid's samples, never all of them. Both files are written in OUT/samples.partial/ and moved into OUT
+    by `finish` only once every sample is in (grid.png first, samples.npz last), so a stopped run leaves no file
+    that looks complete: leaving the `with` block with an error removes the partial folder.
+
+    `labels`: sample i has label labels[i % len(labels)] (`class_labels` repeat with the number of classes, so
+    the labels of the first num_classes samples stand for all).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        num_samples: int,
+        sample_shape: tuple[int, ...],
+        normalization: dict,
+        labels: torch.Tensor | None = None,
+        grid_size: int = 64,
+    ) -> None:
+        self.out_dir, self.num_samples, self.normalization = Path(out_dir), num_samples, normalization
+        self.images = len(sample_shape) == 3
+        self.labels = None if labels is None else torch.as_tensor(labels).cpu().long()
+        several_classes = self.labels is not None and len(self.labels.unique()) > 1
+        classes = len(self.labels.unique()) if several_classes else 1
+        self.per_class = max(1, round(grid_size / classes)) if several_classes else None
+        # The grid's samples: the first of them (enough for `per_class` of each class); vectors: a scatter of
+        # the first MAX_SCATTER.
+        self.grid_count = self.per_class * len(self.labels) if several_classes else grid_size
+        if not self.images:
+            self.grid_count = MAX_SCATTER
+        self.grid_samples: list[torch.Tensor] = []
+        self.written = 0
+        self.partial = self.out_dir / "samples.partial"
+        # The nearest folder that existed: those below it are made for OUT, and removed again on an error.
+        self.existed = next(p for p in [self.out_dir, *self.out_dir.absolute().parents] if p.exists())
+        shutil.rmtree(self.partial, ignore_errors=True)  # a killed run's
+        self.partial.mkdir(parents=True)
+        self.archive = zipfile.ZipFile(self.partial / SAMPLES, "w", zipfile.ZIP_STORED, allowZip64=True)
+        in_file = (*sample_shape[1:], sample_shape[0]) if self.images else sample_shape  # images NHWC
+        shape = (num_samples, *in_file)
+        self.entry = self._open_array("arr_0", np.dtype(np.uint8 if self.images else np.float32), shape)
+
+    def _open_array(self, name: str, dtype: np.dtype, shape: tuple[int, ...]):
+        """An .npy entry of the archive, its header written, to which the array's bytes are then written in order
+        (the layout np.savez writes; zipfile records each entry's CRC-32, which np.load checks)."""
+        entry = self.archive.open(f"{name}.npy", "w", force_zip64=True)
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(entry, header)
+        return entry
+
+    def __enter__(self) -> "SamplesWriter":
+        return self
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        if error_type is not None:
+            with contextlib.suppress(Exception):  # the error that ended the block is the one to report
+                self.entry.close()
+                self.archive.close()
+            shutil.rmtree(self.partial, ignore_errors=True)
+            # The folders made for OUT, if they are empty:
+            for folder in [self.out_dir, *self.out_dir.absolute().parents]:
+                if folder.absolute() == self.existed.absolute() or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+
+    def write(self, samples: torch.Tensor) -> None:
+        """The next samples in index order: model units, or images already uint8 (`compact`)."""
+        if self.written + len(samples) > self.num_samples:
+            raise ValueError(f"{self.written + len(samples)} samples written to a file of {self.num_samples}")
+        if self.images:
+            samples = compact(samples, self.normalization).cpu()
+            array = samples.permute(0, 2, 3, 1).numpy()
+        else:
+            samples = samples.detach().float().cpu()
+            array = denormalize(samples, self.normalization).numpy().astype(np.float32)
+        self.entry.write(np.ascontiguousarray(array).tobytes())
+        self.archive.fp.flush()  # on disk as it comes, not in a buffer
+        kept = sum(len(batch) for batch in self.grid_samples)
+        if kept < self.grid_count:
+            self.grid_samples.append(samples[: self.grid_count - kept])
+        self.written += len(samples)
+
+    def finish(self) -> Path:
+        """Add the labels, draw the grid, and move both files into OUT; returns OUT/samples.npz."""
+        if self.written != self.num_samples:
+            raise ValueError(f"{self.written} samples written to a file of {self.num_samples}")
+        self.entry.close()
+        if self.labels is not None:
+            entry = self._open_array("arr_1", np.dtype(np.int64), (self.num_samples,))
+            for start in range(0, self.num_samples, LABEL_CHUNK):
+                indices = torch.arange(start, min(start + LABEL_CHUNK, self.num_samples))
+                entry.write(self.labels[indices % len(self.labels)].numpy().tobytes())
+            entry.close()
+        self.archive.close()
+        with open(self.partial / SAMPLES, "rb+") as file:
+            os.fsync(file.fileno())
+        self._draw_grid(self.partial / GRID)
+        for name in (GRID, SAMPLES):  # samples.npz last: its presence says the run finished
+            os.replace(self.partial / name, self.out_dir / name)
+        self.partial.rmdir()
+        return self.out_dir / SAMPLES
+
+    def _draw_grid(self, path: Path) -> None:
+        samples = torch.cat(self.grid_samples)
+        labels = None if self.labels is None else self.labels[torch.arange(len(samples)) % len(self.labels)]
+        if self.images and self.per_class is not None:
+            save_preview(samples, self.normalization, path, labels, self.per_class)
+        elif self.images:
+            save_preview(samples, self.normalization, path)
+        else:
+            points = denormalize(samples, self.normalization).numpy()
+            save_scatter(points, path, labels=None if labels is None else labels.numpy())
+
+
 def write_samples(
     samples: torch.Tensor,
     normalization: dict,
@@ -137,22 +293,10 @@ def write_samples(
 ) -> Path:
     """Write out_dir/samples.npz (`arr_0`: uint8 N x H x W x C images, or float32 N x D vectors in data
     units; with `labels`, `arr_1`: int64 N labels) and out_dir/grid.png (the first `grid_size` images, or with
-    labels of several classes about grid_size of them in one row per class; a scatter of all vectors); return
-    the npz. `samples` are in model units, or images already uint8 (`compact`)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    label_array = None if labels is None else torch.as_tensor(labels).cpu().numpy().astype(np.int64)
-    if samples.ndim == 4:
-        images = compact(samples, normalization)  # (N, C, H, W) uint8
-        array = images.permute(0, 2, 3, 1).cpu().numpy()
-        if label_array is not None and len(np.unique(label_array)) > 1:
-            per_class = max(1, round(grid_size / len(np.unique(label_array))))
-            save_preview(images, normalization, out_dir / "grid.png", labels, per_class)
-        else:
-            save_preview(images[:grid_size], normalization, out_dir / "grid.png")
-    else:
-        array = denormalize(samples.detach().float().cpu(), normalization).numpy().astype(np.float32)
-        save_scatter(array, out_dir / "grid.png", labels=label_array)
-    path = out_dir / "samples.npz"
-    np.savez(path, *([array] if label_array is None else [array, label_array]))  # arr_0[, arr_1]
-    return path
+    labels of several classes about grid_size of them in one row per class; a scatter of the vectors); return
+    the npz. `samples` are in model units, or images already uint8 (`compact`). Samples made a chunk at a time
+    are written with `SamplesWriter`."""
+    sample_shape = tuple(samples.shape[1:])
+    with SamplesWriter(out_dir, len(samples), sample_shape, normalization, labels, grid_size) as writer:
+        writer.write(samples)
+        return writer.finish()

@@ -1,9 +1,17 @@
 """Checkpoint files read safely: tensors and plain data only (``weights_only=True``), so loading never runs code
-from the file, and a checkpoint that carries other pickled objects is refused with one clear error."""
+from the file, and a checkpoint that carries other pickled objects is refused with one clear error.
+
+Files written by ``torch.save`` (checkpoints, post-hoc EMA snapshots, bare state_dicts) are zip archives whose
+entries carry a CRC-32 of their bytes; ``torch.load`` does not check them, so a byte changed inside a tensor (a bad
+copy, a failing disk) would load as a wrong weight. `check_zip_checksums` checks them, once per file version, before
+a file is trusted, and `check_finite` refuses weights that are NaN or infinite before any work is done with them.
+"""
 
 import os
 import pickle
 import zipfile
+import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +20,48 @@ import torch
 from diffusion.errors import UserError
 from diffusion.training.from_diffusers import diffusers_folders, read_init_weights
 
+DAMAGED = "its bytes do not match their checksum (a bad copy or a failing disk)"
+_INTACT: set[tuple[str, int, int]] = set()  # (path, size, mtime) of file versions whose checksums matched
+
+
+def check_zip_checksums(path: str | os.PathLike, what: str, fix: str) -> None:
+    """Raise UserError("<what> <path> is damaged: ...") unless every entry of the zip archive at `path` (a file of
+    torch.save or np.savez) matches the CRC-32 stored with it. Reads the whole file once per file version."""
+    path = Path(path)
+    stat = path.stat()
+    version = (str(path.absolute()), stat.st_size, stat.st_mtime_ns)
+    if version in _INTACT:
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad_entry = archive.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
+        raise UserError(f"{what} {path} is damaged: {DAMAGED} ({err})", fix) from err
+    if bad_entry is not None:
+        raise UserError(f"{what} {path} is damaged: {DAMAGED} (in {bad_entry})", fix)
+    _INTACT.add(version)
+
+
+def check_finite(weights: Mapping[str, torch.Tensor], what: str, fix: str) -> None:
+    """Raise UserError naming `what` and the first tensor of `weights` holding a NaN or an infinity."""
+    for name, tensor in weights.items():
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            continue
+        if not torch.isfinite(tensor).all():
+            raise UserError(f"{what} holds weights that are not finite (NaN or infinity), first {name}", fix)
+
 
 def read_checkpoint(
-    path: str | os.PathLike, flag: str = "checkpoint", map_location: str | torch.device = "cpu"
+    path: str | os.PathLike,
+    flag: str = "checkpoint",
+    map_location: str | torch.device = "cpu",
+    verify: bool = True,
 ) -> dict[str, Any]:
     """A checkpoint file's contents (tensors memory-mapped, no code run), or one clear error naming `flag`.
 
-    Raises FileNotFoundError (no such file) or UserError (a folder, an empty, truncated or foreign file, or
-    one that carries pickled objects other than tensors and plain data, which could run code when loaded).
+    Raises FileNotFoundError (no such file) or UserError (a folder, an empty, truncated, damaged or foreign file,
+    or one that carries pickled objects other than tensors and plain data, which could run code when loaded).
+    `verify` False skips the checksums (`check_zip_checksums`), for reading a checkpoint's step only.
     """
     path = Path(path).expanduser()
     fix = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
@@ -37,6 +79,8 @@ def read_checkpoint(
         raise UserError(
             f"{flag} {path} is truncated or not a PyTorch checkpoint (no intact zip archive)", fix
         )
+    if verify:
+        check_zip_checksums(path, flag, "pass an intact checkpoint: an earlier one of the run, or a backup")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
@@ -88,10 +132,13 @@ def read_network_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(
             f"init_from: no such file {path}; pass a .ckpt of this project or a state_dict"
         )
+    if zipfile.is_zipfile(path):
+        check_zip_checksums(path, "init_from", "pass an intact checkpoint or state_dict")
     state = torch.load(path, map_location="cpu", weights_only=True)
     state = state.get("state_dict", state)
     if any(key.startswith("network.") for key in state):
         state = {
             key.removeprefix("network."): value for key, value in state.items() if key.startswith("network.")
         }
+    check_finite(state, f"init_from {path}", "start from an earlier checkpoint of that run")
     return state

@@ -4,10 +4,13 @@ state_dict, one set of weights) and ``config.json`` (everything sampling needs).
 ``config.json`` holds ``hyper_parameters``, the DiffusionModule's settings as a checkpoint saves them (the network's
 ``class_path`` and ``init_args``, the schedule, ``prediction_type``, ``sample_shape``, ``normalization``,
 ``class_names``, the sampling defaults), ``weights`` ("ema" or "raw": which set this is), and ``betas``: the
-schedule's betas, for code outside this package (this package rebuilds them from the settings). Reading it runs no
-code: JSON and safetensors only, and the network must be one of this project's (`NETWORKS`).
+schedule's betas, for code outside this package (this package rebuilds them from the settings), and
+``weights_sha256``: the SHA-256 of ``model.safetensors``, checked when the export is loaded (safetensors files
+carry no checksum of their own; exports written without it load unchecked). Reading it runs no code: JSON and
+safetensors only, and the network must be one of this project's (`NETWORKS`).
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -46,13 +49,19 @@ def write_export(
         **module.hparams,
         "network": {"class_path": f"diffusion.models.{name}", "init_args": network["init_args"]},
     }
+    state = {key: value.detach().cpu().contiguous() for key, value in module.network.state_dict().items()}
+    save_file(state, folder / WEIGHTS, metadata={"format": "pt"})
     config = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "weights": weights,
         "hyper_parameters": hparams, "betas": module.schedule.betas.double().tolist(),
+        "weights_sha256": sha256_of(folder / WEIGHTS),
     }  # fmt: skip
-    state = {key: value.detach().cpu().contiguous() for key, value in module.network.state_dict().items()}
-    save_file(state, folder / WEIGHTS, metadata={"format": "pt"})
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def sha256_of(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
@@ -101,6 +110,13 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
             f"{folder / CONFIG} has settings this version does not take ({err})",
             "load it with the version of this package that wrote it",
         ) from err
+    expected = config.get("weights_sha256")
+    if expected is not None and (folder / WEIGHTS).is_file() and sha256_of(folder / WEIGHTS) != expected:
+        raise UserError(
+            f"{folder / WEIGHTS} is damaged: its bytes do not match the checksum in {CONFIG} (a bad copy or a "
+            "failing disk)",
+            "copy the export again, or export the checkpoint again (python -m diffusion.export)",
+        )
     try:
         state = load_file(folder / WEIGHTS)
     except (FileNotFoundError, SafetensorError) as err:

@@ -9,12 +9,13 @@ import torch
 from diffusion.errors import UserError, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
-from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
+from diffusion.training.checkpoint_files import check_finite, check_written_by_train, read_checkpoint
 from diffusion.training.exported import is_export, load_export, read_export_config
 from diffusion.training.from_diffusers import diffusers_folders, module_settings
 from diffusion.training.module import DiffusionModule
 
 Weights = Literal["ema", "raw"]
+NOT_FINITE_FIX = "training diverged before it was saved: use an earlier checkpoint of the run"
 
 
 def load_checkpoint(
@@ -44,12 +45,15 @@ def load_checkpoint(
                 f"{path} holds {exported} weights, not {weights}",
                 f"export the checkpoint again with --weights {weights}, or load it without weights=",
             )
-        return load_export(path, map_location)
+        module = load_export(path, map_location)
+        check_finite(module.network.state_dict(), str(path), NOT_FINITE_FIX)
+        return module
     checkpoint = read_checkpoint(path, map_location=map_location)  # checked before Lightning reads it again
     check_written_by_train(checkpoint, path)
     module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     if weights == "raw" and "current_model_state" in checkpoint:
         module.load_state_dict(checkpoint["current_model_state"])
+    check_finite(module.network.state_dict(), f"{path} ({weights or 'ema'} weights)", NOT_FINITE_FIX)
     return module.eval()
 
 

@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from diffusion.errors import UserError
 from diffusion.training.atomic_writes import remove_leftovers, save_atomically
+from diffusion.training.checkpoint_files import check_finite, check_zip_checksums
 from diffusion.training.ema_profiles import Solution, check_sigma_rel, combine, gamma_of, solve, update_weight
 from diffusion.training.run_folders import post_hoc_ema_folder, run_folder
 
@@ -49,11 +50,15 @@ class Snapshot:
     gamma: float
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(path: Path, verify: bool = False) -> dict[str, Any]:
+    """A snapshot's contents; with `verify`, its checksums and that its weights are finite are checked (a read of
+    the whole file, done where the weights are used)."""
     fix = "delete that file (the other snapshots still reconstruct), or restore it from a backup"
     try:
         if not zipfile.is_zipfile(path):
             raise UserError(f"post-hoc EMA snapshot {path} is truncated or not a PyTorch file", fix)
+        if verify:
+            check_zip_checksums(path, "post-hoc EMA snapshot", fix)
         contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (pickle.UnpicklingError, EOFError, RuntimeError, OSError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -76,7 +81,13 @@ def find_snapshots(folder: str | Path) -> list[Snapshot]:
 
 
 def read_weights(snapshot: Snapshot) -> dict[str, torch.Tensor]:
-    return _load(snapshot.path)["weights"]
+    weights = _load(snapshot.path, verify=True)["weights"]
+    check_finite(
+        weights,
+        f"post-hoc EMA snapshot {snapshot.path}",
+        "delete that file (the other snapshots still reconstruct)",
+    )
+    return weights
 
 
 class PostHocEMA:

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 
 from diffusion.errors import UserError
-from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.checkpoint_files import check_zip_checksums, read_checkpoint
 
 NUMBERED_VERSION = re.compile(r"version_(\d+)")
 CHECKPOINTS = "checkpoints"
@@ -100,8 +100,9 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
     """The newest intact checkpoint of the newest run of this name (the last of `run_checkpoints`).
 
     Newest = highest global step (``last.ckpt``, ``last-vN.ckpt`` and ``step=N.ckpt`` alike; a tie goes to a
-    ``last`` file, then to the file written last). Files that cannot be read (empty, truncated, foreign) are passed over and listed in
-    `skipped`; a run without a readable checkpoint is an error, never a silent fall back to an older run.
+    ``last`` file, then to the file written last). Files that cannot be read (empty, truncated, damaged, foreign)
+    are passed over and listed in `skipped`; a run without an intact checkpoint is an error, never a silent fall
+    back to an older run.
     """
     runs = run_checkpoints(save_dir, name)
     if not runs:
@@ -110,22 +111,30 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
             f"(python train.py), or pass the path of a checkpoint"
         )
     run, files = runs[-1]
-    intact, skipped = [], []
+    readable, skipped = [], []
+
+    def passed_over(path: Path, err: Exception) -> None:
+        skipped.append((path, str(err).split(" — ")[0].removeprefix(f"checkpoint {path} ")))
+
     for path in files:
-        try:
-            step = int(read_checkpoint(path, "checkpoint").get("global_step", -1))
+        try:  # the step only; the checksums (a read of the whole file) of the newest ones below
+            step = int(read_checkpoint(path, "checkpoint", verify=False).get("global_step", -1))
         except (UserError, OSError) as err:
-            skipped.append((path, str(err).split(" — ")[0].removeprefix(f"checkpoint {path} ")))
+            passed_over(path, err)
             continue
-        intact.append((step, path.name.startswith("last"), path.stat().st_mtime, path))
-    if not intact:
-        reasons = "; ".join(f"{path.name} {why}" for path, why in skipped)
-        raise UserError(
-            f"--ckpt_path last: no readable checkpoint in {files[0].parent} ({reasons})",
-            "pass the path of an intact checkpoint, or start a new run without --ckpt_path",
-        )
-    step, _, _, path = max(intact)
-    return ResumePoint(path, run.version, step, tuple(skipped))
+        readable.append((step, path.name.startswith("last"), path.stat().st_mtime, path))
+    for step, _, _, path in sorted(readable, reverse=True):
+        try:
+            check_zip_checksums(path, "checkpoint", "")
+        except (UserError, OSError) as err:
+            passed_over(path, err)
+            continue
+        return ResumePoint(path, run.version, step, tuple(skipped))
+    reasons = "; ".join(f"{path.name} {why}" for path, why in skipped)
+    raise UserError(
+        f"--ckpt_path last: no intact checkpoint in {files[0].parent} ({reasons})",
+        "pass the path of an intact checkpoint (a backup), or start a new run without --ckpt_path",
+    )
 
 
 def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 from helpers import QUICK, TINY_MLP
+from helpers.damage import flip_byte_inside_largest_entry
 
 from diffusion.cli.train import main
 from diffusion.training.run_folders import newest_checkpoint
@@ -78,6 +79,21 @@ def test_an_unreadable_newest_checkpoint_is_passed_over_with_one_warning_line(ru
     ]
     assert len(warnings) == 1 and re.search(
         r"last\.ckpt \(is truncated.*resuming from step=4\.ckpt \(step 4\)", warnings[0]
+    )
+    assert Path(cli.config.ckpt_path).name == "step=4.ckpt" and cli.trainer.global_step == 6
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_naming_the_newest_intact_one(runs, capsys):
+    last = runs / "run/version_0/checkpoints/last.ckpt"
+    flip_byte_inside_largest_entry(last)  # a byte changed inside a tensor: torch.load alone would not notice
+    capsys.readouterr()
+    cli = train(runs, "--ckpt_path", "last", "--max_steps", "6")
+    warnings = [
+        line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --ckpt_path")
+    ]
+    assert len(warnings) == 1 and re.search(
+        r"last\.ckpt \(is damaged: its bytes do not match their checksum.*resuming from step=4\.ckpt \(step 4\)",
+        warnings[0],
     )
     assert Path(cli.config.ckpt_path).name == "step=4.ckpt" and cli.trainer.global_step == 6
 

@@ -84,7 +84,9 @@ BROKEN = {
         r"has settings this version does not take",
     ),
     "no_weights": (lambda f: (f / WEIGHTS).unlink(), r"model.safetensors cannot be read"),
-    "random_weights_file": (lambda f: (f / WEIGHTS).write_bytes(b"\x00" * 64), r"model.safetensors cannot be read"),
+    "random_weights_file": (
+        lambda f: (f / WEIGHTS).write_bytes(b"\x00" * 64), r"model.safetensors is damaged: its bytes do not match"
+    ),
 }  # fmt: skip
 
 
