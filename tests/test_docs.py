@@ -99,9 +99,13 @@ def test_the_readme_set_up_installs_from_the_projects_files():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     installs = [words for words in commands(REPO / "README.md") if words[:2] == ["pip", "install"]]
     assert installs, "the README has no set-up command"
-    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line)
+    pins = dict(
+        line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line
+    )
     for words in installs:
-        if "--index-url" in words:  # torch for an older NVIDIA driver: the pinned versions, another CUDA build
+        if (
+            "--index-url" in words
+        ):  # torch for an older NVIDIA driver: the pinned versions, another CUDA build
             wanted = [word.split("==") for word in words if "==" in word]
             assert wanted and all(pins[name] == version for name, version in wanted), words
             continue

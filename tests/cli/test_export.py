@@ -91,7 +91,12 @@ def test_a_safetensors_export_loads_as_the_checkpoint(checkpoint, tmp_path, weig
     config = json.loads((out / "config.json").read_text())
     assert config["weights"] == weights
     saved = torch.load(checkpoint, weights_only=True)["hyper_parameters"]
-    assert config["hyper_parameters"]["network"] == saved["network"]
+    # The same network: the export names it by its module path, a run's config by its public one (diffusion.UNet).
+    assert config["hyper_parameters"]["network"]["init_args"] == saved["network"]["init_args"]
+    assert (
+        config["hyper_parameters"]["network"]["class_path"]
+        == "diffusion.models." + saved["network"]["class_path"].rpartition(".")[2]
+    )
     for key in (
         "num_timesteps",
         "beta_schedule",

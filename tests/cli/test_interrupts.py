@@ -63,7 +63,9 @@ def test_sample_stopped_while_sampling_writes_nothing(signal_name, digits_checkp
         "--out",
         str(out),
     ]
-    process = run_interrupted("sample", "diffusion.cli.sample.generate_in_chunks", signal_name, argv, tmp_path)
+    process = run_interrupted(
+        "sample", "diffusion.cli.sample.generate_in_chunks", signal_name, argv, tmp_path
+    )
     check_stopped(process, signal_name)
     assert not (out / "samples.npz").exists() and not (out / "grid.png").exists()
 

@@ -73,7 +73,10 @@ def test_sample_reports_a_bad_input_in_one_line(flags, expected, user, capsys, m
 
 
 EVALUATE_CASES = {
-    "missing_samples": (["--samples", "{user}/nope.npz"], r"--samples .*nope.npz does not exist — save uint8"),
+    "missing_samples": (
+        ["--samples", "{user}/nope.npz"],
+        r"--samples .*nope.npz does not exist — save uint8",
+    ),
     "random_bytes": (
         ["--samples", "{user}/random.ckpt"],
         r"random.ckpt is not a \.npy file or an \.npz archive — save uint8 images .* np.savez",

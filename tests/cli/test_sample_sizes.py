@@ -74,9 +74,10 @@ def test_a_stopped_run_leaves_no_file_that_looks_complete(digits_checkpoint, tmp
     monkeypatch.setattr(render.SamplesWriter, "write", stopped_after_the_first_chunk)
     monkeypatch.setattr(ranks, "CHUNK_BYTES", 2 * 16 * 16)
     out = tmp_path / "out"
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stopped:  # Ctrl-C: one line and exit 130 (tests/cli/test_interrupts.py)
         sample.main(["--ckpt", str(digits_checkpoint), "--out", str(out), "--num_samples", "5", "--batch_size",
                      "2", *ARGS])  # fmt: skip
+    assert stopped.value.code == 130
     assert not out.exists()  # made for this run, and removed with what it held
 
 

@@ -304,17 +304,15 @@ def test_npy_errors(tmp_path, array, error, match):
 
 
 def test_npy_missing_or_unreadable(tmp_path):
-    with pytest.raises(
-        FileNotFoundError, match=r"missing.npy does not exist — pass an \(N, D\) array"
-    ):
+    with pytest.raises(FileNotFoundError, match=r"missing.npy does not exist — pass an \(N, D\) array"):
         VectorDataModule(path=str(tmp_path / "missing.npy"))
     (tmp_path / "text.npy").write_text("1,2,3")
-    with pytest.raises(
-        ValueError, match=r"text.npy is not a \.npy file or an \.npz archive — .*np.save"
-    ):
+    with pytest.raises(ValueError, match=r"text.npy is not a \.npy file or an \.npz archive — .*np.save"):
         VectorDataModule(path=str(tmp_path / "text.npy"))
     (tmp_path / "a.csv").write_text("1,2\n3,4\n")
-    with pytest.raises(ValueError, match=r"a.csv is not a \.npy file or an \.npz archive — .*np.loadtxt") as info:
+    with pytest.raises(
+        ValueError, match=r"a.csv is not a \.npy file or an \.npz archive — .*np.loadtxt"
+    ) as info:
         VectorDataModule(path=str(tmp_path / "a.csv"))
     assert "pickle" not in str(info.value)
     np.save(tmp_path / "objects.npy", np.array([[1, None]], dtype=object), allow_pickle=True)
