@@ -326,7 +326,7 @@ def test_fid_callback_under_two_ddp_processes_feeds_each_image_once(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     lines = re.findall(
-        r"step (\d+): FID \(pixels features\) (\S+) from (\d+) generated and (\d+) real", output
+        r"step (\d+): FD of pixels \(not an FID\) (\S+) from (\d+) generated and (\d+) real", output
     )
     assert [(step, fake, real) for step, _, fake, real in lines] == [("2", "15", "15"), ("4", "15", "15")]
     assert all(math.isfinite(float(value)) for _, value, _, _ in lines)

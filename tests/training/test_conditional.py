@@ -220,6 +220,8 @@ def test_fid_callback_samples_classes_in_turn_with_its_guidance_scale(scale, bat
     callback = SampleQualityCallback(num_samples=4, features="pixels", batch_size=4,
                            sampling=SamplingOptions(sampler="ddim", steps=2, guidance_scale=scale))  # fmt: skip
     callback._update = lambda images, pl_module, real: None  # only the sampling is looked at here
-    callback._feed_generated(SimpleNamespace(world_size=1), module)
+    callback._feed_generated(
+        SimpleNamespace(world_size=1, is_global_zero=True, progress_bar_callback=None), module
+    )
     asked = [0, 1, 2, 0]  # sample i of class i % 3
     assert calls == [(batch, asked + [NO_LABEL] * 4 if scale != 1 else asked)] * 2
