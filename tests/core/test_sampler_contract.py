@@ -5,11 +5,9 @@ process and two draw the same samples; guidance and learned variances work where
 one line where not; so does a zero-terminal-SNR schedule (alpha_bar_T = 0), from which a sampler's samples converge
 to the data; it costs the network evaluations it says (`evaluations`); compiled, it draws the eager samples from
 one graph; golden values computed by the code before the samplers had one contract (571722a), and for samplers added
-since by their first version, stay; samples converge toward DDPM-1000 as steps grow.
+since by their first version, stay (convergence toward DDPM-1000: test_sampler_convergence.py).
 
-The tiny model is the optimal eps-prediction (or v-prediction) for class-conditional Gaussian data in 4 dimensions
-(shaped (1, 2, 2) so it can learn variances, which only images do), plus a seeded perturbation, as no trained network
-is exact.
+The tiny model: tests/helpers/tiny_sampler.py.
 Run as a script (`python tests/core/test_sampler_contract.py OUT.pt`), this file draws every sampler's samples
 on two processes (Lightning Fabric, gloo) and writes rank 0's gathered samples to OUT.pt.
 """
@@ -23,6 +21,19 @@ from typing import ClassVar
 
 import pytest
 import torch
+from helpers.tiny_sampler import (  # noqa: F401 (_one_thread: autouse)
+    LABELS,
+    NAMES,
+    STD,
+    T,
+    TinyNetwork,
+    _one_thread,
+    frechet_distance,
+    gaussian_fit,
+    guided,
+    options,
+    tiny_module,
+)
 from torch import nn
 
 from diffusion.cli.sample import build_parser
@@ -35,86 +46,9 @@ from diffusion.core.sampling import SAMPLERS, SamplingOptions, options_of, rever
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import class_labels
 from diffusion.generation.ranks import gather_in_order, generate
-from diffusion.training.module import DiffusionModule
 
 REPO_ROOT = Path(__file__).parents[2]
 TRAINING_DOC = (REPO_ROOT / "docs" / "training.md").read_text()
-T = 1000
-STD = torch.tensor([0.3, 0.5, 0.1, 0.7], dtype=torch.float64)
-NAMES = list(SAMPLERS)
-
-
-class TinyNetwork(nn.Module):
-    """eps of class-conditional Gaussian data x_0 ~ N(means[y], diag(STD^2)) (the last row of `means` for NO_LABEL),
-    exact when `perturbation` is 0; with `learned_variance`, also a v in (-1, 1) (2C output channels). With
-    `zero_terminal_snr`, the v-prediction (Salimans & Ho's v, not the variance's) on that schedule."""
-
-    def __init__(
-        self, learned_variance: bool = False, perturbation: float = 0.05, num_classes: int = 3,
-        zero_terminal_snr: bool = False,
-    ) -> None:  # fmt: skip
-        super().__init__()
-        generator = torch.Generator().manual_seed(0)
-        self.num_classes = num_classes
-        self.learned_variance = learned_variance
-        self.perturbation = perturbation
-        self.predicts_v = zero_terminal_snr
-        schedule = NoiseSchedule(num_timesteps=T, zero_terminal_snr=zero_terminal_snr)
-        self.register_buffer("alphas_cumprod", schedule.alphas_cumprod.double())
-        self.register_buffer(
-            "means", 0.5 * torch.randn(num_classes + 1, 4, generator=generator, dtype=torch.float64)
-        )
-        self.register_buffer("weight", 0.3 * torch.randn(4, 4, generator=generator, dtype=torch.float64))
-        self.register_buffer("weight_v", torch.randn(4, 4, generator=generator, dtype=torch.float64))
-
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        flat = x.double().flatten(1)  # (B, 4)
-        abar = self.alphas_cumprod[t].unsqueeze(1)  # (B, 1)
-        mean = self.means[-1 if y is None else y]  # NO_LABEL = -1: the last row
-        x0 = mean + abar.sqrt() * STD**2 * (flat - abar.sqrt() * mean) / (abar * STD**2 + 1 - abar)
-        eps = (flat - abar.sqrt() * x0) / (1 - abar).sqrt()
-        time = (t.double() / T).unsqueeze(1)
-        eps = eps + self.perturbation * torch.tanh((flat[:, :, None] * self.weight).sum(1) + time)
-        if self.predicts_v:  # v = sqrt(abar) eps - sqrt(1 - abar) x_0, perturbed through eps
-            eps = abar.sqrt() * eps - (1 - abar).sqrt() * x0
-        out = eps.float().view_as(x)
-        if not self.learned_variance:
-            return out
-        v = torch.tanh((flat[:, :, None] * self.weight_v).sum(1) + 2 * time - 1)
-        return torch.cat([out, v.float().view_as(x)], dim=1)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tensors of a few thousand numbers: threads only wait for each other (seconds become minutes on 2 cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_module(
-    learned_variance: bool = False, perturbation: float = 0.05, zero_terminal_snr: bool = False
-) -> DiffusionModule:
-    network = TinyNetwork(learned_variance, perturbation, zero_terminal_snr=zero_terminal_snr)
-    variance = "learned_range" if learned_variance else "fixed"
-    return DiffusionModule(
-        network, sample_shape=(1, 2, 2), num_timesteps=T, variance=variance, zero_terminal_snr=zero_terminal_snr,
-        prediction_type="v" if zero_terminal_snr else "eps",
-    )  # fmt: skip
-
-
-def options(name: str, steps: int = 4, **more) -> SamplingOptions:
-    return SamplingOptions(sampler=name, steps=steps, **more)
-
-
-def guided(name: str) -> dict:
-    """Guidance 1.5 for a sampler that takes it."""
-    return {"guidance_scale": 1.5} if SAMPLERS[name].takes_guidance else {}
-
-
-LABELS = torch.tensor([0, 1, 2])
-
 # module.sample(3, seed=11, options=SamplingOptions(sampler=name, steps=5[, guidance_scale=1.5]), labels=...) of
 # tiny_module() ("plain": no labels; "guided": LABELS, guidance 1.5) and of tiny_module(learned_variance=True)
 # ("learned", where the sampler uses the learned variance; the others sample as "plain"), by the code at 571722a;
@@ -230,7 +164,8 @@ def two_process_options(name: str) -> SamplingOptions:
 def test_two_processes_draw_one_processs_samples(tmp_path):
     result = subprocess.run(
         [sys.executable, __file__, str(tmp_path / "two.pt")],
-        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT / "tests")},  # helpers.tiny_sampler
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     two = torch.load(tmp_path / "two.pt")
@@ -433,64 +368,6 @@ def test_golden_values_of_the_code_before_the_contract(name):
     if SAMPLERS[name].takes_learned_variance and learned.sampler(options(name, 5)).uses_learned_variance:
         torch.testing.assert_close(learned.sample(3, seed=11, options=options(name, 5)), golden["learned"], rtol=0,
                                    atol=1e-5)  # fmt: skip
-
-
-# ---- convergence toward DDPM-1000 ------------------------------------------------------------------------------
-def gaussian_fit(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and covariance of samples (N, ...), float64."""
-    flat = samples.flatten(1).double()
-    return flat.mean(0), torch.cov(flat.T)
-
-
-def frechet_distance(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> float:
-    """The Fréchet distance between two Gaussians given as (mean, covariance)."""
-    (mean_a, cov_a), (mean_b, cov_b) = a, b
-    values, vectors = torch.linalg.eigh(cov_a)
-    root_a = vectors @ torch.diag(values.clamp(min=0).sqrt()) @ vectors.T
-    cross = torch.linalg.eigvalsh(root_a @ cov_b @ root_a).clamp(min=0).sqrt().sum()
-    return ((mean_a - mean_b) ** 2).sum().item() + (cov_a.trace() + cov_b.trace() - 2 * cross).item()
-
-
-@pytest.fixture(scope="module")
-def exact():
-    """The tiny model without its perturbation (the optimal network: its ODE and SDE sample the same
-    distribution), and 2,000 samples of its DDPM-1000."""
-    module = tiny_module(perturbation=0.0)
-    reference = module.sample(2000, seed=1000, options=SamplingOptions(sampler="ddpm", clip_denoised=False))
-    return module, gaussian_fit(reference)
-
-
-def test_ddpm_1000_of_the_optimal_network_samples_its_data(exact):
-    # The reference the samplers converge to, itself against the data: over 30 seeds <= 0.0023 (2,000 samples).
-    module, reference = exact
-    data = (module.network.means[-1], torch.diag(STD**2))  # no label: the last row's Gaussian
-    assert frechet_distance(reference, data) < 0.007
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_samples_converge_toward_ddpm_1000_as_steps_grow(name, exact):
-    # Over 30 seeds (of these samples and of the reference) the distance at 2 steps was >= 0.78 for every sampler
-    # and at 100 steps <= 0.0062 (two sets of 2,000 DDPM-1000 samples: 0.002): the bounds keep a margin of 3.
-    module, reference = exact
-    samples = {
-        steps: module.sample(2000, seed=0, options=options(name, steps, clip_denoised=False))
-        for steps in (2, 10, 100)
-    }
-    distances = {
-        steps: frechet_distance(gaussian_fit(sample), reference) for steps, sample in samples.items()
-    }
-    assert distances[2] > 0.3 and distances[10] < distances[2] and distances[100] < 0.02, distances
-
-
-@pytest.mark.parametrize("name", [name for name in NAMES if SAMPLERS[name]().deterministic])
-def test_a_deterministic_sampler_converges_sample_by_sample_to_its_many_step_limit(name, exact):
-    module, _ = exact
-    limit = module.sample(64, seed=0, options=options(name, T, clip_denoised=False))
-    samples = [
-        module.sample(64, seed=0, options=options(name, steps, clip_denoised=False)) for steps in (2, 10, 100)
-    ]
-    errors = [(sample - limit).abs().max().item() for sample in samples]
-    assert errors[0] > errors[1] > errors[2] and errors[2] < 0.1, errors
 
 
 if __name__ == "__main__":
