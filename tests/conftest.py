@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import QUICK, TINY_MLP, tiny_run
+from helpers import QUICK, TINY_MLP, counting_backend, tiny_run
 from PIL import Image
 
 from diffusion.cli.train import main
+from diffusion.core.samplers.compiled import compiling_with
 from diffusion.training.loading import load_checkpoint
 
 
@@ -30,6 +31,16 @@ def _environment_restored():
     for name in set(os.environ) - set(saved):
         del os.environ[name]
     os.environ.update(saved)
+
+
+@pytest.fixture
+def graphs_handed_to_the_backend():
+    """The sampling path compiled with a backend that counts the graphs Dynamo hands it (`counting_backend`)."""
+    graphs: list[torch.fx.GraphModule] = []
+    torch._dynamo.reset()
+    with compiling_with(counting_backend(graphs)):
+        yield graphs
+    torch._dynamo.reset()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -39,7 +39,6 @@ from torch import nn
 from diffusion.cli.sample import build_parser
 from diffusion.core.guidance import NO_LABEL
 from diffusion.core.noise import PerSampleNoise
-from diffusion.core.samplers.compiled import compiling_with
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.samplers.ddpm_ddim import DDIM
 from diffusion.core.sampling import SAMPLERS, SamplingOptions, options_of, reverse_steps
@@ -321,22 +320,6 @@ def test_a_sample_costs_the_network_evaluations_the_sampler_says(name):
         3, seed=0, options=options(name, 5, **guided(name)), labels=LABELS
     )  # a guided step: one call
     assert len(calls) == SAMPLERS[name].evaluations(5)
-
-
-@pytest.fixture
-def graphs_handed_to_the_backend():
-    """The sampling path compiled with a backend that counts the graphs Dynamo hands it (then runs them with
-    aot_eager, Dynamo and AOTAutograd as Inductor sees them, without its minutes of C++ on a CPU)."""
-    graphs: list[torch.fx.GraphModule] = []
-
-    def counting_backend(graph, example_inputs):
-        graphs.append(graph)
-        return torch._dynamo.backends.registry.lookup_backend("aot_eager")(graph, example_inputs)
-
-    torch._dynamo.reset()
-    with compiling_with(counting_backend):
-        yield graphs
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -10,7 +10,6 @@ is what the GPU benchmark times (benchmarks/speed.py --sampling_compile).
 import pytest
 import torch
 
-from diffusion.core.samplers.compiled import compiling_with
 from diffusion.core.sampling import SamplingOptions
 from diffusion.generation.precision import network_precision
 from diffusion.generation.ranks import generate
@@ -19,20 +18,6 @@ from diffusion.training.loading import load_checkpoint
 from diffusion.training.module import DiffusionModule
 
 DDIM_3 = {"sampler": "ddim", "steps": 3}
-
-
-@pytest.fixture
-def graphs_handed_to_the_backend():
-    graphs: list[torch.fx.GraphModule] = []
-
-    def counting_backend(graph, example_inputs):
-        graphs.append(graph)
-        return torch._dynamo.backends.registry.lookup_backend("aot_eager")(graph, example_inputs)
-
-    torch._dynamo.reset()
-    with compiling_with(counting_backend):
-        yield graphs
-    torch._dynamo.reset()
 
 
 def draw(module, compile: bool) -> torch.Tensor:

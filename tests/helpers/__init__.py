@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import torch
+
 from diffusion.cli.train import main
 
 # A UNet of ~40k parameters and a few steps: seconds on a CPU, but the whole pipeline (config, data,
@@ -27,3 +29,14 @@ QUICK = [
 def tiny_run(save_dir: Path, *extra: str):
     """Train a tiny digits model into save_dir/<name>/version_N and return the CLI object."""
     return main([*TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(save_dir), *extra])
+
+
+def counting_backend(graphs: list) -> object:
+    """A torch.compile backend that records each graph Dynamo hands it in `graphs`, then runs it with aot_eager
+    (Dynamo and AOTAutograd as Inductor sees them, without its minutes of C++ on a CPU)."""
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return torch._dynamo.backends.registry.lookup_backend("aot_eager")(graph, example_inputs)
+
+    return backend

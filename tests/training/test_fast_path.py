@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from helpers import QUICK, TINY_UNET
+from helpers import QUICK, TINY_UNET, counting_backend
 
 from diffusion.cli.train import main
 from diffusion.models import UNet
@@ -20,18 +20,11 @@ CUDA = torch.cuda.is_available()
 
 @pytest.fixture
 def graphs_handed_to_the_backend(monkeypatch):
-    """nn.Module.compile with a backend that counts the graphs Dynamo hands it (then runs them with aot_eager)."""
+    """nn.Module.compile (training) with `counting_backend`; the sampling path's fixture is in conftest.py."""
     graphs: list[torch.fx.GraphModule] = []
-
-    def counting_backend(graph, example_inputs):
-        graphs.append(graph)
-        return torch._dynamo.backends.registry.lookup_backend("aot_eager")(graph, example_inputs)
-
-    original = torch.nn.Module.compile
+    original, backend = torch.nn.Module.compile, counting_backend(graphs)
     monkeypatch.setattr(
-        torch.nn.Module,
-        "compile",
-        lambda self, *a, **k: original(self, *a, **{**k, "backend": counting_backend}),
+        torch.nn.Module, "compile", lambda self, *a, **k: original(self, *a, **{**k, "backend": backend})
     )
     torch._dynamo.reset()
     yield graphs
