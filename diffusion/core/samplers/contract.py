@@ -58,6 +58,12 @@ def option(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+def check_eta(eta: float, fix: str) -> None:
+    """A sampler's noise scale eta (DDIM's, Euler ancestral's) lies in [0, 1]: 0 deterministic, 1 ancestral."""
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"eta={eta} must be in [0, 1] — {fix}")
+
+
 class Step(NamedTuple):
     """What a sampler yields after every step: the timestep it stepped from, x_{t_prev} and the predicted x_0."""
 

@@ -11,7 +11,7 @@ from typing import ClassVar
 import torch
 
 from diffusion.core.noise import Generators, randn
-from diffusion.core.samplers.contract import Denoiser, Sampler, Step, option, timestep_batch
+from diffusion.core.samplers.contract import Denoiser, Sampler, Step, check_eta, option, timestep_batch
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.core.variance import VarianceType, reverse_log_variance
 from diffusion.errors import check_choice
@@ -87,10 +87,7 @@ class DDIM(Sampler):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.eta <= 1.0:
-            raise ValueError(
-                f"eta={self.eta} must be in [0, 1] — pass 0 for deterministic DDIM, 1 for the DDPM variance"
-            )
+        check_eta(self.eta, "pass 0 for deterministic DDIM, 1 for the DDPM variance")
 
     @property
     def deterministic(self) -> bool:

@@ -19,7 +19,15 @@ from typing import ClassVar
 import torch
 
 from diffusion.core.noise import Generators, randn
-from diffusion.core.samplers.contract import SPACING_HELP, Denoiser, Sampler, Step, option, timestep_batch
+from diffusion.core.samplers.contract import (
+    SPACING_HELP,
+    Denoiser,
+    Sampler,
+    Step,
+    check_eta,
+    option,
+    timestep_batch,
+)
 from diffusion.core.samplers.spacing import Spacing, half_log_snr, nearest_timestep
 
 
@@ -155,10 +163,7 @@ class EulerAncestral(Sampler):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.eta <= 1.0:
-            raise ValueError(
-                f"eta={self.eta} must be in [0, 1] — pass 1 for ancestral steps, 0 for deterministic"
-            )
+        check_eta(self.eta, "pass 1 for ancestral steps, 0 for deterministic")
 
     @property
     def deterministic(self) -> bool:
