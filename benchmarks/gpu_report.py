@@ -4,8 +4,8 @@ of benchmarks/results/gpu.md (copy it there).
 
     python benchmarks/gpu_report.py OUT [--seconds S] [--plan TEXT]
 
-Reads OUT/summary.md and OUT/details/ (or, once packed, OUT/details.tar.gz): train.md, sample.md, speed_bf16/ and
-speed_fp16/ (speed.md, speed.json).
+Reads OUT/summary.md and OUT/details/ (or, once packed, OUT/details.tar.gz): train.md, sample.md, speed_bf16/,
+speed_fp16/ and sampling/ (speed.md, speed.json).
 Imports no torch: the versions come from the installed packages' metadata, the GPU from nvidia-smi.
 """
 
@@ -121,14 +121,16 @@ def report(out: Path, seconds: int | None, plan: str) -> str:
         with tarfile.open(out / "details.tar.gz") as tar:
             tar.extractall(unpacked, filter="data")
         details = unpacked / "details"
-    speeds = {}
+    speeds, sampling = {}, None
     for stage in SPEED_STAGES:
         with contextlib.suppress(OSError, ValueError):
             speeds[stage] = json.loads((details / stage / "speed.json").read_text())
+    with contextlib.suppress(OSError, ValueError):
+        sampling = json.loads((details / "sampling" / "speed.json").read_text())
     quick = " QUICK MODE (SUITE_QUICK=1, a tiny UNet): the commands, not the numbers." if os.environ.get(
         "SUITE_QUICK"
     ) == "1" else ""  # fmt: skip
-    device = next((s["device"] for s in speeds.values()), machine().split(" (")[0])
+    device = next((s["device"] for s in [*speeds.values(), sampling] if s), machine().split(" (")[0])
     call = f"one call of {seconds} s" if seconds is not None else "the suite"
     lines = [
         f"# The project on one GPU: {device} ({time.strftime('%Y-%m-%d', time.gmtime())})",
@@ -170,6 +172,18 @@ def report(out: Path, seconds: int | None, plan: str) -> str:
             "since its fit started. Plain loops and diffusers: interleaved in one process, the median step over "
             "rounds; peak memory while the path ran. Each stage's own table is below.",
         ]
+    if sampling:
+        lines += [
+            "",
+            f"## Sampling speed (the CIFAR-10 recipe's network, {sampling['num_params']:,} parameters; issue 25)",
+            "",
+            "| target | value | result |",
+            "| --- | ---: | --- |",
+            *(
+                f"| {t['target']} | {t['value']} | {'PASS' if t['pass'] else 'MISS'} |"
+                for t in sampling["targets"]
+            ),
+        ]
     summary = out / "summary.md"
     lines += ["", "## Stages", ""] + (
         summary.read_text().strip().splitlines() if summary.is_file() else ["(none)"]
@@ -177,7 +191,7 @@ def report(out: Path, seconds: int | None, plan: str) -> str:
     for name in ("train.md", "sample.md"):
         if (details / name).is_file():
             lines += ["", *demoted((details / name).read_text())]
-    for stage in speeds:
+    for stage in [*speeds, *(["sampling"] if sampling else [])]:
         lines += ["", *demoted((details / stage / "speed.md").read_text())]
     text = "\n".join(lines) + "\n"
     (out / "gpu.md").write_text(text)

@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_suite.sh OUT                     # the call: wheels; check, train and sample side by
 #                                                        # side; then speed_bf16 and speed_fp16, each alone
 #   bash benchmarks/gpu_suite.sh OUT STAGE...            # stages one after another: check train sample
-#                                                        # speed_bf16 speed_fp16 digits (call: the whole call)
+#                                                        # speed_bf16 speed_fp16 sampling digits (call: the
+#                                                        # whole call; sampling, issue 25's, is a call of its own)
 #   SUITE_QUICK=1 bash benchmarks/gpu_suite.sh OUT ...   # the same commands on a CPU, tiny, for the tests
 #   SUITE_DRY=1 bash benchmarks/gpu_suite.sh OUT         # the plan and its time limits, nothing run
 #
@@ -18,7 +19,7 @@
 # The device machine lacks jsonargparse (and diffusers, the speed stages' peer): wheels carried in .whl/ are
 # installed first (docs/gpu.md says which). A stage that needs a missing one fails and says so; the others run.
 set -uo pipefail
-out=${1:?usage: bash benchmarks/gpu_suite.sh OUT [STAGE...] (check train sample speed_bf16 speed_fp16 digits, or call)}
+out=${1:?usage: bash benchmarks/gpu_suite.sh OUT [STAGE...] (check train sample speed_bf16 speed_fp16 sampling digits, or call)}
 shift
 cd "$(dirname "$0")/.."
 quick=${SUITE_QUICK:-0}
@@ -28,15 +29,16 @@ side_by_side=() alone=()
 for stage in "$@"; do
     case "$stage" in
         call) side_by_side+=(check train sample) alone+=(speed_bf16 speed_fp16) ;;
-        check|train|sample|speed_bf16|speed_fp16|digits) alone+=("$stage") ;;
-        *) echo "unknown stage $stage: choose from check train sample speed_bf16 speed_fp16 digits, or call" >&2
+        check|train|sample|speed_bf16|speed_fp16|sampling|digits) alone+=("$stage") ;;
+        *) echo "unknown stage $stage: choose from check train sample speed_bf16 speed_fp16 sampling digits, or call" >&2
            exit 2 ;;
     esac
 done
 
 # Seconds. The call: wheels + the longest side-by-side stage + the speed stages <= 480 (8 minutes).
-limits=(wheels 20 check 170 train 170 sample 100 speed_bf16 180 speed_fp16 110 digits 210)
-[[ "$quick" == 1 ]] && limits=(wheels 60 check 300 train 900 sample 600 speed_bf16 900 speed_fp16 900 digits 900)
+limits=(wheels 20 check 170 train 170 sample 100 speed_bf16 180 speed_fp16 110 sampling 150 digits 210)
+[[ "$quick" == 1 ]] && limits=(wheels 60 check 300 train 900 sample 600 speed_bf16 900 speed_fp16 900 sampling 600
+                               digits 900)
 # SUITE_LIMITS="train=200 digits=300" overrides a stage's limit.
 for pair in ${SUITE_LIMITS:-}; do limits+=("${pair%%=*}" "${pair#*=}"); done
 limit_of() { local i found=; for ((i = 0; i < ${#limits[@]}; i += 2)); do [[ ${limits[i]} == "$1" ]] && found=${limits[i+1]}; done; echo "$found"; }
@@ -81,11 +83,17 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 
 # 790 TFLOP/s: bf16 matrix products measured on the lent H200 (an 8192-cube matmul); 8,000 images/s: the goal
-# for the 35.7M UNet at batch 128 on one such GPU. Sampling speed is measured elsewhere: no samplers here.
+# for the 35.7M UNet at batch 128 on one such GPU. Sampling speed is the sampling stage's alone.
 speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
        --goal_images_per_s 8000 --rounds 3 --steps 30 --no_project --compiled --samplers "")
+# 50,000 CIFAR-size samples (issue 25's goals: DDIM-50 <= 100 s, DPM-Solver++(2M) SDE-20 <= 40 s): each sampler in
+# bf16-mixed, eager and compiled (one graph for the loop's evaluation, CUDA graphs), at batch 500; nothing trained.
+sampling=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --no_project --no_diffusers
+          --no_train_py --loader_batches 0 --rounds 1 --steps 1 --warmup 0 --samplers dpmpp_2m_sde:20,ddim:50
+          --sampling_precisions bf16-mixed --sampling_compile --sampling_batch 500 --sampling_repeats 2)
 after=()  # train.py flags after `--`
 if [[ "$quick" == 1 ]]; then
+    sampling=("${sampling[@]/500/4}" --quick)
     speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
            --goal_images_per_s 8000 --quick --no_project --compiled --samplers "")
     after=(--data.init_args.batch_size 8 --data.init_args.num_workers 0 --data.init_args.val_from_train 8)
@@ -124,6 +132,7 @@ stage_command() {
         # UNet2DModel in its plain loop, and the data path alone.
         speed_bf16)
             "${speed[@]}" "${variant_flags[@]}" --out "$details/speed_bf16" -- --trainer.precision bf16-mixed "${after[@]}" ;;
+        sampling) "${sampling[@]}" --out "$details/sampling" ;;
         digits)
             if [[ "$quick" == 1 ]]; then
                 python3 benchmarks/quality.py --only digits --quick --out "$details/digits" --runs "$SUITE_WORK/runs"
@@ -148,11 +157,11 @@ run_stage() {
     mkdir -p "$work_root/$stage" 2> /dev/null
     if [[ "${SILENT:-0}" == 1 ]]; then
         SUITE_WORK="$work_root/$stage" timeout --kill-after=15 "$limit" \
-            bash -c "$(declare -p speed after variant_flags cuda_tests); stage_command $stage" > "$log" 2>&1
+            bash -c "$(declare -p speed sampling after variant_flags cuda_tests); stage_command $stage" > "$log" 2>&1
         code=$?
     else
         SUITE_WORK="$work_root/$stage" timeout --kill-after=15 "$limit" \
-            bash -c "$(declare -p speed after variant_flags cuda_tests); stage_command $stage" 2>&1 | tee "$log"
+            bash -c "$(declare -p speed sampling after variant_flags cuda_tests); stage_command $stage" 2>&1 | tee "$log"
         code=${PIPESTATUS[0]}
     fi
     took=$((SECONDS - began))

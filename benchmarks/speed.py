@@ -190,6 +190,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         help="also time each sampler compiled (its compile option: one graph for the loop, CUDA graphs on CUDA)",
     )  # fmt: skip
     parser.add_argument("--sampling_batch", type=int, help="samples per batch (default: the training batch)")
+    parser.add_argument("--sampling_repeats", type=int, default=3, help="timed batches after the first")
     parser.add_argument("--baseline", help="a git revision: also time the default job from it and from here")
     parser.add_argument(
         "--job_steps", type=int, default=500,
@@ -211,8 +212,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         args.sampling_compile = True
         cli_args = [*TINY_UNET, *cli_args]
         args.out = args.out or Path(tempfile.mkdtemp(prefix="speed_quick_"))
-    if min(args.rounds, args.steps, args.train_py_steps) < 1 or min(args.warmup, args.train_py_warmup) < 0:
-        parser.error("--rounds and --steps must be >= 1 and --warmup >= 0")
+    if (
+        min(args.rounds, args.steps, args.train_py_steps, args.sampling_repeats) < 1
+        or min(args.warmup, args.train_py_warmup) < 0
+    ):
+        parser.error("--rounds, --steps and --sampling_repeats must be >= 1 and --warmup >= 0")
     if args.config:
         cli_args = ["--config", args.config, *cli_args]
     return args, cli_args
@@ -272,7 +276,9 @@ def main(argv: list[str] | None = None) -> str:
             size = args.sampling_batch or batch
             options = SamplingOptions(sampler=sampler, steps=int(steps), compile=compile)
             with compiling_with(args.compile_backend) if args.compile_backend else contextlib.nullcontext():
-                first, seconds = sampling_seconds(cli.model, device, size, options, precision, repeats=3)
+                first, seconds = sampling_seconds(
+                    cli.model, device, size, options, precision, repeats=args.sampling_repeats
+                )
             evaluations = SAMPLERS[sampler].evaluations(int(steps))
             run.sampling.append(
                 {"sampler": sampler, "steps": int(steps), "evaluations": evaluations, "precision": precision,
