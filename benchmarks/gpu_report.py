@@ -3,6 +3,11 @@ targets PASS/MISS, the training speed of every path, the correctness checks and 
 of benchmarks/results/gpu.md (copy it there).
 
     python benchmarks/gpu_report.py OUT [--seconds S] [--plan TEXT]
+    python benchmarks/gpu_report.py MERGED --merge OUT1 OUT2 ...   # several calls' OUTs, here on any machine
+
+--merge: the calls of one session (a stage rerun alone in a second call, say) into one gpu.md: every OUT's
+details (a later call's stage replaces an earlier one's), their summaries' rows one after another, and the machine
+line the first call wrote (details/machine.md) rather than this machine's.
 
 Reads OUT/summary.md and OUT/details/ (or, once packed, OUT/details.tar.gz): train.md, sample.md, speed_bf16/,
 speed_fp16/ and sampling/ (speed.md, speed.json).
@@ -130,12 +135,17 @@ def report(out: Path, seconds: int | None, plan: str) -> str:
     quick = " QUICK MODE (SUITE_QUICK=1, a tiny UNet): the commands, not the numbers." if os.environ.get(
         "SUITE_QUICK"
     ) == "1" else ""  # fmt: skip
-    device = next((s["device"] for s in [*speeds.values(), sampling] if s), machine().split(" (")[0])
+    # Where the stages ran (kept in the details, so a report merged elsewhere names the GPU, not this machine).
+    machine_file = details / "machine.md"
+    if not machine_file.is_file():
+        machine_file.write_text(f"{machine()}; {versions()}; {commit()}\n")
+    where = machine_file.read_text().strip()
+    device = next((s["device"] for s in [*speeds.values(), sampling] if s), where.split(" (")[0])
     call = f"one call of {seconds} s" if seconds is not None else "the suite"
     lines = [
         f"# The project on one GPU: {device} ({time.strftime('%Y-%m-%d', time.gmtime())})",
         "",
-        f"Machine: {machine()}; {versions()}; {commit()}. `bash benchmarks/gpu_suite.sh OUT`: {call}"
+        f"Machine: {where}. `bash benchmarks/gpu_suite.sh OUT`: {call}"
         + (f" (plan: {plan})" if plan else "")
         + f".{quick}",
     ]
@@ -198,6 +208,29 @@ def report(out: Path, seconds: int | None, plan: str) -> str:
     return text
 
 
+def merge(merged: Path, outs: list[Path]) -> None:
+    """The calls' OUTs into MERGED: details unpacked one over another, the summaries' rows in call order."""
+    details = merged / "details"
+    details.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for out in outs:
+        with tempfile.TemporaryDirectory() as unpacked:
+            if (out / "details.tar.gz").is_file():
+                with tarfile.open(out / "details.tar.gz") as tar:
+                    tar.extractall(unpacked, filter="data")
+            source = out / "details" if (out / "details").is_dir() else Path(unpacked) / "details"
+            for path in sorted(source.rglob("*")) if source.is_dir() else []:
+                target = details / path.relative_to(source)
+                if path.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                elif not (path.name == "machine.md" and target.is_file()):  # the first call's machine line
+                    target.write_bytes(path.read_bytes())
+        if (out / "summary.md").is_file():
+            rows += [line for line in (out / "summary.md").read_text().splitlines()[2:] if line.strip()]
+    header = "| stage | result | seconds | reason or note |\n| --- | --- | ---: | --- |\n"
+    (merged / "summary.md").write_text(header + "".join(f"{row}\n" for row in rows))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -205,6 +238,9 @@ if __name__ == "__main__":
     parser.add_argument("out", type=Path)
     parser.add_argument("--seconds", type=int, help="the call's wall time")
     parser.add_argument("--plan", default="", help="the stages and their limits")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="CALL_OUT", help="merge these calls' OUTs")
     args = parser.parse_args()
+    if args.merge:
+        merge(args.out, args.merge)
     report(args.out, args.seconds, args.plan)
     print(f"written to {args.out / 'gpu.md'}")

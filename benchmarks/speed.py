@@ -57,7 +57,7 @@ import torch
 from speed_data import SyntheticCIFAR10, loader_throughput
 from speed_jobs import FlagsRefused, compare_jobs, timed_train_py
 from speed_paths import build_project, diffusers_path, plain_path, project_path
-from speed_report import COMPILED, PEER, PLAIN, PROJECT, markdown, targets
+from speed_report import COMPILED, COMPILED_PLAINLY, PEER, PLAIN, PROJECT, markdown, targets
 
 from diffusion.core.samplers.compiled import compiling_with
 from diffusion.core.sampling import SAMPLERS, SamplingOptions
@@ -175,6 +175,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         "--train_py", action="append", default=[], metavar="FLAGS",
         help="also time `train.py <recipe> FLAGS` (repeatable; '' is the recipe as it is, always run)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compiled_plainly", action="store_true",
+        help="also the plain loop with only network.compile() (NCHW, no marks): what fitting's way costs",
+    )  # fmt: skip
     parser.add_argument("--no_train_py", action="store_true", help="time no train.py process")
     parser.add_argument("--train_py_warmup", type=int, default=10, help="StepTimer warm-up steps")
     parser.add_argument("--train_py_steps", type=int, default=100, help="StepTimer timed steps")
@@ -251,6 +255,10 @@ def main(argv: list[str] | None = None) -> str:
         compiled = plain_path(cli, device, args.warmup, compile=True, backend=args.compile_backend)
         note = f"torch.compile, {args.compile_backend or 'default'} backend, as fitting compiles it"
         run.paths.append(Timed(COMPILED, compiled, note=note))
+    if args.compiled_plainly:
+        compiled = plain_path(cli, device, args.warmup, compile="plainly", backend=args.compile_backend)
+        note = "network.compile() alone: images NCHW, no shapes marked"
+        run.paths.append(Timed(COMPILED_PLAINLY, compiled, note=note))
     if not args.no_diffusers and isinstance(network, UNet):
         try:
             train, note = diffusers_path(cli, device, args.warmup)

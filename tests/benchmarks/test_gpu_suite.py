@@ -143,10 +143,22 @@ def test_a_failing_stage_says_why_and_the_next_one_runs(tmp_path):
     assert "| train | FAILED |" in (out / "gpu.md").read_text()
 
 
-def test_a_stage_past_its_limit_is_ended_and_reported(tmp_path):
-    out = tmp_path / "out"
-    result = suite(out, "check", SUITE_LIMITS="check=1")
+def test_a_stage_past_its_limit_is_ended_whole_and_reported(tmp_path):
+    """A stage's process that ignores SIGTERM (pytest did, through a test's Trainer) is gone when the stage is
+    reported ended, not left running beside the next, timed stage."""
+    out, shims, pid_file = tmp_path / "out", tmp_path / "bin", tmp_path / "stubborn.pid"
+    shims.mkdir()
+    # The check stage's first command; gpu_report.py's own call of it is answered at once.
+    stubborn = shims / "nvidia-smi"
+    stubborn.write_text(
+        f"#!/bin/bash\n[[ $* == *clocks.max.sm* ]] || exit 1\ntrap '' TERM\necho $$ > {pid_file}\nexec sleep 120\n"
+    )
+    stubborn.chmod(0o755)
+    path = f"{shims}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    result = suite(out, "check", SUITE_LIMITS="check=1", PATH=path)
     assert result.returncode == 0
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
     assert stage_results(out)["check"] == [
         "FAILED",
         stage_results(out)["check"][1],
@@ -164,3 +176,31 @@ def test_a_stage_past_its_limit_is_ended_and_reported(tmp_path):
 def test_an_unknown_stage_is_refused(tmp_path):
     result = suite(tmp_path / "out", "fp32")
     assert result.returncode == 2 and "unknown stage fp32" in result.stdout + result.stderr
+
+
+def test_calls_of_one_session_merge_into_one_report_naming_the_gpu(tmp_path):
+    """A stage rerun in a second call joins the first call's report (gpu_report.py --merge), here on the CPU: the
+    later stage's files replace the earlier's, every summary row stays, and the machine is the first call's."""
+    header = "| stage | result | seconds | reason or note |\n| --- | --- | ---: | --- |\n"
+    first, second = tmp_path / "call1", tmp_path / "call2"
+    (first / "details").mkdir(parents=True)
+    (first / "details" / "machine.md").write_text("NVIDIA H200 (143771 MiB), 16 CPU cores; torch 2.11.0\n")
+    (first / "details" / "train.md").write_text("## train.py on the GPU\n\n- ran past its limit\n")
+    (first / "summary.md").write_text(header + "| train | FAILED | 170 | ran past its 170 s limit: ended |\n")
+    packed = tmp_path / "packed" / "details"
+    packed.mkdir(parents=True)
+    (packed / "train.md").write_text("## train.py on the GPU\n\n- kill -9 + resume: max|diff| 0\n")
+    (packed / "machine.md").write_text("no GPU\n")
+    second.mkdir()
+    with tarfile.open(second / "details.tar.gz", "w:gz") as tar:
+        tar.add(packed, arcname="details")
+    (second / "summary.md").write_text(header + "| train | OK | 72 |  |\n")
+    merged = tmp_path / "merged"
+    subprocess.run(
+        [sys.executable, "benchmarks/gpu_report.py", str(merged), "--merge", str(first), str(second)],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    report = (merged / "gpu.md").read_text()
+    assert "Machine: NVIDIA H200 (143771 MiB), 16 CPU cores; torch 2.11.0." in report
+    assert "max|diff| 0" in report and "ran past its limit" not in report
+    assert report.index("| train | FAILED | 170 |") < report.index("| train | OK | 72 |")
