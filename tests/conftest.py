@@ -16,6 +16,14 @@ from diffusion.core.samplers.compiled import compiling_with
 from diffusion.training.loading import load_checkpoint
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (two workers, pyproject's addopts) each worker and the processes its tests start use one
+    CPU thread: two workers on two cores, each with OpenMP threads spinning on both, would stall each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _run_in_a_temporary_folder(tmp_path, monkeypatch):
     """Runs that fall back to the working directory (no logger: ./checkpoints, ./samples) stay out of the repo."""
