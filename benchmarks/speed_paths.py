@@ -29,9 +29,10 @@ QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
 class StepClock:
     """Step-start timestamps; on CUDA one synchronize per `chunk` steps, so the queue is not drained per step."""
 
-    def __init__(self, device: torch.device, warmup: int) -> None:
+    def __init__(self, device: torch.device, warmup: int, steps: int) -> None:
         self.cuda = device.type == "cuda"
-        self.chunk = 10 if self.cuda else 1
+        # Fewer timed steps than a chunk: one chunk of them all.
+        self.chunk = min(10, steps) if self.cuda else 1
         self.warmup = warmup
         self.marks: list[tuple[int, float]] = []
         self.steps = 0
@@ -119,7 +120,7 @@ def project_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> Callab
     module, data, trainer, ema = cli.model, cli.datamodule, cli.trainer, recipe_ema(cli)
 
     def run(steps: int) -> list[float]:
-        clock = StepClock(device, warmup)
+        clock = StepClock(device, warmup, steps)
         fresh = L.Trainer(
             accelerator=device.type, devices=1, precision=trainer.precision,
             gradient_clip_val=trainer.gradient_clip_val, max_steps=warmup + steps,
@@ -165,7 +166,7 @@ def plain_path(
 
     def run(steps: int) -> list[float]:
         nonlocal updates
-        clock = StepClock(device, warmup)
+        clock = StepClock(device, warmup, steps)
         module.train()
         for _ in range(warmup + steps):
             clock.tick()
@@ -266,7 +267,7 @@ def diffusers_path(cli: DiffusionCLI, device: torch.device, warmup: int) -> tupl
     batches = endless_batches(cli.datamodule, device)
 
     def run(steps: int) -> list[float]:
-        clock = StepClock(device, warmup)
+        clock = StepClock(device, warmup, steps)
         model.train()
         for _ in range(warmup + steps):
             clock.tick()

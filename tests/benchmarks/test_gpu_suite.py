@@ -204,3 +204,20 @@ def test_calls_of_one_session_merge_into_one_report_naming_the_gpu(tmp_path):
     assert "Machine: NVIDIA H200 (143771 MiB), 16 CPU cores; torch 2.11.0." in report
     assert "max|diff| 0" in report and "ran past its limit" not in report
     assert report.index("| train | FAILED | 170 |") < report.index("| train | OK | 72 |")
+
+
+@pytest.mark.parametrize("steps", [1, 5, 30])
+def test_on_cuda_a_path_timed_over_fewer_steps_than_a_chunk_still_gives_its_steps(monkeypatch, steps):
+    """On CUDA the step clock synchronizes once per chunk of steps; a path timed over fewer steps than a chunk (the
+    sampling stage's one round) still gives step times, not an empty list."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import speed_paths
+
+    synchronized = []
+    monkeypatch.setattr(speed_paths.torch.cuda, "synchronize", lambda: synchronized.append(1))
+    clock = speed_paths.StepClock(speed_paths.torch.device("cuda"), warmup=1, steps=steps)
+    for _ in range(1 + steps):
+        clock.tick()
+    clock.tick()
+    times = clock.per_step()
+    assert times and len(times) == max(1, steps // 10) and len(synchronized) < 2 + steps
