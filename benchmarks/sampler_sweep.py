@@ -76,7 +76,9 @@ def steps_for(module, sampler: str, targets, labels) -> dict[int, int]:
     return found
 
 
-def sweep(args: argparse.Namespace) -> tuple[dict, float, str]:
+def sweep(args: argparse.Namespace, written=lambda table, floor, what: None) -> tuple[dict, float, str]:
+    """The table {sampler: {evaluations: FD}}, the real data's floor and what was sampled; `written` gets them
+    after every row (a sweep stopped early keeps what it measured)."""
     ckpt = args.run / "checkpoints" / "last.ckpt" if (args.run / "checkpoints").is_dir() else Path(args.run)
     if ckpt.is_dir():
         ckpt = latest_checkpoint(ckpt, args.name)
@@ -85,6 +87,7 @@ def sweep(args: argparse.Namespace) -> tuple[dict, float, str]:
     floor = frechet_distance(other[: args.num_samples], reference)
     labels = class_labels(args.num_samples, module.num_classes) if module.num_classes else None
     guidance = f", guidance {module.sampling.guidance_scale}" if labels is not None else ""
+    what = f"{ckpt} (EMA weights), {args.num_samples} samples{guidance}"
     samplers = args.samplers.split(",") if args.samplers else list(SAMPLERS)
     runs = [(sampler, args.evaluations) for sampler in samplers]
     if args.reference:  # one long run as the others' limit, e.g. ddpm:1000
@@ -101,7 +104,8 @@ def sweep(args: argparse.Namespace) -> tuple[dict, float, str]:
             table[sampler][evaluations] = frechet_distance(features, reference)
             print(f"{sampler} {steps} steps = {evaluations} evaluations: FD {table[sampler][evaluations]:.2f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
-    return table, floor, f"{ckpt} (EMA weights), {args.num_samples} samples{guidance}"
+            written(table, floor, what)
+    return table, floor, what
 
 
 def markdown(table: dict, floor: float, what: str) -> str:
@@ -172,14 +176,18 @@ def main(argv: list[str] | None = None) -> str:
         args.run, args.evaluations, args.num_samples = args.out / "runs" / "digits" / "version_0", [4, 8], 40
     if args.run is None:
         parser.error("--run is required (or --quick)")
-    table, floor, what = sweep(args)
     suffix = "" if args.name == "digits" else f"_{args.name}"
     results = args.out or ROOT / "benchmarks" / "results"
     figures = args.out or ROOT / "docs"
     results.mkdir(parents=True, exist_ok=True)
-    text = markdown(table, floor, what)
-    (results / f"sampler_sweep{suffix}.md").write_text(text)
-    plot(table, floor, figures / f"sampler_sweep{suffix}.png", f"{args.name}: FD against cost")
+
+    def write(table: dict, floor: float, what: str) -> str:
+        text = markdown(table, floor, what)
+        (results / f"sampler_sweep{suffix}.md").write_text(text)
+        plot(table, floor, figures / f"sampler_sweep{suffix}.png", f"{args.name}: FD against cost")
+        return text
+
+    text = write(*sweep(args, written=write))
     print(text)
     return text
 

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import sampler_sweep  # noqa: E402
@@ -34,3 +36,21 @@ def test_evaluations_are_counted_per_step(tmp_path):
     module = load_checkpoint(tmp_path / "digits" / "version_0" / "checkpoints" / "last.ckpt")
     assert sampler_sweep.evaluations_of(module, "ddim", 7, None) == 7
     assert sampler_sweep.steps_for(module, "ddim", [10, 20], None) == {10: 10, 20: 20}
+
+
+def test_a_sweep_stopped_early_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    measured = []
+    real_distance = sampler_sweep.frechet_distance
+
+    def stopping_after_one_row(*args):  # of the quick sweep's two (4 and 8 evaluations)
+        if len(measured) == 2:  # the real data's floor, then a row
+            raise KeyboardInterrupt
+        measured.append(real_distance(*args))
+        return measured[-1]
+
+    monkeypatch.setattr(sampler_sweep, "frechet_distance", stopping_after_one_row)
+    with pytest.raises(KeyboardInterrupt):
+        sampler_sweep.main(["--quick", "--out", str(tmp_path), "--samplers", "ddim"])
+    table = (tmp_path / "sampler_sweep.md").read_text()
+    assert f"| ddim | {measured[1]:.2f} |" in table
+    assert (tmp_path / "sampler_sweep.png").read_bytes()[:4] == b"\x89PNG"
