@@ -22,9 +22,10 @@ from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultH
 from jsonargparse.typing import PositiveInt
 
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
+from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
 from diffusion.errors import UserError
-from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
+from diffusion.training.checkpoint_files import CHECKPOINT, check_written_by_train, read_checkpoint
 from diffusion.training.loading import Weights
 
 DEBUG_VARIABLE = "DIFFUSION_DEBUG"
@@ -166,6 +167,11 @@ def cpu_mixed_precision_note(precision: str, training: bool) -> str | None:
         f"--precision {precision} on a CPU runs the network in bf16{substitute}: about as fast as 32 or faster with "
         "bf16 instructions (AVX512-BF16, AMX), slower without; mixed precision is meant for CUDA GPUs"
     )
+
+
+def given_checkpoint(path: str, flag: str = "--ckpt") -> str:
+    """The checkpoint file a flag names: a folder holding exactly one stands for it (`file_in_folder`)."""
+    return str(file_in_folder(path, flag, CHECKPOINT))
 
 
 def check_sampling_checkpoint(path: str) -> dict:

@@ -161,7 +161,8 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "resume_random_bytes": (["--ckpt_path", "{user}/random.ckpt"], r"random.ckpt is truncated or not"),
     "resume_a_folder": (
         ["--ckpt_path", "{user}/runs/digits"],
-        r"is a folder, not a checkpoint file — pass .*last",
+        r"--ckpt_path .*digits is a folder holding 2 checkpoints \(version_0/checkpoints/last.ckpt, .*\) — pass the "
+        r"one you mean as --ckpt_path",
     ),
     "resume_past_max_steps": (  # the run stopped at QUICK's --max_steps 4: resuming it would train nothing
         ["--ckpt_path", "{user}/runs/digits/version_0/checkpoints/last.ckpt"],
