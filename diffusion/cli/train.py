@@ -41,6 +41,7 @@ from diffusion.cli.trainer_options import (
     TRAINER_DEFAULTS,
     allow_mlflow_file_store,
     check_hardware_flags,
+    check_logger_folders,
     check_logger_installed,
     check_trainer_option_ranges,
     drop_ddp_on_one_device,
@@ -182,6 +183,7 @@ class DiffusionCLI(LightningCLI):
             rank_zero_info(note)
         check_logger_installed(self.config.trainer)
         allow_mlflow_file_store(self.config.trainer)
+        check_logger_folders(self.config.trainer)
 
     def before_instantiate_classes(self) -> None:
         config = self.config

@@ -6,10 +6,12 @@ import importlib.util
 import os
 import re
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from lightning.pytorch.strategies import StrategyRegistry
 
+from diffusion.cli.flags import check_writable_folder
 from diffusion.errors import UserError
 
 SHORTHANDS = (
@@ -206,3 +208,18 @@ def allow_mlflow_file_store(trainer: dict[str, Any]) -> None:
     for name, init_args in _loggers(trainer):
         if name == "MLFlowLogger" and str(init_args.get("tracking_uri") or "file:").startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def check_logger_folders(trainer: dict[str, Any]) -> None:
+    """Every logger's folder can be written, before the logger is built: some create it as they are built (MLflow's
+    file store), and their OSError would reach the user wrapped in the parser's words."""
+    for name, init_args in _loggers(trainer):
+        uri = init_args.get("tracking_uri") if name == "MLFlowLogger" else None
+        if uri is not None:
+            if str(uri).startswith("file:"):
+                check_writable_folder(urlparse(str(uri)).path, "--trainer.logger.init_args.tracking_uri")
+            continue  # a tracking server: save_dir is not used
+        for key in ("save_dir", "dir"):  # W&B's dir stands for its save_dir
+            if init_args.get(key):
+                check_writable_folder(init_args[key], f"--trainer.logger.init_args.{key}")
+                break
