@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from time import perf_counter
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import yaml
@@ -122,7 +122,7 @@ def build_parser() -> ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--split",
-        type=str,
+        type=Literal["val", "train"],
         default="val",
         help="val (the run's held-out images) or train: from its config.yaml",
     )

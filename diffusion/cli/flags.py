@@ -93,9 +93,12 @@ def debug_requested(argv: Sequence[str] | None = None) -> bool:
         return True
     args = list(sys.argv[1:] if argv is None else argv)
     for i, arg in enumerate(args):
-        if arg in ("--debug", "--debug=true", "--debug=yes"):
+        if arg in ("--debug=true", "--debug=yes"):
+            return True
+        if arg == "--debug":
             following = args[i + 1] if i + 1 < len(args) else ""
-            return following.lower() not in ("false", "no")
+            # `--debug maybe` is a bad value, which the parser reports in one line
+            return following.startswith("-") or following.lower() in ("", "true", "yes")
     return False
 
 
