@@ -50,6 +50,8 @@ def _steps_or_epoch_fraction(value: Any) -> bool:
     return not isinstance(value, float) or 0 < value <= 1  # other forms (a time interval) Lightning checks
 
 
+PROFILER_NAMES = ("simple", "advanced", "pytorch", "xla")  # the names Lightning's Trainer takes as a profiler
+
 # Lightning's own options, whose values it would take and then crash on deep inside the run (ZeroDivisionError),
 # silently replace (0 steps -> the default) or silently ignore (a negative clip value): key, test, what to pass.
 # The options of this project's classes are checked where they are declared (their __init__ or dataclass).
@@ -71,6 +73,12 @@ def check_trainer_option_ranges(config) -> None:
         value = config.get(key)
         if value is not None and isinstance(value, int | float) and not valid(value):
             raise UserError(f"--{key} {value} is out of range", f"pass {allowed}")
+    profiler = config.get("trainer.profiler")
+    if isinstance(profiler, str) and profiler.lower() not in PROFILER_NAMES:  # Lightning's words name no flag
+        raise UserError(
+            f"--trainer.profiler {profiler} is not a profiler",
+            f"choose one of {', '.join(PROFILER_NAMES)}, or pass a profiler's class path",
+        )
 
 
 def _device_indices(value: Any) -> bool:
