@@ -6,8 +6,10 @@ import re
 import shlex
 from pathlib import Path
 
+import lightning.pytorch
 import pytest
 import tomllib
+from helpers.troubleshooting import PLACEHOLDER, table_messages
 
 from diffusion.cli import evaluate_nll
 from diffusion.cli.evaluate import build_parser as evaluate_parser
@@ -113,3 +115,21 @@ def test_the_readme_set_up_installs_from_the_projects_files():
         extra = re.fullmatch(r"\.(?:\[(\w+)\])?", words[-1])  # the project itself, or with an extra
         assert extra and (extra.group(1) is None or extra.group(1) in extras)
     assert ["pytest"] in [words[-1:] for words in commands(REPO / "README.md")]
+
+
+def test_every_message_of_the_troubleshooting_table_is_in_the_code():
+    """docs/troubleshooting.md's table and the code, both ways, cheaply: here every row's message (its runs of three
+    or more words between placeholders and punctuation) is text the package (or Lightning) holds, so a message reworded or
+    removed in the code takes its row with it; and every line tests/cli/test_every_flag.py sees (each flag of each
+    command, given bad values) must match a row, so a new kind of message gets its row (`matches_a_row`)."""
+    # Lightning's own words for its Trainer's options are rows too: they are held against its source.
+    files = [*(REPO / "diffusion").rglob("*.py"), *Path(lightning.pytorch.__file__).parent.rglob("*.py")]
+    source = " ".join(" ".join(path.read_text().split()) for path in files)
+    missing = {}
+    for message in table_messages():
+        parts = PLACEHOLDER.split(message.removeprefix("error: "))
+        chunks = [chunk.strip() for part in parts for chunk in re.split(r"[:();—,/]", part)]
+        absent = [chunk for chunk in chunks if len(chunk.split()) >= 3 and chunk not in source]
+        if absent:
+            missing[message] = absent
+    assert len(table_messages()) >= 10 and not missing, missing

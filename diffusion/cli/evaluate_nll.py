@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from time import perf_counter
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import yaml
@@ -31,7 +31,13 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import PositiveInt
 from torch.utils.data import DataLoader, Subset
 
-from diffusion.cli.flags import add_flags, check_sampling_checkpoint, command_parser, resolve_device
+from diffusion.cli.flags import (
+    add_flags,
+    check_sampling_checkpoint,
+    command_parser,
+    given_checkpoint,
+    resolve_device,
+)
 from diffusion.cli.legacy import accept_moved_class_paths
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
@@ -116,7 +122,7 @@ def build_parser() -> ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--split",
-        type=str,
+        type=Literal["val", "train"],
         default="val",
         help="val (the run's held-out images) or train: from its config.yaml",
     )
@@ -185,6 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with reporting_user_errors(argv), closing_process_group():
         args = build_parser().parse_args(argv)
         device, accelerator = resolve_device(args.device, args.accelerator)
+        args.ckpt = given_checkpoint(args.ckpt)
         hparams = check_sampling_checkpoint(args.ckpt)
         shape = tuple(hparams.get("sample_shape", ()))
         if len(shape) != 3:

@@ -15,6 +15,7 @@ from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import restricted_number_type
 
 from diffusion.cli.flags import add_flags
+from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.images import ImageDatasetName
 from diffusion.errors import UserError
 from diffusion.metrics.features import Features, distance_name, feature_size
@@ -23,6 +24,9 @@ from diffusion.metrics.inception_score import IS_SPLITS
 from diffusion.metrics.reference_stats import FeatureStatistics, check_new_statistics_file, save_statistics
 from diffusion.metrics.sample_quality import KID_SUBSET_SIZE, QualityMetric, SampleQuality, feed_images
 
+INCEPTION_WEIGHTS = FileKind(
+    "weights file", ("*.pth",), "torch-fidelity's releases hold weights-inception-2015-12-05-6726825d.pth"
+)
 AtLeastTwo = restricted_number_type("AtLeastTwo", int, (">=", 2), docstring="int restricted to be >=2")
 
 
@@ -209,20 +213,21 @@ def build_quality(
     args: Namespace, metrics: list[str], channels: int, reference: np.ndarray | FeatureStatistics | None
 ) -> SampleQuality:
     """`SampleQuality` from the flags, with a bad --inception_weights file reported as one line that names it."""
-    options = dict(
-        channels=channels, kid_subset_size=args.kid_subset_size, inception_weights=args.inception_weights,
-        reference=reference if isinstance(reference, FeatureStatistics) else None,
-    )  # fmt: skip
-    if args.features != "inception" or args.inception_weights is None:
-        return SampleQuality(args.features, metrics, **options)
-    path = Path(args.inception_weights)
     fix = (
         "pass torch-fidelity's weights-inception-2015-12-05-6726825d.pth (github.com/toshas/torch-fidelity "
         "releases), or leave --inception_weights out to download it"
     )
-    if not path.is_file():
-        what = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"--inception_weights {path} {what} — {fix}")
+    weights = args.inception_weights
+    if args.features == "inception" and weights is not None:
+        weights = str(file_in_folder(weights, "--inception_weights", INCEPTION_WEIGHTS))
+        if not Path(weights).is_file():
+            raise FileNotFoundError(f"--inception_weights {weights} does not exist — {fix}")
+    options = dict(
+        channels=channels, kid_subset_size=args.kid_subset_size, inception_weights=weights,
+        reference=reference if isinstance(reference, FeatureStatistics) else None,
+    )  # fmt: skip
+    if args.features != "inception" or weights is None:
+        return SampleQuality(args.features, metrics, **options)
     try:
         return SampleQuality(args.features, metrics, **options)
     except (pickle.UnpicklingError, EOFError, RuntimeError) as err:
@@ -230,7 +235,7 @@ def build_quality(
             raise
         reason = " ".join(str(err.__cause__ or err).split())
         raise UserError(
-            f"--inception_weights {path} is not a readable PyTorch weights file ({reason})", fix
+            f"--inception_weights {weights} is not a readable PyTorch weights file ({reason})", fix
         ) from err
 
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 from jsonargparse import ArgumentParser
 
-from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
+from diffusion.cli.flags import add_flags, check_writable_folder, command_parser, given_checkpoint
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
 from diffusion.errors import UserError
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> Path:
     with reporting_user_errors(argv):
         args = build_parser().parse_args(argv)
         check_out(args.out, args.overwrite)
+        args.ckpt = given_checkpoint(args.ckpt)
         checkpoint = read_checkpoint(args.ckpt, "--ckpt")
         network = check_written_by_train(checkpoint, args.ckpt, "--ckpt")["network"]
         if args.format == "diffusers":

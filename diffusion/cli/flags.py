@@ -22,9 +22,10 @@ from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultH
 from jsonargparse.typing import PositiveInt
 
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
+from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
 from diffusion.errors import UserError
-from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
+from diffusion.training.checkpoint_files import CHECKPOINT, check_written_by_train, read_checkpoint
 from diffusion.training.loading import Weights
 
 DEBUG_VARIABLE = "DIFFUSION_DEBUG"
@@ -92,9 +93,12 @@ def debug_requested(argv: Sequence[str] | None = None) -> bool:
         return True
     args = list(sys.argv[1:] if argv is None else argv)
     for i, arg in enumerate(args):
-        if arg in ("--debug", "--debug=true", "--debug=yes"):
+        if arg in ("--debug=true", "--debug=yes"):
+            return True
+        if arg == "--debug":
             following = args[i + 1] if i + 1 < len(args) else ""
-            return following.lower() not in ("false", "no")
+            # `--debug maybe` is a bad value, which the parser reports in one line
+            return following.startswith("-") or following.lower() in ("", "true", "yes")
     return False
 
 
@@ -166,6 +170,11 @@ def cpu_mixed_precision_note(precision: str, training: bool) -> str | None:
         f"--precision {precision} on a CPU runs the network in bf16{substitute}: about as fast as 32 or faster with "
         "bf16 instructions (AVX512-BF16, AMX), slower without; mixed precision is meant for CUDA GPUs"
     )
+
+
+def given_checkpoint(path: str, flag: str = "--ckpt") -> str:
+    """The checkpoint file a flag names: a folder holding exactly one stands for it (`file_in_folder`)."""
+    return str(file_in_folder(path, flag, CHECKPOINT))
 
 
 def check_sampling_checkpoint(path: str) -> dict:

@@ -33,6 +33,7 @@ from diffusion.cli.flags import (
     add_sampling_arguments,
     check_writable_folder,
     command_parser,
+    given_checkpoint,
     options_from_flags,
     requested_labels,
     resolve_device,
@@ -104,7 +105,7 @@ def check_out(out: str | None, overwrite: bool) -> None:
 def base_checkpoint(run: Path, step: int, ckpt: str | None) -> Path:
     """--ckpt, or the run's checkpoint of `step` (a last.ckpt before a step=N.ckpt), or its newest."""
     if ckpt is not None:
-        return Path(ckpt)
+        return Path(given_checkpoint(ckpt))
     found = checkpoints_of_run(run)
     if not found:
         raise UserError(

@@ -128,7 +128,18 @@ def _parser_message(text: str) -> str:
         return f"--{name} is required — pass --{name} VALUE (see --help)"
     if text.startswith("Problems parsing config"):
         return f"{' '.join(text.split())} — fix the YAML syntax of the --config file"
+    boolean = re.search(r"argument (--\w+)/--no_\w+: invalid _boolean_type value: '([^']*)'", text)
+    if boolean:
+        return f"{boolean[1]} {boolean[2]} is not a valid bool — pass true or false"
+    config = re.search(r"Unable to load config '([^']*?)\s*(?:Unable|')", text)
+    if config:  # --model FILE, --ema FILE, ...: a group's options from a YAML file
+        group = re.search(r'Parser key "([^"]+)"', text)
+        shown = f"--{group[1]} " if group else ""
+        return f"{shown}{config[1]}: no such config file — pass a YAML file of these options (see --print_config)"
     flag = ".".join(re.findall(r'Parser key "([^"]+)"', text))
+    literal = re.search(r"Not of type (\w+): invalid literal for \w+\(\) with base 10: '([^']*)'", text)
+    if flag and literal:
+        return f"--{flag} {literal[2]} is not a valid {literal[1]} — pass a value of that type (see --help)"
     given = re.search(r"(?:Given|Got) value: (.*)|Not of type \w+: (\S+) does not conform", text)
     shown = f"--{flag}" + (f" {(given.group(1) or given.group(2)).strip()}" if given else "")
     noise = re.compile(

@@ -11,8 +11,9 @@ import yaml
 from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.cli.legacy import same_class
+from diffusion.data.file_in_folder import file_in_folder
 from diffusion.errors import UserError
-from diffusion.training.checkpoint_files import check_finite, read_checkpoint
+from diffusion.training.checkpoint_files import CHECKPOINT, check_finite, read_checkpoint
 from diffusion.training.run_folders import RunFolder, newest_checkpoint, run_folder_of
 
 
@@ -128,6 +129,7 @@ def resolve_resume(config) -> tuple[dict[str, Any], str | None]:
                 file=sys.stderr, flush=True,
             )  # fmt: skip
         config.ckpt_path = str(point.path)
+    config.ckpt_path = str(file_in_folder(config.ckpt_path, "--ckpt_path", CHECKPOINT))
     checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
     check_finite(
         checkpoint.get("state_dict") or {}, f"--ckpt_path {config.ckpt_path}",

@@ -41,17 +41,20 @@ from diffusion.cli.trainer_options import (
     TRAINER_DEFAULTS,
     allow_mlflow_file_store,
     check_hardware_flags,
+    check_logger_folders,
     check_logger_installed,
     check_trainer_option_ranges,
     drop_ddp_on_one_device,
     expand_shorthands,
     runs_on_cpu,
 )
+from diffusion.data.file_in_folder import file_in_folder
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
+from diffusion.training.checkpoint_files import CHECKPOINT
 from diffusion.training.from_diffusers import init_settings
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder
@@ -180,6 +183,7 @@ class DiffusionCLI(LightningCLI):
             rank_zero_info(note)
         check_logger_installed(self.config.trainer)
         allow_mlflow_file_store(self.config.trainer)
+        check_logger_folders(self.config.trainer)
 
     def before_instantiate_classes(self) -> None:
         config = self.config
@@ -187,10 +191,11 @@ class DiffusionCLI(LightningCLI):
             self._resume_checkpoint, config_filename = resolve_resume(config)
             if config_filename:
                 self.save_config_kwargs["config_filename"] = config_filename
-        if config.model.init_from:
-            take_diffusers_settings(config) or check_init_from(
-                config.model.init_from, config.model.network.class_path
+        if config.model.init_from and not take_diffusers_settings(config):
+            config.model.init_from = str(
+                file_in_folder(config.model.init_from, "--model.init_from", CHECKPOINT)
             )
+            check_init_from(config.model.init_from, config.model.network.class_path)
         note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
         if note and runs_on_cpu(config.trainer):  # --accelerator cpu, or auto on a machine without a GPU
             rank_zero_warn(note)

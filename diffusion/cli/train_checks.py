@@ -30,12 +30,32 @@ def check_init_from(path: str, network_class: str) -> None:
         )
 
 
-def _conditioning(num_classes: int | None) -> str:
-    return f"class-conditional, {num_classes} classes" if num_classes else "unconditional"
+def _plain(value: Any) -> Any:
+    """A jsonargparse Namespace (a network's config as the CLI built it) as the dict a checkpoint stores."""
+    as_dict = getattr(value, "as_dict", None)
+    return as_dict() if callable(as_dict) else value
+
+
+def network_differences(saved: Any, current: Any) -> list[str]:
+    """'channels 8 in the checkpoint, 16 now' for each network setting (init_args) that differs, or the two
+    network classes."""
+    saved, current = _plain(saved), _plain(current)
+    if not (isinstance(saved, dict) and isinstance(current, dict)):
+        return []
+    differences = []
+    saved_class, current_class = (str(c.get("class_path", "?")).rsplit(".", 1)[-1] for c in (saved, current))
+    if saved_class != current_class:  # the settings of two classes do not compare
+        return [f"the network {saved_class} in the checkpoint, {current_class} now"]
+    saved_args, current_args = saved.get("init_args") or {}, current.get("init_args") or {}
+    for key in sorted(saved_args.keys() & current_args.keys()):
+        if saved_args[key] != current_args[key]:
+            differences.append(f"{key} {saved_args[key]} in the checkpoint, {current_args[key]} now")
+    return differences
 
 
 def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionModule) -> None:
-    """The checkpoint to resume holds this module's weights, by name and shape; else say whose they are."""
+    """The checkpoint to resume holds this module's weights, by name and shape; else name the network settings
+    that differ, and the two ways on that work."""
     check_written_by_train(checkpoint, path, "--ckpt_path")
     saved = checkpoint["state_dict"]
     expected = module.state_dict()
@@ -45,24 +65,25 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
     if not (missing or unexpected or reshaped):
         return
     hparams = checkpoint.get("hyper_parameters", {})
-    network = hparams.get("network")
-    saved_class = network.get("class_path", "?").rsplit(".", 1)[-1] if isinstance(network, dict) else "?"
-    saved_classes = (network.get("init_args") or {}).get("num_classes") if isinstance(network, dict) else None
-    classes = getattr(module.network, "num_classes", None)
-    saved_kind, kind = (
-        f" ({_conditioning(n)})" if saved_classes != classes else "" for n in (saved_classes, classes)
-    )
     counts = [(len(missing), "weights missing"), (len(unexpected), "unexpected"), (len(reshaped), "reshaped")]
-    differences = ", ".join(f"{n} {what}" for n, what in counts if n)
+    weights = ", ".join(f"{n} {what}" for n, what in counts if n)
+    example = (missing + unexpected + reshaped)[0]
+    settings = network_differences(hparams.get("network"), module.hparams.get("network"))
+    if tuple(hparams.get("sample_shape") or ()) != tuple(module.sample_shape):
+        settings.append(
+            f"samples of shape {hparams.get('sample_shape')} in the checkpoint, {module.sample_shape} now"
+        )
+    differences = "; ".join(settings) or f"the network {type(module.network).__name__}"
     run = run_folder_of(path)
-    fix = "resume it with the config of the run that saved it"
-    if run is not None and run.config_file.is_file():
-        fix = f"resume it with its own config: --config {run.config_file}"
+    own = (
+        f"--config {run.config_file} with no flag that changes these"
+        if run is not None and run.config_file.is_file()
+        else "the config of the run that saved it"
+    )
     raise UserError(
-        f"--ckpt_path {path} is from another kind of run: {saved_class}{saved_kind} on samples of shape "
-        f"{hparams.get('sample_shape')}, while this config has {type(module.network).__name__}{kind} on "
-        f"{module.sample_shape} ({differences}; e.g. {(missing + unexpected + reshaped)[0]})",
-        fix,
+        f"--ckpt_path {path} is from a run with another network: {differences} ({weights}; e.g. {example})",
+        f"resume it with its own settings ({own}), or train the changed network as a new run, without "
+        "--ckpt_path (its weights do not fit it, so neither does --model.init_from)",
     )
 
 

@@ -6,10 +6,12 @@ import importlib.util
 import os
 import re
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from lightning.pytorch.strategies import StrategyRegistry
 
+from diffusion.cli.flags import check_writable_folder
 from diffusion.errors import UserError
 
 SHORTHANDS = (
@@ -48,6 +50,8 @@ def _steps_or_epoch_fraction(value: Any) -> bool:
     return not isinstance(value, float) or 0 < value <= 1  # other forms (a time interval) Lightning checks
 
 
+PROFILER_NAMES = ("simple", "advanced", "pytorch", "xla")  # the names Lightning's Trainer takes as a profiler
+
 # Lightning's own options, whose values it would take and then crash on deep inside the run (ZeroDivisionError),
 # silently replace (0 steps -> the default) or silently ignore (a negative clip value): key, test, what to pass.
 # The options of this project's classes are checked where they are declared (their __init__ or dataclass).
@@ -69,6 +73,12 @@ def check_trainer_option_ranges(config) -> None:
         value = config.get(key)
         if value is not None and isinstance(value, int | float) and not valid(value):
             raise UserError(f"--{key} {value} is out of range", f"pass {allowed}")
+    profiler = config.get("trainer.profiler")
+    if isinstance(profiler, str) and profiler.lower() not in PROFILER_NAMES:  # Lightning's words name no flag
+        raise UserError(
+            f"--trainer.profiler {profiler} is not a profiler",
+            f"choose one of {', '.join(PROFILER_NAMES)}, or pass a profiler's class path",
+        )
 
 
 def _device_indices(value: Any) -> bool:
@@ -206,3 +216,18 @@ def allow_mlflow_file_store(trainer: dict[str, Any]) -> None:
     for name, init_args in _loggers(trainer):
         if name == "MLFlowLogger" and str(init_args.get("tracking_uri") or "file:").startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def check_logger_folders(trainer: dict[str, Any]) -> None:
+    """Every logger's folder can be written, before the logger is built: some create it as they are built (MLflow's
+    file store), and their OSError would reach the user wrapped in the parser's words."""
+    for name, init_args in _loggers(trainer):
+        uri = init_args.get("tracking_uri") if name == "MLFlowLogger" else None
+        if uri is not None:
+            if str(uri).startswith("file:"):
+                check_writable_folder(urlparse(str(uri)).path, "--trainer.logger.init_args.tracking_uri")
+            continue  # a tracking server: save_dir is not used
+        for key in ("save_dir", "dir"):  # W&B's dir stands for its save_dir
+            if init_args.get(key):
+                check_writable_folder(init_args[key], f"--trainer.logger.init_args.{key}")
+                break

@@ -11,6 +11,9 @@ import numpy as np
 import torch
 
 from diffusion.core.guidance import NO_LABEL
+from diffusion.data.file_in_folder import FileKind, file_in_folder
+
+LABELS_FILE = FileKind("labels file", ("*.npy",), "np.save(path, labels.astype(np.int64)) writes one")
 
 # Known before any download: the CLI sizes the network's class embedding when it builds it.
 DATASET_CLASS_NAMES = {
@@ -51,6 +54,7 @@ def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]
 
 def load_labels(path: Path, num_samples: int) -> np.ndarray:
     """N integer class labels 0..K-1 from a ``.npy`` file, as int64, with errors that say what is wrong."""
+    path = file_in_folder(path, "--data.labels", LABELS_FILE)
     if not path.is_file():
         raise FileNotFoundError(f"--data.labels {path} does not exist")
     try:

@@ -13,9 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
+from diffusion.data.file_in_folder import FileKind, file_in_folder
+
 IMAGE_FIX = (
     "save uint8 images (N, H, W, C) with np.savez(path, images), as python -m diffusion.sample writes them"
 )
+ARRAY_FILE = FileKind(
+    "NumPy file", ("*.npz", "*.npy"),
+    "python -m diffusion.sample writes OUT/samples.npz, np.savez and np.save write your own arrays",
+)  # fmt: skip
 FLOAT_FIX = (
     "convert them to uint8 first: (x * 255).round() for 0..1, ((x + 1) * 127.5).round() for -1..1, "
     "then .clip(0, 255).astype(np.uint8)"
@@ -34,8 +40,8 @@ def numpy_file_kind(path: Path) -> str:
 
 def read_array(path: str | Path, flag: str, fix: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(array, labels or None) of a .npy file (memory-mapped) or an .npz archive (`arr_0`, or its only array;
-    labels from `arr_1`); `fix` ends each refusal."""
-    path = Path(path)
+    labels from `arr_1`); `fix` ends each refusal. A folder holding one such file stands for it."""
+    path = file_in_folder(path, flag, ARRAY_FILE)
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"{flag} {path} {what} — {fix}")

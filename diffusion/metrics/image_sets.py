@@ -11,9 +11,10 @@ from typing import get_args
 import numpy as np
 from torch.utils.data import DataLoader, Subset
 
+from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.image_files import find_images
 from diffusion.data.images import MIN_IMAGE_SIZE, ImageDataModule, ImageDatasetName
-from diffusion.data.numpy_files import read_images
+from diffusion.data.numpy_files import ARRAY_FILE, read_images
 from diffusion.generation.render import to_uint8_images
 from diffusion.metrics.progress import progress_bar
 from diffusion.metrics.reference_stats import FeatureStatistics, is_statistics_file, load_statistics
@@ -39,7 +40,9 @@ def load_reference(
 ) -> np.ndarray | FeatureStatistics:
     """The reference: FID statistics (an .npz holding ``mu`` and ``sigma`` and no images), uint8 (N, H, W, C)
     images of an .npz, or of a dataset's train split rendered at ``image_size`` (None: the dataset's own; all
-    images, or a fixed random ``num_reference`` of them)."""
+    images, or a fixed random ``num_reference`` of them). A folder holding one .npz or .npy stands for it."""
+    if Path(reference).is_dir() and reference not in get_args(ImageDatasetName):
+        reference = str(file_in_folder(reference, "--reference", ARRAY_FILE))
     if is_statistics_file(reference):
         if num_reference is not None:
             raise ValueError(

@@ -17,9 +17,13 @@ from typing import Any
 
 import torch
 
+from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.errors import UserError
 from diffusion.training.from_diffusers import diffusers_folders, read_init_weights
 
+CHECKPOINT = FileKind(
+    "checkpoint", ("*.ckpt",), "train.py writes them into runs/<name>/version_N/checkpoints/"
+)
 DAMAGED = "its bytes do not match their checksum (a bad copy or a failing disk)"
 _INTACT: set[tuple[str, int, int]] = set()  # (path, size, mtime) of file versions whose checksums matched
 
@@ -59,17 +63,13 @@ def read_checkpoint(
 ) -> dict[str, Any]:
     """A checkpoint file's contents (tensors memory-mapped, no code run), or one clear error naming `flag`.
 
-    Raises FileNotFoundError (no such file) or UserError (a folder, an empty, truncated, damaged or foreign file,
-    or one that carries pickled objects other than tensors and plain data, which could run code when loaded).
+    A folder holding one checkpoint stands for it (`file_in_folder`). Raises FileNotFoundError (no such file) or
+    UserError (a folder holding none or several, an empty, truncated, damaged or foreign file, or one that
+    carries pickled objects other than tensors and plain data, which could run code when loaded).
     `verify` False skips the checksums (`check_zip_checksums`), for reading a checkpoint's step only.
     """
-    path = Path(path).expanduser()
+    path = file_in_folder(path, flag, CHECKPOINT)
     fix = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
-    if path.is_dir():
-        inside = sorted(path.glob("**/last.ckpt"))
-        raise UserError(
-            f"{flag} {path} is a folder, not a checkpoint file", f"pass {inside[0]}" if inside else fix
-        )
     if not path.is_file():
         raise FileNotFoundError(f"{flag}: no checkpoint at {path} — {fix}")
     if path.stat().st_size == 0:
@@ -127,7 +127,7 @@ def read_network_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     diffusers DDPMPipeline / UNet2DModel folder (renamed to this project's UNet)."""
     if diffusers_folders(path) is not None:
         return read_init_weights(path)
-    path = Path(path)
+    path = file_in_folder(path, "--model.init_from", CHECKPOINT)
     if not path.is_file():
         raise FileNotFoundError(
             f"init_from: no such file {path}; pass a .ckpt of this project or a state_dict"

@@ -6,10 +6,16 @@ from typing import Literal
 
 import torch
 
+from diffusion.data.file_in_folder import file_in_folder
 from diffusion.errors import UserError, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
-from diffusion.training.checkpoint_files import check_finite, check_written_by_train, read_checkpoint
+from diffusion.training.checkpoint_files import (
+    CHECKPOINT,
+    check_finite,
+    check_written_by_train,
+    read_checkpoint,
+)
 from diffusion.training.exported import is_export, load_export, read_export_config
 from diffusion.training.from_diffusers import diffusers_folders, module_settings
 from diffusion.training.module import DiffusionModule
@@ -28,7 +34,8 @@ def load_checkpoint(
 
     `path` may also be a folder written by `python -m diffusion.export --format safetensors` (or its config.json),
     or a diffusers DDPMPipeline or UNet2DModel folder (`diffusion.training.from_diffusers`), which hold one set
-    of weights: None returns it, and asking for the other set is an error.
+    of weights: None returns it, and asking for the other set is an error. Any other folder holding exactly
+    one checkpoint stands for it (`diffusion.data.file_in_folder`).
     """
     if weights is not None:
         check_choice("weights", weights, Weights)
@@ -48,6 +55,7 @@ def load_checkpoint(
         module = load_export(path, map_location)
         check_finite(module.network.state_dict(), str(path), NOT_FINITE_FIX)
         return module
+    path = file_in_folder(path, "checkpoint", CHECKPOINT)
     checkpoint = read_checkpoint(path, map_location=map_location)  # checked before Lightning reads it again
     check_written_by_train(checkpoint, path)
     module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)

@@ -1,15 +1,18 @@
 """Any Lightning logger: TensorBoard is the default, and a CSV log, Weights & Biases (offline) and MLflow (a local
 file store) get the metrics and the sample grids too; each run's checkpoints, config.yaml and grids share one run folder
 (`<save_dir>/<name>/<version>/`, as Lightning derives the checkpoints' folder from the logger), which
-`--ckpt_path last` finds and goes on writing into."""
+`--ckpt_path last` finds and goes on writing into. A folder none of them can write is one line naming its flag."""
 
 import csv
 import importlib.util
+import os
+import re
 
 import pytest
 import torch
 import wandb
 from helpers import QUICK, TINY_UNET
+from helpers.user_errors import run_in_process
 from lightning.pytorch.loggers import WandbLogger
 from mlflow.tracking import MlflowClient
 
@@ -175,3 +178,30 @@ def test_a_checkpoint_of_another_logger_resumed_with_mlflow_goes_on_in_a_new_mlf
     assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     assert (folder / "config.yaml").is_file()
     assert sorted(tensorboard_run.rglob("*")) == files  # the TensorBoard run is left as it was
+
+
+UNWRITABLE_CASES = {  # id: (logger flags, the flag that names the folder)
+    "tensorboard": ([], "save_dir"),
+    "csv": (CSV, "save_dir"),
+    "wandb": (WANDB, "save_dir"),
+    "mlflow": (["--trainer.logger", "lightning.pytorch.loggers.MLFlowLogger"], "save_dir"),
+    "mlflow_file_store": (mlflow_logger("{folder}"), "tracking_uri"),
+}
+
+
+@pytest.mark.parametrize(("logger", "flag"), UNWRITABLE_CASES.values(), ids=UNWRITABLE_CASES.keys())
+def test_an_unwritable_folder_of_any_logger_is_one_line_naming_its_flag(logger, flag, tmp_path, capsys):
+    if os.geteuid() == 0:  # root writes into a read-only folder: a path under a file is one no one can create
+        (tmp_path / "a_file").write_text("not a folder")
+        folder, problem = (
+            tmp_path / "a_file" / "runs",
+            r"a_file is a file, not a folder — pass a path through",
+        )
+    else:
+        (tmp_path / "read_only").mkdir(mode=0o500)
+        folder, problem = tmp_path / "read_only" / "runs", r"cannot write into .*read_only .* — pick a folder"
+    args = [*TINY_UNET, *QUICK, *[arg.format(folder=folder) for arg in logger]]
+    if flag == "save_dir":
+        args += ["--trainer.logger.init_args.save_dir", str(folder)]
+    line = run_in_process(train, args, tmp_path, capsys)
+    assert re.search(rf"--trainer.logger.init_args.{flag} .*{folder}: .*{problem}", line), line

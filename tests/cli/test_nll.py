@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import tiny_run
+from helpers.damage import flip_byte_inside_largest_entry
 from helpers.user_errors import run_in_process
 
 from diffusion.cli import evaluate, evaluate_nll
@@ -108,6 +109,44 @@ def test_user_errors_are_one_line(case, pattern, user, toy2d_checkpoint, digits_
         )
         args = ["--nll", "--ckpt", str(copy / "checkpoints" / "last.ckpt")]
     line = run_in_process(evaluate.main, args, user, capsys)
+    assert re.search(pattern, line), line
+
+
+def damaged_images(path: Path) -> None:
+    np.savez(path, np.full((4, 16, 16, 1), 7, np.uint8))
+    flip_byte_inside_largest_entry(path)
+
+
+DATA_CASES = {  # id: (how the --data.path file is made, what the line must say)
+    "truncated": (
+        lambda path: path.write_bytes(b"PK\x03\x04" + bytes(100)), r"is truncated or corrupt .* — save uint8"
+    ),
+    "damaged": (damaged_images, r"damaged.npz is truncated or corrupt \(.*CRC.*\) — save uint8"),
+    "random_bytes": (lambda path: path.write_bytes(bytes(range(256))), r"is not a .npy file or an .npz archive"),
+    "empty": (lambda path: path.write_bytes(b""), r"empty.npz is not a .npy file or an .npz archive"),
+    "statistics": (
+        lambda path: np.savez(path, mu=np.zeros(3), sigma=np.eye(3)), r"holds \['mu', 'sigma'\], no arr_0"
+    ),
+    "float_images": (
+        lambda path: np.savez(path, np.zeros((4, 16, 16, 1), np.float32)), r"float images could be in 0..1"
+    ),
+    "not_images": (lambda path: np.save(path, np.zeros((4, 2))), r"not images \(N, H, W, C\)"),
+    "objects": (
+        lambda path: np.save(path, np.array([{}], dtype=object), allow_pickle=True), r"holds Python objects"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "pattern"), DATA_CASES.values(), ids=DATA_CASES.keys())
+def test_a_damaged_or_wrong_data_file_is_one_line(
+    make, pattern, digits_checkpoint, tmp_path, capsys, request
+):
+    path = tmp_path / f"{request.node.callspec.id}.npz"
+    make(path)
+    if not path.exists():  # np.save added .npy
+        path = path.with_suffix(".npz.npy")
+    args = ["--nll", "--ckpt", str(digits_checkpoint), "--data.path", str(path)]
+    line = run_in_process(evaluate.main, args, tmp_path, capsys)
     assert re.search(pattern, line), line
 
 

@@ -33,7 +33,10 @@ SAMPLE_CASES = {
     "truncated": (["--ckpt", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated or not a PyTorch"),
     "empty": (["--ckpt", "{user}/empty.ckpt"], r"empty.ckpt is empty"),
     "random_bytes": (["--ckpt", "{user}/random.ckpt"], r"random.ckpt is truncated or not a PyTorch"),
-    "a_folder": (["--ckpt", "{user}/runs/toy2d"], r"is a folder, not a checkpoint file — pass .*last.ckpt"),
+    "a_folder": (
+        ["--ckpt", "{user}/runs/toy2d"],
+        r"toy2d is a folder holding 2 checkpoints \(version_0/checkpoints/last.ckpt, .*\) — pass the one",
+    ),
     "missing": (["--ckpt", "{user}/nope.ckpt"], r"no checkpoint at .*nope.ckpt"),
     "bare_weights": (["--ckpt", "{user}/weights.pt"], r"weights.pt is not a checkpoint written by train.py"),
     "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),

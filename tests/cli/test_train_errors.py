@@ -161,7 +161,8 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "resume_random_bytes": (["--ckpt_path", "{user}/random.ckpt"], r"random.ckpt is truncated or not"),
     "resume_a_folder": (
         ["--ckpt_path", "{user}/runs/digits"],
-        r"is a folder, not a checkpoint file — pass .*last",
+        r"--ckpt_path .*digits is a folder holding 2 checkpoints \(version_0/checkpoints/last.ckpt, .*\) — pass the "
+        r"one you mean as --ckpt_path",
     ),
     "resume_past_max_steps": (  # the run stopped at QUICK's --max_steps 4: resuming it would train nothing
         ["--ckpt_path", "{user}/runs/digits/version_0/checkpoints/last.ckpt"],
@@ -179,13 +180,26 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     ),
     "resume_vector_run": (
         ["--ckpt_path", "{user}/runs/toy2d/version_0/checkpoints/last.ckpt"],
-        r"another kind of run: MLP on samples of shape \(2,\), while this config has UNet.* — resume it with its "
-        r"own config: --config .*toy2d/version_0/config.yaml",
+        r"is from a run with another network: the network MLP in the checkpoint, UNet now; samples of shape "
+        r"\(2,\) in the checkpoint, \(1, 16, 16\) now .* — resume it with its own settings \(--config "
+        r".*toy2d/version_0/config.yaml with no flag that changes these\), or train the changed network as a new run",
     ),
     "resume_unconditional_run_as_conditional": (
         ["--ckpt_path", "{user}/runs/digits/version_0/checkpoints/last.ckpt", "--data.conditional", "true"],
-        r"another kind of run: UNet \(unconditional\) on samples of shape \(1, 16, 16\), while this config has "
-        r"UNet \(class-conditional, 10 classes\) on",
+        r"another network: num_classes None in the checkpoint, 10 now \(",
+    ),
+    # The run's own config given, and a flag after it that changes the network: the line names that setting.
+    "resume_with_other_channels": (
+        [
+            "--config",
+            "{user}/runs/digits/version_0/config.yaml",
+            "--ckpt_path",
+            "{user}/runs/digits/version_0/checkpoints/last.ckpt",
+            "--model.network.init_args.channels",
+            "16",
+        ],
+        r"another network: channels 8 in the checkpoint, 16 now \(.* reshaped; .*\) — resume it with its own "
+        r"settings \(--config .*digits/version_0/config.yaml with no flag that changes these\)",
     ),
     "init_from_vector_run": (
         ["--model.init_from", "{user}/runs/toy2d/version_0/checkpoints/last.ckpt"],

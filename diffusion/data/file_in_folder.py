@@ -1,0 +1,73 @@
+"""A flag that wants a file, handed a folder: the one rule for every such flag (`--ckpt`, `--ckpt_path`,
+`--model.init_from`, `--samples`, `--reference`, `--data.path`, `--data.labels`, `--inception_weights`).
+
+A folder another command wrote often holds the very file wanted (a sample run's OUT/samples.npz, a run folder's
+checkpoints/last.ckpt). The folder is searched a few levels down, in the layout the commands write, for files
+of the wanted kind: exactly one is taken, and a note on stderr names it; several are refused in one line that
+lists them and names the flag to pass one with; none are refused in one line that says which command writes one.
+Hidden files and folders (temporary files of writes in progress) and ``*.partial`` folders (samples being
+written) are not searched.
+"""
+
+import os
+import sys
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+
+from diffusion.errors import UserError
+
+SEARCH_DEPTH = 4  # <save_dir>/<name>/<version>/checkpoints/last.ckpt from <save_dir>
+SHOWN = 5  # files listed in a refusal before "and N more"
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """The files a flag wants: what they are called in a message, their name patterns, and who writes them."""
+
+    name: str  # "checkpoint"
+    patterns: tuple[str, ...]  # ("*.ckpt",)
+    made_by: str  # "train.py writes them into runs/<name>/version_N/checkpoints/"
+
+
+def files_of_kind(folder: Path, kind: FileKind) -> list[Path]:
+    """The files under `folder` (at most SEARCH_DEPTH levels down) whose names match `kind`, sorted."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        depth = len(Path(root).relative_to(folder).parts)
+        folders[:] = [
+            name for name in folders
+            if depth + 1 < SEARCH_DEPTH and not name.startswith(".") and not name.endswith(".partial")
+        ]  # fmt: skip
+        found += [
+            Path(root, name)
+            for name in files
+            if not name.startswith(".") and any(fnmatch(name, pattern) for pattern in kind.patterns)
+        ]
+    return sorted(found)
+
+
+def file_in_folder(path: str | os.PathLike, flag: str, kind: FileKind) -> Path:
+    """`path` itself unless it is a folder; a folder holding exactly one file of `kind`: that file (a note on
+    stderr says so); else a UserError that lists the files found, or says that there are none."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return path
+    found = files_of_kind(path, kind)
+    if len(found) == 1:
+        print(
+            f"note: {flag} {path} is a folder: using {found[0]}, the one {kind.name} in it", file=sys.stderr
+        )
+        return found[0]
+    patterns = " or ".join(kind.patterns)
+    if not found:
+        raise UserError(
+            f"{flag} {path} is a folder, and it holds no {kind.name} ({patterns})",
+            f"pass the path of a {kind.name} as {flag}; {kind.made_by}",
+        )
+    shown = ", ".join(str(file.relative_to(path)) for file in found[:SHOWN])
+    more = f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+    raise UserError(
+        f"{flag} {path} is a folder holding {len(found)} {kind.name}s ({shown}{more})",
+        f"pass the one you mean as {flag} {found[0]} (or another of them)",
+    )

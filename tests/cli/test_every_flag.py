@@ -1,0 +1,166 @@
+"""Every flag of every command, given bad values: one line, exit status 2, no traceback, the user's files unchanged.
+
+The flags are read from the commands' parsers, so a new flag is covered without a word here; the bad values come
+from its type: a wrong type and a value out of its range for numbers, a choice that does not exist, a class that
+does not exist, and for a path a missing file, a folder, an empty file and a file of another kind (a wanted
+folder: missing, a file, an empty folder; an output: a path under a file). A string flag of no known kind gets
+``nope`` and must refuse it: a new one joins FILE_FLAGS, FOLDER_FLAGS or OUTPUT_FLAGS, or refuses what it cannot
+use. The line must name the flag or the value, and match a row of docs/troubleshooting.md's table of messages.
+Each command runs in this process, from a good command line plus the one bad flag, through its real entry point;
+a bad value fails before any training, sampling or scoring time is spent. train.py's flags are those its parser
+holds before a class is chosen: the options of the chosen data module and network (``--data.init_args.*``,
+``--model.network.init_args.*``) are not enumerated (tests/cli/test_train_errors.py has cases for them).
+"""
+
+import contextlib
+import shutil
+import sys
+import types
+import typing
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from helpers import QUICK, TINY_UNET, tiny_run
+from helpers.troubleshooting import matches_a_row
+from helpers.user_errors import run_in_process
+from jsonargparse import ActionYesNo, ArgumentParser
+from jsonargparse._actions import _ActionConfigLoad, _ActionHelpClassPath
+from jsonargparse._link_arguments import ActionLink
+from PIL import Image
+
+from diffusion.cli import evaluate, evaluate_nll, export, phema, sample
+from diffusion.cli.train import DiffusionCLI, with_default_config
+from diffusion.cli.train import main as train
+
+FILE_FLAGS = {
+    "ckpt",
+    "samples",
+    "reference",
+    "data.path",
+    "inception_weights",
+    "ckpt_path",
+    "model.init_from",
+}
+FOLDER_FLAGS = {"run", "data_root"}
+OUTPUT_FLAGS = {"out", "save_stats", "trainer.default_root_dir", "checkpoint.dirpath"}
+NOT_CHECKED = {  # flags with no bad value, and why
+    "help": "prints the help", "print_config": "prints the config", "config": "test_train_errors' config cases",
+    "checkpoint.filename": "any file name is one", "trainer.model_registry": "any name is one",
+}  # fmt: skip
+CONTEXT = {  # what a flag needs beside it to be used at all
+    "inception_weights": ["--features", "inception"],
+    "data_root": ["--reference", "folder"],
+    "trainer.default_root_dir": ["--trainer.logger", "false"],  # a logger's save_dir is the run's folder
+}
+
+
+def train_parser() -> ArgumentParser:
+    """train.py's parser as LightningCLI builds it (stopped before it parses)."""
+    found = []
+
+    def keep(cli, parser, args):
+        found.append(parser)
+        raise StopIteration
+
+    with mock.patch.object(DiffusionCLI, "parse_arguments", keep), contextlib.suppress(StopIteration):
+        DiffusionCLI(with_default_config([]))
+    return found[0]
+
+
+GOOD = "{user}/runs/digits/version_0/checkpoints/last.ckpt"
+SAMPLES = "{user}/samples/samples.npz"
+COMMANDS = {  # name: (entry point, parser, a good command line)
+    "sample": (sample.main, sample.build_parser, ["--ckpt", GOOD, "--out", "{tmp}/s", "--num_samples", "2",
+                                                  "--sampler", "ddim", "--steps", "2", "--device", "cpu"]),
+    "evaluate": (evaluate.main, evaluate.build_parser, ["--samples", SAMPLES, "--reference", SAMPLES,
+                                                        "--features", "pixels", "--device", "cpu"]),
+    "evaluate_nll": (evaluate.main, evaluate_nll.build_parser, ["--nll", "--ckpt", GOOD, "--data.path", SAMPLES,
+                                                                "--num_images", "1", "--device", "cpu"]),
+    "export": (export.main, export.build_parser, ["--ckpt", GOOD, "--format", "safetensors", "--out", "{tmp}/e"]),
+    "train": (train, train_parser, ["--trainer.logger.init_args.save_dir", "{tmp}/runs", *TINY_UNET, *QUICK]),
+    "phema": (phema.main, phema.build_parser, ["--run", "{user}/runs/phema/version_0", "--sweep", "[0.1]",
+                                               "--num_samples", "4", "--sampler", "ddim", "--steps", "2",
+                                               "--reference", SAMPLES, "--device", "cpu"]),
+}  # fmt: skip
+
+
+def bad_values(name: str, typehint: object) -> dict[str, str]:
+    """kind of bad value -> the value, for a flag of this name and type."""
+    if name in FILE_FLAGS:
+        return {"missing": "{user}/nope.ckpt", "a_folder": "{bad}/empty_folder", "empty": "{bad}/empty",
+                "another_kind": "{bad}/picture.png"}  # fmt: skip
+    if name in FOLDER_FLAGS:
+        return {"missing": "{user}/nope", "a_file": "{bad}/picture.png", "empty_folder": "{bad}/empty_folder"}
+    if name in OUTPUT_FLAGS:
+        return {"under_a_file": "{bad}/picture.png/out"}
+    union = typing.get_origin(typehint) in (typing.Union, types.UnionType)
+    kinds = [t for t in (typing.get_args(typehint) if union else [typehint]) if t is not type(None)]
+    values = {}
+    if any(typing.get_origin(t) is typing.Literal for t in kinds):
+        values["not_a_choice"] = "nope"
+    for kind in kinds:
+        text = getattr(kind, "__name__", str(kind))
+        if text in ("PositiveInt", "NonNegativeInt", "AtLeastTwo") or kind is int:
+            values["not_a_number"] = "abc"
+            values |= {"PositiveInt": {"zero": "0"}, "NonNegativeInt": {"negative": "-1"},
+                       "AtLeastTwo": {"one": "1"}}.get(text, {})  # fmt: skip
+        elif kind is float:
+            values |= {"not_a_number": "abc", "infinite": "inf"}
+        elif kind is bool:
+            values["not_a_bool"] = "maybe"
+        elif typing.get_origin(kind) in (list, tuple, dict):
+            values["not_a_list"] = "abc"
+        elif isinstance(kind, type) and kind.__module__ not in ("builtins", "pathlib", "datetime"):
+            values["no_such_class"] = "nope.Nope"  # a class path: --trainer.logger, --model.network, ...
+    return values or {"nope": "nope"}
+
+
+def flag_cases() -> list:
+    cases = []
+    for command, (_, build_parser, _) in COMMANDS.items():
+        for action in build_parser()._actions:
+            name = action.dest
+            # Its --name.help and the values linked from --data, which are not the user's to set.
+            skipped = isinstance(action, (_ActionHelpClassPath, ActionLink)) or name in NOT_CHECKED
+            if skipped or not action.option_strings:
+                continue
+            if isinstance(action, _ActionConfigLoad):  # --model FILE.yaml: the group's options from a file
+                cases.append(pytest.param(command, name, "{user}/nope.yaml", id=f"{command}--{name}-missing"))
+                continue
+            typehint = bool if isinstance(action, ActionYesNo) else getattr(action, "_typehint", action.type)
+            values = bad_values(name, typehint)
+            assert values, (
+                f"{command} --{name} ({typehint}): no bad value known; add one or say why in NOT_CHECKED"
+            )
+            cases += [
+                pytest.param(command, name, value, id=f"{command}--{name}-{kind}")
+                for kind, value in values.items()
+            ]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def home(user, tmp_path_factory) -> Path:
+    """The user's folder with a run that wrote post-hoc EMA snapshots, and the bad files and folders."""
+    run = tmp_path_factory.mktemp("runs")
+    tiny_run(run, "--ema.post_hoc", "true", "--ema.snapshot_every", "2")
+    shutil.copytree(run / "digits" / "version_0", user / "runs" / "phema" / "version_0", dirs_exist_ok=True)
+    bad = user / "bad"
+    (bad / "empty_folder").mkdir(parents=True, exist_ok=True)
+    (bad / "empty").write_bytes(b"")
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(bad / "picture.png")
+    return user
+
+
+@pytest.mark.parametrize(("command", "name", "value"), flag_cases())
+def test_a_bad_value_of_any_flag_is_one_line(command, name, value, home, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["python"])
+    main, _, good = COMMANDS[command]
+    fill = {"user": home, "bad": home / "bad", "tmp": tmp_path}
+    value = value.format(**fill)
+    args = [arg.format(**fill) for arg in good] + CONTEXT.get(name, []) + [f"--{name}", value]
+    line = run_in_process(main, args, home, capsys)
+    assert f"--{name}" in line or value in line, line
+    assert matches_a_row(line), f"not in docs/troubleshooting.md's table: {line}"
