@@ -117,6 +117,8 @@ for variant in "${variants[@]}"; do variant_flags+=(--train_py "$variant"); done
 cuda_tests=(tests/core/test_noise.py tests/training/test_speed_options.py tests/training/test_precision.py
             tests/training/test_step_timer.py tests/generation/test_sample_precision.py tests/cli/test_sample_cli.py
             tests/training/test_steady_state.py tests/models/test_models.py tests/training/test_fast_path.py)
+# pyproject's addopts start two pytest-xdist workers; the device machine has no pytest-xdist: one process there.
+pytest=(python3 -m pytest -o addopts= -q -p no:cacheprovider)
 stage_command() {
     case "$1" in
         check)
@@ -125,10 +127,9 @@ stage_command() {
             python3 -c "import jsonargparse, diffusers; print('jsonargparse', jsonargparse.__version__, 'diffusers', diffusers.__version__)" \
                 || echo "(the speed stages report what fails to import)"
             if [[ "$quick" == 1 ]]; then
-                python3 -m pytest -q -p no:cacheprovider --collect-only -k cuda "${cuda_tests[@]}" | tail -1
+                "${pytest[@]}" --collect-only -k cuda "${cuda_tests[@]}" | tail -1
             else
-                python3 -m pytest -q -p no:cacheprovider -k cuda "${cuda_tests[@]}" \
-                    && python3 -m pytest -q -p no:cacheprovider tests/models/test_mixed_precision.py
+                "${pytest[@]}" -k cuda "${cuda_tests[@]}" && "${pytest[@]}" tests/models/test_mixed_precision.py
             fi ;;
         train|sample) python3 benchmarks/gpu_checks.py "$1" "$details" ;;
         # The recipe as it is (16-mixed): its train.py, the plain loop eager and compiled, the network compiled
@@ -163,7 +164,7 @@ run_stage() {
     echo "=== $stage (limit $limit s, $(date -u +%H:%M:%S))"
     mkdir -p "$work_root/$stage" 2> /dev/null
     SUITE_WORK="$work_root/$stage" timeout --kill-after=15 "$limit" \
-        bash -c "$(declare -p speed sampling after variant_flags cuda_tests); stage_command $stage" > "$log" 2>&1 &
+        bash -c "set -o pipefail; $(declare -p speed sampling after variant_flags cuda_tests pytest); stage_command $stage" > "$log" 2>&1 &
     local pid=$!
     [[ "${SILENT:-0}" == 1 ]] || tail -n +1 --pid="$pid" -f "$log" &
     wait "$pid"

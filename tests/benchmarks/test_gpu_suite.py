@@ -134,7 +134,9 @@ def test_the_call_fits_in_eight_minutes():
 
 def test_a_failing_stage_says_why_and_the_next_one_runs(tmp_path):
     out = tmp_path / "out"
-    result = suite(out, "train", "check", SUITE_WORK="/dev/null/work")  # train cannot make its folder
+    # train cannot make its folder. The device machine has no pytest-xdist (pyproject's addopts start its
+    # workers): the check stage's pytest runs without it.
+    result = suite(out, "train", "check", SUITE_WORK="/dev/null/work", PYTEST_ADDOPTS="-p no:xdist")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = stage_results(out)
     assert results["train"][0] == "FAILED" and "exit status 1: " in results["train"][2]
