@@ -49,9 +49,12 @@ def test_the_call_runs_every_stage_and_writes_gpu_md_in_the_files_the_device_too
     # A variant train.py does not accept (an option not there yet) is skipped, not a failure.
     result = suite(out, SUITE_VARIANTS="--data.no_such_option 1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert {stage: cells[0] for stage, cells in stage_results(out).items()} == dict.fromkeys(
-        ["check", "train", "sample", "speed_bf16", "speed_fp16"], "OK"
-    ), (out / "summary.md").read_text()
+    stages = {
+        stage: cells[0] for stage, cells in stage_results(out).items() if stage != "wheels"
+    }  # .whl/: if any
+    assert stages == dict.fromkeys(["check", "train", "sample", "speed_bf16", "speed_fp16"], "OK"), (
+        out / "summary.md"
+    ).read_text()
     files = [path for path in out.rglob("*") if path.is_file()]
     assert len(files) <= RETURNED_FILES
     assert sorted(path.name for path in files) == ["details.tar.gz", "gpu.md", "suite.log", "summary.md"]
