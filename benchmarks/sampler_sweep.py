@@ -133,6 +133,7 @@ def plot(table: dict, floor: float, path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     figure = Figure(figsize=(6.4, 4), dpi=100, layout="constrained")
     axes = figure.subplots()
@@ -143,6 +144,10 @@ def plot(table: dict, floor: float, path: Path, title: str) -> None:
         )
     axes.axhline(floor, color="gray", linestyle="--", linewidth=1, label="real data (floor)")
     axes.set(xscale="log", yscale="log", xlabel="network evaluations", ylabel="FD, 8x8 pixels", title=title)
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 20, not 2x10^1
+    for axis in (axes.xaxis, axes.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
     axes.grid(alpha=0.3, which="both")
     axes.legend(fontsize=8)
     figure.savefig(path)
