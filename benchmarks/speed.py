@@ -228,8 +228,26 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def main(argv: list[str] | None = None) -> str:
     args, cli_args = parse_args(argv)
-    for name in ("lightning.pytorch", "lightning.fabric"):  # one Trainer per round: keep their banners out
-        logging.getLogger(name).setLevel(logging.WARNING)
+    with lightning_banners_off():
+        return measure(args, cli_args)
+
+
+@contextlib.contextmanager
+def lightning_banners_off():
+    """One Trainer per round: keep their banners out. The levels are given back: tests call main() in-process,
+    and a later test there reading Lightning's INFO lines (caplog) would see none."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def measure(args: argparse.Namespace, cli_args: list[str]) -> str:
     if args.threads:
         torch.set_num_threads(args.threads)
     accelerator = args.accelerator

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny runs made through the real CLI, so tests exercise what users run."""
 
+import logging
 import os
 import shutil
 import sys
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import QUICK, TINY_MLP, counting_backend, tiny_run
+from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image
 
 from diffusion.cli.train import main
@@ -39,6 +41,23 @@ def _environment_restored():
     for name in set(os.environ) - set(saved):
         del os.environ[name]
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _lightning_logging_left_as_found():
+    """A test that leaves Lightning's loggers quieter (or rank_zero_only off rank 0) fails itself, not a later test
+    that reads Lightning's INFO lines in the same worker: which test runs after which changes with xdist's
+    scheduling (CI once failed that way after benchmarks/speed.py quieted the loggers for good)."""
+
+    def state():
+        loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+        return [(logger.level, logger.propagate) for logger in loggers], rank_zero_only.rank
+
+    before = state()
+    yield
+    assert state() == before, (
+        "this test changed Lightning's logger levels or rank_zero_only.rank: restore them"
+    )
 
 
 @pytest.fixture

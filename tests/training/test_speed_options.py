@@ -3,6 +3,7 @@ with clipping), TF32 on CUDA only, and the speed benchmark's plumbing (benchmark
 
 import copy
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -297,7 +298,10 @@ def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(
 
     monkeypatch.setattr(speed, "diffusers_path", broken_peer)  # a peer that fails to import says why
     options = ["--quick", "--compiled", "--no_train_py", "--loader_batches", "0", "--samplers", ""]
+    levels = {name: logging.getLogger(name).level for name in ("lightning.pytorch", "lightning.fabric")}
     table = speed.main([*options, "--out", str(tmp_path)])
+    # Its Trainers' banners were quieted for the run only: a later test in this process reads Lightning's lines.
+    assert {name: logging.getLogger(name).level for name in levels} == levels
     assert compile_calls == ["UNet"]  # the compiled path's network alone: the others stay eager
     assert "| plain loop, network compiled (torch.compile, eager backend, as fitting compiles it) |" in table
     assert "Compiling: the compiled path's first round took" in table
