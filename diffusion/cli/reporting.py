@@ -171,9 +171,10 @@ def _parser_message(text: str) -> str:
         unique = {choice.strip("'"): choice for choice in reversed(choices)}  # '64' after 64: keep 64
         listed = [choice for choice in choices if unique[choice.strip("'")] == choice]
         return f"{shown} is not one of the choices — choose one of {', '.join(listed)}"
-    expected = re.search(r"Expected a <class '(\w+)'>", detail)
+    expected = re.search(r"Expected a <class '(?:[\w.]+\.)?(\w+)'>", detail)  # int, collections.abc.Sequence
     if expected:
-        return f"{shown} is not a valid {expected.group(1)} — pass a value of that type (see --help)"
+        kind = {"Sequence": "list"}.get(expected[1], expected[1])
+        return f"{shown} is not a valid {kind} — pass a value of that type (see --help)"
     return f"--{flag}: {detail} — see --help"
 
 

@@ -33,8 +33,11 @@ from diffusion.cli.train_checks import (
     check_monitored_metric,
     check_output_folders,
     check_resume_fits,
+    check_settings_from_the_data,
     check_steps_left,
     check_torchrun_world_size,
+    naming_the_flag,
+    settings_written,
 )
 from diffusion.cli.trainer_options import (
     SHORTHANDS,
@@ -174,6 +177,7 @@ class DiffusionCLI(LightningCLI):
         return 2 * data.sample_shape[0]
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        self._settings_written = settings_written(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config)
@@ -200,7 +204,24 @@ class DiffusionCLI(LightningCLI):
         if note and runs_on_cpu(config.trainer):  # --accelerator cpu, or auto on a machine without a GPU
             rank_zero_warn(note)
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as error:  # a data module's or network's own range check: name the flag
+            named = naming_the_flag(error)
+            if named is None:
+                raise
+            raise named from error
+
     def after_instantiate_classes(self) -> None:
+        check_settings_from_the_data(
+            self._settings_written,
+            {
+                "in_channels": self.datamodule.sample_shape[0],
+                "num_classes": getattr(self.datamodule, "num_classes", None),
+                "out_channels": self._network_output_channels(self.datamodule),
+            },
+        )
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
         timeout = self.config.ddp_timeout
         if timeout <= 0:

@@ -1,12 +1,19 @@
 """What train.py checks before any training time is spent, each failure one line naming the flag (a
-UserError, `diffusion.errors`): option ranges, the weights to start from or resume, the output folders, and the
-world size under torchrun."""
+UserError, `diffusion.errors`): option ranges (and the data module's and network's own range checks, reworded
+with the flag), the network settings the data decides, the weights to start from or resume, the output folders,
+and the world size under torchrun."""
 
+import inspect
 import os
+import re
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
+import yaml
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from torch import nn
 
 from diffusion.cli.flags import check_writable_folder
 from diffusion.errors import UserError
@@ -146,3 +153,82 @@ def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:
         f"--num_nodes {world_size // per_node}: --devices must equal torchrun's --nproc_per_node and "
         "--num_nodes its --nnodes."
     )
+
+
+# A data module's or network's own range check, as the classes word it for any caller: 'batch_size must be >= 1,
+# got 0' (with or without ' — <fix>').
+OWN_RANGE_CHECK = re.compile(r"(\w+) must be (.+?), got (.+?)(?: — (.+))?", re.S)
+
+
+def naming_the_flag(error: BaseException) -> UserError | None:
+    """A range check failed while the CLI built the data module or the network, reworded as the flag the user
+    wrote: '--data.batch_size 0 is out of range (must be >= 1) — <the class's fix, or: pass a value >= 1>'; None
+    for any other error. jsonargparse may wrap the class's error (a union of types): its chain is searched."""
+    while error is not None:
+        match = OWN_RANGE_CHECK.fullmatch(str(error))
+        built = _class_being_built(error.__traceback__) if match else None
+        if built is not None:
+            group, instance = built
+            name, bound, value, fix = match.groups()
+            if name not in inspect.signature(type(instance).__init__).parameters:
+                return None  # a check inside one of its parts: not a flag of the user's
+            return UserError(
+                f"--{group}.{name} {value} is out of range (must be {bound})", fix or f"pass a value {bound}"
+            )
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _class_being_built(trace: TracebackType | None) -> tuple[str, object] | None:
+    """('data', the data module) or ('model.network', the network) whose __init__ the traceback passes through
+    (the outermost one: the class the user named, not one of its parts)."""
+    while trace is not None:
+        frame = trace.tb_frame
+        instance = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
+        if isinstance(instance, LightningDataModule):
+            return "data", instance
+        if isinstance(instance, nn.Module) and not isinstance(instance, LightningModule):
+            return "model.network", instance
+        trace = trace.tb_next
+    return None
+
+
+DATA_SETS = {  # the network settings train.py takes from the data, and from what
+    "in_channels": "the data's channels, --data.channels for images, --data.dim for vectors",
+    "num_classes": "the data's classes with --data.conditional true, else none",
+    "out_channels": "the data's channels, twice with --model.variance learned_range",
+}
+SET_BY_THE_DATA = re.compile(rf"--model\.network\.(?:init_args\.)?({'|'.join(DATA_SETS)})(?:=(.*))?", re.S)
+
+
+def settings_written(args: Any) -> dict[str, Any]:
+    """The network settings the data decides (DATA_SETS) as the command line and its --config files write them
+    (the parsed config cannot tell: jsonargparse fills in a value there whether or not one was written)."""
+    written: dict[str, Any] = {}
+    args = [str(arg) for arg in args] if isinstance(args, list | tuple) else []
+    for index, arg in enumerate(args):
+        following = args[index + 1] if index + 1 < len(args) else None
+        if arg == "--config" or arg.startswith("--config="):
+            path = arg.partition("=")[2] or following
+            try:
+                config = yaml.safe_load(Path(str(path)).read_text())
+                init_args = config["model"]["network"]["init_args"]
+                written |= {name: init_args[name] for name in DATA_SETS if name in init_args}
+            except (OSError, yaml.YAMLError, KeyError, TypeError):
+                pass  # the parser reports an unreadable config
+        flag = SET_BY_THE_DATA.fullmatch(arg)
+        if flag:
+            written[flag[1]] = yaml.safe_load(flag[2] if flag[2] is not None else str(following))
+    return written
+
+
+def check_settings_from_the_data(written: dict[str, Any], derived: dict[str, Any]) -> None:
+    """The network settings train.py links from the data were not written as something else: the link would
+    replace the user's value without a word."""
+    for name, value in written.items():
+        if value != derived[name]:
+            raise UserError(
+                f"--model.network.{name} {value}: the data sets it ({'unset' if derived[name] is None else derived[name]} "
+                f"here: {DATA_SETS[name]})",
+                f"leave --model.network.{name} out",
+            )

@@ -90,6 +90,8 @@ class SplitDataModule(LightningDataModule):
                 f"num_workers must be >= 0, got {num_workers} — pass --data.num_workers 0 (load in the main "
                 "process) or a count of worker processes"
             )
+        if not 0 <= seed < 2**32:  # numpy's generators take no negative seed
+            raise ValueError(f"seed must be in [0, 2**32), got {seed}")
         if not 0 <= val_fraction < 1:
             raise ValueError(
                 f"val_fraction must be in [0, 1), got {val_fraction} — pass the share of the data to hold out, "

@@ -8,8 +8,10 @@ folder: missing, a file, an empty folder; an output: a path under a file). A str
 use. The line must name the flag or the value, and match a row of docs/troubleshooting.md's table of messages.
 Each command runs in this process, from a good command line plus the one bad flag, through its real entry point;
 a bad value fails before any training, sampling or scoring time is spent. train.py's flags are those its parser
-holds before a class is chosen: the options of the chosen data module and network (``--data.init_args.*``,
-``--model.network.init_args.*``) are not enumerated (tests/cli/test_train_errors.py has cases for them).
+holds, and the options of each class it can be given for the data and the network (``--data.init_args.*``,
+``--model.network.init_args.*``, read from the class's signature as LightningCLI reads it), each from a command
+line that chooses that class; an integer option of theirs also gets a negative value (none of them means
+anything below zero).
 """
 
 import contextlib
@@ -22,7 +24,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from helpers import QUICK, TINY_UNET, tiny_run
+from helpers import QUICK, TINY_MLP, TINY_UNET, tiny_run
 from helpers.troubleshooting import matches_a_row
 from helpers.user_errors import run_in_process
 from jsonargparse import ActionYesNo, ArgumentParser
@@ -33,6 +35,8 @@ from PIL import Image
 from diffusion.cli import evaluate, evaluate_nll, export, phema, sample
 from diffusion.cli.train import DiffusionCLI, with_default_config
 from diffusion.cli.train import main as train
+from diffusion.data import ImageDataModule, VectorDataModule
+from diffusion.models import MLP, UNet
 
 FILE_FLAGS = {
     "ckpt",
@@ -48,6 +52,8 @@ OUTPUT_FLAGS = {"out", "save_stats", "trainer.default_root_dir", "checkpoint.dir
 NOT_CHECKED = {  # flags with no bad value, and why
     "help": "prints the help", "print_config": "prints the config", "config": "test_train_errors' config cases",
     "checkpoint.filename": "any file name is one", "trainer.model_registry": "any name is one",
+    "data.init_args.root": "where mnist and cifar10 download to (made if missing); digits reads none; the folder "
+                           "dataset's missing or empty root: test_train_errors",
 }  # fmt: skip
 CONTEXT = {  # what a flag needs beside it to be used at all
     "inception_weights": ["--features", "inception"],
@@ -84,6 +90,16 @@ COMMANDS = {  # name: (entry point, parser, a good command line)
                                                "--num_samples", "4", "--sampler", "ddim", "--steps", "2",
                                                "--reference", SAMPLES, "--device", "cpu"]),
 }  # fmt: skip
+
+
+TRAIN_TOY = ["--config", str(Path(__file__).parents[2] / "configs" / "toy2d.yaml"), *COMMANDS["train"][2][:2],
+             *TINY_MLP, *QUICK]  # fmt: skip
+CLASSES = {  # train.py's classes for the data and the network: (group, class, a good command line choosing it)
+    "images": ("data", ImageDataModule, COMMANDS["train"][2]),
+    "vectors": ("data", VectorDataModule, TRAIN_TOY),
+    "unet": ("model.network", UNet, COMMANDS["train"][2]),
+    "mlp": ("model.network", MLP, TRAIN_TOY),
+}
 
 
 def bad_values(name: str, typehint: object) -> dict[str, str]:
@@ -138,6 +154,23 @@ def flag_cases() -> list:
                 pytest.param(command, name, value, id=f"{command}--{name}-{kind}")
                 for kind, value in values.items()
             ]
+    for chosen, (group, cls, _) in CLASSES.items():
+        parser = ArgumentParser()
+        parser.add_class_arguments(cls)  # as LightningCLI reads --data / --model.network's init_args
+        for action in parser._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            name = f"{group}.init_args.{action.dest}"
+            if name in NOT_CHECKED:
+                continue
+            typehint = getattr(action, "_typehint", action.type)
+            values = bad_values(name, typehint)
+            if "not_a_number" in values and "infinite" not in values:  # an integer
+                values["negative"] = "-3"
+            cases += [
+                pytest.param(chosen, name, value, id=f"train[{chosen}]--{name}-{kind}")
+                for kind, value in values.items()
+            ]
     return cases
 
 
@@ -157,7 +190,10 @@ def home(user, tmp_path_factory) -> Path:
 @pytest.mark.parametrize(("command", "name", "value"), flag_cases())
 def test_a_bad_value_of_any_flag_is_one_line(command, name, value, home, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["python"])
-    main, _, good = COMMANDS[command]
+    if command in CLASSES:
+        main, good = train, CLASSES[command][2]
+    else:
+        main, _, good = COMMANDS[command]
     fill = {"user": home, "bad": home / "bad", "tmp": tmp_path}
     value = value.format(**fill)
     args = [arg.format(**fill) for arg in good] + CONTEXT.get(name, []) + [f"--{name}", value]

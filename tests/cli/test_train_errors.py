@@ -26,6 +26,7 @@ from torch import nn
 from diffusion.cli import sample
 from diffusion.cli.reporting import one_line, reporting_user_errors
 from diffusion.cli.train import main as train
+from diffusion.cli.train_checks import check_settings_from_the_data, settings_written
 from diffusion.errors import UserError
 from diffusion.training.loading import load_checkpoint
 
@@ -44,7 +45,7 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "missing_data_class": (["--data", "nope.Data"], r"--data nope.Data" + NO_SUCH_CLASS),
     "batch_size_0": (
         ["--data.batch_size", "0"],
-        r"batch_size must be >= 1, got 0 — pass --data.batch_size 1",
+        r"--data.batch_size 0 is out of range \(must be >= 1\) — pass --data.batch_size 1",
     ),
     "accumulate_0": (["--accumulate_grad_batches", "0"], r"accumulate_grad_batches 0 is out of range"),
     "val_check_interval_0": (["--trainer.val_check_interval", "0"], r"val_check_interval 0 is out of range"),
@@ -104,7 +105,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     ),
     "checkpoint_mode": (["--checkpoint.mode", "foo"], r"--checkpoint.mode foo is not min or max — pass min"),
     "seed_negative": (["--seed_everything", "-1"], r"--seed_everything -1 is out of range — pass an integer"),
-    "num_workers_negative": (["--data.num_workers", "-1"], r"num_workers must be >= 0, got -1 — pass --data"),
+    "num_workers_negative": (
+        ["--data.num_workers", "-1"],
+        r"--data.num_workers -1 is out of range \(must be >= 0\) — pass --data",
+    ),
     "unknown_flag": (["--max_step", "3"], r"unrecognized arguments: --max_step"),
     "unknown_choice": (["--data.dataset", "imagenet"], r"--data.dataset imagenet .*choose one of 'digits'"),
     # --precision is a union of Literals: each value once, no parser internals.
@@ -245,6 +249,19 @@ if Path("/proc/self").is_dir():  # Linux: a folder nobody can write into, root i
 @pytest.mark.parametrize(("flags", "expected"), TRAIN_CASES.values(), ids=TRAIN_CASES.keys())
 def test_train_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
     assert re.search(expected, run_in_process(train, train_args(flags, user, user / "runs"), user, capsys))
+
+
+def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(user, tmp_path, capsys):
+    written = tmp_path / "network.yaml"
+    written.write_text("model:\n  network:\n    init_args:\n      in_channels: 3\n")
+    flags = ["--config", "{configs}/digits.yaml", "--config", str(written)]
+    line = run_in_process(train, train_args(flags, user, user / "runs"), user, capsys)
+    assert "--model.network.in_channels 3: the data sets it (1 here" in line
+    # The last word wins, and a value equal to the data's is no mistake (a config of an earlier version).
+    assert settings_written(["--config", str(written), "--model.network.in_channels=1"]) == {"in_channels": 1}
+    check_settings_from_the_data(
+        {"in_channels": 1}, {"in_channels": 1, "num_classes": None, "out_channels": None}
+    )
 
 
 def test_a_corrupt_image_met_in_training_names_it_and_keeps_the_last_checkpoint(tmp_path, capsys):
