@@ -140,6 +140,9 @@ def _parser_message(text: str) -> str:
     literal = re.search(r"Not of type (\w+): invalid literal for \w+\(\) with base 10: '([^']*)'", text)
     if flag and literal:
         return f"--{flag} {literal[2]} is not a valid {literal[1]} — pass a value of that type (see --help)"
+    interval = re.search(r'Not of type timedelta: .*? but got "([^"]*)"', text)
+    if flag and interval:  # --checkpoint.train_time_interval
+        return f"--{flag} {interval[1]} is not a valid timedelta — pass a value of that type: h:m:s, e.g. 0:30:00"
     given = re.search(r"(?:Given|Got) value: (.*)|Not of type \w+: (\S+) does not conform", text)
     shown = f"--{flag}" + (f" {(given.group(1) or given.group(2)).strip()}" if given else "")
     noise = re.compile(
@@ -147,7 +150,8 @@ def _parser_message(text: str) -> str:
         r"- Expected a <class 'NoneType'>)"
     )
     lines = [re.sub(r'Parser key "[^"]+":\s*', "", line).strip() for line in text.splitlines()]
-    detail = "; ".join(line.lstrip("- ") for line in lines if line and not noise.match(line))
+    # A list item's "- ", not a flag's "--" (lstrip("- ") made "--data.path" "data.path").
+    detail = "; ".join(re.sub(r"^-\s+", "", line) for line in lines if line and not noise.match(line))
     if not flag:
         return detail or text
     # A class path that imports nothing: say so, whatever else the union of types tried (bool, a list, ...).

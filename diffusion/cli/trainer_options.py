@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
+from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 
 from diffusion.cli.flags import check_writable_folder
@@ -50,6 +51,7 @@ def _steps_or_epoch_fraction(value: Any) -> bool:
     return not isinstance(value, float) or 0 < value <= 1  # other forms (a time interval) Lightning checks
 
 
+TIME = r"\d+:\d+:\d+:\d+"  # DD:HH:MM:SS, as Lightning reads val_check_interval and max_time
 PROFILER_NAMES = ("simple", "advanced", "pytorch", "xla")  # the names Lightning's Trainer takes as a profiler
 
 # Lightning's own options, whose values it would take and then crash on deep inside the run (ZeroDivisionError),
@@ -73,6 +75,23 @@ def check_trainer_option_ranges(config) -> None:
         value = config.get(key)
         if value is not None and isinstance(value, int | float) and not valid(value):
             raise UserError(f"--{key} {value} is out of range", f"pass {allowed}")
+    algorithm = config.get("trainer.gradient_clip_algorithm")
+    if isinstance(algorithm, str) and algorithm.lower() not in (
+        "norm",
+        "value",
+    ):  # Lightning's words name no flag
+        raise UserError(
+            f"--trainer.gradient_clip_algorithm {algorithm} is not one of the choices",
+            "choose one of norm, value",
+        )
+    interval, duration = config.get("trainer.val_check_interval"), config.get("trainer.max_time")
+    if isinstance(interval, str) and not re.fullmatch(TIME, interval.strip()):
+        raise UserError(
+            f"--trainer.val_check_interval {interval} is not a number of steps, a fraction of an epoch or a time",
+            "pass steps >= 1 (e.g. 600), a fraction of an epoch in (0, 1], or a time as DD:HH:MM:SS",
+        )
+    if isinstance(duration, str) and not re.fullmatch(TIME, duration.strip()):
+        raise UserError(f"--trainer.max_time {duration} is not a time", "pass DD:HH:MM:SS, e.g. 00:12:00:00")
     profiler = config.get("trainer.profiler")
     if isinstance(profiler, str) and profiler.lower() not in PROFILER_NAMES:  # Lightning's words name no flag
         raise UserError(
@@ -120,6 +139,12 @@ def check_hardware_flags(trainer: dict[str, Any]) -> None:
     if accelerator == "mps" and not has_mps:
         raise UserError(
             "--accelerator mps: this machine has no Apple GPU", "pass --accelerator cpu (or auto)"
+        )
+    names = ("auto", "gpu", *AcceleratorRegistry.available_accelerators())
+    written = trainer.get("accelerator", "auto")  # Lightning takes the names as written: CPU is none of them
+    if isinstance(written, str) and written not in names:
+        raise UserError(
+            f"--accelerator {written} is not one of the choices", f"choose one of {', '.join(names)}"
         )
     if accelerator == "tpu" and importlib.util.find_spec("torch_xla") is None:
         raise UserError(

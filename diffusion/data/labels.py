@@ -12,6 +12,7 @@ import torch
 
 from diffusion.core.guidance import NO_LABEL
 from diffusion.data.file_in_folder import FileKind, file_in_folder
+from diffusion.data.numpy_files import read_array
 
 LABELS_FILE = FileKind("labels file", ("*.npy",), "np.save(path, labels.astype(np.int64)) writes one")
 
@@ -55,14 +56,10 @@ def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]
 def load_labels(path: Path, num_samples: int) -> np.ndarray:
     """N integer class labels 0..K-1 from a ``.npy`` file, as int64, with errors that say what is wrong."""
     path = file_in_folder(path, "--data.labels", LABELS_FILE)
-    if not path.is_file():
-        raise FileNotFoundError(f"--data.labels {path} does not exist")
-    try:
-        labels = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise ValueError(
-            f"cannot read {path} as a .npy array of labels (save one with np.save): {err}"
-        ) from err
+    # The one reader of users' arrays: a missing, empty or foreign file is refused as every command refuses it.
+    labels = np.asarray(
+        read_array(path, "--data.labels", "save them with np.save(path, labels.astype(np.int64))")[0]
+    )
     if not isinstance(labels, np.ndarray) or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(
             f"--data.labels {path} must hold N integers (shape (N,), an integer dtype), got "
