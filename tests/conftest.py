@@ -36,9 +36,13 @@ def pytest_collection_modifyitems(config, items):
     from the file keeps its place after the listed ones; regenerate it as the file's first line says."""
     if not MODULE_SECONDS.is_file():
         return
-    rows = (line.split() for line in MODULE_SECONDS.read_text().splitlines() if line and not line.startswith("#"))
+    rows = (
+        line.split() for line in MODULE_SECONDS.read_text().splitlines() if line and not line.startswith("#")
+    )
     seconds = {module: float(value) for value, module in rows}
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], 0.0))  # stable: modules stay whole
+    items.sort(
+        key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], 0.0)
+    )  # stable: modules stay whole
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ the slowest first. A prediction from one run's durations, not a measurement: the
 import re
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 DURATION = re.compile(r"^\s*([\d.]+)s (?:setup|call|teardown)\s+(\S+?\.py)::")
 
@@ -37,7 +38,7 @@ def wall_time(order: list[str], seconds: dict[str, float], workers: int = 2) -> 
 
 
 def main(path: str) -> None:
-    seconds, tests = module_seconds(open(path).read())
+    seconds, tests = module_seconds(Path(path).read_text())
     by_tests = sorted(seconds, key=lambda module: -tests[module])
     by_seconds = sorted(seconds, key=lambda module: -seconds[module])
     print("# seconds module: tests/helpers/module_seconds.py makes this from a run's --durations=0 report")
