@@ -26,25 +26,6 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-MODULE_SECONDS = Path(__file__).with_name("module_seconds.txt")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The slowest modules first (tests/module_seconds.txt, measured). pytest-xdist's loadscope hands whole
-    modules to the workers in this order (pyproject: --no-loadscope-reorder; its own order is by test count), so
-    the run does not end with one worker on a long module while the other has nothing left. A module missing
-    from the file keeps its place after the listed ones; regenerate it as the file's first line says."""
-    if not MODULE_SECONDS.is_file():
-        return
-    rows = (
-        line.split() for line in MODULE_SECONDS.read_text().splitlines() if line and not line.startswith("#")
-    )
-    seconds = {module: float(value) for value, module in rows}
-    items.sort(
-        key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], 0.0)
-    )  # stable: modules stay whole
-
-
 @pytest.fixture(autouse=True)
 def _run_in_a_temporary_folder(tmp_path, monkeypatch):
     """Runs that fall back to the working directory (no logger: ./checkpoints, ./samples) stay out of the repo."""
