@@ -41,11 +41,12 @@ DEFAULT_WINDOW = (20, 35)  # the recipe's default sampler: the best FD in this r
 
 
 class CountingNetwork(torch.nn.Module):
-    """The network, counting its calls."""
+    """The network, counting its calls; its class count shown as the network's (the module reads it there)."""
 
     def __init__(self, network: torch.nn.Module) -> None:
         super().__init__()
         self.network, self.calls = network, 0
+        self.num_classes = getattr(network, "num_classes", None)
 
     def forward(self, *args, **kwargs):
         self.calls += 1

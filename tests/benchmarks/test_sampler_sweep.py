@@ -54,3 +54,19 @@ def test_a_sweep_stopped_early_keeps_the_rows_it_measured(tmp_path, monkeypatch)
     table = (tmp_path / "sampler_sweep.md").read_text()
     assert f"| ddim | {measured[1]:.2f} |" in table
     assert (tmp_path / "sampler_sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_conditional_model_is_counted_at_its_guidance():
+    """The counting wrapper stands where the network was: the module still sees a conditional network (it
+    refused the labels when the wrapper hid num_classes), and a guided step is one evaluation of a doubled batch."""
+    import torch
+
+    from diffusion.core.sampling import SamplingOptions
+    from diffusion.models import MLP
+    from diffusion.training.module import DiffusionModule
+
+    network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, num_classes=3)
+    module = DiffusionModule(network, sample_shape=(2,), sampling=SamplingOptions(guidance_scale=1.5))
+    labels = torch.tensor([0, 1, 2, 0])
+    assert sampler_sweep.evaluations_of(module, "ddim", 7, labels) == 7
+    assert module.network is network
