@@ -3,7 +3,8 @@ quality benchmark's protocol, benchmarks/metrics_lib.py) against network evaluat
 
     python benchmarks/sampler_sweep.py --run runs/digits/version_0 --evaluations 10,15,20,25,35,50,100 \
         --reference ddpm:1000                                                       # the README's figure
-    python benchmarks/sampler_sweep.py --run runs/digits_conditional/version_0     # at the recipe's guidance
+    python benchmarks/sampler_sweep.py --run runs/digits_conditional/version_0 --evaluations 10,15,20,25,35
+                                                        # at the recipe's guidance: ..._digits_conditional.md
     python benchmarks/sampler_sweep.py --quick --out /tmp/sweep                    # plumbing, tiny, a minute
 
 Evaluations are counted, not assumed: each sampler runs once on one sample at two step counts while its network
@@ -160,7 +161,8 @@ def plot(table: dict, floor: float, path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, help="a run folder, a save dir holding --name's runs, or a .ckpt")
-    parser.add_argument("--name", default="digits", help="the run name under a save dir")
+    parser.add_argument("--name", help="the run name under a save dir (digits); names the outputs (default: the "
+                        "run folder's name, runs/NAME/version_N)")  # fmt: skip
     parser.add_argument("--samplers", default="", help="comma-separated; default every registered sampler")
     parser.add_argument("--evaluations", type=lambda text: [int(v) for v in text.split(",")],
                         default=list(EVALUATIONS))  # fmt: skip
@@ -185,7 +187,11 @@ def main(argv: list[str] | None = None) -> str:
         args.run, args.evaluations, args.num_samples = args.out / "runs" / "digits" / "version_0", [4, 8], 40
     if args.run is None:
         parser.error("--run is required (or --quick)")
-    suffix = "" if args.name == "digits" else f"_{args.name}"
+    # A run folder names its outputs: the conditional recipe's sweep does not overwrite the default recipe's.
+    in_run = (args.run / "checkpoints").is_dir()
+    name = args.name or (args.run.resolve().parent.name if in_run else "digits")
+    args.name = args.name or "digits"  # the runs looked for under a save dir
+    suffix = "" if name == "digits" else f"_{name}"
     results = args.out or ROOT / "benchmarks" / "results"
     figures = args.out or ROOT / "docs"
     results.mkdir(parents=True, exist_ok=True)
@@ -193,7 +199,9 @@ def main(argv: list[str] | None = None) -> str:
     def write(table: dict, floor: float, what: str) -> str:
         text = markdown(table, floor, what)
         (results / f"sampler_sweep{suffix}.md").write_text(text)
-        plot(table, floor, figures / f"sampler_sweep{suffix}.png", f"{args.name}: FD against cost")
+        guidance = what.partition(", guidance ")[2].split(";")[0].split(",")[0]
+        title = f"{name}{f' at guidance {guidance}' if guidance else ''}: FD against cost"
+        plot(table, floor, figures / f"sampler_sweep{suffix}.png", title)
         return text
 
     text = write(*sweep(args, written=write))

@@ -70,3 +70,21 @@ def test_a_conditional_model_is_counted_at_its_guidance():
     labels = torch.tensor([0, 1, 2, 0])
     assert sampler_sweep.evaluations_of(module, "ddim", 7, labels) == 7
     assert module.network is network
+
+
+def test_a_run_folder_names_the_outputs(tmp_path, monkeypatch):
+    """The conditional recipe's sweep writes ..._digits_conditional.md beside the default recipe's, not over it."""
+    run = tmp_path / "runs" / "digits_conditional" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+
+    def measured(args, written):
+        table = {"ddim": {10: 30.0, 20: 25.0}}
+        written(table, 16.4, "test, 898 samples, guidance 1.5")
+        return table, 16.4, "test, 898 samples, guidance 1.5"
+
+    monkeypatch.setattr(sampler_sweep, "sweep", measured)
+    sampler_sweep.main(["--run", str(run), "--out", str(tmp_path / "out")])
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
+        "sampler_sweep_digits_conditional.md",
+        "sampler_sweep_digits_conditional.png",
+    ]
