@@ -18,6 +18,7 @@ evaluations) and `docs/sampler_sweep[_<run name>].png`, or both under `--out`.
 """
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -199,8 +200,8 @@ def main(argv: list[str] | None = None) -> str:
     def write(table: dict, floor: float, what: str) -> str:
         text = markdown(table, floor, what)
         (results / f"sampler_sweep{suffix}.md").write_text(text)
-        guidance = what.partition(", guidance ")[2].split(";")[0].split(",")[0]
-        title = f"{name}{f' at guidance {guidance}' if guidance else ''}: FD against cost"
+        guidance = re.search(r", (guidance [\d.]+)", what)  # as sweep() says it
+        title = f"{name}{f' at {guidance[1]}' if guidance else ''}: FD against cost"
         plot(table, floor, figures / f"sampler_sweep{suffix}.png", title)
         return text
 

@@ -14,6 +14,7 @@ checkpoint to resume or start from: `diffusion.cli.train_checks`), and a user er
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,32 +150,29 @@ class DiffusionCLI(LightningCLI):
         # The data decides the shape of a sample: the network's input width and the sampler's output shape.
         parser.link_arguments("data.sample_shape", "model.sample_shape", apply_on="instantiate")
         parser.link_arguments("data.normalization", "model.normalization", apply_on="instantiate")
-        parser.link_arguments(
-            "data.sample_shape", "model.network.init_args.in_channels", compute_fn=lambda shape: shape[0],
-            apply_on="instantiate",
-        )  # fmt: skip
-        # Class-conditional data (--data.conditional true, --data.labels) sizes the network's class embedding
-        # and names the classes in the checkpoint; other data (num_classes None or absent) stays unconditional.
-        parser.link_arguments(
-            "data", "model.network.init_args.num_classes", apply_on="instantiate",
-            compute_fn=lambda data: getattr(data, "num_classes", None),
-        )  # fmt: skip
+        for name, compute in self._network_settings_from_the_data().items():
+            parser.link_arguments(
+                "data", f"model.network.init_args.{name}", compute_fn=compute, apply_on="instantiate"
+            )
         parser.link_arguments(
             "data", "model.class_names", compute_fn=lambda data: getattr(data, "class_names", None),
             apply_on="instantiate",
         )  # fmt: skip
-        # A model that learns its variance (--model.variance learned_range) outputs 2C channels: the prediction,
-        # then the variance's v.
-        parser.link_arguments(
-            "data", "model.network.init_args.out_channels", compute_fn=self._network_output_channels,
-            apply_on="instantiate",
-        )  # fmt: skip
 
-    def _network_output_channels(self, data: LightningDataModule) -> int | None:
-        """2C with learned variances, else None (the network's default: its input channels)."""
-        if self.config.get("model.variance") != "learned_range":
-            return None
-        return 2 * data.sample_shape[0]
+    def _network_settings_from_the_data(self) -> dict[str, Callable[[LightningDataModule], Any]]:
+        """The network's input channels; its class embedding, sized by class-conditional data (--data.conditional
+        true, --data.labels; other data: None, unconditional); its output channels, 2C for a model that learns its
+        variance (--model.variance learned_range: the prediction, then the variance's v), else None (its input's).
+        Linked at instantiation, and checked against what the user wrote (`check_settings_from_the_data`)."""
+
+        def output_channels(data: LightningDataModule) -> int | None:
+            return 2 * data.sample_shape[0] if self.config.get("model.variance") == "learned_range" else None
+
+        return {
+            "in_channels": lambda data: data.sample_shape[0],
+            "num_classes": lambda data: getattr(data, "num_classes", None),
+            "out_channels": output_channels,
+        }
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self._settings_written = settings_written(sys.argv[1:] if args is None else args)
@@ -214,14 +212,10 @@ class DiffusionCLI(LightningCLI):
             raise named from error
 
     def after_instantiate_classes(self) -> None:
-        check_settings_from_the_data(
-            self._settings_written,
-            {
-                "in_channels": self.datamodule.sample_shape[0],
-                "num_classes": getattr(self.datamodule, "num_classes", None),
-                "out_channels": self._network_output_channels(self.datamodule),
-            },
-        )
+        derived = {
+            name: compute(self.datamodule) for name, compute in self._network_settings_from_the_data().items()
+        }
+        check_settings_from_the_data(self._settings_written, derived)
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
         timeout = self.config.ddp_timeout
         if timeout <= 0:

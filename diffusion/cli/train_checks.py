@@ -227,8 +227,8 @@ def check_settings_from_the_data(written: dict[str, Any], derived: dict[str, Any
     replace the user's value without a word."""
     for name, value in written.items():
         if value != derived[name]:
+            shown = "unset" if derived[name] is None else derived[name]
             raise UserError(
-                f"--model.network.{name} {value}: the data sets it ({'unset' if derived[name] is None else derived[name]} "
-                f"here: {DATA_SETS[name]})",
+                f"--model.network.{name} {value}: the data sets it ({shown} here: {DATA_SETS[name]})",
                 f"leave --model.network.{name} out",
             )

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import torch
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from diffusion.cli.flags import check_writable_folder
 from diffusion.errors import UserError
@@ -75,15 +76,13 @@ def check_trainer_option_ranges(config) -> None:
         value = config.get(key)
         if value is not None and isinstance(value, int | float) and not valid(value):
             raise UserError(f"--{key} {value} is out of range", f"pass {allowed}")
-    algorithm = config.get("trainer.gradient_clip_algorithm")
-    if isinstance(algorithm, str) and algorithm.lower() not in (
-        "norm",
-        "value",
-    ):  # Lightning's words name no flag
-        raise UserError(
-            f"--trainer.gradient_clip_algorithm {algorithm} is not one of the choices",
-            "choose one of norm, value",
-        )
+    clip_algorithms = tuple(GradClipAlgorithmType.supported_types())  # Lightning reads them in any case
+    _check_name(
+        "trainer.gradient_clip_algorithm",
+        config.get("trainer.gradient_clip_algorithm"),
+        clip_algorithms,
+        True,
+    )
     interval, duration = config.get("trainer.val_check_interval"), config.get("trainer.max_time")
     if isinstance(interval, str) and not re.fullmatch(TIME, interval.strip()):
         raise UserError(
@@ -98,6 +97,13 @@ def check_trainer_option_ranges(config) -> None:
             f"--trainer.profiler {profiler} is not a profiler",
             f"choose one of {', '.join(PROFILER_NAMES)}, or pass a profiler's class path",
         )
+
+
+def _check_name(flag: str, written: Any, names: tuple[str, ...], any_case: bool = False) -> None:
+    """A name Lightning takes from a few (as written, or `any_case`); its own refusal names no flag. A class
+    instead of a name passes."""
+    if isinstance(written, str) and (written.lower() if any_case else written) not in names:
+        raise UserError(f"--{flag} {written} is not one of the choices", f"choose one of {', '.join(names)}")
 
 
 def _device_indices(value: Any) -> bool:
@@ -141,11 +147,7 @@ def check_hardware_flags(trainer: dict[str, Any]) -> None:
             "--accelerator mps: this machine has no Apple GPU", "pass --accelerator cpu (or auto)"
         )
     names = ("auto", "gpu", *AcceleratorRegistry.available_accelerators())
-    written = trainer.get("accelerator", "auto")  # Lightning takes the names as written: CPU is none of them
-    if isinstance(written, str) and written not in names:
-        raise UserError(
-            f"--accelerator {written} is not one of the choices", f"choose one of {', '.join(names)}"
-        )
+    _check_name("accelerator", trainer.get("accelerator", "auto"), names)  # as written: CPU is none of them
     if accelerator == "tpu" and importlib.util.find_spec("torch_xla") is None:
         raise UserError(
             "--accelerator tpu needs torch_xla, which is not installed",

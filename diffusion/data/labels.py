@@ -60,7 +60,7 @@ def load_labels(path: Path, num_samples: int) -> np.ndarray:
     labels = np.asarray(
         read_array(path, "--data.labels", "save them with np.save(path, labels.astype(np.int64))")[0]
     )
-    if not isinstance(labels, np.ndarray) or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(
             f"--data.labels {path} must hold N integers (shape (N,), an integer dtype), got "
             f"{getattr(labels, 'dtype', type(labels).__name__)} {getattr(labels, 'shape', '')}; "
