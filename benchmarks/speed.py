@@ -59,7 +59,7 @@ from speed_jobs import FlagsRefused, compare_jobs, timed_train_py
 from speed_paths import build_project, diffusers_path, plain_path, project_path
 from speed_report import COMPILED, COMPILED_PLAINLY, PEER, PLAIN, PROJECT, markdown, targets
 
-from diffusion.core.samplers.compiled import compiling_with
+from diffusion.core.compiling import compiling_with
 from diffusion.core.sampling import SAMPLERS, SamplingOptions
 from diffusion.generation.precision import network_precision
 from diffusion.models import UNet

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from diffusion.cli.train import DiffusionCLI, with_default_config
+from diffusion.core.compiling import compiling_with
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.split import IndexedDataset, SplitDataModule
 from diffusion.models import UNet
@@ -195,17 +196,10 @@ def compile_as_fitting_does(
         accelerator=device.type, devices=1, precision=precision, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
-    original = torch.nn.Module.compile
-
-    def compile_with_backend(self, *args, **kwargs):
-        return original(self, *args, **{**kwargs, "backend": backend})
-
     try:
-        if backend:
-            torch.nn.Module.compile = compile_with_backend
-        module.setup("fit")
+        with compiling_with(backend) if backend else contextlib.nullcontext():
+            module.setup("fit")
     finally:
-        torch.nn.Module.compile = original
         module.trainer = None  # the loop has no Trainer: configure_optimizers takes that path
 
 

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image
 
 from diffusion.cli.train import main
-from diffusion.core.samplers.compiled import compiling_with
+from diffusion.core.compiling import compiling_with
 from diffusion.training.loading import load_checkpoint
 
 
@@ -62,7 +62,8 @@ def _lightning_logging_left_as_found():
 
 @pytest.fixture
 def graphs_handed_to_the_backend():
-    """The sampling path compiled with a backend that counts the graphs Dynamo hands it (`counting_backend`)."""
+    """The project's compiles (the training graph, a sampler's evaluation: `diffusion.core.compiling`) with a
+    backend that counts the graphs Dynamo hands it (`counting_backend`)."""
     graphs: list[torch.fx.GraphModule] = []
     torch._dynamo.reset()
     with compiling_with(counting_backend(graphs)):

@@ -12,6 +12,13 @@ from torch import nn
 NO_LABEL = -1
 
 
+def call_network(
+    network: nn.Module, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`network(x_t, t[, labels])`: a network without classes is called as `model(x_t, t)`, so any keeps working."""
+    return network(x_t, t) if labels is None else network(x_t, t, labels)
+
+
 def guided_output(
     model: nn.Module,
     x: torch.Tensor,
@@ -33,10 +40,8 @@ def guided_output(
     classifier-free sampling of GLIDE (Nichol et al. 2022, built on improved-/guided-diffusion) does: the
     guided mean has no variance of its own, and the conditional one models the class being drawn.
     """
-    if labels is None:
-        return model(x, t).float()
-    if guidance_scale == 1:
-        return model(x, t, labels).float()
+    if labels is None or guidance_scale == 1:
+        return call_network(model, x, t, labels).float()
     unconditional = torch.full_like(labels, NO_LABEL)
     if guidance_scale == 0:
         return model(x, t, unconditional).float()

@@ -6,9 +6,10 @@ checkpointing); this file owns only the diffusion objective, the optimizer and s
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from functools import partial
 from typing import Any, Literal
 
 import lightning as L
@@ -18,6 +19,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from diffusion.core import noise as counter_noise
+from diffusion.core.compiling import CompileMode, compile_graph, mode_for
+from diffusion.core.guidance import call_network
 from diffusion.core.noise import Generators, randn
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.sampling import DEFER, SamplingOptions, build_sampler, final_sample
@@ -66,9 +69,16 @@ class DiffusionModule(L.LightningModule):
         noise_seed: seed of the training noise; None uses the seed given to seed_everything (or 0).
         init_from: weights to start from: a checkpoint of this project or a state_dict of the network.
             Loaded here, before the strategy wraps the model, so every rank starts identical.
-        compile: compile the network (torch.compile) when fitting starts: True, False, or "cuda" (on a CUDA GPU
-            only: the GPU recipes' choice). In place, so checkpoint keys stay `network.*`; images enter it
-            channels_last, while weights, optimizer state, EMA and checkpoints keep their layout.
+        compile: compile the network's training step (torch.compile) when fitting starts: True, False, or "cuda"
+            (on a CUDA GPU only: the GPU recipes' choice). One graph of fixed shapes for training steps alone:
+            validation, sample grids and the EMA weights run the network eagerly (a sampler's own `compile`
+            option compiles its evaluation apart), so none of them recompiles or re-records it. Checkpoint keys,
+            weights, optimizer state and EMA are those of the eager network.
+        compile_mode: torch.compile's mode for that graph; None: "reduce-overhead" (CUDA graphs) on CUDA,
+            "default" elsewhere (`diffusion.core.compiling`).
+        compile_channels_last: the compiled graph laid out NHWC end to end (Inductor's layout optimisation
+            forced), where Inductor would keep a UNet's training graph NCHW and cuDNN transpose around each
+            convolution; measure both (docs/gpu.md).
         label_dropout: for a class-conditional network (built with num_classes): the probability that a
             training sample's label is replaced by NO_LABEL, so the same network also learns the unconditional
             model that classifier-free guidance needs (Ho & Salimans 2022 use 0.1-0.2). Drawn per sample like
@@ -101,6 +111,8 @@ class DiffusionModule(L.LightningModule):
         noise_seed: int | None = None,
         init_from: str | None = None,
         compile: bool | CompileWhen = False,
+        compile_mode: CompileMode | None = None,
+        compile_channels_last: bool = False,
         label_dropout: float = 0.0,
         class_names: list[str] | None = None,
         variance: ModelVariance = "fixed",
@@ -115,6 +127,7 @@ class DiffusionModule(L.LightningModule):
                 ("lr_schedule", lr_schedule, LRSchedule),
                 ("variance", variance, ModelVariance),
                 *([] if isinstance(compile, bool) else [("compile", compile, CompileWhen)]),
+                *([] if compile_mode is None else [("compile_mode", compile_mode, CompileMode)]),
             ],
             lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
             min_snr_gamma=min_snr_gamma, label_dropout=label_dropout, prediction_type=prediction_type,
@@ -142,7 +155,7 @@ class DiffusionModule(L.LightningModule):
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
         self.sampling.check_steps_fit(num_timesteps, "--model.sampling.steps")
         self._generator: torch.Generator | None = None
-        self._compiled = False
+        self._training_graph: Callable | None = None  # the network compiled for training steps (setup)
         self._resumed_states: dict[str, Any] | None = None  # this rank's random states from the checkpoint
         self._resumed_step = 0
         self._states_before_validation: dict[str, Any] | None = None
@@ -157,20 +170,9 @@ class DiffusionModule(L.LightningModule):
                 ) from error
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        if self._compiled and not torch.compiler.is_compiling():  # a sampler's compiled loop: fixed shapes
-            # Validation and sampling come in many batch sizes (ragged last batches, a rank's share of a grid,
-            # guidance's doubled batch): one evaluation graph with a dynamic batch size serves them all. Training
-            # batches all have one size (whole global batches): its graph stays static, the fastest kernels.
-            training = self.network.training
-            mark = torch._dynamo.mark_static if training else torch._dynamo.maybe_mark_dynamic
-            if x_t.ndim == 4:
-                # The fastest convolutions read NHWC; parameters stay NCHW, Inductor lays weights out in-graph.
-                x_t = x_t.contiguous(memory_format=torch.channels_last)
-            for tensor in (x_t, t, labels):
-                if tensor is not None:
-                    mark(tensor, 0)
-        # A network without classes is called as before, so any `model(x_t, t)` keeps working.
-        return self.network(x_t, t) if labels is None else self.network(x_t, t, labels)
+        if self._training_graph is not None and self.network.training and torch.is_grad_enabled():
+            return self._training_graph(x_t, t, labels)
+        return call_network(self.network, x_t, t, labels)
 
     @property
     def num_classes(self) -> int | None:
@@ -195,10 +197,13 @@ class DiffusionModule(L.LightningModule):
                 "schedule and loss stay float32)"
             )
         use_tf32_on_cuda(self.device)  # Lightning already points self.device at the run's device here
-        if self._compile_when_fitting() and stage == "fit" and not self._compiled:
-            # After the EMA callback's setup has copied the module: its copy stays a plain module.
-            self.network.compile()
-            self._compiled = True
+        if self._compile_when_fitting() and stage == "fit" and self._training_graph is None:
+            # After the EMA callback's setup has copied the module: its copy stays a plain module. A function of
+            # the network rather than the network compiled in place: evaluation keeps calling the eager network.
+            self._training_graph = compile_graph(
+                partial(call_network, self.network), mode_for(self.device, self.hparams.compile_mode),
+                channels_last=self.hparams.compile_channels_last,
+            )  # fmt: skip
 
     def _compile_when_fitting(self) -> bool:
         return self.hparams.compile is True or (self.hparams.compile == "cuda" and self.device.type == "cuda")
@@ -350,7 +355,7 @@ class DiffusionModule(L.LightningModule):
         """The network as samplers see it, for `num_samples` samples of these `labels` (B,): the class of each
         sample of a class-conditional model (NO_LABEL: none); None samples a conditional model unconditionally."""
         return Denoiser(
-            self if self._compiled else self.network, self.schedule, self.hparams.prediction_type,
+            self.network, self.schedule, self.hparams.prediction_type,
             learned_variance=self.hparams.variance == "learned_range",
             labels=self._to_device(labels_for_sampling(labels, self.num_classes, num_samples)),
         )  # fmt: skip

@@ -31,12 +31,15 @@ def tiny_run(save_dir: Path, *extra: str):
     return main([*TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(save_dir), *extra])
 
 
-def counting_backend(graphs: list) -> object:
-    """A torch.compile backend that records each graph Dynamo hands it in `graphs`, then runs it with aot_eager
-    (Dynamo and AOTAutograd as Inductor sees them, without its minutes of C++ on a CPU)."""
+def counting_backend(graphs: list, options: list | None = None) -> object:
+    """A torch.compile backend that records each graph Dynamo hands it in `graphs` (and in `options` the
+    Inductor options it was compiled with), then runs it with aot_eager (Dynamo and AOTAutograd as Inductor
+    sees them, without its minutes of C++ on a CPU)."""
 
-    def backend(graph, example_inputs):
+    def backend(graph, example_inputs, **kwargs):
         graphs.append(graph)
+        if options is not None:
+            options.append(kwargs.get("options"))
         return torch._dynamo.backends.registry.lookup_backend("aot_eager")(graph, example_inputs)
 
     return backend

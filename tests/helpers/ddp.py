@@ -8,6 +8,7 @@ import io
 import json
 import os
 import signal
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from diffusion.core.compiling import compiling_with
 from diffusion.data.vectors import VectorDataModule
 
 
@@ -184,3 +186,19 @@ class WeightProbe(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         assert not isinstance(trainer.strategy.model, torch.nn.parallel.DistributedDataParallel)
         torch.save(pl_module.network.state_dict(), self.out_dir / f"rank{trainer.global_rank}.pt")
+
+
+class CompileWith(L.Callback):
+    """The project's graphs compiled with `backend` for the fit: entered at setup, before the module's own setup
+    compiles its training graph (a train.py subprocess then compiles with aot_eager, not with Inductor's minutes
+    of C++ on a CPU)."""
+
+    def __init__(self, backend: str = "aot_eager") -> None:
+        self.backend = backend
+        self._within = ExitStack()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._within.enter_context(compiling_with(self.backend))
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._within.close()

@@ -1,34 +1,24 @@
 """The fast path of a training step: one device pays nothing for DDP, the compiled network is one graph per
-training step, and the compiled network (channels_last inputs) takes the eager network's step.
+training step, and the training graph takes the eager network's step.
 
 On a CPU the compiled path uses Dynamo and AOTAutograd with the aot_eager backend (Inductor's C++ code
-generation takes minutes on two cores); on CUDA the same comparison runs with Inductor, the recipes' backend, in bf16 and fp16 (the GPU suite's check).
+generation takes minutes on two cores); on CUDA the same comparison runs with Inductor and CUDA graphs, the
+recipes' backend and mode, in bf16 and fp16, and laid out NHWC (the GPU suite's check).
 """
 
 import copy
 
+import lightning as L
 import pytest
 import torch
-from helpers import QUICK, TINY_UNET, counting_backend
+from helpers import QUICK, TINY_UNET
 
 from diffusion.cli.train import main
+from diffusion.core.compiling import compiling_with
 from diffusion.models import UNet
 from diffusion.training.module import DiffusionModule
 
 CUDA = torch.cuda.is_available()
-
-
-@pytest.fixture
-def graphs_handed_to_the_backend(monkeypatch):
-    """nn.Module.compile (training) with `counting_backend`; the sampling path's fixture is in conftest.py."""
-    graphs: list[torch.fx.GraphModule] = []
-    original, backend = torch.nn.Module.compile, counting_backend(graphs)
-    monkeypatch.setattr(
-        torch.nn.Module, "compile", lambda self, *a, **k: original(self, *a, **{**k, "backend": backend})
-    )
-    torch._dynamo.reset()
-    yield graphs
-    torch._dynamo.reset()
 
 
 def train_compiled(tmp_path, *flags: str) -> None:
@@ -67,21 +57,26 @@ def loss_and_gradients(module: DiffusionModule, device: str, dtype: torch.dtype 
     return loss.detach().float(), {name: p.grad.float() for name, p in module.named_parameters()}
 
 
-FAST_PATHS = [("cpu", "aot_eager", None), ("cpu", "aot_eager", torch.bfloat16)]
+FAST_PATHS = [("cpu", "aot_eager", None, False), ("cpu", "aot_eager", torch.bfloat16, False)]
 if CUDA:
     FAST_PATHS += [
-        ("cuda", "inductor", torch.bfloat16),
-        ("cuda", "inductor", torch.float16),
-    ]  # the recipes' two
+        ("cuda", "inductor", torch.bfloat16, False),
+        ("cuda", "inductor", torch.float16, False),
+        ("cuda", "inductor", torch.bfloat16, True),  # the graph laid out NHWC (--model.compile_channels_last)
+    ]  # the recipes' two, with CUDA graphs (the mode on CUDA)
 
 
-@pytest.mark.parametrize("device, backend, dtype", FAST_PATHS)
-def test_the_compiled_network_takes_the_eager_step(device, backend, dtype):
+@pytest.mark.parametrize("device, backend, dtype, channels_last", FAST_PATHS)
+def test_the_compiled_network_takes_the_eager_step(device, backend, dtype, channels_last):
     eager = tiny_module()
-    fast = copy.deepcopy(eager)
-    fast.network.compile(backend=backend)
-    fast._compiled = True  # what setup does once it has compiled: inputs then go in channels_last
+    fast = copy.deepcopy(eager).to(device)
+    fast.hparams.compile, fast.hparams.compile_channels_last = True, channels_last
     torch._dynamo.reset()
+    fast.trainer = L.Trainer(accelerator=device, devices=1, logger=False, enable_checkpointing=False)
+    with compiling_with(backend):
+        fast.setup("fit")  # what fitting does: the training graph
+    fast.trainer = None
+    assert fast._training_graph is not None
     eager_loss, eager_grads = loss_and_gradients(eager, device, dtype)
     fast_loss, fast_grads = loss_and_gradients(fast, device, dtype)
     torch._dynamo.reset()

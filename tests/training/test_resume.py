@@ -187,6 +187,27 @@ def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_the_run_left_alone(tmp
     assert_same_final_weights(final_checkpoint(tmp_path), reference(noise_mode), killed_at)
 
 
+def test_a_compiled_run_killed_mid_epoch_resumes_to_the_weights_of_the_compiled_run_left_alone(
+    tmp_path, reference, graphs_handed_to_the_backend
+):
+    """The training graph (`--model.compile true`) through a kill and `--ckpt_path`: the killed subprocess
+    compiles with aot_eager (helpers.ddp.CompileWith), the resume and the run left alone with the counting
+    backend; each builds its graph anew and lands on the same weights."""
+    compiled = ["--model.compile", "true"]
+    compile_with = {"class_path": "helpers.ddp.CompileWith"}
+    kill = {"class_path": "helpers.ddp.KillAt", "init_args": {"step": KILL_STEP}}
+    killed = launch(
+        tmp_path, *ONE_PROCESS, *compiled, "--trainer.callbacks=" + json.dumps([compile_with, kill])
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.output[-4000:]
+    last = checkpoints(tmp_path) / "last.ckpt"
+    killed_at = load(last)
+    assert killed_at["global_step"] == KILL_STEP
+    main(args(tmp_path, *ONE_PROCESS, *compiled, "--ckpt_path", str(last)))
+    assert len(graphs_handed_to_the_backend) == 1  # the resumed steps ran the training graph
+    assert_same_final_weights(final_checkpoint(tmp_path), reference("fast", *compiled), killed_at)
+
+
 @pytest.mark.parametrize(
     ("noise_mode", "stop_at"),
     [("fast", KILL_STEP + 1), ("per_sample", KILL_STEP + 1), ("fast", STEPS_PER_EPOCH)],

@@ -12,11 +12,12 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import TINY_MLP, tiny_run
+from helpers import TINY_MLP, counting_backend, tiny_run
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from diffusion.cli.train import main
+from diffusion.core.compiling import compiling_with, inductor_options, mode_for
 from diffusion.core.sampling import SamplingOptions
 from diffusion.data.batch import Batch
 from diffusion.models import MLP, UNet
@@ -28,18 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def compile_calls(monkeypatch):
-    """nn.Module.compile with the aot_eager backend: Dynamo and AOTAutograd trace the network as with the
-    default backend, without inductor's C++ code generation (minutes on a small CPU). Records the callers."""
-    calls = []
-    original = torch.nn.Module.compile
-
-    def compile_(self, *args, **kwargs):
-        calls.append(type(self).__name__)
-        return original(self, *args, **{**kwargs, "backend": "aot_eager"})
-
-    monkeypatch.setattr(torch.nn.Module, "compile", compile_)
-    yield calls
+def compile_calls():
+    """The project's compiles (`diffusion.core.compiling`) with a backend that records the Inductor options of
+    each graph Dynamo hands it, then runs it with aot_eager: Dynamo and AOTAutograd trace the network as with
+    Inductor, without its C++ code generation (minutes on a small CPU)."""
+    graphs, options = [], []
+    torch._dynamo.reset()
+    with compiling_with(counting_backend(graphs, options)):
+        yield options
     torch._dynamo.reset()
 
 
@@ -48,7 +45,7 @@ def test_compile_trains_the_same_weights_under_the_same_checkpoint_keys(tmp_path
     eager = tiny_run(tmp_path / "eager")
     assert compile_calls == []
     compiled = tiny_run(tmp_path / "compiled", "--model.compile", "true")
-    assert compile_calls == ["UNet"]  # the network, once, by the module's setup
+    assert len(compile_calls) == 1  # the training graph, once, by the module's setup
     assert compiled.model.hparams.compile and not eager.model.hparams.compile
     # Same seeds, data and noise: the 4 steps, the validation and the sample grid agree to float rounding.
     checkpoints = [
@@ -67,11 +64,12 @@ def test_compile_trains_the_same_weights_under_the_same_checkpoint_keys(tmp_path
 
 
 @pytest.mark.slow
-def test_a_compiled_run_builds_one_training_graph_and_one_evaluation_graph(tmp_path, compile_calls):
+def test_a_compiled_run_builds_one_graph_for_training_and_evaluates_eagerly(tmp_path, compile_calls):
     """No recompilation at a ragged last batch, at validation or at the sample grid: 30 training samples in
     batches of 12 (whole global batches: 2 steps an epoch, no batch of 6), 10 validation samples (one batch
-    of 10) and a grid of 5, over 3 epochs with a validation every 2 steps. Dynamo compiles the network
-    once for training and once for evaluation (no_grad, eval mode: validation and sampling share it)."""
+    of 10) and a grid of 5, over 3 epochs with a validation every 2 steps. Dynamo compiles the network once,
+    for training steps; validation, the sanity check and the grid run it eagerly, so they never recompile or
+    (under CUDA graphs) re-record the training graph."""
     from torch._dynamo.utils import counters
 
     counters.clear()
@@ -83,16 +81,45 @@ def test_a_compiled_run_builds_one_training_graph_and_one_evaluation_graph(tmp_p
         "--sample_grid.num_samples", "5", "--sample_grid.sampling.steps", "3",
         "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(tmp_path),
     ])  # fmt: skip
-    assert compile_calls == ["MLP"]
-    assert counters["frames"]["ok"] == counters["frames"]["total"] == 2  # no graph break
-    assert counters["stats"]["unique_graphs"] == 2
+    assert len(compile_calls) == 1
+    assert counters["frames"]["ok"] == counters["frames"]["total"] == 1  # no graph break, no recompile
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], None),  # a CPU: torch.compile's default mode, no CUDA graphs, Inductor's own layout choice
+        (["--model.compile_mode", "reduce-overhead"], {"triton.cudagraphs": True}),
+        (["--model.compile_channels_last", "true"], {"force_layout_optimization": True}),
+        (
+            ["--model.compile_mode", "max-autotune", "--model.compile_channels_last", "true"],
+            {**torch._inductor.list_mode_options("max-autotune"), "force_layout_optimization": True},
+        ),
+    ],
+)
+def test_the_compile_options_reach_the_compile_call(tmp_path, compile_calls, flags, expected):
+    main(["--config", str(ROOT / "configs" / "toy2d.yaml"), *TINY_MLP, "--model.compile", "true", *flags,
+          "--max_steps", "1", "--trainer.limit_val_batches", "0",
+          "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    assert compile_calls == [expected]
+
+
+def test_the_training_graph_takes_cuda_graphs_on_cuda_only():
+    assert mode_for(torch.device("cuda", 0)) == "reduce-overhead"
+    assert inductor_options(mode_for(torch.device("cuda", 0))) == {"triton.cudagraphs": True}
+    assert mode_for(torch.device("cpu")) == "default" and inductor_options("default") == {}
+    assert mode_for(torch.device("cuda", 0), "default") == "default"  # what the user chose
 
 
 def test_compile_keeps_parameter_names(compile_calls):
     network = UNet(in_channels=1, channels=8, channel_mult=[1, 2], num_res_blocks=1, attention_levels=[1])
-    names = list(network.state_dict())
-    network.compile()
-    assert list(network.state_dict()) == names and not any("_orig_mod" in name for name in names)
+    module = DiffusionModule(network, sample_shape=(1, 16, 16), compile=True)
+    names = list(module.state_dict())
+    module.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    module.setup("fit")
+    assert module._training_graph is not None
+    assert list(module.state_dict()) == names and not any("_orig_mod" in name for name in names)
 
 
 def test_fused_adam_takes_the_steps_of_the_per_tensor_loop():
@@ -287,11 +314,14 @@ def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(
-    tmp_path, compile_calls, monkeypatch
-):
+def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import speed
+
+    torch._dynamo.reset()
+    counters.clear()
 
     def broken_peer(*args):
         raise ModuleNotFoundError("No module named 'diffusers.models.unets'")
@@ -302,7 +332,10 @@ def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(
     table = speed.main([*options, "--out", str(tmp_path)])
     # Its Trainers' banners were quieted for the run only: a later test in this process reads Lightning's lines.
     assert {name: logging.getLogger(name).level for name in levels} == levels
-    assert compile_calls == ["UNet"]  # the compiled path's network alone: the others stay eager
+    assert (
+        counters["stats"]["unique_graphs"] == 1
+    )  # the compiled path's training graph alone: the rest is eager
+    torch._dynamo.reset()
     assert "| plain loop, network compiled (torch.compile, eager backend, as fitting compiles it) |" in table
     assert "Compiling: the compiled path's first round took" in table
     expected = "diffusers UNet2DModel, plain loop: not run, ModuleNotFoundError: No module named 'diffusers.models.unets'"

@@ -24,7 +24,7 @@ contract test may expect: `deterministic` (x_T alone fixes the sample) and `uses
 it visits come from its `spacing` option (`diffusion.core.samplers.spacing`; each sampler has its own default).
 `steps` counts the timesteps visited (one `Step` each); `evaluations(steps)` the network evaluations a sample
 costs (a guided evaluation's doubled batch is one), which differ for samplers with several evaluations a step.
-With `compile`, the denoiser's evaluation runs compiled (`diffusion.core.samplers.compiled`).
+With `compile`, the denoiser's evaluation runs compiled (`diffusion.core.compiling`).
 
 An option is declared with `option(default, help)`: `SamplingOptions`, the commands' flags and their --help are
 made from these fields, so a new option needs no other line.
@@ -39,9 +39,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from diffusion.core.compiling import compiled
 from diffusion.core.guidance import guided_output
 from diffusion.core.noise import Generators
-from diffusion.core.samplers.compiled import compiled
 from diffusion.core.samplers.spacing import Spacing, spaced_timesteps
 from diffusion.core.schedule import NoiseSchedule, PredictionType
 from diffusion.core.variance import split_output
@@ -110,7 +110,7 @@ class Denoiser:
     ) -> Prediction:
         """x_0, eps and v at (x, t) for t (B,) int64: guided (`guided_output`), x_0 clipped to [-1, 1] when
         `clip_denoised` and eps then recomputed from it, so the two stay consistent (Ho et al., Eq. 15).
-        With `compile`, all of it runs as one compiled graph (`diffusion.core.samplers.compiled`)."""
+        With `compile`, all of it runs as one compiled graph (`diffusion.core.compiling`)."""
         args = (self.network, self.schedule, self.prediction_type, self.learned_variance, self.labels, x, t)
         with torch.no_grad():  # the network's parameters need gradients in training; sampling never does
             if not compile:
