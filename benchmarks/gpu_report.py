@@ -10,7 +10,7 @@ details (a later call's stage replaces an earlier one's), their summaries' rows 
 line the first call wrote (details/machine.md) rather than this machine's.
 
 Reads OUT/summary.md and OUT/details/ (or, once packed, OUT/details.tar.gz): train.md, sample.md, speed_bf16/,
-speed_fp16/ and sampling/ (speed.md, speed.json).
+speed_fp16/, compile/ and sampling/ (speed.md, speed.json).
 Imports no torch: the versions come from the installed packages' metadata, the GPU from nvidia-smi.
 """
 
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEED_STAGES = ("speed_bf16", "speed_fp16")
+SPEED_STAGES = ("speed_bf16", "speed_fp16", "compile")  # compile: cold and warm, a call of its own
 
 
 def stage_label(stage: str, speed: dict) -> str:

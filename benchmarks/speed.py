@@ -57,13 +57,23 @@ import torch
 from speed_data import SyntheticCIFAR10, loader_throughput
 from speed_jobs import FlagsRefused, compare_jobs, timed_train_py
 from speed_paths import build_project, diffusers_path, plain_path, project_path
-from speed_report import COMPILED, COMPILED_PLAINLY, PEER, PLAIN, PROJECT, markdown, targets
+from speed_report import (
+    COMPILED,
+    COMPILED_CHANNELS_LAST,
+    COMPILED_PLAINLY,
+    PEER,
+    PLAIN,
+    PROJECT,
+    markdown,
+    targets,
+)
 
 from diffusion.core.compiling import compiling_with
 from diffusion.core.sampling import SAMPLERS, SamplingOptions
 from diffusion.generation.precision import network_precision
 from diffusion.models import UNet
 from diffusion.training.callbacks.step_timer import (
+    KernelProfile,
     count_flops_per_sample,
     device_name,
     peak_memory,
@@ -88,6 +98,7 @@ class Timed:
     peak_bytes: int = 0
     peak_above_start: int = 0  # the step's own working memory: activations, gradients, temporaries
     walls: list[float] = field(default_factory=list)  # wall seconds of each round, warm-up included
+    profile: dict | None = None  # KernelProfile's summary (--profile_steps, CUDA)
 
     @property
     def step_seconds(self) -> float:
@@ -129,6 +140,14 @@ def interleave(paths: list[Timed], rounds: int, steps: int, device: torch.device
             path.rounds.append(statistics.median(times))
             path.times += times
             print(f"  round {r + 1}/{rounds} {path.name}: {statistics.median(times):.4f} s/step", flush=True)
+
+
+def profiled(run: Callable[[int], list[float]], steps: int, warmup: int, device: torch.device) -> dict | None:
+    """Where `steps` more steps of a path (and its `warmup` ones) spend the device's time (`KernelProfile`)."""
+    profile = KernelProfile(device)
+    profile.start()
+    run(steps)
+    return profile.stop(warmup + steps)
 
 
 def sampling_seconds(
@@ -177,7 +196,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )  # fmt: skip
     parser.add_argument(
         "--compiled_plainly", action="store_true",
-        help="also the plain loop with only network.compile() (NCHW, no marks): what fitting's way costs",
+        help="also the plain loop with only network.compile() (default mode: no CUDA graphs, Inductor's layout)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compiled_channels_last", action="store_true",
+        help="also the plain loop compiled as fitting compiles it with --model.compile_channels_last true (NHWC)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile_steps", type=int, default=0,
+        help="profile this many more steps of train.py and of each plain loop: GPU busy share, kernel kinds (CUDA)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cold_compile", action="store_true",
+        help="time the recipe's train.py twice over an empty compile cache: cold, then warm (compile seconds)",
     )  # fmt: skip
     parser.add_argument("--no_train_py", action="store_true", help="time no train.py process")
     parser.add_argument("--train_py_warmup", type=int, default=10, help="StepTimer warm-up steps")
@@ -218,9 +249,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         args.out = args.out or Path(tempfile.mkdtemp(prefix="speed_quick_"))
     if (
         min(args.rounds, args.steps, args.train_py_steps, args.sampling_repeats) < 1
-        or min(args.warmup, args.train_py_warmup) < 0
+        or min(args.warmup, args.train_py_warmup, args.profile_steps) < 0
     ):
-        parser.error("--rounds, --steps and --sampling_repeats must be >= 1 and --warmup >= 0")
+        parser.error(
+            "--rounds, --steps and --sampling_repeats must be >= 1, --warmup and --profile_steps >= 0"
+        )
     if args.config:
         cli_args = ["--config", args.config, *cli_args]
     return args, cli_args
@@ -273,9 +306,12 @@ def measure(args: argparse.Namespace, cli_args: list[str]) -> str:
         compiled = plain_path(cli, device, args.warmup, compile=True, backend=args.compile_backend)
         note = f"torch.compile, {args.compile_backend or 'default'} backend, as fitting compiles it"
         run.paths.append(Timed(COMPILED, compiled, note=note))
+    if args.compiled_channels_last:
+        compiled = plain_path(cli, device, args.warmup, compile="channels_last", backend=args.compile_backend)
+        run.paths.append(Timed(COMPILED_CHANNELS_LAST, compiled, note="--model.compile_channels_last true"))
     if args.compiled_plainly:
         compiled = plain_path(cli, device, args.warmup, compile="plainly", backend=args.compile_backend)
-        note = "network.compile() alone: images NCHW, no shapes marked"
+        note = "network.compile() alone: default mode, no CUDA graphs"
         run.paths.append(Timed(COMPILED_PLAINLY, compiled, note=note))
     if not args.no_diffusers and isinstance(network, UNet):
         try:
@@ -289,6 +325,10 @@ def measure(args: argparse.Namespace, cli_args: list[str]) -> str:
           f"steps), batch {batch}, {run.num_params:,} parameters, on {device_name(device)}", flush=True)  # fmt: skip
     interleave(run.paths, args.rounds, args.steps, device)
     save(run)
+    if args.profile_steps:
+        for path in run.paths:
+            path.profile = profiled(path.run, args.profile_steps, args.warmup, device)
+        save(run)
     time_train_py(run, accelerator, variants[1:])
     if args.loader_batches:
         measure_data_path(run, cli)
@@ -351,8 +391,18 @@ def time_train_py(run: Run, accelerator: str, variants: list[str]) -> None:
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     work = Path(tempfile.mkdtemp(prefix="speed_train_py_"))
-    for i, flags in enumerate(dict.fromkeys(variants)):
-        label = " ".join(["train.py", *flags.split()])
+    runs = [(flags, env, "") for flags in dict.fromkeys(variants)]
+    if args.cold_compile and "" in variants:
+        # The recipe over compile caches of its own: empty for the first run (cold), filled for the second.
+        caches = {
+            name: str(work / "compile_cache" / name)
+            for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+        }
+        cached = {**env, **caches}
+        runs[variants.index("")] = ("", cached, " (cold compile cache)")
+        runs.insert(variants.index("") + 1, ("", cached, ""))
+    for i, (flags, run_env, cold) in enumerate(runs):
+        label = " ".join(["train.py", *flags.split()]) + cold
         try:
             run.train_py.append(
                 timed_train_py(
@@ -363,7 +413,9 @@ def time_train_py(run: Run, accelerator: str, variants: list[str]) -> None:
                     peak_tflops=args.peak_tflops,
                     synthetic=args.synthetic,
                     work=work / str(i),
-                    env=env,
+                    env=run_env,
+                    profile_steps=args.profile_steps,
+                    label=label,
                 )  # fmt: skip
             )
         except FlagsRefused as refused:

@@ -23,20 +23,23 @@ class FlagsRefused(RuntimeError):
 
 def timed_train_py(
     cli_args: list[str], extra: list[str], *, warmup: int, steps: int, peak_tflops: float | None,
-    synthetic: bool, work: Path, env: dict[str, str],
+    synthetic: bool, work: Path, env: dict[str, str], profile_steps: int = 0, label: str | None = None,
 ) -> dict:  # fmt: skip
     """`python train.py <cli_args> <extra>` as users run it (the recipe's progress bar, TensorBoard logger,
     checkpoints and strategy) for `warmup + steps` optimizer steps and one more, timed by its StepTimer
     callback; returns the timer's report (its JSON line), with the run's wall time and command line."""
-    label = " ".join(["train.py", *extra])  # run from the repo root, as users do: recipe paths are relative
+    label = label or " ".join(
+        ["train.py", *extra]
+    )  # run from the repo root, as users do: recipe paths are relative
     work.mkdir(parents=True, exist_ok=True)
     report, log = work / "step_timer.jsonl", work / "train.log"
     command = [
-        sys.executable, str(ROOT / "train.py"), *cli_args, *extra, "--max_steps", str(warmup + steps + 1),
+        sys.executable, str(ROOT / "train.py"), *cli_args, *extra, "--max_steps", str(warmup + steps + profile_steps + 1),
         "--trainer.logger.init_args.save_dir", str(work / "runs"),
         "--trainer.callbacks+=diffusion.training.callbacks.StepTimer",
         "--trainer.callbacks.warmup_steps", str(warmup), "--trainer.callbacks.steps", str(steps),
         "--trainer.callbacks.path", str(report), "--trainer.callbacks.label", label,
+        "--trainer.callbacks.profile_steps", str(profile_steps),
     ]  # fmt: skip
     if peak_tflops:
         command += ["--trainer.callbacks.peak_tflops", str(peak_tflops)]

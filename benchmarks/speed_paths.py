@@ -139,17 +139,17 @@ def plain_path(
     cli: DiffusionCLI,
     device: torch.device,
     warmup: int,
-    compile: bool | Literal["plainly"] = False,
+    compile: bool | Literal["plainly", "channels_last"] = False,
     backend: str | None = None,
 ) -> Callable[[int], list[float]]:
     """The same DiffusionModule (a copy), data and optimizer in a hand-written loop, eager; with `compile`, its
-    network compiled as fitting compiles it (`backend`: torch.compile's, Inductor by default); "plainly": only
-    `network.compile()`, images NCHW and no shapes marked, as the 2026-11-26 H200 ran it at 32 ms a step where
-    fitting's way took 52 ms."""
+    network compiled as fitting compiles it (`backend`: torch.compile's, Inductor by default), "channels_last":
+    so with the graph laid out NHWC; "plainly": only `network.compile()` (default mode: no CUDA graphs)."""
     module = copy.deepcopy(cli.model).to(device)
     if compile == "plainly":
         module.network.compile(backend=backend or "inductor")
     elif compile:
+        module.hparams.compile_channels_last = compile == "channels_last"
         compile_as_fitting_does(module, str(cli.trainer.precision), device, backend)
     module.on_fit_start()  # the rank's noise generator
     params = list(module.parameters())

@@ -11,10 +11,13 @@ PROJECT = "project: Lightning Trainer + EMA callback"
 PLAIN = "plain loop, same module"
 COMPILED = "plain loop, network compiled"
 COMPILED_PLAINLY = "plain loop, network compiled plainly"
+COMPILED_CHANNELS_LAST = "plain loop, network compiled NHWC"
 PEER = "diffusers UNet2DModel, plain loop"
 CIFAR_SHAPE = (3, 32, 32)
 # train.py against the fastest plain loop of the same network and options, and against diffusers' loop.
 WITHIN_PLAIN, TIMES_PEER = 1.05, 3.0
+# The GPU runs kernels at least this share of a train.py step; a warm compile (the cache filled) takes at most this.
+GPU_BUSY, WARM_COMPILE_SECONDS = 0.9, 30.0
 # Issue 25's goals for 50,000 CIFAR-size samples on one H200, in seconds: DDIM-50 and DPM-Solver++(2M) SDE-20.
 SAMPLING_GOALS = {("ddim", 50): 100, ("dpmpp_2m_sde", 20): 40}
 
@@ -99,8 +102,55 @@ def markdown(run) -> str:
         "data loader included), its peak memory since the fit started. TFLOP/s: the counted FLOPs over the "
         "step time (the diffusers UNet has the same layers).",
     ]
-    lines += loader_lines(run) + sampling_lines(run) + compile_lines(run) + target_lines(run)
+    lines += profile_lines(run) + loader_lines(run) + sampling_lines(run) + compile_lines(run)
+    lines += target_lines(run)
     return "\n".join(lines) + "\n"
+
+
+def compile_seconds(report: dict) -> float | None:
+    """A train.py run's compiling: its warm-up's seconds less what its warm-up steps take once compiled."""
+    if report.get("warmup_seconds") is None:
+        return None
+    return max(0.0, report["warmup_seconds"] - report["warmup_steps"] * report["median_ms"] / 1000)
+
+
+def profile_lines(run) -> list[str]:
+    """Where the GPU's time goes (--profile_steps): train.py's StepTimer profiles and the interleaved paths'."""
+    rows = [(f"`{r['label']}`", r.get("profile")) for r in run.train_py]
+    rows += [(path.name, path.profile) for path in run.paths]
+    rows = [(name, profile) for name, profile in rows if profile]
+    compiles = [(r["label"], compile_seconds(r)) for r in run.train_py if compile_seconds(r) is not None]
+    lines = []
+    if compiles:
+        lines += ["", "Warm-up of each `train.py` run less its steps' own time (compiling, CUDA graph recording, "
+                  "cuDNN's first calls): " + "; ".join(f"`{label}` {s:.1f} s" for label, s in compiles) + "."]  # fmt: skip
+    if not rows:
+        return lines
+    lines += [
+        "",
+        "Where the GPU's time goes (torch.profiler over the profiled steps; busy: kernel time over wall time, the "
+        "rest the GPU waited):",
+        "",
+        "| path | wall ms / step | kernel ms / step | GPU busy | kernels / step | largest kinds (share of kernel time) |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, profile in rows:
+        kinds = ", ".join(f"{kind} {share:.1%}" for kind, share, _ in profile["kinds"][:5])
+        lines.append(
+            f"| {name} | {profile['wall_ms_per_step']:.2f} | {profile['kernel_ms_per_step']:.2f} "
+            f"| {profile['busy']:.1%} | {profile['kernels_per_step']:,.0f} | {kinds} |"
+        )
+    recipe = recipe_report(run)
+    if recipe and recipe.get("profile"):
+        lines += [
+            "",
+            f"Top kernels of `{recipe['label']}`:",
+            "",
+            "| kernel | share of kernel time |",
+            "| --- | ---: |",
+        ]
+        lines += [f"| `{name}` | {share:.1%} |" for name, share in recipe["profile"]["top"]]
+    return lines
 
 
 def loader_lines(run) -> list[str]:
@@ -211,12 +261,24 @@ def targets(run) -> list[dict]:
                 f"{times:.2f}x",
                 times >= TIMES_PEER,
             )
-        plains = [path for path in (plain, measured(run, COMPILED), measured(run, COMPILED_PLAINLY)) if path]
+        others = (COMPILED, COMPILED_CHANNELS_LAST, COMPILED_PLAINLY)
+        plains = [path for path in (plain, *(measured(run, name) for name in others)) if path]
         if plains:
             best = min(plains, key=lambda path: path.step_seconds)
             ratio = step / best.step_seconds
             add(f"`train.py` step <= {WITHIN_PLAIN:g} x the best plain loop's ({best.name})", f"{ratio:.3f}x",
                 ratio <= WITHIN_PLAIN)  # fmt: skip
+    if recipe is not None and recipe.get("profile"):
+        busy = recipe["profile"]["busy"]
+        add(f"GPU busy >= {GPU_BUSY:.0%} of a `train.py` step", f"{busy:.1%}", busy >= GPU_BUSY)
+    warm = next(
+        (r for r in run.train_py if r["label"] == "train.py" and getattr(args, "cold_compile", False)), None
+    )
+    if warm is not None and compile_seconds(warm) is not None:
+        seconds = compile_seconds(warm)
+        add(
+            f"warm compile <= {WARM_COMPILE_SECONDS:g} s", f"{seconds:.1f} s", seconds <= WARM_COMPILE_SECONDS
+        )
     if run.loader is not None and (goal or recipe):
         # Twice what training takes: the goal's, or what train.py measured if it is faster.
         training = max(goal or 0, recipe["images_per_s"] if recipe else 0)

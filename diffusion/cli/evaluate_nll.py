@@ -33,9 +33,8 @@ from torch.utils.data import DataLoader, Subset
 
 from diffusion.cli.flags import (
     add_flags,
-    check_sampling_checkpoint,
     command_parser,
-    given_checkpoint,
+    given_model,
     resolve_device,
 )
 from diffusion.cli.legacy import accept_moved_class_paths
@@ -191,8 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with reporting_user_errors(argv), closing_process_group():
         args = build_parser().parse_args(argv)
         device, accelerator = resolve_device(args.device, args.accelerator)
-        args.ckpt = given_checkpoint(args.ckpt)
-        hparams = check_sampling_checkpoint(args.ckpt)
+        args.ckpt, hparams = given_model(args.ckpt)
         shape = tuple(hparams.get("sample_shape", ()))
         if len(shape) != 3:
             raise UserError(

@@ -25,8 +25,8 @@ from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
 from diffusion.errors import UserError
-from diffusion.training.checkpoint_files import CHECKPOINT, check_written_by_train, read_checkpoint
-from diffusion.training.loading import Weights
+from diffusion.training.checkpoint_files import CHECKPOINT
+from diffusion.training.loading import Weights, model_hyperparameters, model_source
 
 DEBUG_VARIABLE = "DIFFUSION_DEBUG"
 Accelerator = Literal["auto", "cpu", "cuda", "gpu"]
@@ -177,9 +177,11 @@ def given_checkpoint(path: str, flag: str = "--ckpt") -> str:
     return str(file_in_folder(path, flag, CHECKPOINT))
 
 
-def check_sampling_checkpoint(path: str) -> dict:
-    """The checkpoint can be read and holds what sampling needs; returns its hyperparameters."""
-    return check_written_by_train(read_checkpoint(path, "--ckpt"), path, "--ckpt")
+def given_model(path: str, flag: str = "--ckpt") -> tuple[str, dict]:
+    """The model a flag names (a checkpoint, a folder holding one, an export or a diffusers folder: `model_source`)
+    and its hyperparameters, read and checked before any time is spent."""
+    _, resolved = model_source(path, flag)
+    return str(resolved), model_hyperparameters(resolved, flag)
 
 
 def requested_labels(

@@ -35,11 +35,10 @@ from jsonargparse.typing import PositiveInt
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
-    check_sampling_checkpoint,
     check_writable_folder,
     command_parser,
     cpu_mixed_precision_note,
-    given_checkpoint,
+    given_model,
     options_from_flags,
     requested_labels,
     resolve_device,
@@ -103,8 +102,7 @@ def main(argv: list[str] | None = None) -> Path:
         for written in (path, path.with_name("grid.png")):  # what this command writes: keep the user's
             if written.exists() and not args.overwrite:
                 raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
-        args.ckpt = given_checkpoint(args.ckpt)
-        hparams = check_sampling_checkpoint(args.ckpt)
+        args.ckpt, hparams = given_model(args.ckpt)
         num_classes = hparams["network"].get("init_args", {}).get("num_classes")
         # Labels repeat with the classes (`class_labels`): those of the first num_classes samples stand for all.
         labels = requested_labels(

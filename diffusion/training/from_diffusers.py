@@ -66,7 +66,21 @@ def module_settings(
     folders = diffusers_folders(path)
     if folders is None:
         raise UserError(f"{path} is not a diffusers model folder", FIX)
-    unet_folder, scheduler_config = folders
+    arguments, settings = model_settings(*folders)
+    return arguments, settings, read_unet_weights(folders[0])
+
+
+def diffusers_hyperparameters(path: str | os.PathLike) -> dict[str, Any]:
+    """The diffusers model in `path` as a checkpoint's hyperparameters (network and settings; no weights read)."""
+    folders = diffusers_folders(path)
+    if folders is None:
+        raise UserError(f"{path} is not a diffusers model folder", FIX)
+    arguments, settings = model_settings(*folders)
+    return {"network": {"class_path": "diffusion.models.UNet", "init_args": arguments}, **settings}
+
+
+def model_settings(unet_folder: Path, scheduler_config: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the UNet's arguments, DiffusionModule's other settings) of a diffusers UNet and scheduler config."""
     config = unet_config(unet_folder)
     arguments = unet_arguments_from_diffusers(config)
     settings, sampling = schedule_settings(scheduler_config)
@@ -77,7 +91,7 @@ def module_settings(
         "sample_shape": (channels, height, width), "sampling": sampling,
         "normalization": {"shift": [0.5] * channels, "scale": [0.5] * channels},  # DDPMPipeline's x / 2 + 0.5
     }  # fmt: skip
-    return arguments, settings, read_unet_weights(unet_folder)
+    return arguments, settings
 
 
 def unet_config(folder: Path) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 (``weights_only=True``; an export is JSON and safetensors)."""
 
 import os
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
@@ -17,10 +18,11 @@ from diffusion.training.checkpoint_files import (
     read_checkpoint,
 )
 from diffusion.training.exported import is_export, load_export, read_export_config
-from diffusion.training.from_diffusers import diffusers_folders, module_settings
+from diffusion.training.from_diffusers import diffusers_folders, diffusers_hyperparameters, module_settings
 from diffusion.training.module import DiffusionModule
 
 Weights = Literal["ema", "raw"]
+ModelKind = Literal["diffusers", "export", "checkpoint"]
 NOT_FINITE_FIX = "training diverged before it was saved: use an earlier checkpoint of the run"
 
 
@@ -39,13 +41,14 @@ def load_checkpoint(
     """
     if weights is not None:
         check_choice("weights", weights, Weights)
-    if diffusers_folders(path) is not None:
+    kind, path = model_source(path)
+    if kind == "diffusers":
         if weights == "raw":
             raise UserError(
                 f"{path} is a diffusers model: it holds one set of weights", "load it without weights="
             )
         return load_diffusers(path, map_location)
-    if is_export(path):
+    if kind == "export":
         exported = read_export_config(path)[0].get("weights")
         if weights is not None and weights != exported:
             raise UserError(
@@ -55,7 +58,6 @@ def load_checkpoint(
         module = load_export(path, map_location)
         check_finite(module.network.state_dict(), str(path), NOT_FINITE_FIX)
         return module
-    path = file_in_folder(path, "checkpoint", CHECKPOINT)
     checkpoint = read_checkpoint(path, map_location=map_location)  # checked before Lightning reads it again
     check_written_by_train(checkpoint, path)
     module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
@@ -63,6 +65,28 @@ def load_checkpoint(
         module.load_state_dict(checkpoint["current_model_state"])
     check_finite(module.network.state_dict(), f"{path} ({weights or 'ema'} weights)", NOT_FINITE_FIX)
     return module.eval()
+
+
+def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[ModelKind, Path]:
+    """What a path given for a model is, decided in this one place for every command and `load_checkpoint`: a
+    diffusers DDPMPipeline or UNet2DModel folder, an export (its folder or config.json), else a checkpoint file,
+    which a folder holding exactly one stands for (`file_in_folder`; `flag` names the option in its errors)."""
+    if diffusers_folders(path) is not None:
+        return "diffusers", Path(path)
+    if is_export(path):
+        return "export", Path(path)
+    return "checkpoint", file_in_folder(path, flag, CHECKPOINT)
+
+
+def model_hyperparameters(path: str | os.PathLike, flag: str = "checkpoint") -> dict[str, Any]:
+    """The settings of the model `path` names (`model_source`) as a checkpoint stores them (its "network" config,
+    sample shape, classes, ...), read without building it: what a command checks before spending any time."""
+    kind, path = model_source(path, flag)
+    if kind == "diffusers":
+        return diffusers_hyperparameters(path)
+    if kind == "export":
+        return read_export_config(path)[0]["hyper_parameters"]
+    return check_written_by_train(read_checkpoint(path, flag), path, flag)
 
 
 def load_diffusers(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> DiffusionModule:

@@ -2,6 +2,7 @@
 there would cost its scarce minutes. SUITE_QUICK=1 runs the same commands on this CPU with a tiny UNet (the
 compiled plain loop with Dynamo's eager backend: Inductor would take minutes here)."""
 
+import json
 import os
 import re
 import subprocess
@@ -90,9 +91,13 @@ def test_the_call_runs_every_stage_and_writes_gpu_md_in_the_files_the_device_too
         "| `train.py --model.compile false` as users run it (StepTimer; bf16-mixed, global batch 8) |",
         "| plain loop, same module |",
         "| plain loop, network compiled (torch.compile, eager backend, as fitting compiles it) |",
+        "| plain loop, network compiled NHWC (--model.compile_channels_last true) |",
+        "| `train.py --model.compile_channels_last true` as users run it (StepTimer; bf16-mixed, global batch 8) |",
         "| `train.py --data.no_such_option 1`: skipped, train.py does not accept these flags: ",
     ):
         assert row in bf16
+    # The profiled steps happened (a CPU has no kernels to summarise: no profile table there).
+    assert json.loads(files["speed_bf16/speed.json"])["train_py"][0]["profile"] is None
     assert "Data path alone (SyntheticCIFAR10(cifar10)" in bf16
     assert (
         "project: Lightning Trainer" not in bf16
@@ -117,6 +122,22 @@ def test_the_call_runs_every_stage_and_writes_gpu_md_in_the_files_the_device_too
     assert "| speed_bf16 (bf16-mixed) | `train.py --model.compile false` as users run it | " in gpu
     assert "| peak memory |" in gpu and "| stage | result | seconds | reason or note |" in gpu
     assert "### train.py on the GPU" in gpu and "### The sample CLI on the GPU" in gpu
+
+
+@pytest.mark.slow
+def test_the_compile_stage_times_a_cold_and_a_warm_compile(tmp_path):
+    out = tmp_path / "out"
+    result = suite(out, "compile")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert stage_results(out)["compile"][0] == "OK", (out / "summary.md").read_text()
+    table = details(out)["compile/speed.md"]
+    assert (
+        "| `train.py (cold compile cache)` as users run it" in table
+        and "| `train.py` as users run it" in table
+    )
+    assert re.search(r"`train.py \(cold compile cache\)` [\d.]+ s; `train.py` [\d.]+ s\.", table)
+    assert re.search(r"\| compile \(bf16-mixed\) \| warm compile <= 30 s \| [\d.]+ s \| (PASS|MISS) \|",
+                     (out / "gpu.md").read_text())  # fmt: skip
 
 
 def test_the_call_fits_in_eight_minutes():

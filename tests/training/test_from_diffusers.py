@@ -3,12 +3,16 @@ random weights, save_pretrained) loads as a DiffusionModule whose network comput
 whose DDPM samples are the pipeline's for the same noise; it fine-tunes with --model.init_from; a layout that
 does not map is refused in one line naming what differs. Nothing is downloaded."""
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
 from helpers import QUICK
 from safetensors.torch import load_file, save_file
 
+from diffusion.cli.sample import main as sample
 from diffusion.cli.train import main
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
@@ -16,6 +20,7 @@ from diffusion.models.diffusers_unet import diffusers_unet_weights
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.loading import load_checkpoint
 
+ROOT = Path(__file__).resolve().parents[2]
 # Ho et al.'s layout at small widths: google/ddpm-cifar10-32's settings (attention at the second level).
 HO_LAYOUT = {
     "block_out_channels": (32, 64), "layers_per_block": 1, "down_block_types": ("DownBlock2D", "AttnDownBlock2D"),
@@ -89,6 +94,24 @@ def test_the_pipeline_samples_as_diffusers_samples(scheduler, tmp_path):
     ours = (module.sample(2, options=SamplingOptions(steps=T)) * 0.5 + 0.5).clamp(0, 1)
     assert (theirs[0] - theirs[1]).abs().max() > 0.1  # samples, not a constant image
     torch.testing.assert_close(ours, torch.as_tensor(theirs), atol=1e-5, rtol=0)
+
+
+def test_the_sample_command_export_md_prints_samples_a_pipeline_folder(tmp_path, monkeypatch):
+    """docs/export.md's `python -m diffusion.sample --ckpt ddpm-cifar10-32/ ...`, as printed (a folder given as
+    --ckpt is a diffusers model before it is a folder to search for a checkpoint), fewer samples and steps
+    appended."""
+    (printed,) = [
+        line.split("#")[0].split()
+        for line in (ROOT / "docs" / "export.md").read_text().splitlines()
+        if line.startswith("python -m diffusion.sample --ckpt ddpm-cifar10-32/")
+    ]
+    DDPMPipeline(unet=diffusers_unet(), scheduler=DDPMScheduler()).save_pretrained(
+        tmp_path / "ddpm-cifar10-32"
+    )
+    monkeypatch.chdir(tmp_path)
+    path = sample(printed[3:] + ["--num_samples", "2", "--steps", "2"])
+    with np.load(path) as samples:
+        assert samples["arr_0"].shape == (2, 16, 16, 3) and samples["arr_0"].dtype == np.uint8
 
 
 @pytest.mark.parametrize(

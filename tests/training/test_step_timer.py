@@ -21,7 +21,7 @@ from helpers import TINY_UNET
 
 from diffusion.cli.train import DEFAULT_CONFIG, DiffusionCLI, fit
 from diffusion.training.callbacks import StepTimer
-from diffusion.training.callbacks.step_timer import count_flops_per_sample
+from diffusion.training.callbacks.step_timer import count_flops_per_sample, kernel_kind, kernel_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -81,7 +81,49 @@ def test_the_timer_skips_warm_up_leaves_validation_out_of_the_median_and_reports
     assert report["tflops_per_device"] == pytest.approx(8 * report["gflop_per_image"] / 1e3)
     assert report["utilisation"] is None and report["graphs_compiled"] == 0
     assert report["peak_memory_bytes"] > 2**20
+    assert report["warmup_seconds"] == 200.0  # the two warm-up steps: what compiling would cost shows here
+    assert report["profile"] is None  # none asked for (and a CPU has no kernels to profile)
     assert all(math.isfinite(v) for v in report.values() if isinstance(v, float))
+
+
+def test_profiled_steps_come_after_the_window_and_the_report_waits_for_them(tmp_path):
+    out = tmp_path / "speed.jsonl"
+    cli = DiffusionCLI(
+        args(tmp_path, "--trainer.callbacks.steps", "2", "--trainer.callbacks.path", str(out),
+             "--trainer.callbacks.profile_steps", "2", "--max_steps", "8", *HOST_CLOCK),
+    )  # fmt: skip
+    timer = next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer))
+    timer._clock = clock = Clock()
+    cli.trainer.callbacks.append(Advance(clock, slow=2))
+    written_at = []
+    timer._write_on_rank_zero = lambda report: written_at.append(cli.trainer.global_step)
+    fit(cli)
+    assert written_at == [6]  # once: the window closed at step 4, then steps 4 and 5 were profiled
+    assert timer.report["timed_steps"] == 2 and timer.report["median_ms"] == 1000.0
+    assert timer.report["profile"] is None  # on a CPU: KernelProfile measures CUDA kernels only
+
+
+def test_the_kernel_summary_tells_the_busy_share_and_the_kinds():
+    kernels = [
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 0.004),
+        ("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>", 0.002),
+        ("triton_red_fused_native_group_norm_silu_0", 0.001),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 0.001),
+        ("void at::native::multi_tensor_apply_kernel<FusedAdam>", 0.001),
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 0.001),
+    ]
+    summary = kernel_summary(kernels, wall_seconds=0.02, steps=2)
+    assert summary["busy"] == pytest.approx(0.5) and summary["kernel_ms_per_step"] == pytest.approx(5.0)
+    assert summary["wall_ms_per_step"] == pytest.approx(10.0) and summary["kernels_per_step"] == 3
+    kinds = {kind: share for kind, share, _ in summary["kinds"]}
+    assert kinds == pytest.approx({
+        "convolution": 0.5, "layout conversion": 0.2, "Triton (Inductor's fused kernels)": 0.1,
+        "attention": 0.1, "optimizer": 0.1,
+    })  # fmt: skip
+    assert summary["kinds"][0][0] == "convolution" and summary["top"][0][1] == pytest.approx(0.5)
+    assert (
+        kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "elementwise or reduction (ATen)"
+    )
 
 
 def test_a_run_shorter_than_the_window_reports_the_steps_it_timed_at_its_end(tmp_path):
@@ -97,8 +139,10 @@ def test_a_run_shorter_than_the_window_reports_the_steps_it_timed_at_its_end(tmp
 
 
 def test_a_bad_window_is_refused_with_a_fix():
-    with pytest.raises(ValueError, match="pass warmup_steps >= 0 and steps >= 1"):
+    with pytest.raises(ValueError, match="pass warmup_steps >= 0, steps >= 1 and profile_steps >= 0"):
         StepTimer(steps=0)
+    with pytest.raises(ValueError, match="profile_steps >= 0"):
+        StepTimer(profile_steps=-1)
     with pytest.raises(ValueError, match="e.g. 790"):
         StepTimer(peak_tflops=0)
 
@@ -141,8 +185,9 @@ def test_on_cuda_the_timer_reads_the_steps_off_cuda_events(tmp_path):
     at least the 4e7 cycles of spinning queued per step (10 ms even at 4 GHz; an H200 tops out at 1.98 GHz), and
     together no more than the host's own time for the whole run."""
     cli = DiffusionCLI(
-        args(tmp_path, "--accelerator", "cuda", "--trainer.callbacks.steps", "3", "--max_steps", "6")
-    )
+        args(tmp_path, "--accelerator", "cuda", "--trainer.callbacks.steps", "3", "--max_steps", "9",
+             "--trainer.callbacks.profile_steps", "2")
+    )  # fmt: skip
     timer = next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer))
     timer._clock = Clock()  # frozen: the host clock is not what CUDA steps are read from
     cli.trainer.callbacks.append(OccupyTheDevice(40_000_000))
@@ -155,3 +200,7 @@ def test_on_cuda_the_timer_reads_the_steps_off_cuda_events(tmp_path):
     assert report["median_ms"] >= 10.0
     assert report["mean_ms"] * report["timed_steps"] <= host_seconds * 1000
     assert report["peak_memory_bytes"] > 0 and report["images_per_s"] > 0
+    # The profiled steps: the spinning kernel keeps the GPU busy most of each step, and it is their largest kind.
+    profile = report["profile"]
+    assert profile["steps"] == 2 and 0.5 < profile["busy"] <= 1.0, profile
+    assert profile["kinds"][0][0] == "other" and profile["kernel_ms_per_step"] >= 10.0

@@ -9,6 +9,7 @@ the strategy included), without waiting on the device at every step.
 import contextlib
 import copy
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -44,6 +45,8 @@ class StepTimer(L.Callback):
             on an H200).
         path: a file to append the report to as one JSON line (parents created).
         label: a name for this run in the report.
+        profile_steps: after the timed steps, profile this many more (CUDA; `KernelProfile`): the share of the
+            wall time the GPU runs kernels and the kernel kinds that take it, in the report's "profile".
     """
 
     def __init__(
@@ -53,17 +56,19 @@ class StepTimer(L.Callback):
         peak_tflops: float | None = None,
         path: str | None = None,
         label: str = "train.py",
+        profile_steps: int = 0,
     ) -> None:
-        if warmup_steps < 0 or steps < 1:
+        if warmup_steps < 0 or steps < 1 or profile_steps < 0:
             raise ValueError(
-                f"StepTimer warmup_steps={warmup_steps}, steps={steps} — pass warmup_steps >= 0 and steps >= 1"
+                f"StepTimer warmup_steps={warmup_steps}, steps={steps}, profile_steps={profile_steps} — pass "
+                "warmup_steps >= 0, steps >= 1 and profile_steps >= 0"
             )
         if peak_tflops is not None and peak_tflops <= 0:
             raise ValueError(
                 f"StepTimer peak_tflops={peak_tflops} — pass the device's peak in TFLOP/s, e.g. 790"
             )
         self.warmup_steps, self.steps, self.peak_tflops = warmup_steps, steps, peak_tflops
-        self.path, self.label = path, label
+        self.path, self.label, self.profile_steps = path, label, profile_steps
         self.report: dict[str, Any] | None = None
         self._clock = time.perf_counter  # the host clock (a test's own clock in tests)
         self._reset()
@@ -77,6 +82,10 @@ class StepTimer(L.Callback):
         self._batch = 0  # per-device micro-batch size
         self._flops_per_sample: float | None = None
         self._graphs_at: dict[str, int] = {}
+        self._train_started: float | None = None
+        self._warmup_seconds: float | None = None  # train start to the first timed step: compiling included
+        self._profile: KernelProfile | None = None
+        self._profiled = 0  # optimizer steps started under the profiler
         self.report = None
 
     # ---- hooks ----------------------------------------------------------------------------------------
@@ -90,21 +99,37 @@ class StepTimer(L.Callback):
         reset_peak_memory(pl_module.device)
         self._graphs_at["fit"] = graphs_compiled()
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._train_started = self._clock()
+
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.report is not None or trainer.global_step == self._last_global_step:
+        if self._written or trainer.global_step == self._last_global_step:
             return  # reported already, or a later micro-batch of the same optimizer step
         self._last_global_step = trainer.global_step
+        if self.report is not None:  # timed: profiling the steps after the window
+            self._profiled += 1
+            if self._profiled > self.profile_steps:
+                self._write_with_profile()
+            return
         if self._started == self.warmup_steps:
             self._batch = len(batch[0])
             self._first_timed_step = trainer.global_step
             self._graphs_at["window"] = graphs_compiled()
+            if self._train_started is not None:
+                self._warmup_seconds = self._clock() - self._train_started
         if self._started >= self.warmup_steps:
             self._mark(pl_module.device)
         self._started += 1
         if len(self._marks) == self.steps + 1:
             self._finish(trainer, pl_module)
+            if self.profile_steps:
+                self._profile = KernelProfile(pl_module.device)
+                self._profile.start()
+                self._profiled = 1
+            else:
+                self._write(self.report)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._marks and self.report is None:
@@ -114,6 +139,13 @@ class StepTimer(L.Callback):
         if self.report is None and self._marks:
             self._mark(pl_module.device)  # closes the last step
             self._finish(trainer, pl_module)
+            self._write(self.report)
+        elif self.report is not None and not self._written:
+            self._write_with_profile()  # the run ended within the profiled steps
+
+    @property
+    def _written(self) -> bool:
+        return self.report is not None and "profile" in self.report
 
     # ---- measuring ------------------------------------------------------------------------------------
     def _mark(self, device: torch.device) -> None:
@@ -135,6 +167,10 @@ class StepTimer(L.Callback):
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         seconds = self.step_seconds()
         self.report = self._summary(trainer, pl_module, seconds)
+
+    def _write_with_profile(self) -> None:
+        assert self.report is not None and self._profile is not None
+        self.report["profile"] = self._profile.stop(steps=self._profiled - 1)
         self._write(self.report)
 
     def _summary(
@@ -172,10 +208,15 @@ class StepTimer(L.Callback):
             "graphs_compiled": graphs_compiled() - self._graphs_at.get("fit", 0),
             "graphs_compiled_after_warmup": graphs_compiled() - window,
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "warmup_seconds": self._warmup_seconds,
         }
 
-    @rank_zero_only
     def _write(self, report: dict[str, Any]) -> None:
+        report.setdefault("profile", None)  # written: nothing more to do in this fit
+        self._write_on_rank_zero(report)
+
+    @rank_zero_only
+    def _write_on_rank_zero(self, report: dict[str, Any]) -> None:
         rank_zero_info(summary_line(report))
         if self.path:
             path = Path(self.path)
@@ -196,10 +237,14 @@ def summary_line(report: dict[str, Any]) -> str:
         line += f", {report['tflops_per_device']:.3g} TFLOP/s per device"
     if report["utilisation"] is not None:
         line += f" = {report['utilisation']:.1%} of {report['peak_tflops']:g}"
-    return (
-        line
-        + f"; graphs compiled {report['graphs_compiled']} ({report['graphs_compiled_after_warmup']} after warm-up)"
-    )
+    line += f"; graphs compiled {report['graphs_compiled']} ({report['graphs_compiled_after_warmup']} after warm-up)"
+    if report.get("warmup_seconds") is not None:
+        line += f"; warm-up (compiling included) {report['warmup_seconds']:.1f} s"
+    if report.get("profile"):
+        profile = report["profile"]
+        kinds = ", ".join(f"{kind} {share:.0%}" for kind, share, _ in profile["kinds"][:4])
+        line += f"; GPU busy {profile['busy']:.0%} of {profile['steps']} profiled steps ({kinds})"
+    return line
 
 
 # ---- what is measured -----------------------------------------------------------------------------------
@@ -270,3 +315,79 @@ def device_name(device: torch.device) -> str:
                 model = line.split(":", 1)[1].strip()
                 break
     return f"{model}, {torch.get_num_threads()} threads"
+
+
+# ---- where the device's time goes -----------------------------------------------------------------------
+# Kernel kinds by name, first match wins (attention before convolution: cuDNN's fused attention is named cudnn_*).
+KERNEL_KINDS = [
+    ("attention", re.compile(r"flash|fmha|sdpa|attention", re.I)),
+    ("layout conversion", re.compile(r"nchwToNhwc|nhwcToNchw", re.I)),
+    ("convolution", re.compile(r"conv|implicit_gemm|fprop|dgrad|wgrad|cudnn", re.I)),
+    ("matrix product", re.compile(r"gemm|cutlass|matmul|xmma", re.I)),
+    ("optimizer", re.compile(r"multi_tensor_apply|fused_adam|adam", re.I)),
+    ("Triton (Inductor's fused kernels)", re.compile(r"^triton_")),
+    ("normalisation", re.compile(r"norm", re.I)),
+    ("copy or fill", re.compile(r"memcpy|memset|copy|fill", re.I)),
+    ("elementwise or reduction (ATen)", re.compile(r"elementwise|vectorized|reduce", re.I)),
+]
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), "other")
+
+
+def kernel_summary(kernels: list[tuple[str, float]], wall_seconds: float, steps: int) -> dict[str, Any]:
+    """What a window of `steps` steps of `wall_seconds` spent in device kernels, from (name, seconds) per kernel
+    run: `busy` (kernel time over wall time: the rest the device waited, for the host as a rule), the kinds'
+    shares of kernel time (largest first, with ms per step) and the top kernels by name."""
+    total = sum(seconds for _, seconds in kernels)
+    by_kind: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for name, seconds in kernels:
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + seconds
+        by_name[name] = by_name.get(name, 0.0) + seconds
+    share = lambda part: part / total if total else 0.0  # noqa: E731
+    return {
+        "steps": steps,
+        "wall_ms_per_step": wall_seconds / steps * 1000,
+        "kernel_ms_per_step": total / steps * 1000,
+        "busy": total / wall_seconds if wall_seconds else 0.0,
+        "kernels_per_step": len(kernels) / steps,
+        "kinds": sorted(
+            ((kind, share(t), t / steps * 1000) for kind, t in by_kind.items()), key=lambda k: -k[1]
+        ),
+        "top": sorted(((name[:120], share(t)) for name, t in by_name.items()), key=lambda k: -k[1])[:10],
+    }
+
+
+class KernelProfile:
+    """torch.profiler over a window of steps on a CUDA device, summarised by `kernel_summary`; the window's wall
+    time from CUDA events at its ends. Elsewhere (a CPU has no kernels to tell apart from the host's work) it
+    measures nothing and `stop` returns None."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._profiler: torch.profiler.profile | None = None
+        self._events: list[torch.cuda.Event] = []
+
+    def start(self) -> None:
+        if self.device.type != "cuda":
+            return
+        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        self._profiler.__enter__()
+        self._events = [torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)]
+        self._events[0].record()
+
+    def stop(self, steps: int) -> dict[str, Any] | None:
+        if self._profiler is None or steps < 1:
+            return None
+        self._events[1].record()
+        self._events[1].synchronize()
+        self._profiler.__exit__(None, None, None)
+        wall = self._events[0].elapsed_time(self._events[1]) / 1000
+        kernels = [
+            (event.name, event.time_range.elapsed_us() / 1e6)
+            for event in self._profiler.events()
+            if event.device_type == torch.autograd.DeviceType.CUDA
+        ]
+        return kernel_summary(kernels, wall, steps)
