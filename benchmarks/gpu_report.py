@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEED_STAGES = ("speed_bf16", "speed_fp16", "compile")  # compile: cold and warm, a call of its own
 
@@ -72,9 +74,11 @@ def versions() -> str:
 
 
 def commit() -> str:
-    revision = run_quietly("git", "rev-parse", "--short", "HEAD") or os.environ.get("SUITE_COMMIT", "")
+    revision = provenance.commit()
     return (
-        f"commit {revision}" if revision else "commit unknown (the copy has no .git: SUITE_COMMIT names it)"
+        f"commit {revision}"
+        if revision != "unknown"
+        else "commit unknown (the copy has no .git: SUITE_COMMIT names it)"
     )
 
 
