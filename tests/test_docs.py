@@ -1,14 +1,15 @@
 """The README and the guides in docs/ stay true to the code: every relative link resolves (to a file, and to a
 heading where it names one), and every command in their code blocks parses as the command would parse it
-(`--print_config` for train.py, the parser alone for the sample, evaluate, export and phema CLIs): no training, no sampling."""
+(`--print_config` for train.py, the parser alone for the sample, evaluate, export and phema CLIs): no training, no sampling.
+tests/test_documented_commands.py runs them (`python_command_lines`)."""
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import lightning.pytorch
 import pytest
-import tomllib
 from helpers.troubleshooting import PLACEHOLDER, table_messages
 
 from diffusion.cli import evaluate_nll
@@ -54,27 +55,52 @@ def test_every_relative_link_resolves(document, target):
         assert anchor in headings, f"{document.name} links to {target}, a heading {resolved.name} lacks"
 
 
-def commands(document: Path) -> list[list[str]]:
-    """The shell commands in a document's ```bash blocks, continuation lines joined, comments dropped."""
+def command_lines(document: Path) -> list[tuple[str, list[str]]]:
+    """The shell commands in a document's ```bash blocks, continuation lines joined, comments dropped: each as
+    (its text as printed, one space between words; its words as the shell splits them)."""
     found = []
     for block in re.findall(r"```bash\n(.*?)```", document.read_text(), flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             if line.strip() and not line.lstrip().startswith("#") and "$(" not in line:
                 for part in re.split(r"\s&&\s", line):
-                    found.append(shlex.split(part, comments=True))
-    return [words for words in found if words]
+                    words = shlex.split(part, comments=True)
+                    if words:
+                        found.append((printed_text(part, words), words))
+    return found
+
+
+def printed_text(part: str, words: list[str]) -> str:
+    """`part` up to its comment (the first `#` after which the shell's words are all there), spaces collapsed."""
+    for comment in re.finditer(r"(?:^|\s)#", part):
+        try:
+            if shlex.split(part[: comment.start()]) == words:
+                return " ".join(part[: comment.start()].split())
+        except ValueError:  # the `#` is inside quotes
+            continue
+    return " ".join(part.split())
+
+
+def commands(document: Path) -> list[list[str]]:
+    """The shell commands in a document's ```bash blocks, continuation lines joined, comments dropped."""
+    return [words for _, words in command_lines(document)]
+
+
+def python_command_lines() -> list[tuple[Path, str, list[str]]]:
+    """(document, text as printed, argv) of every `python train.py`, `python -m diffusion.X` and `torchrun ...
+    train.py` line; argv from the program on (`train.py ...`, `diffusion.X ...`)."""
+    found = []
+    for document in DOCUMENTS:
+        for text, words in command_lines(document):
+            if "train.py" in words and words[0] in ("python", "torchrun", "srun"):
+                found.append((document, text, words[words.index("train.py") :]))
+            elif "-m" in words and words[words.index("-m") + 1].startswith("diffusion"):
+                found.append((document, text, words[words.index("-m") + 1 :]))
+    return found
 
 
 def python_commands() -> list[tuple[str, list[str]]]:
     """(document, argv) of every `python train.py`, `python -m diffusion.X` and `torchrun ... train.py` line."""
-    found = []
-    for document in DOCUMENTS:
-        for words in commands(document):
-            if "train.py" in words and words[0] in ("python", "torchrun", "srun"):
-                found.append((document.name, words[words.index("train.py") :]))
-            elif "-m" in words and words[words.index("-m") + 1].startswith("diffusion"):
-                found.append((document.name, words[words.index("-m") + 1 :]))
-    return found
+    return [(document.name, argv) for document, _, argv in python_command_lines()]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,723 @@
+"""Every `python train.py ...` and `python -m diffusion.<command> ...` line the README and the guides print (the
+```bash blocks of tests/test_docs.py's DOCUMENTS, torchrun's lines included) runs as printed, exits with status 0
+and writes what it should.
+
+COMMANDS holds one entry per printed command, matched by its text. The printed words run first, followed only by
+flags that make the run small (fewer steps and samples, a tiny network: SHORT), in a working folder of its own that
+stands for the project's folder (configs/ is there) and holds the files the command reads: written by the documented
+command that makes them (the README's `python train.py` is the runs/digits/version_0/checkpoints/last.ckpt that
+the sample, evaluate and export lines read) or, for a user's own files (points.npy, my_images/, a diffusers
+folder), by a maker in tests/helpers/documented_commands.py. A placeholder (CKPT) is replaced by the file it
+stands for. A command that cannot run here as printed (CIFAR-10 and Inception's weights are downloads; GPUs;
+several machines) runs its closest honest stand-in, and its entry's `why` says what stands in for what; each
+test prints how its command ran. A printed command without an entry fails
+`test_every_printed_command_has_an_entry`, which says how to add one.
+
+Each command runs once a session (`Runs`), in this process where it can (its `main(argv)`). The multi-device ones
+run beside each other in processes of their own: `python train.py --devices 2 --strategy ddp --accelerator cpu`
+as printed (Lightning's launcher starts its second rank), and all the others in turn on the two ranks of one
+`torchrun --nproc_per_node 2` job, since a launch (~15 s of imports) costs more than the runs it starts.
+"""
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from helpers import QUICK, TINY_MLP, TINY_UNET
+from helpers import documented_commands as made
+from test_docs import REPO, python_command_lines
+
+from diffusion.cli import evaluate, export, phema, sample, train
+from diffusion.training.loading import load_checkpoint
+from diffusion.training.post_hoc_ema import find_snapshots
+
+TESTS = REPO / "tests"
+BENCHMARKS = REPO / "benchmarks"
+MAINS = {
+    "train.py": train.main,
+    "diffusion.sample": sample.main,
+    "diffusion.evaluate": evaluate.main,
+    "diffusion.export": export.main,
+    "diffusion.phema": phema.main,
+}
+PRINTED = {text: argv for _, text, argv in python_command_lines()}  # the text as printed -> its argv
+
+# Shorter and smaller, never different: two optimizer steps with a validation at the second (its checkpoint and
+# grid), a tiny network, grids of 4 samples in 3 steps.
+_STEPS = QUICK.index("--max_steps")
+QUICK_2 = [*QUICK[:_STEPS], "--max_steps", "2", *QUICK[_STEPS + 2 :]]
+SHORT = [*TINY_UNET, *QUICK_2]
+SHORT_MLP = [*TINY_MLP, *QUICK_2]
+# The README's run also has T = 20 timesteps: `evaluate --nll` scores its checkpoint with the whole bound, one
+# network evaluation per timestep (1,000 took 20 s).
+DIGITS_RUN = [*SHORT, "--model.num_timesteps", "20"]
+# 8 images a class: 4 a batch, read in this process (the recipe's 4 loader workers take longer to start than the
+# run takes).
+FOLDER_HERE = ["--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0"]
+# CIFAR-10 is a download: the recipe's own ImageDataModule over random pixels (benchmarks/speed_data.py), 4 images
+# a batch, 2 of its 250 validation batches, read in this process; its 16-mixed is for CUDA (the recipe: on a CPU
+# use --precision 32).
+CIFAR10_HERE = [
+    "--data.class_path", "speed_data.SyntheticCIFAR10", "--data.init_args.batch_size", "4", "--precision", "32",
+    "--data.init_args.num_workers", "0", "--trainer.limit_val_batches", "2",
+]  # fmt: skip
+CIFAR10_WHY = (
+    "CIFAR-10 is a download: the recipe's ImageDataModule over random pixels (SyntheticCIFAR10), in 32-bit"
+)
+CIFAR10_REFERENCE_WHY = (
+    "CIFAR-10 is a download: `cifar10` reads the recipe's ImageDataModule over random pixels"
+)
+# Random Inception weights would run offline (--inception_weights), but each 2048-d FID's matrix square root takes
+# ~15 s of CPU; tests/metrics/ run that path.
+INCEPTION_WHY = "InceptionV3's weights are a download: --features pixels, the offline features"
+TWO_RANKS_WHY = (
+    "2 CPU ranks (gloo), started by the torchrun job of the multi-device commands (Lightning's own launcher runs "
+    "`python train.py --devices 2 --strategy ddp --accelerator cpu`)"
+)
+
+
+# ---- what a run must have written ------------------------------------------------------------------------------
+@dataclass
+class Ran:
+    """A command's run: its working folder, exit status (None: it raised), what its main returned and printed."""
+
+    folder: Path | None  # None: not run
+    code: int | None
+    value: object = None
+    output: str = ""
+    error: str = ""
+
+
+def checkpoint(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def trained(name: str, steps: int = 2, **expected) -> Callable[[Ran], None]:
+    """runs/<name>/version_0 (and no other version) holds last.ckpt at `steps`, the step's grid, loss.png and
+    config.yaml; `expected`: hyperparameters, `network_<arg>` of the network, `trainer_<arg>` of the saved config."""
+
+    def check(ran: Ran) -> None:
+        run = ran.folder / "runs" / name / "version_0"
+        state = checkpoint(run / "checkpoints" / "last.ckpt")
+        assert state["global_step"] == steps
+        assert (run / "samples" / f"step_{steps:07d}.png").is_file() and (run / "loss.png").is_file()
+        assert not (run.parent / "version_1").exists()
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        network = state["hyper_parameters"]["network"]["init_args"]
+        for key, value in expected.items():
+            if key.startswith("trainer_"):
+                assert str(config["trainer"][key.removeprefix("trainer_")]) == str(value), key
+            elif key.startswith("network_"):
+                assert network[key.removeprefix("network_")] == value, key
+            else:
+                assert state["hyper_parameters"][key] == value, key
+
+    return check
+
+
+def samples(count: int, shape: tuple[int, ...], labels: list[int] | None = None) -> Callable[[Ran], None]:
+    """samples/samples.npz: `count` uint8 images (H, W, C) = `shape`, not all one value, and the labels of a
+    class-conditional model; grid.png beside it."""
+
+    def check(ran: Ran) -> None:
+        with np.load(ran.folder / "samples" / "samples.npz") as written:
+            assert written["arr_0"].shape == (count, *shape) and written["arr_0"].dtype == np.uint8
+            assert written["arr_0"].std() > 0
+            assert (written["arr_1"].tolist() if "arr_1" in written else None) == labels
+        assert (ran.folder / "samples" / "grid.png").is_file()
+
+    return check
+
+
+def scores(*names: str) -> Callable[[Ran], None]:
+    """evaluate returned (and printed) these values, finite."""
+
+    def check(ran: Ran) -> None:
+        assert set(names) <= set(ran.value) and all(np.isfinite(ran.value[name]) for name in names), ran.value
+
+    return check
+
+
+def exported(out: str, format: str) -> Callable[[Ran], None]:
+    """OUT holds the export: safetensors that load_checkpoint reads back as the digits model, or a DDPMPipeline's
+    files with its UNet sized for the digits."""
+
+    def check(ran: Ran) -> None:
+        folder = ran.folder / out
+        if format == "safetensors":
+            assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+            assert load_checkpoint(folder).sample_shape == (1, 16, 16)
+        else:
+            assert json.loads((folder / "model_index.json").read_text())["_class_name"] == "DDPMPipeline"
+            unet = json.loads((folder / "unet" / "config.json").read_text())
+            assert (unet["sample_size"], unet["in_channels"]) == (16, 1)
+            assert (folder / "scheduler" / "scheduler_config.json").is_file()
+
+    return check
+
+
+def phema_checkpoint(sigma_rel: float) -> Callable[[Ran], None]:
+    def check(ran: Ran) -> None:
+        written = checkpoint(ran.folder / "phema.ckpt")
+        assert written["post_hoc_ema"]["sigma_rel"] == pytest.approx(sigma_rel)
+        assert written["global_step"] == 2
+
+    return check
+
+
+def sweep_table(*sigma_rels: float, out: bool = False) -> Callable[[Ran], None]:
+    """The sweep's table: the run's EMA and one row per sigma_rel; with --out, the best one's checkpoint."""
+
+    def check(ran: Ran) -> None:
+        rows = re.findall(r"^\| post-hoc EMA \| ([\d.]+) \|", ran.output, flags=re.M)
+        assert [float(row) for row in rows] == list(sigma_rels) and "| the run's EMA" in ran.output
+        assert (ran.folder / "phema.ckpt").is_file() == out
+
+    return check
+
+
+def every(*checks: Callable[[Ran], None]) -> Callable[[Ran], None]:
+    def check(ran: Ran) -> None:
+        for one in checks:
+            one(ran)
+
+    return check
+
+
+def printed_config(ran: Ran) -> None:
+    config = yaml.safe_load(ran.output)
+    assert config["data"]["init_args"]["dataset"] == "digits" and config["trainer"]["max_steps"] == 2400
+
+
+def bits_per_dim(ran: Ran) -> None:
+    assert ran.value["num_images"] == 2 and 0 < ran.value["bits_per_dim"] < 20
+
+
+def resumed(ran: Ran) -> None:
+    run = ran.folder / "runs" / "digits" / "version_0"
+    assert checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert (run / "config-resumed-at-step-2.yaml").is_file() and not (run.parent / "version_1").exists()
+
+
+def post_hoc_snapshots(ran: Ran) -> None:
+    snapshots = find_snapshots(ran.folder / "runs" / "digits" / "version_0" / "post_hoc_ema")
+    assert {snapshot.step for snapshot in snapshots} == {1, 2}
+
+
+def statistics_file(ran: Ran) -> None:
+    with np.load(ran.folder / "cifar10_train.npz") as stats:  # of 8x8 pixels of 3 channels
+        assert stats["mu"].shape == (192,) and stats["sigma"].shape == (192, 192)
+        assert stats["features"] == "pixels"
+
+
+def fid_monitored(ran: Ran) -> None:
+    state = checkpoint(ran.folder / "runs" / "cifar10" / "version_0" / "checkpoints" / "last.ckpt")
+    (saver,) = [value for key, value in state["callbacks"].items() if "val/fid" in key]
+    assert np.isfinite(float(saver["best_model_score"]))
+
+
+def step_report(ran: Ran) -> None:
+    (line,) = (ran.folder / "runs" / "speed.jsonl").read_text().splitlines()
+    report = json.loads(line)
+    assert report["median_ms"] > 0 and report["peak_tflops"] == 790
+
+
+def a_checkpoint_under(folder: str) -> Callable[[Ran], None]:
+    def check(ran: Ran) -> None:
+        (last,) = (ran.folder / folder).rglob("last.ckpt")
+        assert checkpoint(last)["global_step"] == 2
+
+    return check
+
+
+def csv_log(ran: Ran) -> None:
+    columns = (ran.folder / "runs" / "digits" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert "val/loss" in columns.split(",")
+
+
+def wandb_offline_run(ran: Ran) -> None:
+    """W&B's own files, in the logger's save_dir."""
+    assert list((ran.folder / "runs" / "wandb").glob("offline-run-*"))
+
+
+def two_ranks(ran: Ran) -> None:
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in ran.output
+
+
+# ---- stand-ins for what is not here ----------------------------------------------------------------------------
+@contextlib.contextmanager
+def benchmarks_importable() -> Iterator[None]:
+    """`--data.class_path speed_data.SyntheticCIFAR10` imports benchmarks/speed_data.py."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@contextlib.contextmanager
+def cifar10_pixels() -> Iterator[None]:
+    """`--reference cifar10` reads the recipe's ImageDataModule over random pixels (SyntheticCIFAR10)."""
+    with benchmarks_importable(), pytest.MonkeyPatch.context() as patch:
+        from speed_data import SyntheticCIFAR10
+
+        patch.setattr("diffusion.metrics.image_sets.ImageDataModule", SyntheticCIFAR10)
+        yield
+
+
+@contextlib.contextmanager
+def wandb_run_ends() -> Iterator[None]:
+    """The W&B run ends with the command, as it does when the command's process exits (a later W&B logger in this
+    process would attach to it)."""
+    try:
+        yield
+    finally:
+        import wandb
+
+        wandb.finish()
+
+
+# ---- the registry ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Output:
+    """What the documented command `text` wrote at `path` (default: the path it is staged at) in its folder."""
+
+    text: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """How a printed command runs here.
+
+    check: what the run must have written or returned, besides exit status 0.
+    append: the flags after the printed ones (shorter, smaller; where `why` says so, the stand-in's).
+    inputs: a path in the working folder -> the Output of the documented command that writes it (run first), or
+        a maker of tests/helpers/documented_commands.py (a user's own file).
+    placeholders: a printed word -> the path it stands for.
+    launch: "in_process" (the command's main), "ranks" (both ranks of the torchrun job) or "lightning" (`python
+        train.py` in a process of its own, which starts its second rank).
+    env: for "ranks": the environment over torchrun's.
+    context: what an in-process command runs inside (a stand-in).
+    why: empty when only `append` shortens the command; else why it cannot run here as printed, and what stands in.
+    """
+
+    check: Callable[[Ran], None]
+    append: tuple[str, ...] = ()
+    inputs: dict[str, Output | Callable[[Path], None]] = field(default_factory=dict)
+    placeholders: dict[str, str] = field(default_factory=dict)
+    launch: str = "in_process"
+    env: dict[str, str] = field(default_factory=dict)
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    why: str = ""
+
+
+def command(check: Callable[[Ran], None], *append: str, **how: object) -> Command:
+    return Command(check, append, **how)
+
+
+TRAIN = "python train.py"
+TRAIN_POST_HOC = "python train.py --ema.post_hoc true"
+TRAIN_CONDITIONAL = "python train.py --config configs/digits_conditional.yaml"
+SAMPLE = "python -m diffusion.sample --ckpt runs/digits/version_0/checkpoints/last.ckpt --num_samples 64 --out samples/"
+SAMPLE_PIPELINE = "python -m diffusion.sample --ckpt ddpm-cifar10-32/ --num_samples 64 --out samples/"
+SAVE_STATS = (
+    "python -m diffusion.evaluate --reference cifar10 --data_root data --save_stats cifar10_train.npz"
+)
+PHEMA = "python -m diffusion.phema --run runs/digits/version_0 --sigma_rel 0.15 --out phema.ckpt"
+LAST = "runs/digits/version_0/checkpoints/last.ckpt"
+CONDITIONAL_LAST = "runs/digits_conditional/version_0/checkpoints/last.ckpt"
+DIGITS_RUN_FOLDER = {"runs/digits/version_0": Output(TRAIN)}  # evaluate --nll reads the run's config.yaml too
+POST_HOC_RUN_FOLDER = {"runs/digits/version_0": Output(TRAIN_POST_HOC)}
+PIPELINE = {"ddpm-cifar10-32": made.diffusers_pipeline}
+PIPELINE_WHY = "google/ddpm-cifar10-32 is a download: a DDPMPipeline folder of its layout at small widths, random weights"
+CIFAR10_SAMPLES = {"samples/samples.npz": Output(SAMPLE_PIPELINE)}
+SAMPLES_2_STEPS = ["--num_samples", "4", "--steps", "2"]
+TWO_CPU_RANKS = ["--devices", "2", "--accelerator", "cpu"]
+# What `torchrun --nnodes 2 --nproc_per_node 1` gives its workers, over the job's `--nproc_per_node 2`.
+TWO_NODES = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "{RANK}"}
+
+# fmt: off
+COMMANDS: dict[str, Command] = {
+    # ---- README.md (the lines docs/data.md, docs/post_hoc_ema.md, docs/scaling.md, benchmarks/ repeat too) ----
+    TRAIN: command(trained("digits"), *DIGITS_RUN),
+    "python train.py --config configs/cifar10.yaml --devices 4 --strategy ddp": command(
+        every(trained("cifar10", trainer_devices=2, trainer_strategy="ddp"), two_ranks),
+        *SHORT, *CIFAR10_HERE, *TWO_CPU_RANKS, launch="ranks", why=f"4 GPUs: {TWO_RANKS_WHY}; {CIFAR10_WHY}",
+    ),
+    "python train.py --config configs/toy2d.yaml --data.path points.npy": command(
+        trained("toy2d", sample_shape=(2,)), *SHORT_MLP, inputs={"points.npy": made.vectors},
+    ),
+    "python train.py --config configs/folder.yaml --data.root my_images/ --data.image_size 32": command(
+        trained("folder", sample_shape=(3, 32, 32)), *SHORT, *FOLDER_HERE, inputs={"my_images": made.image_folder},
+    ),
+    "python train.py --ckpt_path last": command(
+        resumed, *DIGITS_RUN, "--max_steps", "4", inputs={"runs/digits": Output(TRAIN)},
+    ),
+    "python train.py --print_config": command(printed_config),
+    SAMPLE: command(samples(4, (16, 16, 1)), *SAMPLES_2_STEPS, inputs={LAST: Output(TRAIN)}),
+    "python -m diffusion.evaluate --samples samples/samples.npz --reference digits --features pixels": command(
+        scores("fid", "kid_mean"), inputs={"samples/samples.npz": Output(SAMPLE)},
+    ),
+    "python -m diffusion.evaluate --nll --ckpt runs/digits/version_0/checkpoints/last.ckpt": command(
+        bits_per_dim, "--num_images", "2", inputs=DIGITS_RUN_FOLDER,
+    ),
+    "python -m diffusion.export --ckpt runs/digits/version_0/checkpoints/last.ckpt --format diffusers "
+    "--out digits_pipeline/": command(exported("digits_pipeline", "diffusers"), inputs=DIGITS_RUN_FOLDER),
+    TRAIN_POST_HOC: command(every(trained("digits"), post_hoc_snapshots), *SHORT, "--ema.snapshot_every", "1"),
+    'python -m diffusion.phema --run runs/digits/version_0 --sweep "[0.05, 0.1, 0.2]" --out phema.ckpt': command(
+        sweep_table(0.05, 0.1, 0.2, out=True), "--num_samples", "8", "--steps", "2", inputs=POST_HOC_RUN_FOLDER,
+    ),
+    # ---- docs/conditional.md ----
+    TRAIN_CONDITIONAL: command(trained("digits_conditional", network_num_classes=10), *SHORT),
+    "python -m diffusion.sample --ckpt runs/digits_conditional/version_0/checkpoints/last.ckpt --class_label 3 "
+    "--guidance_scale 2": command(
+        samples(4, (16, 16, 1), labels=[3] * 4), *SAMPLES_2_STEPS,
+        inputs={CONDITIONAL_LAST: Output(TRAIN_CONDITIONAL)},
+    ),
+    "python -m diffusion.sample --ckpt CKPT --class_label all --num_samples 100": command(
+        samples(10, (16, 16, 1), labels=list(range(10))), "--num_samples", "10", "--steps", "2",
+        inputs={CONDITIONAL_LAST: Output(TRAIN_CONDITIONAL)}, placeholders={"CKPT": CONDITIONAL_LAST},
+    ),
+    "python train.py --config configs/folder.yaml --data.root pets/ --data.image_size 32 --data.conditional true":
+    command(
+        trained("folder", class_names=["cat", "dog"], network_num_classes=2), *SHORT, *FOLDER_HERE,
+        inputs={"pets": made.class_folders},
+    ),
+    "python train.py --config configs/toy2d.yaml --data.path x.npy --data.labels y.npy --model.label_dropout 0.1":
+    command(
+        trained("toy2d", network_num_classes=made.VECTOR_CLASSES), *SHORT_MLP,
+        inputs={"x.npy": made.vectors, "y.npy": made.vector_labels},
+    ),
+    "python train.py --config configs/cifar10_conditional.yaml --devices 4 --data.init_args.batch_size 32": command(
+        every(trained("cifar10_conditional", network_num_classes=10, trainer_devices=2), two_ranks),
+        *SHORT, *CIFAR10_HERE, *TWO_CPU_RANKS, launch="ranks", why=f"4 GPUs: {TWO_RANKS_WHY}; {CIFAR10_WHY}",
+    ),
+    # ---- docs/evaluation.md (its samples: docs/export.md's, of a CIFAR-10-sized pipeline) ----
+    "python -m diffusion.evaluate --samples samples/samples.npz --reference cifar10 --data_root data": command(
+        scores("fid", "kid_mean"), "--num_reference", "10", "--features", "pixels", inputs=CIFAR10_SAMPLES,
+        context=cifar10_pixels, why=f"{CIFAR10_REFERENCE_WHY}; {INCEPTION_WHY}",
+    ),
+    SAVE_STATS: command(
+        statistics_file, "--num_reference", "10", "--features", "pixels", context=cifar10_pixels,
+        why=f"{CIFAR10_REFERENCE_WHY}; {INCEPTION_WHY}",
+    ),
+    "python -m diffusion.evaluate --samples samples/samples.npz --reference cifar10_train.npz": command(
+        scores("fid"), "--features", "pixels", inputs={**CIFAR10_SAMPLES, "cifar10_train.npz": Output(SAVE_STATS)},
+        why=INCEPTION_WHY,
+    ),
+    "python train.py --config configs/cifar10.yaml --trainer.callbacks+=diffusion.training.callbacks."
+    "SampleQualityCallback --trainer.callbacks.init_args.num_samples 10000 --trainer.callbacks.init_args."
+    "reference_stats cifar10_train.npz --checkpoint.monitor val/fid --checkpoint.mode min": command(
+        every(trained("cifar10"), fid_monitored), *SHORT, *CIFAR10_HERE,
+        "--trainer.callbacks.init_args.num_samples", "2", "--trainer.callbacks.init_args.sampling.steps", "2",
+        "--trainer.callbacks.init_args.features", "pixels", inputs={"cifar10_train.npz": Output(SAVE_STATS)},
+        context=benchmarks_importable, why=f"{CIFAR10_WHY}; {INCEPTION_WHY}",
+    ),
+    # ---- docs/export.md ----
+    "python -m diffusion.export --ckpt runs/digits/version_0/checkpoints/last.ckpt --format safetensors "
+    "--out export/": command(exported("export", "safetensors"), inputs=DIGITS_RUN_FOLDER),
+    "python -m diffusion.export --ckpt runs/digits/version_0/checkpoints/last.ckpt --format diffusers "
+    "--out digits-ddpm/": command(exported("digits-ddpm", "diffusers"), inputs=DIGITS_RUN_FOLDER),
+    SAMPLE_PIPELINE: command(samples(4, (32, 32, 3)), *SAMPLES_2_STEPS, inputs=PIPELINE, why=PIPELINE_WHY),
+    "python train.py --config configs/cifar10.yaml --model.init_from ddpm-cifar10-32/": command(
+        trained("cifar10", network_channels=32), *QUICK_2, *CIFAR10_HERE, inputs=PIPELINE,
+        context=benchmarks_importable,
+        why=f"{CIFAR10_WHY}; {PIPELINE_WHY} (its network is the run's: no tiny network appended)",
+    ),
+    # ---- docs/gpu.md ----
+    "python train.py --config configs/cifar10.yaml --max_steps 200 --trainer.callbacks+=diffusion.training."
+    "callbacks.StepTimer --trainer.callbacks.peak_tflops 790 --trainer.callbacks.path runs/speed.jsonl": command(
+        every(trained("cifar10"), step_report), *SHORT, *CIFAR10_HERE,
+        "--trainer.callbacks.warmup_steps", "0", "--trainer.callbacks.steps", "1", context=benchmarks_importable,
+        why=f"a GPU's: on the CPU, timing 1 step after none of warm-up; {CIFAR10_WHY}",
+    ),
+    # ---- docs/post_hoc_ema.md ----
+    PHEMA: command(phema_checkpoint(0.15), inputs=POST_HOC_RUN_FOLDER),
+    "python -m diffusion.sample --ckpt phema.ckpt --num_samples 64 --out samples/": command(
+        samples(4, (16, 16, 1)), *SAMPLES_2_STEPS, inputs={"phema.ckpt": Output(PHEMA)},
+    ),
+    'python -m diffusion.phema --run runs/digits/version_0 --sweep "[0.03, 0.05, 0.07, 0.1, 0.13, 0.16, 0.2, '
+    '0.25]"': command(
+        sweep_table(0.03, 0.05, 0.07, 0.1, 0.13, 0.16, 0.2, 0.25), "--num_samples", "8", "--steps", "2",
+        inputs=POST_HOC_RUN_FOLDER,
+    ),
+    # ---- docs/scaling.md ----
+    "torchrun --nproc_per_node 4 train.py --config configs/cifar10.yaml --devices 4 --strategy ddp": command(
+        every(trained("cifar10", trainer_devices=2), two_ranks), *SHORT, *CIFAR10_HERE, *TWO_CPU_RANKS,
+        launch="ranks", why=f"4 GPUs: {TWO_RANKS_WHY}; {CIFAR10_WHY}",
+    ),
+    "python train.py --devices 2 --strategy ddp --accelerator cpu": command(
+        every(trained("digits", trainer_devices=2), two_ranks), *SHORT, launch="lightning",
+    ),
+    **{
+        f"torchrun --nnodes 2 --node_rank {node} --master_addr 10.0.0.1 --master_port 29500 --nproc_per_node 4 "
+        "train.py --config configs/cifar10.yaml --num_nodes 2 --devices 4 --strategy ddp": command(
+            every(trained("cifar10", trainer_num_nodes=2, trainer_devices=1), two_ranks),
+            *SHORT, *CIFAR10_HERE, "--devices", "1", "--accelerator", "cpu", launch="ranks", env=TWO_NODES,
+            why="two machines of 4 GPUs: the two lines are one job of two 1-device nodes, the torchrun job's 2 CPU "
+            "ranks in the environment `torchrun --nnodes 2 --nproc_per_node 1` gives its workers (node rank = "
+            f"rank; tests/cli/test_launchers.py starts two torchruns); {CIFAR10_WHY}",
+        )
+        for node in (0, 1)
+    },
+    **{
+        f"{launcher} -m diffusion.sample --ckpt last.ckpt --num_samples 50000 --devices 8 --out samples/": command(
+            every(samples(8, (16, 16, 1)), two_ranks), "--num_samples", "8", "--steps", "2", *TWO_CPU_RANKS,
+            inputs={"last.ckpt": Output(TRAIN, LAST)}, launch="ranks", why=f"8 GPUs: {TWO_RANKS_WHY}",
+        )
+        for launcher in ("python", "torchrun --nproc_per_node 8")
+    },
+    # ---- docs/training.md ----
+    "python train.py --trainer.logger lightning.pytorch.loggers.CSVLogger --trainer.logger.init_args.save_dir runs "
+    "--trainer.logger.init_args.name digits": command(every(trained("digits"), csv_log), *SHORT),
+    "python train.py --trainer.logger lightning.pytorch.loggers.WandbLogger --trainer.logger.init_args.project "
+    "digits --trainer.logger.init_args.offline true": command(
+        every(a_checkpoint_under("runs/digits"), wandb_offline_run), *SHORT, context=wandb_run_ends,
+    ),
+    "python train.py --trainer.logger lightning.pytorch.loggers.MLFlowLogger --trainer.logger.init_args.save_dir "
+    "mlruns --trainer.logger.init_args.experiment_name digits": command(a_checkpoint_under("mlruns"), *SHORT),
+}
+# fmt: on
+
+
+# ---- running them ----------------------------------------------------------------------------------------------
+def argv(text: str) -> tuple[str, list[str]]:
+    """The program and the argv a command runs with: the printed words, placeholders replaced, then `append`."""
+    entry = COMMANDS[text]
+    program, *args = PRINTED[text]
+    return program, [entry.placeholders.get(word, word) for word in args] + list(entry.append)
+
+
+LAUNCHES = {
+    "in_process": "its main(argv), in the test's process",
+    "lightning": "a process of its own, which starts its second rank",
+    "ranks": "both ranks of a `torchrun --nproc_per_node 2` job (tests/helpers/documented_commands.py)",
+}
+
+
+def how(text: str) -> str:
+    """How a command ran, for its test's report."""
+    entry, (program, args) = COMMANDS[text], argv(text)
+    shown = "python train.py" if program == "train.py" else f"python -m {program}"
+    lines = [
+        f"printed: {text}",
+        f"ran as:  {shown} {shlex.join(args)}",
+        f"         ({LAUNCHES[entry.launch]})",
+    ]
+    lines += [f"         {word} stands for {path}" for word, path in entry.placeholders.items()]
+    return "\n".join([*lines, f"why:     {entry.why}"] if entry.why else lines)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env() -> dict[str, str]:
+    """A launch's environment: tests/ and benchmarks/ importable, one thread a process, none of the DDP settings a
+    test in this process may have left."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE", "RANK")
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(BENCHMARKS), env.get("PYTHONPATH")]))
+    return {**env, "OMP_NUM_THREADS": "1"}
+
+
+def run_process(cmd: list[str], cwd: Path, timeout: float = 420) -> tuple[int | None, str]:
+    """Run `cmd` in a session of its own; its exit status (None: killed after `timeout`) and output."""
+    process = subprocess.Popen(
+        cmd, cwd=cwd, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        output = process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return None, f"still running after {timeout} s:\n{process.communicate()[0]}"
+    return process.returncode, output
+
+
+def section(output: str, text: str) -> str:
+    """What the ranks of the torchrun job printed while they ran `text` (the worker heads each command's output)."""
+    parts = [part.removeprefix(text) for part in output.split("==== ") if part.startswith(text)]
+    return "".join(parts) or output
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """One CPU thread, as under pytest-xdist (conftest) and in the processes the tests start: a tiny model's ops
+    are too small for two, and with another process on the other core two OpenMP threads stall each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Runs:
+    """Each documented command run once a session, in a folder of its own, after the runs that write its inputs."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.factory = tmp_path_factory
+        self.ran: dict[str, Ran] = {}
+        self.made: dict[str, Path] = {}
+
+    def __call__(self, text: str) -> Ran:
+        if text not in PRINTED:  # the entry of a command no document prints any more
+            return Ran(None, None, error=f"no document prints `{text}` (its entry is stale)")
+        if text not in self.ran:
+            if COMMANDS[text].launch == "in_process":
+                self.ran[text] = self.in_process(text)
+            else:
+                self.in_processes()
+        return self.ran[text]
+
+    def folder(self, text: str) -> Path:
+        """A new working folder for `text`, the project's configs/ and the command's inputs in place."""
+        folder = self.factory.mktemp(re.sub(r"\W+", "_", text)[:40])
+        (folder / "configs").symlink_to(REPO / "configs")
+        for path, source in COMMANDS[text].inputs.items():
+            target = folder / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(source, Output):
+                ran = self(source.text)
+                if ran.code != 0:
+                    raise RuntimeError(f"its input {path} comes from `{source.text}`, which failed")
+                written = ran.folder / (source.path or path)
+                (shutil.copytree if written.is_dir() else shutil.copy2)(written, target)
+            else:  # a user's own file, made once a session
+                if source.__name__ not in self.made:
+                    self.made[source.__name__] = self.factory.mktemp("made") / Path(path).name
+                    source(self.made[source.__name__])
+                target.symlink_to(self.made[source.__name__])
+        return folder
+
+    def in_process(self, text: str) -> Ran:
+        try:
+            folder = self.folder(text)
+        except RuntimeError as error:
+            return Ran(None, None, error=str(error))
+        program, args = argv(text)
+        output = io.StringIO()
+        with (
+            contextlib.chdir(folder),
+            contextlib.redirect_stdout(output),
+            contextlib.redirect_stderr(output),
+            one_thread(),
+            COMMANDS[text].context(),
+        ):
+            try:
+                return Ran(folder, 0, MAINS[program](args), output.getvalue())
+            except SystemExit as exit_info:
+                return Ran(folder, exit_info.code or 0, None, output.getvalue())
+            except Exception:
+                return Ran(folder, None, None, output.getvalue(), traceback.format_exc())
+
+    def in_processes(self) -> None:
+        """Every multi-process command: the "ranks" ones in the torchrun job, each "lightning" one beside it."""
+        runs: dict[str, list[str]] = {}  # commands that differ in their launcher's words alone: one run
+        for text, entry in COMMANDS.items():
+            if entry.launch != "in_process" and text in PRINTED:
+                key = json.dumps([entry.launch, argv(text), entry.env, sorted(entry.inputs)])
+                runs.setdefault(key, []).append(text)
+        folders = {}
+        for key, same in runs.items():
+            try:
+                folders[key] = self.folder(same[0])
+            except RuntimeError as error:
+                self.ran.update({text: Ran(None, None, error=str(error)) for text in same})
+        ranks = {key: folder for key, folder in folders.items() if COMMANDS[runs[key][0]].launch == "ranks"}
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            job = pool.submit(self.torchrun_job, ranks, runs)
+            own = {
+                key: pool.submit(run_process, [sys.executable, str(REPO / "train.py"), *argv(runs[key][0])[1]], folder)
+                for key, folder in folders.items()
+                if key not in ranks
+            }  # fmt: skip
+            for key, future in own.items():
+                code, output = future.result()
+                self.ran.update({text: Ran(folders[key], code, None, output) for text in runs[key]})
+            job.result()
+
+    def torchrun_job(self, folders: dict[str, Path], runs: dict[str, list[str]]) -> None:
+        """The "ranks" commands in turn on the two ranks of one `torchrun --nproc_per_node 2` job."""
+        if not folders:
+            return
+        job = self.factory.mktemp("torchrun_job") / "job.json"
+        commands = [
+            {"text": runs[key][0], "program": argv(runs[key][0])[0], "argv": argv(runs[key][0])[1],
+             "folder": str(folder), "port": free_port(), "env": COMMANDS[runs[key][0]].env}
+            for key, folder in folders.items()
+        ]  # fmt: skip
+        job.write_text(json.dumps(commands))
+        code, output = run_process(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+             "helpers.documented_commands", str(job)], job.parent,
+        )  # fmt: skip
+        results = [Path(f"{job}.rank{rank}.json") for rank in (0, 1)]
+        results = [json.loads(path.read_text()) if path.is_file() else None for path in results]
+        for index, (key, folder) in enumerate(folders.items()):
+            if None in results:
+                status, error = None, f"the torchrun job ended (status {code}) without its ranks' results"
+            else:
+                mine = [rank[index] for rank in results]
+                status = next((one["code"] for one in mine if one["code"] != 0), 0)
+                error = "\n".join(one.get("error", "") for one in mine)
+            printed = section(output, runs[key][0])
+            self.ran.update({text: Ran(folder, status, None, printed, error) for text in runs[key]})
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory)
+
+
+# ---- the tests -------------------------------------------------------------------------------------------------
+def test_every_printed_command_has_an_entry():
+    """A command a document prints and COMMANDS lacks fails here, and so does an entry no document prints."""
+    printed = {text: document for document, text, _ in python_command_lines()}
+    missing = [f"{printed[text].relative_to(REPO)}: {text}" for text in printed if text not in COMMANDS]
+    how_to_add = (
+        "Give each an entry in COMMANDS (tests/test_documented_commands.py), keyed by its text as printed: "
+        "`'<text>': command(<check of what it writes>, <flags appended to shorten it>, inputs={'<path it reads>': "
+        "Output('<the documented command that writes it>') or a maker}, why='<what stands in, where it cannot run "
+        "here as printed>')`."
+    )
+    assert not missing, "documented commands that no test runs:\n  " + "\n  ".join([*missing, how_to_add])
+    stale = [text for text in COMMANDS if text not in printed]
+    assert not stale, f"entries of COMMANDS that no document prints any more (remove them): {stale}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(text, id=text, marks=[pytest.mark.multiprocess] if entry.launch != "in_process" else [])
+        for text, entry in COMMANDS.items()
+    ],
+)  # fmt: skip
+def test_the_documented_command_runs(text, runs):
+    ran = runs(text)
+    print(how(text))
+    where = ran.folder or "no folder: not run"
+    assert ran.code == 0, f"{how(text)}\nin {where}\n{ran.error}\n{ran.output[-4000:]}"
+    COMMANDS[text].check(ran)
