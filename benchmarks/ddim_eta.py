@@ -12,12 +12,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from arguments import existing, list_of, resolved  # noqa: E402
 from metrics_lib import digits_split, frechet_distance, to_digit_features  # noqa: E402
 
 from diffusion.core.sampling import SamplingOptions  # noqa: E402
 from diffusion.generation.ranks import generate  # noqa: E402
 from diffusion.generation.render import to_uint8_images  # noqa: E402
-from diffusion.training.loading import load_checkpoint  # noqa: E402
+from diffusion.training.loading import load_checkpoint, model_hyperparameters  # noqa: E402
 from diffusion.training.run_folders import latest_checkpoint  # noqa: E402
 
 
@@ -28,11 +29,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--ckpt", type=Path, default=None, help="default: benchmarks/runs/digits newest last.ckpt"
     )
-    parser.add_argument("--etas", type=float, nargs="+", default=[0.0, 0.3, 0.5])
+    parser.add_argument("--etas", nargs="+", default=[0.0, 0.3, 0.5], action=list_of(float, "0,0.3,0.5"))
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--num_samples", type=int, default=898)
     args = parser.parse_args(argv)
-    ckpt = args.ckpt or latest_checkpoint(ROOT / "benchmarks" / "runs", "digits")
+    existing(parser, "--ckpt", args.ckpt, "a .ckpt train.py wrote")
+    ckpt = resolved(parser, "--ckpt", args.ckpt or ROOT / "benchmarks" / "runs", find_checkpoint)
     module = load_checkpoint(ckpt, weights="ema")
     reference = digits_split()[0]
     lines = [
@@ -53,6 +55,13 @@ def main(argv: list[str] | None = None) -> str:
     out.write_text(table)
     print(f"\n{table}written to {out}")
     return table
+
+
+def find_checkpoint(path: Path) -> Path:
+    """--ckpt (checked: readable, written by train.py), or the newest digits run's under benchmarks/runs."""
+    ckpt = path if path.is_file() else latest_checkpoint(path, "digits")
+    model_hyperparameters(ckpt)
+    return ckpt
 
 
 if __name__ == "__main__":

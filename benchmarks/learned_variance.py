@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from arguments import existing, resolved
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
 from train_run import run_training
 
@@ -33,7 +34,7 @@ from diffusion.core.sampling import SamplingOptions
 from diffusion.generation.ranks import generate
 from diffusion.generation.render import to_uint8_images
 from diffusion.metrics.bits_per_dim import BitsPerDim, image_bounds, quantize_to_8_bits
-from diffusion.training.loading import load_checkpoint
+from diffusion.training.loading import load_checkpoint, model_hyperparameters
 from diffusion.training.run_folders import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +122,14 @@ def main(argv: list[str] | None = None) -> str:
         "--num_samples", type=int, default=REFERENCE_SIZE, help="samples per row (FD rises as they fall)"
     )
     args = parser.parse_args(argv)
+    for model in MODELS:  # the given runs' checkpoints, before any time is spent
+        flag, given = f"--{model}", getattr(args, model)
+        if given is not None:
+            existing(parser, flag, given, "a digits run folder (runs/NAME/version_N), a save dir or a .ckpt")
+            name = f"digits_{model}"
+            resolved(
+                parser, flag, given, lambda path, name=name: model_hyperparameters(checkpoint_of(path, name))
+            )
     if args.quick and args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="learned_variance_"))
     out = args.out or ROOT / "benchmarks" / "results"

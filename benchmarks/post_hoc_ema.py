@@ -21,9 +21,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from arguments import existing, list_of, resolved  # noqa: E402
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features  # noqa: E402
 
-from diffusion.core.sampling import SamplingOptions  # noqa: E402
+from diffusion.core.sampling import SAMPLERS, SamplingOptions  # noqa: E402
 from diffusion.generation.ranks import generate  # noqa: E402
 from diffusion.generation.render import to_uint8_images  # noqa: E402
 from diffusion.training.loading import load_checkpoint  # noqa: E402
@@ -41,16 +42,21 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--run", type=Path, required=True, help="a digits run trained with --ema.post_hoc true"
     )
-    parser.add_argument("--sigma_rels", type=float, nargs="+", default=SIGMA_RELS)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--sampler", default="dpmpp_2m_sde")
+    parser.add_argument("--sigma_rels", nargs="+", default=SIGMA_RELS, action=list_of(float, "0.05,0.1"))
+    parser.add_argument("--seeds", nargs="+", default=[0, 1], action=list_of(int, "0,1"))
+    parser.add_argument("--sampler", default="dpmpp_2m_sde", choices=sorted(SAMPLERS))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "post_hoc_ema.md")
     args = parser.parse_args(argv)
-    step, ckpt = checkpoints_of_run(args.run)[-1]
+    existing(
+        parser, "--run", args.run, "a run folder (runs/digits/version_N) trained with --ema.post_hoc true"
+    )
+    step, ckpt = resolved(parser, "--run", args.run, newest_checkpoint_of_run)
+    snapshots = resolved(parser, "--run", args.run, lambda run: find_snapshots(post_hoc_ema_folder(run)))
+    if not snapshots:
+        parser.error(f"--run {args.run}: no post-hoc EMA snapshots in it — train it with --ema.post_hoc true")
     module = load_checkpoint(ckpt, weights="ema")
     run_ema = {name: value.clone() for name, value in module.state_dict().items()}
-    snapshots = find_snapshots(post_hoc_ema_folder(args.run))
     reference, _, other, _ = digits_split()
     floor = frechet_distance(other, reference)
     options = SamplingOptions(sampler=args.sampler, steps=args.steps)
@@ -103,6 +109,16 @@ def main(argv: list[str] | None = None) -> str:
     args.out.write_text(table)
     print(f"\n{table}written to {args.out}")
     return table
+
+
+def newest_checkpoint_of_run(run: Path) -> tuple[int, Path]:
+    """(step, path) of the run folder's newest readable checkpoint."""
+    found = checkpoints_of_run(run)
+    if not found:
+        raise FileNotFoundError(
+            f"no readable checkpoint in {run / 'checkpoints'} — pass a run folder train.py wrote"
+        )
+    return found[-1]
 
 
 if __name__ == "__main__":

@@ -29,13 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from arguments import existing, list_of, resolved  # noqa: E402
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features  # noqa: E402
 
 from diffusion.core.sampling import SAMPLERS, SamplingOptions  # noqa: E402
 from diffusion.data.labels import class_labels  # noqa: E402
 from diffusion.generation.ranks import generate  # noqa: E402
 from diffusion.generation.render import to_uint8_images  # noqa: E402
-from diffusion.training.loading import load_checkpoint  # noqa: E402
+from diffusion.training.loading import load_checkpoint, model_hyperparameters  # noqa: E402
 from diffusion.training.run_folders import latest_checkpoint  # noqa: E402
 
 EVALUATIONS = (10, 15, 20, 25, 35, 50, 100, 250, 1000)
@@ -82,16 +83,14 @@ def steps_for(module, sampler: str, targets, labels) -> dict[int, int]:
 def sweep(args: argparse.Namespace, written=lambda table, floor, what: None) -> tuple[dict, float, str]:
     """The table {sampler: {evaluations: FD}}, the real data's floor and what was sampled; `written` gets them
     after every row (a sweep stopped early keeps what it measured)."""
-    ckpt = args.run / "checkpoints" / "last.ckpt" if (args.run / "checkpoints").is_dir() else Path(args.run)
-    if ckpt.is_dir():
-        ckpt = latest_checkpoint(ckpt, args.name)
+    ckpt = checkpoint_of(args.run, args.name)
     module = load_checkpoint(ckpt, weights="ema", map_location=args.device)
     reference, _, other, _ = digits_split()
     floor = frechet_distance(other[: args.num_samples], reference)
     labels = class_labels(args.num_samples, module.num_classes) if module.num_classes else None
     guidance = f", guidance {module.sampling.guidance_scale}" if labels is not None else ""
     what = f"{ckpt} (EMA weights), {args.num_samples} samples{guidance}"
-    samplers = args.samplers.split(",") if args.samplers else list(SAMPLERS)
+    samplers = args.samplers or list(SAMPLERS)
     runs = [(sampler, args.evaluations) for sampler in samplers]
     if args.reference:  # one long run as the others' limit, e.g. ddpm:1000
         name, count = args.reference.split(":")
@@ -109,6 +108,12 @@ def sweep(args: argparse.Namespace, written=lambda table, floor, what: None) -> 
                   f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
             written(table, floor, what)
     return table, floor, what
+
+
+def checkpoint_of(run: Path, name: str) -> Path:
+    """--run's checkpoint: a run folder's last.ckpt, the newest of `name`'s runs under a save dir, or a .ckpt."""
+    ckpt = run / "checkpoints" / "last.ckpt" if (run / "checkpoints").is_dir() else Path(run)
+    return latest_checkpoint(ckpt, name) if ckpt.is_dir() else ckpt
 
 
 def markdown(table: dict, floor: float, what: str) -> str:
@@ -164,9 +169,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--run", type=Path, help="a run folder, a save dir holding --name's runs, or a .ckpt")
     parser.add_argument("--name", help="the run name under a save dir (digits); names the outputs (default: the "
                         "run folder's name, runs/NAME/version_N)")  # fmt: skip
-    parser.add_argument("--samplers", default="", help="comma-separated; default every registered sampler")
-    parser.add_argument("--evaluations", type=lambda text: [int(v) for v in text.split(",")],
-                        default=list(EVALUATIONS))  # fmt: skip
+    parser.add_argument("--samplers", nargs="+", default=[], action=list_of(str, "ddim,dpmpp_2m", SAMPLERS),
+                        help="comma-separated; default every registered sampler")  # fmt: skip
+    parser.add_argument("--evaluations", nargs="+", default=list(EVALUATIONS), action=list_of(int, "10,20,35"),
+                        help="comma-separated network evaluations per sample")  # fmt: skip
     parser.add_argument(
         "--reference",
         default="",
@@ -180,6 +186,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", type=Path, help="write the table and plot here instead of the repository")
     parser.add_argument("--quick", action="store_true", help="a tiny run trained here, few evaluations")
     args = parser.parse_args(argv)
+    sampler, _, count = args.reference.partition(":")
+    if args.reference and (sampler not in SAMPLERS or not count.isdigit() or int(count) < 1):
+        parser.error(
+            f"--reference {args.reference}: not SAMPLER:EVALUATIONS — pass e.g. --reference ddpm:1000"
+        )
     if args.quick:
         from helpers import tiny_run  # tests/helpers: the tests' tiny UNet
 
@@ -188,10 +199,17 @@ def main(argv: list[str] | None = None) -> str:
         args.run, args.evaluations, args.num_samples = args.out / "runs" / "digits" / "version_0", [4, 8], 40
     if args.run is None:
         parser.error("--run is required (or --quick)")
+    existing(
+        parser,
+        "--run",
+        args.run,
+        "a run folder (runs/NAME/version_N), a save dir of --name's runs, or a .ckpt",
+    )
     # A run folder names its outputs: the conditional recipe's sweep does not overwrite the default recipe's.
     in_run = (args.run / "checkpoints").is_dir()
     name = args.name or (args.run.resolve().parent.name if in_run else "digits")
     args.name = args.name or "digits"  # the runs looked for under a save dir
+    resolved(parser, "--run", args.run, lambda run: model_hyperparameters(checkpoint_of(run, args.name)))
     suffix = "" if name == "digits" else f"_{name}"
     results = args.out or ROOT / "benchmarks" / "results"
     figures = args.out or ROOT / "docs"

@@ -51,9 +51,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import speed_data
 import torch
+from arguments import existing, list_of
 from speed_data import SyntheticCIFAR10, loader_throughput
 from speed_jobs import FlagsRefused, compare_jobs, timed_train_py
 from speed_paths import build_project, diffusers_path, plain_path, project_path
@@ -70,7 +72,7 @@ from speed_report import (
 
 from diffusion.core.compiling import compiling_with
 from diffusion.core.sampling import SAMPLERS, SamplingOptions
-from diffusion.generation.precision import network_precision
+from diffusion.generation.precision import Precision, network_precision
 from diffusion.models import UNet
 from diffusion.training.callbacks.step_timer import (
     KernelProfile,
@@ -217,9 +219,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         "--loader_batches", type=int, default=100, help="batches of the data path measure (0: none)"
     )
     parser.add_argument(
-        "--samplers", default="ddim:50,dpmpp_2m_sde:20", help="sampler:steps,... to time (empty: none)"
-    )
-    parser.add_argument("--sampling_precisions", default="32", help="e.g. 32,bf16-mixed")
+        "--samplers", nargs="*", default=["ddim:50", "dpmpp_2m_sde:20"], help="sampler:steps,... to time (empty: none)",
+        action=list_of(sampler_steps, "ddim:50,dpmpp_2m_sde:20", SAMPLERS, "SAMPLER:STEPS", empty=True),
+    )  # fmt: skip
+    parser.add_argument(
+        "--sampling_precisions", nargs="+", default=["32"], help="e.g. 32,bf16-mixed",
+        action=list_of(str, "32,bf16-mixed", get_args(Precision)),
+    )  # fmt: skip
     parser.add_argument(
         "--sampling_compile", action="store_true",
         help="also time each sampler compiled (its compile option: one graph for the loop, CUDA graphs on CUDA)",
@@ -242,7 +248,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     if args.quick:
         args.rounds, args.steps, args.warmup, args.train_py_warmup, args.train_py_steps = 2, 3, 2, 2, 3
         args.job_steps, args.job_rounds, args.loader_batches = 4, 1, min(args.loader_batches, 3)
-        args.samplers = ",".join(f"{entry.split(':')[0]}:3" for entry in args.samplers.split(",") if entry)
+        args.samplers = [f"{entry.split(':')[0]}:3" for entry in args.samplers]
         args.compile_backend = "eager"  # Dynamo traces as usual; Inductor would take minutes on a CPU
         args.sampling_compile = True
         cli_args = [*TINY_UNET, *cli_args]
@@ -255,8 +261,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             "--rounds, --steps and --sampling_repeats must be >= 1, --warmup and --profile_steps >= 0"
         )
     if args.config:
+        existing(parser, "--config", Path(args.config), "a recipe, e.g. configs/digits.yaml")
         cli_args = ["--config", args.config, *cli_args]
     return args, cli_args
+
+
+def sampler_steps(text: str) -> str:
+    """A --samplers item, SAMPLER:STEPS with STEPS >= 1 (the sampler's name is checked against the registry)."""
+    _, _, steps = text.partition(":")
+    if not steps.isdigit() or int(steps) < 1:
+        raise ValueError(text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -333,10 +348,10 @@ def measure(args: argparse.Namespace, cli_args: list[str]) -> str:
     if args.loader_batches:
         measure_data_path(run, cli)
         save(run)
-    for entry in filter(None, args.samplers.split(",")):
+    for entry in args.samplers:
         sampler, steps = entry.split(":")
         for precision, compile in itertools.product(
-            filter(None, args.sampling_precisions.split(",")),
+            args.sampling_precisions,
             (False, True) if args.sampling_compile else (False,),
         ):
             size = args.sampling_batch or batch

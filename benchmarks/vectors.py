@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from arguments import list_of
 from metrics_lib import sliced_wasserstein
 from train_run import run_training
 from vector_sets import Distribution, distributions
@@ -176,7 +177,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="2 sets, tiny networks, 10 steps: plumbing only")
-    parser.add_argument("--only", nargs="+", choices=sorted(distributions()), help="measure these sets")
+    parser.add_argument(
+        "--only", nargs="+", help="measure these sets",
+        action=list_of(str, ",".join(QUICK_SETS), sorted(distributions())),
+    )  # fmt: skip
     parser.add_argument("--reuse", type=Path, help="no training: evaluate <dir>/vectors_<name>/version_N")
     parser.add_argument("--resume", action="store_true", help="reuse the runs this script finished before")
     parser.add_argument(

@@ -13,6 +13,12 @@ class UserError(Exception):
 
     def __init__(self, problem: str, fix: str) -> None:
         super().__init__(f"{problem} — {fix}")
+        self.problem, self.fix = problem, fix
+
+    def about(self, subject: str) -> "UserError":
+        """The same error said of `subject`, what the user gave that led to it (a flag and a path): `<subject>:
+        <problem> — <fix>`, for a check deep inside reading that subject which cannot know its name."""
+        return UserError(f"{subject}: {self.problem}", self.fix)
 
 
 class CallerError(ValueError):

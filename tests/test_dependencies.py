@@ -2,10 +2,11 @@
 constraints.txt pins every package the project and its dev extra need to a version inside those ranges (without a
 pin, pip would fetch the newest torch, several GB)."""
 
+import tomllib
 from pathlib import Path
 
-import tomllib
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,3 +51,12 @@ def test_the_ranges_admit_the_gpu_machines_stack():
             f"{name} {version} (the lent GPU machines') is outside {ranges[name]}"
         )
     assert not ranges["jsonargparse"].contains("5.0.0")  # cli/reporting.py reads its messages
+
+
+def test_the_python_floor_is_the_oldest_python_the_code_runs_on():
+    # The package uses hashlib.file_digest (exported.py) and the tests tomllib and contextlib.chdir: 3.11's. CI
+    # runs 3.11, so a lower floor would promise a Python nobody tested; ruff reads the code as of the floor.
+    floor = SpecifierSet(PROJECT["requires-python"])
+    assert not floor.contains("3.10") and floor.contains("3.11")
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["target-version"]
+    assert target == "py311"

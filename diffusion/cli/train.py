@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import SUPPRESS
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -52,16 +53,21 @@ from diffusion.cli.trainer_options import (
     expand_shorthands,
     runs_on_cpu,
 )
-from diffusion.data.file_in_folder import file_in_folder
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
-from diffusion.training.checkpoint_files import CHECKPOINT
 from diffusion.training.from_diffusers import init_settings
+from diffusion.training.loading import model_source
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder
+
+# LightningCLI's optimizer flags, not offered (DiffusionModule.configure_optimizers), and the flags that do their work.
+NOT_OFFERED = {
+    "optimizer": "--model.lr, --model.adam_betas and --model.weight_decay",
+    "lr_scheduler": "--model.warmup_steps and --model.lr_schedule (constant or cosine)",
+}
 
 
 class SaveConfigToRunFolder(SaveConfigCallback):
@@ -113,6 +119,9 @@ class DiffusionCLI(LightningCLI):
             # A resumed run writes its config into the same folder.
             save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
             trainer_defaults=TRAINER_DEFAULTS,
+            # DiffusionModule configures its own Adam, warmup and schedule (--model.lr, --model.warmup_steps,
+            # --model.lr_schedule, ...): LightningCLI's --optimizer and --lr_scheduler would replace them.
+            auto_configure_optimizers=False,
             args=args,
             **kwargs,
         )
@@ -129,6 +138,8 @@ class DiffusionCLI(LightningCLI):
             "answering; raise it when rank 0 alone does long work, e.g. a first download in prepare_data",
         )  # fmt: skip
         add_debug_flag(parser)
+        for name in NOT_OFFERED:  # in every config saved before they were withdrawn, as null
+            parser.add_argument(f"--{name}", type=Any, default=None, help=SUPPRESS)
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
         # No version counter: Lightning would write last-v1.ckpt beside last.ckpt whenever a resumed run's
         # checkpoint settings or folder differ from the saved ones; last.ckpt stays the newest instead.
@@ -177,6 +188,13 @@ class DiffusionCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self._settings_written = settings_written(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
+        for name, instead in NOT_OFFERED.items():
+            if self.config.get(name) is not None:
+                raise UserError(
+                    f"--{name} {self.config[name]}: train.py takes no --{name}; the model configures its own Adam "
+                    "(fused where it can be), warmup and learning-rate schedule",
+                    f"set them with {instead}",
+                )
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config)
         check_hardware_flags(self.config.trainer)
@@ -193,11 +211,21 @@ class DiffusionCLI(LightningCLI):
             self._resume_checkpoint, config_filename = resolve_resume(config)
             if config_filename:
                 self.save_config_kwargs["config_filename"] = config_filename
-        if config.model.init_from and not take_diffusers_settings(config):
-            config.model.init_from = str(
-                file_in_folder(config.model.init_from, "--model.init_from", CHECKPOINT)
-            )
-            check_init_from(config.model.init_from, config.model.network.class_path)
+        if config.model.init_from:
+            # What the path is (a diffusers folder, an export, a checkpoint or a folder holding one), decided
+            # where every command decides it, so a broken diffusers folder is reported as one.
+            kind, source = model_source(config.model.init_from, "--model.init_from")
+            if kind == "diffusers":
+                take_diffusers_settings(config)
+            elif kind == "export":
+                raise UserError(
+                    f"--model.init_from {config.model.init_from} is an export (python -m diffusion.export), "
+                    "which holds one set of weights and no training state",
+                    "pass the checkpoint it was exported from (runs/<name>/version_N/checkpoints/*.ckpt)",
+                )
+            else:
+                config.model.init_from = str(source)
+                check_init_from(config.model.init_from, config.model.network.class_path)
         note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
         if note and runs_on_cpu(config.trainer):  # --accelerator cpu, or auto on a machine without a GPU
             rank_zero_warn(note)
@@ -228,6 +256,7 @@ class DiffusionCLI(LightningCLI):
             if hasattr(c, "get")
         ]
         use_run_progress(self.trainer, keep_bar=any(path.endswith("ProgressBar") for path in chosen))
+        log_learning_rate(self.trainer)
         check_input_shape = getattr(self.model.network, "check_input_shape", None)
         if check_input_shape is not None:
             check_input_shape(self.model.sample_shape)
@@ -242,12 +271,11 @@ class DiffusionCLI(LightningCLI):
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
 
 
-def take_diffusers_settings(config) -> bool:
+def take_diffusers_settings(config) -> None:
     """--model.init_from a diffusers folder: train its network and schedule (read from its configs, whatever the
-    recipe says); False for any other init_from."""
-    settings = init_settings(config.model.init_from)
-    if settings is None:
-        return False
+    recipe says)."""
+    settings = init_settings(config.model.init_from, "--model.init_from")
+    assert settings is not None, "model_source said diffusers"
     if config.model.network.class_path.rsplit(".", 1)[-1] != "UNet":
         raise UserError(
             f"--model.init_from {config.model.init_from} is a diffusers UNet, but this config's network is "
@@ -262,7 +290,14 @@ def take_diffusers_settings(config) -> bool:
         f"(UNet {dict(config.model.network.init_args)}, {config.model.beta_schedule} betas over "
         f"{config.model.num_timesteps} steps, {config.model.prediction_type} prediction)"
     )
-    return True
+
+
+def log_learning_rate(trainer: Trainer) -> None:
+    """The learning rate (warmup, then the schedule) logged as train/lr beside train/loss, at the logging steps:
+    Lightning's LearningRateMonitor reads the optimizer's rate, a host number, only when the loggers write
+    (unless the user chose a monitor of their own; a run without a logger has nowhere to log it)."""
+    if trainer.loggers and not any(isinstance(c, LearningRateMonitor) for c in trainer.callbacks):
+        trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
 
 
 def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:

@@ -7,6 +7,7 @@ allows (refused when it allows both); uint8, or integers within 0..255. Float im
 0..255 are all in use, and a wrong guess would give wrong numbers without a word.
 """
 
+import contextlib
 import zipfile
 import zlib
 from pathlib import Path
@@ -28,47 +29,84 @@ FLOAT_FIX = (
 )
 
 
+# The first byte of a pickle of protocol 2 or later (pickle.dump, torch.save's legacy format).
+PICKLE = b"\x80"
+
+
 def numpy_file_kind(path: Path) -> str:
-    """ "npy", "npz" or "other", from the file's first bytes: np.load would try to unpickle an unknown file and
-    report that, rather than what the file is."""
+    """ "npy", "npz", "pickle" or "other", from the file's first bytes: np.load would try to unpickle an unknown
+    file and report that, rather than what the file is."""
     with path.open("rb") as file:
         magic = file.read(6)
     if magic == b"\x93NUMPY":
         return "npy"
+    if magic[:1] == PICKLE:
+        return "pickle"
     return "npz" if magic[:2] == b"PK" else "other"  # np.savez writes a zip archive
+
+
+PICKLED = "holds pickled Python objects (pickle.dump, or torch.save's legacy format), not"
+
+
+def holds_objects(path: Path, member: str | None = None) -> bool:
+    """Whether the array in the .npy file `path` (or the .npz archive's `member`) is of a dtype that holds Python
+    objects, from its header alone: numpy reads such arrays only by unpickling them, which could run code."""
+    with contextlib.ExitStack() as stack:
+        if member is None:
+            file = stack.enter_context(path.open("rb"))
+        else:
+            archive = stack.enter_context(zipfile.ZipFile(path))
+            # np.load names an archive's arrays by their entries' names less ".npy".
+            entry = f"{member}.npy" if f"{member}.npy" in archive.namelist() else member
+            file = stack.enter_context(archive.open(entry))
+        version = np.lib.format.read_magic(file)
+        read_header = HEADER_READERS.get(version)
+        return read_header is not None and read_header(file)[2].hasobject
+
+
+HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def read_array(path: str | Path, flag: str, fix: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(array, labels or None) of a .npy file (memory-mapped) or an .npz archive (`arr_0`, or its only array;
-    labels from `arr_1`); `fix` ends each refusal. A folder holding one such file stands for it."""
+    labels from `arr_1`); `fix` ends each refusal. A folder holding one such file stands for it. Files holding
+    Python objects (a pickle, an array of dtype object) and empty arrays are refused, saying so."""
     path = file_in_folder(path, flag, ARRAY_FILE)
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"{flag} {path} {what} — {fix}")
     kind = numpy_file_kind(path)
+    if kind == "pickle":
+        raise ValueError(f"{flag} {path} {PICKLED} a NumPy array (np.save, np.savez) — {fix}")
     if kind == "other":
         raise ValueError(f"{flag} {path} is not a .npy file or an .npz archive — {fix}")
+    objects = f"{flag} {path} holds Python objects (dtype object), not numbers — {fix}"
     try:
         if kind == "npy":
+            if holds_objects(path):
+                raise ValueError(objects)
             # mmap: shape and dtype are checked from the header before anything is read.
-            return np.load(path, mmap_mode="r", allow_pickle=False), None
-        with np.load(path, allow_pickle=False) as archive:
-            names = archive.files
-            if "arr_0" not in names and len(names) != 1:
-                raise ValueError(
-                    f"{flag} {path} holds {names}, no arr_0 (FID statistics hold mu and sigma) — {fix}"
-                )
-            array = archive["arr_0" if "arr_0" in names else names[0]]
-            labels = archive["arr_1"] if "arr_0" in names and "arr_1" in names else None
-            return array, labels
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as err:
+            array, labels = np.load(path, mmap_mode="r", allow_pickle=False), None
+        else:
+            with np.load(path, allow_pickle=False) as archive:
+                names = archive.files
+                if "arr_0" not in names and len(names) != 1:
+                    raise ValueError(
+                        f"{flag} {path} holds {names}, no arr_0 (FID statistics hold mu and sigma) — {fix}"
+                    )
+                name = "arr_0" if "arr_0" in names else names[0]
+                labelled = "arr_0" in names and "arr_1" in names
+                if any(holds_objects(path, member) for member in [name, *(["arr_1"] if labelled else [])]):
+                    raise ValueError(objects)
+                array = archive[name]
+                labels = archive["arr_1"] if labelled else None
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError) as err:
         if f"{flag} {path}" in str(err):
             raise
-        if "Python objects" in str(err):  # numpy cannot load dtype object without pickle
-            raise ValueError(
-                f"{flag} {path} holds Python objects (dtype object), not numbers — {fix}"
-            ) from err
         raise ValueError(f"{flag} {path} is truncated or corrupt ({err}) — {fix}") from err
+    if array.size == 0:
+        raise ValueError(f"{flag} {path} holds an empty array (shape {array.shape}) — {fix}")
+    return array, labels
 
 
 def read_images(path: str | Path, flag: str) -> tuple[np.ndarray, np.ndarray | None]:

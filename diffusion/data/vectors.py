@@ -179,23 +179,32 @@ def _load_npy(path: Path) -> np.ndarray:
     array, _ = read_array(path, "--data.path", fix)
     if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
         raise ValueError(
-            f"{path} has dtype {array.dtype}, not real numbers — {save}, as float or int: array.astype(np.float32)"
+            f"--data.path {path} has dtype {array.dtype}, not real numbers — {save}, as float or int: "
+            "array.astype(np.float32)"
         )
     if array.ndim != 2:
         raise ValueError(
-            f"{path} has shape {array.shape}, expected (N, D) — "
+            f"--data.path {path} has shape {array.shape}, expected (N, D) — "
             "reshape it, e.g. array.reshape(len(array), -1) for images or array[:, None] for scalars"
         )
     if array.shape[0] < 2 or array.shape[1] < 1:
         raise ValueError(
-            f"{path} has shape {array.shape}, too small — save N >= 2 samples of D >= 1 features"
+            f"--data.path {path} has shape {array.shape}, too small — save N >= 2 samples of D >= 1 features"
         )
     data = np.asarray(array, dtype=np.float64)
     with np.errstate(over="ignore"):  # values beyond float32 range become inf: reported just below
         bad_rows = ~np.isfinite(data.astype(np.float32)).all(axis=1)
     if bad_rows.any():
         raise ValueError(
-            f"{path} has {int(bad_rows.sum())} rows with NaN/inf values (or values too large for float32), "
-            f"first at row {int(bad_rows.argmax())} — drop or fix them"
+            f"--data.path {path} has {int(bad_rows.sum())} rows with NaN/inf values (or values too large for "
+            f"float32), first at row {int(bad_rows.argmax())} — drop or fix them"
+        )
+    # Refused rather than warned about: standardized, such data is all zeros, and the model could only learn
+    # to return that one point, which needs no training. A constant feature beside others that vary is data
+    # (a fixed coordinate): it maps to 0 and trains (`feature_scaling`).
+    if (data == data[0]).all():
+        raise ValueError(
+            f"--data.path {path}: its {len(data)} rows are all the same point (zero variance in every feature), "
+            "so there is nothing to learn — pass samples that differ (check that the array was filled)"
         )
     return data

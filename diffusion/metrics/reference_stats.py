@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diffusion.data.numpy_files import numpy_file_kind
+from diffusion.data.numpy_files import holds_objects, numpy_file_kind
 from diffusion.errors import UserError
 
 WRITE_FIX = "write one with python -m diffusion.evaluate --reference DATASET_OR_NPZ --save_stats FILE.npz"
@@ -106,6 +106,8 @@ def load_statistics(path: str | Path) -> FeatureStatistics:
                     "statistics file",
                     WRITE_FIX,
                 )
+            if any(holds_objects(path, key) for key in ("mu", "sigma")):
+                raise UserError(f"{path} holds Python objects (dtype object), not numbers", WRITE_FIX)
             mu, sigma = archive["mu"], archive["sigma"]
             features = str(archive["features"]) if "features" in archive.files else None
             num_images = int(archive["num_images"]) if "num_images" in archive.files else None

@@ -247,10 +247,17 @@ def unet_weights_from_diffusers(unet: UNet, state: dict[str, torch.Tensor]) -> d
             else:
                 value = state.pop(f"{theirs}.{kind}")
         except KeyError as err:
-            raise UserError(f"the UNet2DModel weights have no {err.args[0]}",
+            raise UserError(f"its UNet2DModel weights have no {err.args[0]}",
                             "pass the weights saved with this config.json") from err  # fmt: skip
-        weights[key] = value.reshape(ours.shape)  # (C_out, C_in) linear -> (C_out, C_in, 1, 1) conv kernels
+        # A linear layer's (C_out, C_in) as a (C_out, C_in, 1, 1) conv kernel; any other change of shape is a weight
+        # that does not belong to this config.json.
+        if value.shape != ours.shape and tuple(value.shape) + (1,) * (ours.ndim - value.ndim) != ours.shape:
+            raise UserError(
+                f"its weight {theirs}.{kind} has shape {list(value.shape)}, and its config.json asks for "
+                f"{list(ours.shape)}", "pass the weights saved with this config.json (copy the folder again, whole)",
+            )  # fmt: skip
+        weights[key] = value.reshape(ours.shape)
     if state:
-        raise UserError(f"the UNet2DModel weights hold {len(state)} that this UNet has no place for, e.g. "
+        raise UserError(f"its UNet2DModel weights hold {len(state)} that this UNet has no place for, e.g. "
                         f"{sorted(state)[0]}", "use a model whose config maps (see docs/export.md)")  # fmt: skip
     return weights

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from diffusion.data.file_in_folder import FileKind, file_in_folder
+from diffusion.data.numpy_files import PICKLED, numpy_file_kind
 from diffusion.errors import UserError
 from diffusion.training.from_diffusers import diffusers_folders, read_init_weights
 
@@ -75,7 +76,17 @@ def read_checkpoint(
     if path.stat().st_size == 0:
         raise UserError(f"{flag} {path} is empty (0 bytes)", fix)
     if not zipfile.is_zipfile(path):
-        # torch.save writes zip archives; a truncated one has lost its central directory at the end.
+        # torch.save writes zip archives; a truncated one has lost its central directory at the end. Files of
+        # another kind are named by their first bytes: unpickling a pickle to see what it holds could run code.
+        kind = numpy_file_kind(path)
+        if kind == "pickle":
+            raise UserError(
+                f"{flag} {path} {PICKLED} a checkpoint (a zip archive of tensors); it was not read, as "
+                "unpickling it could run code",
+                f"{fix}; a state_dict you trust: load it and torch.save it again (the zip format)",
+            )
+        if kind == "npy":
+            raise UserError(f"{flag} {path} is a NumPy array (np.save), not a PyTorch checkpoint", fix)
         raise UserError(
             f"{flag} {path} is truncated or not a PyTorch checkpoint (no intact zip archive)", fix
         )
@@ -122,11 +133,14 @@ def check_written_by_train(
     return hparams
 
 
-def read_network_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_network_weights(
+    path: str | os.PathLike, network: torch.nn.Module | None = None
+) -> dict[str, torch.Tensor]:
     """Network weights from a checkpoint of this project (its `network.` entries), a plain state_dict, or a
-    diffusers DDPMPipeline / UNet2DModel folder (renamed to this project's UNet)."""
-    if diffusers_folders(path) is not None:
-        return read_init_weights(path)
+    diffusers DDPMPipeline / UNet2DModel folder (renamed to this project's UNet, checked to have `network`'s
+    channels)."""
+    if diffusers_folders(path, "--model.init_from") is not None:
+        return read_init_weights(path, network)
     path = file_in_folder(path, "--model.init_from", CHECKPOINT)
     if not path.is_file():
         raise FileNotFoundError(

@@ -12,6 +12,9 @@ betas 1e-4..0.02 over T = 1000). Reading runs no code and needs no diffusers: JS
 
 import json
 import os
+import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,51 +35,98 @@ SCHEDULER_DEFAULTS = {
 PREDICTION_TYPES = {"epsilon": "eps", "sample": "x0", "v_prediction": "v"}
 VARIANCES = {"fixed_small": "fixedsmall", "fixed_large": "fixedlarge"}
 FIX = "pass a DDPMPipeline folder (model_index.json, unet/, scheduler/) or a UNet2DModel folder (config.json)"
+WHOLE = "copy the model's folder again, whole (save_pretrained writes config.json beside the weights)"
 
 
-def _json(path: Path) -> dict[str, Any]:
+@contextmanager
+def about(path: str | os.PathLike, flag: str = "") -> Iterator[None]:
+    """A check inside reading the diffusers folder `path` fails with its error said of `flag path`: the problems
+    below name the folder's parts (its config.json, unet/, the weights), not the folder the user gave."""
+    try:
+        yield
+    except UserError as error:
+        raise error.about(f"{flag} {path}".strip()) from error
+
+
+def _json(path: Path, what: str) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise UserError(f"it has no {what}", WHOLE) from err
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} cannot be read as JSON ({err})", FIX) from err
+        raise UserError(f"its {what} cannot be read as JSON ({err})", WHOLE) from err
     if not isinstance(value, dict):
-        raise UserError(f"{path} is not a diffusers config (a JSON object)", FIX)
+        raise UserError(f"its {what} is not a diffusers config (a JSON object)", FIX)
     return value
 
 
-def diffusers_folders(path: str | os.PathLike) -> tuple[Path, Path | None] | None:
-    """(the UNet2DModel's folder, the scheduler config or None) when `path` is a diffusers folder, else None."""
-    path = Path(path).expanduser()
-    if not path.is_dir():
+def diffusers_folders(path: str | os.PathLike, flag: str = "") -> tuple[Path, Path | None] | None:
+    """(the UNet2DModel's folder, the scheduler config or None) when `path` is a diffusers folder, else None.
+
+    A diffusers folder is a pipeline's (model_index.json) or a model's: a config.json naming a diffusers class
+    (`_class_name`), or diffusers' weights files. One whose parts are missing or of another kind (a pipeline
+    without unet/ or unet/config.json, weights without config.json, another class than UNet2DModel) is refused
+    here, in one line said of `flag path`, rather than taken for a folder that holds no checkpoint."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
         return None
-    if (path / "model_index.json").is_file():
-        scheduler = path / "scheduler" / "scheduler_config.json"
-        return path / "unet", scheduler if scheduler.is_file() else None
-    config = path / "config.json"
-    if config.is_file() and _json(config).get("_class_name") == "UNet2DModel":
-        return path, None
+    with about(path, flag):
+        if (folder / "model_index.json").is_file():
+            if not (folder / "unet").is_dir():
+                raise UserError(
+                    "it is a diffusers pipeline folder (model_index.json) without its unet/ folder", WHOLE
+                )
+            unet_config(folder / "unet", "unet/config.json")
+            scheduler = folder / "scheduler" / "scheduler_config.json"
+            return folder / "unet", scheduler if scheduler.is_file() else None
+        if (folder / "config.json").is_file():
+            try:
+                config = json.loads((folder / "config.json").read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                config = None  # an export's config.json, or a diffusers one: the weights beside it tell
+            named = isinstance(config, dict) and "_class_name" in config
+            if not named and not any((folder / name).is_file() for name in WEIGHT_FILES):
+                return None  # not diffusers' (an export's config.json: `diffusion.training.exported`)
+            unet_config(folder, "config.json")
+            return folder, None
+        weights = [name for name in WEIGHT_FILES if (folder / name).is_file()]
+        if weights:
+            raise UserError(f"it holds diffusers weights ({weights[0]}) but no config.json", WHOLE)
     return None
 
 
 def module_settings(
-    path: str | os.PathLike,
+    path: str | os.PathLike, flag: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
     """(the UNet's arguments, DiffusionModule's other settings, the weights under diffusers' names) of the
     diffusers model in `path`."""
-    folders = diffusers_folders(path)
-    if folders is None:
-        raise UserError(f"{path} is not a diffusers model folder", FIX)
-    arguments, settings = model_settings(*folders)
-    return arguments, settings, read_unet_weights(folders[0])
+    folders = _folders(path, flag)
+    with about(path, flag):
+        arguments, settings = model_settings(*folders)
+        return arguments, settings, read_unet_weights(folders[0], _part(path, folders[0]))
 
 
-def diffusers_hyperparameters(path: str | os.PathLike) -> dict[str, Any]:
-    """The diffusers model in `path` as a checkpoint's hyperparameters (network and settings; no weights read)."""
-    folders = diffusers_folders(path)
-    if folders is None:
-        raise UserError(f"{path} is not a diffusers model folder", FIX)
-    arguments, settings = model_settings(*folders)
+def diffusers_hyperparameters(path: str | os.PathLike, flag: str = "") -> dict[str, Any]:
+    """The diffusers model in `path` as a checkpoint's hyperparameters (network and settings; its weights must be
+    there, but are not read)."""
+    folders = _folders(path, flag)
+    with about(path, flag):
+        arguments, settings = model_settings(*folders)
+        if not any((folders[0] / name).is_file() for name in WEIGHT_FILES):
+            read_unet_weights(folders[0], _part(path, folders[0]))  # says which are missing
     return {"network": {"class_path": "diffusion.models.UNet", "init_args": arguments}, **settings}
+
+
+def _folders(path: str | os.PathLike, flag: str) -> tuple[Path, Path | None]:
+    folders = diffusers_folders(path, flag)
+    if folders is None:
+        raise UserError(f"{flag} {path} is not a diffusers model folder".strip(), FIX)
+    return folders
+
+
+def _part(path: str | os.PathLike, unet_folder: Path) -> str:
+    """How the folder the user gave calls the UNet's: "unet/" in a pipeline, "" in a UNet2DModel folder."""
+    return "" if unet_folder == Path(path).expanduser() else f"{unet_folder.name}/"
 
 
 def model_settings(unet_folder: Path, scheduler_config: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -94,16 +144,18 @@ def model_settings(unet_folder: Path, scheduler_config: Path | None) -> tuple[di
     return arguments, settings
 
 
-def unet_config(folder: Path) -> dict[str, Any]:
-    config = _json(folder / "config.json")
+def unet_config(folder: Path, what: str = "config.json") -> dict[str, Any]:
+    """The UNet2DModel config in `folder` (`what`: how the user's folder calls it)."""
+    config = _json(folder / "config.json", what)
     if config.get("_class_name") not in (None, "UNet2DModel"):
-        raise UserError(f"{folder} holds a diffusers {config['_class_name']}, not a UNet2DModel",
+        raise UserError(f"its {what} is a diffusers {config['_class_name']}'s, not a UNet2DModel's",
                         "pass a DDPMPipeline or UNet2DModel folder")  # fmt: skip
     return config
 
 
-def read_unet_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The UNet2DModel's state_dict, under diffusers' names."""
+def read_unet_weights(folder: Path, part: str = "") -> dict[str, torch.Tensor]:
+    """The UNet2DModel's state_dict, under diffusers' names (`part`: the folder as the user's folder calls it,
+    "unet/" in a pipeline)."""
     for name in WEIGHT_FILES:
         path = folder / name
         if path.is_file():
@@ -111,15 +163,17 @@ def read_unet_weights(folder: Path) -> dict[str, torch.Tensor]:
                 if name.endswith(".safetensors"):
                     return load_file(path)
                 return torch.load(path, map_location="cpu", weights_only=True)
-            except (SafetensorError, RuntimeError, OSError) as err:
-                raise UserError(f"{path} cannot be read ({str(err) or type(err).__name__})", FIX) from err
-    raise FileNotFoundError(f"{folder} holds no {' or '.join(WEIGHT_FILES)} — {FIX}")
+            except (SafetensorError, RuntimeError, OSError, pickle.UnpicklingError, EOFError) as err:
+                raise UserError(f"its weights {part}{name} cannot be read ({str(err) or type(err).__name__})",
+                                WHOLE) from err  # fmt: skip
+    raise UserError(f"it has no weights: no {part}{' or '.join(WEIGHT_FILES)}", WHOLE)
 
 
 def schedule_settings(scheduler_config: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(DiffusionModule's schedule and prediction settings, its sampling defaults) for a DDPMScheduler config."""
-    config = {**SCHEDULER_DEFAULTS, **(_json(scheduler_config) if scheduler_config else {})}
-    where = scheduler_config or "the default DDPMScheduler"
+    what = "scheduler/scheduler_config.json"
+    config = {**SCHEDULER_DEFAULTS, **(_json(scheduler_config, what) if scheduler_config else {})}
+    where = f"its {what}" if scheduler_config else "the default DDPMScheduler"
     refuse = {
         "trained_betas": config["trained_betas"] is not None, "thresholding": bool(config["thresholding"]),
         "rescale_betas_zero_snr": bool(config["rescale_betas_zero_snr"]),
@@ -150,15 +204,16 @@ def schedule_settings(scheduler_config: Path | None) -> tuple[dict[str, Any], di
     return settings, sampling
 
 
-def init_settings(path: str | os.PathLike) -> dict[str, Any] | None:
+def init_settings(path: str | os.PathLike, flag: str = "--model.init_from") -> dict[str, Any] | None:
     """For `--model.init_from FOLDER`: the config values a run fine-tuning that diffusers model must train with
     (its network and schedule, by config key), or None when `path` is not a diffusers folder."""
-    folders = diffusers_folders(path)
+    folders = diffusers_folders(path, flag)
     if folders is None:
         return None
     unet_folder, scheduler_config = folders
-    arguments = unet_arguments_from_diffusers(unet_config(unet_folder))
-    settings, _ = schedule_settings(scheduler_config)
+    with about(path, flag):
+        arguments = unet_arguments_from_diffusers(unet_config(unet_folder))
+        settings, _ = schedule_settings(scheduler_config)
     # in_channels and out_channels follow from the data and --model.variance, as for any run.
     network = {k: v for k, v in arguments.items() if k not in ("in_channels", "out_channels")}
     return {
@@ -167,9 +222,31 @@ def init_settings(path: str | os.PathLike) -> dict[str, Any] | None:
     }
 
 
-def read_init_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The diffusers model's weights under this project's UNet's names (for `--model.init_from FOLDER`)."""
-    unet_folder, _ = diffusers_folders(path) or (Path(path), None)
-    with torch.device("meta"):  # the names and shapes only
-        network = UNet(**unet_arguments_from_diffusers(unet_config(unet_folder)))
-    return unet_weights_from_diffusers(network, read_unet_weights(unet_folder))
+def read_init_weights(
+    path: str | os.PathLike, network: torch.nn.Module | None = None, flag: str = "--model.init_from"
+) -> dict[str, torch.Tensor]:
+    """The diffusers model's weights under this project's UNet's names (for `--model.init_from FOLDER`); with
+    `network`, checked to have its input and output channels (the data's, which fine-tuning cannot change)."""
+    unet_folder, _ = _folders(path, flag)
+    with about(path, flag):
+        arguments = unet_arguments_from_diffusers(unet_config(unet_folder))
+        theirs = (arguments["in_channels"], arguments["out_channels"] or arguments["in_channels"])
+        ours = _channels(network)
+        if ours is not None and ours != theirs:
+            raise UserError(
+                f"it is a diffusers UNet for {theirs[0]}-channel images ({theirs[0]} in, {theirs[1]} out), "
+                f"and this run's network is for {ours[0]}-channel images ({ours[0]} in, {ours[1]} out: the data's "
+                "channels, twice out with --model.variance learned_range)",
+                f"fine-tune it on {theirs[0]}-channel images with --model.variance fixed, or start from a diffusers "
+                f"model for {ours[0]}-channel images",
+            )
+        with torch.device("meta"):  # the names and shapes only
+            unet = UNet(**arguments)
+        return unet_weights_from_diffusers(unet, read_unet_weights(unet_folder, _part(path, unet_folder)))
+
+
+def _channels(network: torch.nn.Module | None) -> tuple[int, int] | None:
+    """A UNet's (input, output) channels, None for another network."""
+    if not isinstance(network, UNet):
+        return None
+    return network.in_channels, network.conv_out.out_channels

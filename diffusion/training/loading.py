@@ -18,7 +18,12 @@ from diffusion.training.checkpoint_files import (
     read_checkpoint,
 )
 from diffusion.training.exported import is_export, load_export, read_export_config
-from diffusion.training.from_diffusers import diffusers_folders, diffusers_hyperparameters, module_settings
+from diffusion.training.from_diffusers import (
+    about,
+    diffusers_folders,
+    diffusers_hyperparameters,
+    module_settings,
+)
 from diffusion.training.module import DiffusionModule
 
 Weights = Literal["ema", "raw"]
@@ -70,8 +75,10 @@ def load_checkpoint(
 def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[ModelKind, Path]:
     """What a path given for a model is, decided in this one place for every command and `load_checkpoint`: a
     diffusers DDPMPipeline or UNet2DModel folder, an export (its folder or config.json), else a checkpoint file,
-    which a folder holding exactly one stands for (`file_in_folder`; `flag` names the option in its errors)."""
-    if diffusers_folders(path) is not None:
+    which a folder holding exactly one stands for (`file_in_folder`; `flag` names the option in its errors).
+    A diffusers folder that is broken (a part missing, a model of another class) is refused as one, naming what
+    is wrong with it (`diffusers_folders`), not searched for a checkpoint."""
+    if diffusers_folders(path, flag) is not None:
         return "diffusers", Path(path)
     if is_export(path):
         return "export", Path(path)
@@ -83,7 +90,7 @@ def model_hyperparameters(path: str | os.PathLike, flag: str = "checkpoint") -> 
     sample shape, classes, ...), read without building it: what a command checks before spending any time."""
     kind, path = model_source(path, flag)
     if kind == "diffusers":
-        return diffusers_hyperparameters(path)
+        return diffusers_hyperparameters(path, flag)
     if kind == "export":
         return read_export_config(path)[0]["hyper_parameters"]
     return check_written_by_train(read_checkpoint(path, flag), path, flag)
@@ -94,5 +101,6 @@ def load_diffusers(path: str | os.PathLike, map_location: str | torch.device = "
     UNet2DModel folder) does."""
     arguments, settings, weights = module_settings(path)
     network = UNet(**arguments)
-    network.load_state_dict(unet_weights_from_diffusers(network, weights))
+    with about(path):  # weights that do not fit its config.json: the folder is named
+        network.load_state_dict(unet_weights_from_diffusers(network, weights))
     return DiffusionModule(network, **settings).to(map_location).eval()

@@ -30,6 +30,7 @@ from diffusion.data.labels import labels_for_sampling
 from diffusion.data.split import describe_batches
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
+from diffusion.training.divergence import check_interval_loss, check_weights
 from diffusion.training.logging_steps import IntervalLoss
 from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
 from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
@@ -44,6 +45,7 @@ from diffusion.training.random_states import (
 NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/loss.py
 CompileWhen = Literal["cuda"]  # compile: True, False, or "cuda" (compiled where it pays: on a CUDA device)
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkpoint can monitor them)
+LEARNING_RATE = "train/lr"  # its learning rate, as LearningRateMonitor logs it
 
 
 class DiffusionModule(L.LightningModule):
@@ -162,7 +164,7 @@ class DiffusionModule(L.LightningModule):
         self._train_loss = IntervalLoss()  # logged at logging steps (diffusion/training/logging_steps.py)
         if init_from is not None:
             try:
-                self.network.load_state_dict(read_network_weights(init_from))
+                self.network.load_state_dict(read_network_weights(init_from, self.network))
             except RuntimeError as error:
                 raise RuntimeError(
                     f"init_from={init_from}: these weights do not fit {type(network).__name__}; use the "
@@ -234,6 +236,8 @@ class DiffusionModule(L.LightningModule):
     # other dropout masks than the run that validated. A checkpoint saved during validation stores the
     # training states from before it.
     def on_validation_start(self) -> None:
+        # Before the EMA's weights are swapped in and any sample grid is drawn from weights that diverged.
+        check_weights(dict(self.named_parameters()), self.trainer, before="validation")
         self._states_before_validation = global_random_states(self.device)
 
     def on_validation_end(self) -> None:
@@ -242,6 +246,9 @@ class DiffusionModule(L.LightningModule):
             self._states_before_validation = None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The last hook before the file is written: a checkpoint of weights that diverged is never written.
+        for key in ("state_dict", "current_model_state"):
+            check_weights(checkpoint.get(key) or {}, self.trainer, before="a checkpoint save")
         states = dict(self._states_before_validation or global_random_states(self.device))
         states["generator"] = None if self._generator is None else self._generator.get_state()
         checkpoint["random_states"] = gather_from_ranks(states, self.trainer.world_size)  # one per rank
@@ -289,6 +296,7 @@ class DiffusionModule(L.LightningModule):
         # Read once per logging interval; the bar gets a number (a prog_bar metric is read after every batch).
         loss = self._train_loss.mean_at_logging_step(self.trainer)
         if loss is not None:
+            check_interval_loss(loss, self.trainer)  # a host tensor: nothing more is read
             self.log(TRAIN_LOSS, loss, on_step=True, on_epoch=False)
             self.trainer.progress_bar_metrics[TRAIN_LOSS] = loss.item()
 
@@ -306,7 +314,9 @@ class DiffusionModule(L.LightningModule):
         )  # fmt: skip
         total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
         scheduler = warmup_scheduler(optimizer, self.hparams.lr_schedule, self.hparams.warmup_steps, total)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        # The name LearningRateMonitor logs the rate under (train.py adds one, logging at the logging steps).
+        schedule = {"scheduler": scheduler, "interval": "step", "name": LEARNING_RATE}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from diffusion.errors import UserError
 from diffusion.training.atomic_writes import remove_leftovers, save_atomically
 from diffusion.training.checkpoint_files import check_finite, check_zip_checksums
+from diffusion.training.divergence import check_weights
 from diffusion.training.ema_profiles import Solution, check_sigma_rel, combine, gamma_of, solve, update_weight
 from diffusion.training.run_folders import post_hoc_ema_folder, run_folder
 
@@ -219,9 +220,11 @@ class PostHocEMA:
             self.write_snapshots(trainer)
 
     def write_snapshots(self, trainer: L.Trainer) -> None:
+        assert self.profiles is not None and self.folder is not None
+        for profile in self.profiles:  # on every rank (they hold the same weights), so all stop together
+            check_weights(profile, trainer, before="a post-hoc EMA snapshot")
         if not trainer.is_global_zero:
             return
-        assert self.profiles is not None and self.folder is not None
         for sigma_rel, gamma, profile in zip(self.sigma_rels, self.gammas, self.profiles, strict=True):
             weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in profile.items()}
             contents = snapshot_contents(self.step, sigma_rel, gamma, weights)

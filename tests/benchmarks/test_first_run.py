@@ -49,5 +49,3 @@ def test_the_time_target_is_judged_on_its_own_cpu_kind_only(first_run):
     fast = first_run.row("Intel Xeon, 2 cores, AVX-512", 500, 25.0, 16.34)
     assert "| PASS (not the target's CPU) | MISS |" in fast
     assert first_run.row("AMD EPYC, 2 cores, AVX2", 601, 21.0, 16.34).endswith("| MISS | PASS |")
-
-

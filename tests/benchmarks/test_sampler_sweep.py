@@ -83,6 +83,8 @@ def test_a_run_folder_names_the_outputs(tmp_path, monkeypatch):
         return table, 16.4, "test, 898 samples, guidance 1.5"
 
     monkeypatch.setattr(sampler_sweep, "sweep", measured)
+    # No checkpoint to check before the sweep either.
+    monkeypatch.setattr(sampler_sweep, "model_hyperparameters", lambda ckpt: {})
     sampler_sweep.main(["--run", str(run), "--out", str(tmp_path / "out")])
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
         "sampler_sweep_digits_conditional.md",

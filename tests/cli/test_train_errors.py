@@ -58,6 +58,12 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"eta=2.0 must be in \[0, 1\]",
     ),
     "lr_not_a_number": (["--model.lr", "abc"], r"--model.lr abc is not a valid float"),
+    # LightningCLI's optimizer flags would replace the module's Adam, warmup and schedule: not offered.
+    "optimizer_flag": (
+        ["--optimizer", "torch.optim.SGD"],
+        r"--optimizer torch.optim.SGD: train.py takes no --optimizer; .* — set them with --model.lr",
+    ),
+    "lr_scheduler_flag": (["--lr_scheduler", "StepLR"], r"--lr_scheduler StepLR: .* --model.lr_schedule"),
     "lr_negative": (["--model.lr", "-1"], r"lr=-1.0 must be a finite number > 0 — pass"),
     "adam_betas_above_1": (["--model.adam_betas", "[1.5, 0.999]"], r"adam_betas=\[1.5, 0.999\] must be two"),
     "weight_decay_negative": (["--model.weight_decay", "-1"], r"weight_decay=-1.0 must be >= 0 — pass 0"),
@@ -342,3 +348,10 @@ def test_without_the_default_recipe_no_arguments_stop_with_one_line(tmp_path):
         r"default recipe .*configs/digits.yaml is missing.* — pass --config", error_line(result.stderr)
     )
     assert list(work.iterdir()) == []
+
+
+def test_help_offers_no_optimizer_flags_of_lightningcli(capsys):
+    with pytest.raises(SystemExit):
+        train(["--help"])
+    shown = capsys.readouterr().out
+    assert "--model.lr_schedule" in shown and "--optimizer" not in shown and "--lr_scheduler" not in shown

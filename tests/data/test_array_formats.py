@@ -3,13 +3,15 @@ same array; images (N, H, W, C) or (N, C, H, W), uint8 or integers in 0..255, ar
 -1..1? 0..255?), a layout both readings fit and other shapes are refused in one line. Each reading command
 (evaluate --samples / --reference, evaluate --nll --data.path, train's vector --data.path) goes through it."""
 
+import pickle
 import re
 
 import numpy as np
 import pytest
-from helpers.user_errors import run_in_process
+from helpers.user_errors import run_in_process, train_args
 
 from diffusion.cli import evaluate
+from diffusion.cli.train import main as train
 from diffusion.data.numpy_files import read_images
 from diffusion.data.vectors import VectorDataModule
 
@@ -26,6 +28,12 @@ REFUSED = {
     "both_layouts": ("npz", np.zeros((4, 3, 8, 3), np.uint8), r"\(N, H, W, C\) and \(N, C, H, W\) both fit"),
     "beyond_255": ("npz", IMAGES.astype(np.int64) * 2, r"values beyond 0\.\.255"),
     "vectors": ("npz", np.zeros((4, 2), np.uint8), r"not images \(N, H, W, C\)"),
+    "empty": ("npz", IMAGES[:0], r"holds an empty array \(shape \(0, 16, 16, 1\)\) — save uint8 images"),
+    "objects_npz": (
+        "npz",
+        np.array([IMAGES, None], dtype=object),
+        r"holds Python objects \(dtype object\), not numbers",
+    ),
 }
 
 
@@ -64,7 +72,7 @@ def test_evaluate_takes_every_accepted_format(case, tmp_path, capsys):
     assert result == {"num_real": 4}
 
 
-@pytest.mark.parametrize("case", ["float_0_1", "both_layouts"])
+@pytest.mark.parametrize("case", ["float_0_1", "both_layouts", "empty", "objects_npz"])
 def test_bits_per_dim_refuses_the_rest_in_one_line(case, tmp_path, digits_checkpoint, capsys):
     kind, array, pattern = REFUSED[case]
     (tmp_path / "user").mkdir()
@@ -81,3 +89,53 @@ def test_vectors_read_an_npz_as_its_npy(tmp_path):
     from_npy = VectorDataModule(path=str(tmp_path / "points.npy")).data
     from_npz = VectorDataModule(path=str(tmp_path / "points.npz")).data
     assert from_npy.shape == (50, 3) and np.array_equal(from_npy.numpy(), from_npz.numpy())
+
+
+def test_a_pickle_is_called_one_wherever_an_array_is_read(tmp_path, capsys):
+    (tmp_path / "user").mkdir()
+    path = tmp_path / "user" / "images.pkl"
+    path.write_bytes(pickle.dumps(IMAGES))  # an ndarray, pickled: np.load would unpickle it
+    args = ["--samples", str(path), "--reference", str(path), "--features", "pixels"]
+    line = run_in_process(evaluate.main, args, tmp_path / "user", capsys)
+    assert line.startswith(
+        f"error: --samples {path} holds pickled Python objects (pickle.dump, or torch.save's"
+    )
+    assert "not a NumPy array (np.save, np.savez) — save uint8 images" in line
+
+
+VECTORS_REFUSED = {
+    "empty": (np.zeros((0, 2)), r"--data.path .*empty.npy holds an empty array \(shape \(0, 2\)\)"),
+    "no_features": (np.zeros((5, 0)), r"holds an empty array \(shape \(5, 0\)\)"),
+    "one_point": (
+        np.tile([[1.0, 2.0]], (50, 1)),
+        r"its 50 rows are all the same point \(zero variance in every",
+    ),
+    "constant": (np.full((50, 2), 3.0), r"rows are all the same point .* — pass samples that differ"),
+}
+
+
+@pytest.mark.parametrize("case", VECTORS_REFUSED)
+def test_vector_data_with_nothing_to_learn_is_refused_in_one_line(case, tmp_path):
+    array, pattern = VECTORS_REFUSED[case]
+    np.save(tmp_path / "empty.npy", array)
+    with pytest.raises(ValueError, match=pattern):
+        VectorDataModule(path=str(tmp_path / "empty.npy"))
+
+
+def test_a_constant_feature_beside_others_that_vary_is_data(tmp_path):
+    points = np.random.default_rng(0).normal(size=(50, 3))
+    points[:, 1] = 7.0  # a fixed coordinate
+    np.save(tmp_path / "points.npy", points)
+    data = VectorDataModule(path=str(tmp_path / "points.npy")).data
+    assert (data[:, 1] == 0).all() and data[:, 0].std() > 1
+
+
+def test_train_refuses_data_that_is_one_point_in_one_line(tmp_path, capsys):
+    (tmp_path / "user").mkdir()
+    np.save(tmp_path / "user" / "points.npy", np.full((50, 2), 3.0))
+    flags = ["--config", "{configs}/toy2d.yaml", "--data.path", "{user}/points.npy"]
+    line = run_in_process(
+        train, train_args(flags, tmp_path / "user", tmp_path / "runs"), tmp_path / "user", capsys
+    )
+    assert re.search(r"error: --data.path .*points.npy: its 50 rows are all the same point", line), line
+    assert not (tmp_path / "runs").exists()

@@ -1,11 +1,14 @@
 """Checkpoints never run code when loaded: every loader refuses a file that carries foreign pickled objects."""
 
+import pickle
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import TINY_UNET
+from helpers.user_errors import error_line
 
 from diffusion.cli import sample
 from diffusion.cli.train import main as train
@@ -68,3 +71,33 @@ def test_commands_refuse_it_in_one_line_without_running_it(command, malicious_ch
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and re.match(r"error: .*could run code", err[0]), err
     assert not marker.exists()
+
+
+NOT_CHECKPOINTS = {  # a file of another kind given as a checkpoint: named as what it is, never "truncated"
+    "pickle_dump": (
+        lambda path, marker: path.write_bytes(pickle.dumps({"state_dict": Payload(marker)})),
+        r"holds pickled Python objects \(pickle.dump, or torch.save's legacy format\), not a checkpoint",
+    ),
+    "torch_save_legacy": (
+        lambda path, marker: torch.save({"state_dict": {}}, path, _use_new_zipfile_serialization=False),
+        r"holds pickled Python objects .* it was not read, as unpickling it could run code",
+    ),
+    "numpy_array": (
+        lambda path, marker: np.save(path, np.zeros(3)) or path.with_suffix(".ckpt.npy").rename(path),
+        r"is a NumPy array \(np.save\), not a PyTorch checkpoint",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", NOT_CHECKPOINTS)
+def test_a_file_of_another_kind_is_named_as_such_without_being_unpickled(case, tmp_path, capsys):
+    write, pattern = NOT_CHECKPOINTS[case]
+    path, marker = tmp_path / "model.ckpt", tmp_path / "code_ran"
+    write(path, marker)
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--ckpt", str(path), "--out", str(tmp_path / "out")])
+    line = error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2 and re.search(f"error: --ckpt {re.escape(str(path))} {pattern}", line), (
+        line
+    )
+    assert "truncated" not in line and not marker.exists()

@@ -3,6 +3,9 @@ random weights, save_pretrained) loads as a DiffusionModule whose network comput
 whose DDPM samples are the pipeline's for the same noise; it fine-tunes with --model.init_from; a layout that
 does not map is refused in one line naming what differs. Nothing is downloaded."""
 
+import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +13,10 @@ import pytest
 import torch
 from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
 from helpers import QUICK
+from helpers.user_errors import error_line
 from safetensors.torch import load_file, save_file
 
+from diffusion.cli.evaluate import main as evaluate
 from diffusion.cli.sample import main as sample
 from diffusion.cli.train import main
 from diffusion.core.sampling import SamplingOptions
@@ -149,3 +154,80 @@ def test_init_from_a_pipeline_fine_tunes_its_network_and_schedule(tmp_path):
     for key, value in cli.model.network.state_dict().items():
         torch.testing.assert_close(value, start[key], atol=1e-9, rtol=0, msg=key)
     assert set(diffusers_unet_weights(cli.model.network)) == set(unet.state_dict())
+
+
+def broken_folders(root: Path) -> dict[str, Path]:
+    """Diffusers folders with one thing wrong each (from one pipeline written by diffusers), by case."""
+    DDPMPipeline(unet=diffusers_unet(in_channels=1), scheduler=DDPMScheduler()).save_pretrained(root / "pipe")
+    folders = {}
+    for case in ("pipeline_without_unet_config", "pipeline_without_weights", "weights_without_config",
+                 "another_class", "layout_that_does_not_map"):  # fmt: skip
+        shutil.copytree(root / "pipe", root / case)
+        folders[case] = root / case
+    (root / "pipeline_without_unet_config" / "unet" / "config.json").unlink()
+    for weights in (root / "pipeline_without_weights" / "unet").glob("diffusion_pytorch_model.*"):
+        weights.unlink()
+    for case, change in [("weights_without_config", None), ("another_class", {"_class_name": "UNet2DConditionModel"}),
+                         ("layout_that_does_not_map", {"flip_sin_to_cos": True})]:  # fmt: skip
+        unet = root / case / "unet"
+        (root / case / "model_index.json").unlink()
+        config = json.loads((unet / "config.json").read_text())
+        (unet / "config.json").unlink()
+        if change is not None:
+            (unet / "config.json").write_text(json.dumps({**config, **change}))
+        folders[case] = unet  # a UNet2DModel folder
+    return folders
+
+
+BROKEN = {  # what the line says of each folder (after "<flag> <folder>: ")
+    "pipeline_without_unet_config": "it has no unet/config.json",
+    "pipeline_without_weights": "it has no weights: no unet/diffusion_pytorch_model.safetensors or",
+    "weights_without_config": r"it holds diffusers weights \(diffusion_pytorch_model.safetensors\) but no config.json",
+    "another_class": "its config.json is a diffusers UNet2DConditionModel's, not a UNet2DModel's",
+    "layout_that_does_not_map": "a UNet2DModel with flip_sin_to_cos=True does not map to this project's UNet",
+}
+COMMANDS = {  # flag: the command, given a folder with that flag
+    "--ckpt": lambda folder, out: sample(["--ckpt", str(folder), "--out", str(out)]),
+    "--nll --ckpt": lambda folder, out: evaluate(["--nll", "--ckpt", str(folder)]),
+    "--model.init_from": lambda folder, out: main(
+        [*QUICK, "--model.init_from", str(folder), "--trainer.logger.init_args.save_dir", str(out)]
+    ),
+}
+
+
+def test_a_broken_diffusers_folder_is_named_as_such_by_every_flag_that_takes_one(tmp_path, capsys):
+    folders = broken_folders(tmp_path / "models")
+    for case, folder in folders.items():
+        for flag, command in COMMANDS.items():
+            with pytest.raises(SystemExit) as exit_info:
+                command(folder, tmp_path / "out")
+            line = error_line(capsys.readouterr().err)
+            subject = f"{flag.split()[-1]} {folder}: "
+            assert exit_info.value.code == 2 and re.search(f"error: {re.escape(subject)}{BROKEN[case]}", line), (
+                case, flag, line,
+            )  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_diffusers_model_of_other_channels_than_the_data_is_refused_naming_both(tmp_path, capsys):
+    diffusers_unet(in_channels=3).save_pretrained(tmp_path / "rgb")
+    with pytest.raises(SystemExit) as exit_info:
+        COMMANDS["--model.init_from"](tmp_path / "rgb", tmp_path / "runs")  # the digits: 1 channel
+    line = error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2 and line.startswith(
+        f"error: --model.init_from {tmp_path / 'rgb'}: it is a diffusers UNet for 3-channel images (3 in, 3 out), "
+        "and this run's network is for 1-channel images (1 in, 1 out"
+    ), line
+
+
+def test_weights_of_another_shape_than_the_config_name_the_folder(tmp_path):
+    diffusers_unet().save_pretrained(tmp_path / "damaged")
+    weights = tmp_path / "damaged" / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    state["conv_in.weight"] = torch.zeros(5, 3, 3, 3)  # 135 values where 32 x 3 x 3 x 3 belong
+    save_file(state, weights)
+    with pytest.raises(UserError, match=re.escape(
+        f"{tmp_path / 'damaged'}: its weight conv_in.weight has shape [5, 3, 3, 3], and its config.json asks for "
+        "[32, 3, 3, 3]"
+    )):  # fmt: skip
+        load_checkpoint(tmp_path / "damaged")

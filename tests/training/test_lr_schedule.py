@@ -6,7 +6,9 @@ import lightning as L
 import pytest
 import torch
 from helpers import tiny_run
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from diffusion.training.module import LEARNING_RATE, TRAIN_LOSS
 from diffusion.training.optim import lr_factor, warmup_scheduler
 
 
@@ -31,13 +33,20 @@ class RecordLR(L.Callback):
 
 
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])
-def test_training_steps_follow_the_schedule(schedule, tmp_path):
+def test_training_steps_follow_the_schedule_and_log_it_at_the_logging_steps(schedule, tmp_path):
     cli = tiny_run(tmp_path, "--model.lr", "0.01", "--model.warmup_steps", "2", "--model.lr_schedule", schedule,
-                   "--max_steps", "6", "--trainer.callbacks+", "test_lr_schedule.RecordLR")  # fmt: skip
+                   "--max_steps", "6", "--trainer.log_every_n_steps", "2",
+                   "--trainer.callbacks+", "test_lr_schedule.RecordLR")  # fmt: skip
     record = next(c for c in cli.trainer.callbacks if isinstance(c, RecordLR))
     expected = [0.01 * lr_factor(s, schedule=schedule, warmup_steps=2, total_steps=6) for s in range(6)]
     assert record.lrs == pytest.approx(expected)
     assert (record.lrs[-1] < 0.002) == (schedule == "cosine")
+    # train/lr beside train/loss, at the same steps (the logging steps: every 2nd), nothing in between.
+    events = EventAccumulator(str(tmp_path / "digits" / "version_0"))
+    events.Reload()
+    logged = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in (LEARNING_RATE, TRAIN_LOSS)}
+    assert sorted(logged[LEARNING_RATE]) == sorted(logged[TRAIN_LOSS]) == [1, 3, 5]
+    assert list(logged[LEARNING_RATE].values()) == pytest.approx([expected[s] for s in (1, 3, 5)])
 
 
 def test_a_resumed_scheduler_decays_over_the_runs_new_length():

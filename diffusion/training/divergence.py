@@ -1,0 +1,102 @@
+"""A training that diverged stops, with its last finite checkpoint kept.
+
+An extreme option (a learning rate far too high, 16-bit activations that overflow) or extreme data can make the
+loss and then the weights NaN or infinite; once a weight is NaN, Adam keeps it so. Training on would spend the
+rest of the run and write checkpoints and snapshots of NaN weights, `last.ckpt` among them. Instead the run stops
+with one line (`UserError`, exit status 2) naming the step and the likely causes:
+
+- at the first logging step whose interval loss is not finite: the loss read there anyway
+  (`diffusion.training.logging_steps`), so the check reads nothing more (not under 16-mixed's GradScaler, which
+  skips a step whose fp16 values overflowed);
+- before a validation, a checkpoint save or a post-hoc EMA snapshot, if the weights are not finite (one read of a
+  flag per check, at times that read or write the weights anyway). A save that fails this check writes nothing,
+  so the checkpoints written before it, `last.ckpt` among them, stay as they were.
+
+Every rank holds the same weights and the same all-reduced interval loss, so every rank stops at the same step.
+"""
+
+import os
+from collections.abc import Iterable, Mapping
+
+import lightning as L
+import torch
+
+from diffusion.errors import UserError
+
+
+def all_finite(tensors: Iterable[torch.Tensor]) -> tuple[bool, int]:
+    """Whether every floating-point tensor holds only finite values, read with one transfer to the host; and the
+    position of the first one that does not (-1 if none)."""
+    tensors = [t.detach() for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not tensors:
+        return True, -1
+    flags = torch.stack([torch.isfinite(t).all() for t in tensors]).cpu()  # the one read
+    if bool(flags.all()):
+        return True, -1
+    return False, int((~flags).nonzero()[0])
+
+
+def check_interval_loss(loss: torch.Tensor, trainer: L.Trainer) -> None:
+    """At the logging step about to be taken: stop if the interval's mean loss (a host tensor) is not finite.
+
+    Not under a GradScaler (16-mixed): there an fp16 overflow makes a step's loss infinite now and then, the scaler
+    skips that step and lowers its scale, and the weights stay finite; the weights' checks still stop a run whose
+    weights diverge."""
+    if bool(torch.isfinite(loss)) or getattr(trainer.precision_plugin, "scaler", None) is not None:
+        return
+    step, every = trainer.global_step + 1, trainer.log_every_n_steps
+    first = (step - 1) // every * every + 1  # the interval's first step
+    steps = f"step {step}" if first == step else f"steps {first}-{step}"
+    raise UserError(
+        f"training diverged: the training loss of {steps} is {float(loss)}, not finite; "
+        f"the run stopped at step {step}, before saving it ({kept(trainer)})",
+        likely_causes(trainer),
+    )
+
+
+def check_weights(weights: Mapping[str, torch.Tensor], trainer: L.Trainer, before: str) -> None:
+    """Stop, naming the first tensor, if any of `weights` (name -> tensor) is not finite, `before` doing something
+    with them ("a checkpoint save", "validation", ...)."""
+    finite, first = all_finite(weights.values())
+    if finite:
+        return
+    name = [n for n, t in weights.items() if isinstance(t, torch.Tensor) and t.is_floating_point()][first]
+    raise UserError(
+        f"training diverged: the weights are not finite (NaN or infinity) at step {trainer.global_step}, first "
+        f"{name}; the run stopped before {before} ({kept(trainer)})",
+        likely_causes(trainer),
+    )
+
+
+def last_checkpoint(trainer: L.Trainer) -> str:
+    """The newest checkpoint of the run on disk ("" if none): its weights are finite, as no save of others gets
+    this far. ModelCheckpoint names a file before saving it, so a name counts only once its file exists."""
+    callback = trainer.checkpoint_callback
+    candidates = [
+        getattr(callback, name, "")
+        for name in ("_last_checkpoint_saved", "last_model_path", "best_model_path")
+    ]
+    candidates.append(trainer.ckpt_path or "")  # a resumed run that has saved nothing yet
+    return next((str(path) for path in candidates if path and os.path.isfile(path)), "")
+
+
+def kept(trainer: L.Trainer) -> str:
+    path = last_checkpoint(trainer)
+    if not path:
+        return "no checkpoint was written"
+    return f"its last checkpoint, {path}, holds finite weights and is kept"
+
+
+def likely_causes(trainer: L.Trainer) -> str:
+    """The fix: the likely causes, the ones this run's settings point to first, and how to go on."""
+    lr = trainer.lightning_module.hparams.get("lr")
+    causes = ["lower --model.lr" + (f" (now {lr:g})" if isinstance(lr, float | int) else "")]
+    precision = str(trainer.precision)
+    if precision.startswith("16"):
+        causes.append(f"train with --precision bf16-mixed or 32 (16-bit values overflow; now {precision})")
+    if not trainer.gradient_clip_val:
+        causes.append("clip gradients (--trainer.gradient_clip_val 1)")
+    causes.append("check the data for extreme values")
+    path = last_checkpoint(trainer)
+    again = f"a new run, from the kept weights with --model.init_from {path}" if path else "a new run"
+    return f"{', '.join(causes)}, and train {again}"
