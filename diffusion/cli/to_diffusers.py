@@ -25,6 +25,7 @@ from diffusion.models.diffusers_unet import (
     diffusers_unet_config,
     diffusers_unet_weights,
 )
+from diffusion.training.exported import float64_betas
 from diffusion.training.module import DiffusionModule
 
 PREDICTION_TYPES = {"eps": "epsilon", "x0": "sample", "v": "v_prediction"}
@@ -84,13 +85,15 @@ def ddpm_scheduler_config(module: DiffusionModule, scheduler_class: type) -> dic
         theirs = scheduler_class(**config, **named).betas.double()
         if torch.allclose(theirs, betas, rtol=1e-6, atol=0):
             return {**config, **named}
-    # Clipped at 0.999 (a linear schedule with T <= 20), or a schedule diffusers does not name: the betas themselves.
-    # (beta_start and beta_end only document the ends: DDPMScheduler takes trained_betas as they are.)
+    # Clipped at 0.999 (a linear schedule with T <= 20), rescaled to zero terminal SNR, or a schedule diffusers does
+    # not name: the betas themselves, in float64 (DDPMScheduler reads them as float32, as our buffers hold them, and
+    # this project's reader keeps the digits of 1 - beta near 1). beta_start and beta_end only document the ends.
+    exact = float64_betas(module)
     return {
         **config,
-        "trained_betas": betas.tolist(),
-        "beta_start": betas[0].item(),
-        "beta_end": betas[-1].item(),
+        "trained_betas": exact.tolist(),
+        "beta_start": exact[0].item(),
+        "beta_end": exact[-1].item(),
     }
 
 

@@ -5,19 +5,24 @@ checkpoints and never loses precision under mixed-precision training (buffers ar
 """
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import nn
 
-from diffusion.errors import check_choice
+from diffusion.errors import UserError, check_choice
 
-BetaSchedule = Literal["linear", "cosine", "sigmoid"]
+BetaSchedule = Literal["linear", "cosine", "sigmoid", "trained"]
 PredictionType = Literal["eps", "x0", "v"]
 
 
 def make_betas(
-    schedule: BetaSchedule, num_timesteps: int, beta_start: float = 1e-4, beta_end: float = 0.02
+    schedule: BetaSchedule,
+    num_timesteps: int,
+    beta_start: float = 1e-4,
+    beta_end: float = 0.02,
+    trained_betas: Sequence[float] | None = None,
 ) -> torch.Tensor:
     """Return float64 betas of shape (num_timesteps,).
 
@@ -30,12 +35,23 @@ def make_betas(
         betas clipped at 0.999.
     sigmoid: Jabri et al. 2022 (RIN), alphas_cumprod follows a reversed sigmoid of t/T mapped to [-3, 3],
         which keeps more signal at high t than linear.
+    trained: the `trained_betas` given, as diffusers' DDPMScheduler takes them (its ``trained_betas``): a schedule
+        no name here builds, such as a diffusers model's, or one of these read back from a diffusers export.
     """
     check_choice("beta_schedule", schedule, BetaSchedule)
+    if (schedule == "trained") != (trained_betas is not None):
+        raise UserError(
+            f"beta_schedule={schedule!r} "
+            + ("needs trained_betas" if trained_betas is None else "takes no trained_betas"),
+            "pass --model.beta_schedule trained with --model.trained_betas (one beta per timestep), or another "
+            "beta_schedule without them",
+        )
     if num_timesteps < 2:  # one step cannot go from data to noise (a linear schedule's beta would be 0.1)
         raise ValueError(
             f"num_timesteps={num_timesteps} is too few — pass an integer >= 2 (Ho et al. use 1000)"
         )
+    if trained_betas is not None:
+        return checked_betas(trained_betas, num_timesteps)
     if schedule == "linear":
         if not 0 < beta_start < beta_end < 1:
             raise ValueError(
@@ -56,6 +72,57 @@ def make_betas(
     alphas_cumprod = alphas_cumprod / alphas_cumprod[0]
     betas = 1 - alphas_cumprod[1:] / alphas_cumprod[:-1]
     return betas.clamp(0, 0.999)
+
+
+def schedule_betas(
+    beta_schedule: BetaSchedule = "linear",
+    num_timesteps: int = 1000,
+    beta_start: float = 1e-4,
+    beta_end: float = 0.02,
+    zero_terminal_snr: bool = False,
+    trained_betas: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """The float64 betas of `NoiseSchedule` with the same arguments (`make_betas`, rescaled for zero terminal SNR):
+    what an export writes, since float32 betas near 1 lose most digits of 1 - beta."""
+    betas = make_betas(beta_schedule, num_timesteps, beta_start, beta_end, trained_betas)
+    return rescale_zero_terminal_snr(betas) if zero_terminal_snr else betas
+
+
+def checked_betas(betas: Sequence[float], num_timesteps: int) -> torch.Tensor:
+    """Given betas as float64, refused in one line (`UserError`, which summarises them) unless they are a noise
+    schedule: `num_timesteps` finite numbers in (0, 1), the last one in (0, 1] (1: alpha_bar_T = 0, zero terminal
+    SNR). Each beta > 0 keeps alpha_bar strictly decreasing, which every sampler's timesteps and the posterior's
+    1 / (1 - alpha_bar_t) need; they need not be increasing."""
+    fix = f"pass num_timesteps={num_timesteps} betas, each in (0, 1) and the last in (0, 1]"
+    try:
+        values = torch.as_tensor(betas, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise UserError(
+            f"trained_betas of type {type(betas).__name__} are not a list of numbers", fix
+        ) from err
+    if values.ndim != 1 or len(values) != num_timesteps:
+        raise UserError(
+            f"trained_betas={summarise(values)} are not one beta per timestep (num_timesteps={num_timesteps})",
+            f"pass {num_timesteps} betas, or num_timesteps equal to their count",
+        )
+    inside = values.isfinite() & (values > 0) & (values < 1)
+    inside[-1] = values[-1].isfinite() & (values[-1] > 0) & (values[-1] <= 1)
+    if not inside.all():
+        bad = [int(i) for i in (~inside).nonzero().flatten()]
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise UserError(
+            f"trained_betas={summarise(values)} are not a noise schedule: beta[{bad[0]}]="
+            f"{values[bad[0]].item():g}{more} outside (0, 1)",
+            fix,
+        )
+    return values
+
+
+def summarise(betas: torch.Tensor) -> str:
+    """A schedule's betas in a few words, for a line that must stay one line: their count, first and last."""
+    if betas.ndim != 1 or len(betas) == 0:
+        return f"<{tuple(betas.shape)} values>"
+    return f"<{len(betas)} betas, {betas[0].item():g} ... {betas[-1].item():g}>"
 
 
 def rescale_zero_terminal_snr(betas: torch.Tensor) -> torch.Tensor:
@@ -85,6 +152,8 @@ class NoiseSchedule(nn.Module):
     No learnable parameters; all tensors are buffers indexed by the timestep t in [0, T). With
     `zero_terminal_snr` the betas are rescaled so that alpha_bar_T = 0 (`rescale_zero_terminal_snr`): x_T is
     pure noise, eps-prediction is undefined there (x_0 = (x_T - eps) / 0), and the network must predict v or x_0.
+    Trained betas whose last is 1 end there already (the rescaling leaves them as they are), and the schedule says
+    so alike (`self.zero_terminal_snr`).
     """
 
     def __init__(
@@ -94,16 +163,17 @@ class NoiseSchedule(nn.Module):
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
         zero_terminal_snr: bool = False,
+        trained_betas: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         self.beta_schedule = beta_schedule
         self.num_timesteps = num_timesteps
-        self.zero_terminal_snr = zero_terminal_snr
-        betas = make_betas(beta_schedule, num_timesteps, beta_start, beta_end)
-        if zero_terminal_snr:
-            betas = rescale_zero_terminal_snr(betas)
+        betas = schedule_betas(
+            beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr, trained_betas
+        )
         alphas = 1.0 - betas
         alphas_cumprod = torch.cumprod(alphas, dim=0)
+        self.zero_terminal_snr = bool(alphas_cumprod[-1] == 0)  # rescaled, or trained betas ending at 1
         buffers = {
             "betas": betas,
             "alphas": alphas,

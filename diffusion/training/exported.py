@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from diffusion.core.schedule import schedule_betas
 from diffusion.errors import UserError
 from diffusion.models import MLP, UNet
 from diffusion.training.module import DiffusionModule
@@ -53,10 +54,19 @@ def write_export(
     save_file(state, folder / WEIGHTS, metadata={"format": "pt"})
     config = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "weights": weights,
-        "hyper_parameters": hparams, "betas": module.schedule.betas.double().tolist(),
+        "hyper_parameters": hparams, "betas": float64_betas(module).tolist(),
         "weights_sha256": sha256_of(folder / WEIGHTS),
     }  # fmt: skip
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def float64_betas(module: DiffusionModule) -> torch.Tensor:
+    """The module's betas as its schedule computed them, in float64 (its buffers are float32), from its settings."""
+    hparams = module.hparams
+    return schedule_betas(
+        hparams.beta_schedule, hparams.num_timesteps, hparams.beta_start, hparams.beta_end,
+        hparams.get("zero_terminal_snr", False), hparams.get("trained_betas"),
+    )  # fmt: skip
 
 
 def sha256_of(path: Path) -> str:

@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from diffusion.core.schedule import checked_betas
 from diffusion.errors import UserError
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_arguments_from_diffusers, unet_weights_from_diffusers
@@ -170,15 +171,19 @@ def read_unet_weights(folder: Path, part: str = "") -> dict[str, torch.Tensor]:
 
 
 def schedule_settings(scheduler_config: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(DiffusionModule's schedule and prediction settings, its sampling defaults) for a DDPMScheduler config."""
+    """(DiffusionModule's schedule and prediction settings, its sampling defaults) for a DDPMScheduler config.
+
+    ``trained_betas`` (which replace the named schedule, as in DDPMScheduler) become the ``"trained"`` schedule:
+    what a diffusers export of this project writes for a schedule diffusers names otherwise or not at all (a
+    linear one clipped at 0.999, sigmoid, zero terminal SNR), and any other valid betas."""
     what = "scheduler/scheduler_config.json"
     config = {**SCHEDULER_DEFAULTS, **(_json(scheduler_config, what) if scheduler_config else {})}
     where = f"its {what}" if scheduler_config else "the default DDPMScheduler"
+    trained = config["trained_betas"] is not None
     refuse = {
-        "trained_betas": config["trained_betas"] is not None, "thresholding": bool(config["thresholding"]),
-        "rescale_betas_zero_snr": bool(config["rescale_betas_zero_snr"]),
+        "thresholding": bool(config["thresholding"]), "rescale_betas_zero_snr": bool(config["rescale_betas_zero_snr"]),
         "clip_sample_range": config["clip_sample_range"] != 1.0,
-        "beta_schedule": config["beta_schedule"] not in ("linear", "squaredcos_cap_v2"),
+        "beta_schedule": not trained and config["beta_schedule"] not in ("linear", "squaredcos_cap_v2"),
         "prediction_type": config["prediction_type"] not in PREDICTION_TYPES,
         "variance_type": config["variance_type"] not in VARIANCES,
     }  # fmt: skip
@@ -186,13 +191,27 @@ def schedule_settings(scheduler_config: Path | None) -> tuple[dict[str, Any], di
         if refused:
             raise UserError(f"{where}: {key}={config[key]!r} has no counterpart in this project's schedules "
                             "and samplers", "use a model trained with a linear or cosine (squaredcos_cap_v2) "
-                            "schedule and fixed variances")  # fmt: skip
+                            "schedule, or trained_betas, and fixed variances")  # fmt: skip
     T = int(config["num_train_timesteps"])
     settings: dict[str, Any] = {
         "num_timesteps": T,
         "prediction_type": PREDICTION_TYPES[config["prediction_type"]],
+        "zero_terminal_snr": False,
+        "trained_betas": None,
     }
-    if config["beta_schedule"] == "linear":
+    if trained:
+        try:
+            betas = checked_betas(config["trained_betas"], T)
+        except UserError as error:
+            raise UserError(f"{where}: {error.problem}",
+                            "use a scheduler config whose trained_betas are a noise schedule, one beta per "
+                            "training timestep") from error  # fmt: skip
+        if betas[-1] == 1 and settings["prediction_type"] == "eps":
+            raise UserError(f"{where}: trained_betas end at alpha_bar_T = 0 (zero terminal SNR), where "
+                            "prediction_type='epsilon' is undefined", "use a model with these betas that "
+                            "predicts v_prediction or sample (x_0)")  # fmt: skip
+        settings |= {"beta_schedule": "trained", "trained_betas": betas.tolist()}
+    elif config["beta_schedule"] == "linear":
         # DDPMScheduler's betas are linspace(beta_start, beta_end, T); this project's are given at T = 1000.
         scale = T / 1000
         settings |= {"beta_schedule": "linear", "beta_start": config["beta_start"] * scale,

@@ -58,6 +58,8 @@ class DiffusionModule(L.LightningModule):
             data by the CLI so a checkpoint can turn samples into images or vectors on its own.
         prediction_type: what the network outputs: the noise "eps" (Ho et al.), "x0", or "v".
         zero_terminal_snr: betas rescaled to alpha_bar_T = 0 (Lin et al. 2024); needs prediction_type v or x0.
+        trained_betas: with beta_schedule "trained", the schedule's betas themselves, one per timestep (a diffusers
+            model's ``trained_betas``, kept in the checkpoint as plain numbers); see `diffusion.core.schedule`.
         offset_noise: Guttenberg 2023's offset noise for images (0.1 in his examples; `training/loss.py`).
         loss_weighting: "none" (Ho et al.'s simple loss) or "min_snr" (Hang et al. 2023, gamma=min_snr_gamma).
         lr, warmup_steps, adam_betas, weight_decay: Adam with linear warmup (Ho et al.: 2e-4, 5000 steps).
@@ -100,6 +102,7 @@ class DiffusionModule(L.LightningModule):
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
         zero_terminal_snr: bool = False,
+        trained_betas: list[float] | None = None,
         prediction_type: PredictionType = "eps",
         loss_weighting: LossWeighting = "none",
         min_snr_gamma: float = 5.0,
@@ -121,6 +124,10 @@ class DiffusionModule(L.LightningModule):
         offset_noise: float = 0.0,
     ) -> None:
         super().__init__()
+        # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
+        schedule = NoiseSchedule(
+            beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr, trained_betas
+        )
         check_training_options(
             choices=[
                 ("prediction_type", prediction_type, PredictionType),
@@ -133,7 +140,7 @@ class DiffusionModule(L.LightningModule):
             ],
             lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
             min_snr_gamma=min_snr_gamma, label_dropout=label_dropout, prediction_type=prediction_type,
-            zero_terminal_snr=zero_terminal_snr, network_num_classes=getattr(network, "num_classes", None),
+            zero_terminal_snr=schedule.zero_terminal_snr, network_num_classes=getattr(network, "num_classes", None),
             variance=variance, sample_shape=sample_shape, offset_noise=offset_noise,
             sampling_variance=(sampling.get("variance") if isinstance(sampling, dict) else sampling.variance),
         )  # fmt: skip
@@ -151,7 +158,7 @@ class DiffusionModule(L.LightningModule):
             self.hparams.pop("network")
         self.network = network
         self.sample_shape = tuple(sample_shape)
-        self.schedule = NoiseSchedule(beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr)
+        self.schedule = schedule
         # Constants every rank computes alike: DDP need not broadcast them from rank 0 before every forward.
         names = [f"schedule.{name}" for name, _ in self.schedule.named_buffers()]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
@@ -247,8 +254,11 @@ class DiffusionModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The last hook before the file is written: a checkpoint of weights that diverged is never written.
+        # Parameters only: the schedule's buffers may be infinite by design (1/sqrt(alpha_bar) at zero terminal SNR).
+        trained = {name for name, _ in self.named_parameters()}
         for key in ("state_dict", "current_model_state"):
-            check_weights(checkpoint.get(key) or {}, self.trainer, before="a checkpoint save")
+            weights = {name: t for name, t in (checkpoint.get(key) or {}).items() if name in trained}
+            check_weights(weights, self.trainer, before="a checkpoint save")
         states = dict(self._states_before_validation or global_random_states(self.device))
         states["generator"] = None if self._generator is None else self._generator.get_state()
         checkpoint["random_states"] = gather_from_ranks(states, self.trainer.world_size)  # one per rank

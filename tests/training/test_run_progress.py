@@ -1,6 +1,7 @@
 """One progress bar over the whole run (not one per epoch), lines in a log file, and the loss plot."""
 
 import re
+from types import SimpleNamespace
 
 import torch
 from helpers import QUICK, TINY_UNET, tiny_run
@@ -48,7 +49,20 @@ def test_a_terminal_gets_one_bar_over_the_run(tmp_path, capsys, monkeypatch):
     assert not any(text.startswith("Epoch") for text in bars)
 
 
-def test_the_loss_plot_covers_a_resumed_run(tmp_path):
+def counting_renders(monkeypatch) -> list[int]:
+    """Count LossPlot's matplotlib renders: each render's number of train/loss points."""
+    renders, render = [], LossPlot.render
+
+    def counted(self, path):
+        renders.append(len(self.points["train/loss"]))
+        render(self, path)
+
+    monkeypatch.setattr(LossPlot, "render", counted)
+    return renders
+
+
+def test_the_loss_plot_covers_a_resumed_run(tmp_path, monkeypatch):
+    renders = counting_renders(monkeypatch)
     first = tiny_run(tmp_path, *THREE_STEPS_AN_EPOCH[:-2], "--max_steps", "4")
     folder = tmp_path / "digits" / "version_0"
     plot = next(c for c in first.trainer.callbacks if isinstance(c, LossPlot))
@@ -62,6 +76,47 @@ def test_the_loss_plot_covers_a_resumed_run(tmp_path):
     plot = next(c for c in resumed.trainer.callbacks if isinstance(c, LossPlot))
     assert [step for step, _ in plot.points["train/loss"]] == [2, 4, 6, 8]  # the first run's points kept
     assert [step for step, _ in plot.points["val/loss"]] == [4, 8]
+    # Each run's last validation is at its last step: one render each, none again when training ends.
+    assert renders == [2, 4]
+
+
+def fake_trainer(folder, step: int, **metrics: float) -> SimpleNamespace:
+    """What LossPlot reads of a Trainer, on one process without a logger (the run folder is default_root_dir)."""
+    return SimpleNamespace(
+        global_step=step, callback_metrics={k: torch.tensor(v) for k, v in metrics.items()}, log_every_n_steps=2,
+        should_stop=False, sanity_checking=False, is_global_zero=True, loggers=[], default_root_dir=str(folder),
+        strategy=SimpleNamespace(broadcast=lambda value: value),
+    )  # fmt: skip
+
+
+def test_the_loss_plot_is_drawn_again_at_the_end_only_when_a_point_came_after_the_last_validation(
+    tmp_path, monkeypatch
+):
+    renders = counting_renders(monkeypatch)
+    plot = LossPlot()
+    plot.setup(fake_trainer(tmp_path, 0), None, "fit")
+    for step in (2, 4):
+        plot.on_train_batch_end(fake_trainer(tmp_path, step, **{"train/loss": 1.0 / step}), None)
+    plot.on_validation_end(fake_trainer(tmp_path, 4, **{"val/loss": 0.3}), None)
+    plot.on_train_end(fake_trainer(tmp_path, 4), None)
+    assert renders == [2]  # the validation's plot already shows every point: not drawn twice
+    # The plot left is the one a second draw would have made: the same points, the same picture.
+    again = LossPlot()
+    again.points = {name: list(points) for name, points in plot.points.items()}
+    again.render(tmp_path / "again.png")
+    assert (tmp_path / "again.png").read_bytes() == (tmp_path / "loss.png").read_bytes()
+    # A training point after the last validation (a run ending between validations) is drawn at the end.
+    plot.on_train_batch_end(fake_trainer(tmp_path, 6, **{"train/loss": 0.1}), None)
+    plot.on_train_end(fake_trainer(tmp_path, 6), None)
+    assert renders == [2, 2, 3]  # the validation's, the fresh plot's, and the end's with the new point
+    # A plot removed since it was drawn is drawn again, though no point came.
+    (tmp_path / "loss.png").unlink()
+    plot.on_train_end(fake_trainer(tmp_path, 6), None)
+    assert (tmp_path / "loss.png").exists() and renders == [2, 2, 3, 3]
+    # So is a plot of another run folder (the same callback fitting again, into a new version folder).
+    plot.setup(fake_trainer(tmp_path / "next", 6), None, "fit")
+    plot.on_train_end(fake_trainer(tmp_path / "next", 6), None)
+    assert (tmp_path / "next" / "loss.png").exists() and renders == [2, 2, 3, 3, 3]
 
 
 def test_the_sample_grid_draws_a_bar_of_its_own_on_a_terminal_only(tmp_path, capsys, monkeypatch):

@@ -11,6 +11,7 @@ the logger (TensorBoard is not the only way to look).
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -135,14 +136,15 @@ def shows_progress(trainer: L.Trainer) -> bool:
 
 class LossPlot(L.Callback):
     """`<run folder>/loss.png`: train/loss (at logging steps) and val/loss (at validations) against the optimizer
-    step, redrawn at every validation and when training ends. The points are kept in checkpoints, so a resumed
-    run's plot covers the whole run."""
+    step, redrawn at every validation and when training ends (then only if a point came after the last
+    validation). The points are kept in checkpoints, so a resumed run's plot covers the whole run."""
 
     FILENAME = "loss.png"
 
     def __init__(self) -> None:
         self.points: dict[str, list[tuple[int, float]]] = {TRAIN_LOSS: [], VAL_LOSS: []}
         self._folder = None
+        self._drawn: tuple[Path, dict[str, list[tuple[int, float]]]] | None = None  # file and points drawn
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -170,8 +172,18 @@ class LossPlot(L.Callback):
         self.draw(trainer)
 
     def draw(self, trainer: L.Trainer) -> None:
+        """Redraw loss.png, unless it already shows these points: a run whose last validation is at its last
+        step would otherwise draw the same plot twice (about a second of matplotlib on a CPU)."""
         if not trainer.is_global_zero or self._folder is None or not any(self.points.values()):
             return
+        path = self._folder / self.FILENAME
+        if self._drawn == (path, self.points) and path.exists():
+            return
+        self.render(path)
+        self._drawn = (path, {name: list(points) for name, points in self.points.items()})
+
+    def render(self, path: Path) -> None:
+        """Plot the points into `path` (atomically: a reader never sees half a file)."""
         from matplotlib.figure import Figure
 
         figure = Figure(figsize=(6, 3.6), dpi=100, layout="constrained")
@@ -183,11 +195,10 @@ class LossPlot(L.Callback):
         axes.set(xlabel="optimizer step", ylabel="loss", yscale="log")
         axes.grid(alpha=0.3, which="both")
         axes.legend()
-        self._folder.mkdir(parents=True, exist_ok=True)
-        path = self._folder / self.FILENAME
+        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".png.partial")
         figure.savefig(partial, format="png")
-        partial.replace(path)  # a reader never sees half a file
+        partial.replace(path)
 
     def state_dict(self) -> dict[str, Any]:
         return {"points": {name: [list(point) for point in points] for name, points in self.points.items()}}
