@@ -112,13 +112,14 @@ LEVERS = {
     "bf16 autocast": ({}, {"bf16": True}),
     "24 channels": ({"channels": 24}, {}),
     "16 channels": ({"channels": 16}, {}),
+    "16x16 (the default until 2026-11-27)": ({}, {"size": 16}),
     "1 res block": ({"num_res_blocks": 1}, {}),
     "no attention": ({"attention_levels": []}, {}),
     "batch 32": ({}, {"batch": 32}),
 }
 
 
-def lever_step(network_args: dict, channels_last=False, threads=None, bf16=False, batch=64):
+def lever_step(network_args: dict, channels_last=False, threads=None, bf16=False, batch=64, size=8):
     """One training step's work of a variant (forward, backward, fused Adam), as a function to time."""
     import torch
 
@@ -127,7 +128,7 @@ def lever_step(network_args: dict, channels_last=False, threads=None, bf16=False
     torch.manual_seed(0)
     network = UNet(in_channels=1, **{"channels": 32, **network_args})
     optimizer = torch.optim.Adam(network.parameters(), lr=1e-3, fused=True)
-    x, t = torch.randn(batch, 1, 16, 16), torch.randint(0, 1000, (batch,))
+    x, t = torch.randn(batch, 1, size, size), torch.randint(0, 1000, (batch,))
     if channels_last:
         network, x = (
             network.to(memory_format=torch.channels_last),

@@ -40,6 +40,7 @@ from metrics_lib import (
     to_digit_features,
     train_digit_classifier,
 )
+from provenance import provenance
 from torchvision.utils import make_grid, save_image
 from train_run import run_training
 
@@ -329,8 +330,8 @@ def main(argv: list[str] | None = None) -> str:
         " QUICK MODE (tiny networks, 20 steps): plumbing only, targets not meaningful" if args.quick else ""
     )
     header = (
-        f"## Sample quality ({time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, sampling on {args.device}){mode}"
+        f"## Sample quality ({provenance(args.device)}, {torch.get_num_threads()} threads, "
+        f"sampling on {args.device}){mode}"
     )
     table = markdown(results, check_targets(results, samplers), header)
     table_path.parent.mkdir(parents=True, exist_ok=True)

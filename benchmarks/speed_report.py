@@ -1,11 +1,8 @@
 """The markdown table of benchmarks/speed.py: what one run measured, and the targets it is held to."""
 
 import statistics
-import time
 
-import torch
-
-from diffusion.training.callbacks.step_timer import device_name
+from provenance import provenance
 
 PROJECT = "project: Lightning Trainer + EMA callback"
 PLAIN = "plain loop, same module"
@@ -55,8 +52,7 @@ def markdown(run) -> str:
     )
     peak = args.peak_tflops
     lines = [
-        f"## Training and sampling speed ({time.strftime('%Y-%m-%d')}, {device_name(run.device)}, "
-        f"torch {torch.__version__}){quick}",
+        f"## Training and sampling speed ({provenance(run.device)}){quick}",
         "",
         f"`{args.command}`",
         "",

@@ -41,8 +41,8 @@ class ImageDataModule(SplitDataModule):
             ``cifar10`` (torchvision, downloaded by ``prepare_data`` into ``root``) or ``folder`` (your own
             images found recursively under ``root``, see `diffusion.data.image_files.find_images`).
         root: download directory for torchvision datasets; the image folder for ``folder``.
-        image_size: side length. Defaults: digits 16 (nearest-neighbour upscaling, so 2x2 area
-            averaging recovers the original 8x8 grid), mnist/fashion_mnist 28, cifar10 32; required
+        image_size: side length. Defaults: digits 8 (their own grid; 16 or more upscales by nearest neighbour,
+            so area averaging recovers the 8x8 grid), mnist/fashion_mnist 28, cifar10 32; required
             for ``folder`` (shorter side resized, then center-cropped).
         channels: only for ``folder``: 3 (RGB, default) or 1 (grayscale). Other datasets have a fixed
             channel count; giving a different one is an error.
@@ -91,7 +91,7 @@ class ImageDataModule(SplitDataModule):
                 raise ValueError("dataset 'folder' needs an image size: set --data.image_size (e.g. 64)")
             native_channels = channels or 3
         else:
-            native_channels, native_size = _TORCHVISION[dataset][1:] if dataset in _TORCHVISION else (1, 16)
+            native_channels, native_size = _TORCHVISION[dataset][1:] if dataset in _TORCHVISION else (1, 8)
             if channels is not None and channels != native_channels:
                 raise ValueError(
                     f"dataset {dataset!r} has {native_channels} channel(s), got channels={channels}; "

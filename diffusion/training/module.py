@@ -95,7 +95,7 @@ class DiffusionModule(L.LightningModule):
     def __init__(
         self,
         network: nn.Module,
-        sample_shape: tuple[int, ...] = (1, 16, 16),
+        sample_shape: tuple[int, ...] = (1, 8, 8),
         normalization: dict[str, list[float]] | None = None,
         beta_schedule: BetaSchedule = "linear",
         num_timesteps: int = 1000,

@@ -12,7 +12,7 @@ from diffusion.errors import check_choice
 def check_training_options(
     *, choices: list[tuple[str, Any, Any]], lr: float, warmup_steps: int, adam_betas: tuple[float, float],
     weight_decay: float, min_snr_gamma: float, label_dropout: float, network_num_classes: int | None,
-    variance: str = "fixed", sample_shape: tuple[int, ...] = (1, 16, 16), sampling_variance: str | None = None,
+    variance: str = "fixed", sample_shape: tuple[int, ...] = (1, 8, 8), sampling_variance: str | None = None,
     prediction_type: str = "eps", zero_terminal_snr: bool = False, offset_noise: float = 0.0,
 ) -> None:  # fmt: skip
     for name, value, allowed in choices:
