@@ -22,6 +22,7 @@ scatter to docs/toy2d_scatter.png (everything under --out instead when given, an
 """
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -178,11 +179,12 @@ def evaluate_digits(ckpt: Path, num_samples: int, sampling: Sampling, out: Path,
 
 
 def save_digit_grid(samples: torch.Tensor, normalization: dict, path: Path) -> None:
-    """Samples side by side (1-pixel gaps), then the whole grid upscaled x3 nearest-neighbour."""
+    """Samples side by side (1-pixel gaps), then the whole grid upscaled nearest-neighbour (a whole factor)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     images = denormalize(samples.float(), normalization).clamp(0, 1)
     grid = make_grid(images, nrow=8, padding=1)  # (3, H, W)
-    grid = torch.nn.functional.interpolate(grid[None], scale_factor=3, mode="nearest")[0]
+    scale = max(1, round(400 / grid.shape[-1]))  # about 400 pixels wide, whatever the digits' size
+    grid = torch.nn.functional.interpolate(grid[None], scale_factor=scale, mode="nearest")[0]
     save_image(grid, str(path))
 
 
@@ -303,6 +305,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+EARLIER = "\n## The run before, kept for comparison\n\n"
+
+
+def earlier_run(table_path: Path, quick: bool) -> str:
+    """The previous run's table (its own earlier one dropped), to follow the new one: a recipe changed between
+    the two (digits at 16x16 until 2026-11-27) stays comparable with what it was. Not in or from quick runs."""
+    if quick or not table_path.exists():
+        return ""
+    before = table_path.read_text().split(EARLIER)[0]
+    return "" if "QUICK MODE" in before else EARLIER + re.sub(r"(?m)^## ", "### ", before)
+
+
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     if args.only == "digits_conditional":  # its own section, not part of the default run
@@ -335,7 +349,7 @@ def main(argv: list[str] | None = None) -> str:
     )
     table = markdown(results, check_targets(results, samplers), header)
     table_path.parent.mkdir(parents=True, exist_ok=True)
-    table_path.write_text(table)
+    table_path.write_text(table + earlier_run(table_path, args.quick))
     print("\n" + table + f"\nwritten to {table_path}")
     return table
 

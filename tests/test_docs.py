@@ -159,3 +159,40 @@ def test_every_message_of_the_troubleshooting_table_is_in_the_code():
         if absent:
             missing[message] = absent
     assert len(table_messages()) >= 10 and not missing, missing
+
+
+# ---- the README's figures come from results files -------------------------------------------------------------
+RESULTS_LINK = re.compile(r"\]\((benchmarks/results/[\w.-]+\.md)(?:#[\w-]+)?\)")
+# A results file names where its figures came from: a date, a commit and the machine (a CPU's cores and vector
+# extensions, or the GPU): benchmarks/provenance.py writes the line.
+PROVENANCE = {
+    "a date": re.compile(r"\b20\d\d-\d\d-\d\d\b"),
+    "a commit": re.compile(
+        r"\bcommit [0-9a-f]{7,40}\b|\| [0-9a-f]{7,40}( \(uncommitted changes\))? \|"
+    ),  # or a column
+    "a machine": re.compile(r"\d+ cores, (AVX-512|AVX2|no AVX2)|NVIDIA [A-Z]\d+"),
+}
+
+
+def headline_rows() -> list[tuple[str, str]]:
+    """(what, figure) of each row of the README's "Headline figures" table."""
+    section = (REPO / "README.md").read_text().split("## Headline figures", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    return [(cells[0].removeprefix("| "), cells[1].removesuffix(" |")) for cells in rows[1:]]
+
+
+@pytest.mark.parametrize("what, figure", headline_rows(), ids=[what[:40] for what, _ in headline_rows()])
+def test_every_headline_figure_is_in_the_results_file_it_cites(what, figure):
+    """Each row links the results file(s) its numbers come from; every number the row prints appears in them,
+    and each file says when, at which commit and on which machine it was measured."""
+    files = RESULTS_LINK.findall(what + " " + figure)
+    assert files, f"the README's figure '{what}' cites no benchmarks/results/*.md file"
+    texts = [(REPO / name).read_text() for name in files]
+    for name, text in zip(files, texts, strict=True):
+        for kind, pattern in PROVENANCE.items():
+            assert pattern.search(text), f"{name} does not say {kind} (benchmarks/provenance.py writes it)"
+    printed = re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", what + " " + figure)  # links' targets are not figures
+    for number in re.findall(r"\d+(?:,\d{3})*(?:\.\d+)?", printed):
+        assert any(number in text for text in texts), (
+            f"the README's {number} ('{what}') is in none of {files}"
+        )

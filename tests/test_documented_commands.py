@@ -163,11 +163,11 @@ def exported(out: str, format: str) -> Callable[[Ran], None]:
         folder = ran.folder / out
         if format == "safetensors":
             assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
-            assert load_checkpoint(folder).sample_shape == (1, 16, 16)
+            assert load_checkpoint(folder).sample_shape == (1, 8, 8)
         else:
             assert json.loads((folder / "model_index.json").read_text())["_class_name"] == "DDPMPipeline"
             unet = json.loads((folder / "unet" / "config.json").read_text())
-            assert (unet["sample_size"], unet["in_channels"]) == (16, 1)
+            assert (unet["sample_size"], unet["in_channels"]) == (8, 1)
             assert (folder / "scheduler" / "scheduler_config.json").is_file()
 
     return check
@@ -372,7 +372,7 @@ COMMANDS: dict[str, Command] = {
         resumed, *DIGITS_RUN, "--max_steps", "4", inputs={"runs/digits": Output(TRAIN)},
     ),
     "python train.py --print_config": command(printed_config),
-    SAMPLE: command(samples(4, (16, 16, 1)), *SAMPLES_2_STEPS, inputs={LAST: Output(TRAIN)}),
+    SAMPLE: command(samples(4, (8, 8, 1)), *SAMPLES_2_STEPS, inputs={LAST: Output(TRAIN)}),
     "python -m diffusion.evaluate --samples samples/samples.npz --reference digits --features pixels": command(
         scores("fid", "kid_mean"), inputs={"samples/samples.npz": Output(SAMPLE)},
     ),
@@ -389,11 +389,11 @@ COMMANDS: dict[str, Command] = {
     TRAIN_CONDITIONAL: command(trained("digits_conditional", network_num_classes=10), *SHORT),
     "python -m diffusion.sample --ckpt runs/digits_conditional/version_0/checkpoints/last.ckpt --class_label 3 "
     "--guidance_scale 2": command(
-        samples(4, (16, 16, 1), labels=[3] * 4), *SAMPLES_2_STEPS,
+        samples(4, (8, 8, 1), labels=[3] * 4), *SAMPLES_2_STEPS,
         inputs={CONDITIONAL_LAST: Output(TRAIN_CONDITIONAL)},
     ),
     "python -m diffusion.sample --ckpt CKPT --class_label all --num_samples 100": command(
-        samples(10, (16, 16, 1), labels=list(range(10))), "--num_samples", "10", "--steps", "2",
+        samples(10, (8, 8, 1), labels=list(range(10))), "--num_samples", "10", "--steps", "2",
         inputs={CONDITIONAL_LAST: Output(TRAIN_CONDITIONAL)}, placeholders={"CKPT": CONDITIONAL_LAST},
     ),
     "python train.py --config configs/folder.yaml --data.root pets/ --data.image_size 32 --data.conditional true":
@@ -452,7 +452,7 @@ COMMANDS: dict[str, Command] = {
     # ---- docs/post_hoc_ema.md ----
     PHEMA: command(phema_checkpoint(0.15), inputs=POST_HOC_RUN_FOLDER),
     "python -m diffusion.sample --ckpt phema.ckpt --num_samples 64 --out samples/": command(
-        samples(4, (16, 16, 1)), *SAMPLES_2_STEPS, inputs={"phema.ckpt": Output(PHEMA)},
+        samples(4, (8, 8, 1)), *SAMPLES_2_STEPS, inputs={"phema.ckpt": Output(PHEMA)},
     ),
     'python -m diffusion.phema --run runs/digits/version_0 --sweep "[0.03, 0.05, 0.07, 0.1, 0.13, 0.16, 0.2, '
     '0.25]"': command(
@@ -480,7 +480,7 @@ COMMANDS: dict[str, Command] = {
     },
     **{
         f"{launcher} -m diffusion.sample --ckpt last.ckpt --num_samples 50000 --devices 8 --out samples/": command(
-            every(samples(8, (16, 16, 1)), two_ranks), "--num_samples", "8", "--steps", "2", *TWO_CPU_RANKS,
+            every(samples(8, (8, 8, 1)), two_ranks), "--num_samples", "8", "--steps", "2", *TWO_CPU_RANKS,
             inputs={"last.ckpt": Output(TRAIN, LAST)}, launch="ranks", why=f"8 GPUs: {TWO_RANKS_WHY}",
         )
         for launcher in ("python", "torchrun --nproc_per_node 8")

@@ -149,3 +149,19 @@ def test_vector_benchmark_quick_mode_runs_end_to_end(tmp_path):
         assert list(tmp_path.glob(f"runs/vectors_{name}/version_0/checkpoints/last.ckpt"))
         assert (tmp_path / "runs" / "data" / f"{name}.npy").is_file()
     assert "| 16 | 10 |" in table and "QUICK MODE" in table
+
+
+def test_a_new_quality_table_keeps_the_run_before_it_and_only_that_one(tmp_path):
+    from quality import EARLIER, earlier_run
+
+    table = tmp_path / "quality.md"
+    assert earlier_run(table, quick=False) == ""  # the first run: nothing before it
+    table.write_text("## Sample quality (first)\n\n| a |\n")
+    second = "## Sample quality (second)\n\n| b |\n" + earlier_run(table, quick=False)
+    assert second.endswith(EARLIER + "### Sample quality (first)\n\n| a |\n")
+    table.write_text(second)
+    third = earlier_run(table, quick=False)
+    assert "second" in third and "first" not in third  # one run back, not the whole history
+    assert earlier_run(table, quick=True) == ""
+    table.write_text("## Sample quality (x) QUICK MODE (tiny networks, 20 steps)\n")
+    assert earlier_run(table, quick=False) == ""  # a quick run's numbers are not kept

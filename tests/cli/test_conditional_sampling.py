@@ -64,7 +64,7 @@ def test_sample_cli_writes_one_class_and_its_labels(conditional_checkpoint, tmp_
     path = sample_main(["--ckpt", str(conditional_checkpoint), "--out", str(tmp_path / "three"), *SAMPLE,
                         "--class_label", "3", "--guidance_scale", "2"])  # fmt: skip
     files = np.load(path)
-    assert files["arr_0"].shape == (4, 16, 16, 1) and files["arr_0"].dtype == np.uint8
+    assert files["arr_0"].shape == (4, 8, 8, 1) and files["arr_0"].dtype == np.uint8
     assert files["arr_1"].tolist() == [3, 3, 3, 3] and files["arr_1"].dtype == np.int64
     # Sample i depends on (seed, i, its label): sample 3 of a run over all classes is sample 3 of this one.
     every = sample_main(["--ckpt", str(conditional_checkpoint), "--out", str(tmp_path / "all"),
@@ -73,8 +73,8 @@ def test_sample_cli_writes_one_class_and_its_labels(conditional_checkpoint, tmp_
     every = np.load(every)
     assert every["arr_1"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
     assert np.abs(every["arr_0"][3].astype(int) - files["arr_0"][3].astype(int)).max() <= 1
-    with Image.open(tmp_path / "all" / "grid.png") as grid:  # one row per class: 10 rows of 17 px + 1
-        assert grid.height == 10 * 17 + 1
+    with Image.open(tmp_path / "all" / "grid.png") as grid:  # one row per class: 10 rows of 9 px + 1
+        assert grid.height == 10 * 9 + 1
 
 
 @pytest.mark.multiprocess
@@ -137,7 +137,7 @@ def test_a_checkpoint_alone_samples_a_named_class(conditional_checkpoint, tmp_pa
     assert module.sampling.guidance_scale == 1.5  # the recipe's default, kept in the checkpoint
     labels = class_labels(4, module.num_classes, "3", module.hparams.class_names)
     samples = generate(module, 4, seed=0, options=SamplingOptions(steps=3), labels=labels)
-    assert samples.shape == (4, 1, 16, 16) and torch.isfinite(samples).all()
+    assert samples.shape == (4, 1, 8, 8) and torch.isfinite(samples).all()
     with pytest.raises(ValueError, match="0..9"):
         module.sample(2, seed=0, labels=torch.tensor([3, 10]))
 
@@ -145,7 +145,7 @@ def test_a_checkpoint_alone_samples_a_named_class(conditional_checkpoint, tmp_pa
 def test_training_grid_has_one_row_per_class(conditional_checkpoint):
     grid = conditional_checkpoint.parents[1] / "samples" / "latest.png"
     with Image.open(grid) as image:  # QUICK draws 4 samples: classes 0..3, one each
-        assert (image.width, image.height) == (1 * 17 + 1, 4 * 17 + 1)
+        assert (image.width, image.height) == (1 * 9 + 1, 4 * 9 + 1)
 
 
 # ---- unconditional models unchanged ----------------------------------------------------------------------

@@ -130,8 +130,8 @@ def test_the_script_in_the_docs_samples_an_export(checkpoint, tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    with Image.open(tmp_path / "samples.png") as grid:  # 16 samples of 16 x 16, 4 per row, 2-pixel padding
-        assert grid.size == (4 * 18 + 2, 4 * 18 + 2)
+    with Image.open(tmp_path / "samples.png") as grid:  # 16 samples of 8 x 8, 4 per row, 2-pixel padding
+        assert grid.size == (4 * 10 + 2, 4 * 10 + 2)
 
 
 def test_importing_the_project_does_not_import_diffusers():

@@ -88,7 +88,7 @@ def test_only_nll_goes_to_the_likelihood_command():
         ("vectors", r"--nll: .* models vectors of shape \(2,\), and bits/dim is a bound on 8-bit images — "),
         (
             "npz_size",
-            r"--data.path .*: the images are uint8 \(4, 8, 8, 1\), the model's images uint8 \(N, 16, 16, 1\)",
+            r"--data.path .*: the images are uint8 \(4, 16, 16, 1\), the model's images uint8 \(N, 8, 8, 1\)",
         ),
         ("no_split", r"held out no images \(--data.val_fraction 0\) — pass --data.path"),
     ],
@@ -97,7 +97,7 @@ def test_user_errors_are_one_line(case, pattern, user, toy2d_checkpoint, digits_
     ckpt = toy2d_checkpoint if case == "vectors" else digits_checkpoint
     args = ["--nll", "--ckpt", str(ckpt)]
     if case == "npz_size":
-        np.savez(tmp_path / "small.npz", np.zeros((4, 8, 8, 1), np.uint8))
+        np.savez(tmp_path / "small.npz", np.zeros((4, 16, 16, 1), np.uint8))
         args += ["--data.path", str(tmp_path / "small.npz")]
     if case == "no_split":
         config = digits_checkpoint.parents[1] / "config.yaml"

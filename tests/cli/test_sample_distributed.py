@@ -80,8 +80,8 @@ def test_ranks_hand_all_gather_uint8_images_a_quarter_of_float_bytes(world_size,
     gathered = gather_in_order(shares[0], 5, fabric.all_gather)
     per_rank = math.ceil(5 / world_size)
     (handed,) = fabric.handed
-    assert handed.dtype == torch.uint8 and handed.shape == (per_rank, 1, 16, 16)
-    assert handed.nbytes == per_rank * 16 * 16  # float32 samples: 4x that
+    assert handed.dtype == torch.uint8 and handed.shape == (per_rank, 1, 8, 8)
+    assert handed.nbytes == per_rank * 8 * 8  # float32 samples: 4x that
     assert gathered.dtype == torch.uint8
     # Other batch shapes move float samples by ~1e-6; uint8 rounding absorbs that (a value within 1e-6 of a
     # rounding boundary would flip one level: these seeds hit none).
@@ -158,8 +158,8 @@ def test_two_processes_all_gather_uint8_images(digits_checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(2):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert record["handed"] == ["torch.uint8", [3, 1, 16, 16], 3 * 16 * 16]  # float32 would be 4x
-        assert record["gathered"] == ["torch.uint8", [2, 3, 1, 16, 16]]
+        assert record["handed"] == ["torch.uint8", [3, 1, 8, 8], 3 * 8 * 8]  # float32 would be 4x
+        assert record["gathered"] == ["torch.uint8", [2, 3, 1, 8, 8]]
         # the gloo group closed before exit (left open, it can abort the process: diffusion/cli/process_group.py)
         assert (tmp_path / f"rank{rank}.after_main").read_text() == "False"
     two = np.load(tmp_path / "two" / "samples.npz")["arr_0"]

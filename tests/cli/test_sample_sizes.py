@@ -25,9 +25,9 @@ def never_loaded(*args, **kwargs):
 @pytest.mark.parametrize(
     ("count", "free", "expected"),
     [
-        ("10000000000", 41e9, r"--num_samples 10000000000: the samples would take 2,560\.0 GB and --out .* has 41\.0 GB "
+        ("10000000000", 41e9, r"--num_samples 10000000000: the samples would take 640\.0 GB and --out .* has 41\.0 GB "
          r"free — sample fewer \(--num_samples\), or write to a disk with room \(--out\)"),
-        ("5000", 1e6, r"--num_samples 5000: the samples would take 1\.3 MB and --out .* has 1\.0 MB free"),
+        ("50000", 1e6, r"--num_samples 50000: the samples would take 3\.2 MB and --out .* has 1\.0 MB free"),
     ],
 )  # fmt: skip
 def test_a_count_that_cannot_fit_on_the_disk_is_refused_up_front_with_its_size(
@@ -53,7 +53,7 @@ def test_samples_are_written_a_chunk_at_a_time_and_equal_one_chunks(digits_check
         write(self, samples)
 
     monkeypatch.setattr(render.SamplesWriter, "write", recording)
-    monkeypatch.setattr(ranks, "CHUNK_BYTES", 2 * 16 * 16)  # two 16x16 uint8 images a chunk
+    monkeypatch.setattr(ranks, "CHUNK_BYTES", 2 * 8 * 8)  # two 8x8 uint8 images a chunk
     chunked = sample.main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "chunked"), "--num_samples",
                            "5", "--batch_size", "2", *ARGS])  # fmt: skip
     assert written == [2, 2, 1]
@@ -69,10 +69,10 @@ def test_a_stopped_run_leaves_no_file_that_looks_complete(digits_checkpoint, tmp
         if self.written:
             raise KeyboardInterrupt
         write(self, samples)
-        assert (self.partial / "samples.npz").stat().st_size > 2 * 16 * 16  # the first chunk is on disk
+        assert (self.partial / "samples.npz").stat().st_size > 2 * 8 * 8  # the first chunk is on disk
 
     monkeypatch.setattr(render.SamplesWriter, "write", stopped_after_the_first_chunk)
-    monkeypatch.setattr(ranks, "CHUNK_BYTES", 2 * 16 * 16)
+    monkeypatch.setattr(ranks, "CHUNK_BYTES", 2 * 8 * 8)
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as stopped:  # Ctrl-C: one line and exit 130 (tests/cli/test_interrupts.py)
         sample.main(["--ckpt", str(digits_checkpoint), "--out", str(out), "--num_samples", "5", "--batch_size",
@@ -87,5 +87,5 @@ def test_a_killed_runs_partial_folder_is_replaced(digits_checkpoint, tmp_path):
     path = sample.main(
         ["--ckpt", str(digits_checkpoint), "--out", str(tmp_path), "--num_samples", "2", *ARGS]
     )
-    assert np.load(path)["arr_0"].shape == (2, 16, 16, 1)
+    assert np.load(path)["arr_0"].shape == (2, 8, 8, 1)
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["grid.png", "samples.npz"]

@@ -191,7 +191,7 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "resume_vector_run": (
         ["--ckpt_path", "{user}/runs/toy2d/version_0/checkpoints/last.ckpt"],
         r"is from a run with another network: the network MLP in the checkpoint, UNet now; samples of shape "
-        r"\(2,\) in the checkpoint, \(1, 16, 16\) now .* — resume it with its own settings \(--config "
+        r"\(2,\) in the checkpoint, \(1, 8, 8\) now .* — resume it with its own settings \(--config "
         r".*toy2d/version_0/config.yaml with no flag that changes these\), or train the changed network as a new run",
     ),
     "resume_unconditional_run_as_conditional": (

@@ -242,13 +242,13 @@ def test_dpmpp_2m_defaults_to_20_steps_and_clips_x0():
 def test_dpmpp_2m_is_selectable_in_the_module_and_the_sample_cli(digits_checkpoint, tmp_path):
     module = load_checkpoint(digits_checkpoint, map_location="cpu")
     direct = module.sample(3, seed=7, options=SamplingOptions(sampler="dpmpp_2m", steps=4))
-    assert direct.shape == (3, 1, 16, 16) and torch.isfinite(direct).all()
+    assert direct.shape == (3, 1, 8, 8) and torch.isfinite(direct).all()
     path = sample_main(
         ["--ckpt", str(digits_checkpoint), "--out", str(tmp_path), "--num_samples", "3", "--seed", "7",
          "--sampler", "dpmpp_2m", "--steps", "4", "--device", "cpu"]
     )  # fmt: skip
     samples = np.load(path)["arr_0"]
-    assert samples.shape == (3, 16, 16, 1) and samples.dtype == np.uint8
+    assert samples.shape == (3, 8, 8, 1) and samples.dtype == np.uint8
     # Deterministic given the per-sample seeds: the CLI's images are the module's samples, quantized.
     expected = ((direct.clamp(-1, 1) * 0.5 + 0.5) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
     np.testing.assert_array_equal(samples, expected)

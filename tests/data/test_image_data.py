@@ -34,12 +34,12 @@ def digits():
 
 
 def test_digits_items_shapes_and_range(digits):
-    assert digits.sample_shape == (1, 16, 16)
+    assert digits.sample_shape == (1, 8, 8)  # their own grid
     assert digits.normalization == {"shift": [0.5], "scale": [0.5]}
     train, val = _all_items(digits)
     assert len(train) + len(val) == 1797 and len(val) == round(1797 * 0.05)
     x, index, _ = train[0]
-    assert x.dtype == torch.float32 and x.shape == (1, 16, 16) and isinstance(index, int)
+    assert x.dtype == torch.float32 and x.shape == (1, 8, 8) and isinstance(index, int)
     stacked = torch.stack([x for x, *_ in train + val])
     assert stacked.min() == -1 and stacked.max() == 1
     # Index is the position in the full dataset: train/val disjoint, together 0..1796.
@@ -51,10 +51,13 @@ def test_digits_items_shapes_and_range(digits):
         assert index == digits.train_set.indices[pos] and torch.equal(x, full[index][0])
 
 
-def test_digits_area_average_recovers_original(digits):
-    x = torch.stack([digits.train_set.dataset[i][0] for i in range(1797)])  # (N, 1, 16, 16)
+def test_digits_are_the_originals_and_area_averaging_recovers_them_from_a_larger_size(digits):
     original = torch.from_numpy(load_digits().images / 16 * 2 - 1).float().unsqueeze(1)
-    assert torch.equal(F.avg_pool2d(x, 2), original)
+    assert torch.equal(torch.stack([digits.train_set.dataset[i][0] for i in range(1797)]), original)
+    larger = ImageDataModule("digits", seed=0, image_size=16)
+    larger.setup("fit")
+    x = torch.stack([larger.train_set.dataset[i][0] for i in range(1797)])  # (N, 1, 16, 16)
+    assert x.shape == (1797, 1, 16, 16) and torch.equal(F.avg_pool2d(x, 2), original)
 
 
 def test_digits_split_depends_only_on_seed(digits):
@@ -69,7 +72,7 @@ def test_digits_split_depends_only_on_seed(digits):
 def test_training_batches_are_indexed(on_device):
     digits = ImageDataModule("digits", seed=0, on_device=on_device)
     x, index, _ = next(digits.training_batches())
-    assert x.shape == (64, 1, 16, 16) and index.dtype == torch.int64 and index.shape == (64,)
+    assert x.shape == (64, 1, 8, 8) and index.dtype == torch.int64 and index.shape == (64,)
 
 
 def test_train_sampler_matches_lightnings_ddp_sampler(monkeypatch):

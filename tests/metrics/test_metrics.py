@@ -58,7 +58,7 @@ def pixel_scores(real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def digit_halves() -> tuple[torch.Tensor, torch.Tensor]:
-    """The digits as the training pipeline yields them (16x16 in [-1, 1]) turned into uint8 (N, 1, 16, 16),
+    """The digits as the training pipeline yields them (8x8 in [-1, 1]) turned into uint8 (N, 1, 8, 8),
     split as the issue does: default_rng(0).permutation(1797), first 898 against the other 899."""
     data = ImageDataModule("digits", val_fraction=0.0)
     data.setup("fit")
@@ -107,8 +107,8 @@ def test_fd_of_two_halves_of_the_digits_is_the_benchmark_floor(digit_halves):
     # torchmetrics on the same exact pixels (floats in 0..1 -> value * 16) agrees to float precision.
     raw = torch.from_numpy(load_digits().images).float().div(16).unsqueeze(1)
     assert pixel_scores(raw[perm[:898]], raw[perm[898:]])["fid"] == pytest.approx(floor, rel=1e-4)
-    # Through the training pipeline (16x16, uint8: what the callback and the samples file score), 2x2 area
-    # averaging undoes the upscaling and only uint8 rounding (<= 16/510 per pixel) remains: 16.31.
+    # Through the training pipeline (uint8: what the callback and the samples file score), only uint8 rounding
+    # (<= 16/510 per pixel) remains: 16.31.
     scores = pixel_scores(*digit_halves)
     assert scores["fid"] == pytest.approx(floor, abs=0.1)
     assert scores["num_real"] == 898 and scores["num_fake"] == 899

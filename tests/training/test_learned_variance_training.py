@@ -88,7 +88,7 @@ def test_a_learned_variance_run_says_so_and_samples_with_it(learned_run):
     assert checkpoint["hyper_parameters"]["variance"] == "learned_range"
     assert checkpoint["hyper_parameters"]["network"]["init_args"]["out_channels"] == 2  # 2C for C = 1
     module = load_checkpoint(learned_run)
-    assert module.network(torch.zeros(2, 1, 16, 16), torch.tensor([3, 4])).shape == (2, 2, 16, 16)
+    assert module.network(torch.zeros(2, 1, 8, 8), torch.tensor([3, 4])).shape == (2, 2, 8, 8)
     # DDPM: the recipe's own sampler (DPM-Solver++) uses only the prediction, not the variance.
     default = module.sample(3, seed=1, options=SamplingOptions(sampler="ddpm", steps=5))
     learned = module.sample(
@@ -97,7 +97,7 @@ def test_a_learned_variance_run_says_so_and_samples_with_it(learned_run):
     fixed = module.sample(3, seed=1, options=SamplingOptions(sampler="ddpm", steps=5, variance="fixedlarge"))
     torch.testing.assert_close(default, learned, rtol=0, atol=0)
     assert not torch.allclose(default, fixed)
-    assert default.shape == (3, 1, 16, 16) and default.isfinite().all()
+    assert default.shape == (3, 1, 8, 8) and default.isfinite().all()
 
 
 @pytest.mark.parametrize("name", ["digits", "toy2d"])
@@ -147,7 +147,7 @@ def test_a_resumed_conditional_run_ends_with_the_weights_of_the_run_left_alone_a
     module = load_checkpoint(folder / "last.ckpt")
     samples = module.sample(4, seed=0, labels=torch.tensor([0, 1, 2, 3]),
                             options=SamplingOptions(steps=4, guidance_scale=2.0))  # fmt: skip
-    assert samples.shape == (4, 1, 16, 16) and samples.isfinite().all()
+    assert samples.shape == (4, 1, 8, 8) and samples.isfinite().all()
 
 
 SAME = [*CONDITIONAL, "--model.noise_mode", "per_sample", "--data.init_args.val_fraction", "0",
