@@ -60,3 +60,39 @@ def test_the_python_floor_is_the_oldest_python_the_code_runs_on():
     assert not floor.contains("3.10") and floor.contains("3.11")
     target = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["target-version"]
     assert target == "py311"
+
+
+def installed_closure(requirements: list[Requirement]) -> dict[str, Version]:
+    """Every distribution `requirements` pull in, transitively, as installed here (name -> version): what the
+    project and its dev extra really run with, markers and extras followed as pip follows them."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    found, seen, queue = {}, set(), [(requirement, "") for requirement in requirements]
+    while queue:
+        requirement, extra = queue.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+            continue
+        name = requirement.name.lower().replace("_", "-")
+        if (name, frozenset(requirement.extras)) in seen:
+            continue
+        seen.add((name, frozenset(requirement.extras)))
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:  # an optional dependency's own extra that nothing here installs
+            continue
+        found[name] = Version(dist.version)
+        for line in dist.requires or []:
+            queue += [(Requirement(line), chosen) for chosen in ["", *requirement.extras]]
+    return found
+
+
+def test_everything_the_dev_install_pulls_in_is_pinned_at_the_version_installed():
+    # The packages' own dependencies too (mlflow-skinny's fastapi, wandb's gitpython, ...): unpinned, a fresh
+    # machine gets whatever is newest that day. The notebook, fid and loggers extras resolve from the same file.
+    pins, closure = pinned(), installed_closure(REQUIREMENTS)
+    assert len(closure) > 100
+    unpinned = sorted(f"{name}=={version}" for name, version in closure.items() if name not in pins)
+    assert not unpinned, f"not in constraints.txt: {' '.join(unpinned)}"
+    other = sorted(f"{name} {pins[name]} pinned, {version} installed" for name, version in closure.items()
+                   if pins[name] != version)  # fmt: skip
+    assert not other, other

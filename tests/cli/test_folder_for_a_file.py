@@ -63,7 +63,7 @@ def test_sample_and_export_take_the_one_checkpoint_of_a_folder(user, tmp_path, c
     shutil.copy(good, touch(tmp_path / "kept" / "last.ckpt"))
     written = sample.main(["--ckpt", str(tmp_path / "kept"), "--out", str(tmp_path / "s"), "--num_samples", "2",
                            "--sampler", "ddim", "--steps", "2", "--device", "cpu"])  # fmt: skip
-    assert np.load(written)["arr_0"].shape == (2, 16, 16, 1)
+    assert np.load(written)["arr_0"].shape == (2, 8, 8, 1)
     assert f"using {tmp_path / 'kept' / 'last.ckpt'}, the one checkpoint in it" in capsys.readouterr().err
     out = export.main(
         ["--ckpt", str(tmp_path / "kept"), "--format", "safetensors", "--out", str(tmp_path / "e")]

@@ -53,7 +53,7 @@ def sample_digits(digits_checkpoint, tmp_path_factory):
 def test_image_samples_are_uint8_nhwc_with_a_grid(sample_digits):
     samples, out = sample_digits()
     assert samples.dtype == np.uint8
-    assert samples.shape == (5, 16, 16, 1)
+    assert samples.shape == (5, 8, 8, 1)
     with Image.open(out / "grid.png") as grid:
         grid.load()
         assert grid.width > 16 and grid.height > 16
@@ -76,7 +76,7 @@ def test_raw_weights_give_different_samples_than_ema(sample_digits, digits_check
 def test_ddim_and_ddpm_samplers_both_run_and_differ(sample_digits):
     ddim, _ = sample_digits()
     ddpm, _ = sample_digits(sampler="ddpm", steps="5")
-    assert ddpm.shape == ddim.shape == (5, 16, 16, 1)
+    assert ddpm.shape == ddim.shape == (5, 8, 8, 1)
     assert not np.array_equal(ddim, ddpm)
 
 
@@ -99,7 +99,7 @@ def test_module_runs_as_a_script(digits_checkpoint, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert str(out / "samples.npz") in result.stdout
-    assert np.load(out / "samples.npz")["arr_0"].shape == (3, 16, 16, 1)
+    assert np.load(out / "samples.npz")["arr_0"].shape == (3, 8, 8, 1)
 
 
 def test_missing_checkpoint_names_the_path(tmp_path, monkeypatch):

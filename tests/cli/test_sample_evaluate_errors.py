@@ -211,4 +211,4 @@ def test_existing_samples_are_replaced_only_with_overwrite(user, tmp_path):
     good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
     path = sample.main(["--ckpt", str(good), "--out", str(out), "--sampler", "ddim", "--steps", "2",
                         "--num_samples", "3", "--device", "cpu", "--overwrite"])  # fmt: skip
-    assert np.load(path)["arr_0"].shape == (3, 16, 16, 1)  # the user's 4 blank images replaced
+    assert np.load(path)["arr_0"].shape == (3, 8, 8, 1)  # the user's 4 blank images replaced

@@ -38,7 +38,7 @@ def test_the_compiled_loop_draws_the_eager_samples_from_one_graph(
     with network_precision(module, "bf16-mixed"):
         eager_bf16 = draw(module, compile=False)
         torch.testing.assert_close(draw(module, compile=True), eager_bf16, rtol=0, atol=1e-6)
-    assert len(graphs) == 2 and (eager_bf16 - eager).abs().max() > 1e-3  # autocast inside the graph
+    assert len(graphs) == 2 and (eager_bf16 - eager).abs().max() > 1e-4  # autocast inside the graph
 
 
 def test_a_network_compiled_for_fitting_is_taken_into_the_samplers_graph(graphs_handed_to_the_backend):

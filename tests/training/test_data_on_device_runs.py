@@ -116,7 +116,7 @@ def max_abs_diff(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor]) -> floa
 def test_a_run_killed_mid_epoch_with_flips_resumes_to_the_weights_of_the_run_left_alone(tmp_path):
     returncode, output = launch(tmp_path / "killed", *ONE_PROCESS, callbacks(kill_at(KILL_STEP)))
     assert returncode == -signal.SIGKILL, output[-4000:]
-    assert "training data: held on cpu (1.9 MB float32), batched there, flips per sample" in output
+    assert "training data: held on cpu (474.4 kB float32), batched there, flips per sample" in output
     killed_at = checkpoint(tmp_path / "killed", "last.ckpt")
     assert killed_at["global_step"] == KILL_STEP
     assert killed_at["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["position"] == 64  # mid-epoch
@@ -162,9 +162,9 @@ def test_two_processes_killed_and_resumed_train_on_the_loaders_samples_flipped_b
 @pytest.mark.parametrize(
     ("extra", "fits", "path"),
     [
-        ([], True, "held on cpu (1.8 MB float32), batched there"),
+        ([], True, "held on cpu (460.0 kB float32), batched there"),
         (["--data.init_args.on_device", "false"], True, "per-item DataLoader, 0 worker processes (--data.on_device false)"),
-        ([], False, "per-item DataLoader, 0 worker processes (its 1.8 MB would not fit)"),
+        ([], False, "per-item DataLoader, 0 worker processes (its 460.0 kB would not fit)"),
     ],
     ids=["held", "turned off", "too big"],
 )  # fmt: skip
