@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from metrics_lib import digits_split, frechet_distance, single_threaded, to_digit_features
-from quality import ROOT, TINY_UNET, Recipe, find_checkpoint, fmt_time, train
+from provenance import provenance
+from quality import ROOT, TINY_UNET, Recipe, earlier_run, find_checkpoint, fmt_time, train
 from sklearn.svm import SVC
 from torchvision.utils import make_grid, save_image
 
@@ -156,12 +157,12 @@ def measure_digits_conditional(args: argparse.Namespace) -> str:
     rows, real = sweep(ckpt, per_class, scales, steps, args.device, docs, progress=not quick)
     mode = " QUICK MODE (tiny network, 20 steps): plumbing only, targets not meaningful" if quick else ""
     header = (
-        f"## Class-conditional digits: guidance scale ({time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, sampling on {args.device}){mode}"
+        f"## Class-conditional digits: guidance scale ({provenance(args.device)}, {torch.get_num_threads()} "
+        f"threads, sampling on {args.device}){mode}"
     )
     table = markdown(rows, real, seconds, header)
     path = (args.out or ROOT / "benchmarks" / "results") / "quality_conditional.md"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(table)
+    path.write_text(table + earlier_run(path, quick))
     print("\n" + table + f"\nwritten to {path}")
     return table
