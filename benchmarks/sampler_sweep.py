@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from arguments import existing, list_of, resolved  # noqa: E402
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 from diffusion.core.sampling import SAMPLERS, SamplingOptions  # noqa: E402
 from diffusion.data.labels import class_labels  # noqa: E402
@@ -118,7 +119,8 @@ def checkpoint_of(run: Path, name: str) -> Path:
 
 def markdown(table: dict, floor: float, what: str) -> str:
     columns = sorted({evaluations for row in table.values() for evaluations in row})
-    lines = [f"# FD 8x8 of the digits against network evaluations\n\n{what}; real data's floor: {floor:.2f}.\n",
+    lines = [f"# FD 8x8 of the digits against network evaluations\n\n({provenance()})\n\n{what}; real data's floor: "
+             f"{floor:.2f}.\n",
              "| sampler | " + " | ".join(str(c) for c in columns) + " |",
              "| --- |" + " ---: |" * len(columns)]  # fmt: skip
     for sampler, row in table.items():
