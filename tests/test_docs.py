@@ -131,9 +131,8 @@ def test_the_readme_set_up_installs_from_the_projects_files():
         line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line
     )
     for words in installs:
-        if (
-            "--index-url" in words
-        ):  # torch for an older NVIDIA driver: the pinned versions, another CUDA build
+        if {"--index-url", "--extra-index-url"} & set(words):
+            # torch alone, before the project: the pinned versions of a CPU-only or another CUDA build
             wanted = [word.split("==") for word in words if "==" in word]
             assert wanted and all(pins[name] == version for name, version in wanted), words
             continue
