@@ -26,9 +26,7 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -40,6 +38,7 @@ import pytest
 import torch
 from helpers import QUICK, TINY_MLP, TINY_UNET
 from helpers import documented_commands as made
+from helpers.ddp import run_in_session
 from helpers.documented_checks import (
     Ran,
     a_checkpoint_under,
@@ -363,16 +362,7 @@ def process_env() -> dict[str, str]:
 
 def run_process(cmd: list[str], cwd: Path, timeout: float = 420) -> tuple[int | None, str]:
     """Run `cmd` in a session of its own; its exit status (None: killed after `timeout`) and output."""
-    process = subprocess.Popen(
-        cmd, cwd=cwd, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        output = process.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        return None, f"still running after {timeout} s:\n{process.communicate()[0]}"
-    return process.returncode, output
+    return run_in_session(cmd, cwd, process_env(), timeout)
 
 
 def section(output: str, text: str) -> str:

@@ -202,3 +202,20 @@ class CompileWith(L.Callback):
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._within.close()
+
+
+def run_in_session(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int | None, str]:
+    """Run `cmd` in a session of its own (a DDP launcher's ranks with it), its output and exit status; past
+    `timeout` the whole session is killed and the status is None (the output then says how long it ran)."""
+    import subprocess
+
+    process = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        output = process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return None, f"still running after {timeout} s:\n{process.communicate()[0]}"
+    return process.returncode, output

@@ -14,8 +14,6 @@ every 3, so steps 3 and 6 are logging steps, 6 also the last, and 1, 2, 4, 5 are
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import TINY_MLP
+from helpers.ddp import run_in_session
 
 from diffusion.cli.train import main
 
@@ -77,16 +76,8 @@ def two_processes(save_dir: Path, precision: str, timeout: float = 240) -> Path:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, str(REPO / "train.py"), *run_args(save_dir, precision, *TWO_PROCESSES)]
-    process = subprocess.Popen(
-        cmd, cwd=save_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        output = process.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"still running after {timeout} s:\n{process.communicate()[0][-4000:]}")
-    assert process.returncode == 0, output[-4000:]
+    code, output = run_in_session(cmd, save_dir, env, timeout)
+    assert code == 0, output[-4000:]
     return save_dir
 
 
