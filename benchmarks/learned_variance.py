@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from arguments import existing, resolved
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
+from provenance import provenance
 from train_run import run_training
 
 from diffusion.cli.evaluate_nll import reverse_process_of, run_images
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> str:
         model: cache.get(f"{model}/bpd", bpd_of, ckpt, 8 if args.quick else None, args.device)
         for model, ckpt in checkpoints.items()
     }
-    text = markdown(rows, bpd, checkpoints, steps, args.quick, num_samples)
+    text = markdown(rows, bpd, checkpoints, steps, args.quick, num_samples, args.device)
     out.mkdir(parents=True, exist_ok=True)
     (out / "learned_variance.md").write_text(text)
     print(text)
@@ -166,12 +166,11 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def markdown(
-    rows: list, bpd: dict, checkpoints: dict, steps: list[int], quick: bool, num_samples: int
+    rows: list, bpd: dict, checkpoints: dict, steps: list[int], quick: bool, num_samples: int, device: str
 ) -> str:
     full = {(model, variance): fd for model, variance, n, fd, _ in rows if n == steps[-1]}
     lines = [
-        f"## Learned variances on the digits ({time.strftime('%Y-%m-%d')}, torch {torch.__version__}"
-        f"{', --quick: meaningless numbers' if quick else ''})",
+        f"## Learned variances on the digits ({provenance(device)}{', --quick: meaningless numbers' if quick else ''})",
         "",
         "Checkpoints: " + ", ".join(f"{model} `{ckpt}`" for model, ckpt in checkpoints.items()) + ".",
         f"{num_samples} samples per row (per-sample seed 0) against {REFERENCE_SIZE} real digits, FD in 8x8 pixels.",

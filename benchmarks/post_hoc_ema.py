@@ -11,7 +11,6 @@ benchmarks/results/post_hoc_ema.md (--out to write elsewhere).
 """
 
 import argparse
-import datetime
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from arguments import existing, list_of, resolved  # noqa: E402
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 from diffusion.core.sampling import SAMPLERS, SamplingOptions  # noqa: E402
 from diffusion.generation.ranks import generate  # noqa: E402
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> str:
     mean = lambda scores: sum(scores) / len(scores)  # noqa: E731
     seeds = " | ".join(f"FD seed {seed}" for seed in args.seeds)
     lines = [
-        f"## Post-hoc EMA on the digits ({datetime.date.today()}, torch {torch.__version__})",
+        f"## Post-hoc EMA on the digits ({provenance()})",
         "",
         f"Run {args.run} ({ckpt.name}, step {step}, {len(snapshots)} snapshots); {REFERENCE_SIZE} samples of "
         f"{args.sampler}-{args.steps} per seed against the reference half; real-data floor (the other half): "

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from arguments import list_of
 from metrics_lib import sliced_wasserstein
+from provenance import provenance
 from train_run import run_training
 from vector_sets import Distribution, distributions
 
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> str:
     mode = " QUICK MODE (tiny networks, 10 steps): plumbing only, goals not meaningful" if quick else ""
     extra = f", extra train.py arguments: `{' '.join(args.train_args)}`" if args.train_args else ""
     header = (
-        f"## Vector data with fine structure ({time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "
+        f"## Vector data with fine structure ({provenance()}, "
         f"{torch.get_num_threads()} threads, {num_samples} samples per sampler{extra}){mode}"
     )
     table = markdown(results, header)
