@@ -1,8 +1,9 @@
 """The error type every layer may raise for a mistake of the user's, and the check of a choice among a Literal's
 values. How the commands print them (one line, exit status 2) is `diffusion.cli.reporting`.
 
-Library code raises `UserError(problem, fix)` or a plain `ValueError`/`FileNotFoundError` whose message reads
-`<what is wrong> — <how to fix it>` (or `<what>; <fix>`).
+Library code raises `UserError(problem, fix)`, `OutOfRange(name, value, requirement, fix)` for a parameter's range
+check, or a plain `ValueError`/`FileNotFoundError` whose message reads `<what is wrong> — <how to fix it>` (or
+`<what>; <fix>`).
 """
 
 from typing import Any, get_args
@@ -19,6 +20,21 @@ class UserError(Exception):
         """The same error said of `subject`, what the user gave that led to it (a flag and a path): `<subject>:
         <problem> — <fix>`, for a check deep inside reading that subject which cannot know its name."""
         return UserError(f"{subject}: {self.problem}", self.fix)
+
+
+class OutOfRange(UserError, ValueError):
+    """A parameter's value outside what it accepts: `<name>=<value> must be <requirement> — <fix>`.
+
+    It carries its parts, and `owner`, the class whose parameter it is (its `__init__` checked it), so a command
+    that built that class from a group of flags says it of the flag the user wrote: `--data.batch_size 0 is out
+    of range (must be >= 1) — ...` (diffusion.cli.train_checks.naming_the_flag). The command reads these fields,
+    never the message's words. A ValueError too, for Python callers that catch one."""
+
+    def __init__(
+        self, name: str, value: Any, requirement: str, fix: str | None = None, owner: type | None = None
+    ) -> None:
+        super().__init__(f"{name}={value} must be {requirement}", fix or f"pass a value {requirement}")
+        self.name, self.value, self.requirement, self.owner = name, value, requirement, owner
 
 
 class CallerError(ValueError):

@@ -30,11 +30,12 @@ def same_class(saved_path: str, current_path: str) -> bool:
         return True
     accept_moved_class_paths()
     try:
-        return _import(saved_path) is _import(current_path)
+        return class_at(saved_path) is class_at(current_path)
     except (ImportError, AttributeError, ValueError):
         return False
 
 
-def _import(path: str) -> object:
+def class_at(path: str) -> object:
+    """The class (or any object) a class path names: `diffusion.data.ImageDataModule`."""
     module, name = path.rsplit(".", 1)
     return getattr(importlib.import_module(module), name)

@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, cpu_mixed_precision_note
-from diffusion.cli.legacy import accept_moved_class_paths
+from diffusion.cli.legacy import accept_moved_class_paths, class_at
 from diffusion.cli.process_group import closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.resume import check_same_training_settings, resolve_resume
@@ -234,7 +234,8 @@ class DiffusionCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as error:  # a data module's or network's own range check: name the flag
-            named = naming_the_flag(error)
+            chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
+            named = naming_the_flag(error, {class_at(path): group for group, path in chosen.items()})
             if named is None:
                 raise
             raise named from error

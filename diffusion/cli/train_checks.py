@@ -3,20 +3,17 @@ UserError, `diffusion.errors`): option ranges (and the data module's and network
 with the flag), the network settings the data decides, the weights to start from or resume, the output folders,
 and the world size under torchrun."""
 
-import inspect
 import os
 import re
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from torch import nn
+from lightning.pytorch import Trainer
 
 from diffusion.cli.flags import check_writable_folder
-from diffusion.errors import UserError
+from diffusion.errors import OutOfRange, UserError
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
@@ -155,41 +152,22 @@ def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:
     )
 
 
-# A data module's or network's own range check, as the classes word it for any caller: 'batch_size must be >= 1,
-# got 0' (with or without ' — <fix>').
-OWN_RANGE_CHECK = re.compile(r"(\w+) must be (.+?), got (.+?)(?: — (.+))?", re.S)
-
-
-def naming_the_flag(error: BaseException) -> UserError | None:
-    """A range check failed while the CLI built the data module or the network, reworded as the flag the user
-    wrote: '--data.batch_size 0 is out of range (must be >= 1) — <the class's fix, or: pass a value >= 1>'; None
-    for any other error. jsonargparse may wrap the class's error (a union of types): its chain is searched."""
+def naming_the_flag(error: BaseException, groups: dict[object, str]) -> UserError | None:
+    """A range check (`OutOfRange`) of a class the CLI built from a group of flags (`groups`: that class -> the
+    group, 'data' or 'model.network'), said of the flag the user wrote: '--data.batch_size 0 is out of range (must
+    be >= 1) — <the check's fix>'. None for any other error, and for a check of one of the class's parts (a
+    ResBlock's channels are no flag of the user's). jsonargparse may wrap the class's error (a union of types):
+    the chain of causes is searched, by type."""
     while error is not None:
-        match = OWN_RANGE_CHECK.fullmatch(str(error))
-        built = _class_being_built(error.__traceback__) if match else None
-        if built is not None:
-            group, instance = built
-            name, bound, value, fix = match.groups()
-            if name not in inspect.signature(type(instance).__init__).parameters:
-                return None  # a check inside one of its parts: not a flag of the user's
+        if isinstance(error, OutOfRange):
+            group = groups.get(error.owner)
+            if group is None:
+                return None
             return UserError(
-                f"--{group}.{name} {value} is out of range (must be {bound})", fix or f"pass a value {bound}"
+                f"--{group}.{error.name} {error.value} is out of range (must be {error.requirement})",
+                error.fix,
             )
         error = error.__cause__ or error.__context__
-    return None
-
-
-def _class_being_built(trace: TracebackType | None) -> tuple[str, object] | None:
-    """('data', the data module) or ('model.network', the network) whose __init__ the traceback passes through
-    (the outermost one: the class the user named, not one of its parts)."""
-    while trace is not None:
-        frame = trace.tb_frame
-        instance = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
-        if isinstance(instance, LightningDataModule):
-            return "data", instance
-        if isinstance(instance, nn.Module) and not isinstance(instance, LightningModule):
-            return "model.network", instance
-        trace = trace.tb_next
     return None
 
 

@@ -17,6 +17,8 @@ from typing import TypeVar
 
 import torch
 
+from diffusion.errors import OutOfRange
+
 MASK32 = 0xFFFFFFFF
 _MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)  # lowbias32's, both < 2**31
 _KEY_INITS = (0x243F6A88, 0x85A308D3)  # digits of pi: two independent 32-bit halves of the key
@@ -83,7 +85,7 @@ def normal(
 def randint(high: int, key: tuple[int, int], indices: torch.Tensor) -> torch.Tensor:
     """One integer in [0, high) per sample, (B,) int64 on the device of `indices`."""
     if not 1 <= high < 2**31:
-        raise ValueError(f"high={high} must be in [1, 2**31)")
+        raise OutOfRange("high", high, "in [1, 2**31)")
     bits = random_bits(key, indices, 1)[:, 0]
     return (bits * high) >> 32  # Lemire's multiply-shift: exact in int64 since high < 2**31
 

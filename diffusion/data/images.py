@@ -21,6 +21,7 @@ from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import DATASET_CLASS_NAMES, folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
 from diffusion.data.split import IndexedDataset, SplitDataModule
+from diffusion.errors import OutOfRange
 
 MIN_IMAGE_SIZE = 8
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
@@ -85,7 +86,7 @@ class ImageDataModule(SplitDataModule):
         if dataset not in get_args(ImageDatasetName):
             raise ValueError(f"unknown image dataset {dataset!r}; choose one of {get_args(ImageDatasetName)}")
         if channels is not None and channels not in (1, 3):
-            raise ValueError(f"channels must be 1 or 3, got {channels}")
+            raise OutOfRange("channels", channels, "1 or 3", owner=type(self))
         if dataset == "folder":
             if image_size is None:
                 raise ValueError("dataset 'folder' needs an image size: set --data.image_size (e.g. 64)")
@@ -99,9 +100,12 @@ class ImageDataModule(SplitDataModule):
                 )
             image_size = native_size if image_size is None else image_size
         if image_size < MIN_IMAGE_SIZE:
-            raise ValueError(
-                f"image_size must be >= {MIN_IMAGE_SIZE}, got {image_size} — pass --data.image_size "
-                f"{MIN_IMAGE_SIZE} or more"
+            raise OutOfRange(
+                "image_size",
+                image_size,
+                f">= {MIN_IMAGE_SIZE}",
+                f"pass --data.image_size {MIN_IMAGE_SIZE} or more",
+                type(self),
             )
         self.dataset = dataset
         self.root = root

@@ -26,6 +26,7 @@ from diffusion.core.guidance import NO_LABEL
 from diffusion.data.batch import Batch, IndexBatch
 from diffusion.data.on_device import HeldSamples, IndexLoader, TrainingIndices, keep_tensor, room_for
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
+from diffusion.errors import OutOfRange
 
 
 class IndexedDataset(Dataset):
@@ -84,24 +85,24 @@ class SplitDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size} — pass --data.batch_size 1 or more")
+            raise OutOfRange("batch_size", batch_size, ">= 1", "pass --data.batch_size 1 or more", type(self))
         if num_workers < 0:
-            raise ValueError(
-                f"num_workers must be >= 0, got {num_workers} — pass --data.num_workers 0 (load in the main "
-                "process) or a count of worker processes"
-            )
+            raise OutOfRange(
+                "num_workers", num_workers, ">= 0",
+                "pass --data.num_workers 0 (load in the main process) or a count of worker processes", type(self),
+            )  # fmt: skip
         if not 0 <= seed < 2**32:  # numpy's generators take no negative seed
-            raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+            raise OutOfRange("seed", seed, "in [0, 2**32)", owner=type(self))
         if not 0 <= val_fraction < 1:
-            raise ValueError(
-                f"val_fraction must be in [0, 1), got {val_fraction} — pass the share of the data to hold out, "
-                "e.g. --data.val_fraction 0.05 (0: no validation)"
-            )
+            raise OutOfRange(
+                "val_fraction", val_fraction, "in [0, 1)",
+                "pass the share of the data to hold out, e.g. --data.val_fraction 0.05 (0: no validation)", type(self),
+            )  # fmt: skip
         if val_from_train is not None and val_from_train < 1:
-            raise ValueError(
-                f"val_from_train must be >= 1 (or None), got {val_from_train} — pass a count of training "
-                "samples, or leave --data.val_from_train unset"
-            )
+            raise OutOfRange(
+                "val_from_train", val_from_train, ">= 1 (or None)",
+                "pass a count of training samples, or leave --data.val_from_train unset", type(self),
+            )  # fmt: skip
         if val_from_train is not None and val_fraction > 0:
             raise ValueError(
                 f"val_from_train={val_from_train} validates on training samples and holds nothing out; "

@@ -16,6 +16,7 @@ from diffusion.data.labels import load_labels
 from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.split import IndexedDataset, SplitDataModule
+from diffusion.errors import OutOfRange
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy"]
 Normalize = Literal["standardize", "minmax"]
@@ -85,15 +86,15 @@ class VectorDataModule(SplitDataModule):
         elif dataset == "npy":
             raise ValueError("dataset 'npy' needs a file — set --data.path to an (N, D) .npy array")
         if num_samples < 2:
-            raise ValueError(f"num_samples must be >= 2, got {num_samples}")
+            raise OutOfRange("num_samples", num_samples, ">= 2", owner=type(self))
         if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
+            raise OutOfRange("dim", dim, ">= 1", owner=type(self))
         if noise < 0:
-            raise ValueError(f"noise must be >= 0, got {noise}")
+            raise OutOfRange("noise", noise, ">= 0", owner=type(self))
         if normalize not in get_args(Normalize):
             raise ValueError(f"unknown normalize {normalize!r}; choose one of {get_args(Normalize)}")
         if not feature_std > 0:
-            raise ValueError(f"feature_std must be > 0, got {feature_std}")
+            raise OutOfRange("feature_std", feature_std, "> 0", owner=type(self))
         self.dataset = dataset
         self.path = path
         self.num_samples = num_samples

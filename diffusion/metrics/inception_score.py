@@ -16,6 +16,8 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
+from diffusion.errors import OutOfRange
+
 IS_SPLITS = 10
 
 
@@ -29,7 +31,7 @@ class InceptionScore(Metric):
     def __init__(self, splits: int = IS_SPLITS, **metric_kwargs) -> None:
         super().__init__(**metric_kwargs)
         if splits < 1:
-            raise ValueError(f"InceptionScore splits={splits} must be >= 1")
+            raise OutOfRange("splits", splits, ">= 1")
         self.splits = splits
         self.add_state("logits", [], dist_reduce_fx="cat")
 

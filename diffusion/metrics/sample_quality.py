@@ -27,6 +27,7 @@ from torchmetrics import Metric
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities.distributed import gather_all_tensors
 
+from diffusion.errors import OutOfRange
 from diffusion.metrics.features import Features, check_features, make_feature_extractor
 from diffusion.metrics.fid import FrechetDistance, GivenFeatures
 from diffusion.metrics.inception_score import IS_SPLITS, InceptionScore
@@ -81,7 +82,7 @@ class SampleQuality(nn.Module):
                 "covariance — leave 'kid' out or compare with reference images"
             )
         if kid_subset_size < 2:
-            raise ValueError(f"kid_subset_size={kid_subset_size} must be >= 2 (KID's unbiased estimator)")
+            raise OutOfRange("kid_subset_size", kid_subset_size, ">= 2 (KID's unbiased estimator)")
         self.features = features
         self.reported = tuple(metrics)
         self.kid_subset_size = kid_subset_size

@@ -6,6 +6,7 @@ import math
 import torch
 
 from diffusion.core.guidance import NO_LABEL
+from diffusion.errors import OutOfRange
 
 
 def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -27,7 +28,7 @@ def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0)
     if t.ndim != 1:
         raise ValueError(f"t must have shape (B,), got shape {tuple(t.shape)}")
     if dim < 2:
-        raise ValueError(f"dim must be >= 2, got {dim}")
+        raise OutOfRange("dim", dim, ">= 2")
     half = dim // 2
     # max(half - 1, 1) keeps dim in {2, 3} finite (the original divides by half - 1).
     exponent = -math.log(max_period) / max(half - 1, 1)
@@ -46,9 +47,7 @@ class ClassEmbedding(torch.nn.Embedding):
 
     def __init__(self, num_classes: int, dim: int) -> None:
         if num_classes < 1:
-            raise ValueError(
-                f"num_classes must be >= 1 (or None for an unconditional network), got {num_classes}"
-            )
+            raise OutOfRange("num_classes", num_classes, ">= 1 (or None for an unconditional network)")
         super().__init__(num_classes + 1, dim)
         self.num_classes = num_classes
 
@@ -81,7 +80,7 @@ def fourier_features(x: torch.Tensor, num_frequencies: int) -> torch.Tensor:
     if x.ndim != 2:
         raise ValueError(f"x must have shape (B, D), got shape {tuple(x.shape)}")
     if num_frequencies < 0:
-        raise ValueError(f"num_frequencies must be >= 0, got {num_frequencies}")
+        raise OutOfRange("num_frequencies", num_frequencies, ">= 0")
     if num_frequencies == 0:
         return x
     freqs = math.pi * 2.0 ** torch.arange(num_frequencies, device=x.device, dtype=torch.float32)  # (K,)

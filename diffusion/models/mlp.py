@@ -3,6 +3,7 @@
 import torch
 from torch import nn
 
+from diffusion.errors import OutOfRange
 from diffusion.models.embedding import (
     ClassEmbedding,
     check_unconditional,
@@ -67,15 +68,15 @@ class MLP(nn.Module):
             ("out_channels", out_channels),
         ):
             if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+                raise OutOfRange(name, value, ">= 1", owner=type(self))
         if num_blocks < 0:
-            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+            raise OutOfRange("num_blocks", num_blocks, ">= 0", owner=type(self))
         if time_embed_dim < 2:
-            raise ValueError(f"time_embed_dim must be >= 2, got {time_embed_dim}")
+            raise OutOfRange("time_embed_dim", time_embed_dim, ">= 2", owner=type(self))
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+            raise OutOfRange("dropout", dropout, "in [0, 1)", owner=type(self))
         if not 0 <= fourier_frequencies <= 24:  # beyond 24 octaves float32 sin(pi 2^k x) is noise
-            raise ValueError(f"fourier_frequencies must be in [0, 24], got {fourier_frequencies}")
+            raise OutOfRange("fourier_frequencies", fourier_frequencies, "in [0, 24]", owner=type(self))
         self.fourier_frequencies = fourier_frequencies
         self.in_channels = in_channels
         self.time_embed_dim = time_embed_dim

@@ -13,6 +13,7 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from diffusion.errors import OutOfRange
 from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
 
 MAX_GROUPS = 32
@@ -177,7 +178,7 @@ class UNet(nn.Module):
         )
         out_channels = in_channels if out_channels is None else out_channels
         if out_channels < 1:
-            raise ValueError(f"out_channels must be >= 1, got {out_channels}")
+            raise OutOfRange("out_channels", out_channels, ">= 1", owner=type(self))
         self.in_channels = in_channels
         self.channels = channels
         self.num_levels = len(channel_mult)
@@ -237,8 +238,8 @@ class UNet(nn.Module):
         if num_classes is not None:  # created last: an unconditional network draws its init exactly as before
             self.class_embed = ClassEmbedding(num_classes, temb_ch)
 
-    @staticmethod
     def _validate(
+        self,
         in_channels: int,
         channels: int,
         channel_mult: tuple[int, ...],
@@ -248,19 +249,19 @@ class UNet(nn.Module):
         num_heads: int,
     ) -> None:
         if in_channels < 1:
-            raise ValueError(f"in_channels must be >= 1, got {in_channels}")
+            raise OutOfRange("in_channels", in_channels, ">= 1", owner=type(self))
         if channels < 1:
-            raise ValueError(f"channels must be >= 1, got {channels}")
+            raise OutOfRange("channels", channels, ">= 1", owner=type(self))
         if not channel_mult or any(m < 1 for m in channel_mult):
-            raise ValueError(
-                f"channel_mult must be a non-empty sequence of positive ints, got {channel_mult}"
+            raise OutOfRange(
+                "channel_mult", list(channel_mult), "a non-empty list of positive ints", owner=type(self)
             )
         if num_res_blocks < 0:
-            raise ValueError(f"num_res_blocks must be >= 0, got {num_res_blocks}")
+            raise OutOfRange("num_res_blocks", num_res_blocks, ">= 0", owner=type(self))
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+            raise OutOfRange("dropout", dropout, "in [0, 1)", owner=type(self))
         if num_heads < 1:
-            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+            raise OutOfRange("num_heads", num_heads, ">= 1", owner=type(self))
         for level in attention_levels:
             if not 0 <= level < len(channel_mult):
                 raise ValueError(

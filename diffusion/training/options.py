@@ -6,7 +6,7 @@ a negative one turns descent into ascent) are refused here too."""
 import math
 from typing import Any
 
-from diffusion.errors import check_choice
+from diffusion.errors import OutOfRange, check_choice
 
 
 def check_training_options(
@@ -18,23 +18,27 @@ def check_training_options(
     for name, value, allowed in choices:
         check_choice(name, value, allowed)
     if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr={lr} must be a finite number > 0 — pass e.g. --model.lr 2e-4 (Ho et al.)")
+        raise OutOfRange("lr", lr, "a finite number > 0", "pass e.g. --model.lr 2e-4 (Ho et al.)")
     if warmup_steps < 0:
-        raise ValueError(f"warmup_steps={warmup_steps} is negative — pass 0 for no warmup, or steps > 0")
+        raise OutOfRange("warmup_steps", warmup_steps, ">= 0", "pass 0 for no warmup, or steps > 0")
     if len(adam_betas) != 2 or not all(0 <= beta < 1 for beta in adam_betas):
-        raise ValueError(
-            f"adam_betas={list(adam_betas)} must be two numbers in [0, 1) — pass e.g. --model.adam_betas "
-            "'[0.9, 0.999]'"
+        raise OutOfRange(
+            "adam_betas",
+            list(adam_betas),
+            "two numbers in [0, 1)",
+            "pass e.g. --model.adam_betas '[0.9, 0.999]'",
         )
     if not (math.isfinite(weight_decay) and weight_decay >= 0):
-        raise ValueError(f"weight_decay={weight_decay} must be >= 0 — pass 0 (the default) for none")
+        raise OutOfRange("weight_decay", weight_decay, ">= 0", "pass 0 (the default) for none")
     if not (math.isfinite(min_snr_gamma) and min_snr_gamma > 0):
-        raise ValueError(
-            f"min_snr_gamma={min_snr_gamma} must be > 0 (0 zeroes the min-SNR loss, a negative value ascends "
-            "it) — pass e.g. 5 (Hang et al. 2023)"
+        raise OutOfRange(
+            "min_snr_gamma",
+            min_snr_gamma,
+            "> 0 (0 zeroes the min-SNR loss, a negative value ascends it)",
+            "pass e.g. 5 (Hang et al. 2023)",
         )
     if not 0.0 <= label_dropout < 1.0:
-        raise ValueError(f"label_dropout={label_dropout} must be in [0, 1) — pass e.g. 0.1 (Ho & Salimans)")
+        raise OutOfRange("label_dropout", label_dropout, "in [0, 1)", "pass e.g. 0.1 (Ho & Salimans)")
     if label_dropout > 0 and network_num_classes is None:
         raise ValueError(
             f"label_dropout={label_dropout} needs a class-conditional network — train with "
@@ -56,9 +60,7 @@ def check_training_options(
             "pure noise) — pass --model.prediction_type v (Lin et al. 2024)"
         )
     if not (math.isfinite(offset_noise) and offset_noise >= 0):
-        raise ValueError(
-            f"offset_noise={offset_noise} must be a finite number >= 0 — pass e.g. 0.1 (Guttenberg)"
-        )
+        raise OutOfRange("offset_noise", offset_noise, "a finite number >= 0", "pass e.g. 0.1 (Guttenberg)")
     if offset_noise and len(sample_shape) != 3:
         raise ValueError(
             "offset_noise shifts an image's channels: it is for images — train vectors with --model.offset_noise 0"

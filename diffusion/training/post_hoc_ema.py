@@ -23,7 +23,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.errors import UserError
+from diffusion.errors import OutOfRange, UserError
 from diffusion.training.atomic_writes import remove_leftovers, save_atomically
 from diffusion.training.checkpoint_files import check_finite, check_zip_checksums
 from diffusion.training.divergence import check_weights
@@ -118,12 +118,10 @@ class PostHocEMA:
                 f"ema.sigma_rels={sigma_rels} repeats a value — pass distinct ones, e.g. [0.05, 0.1]"
             )
         if snapshot_every < 1:
-            raise ValueError(
-                f"ema.snapshot_every={snapshot_every} must be >= 1 — pass a number of steps, e.g. 100"
-            )
+            raise OutOfRange("ema.snapshot_every", snapshot_every, ">= 1", "pass a number of steps, e.g. 100")
         if not max_snapshot_gb > 0:
-            raise ValueError(
-                f"ema.max_snapshot_gb={max_snapshot_gb} must be > 0 — pass the GB the snapshots may take"
+            raise OutOfRange(
+                "ema.max_snapshot_gb", max_snapshot_gb, "> 0", "pass the GB the snapshots may take"
             )
         self.sigma_rels = sigma_rels
         self.gammas = [gamma_of(s) for s in sigma_rels]

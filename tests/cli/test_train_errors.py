@@ -26,8 +26,8 @@ from torch import nn
 from diffusion.cli import sample
 from diffusion.cli.reporting import one_line, reporting_user_errors
 from diffusion.cli.train import main as train
-from diffusion.cli.train_checks import check_settings_from_the_data, settings_written
-from diffusion.errors import UserError
+from diffusion.cli.train_checks import check_settings_from_the_data, naming_the_flag, settings_written
+from diffusion.errors import OutOfRange, UserError
 from diffusion.training.loading import load_checkpoint
 
 FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "--data.image_size", "8",
@@ -46,6 +46,15 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "batch_size_0": (
         ["--data.batch_size", "0"],
         r"--data.batch_size 0 is out of range \(must be >= 1\) — pass --data.batch_size 1",
+    ),
+    # The network's own checks, said of the flag: their OutOfRange names the UNet as its owner.
+    "network_channels_0": (
+        ["--model.network.channels", "0"],
+        r"--model.network.channels 0 is out of range \(must be >= 1\) — pass a value >= 1$",
+    ),
+    "network_dropout_1": (
+        ["--model.network.dropout", "1.5"],
+        r"--model.network.dropout 1.5 is out of range \(must be in \[0, 1\)\)",
     ),
     "accumulate_0": (["--accumulate_grad_batches", "0"], r"accumulate_grad_batches 0 is out of range"),
     "val_check_interval_0": (["--trainer.val_check_interval", "0"], r"val_check_interval 0 is out of range"),
@@ -255,6 +264,28 @@ if Path("/proc/self").is_dir():  # Linux: a folder nobody can write into, root i
 @pytest.mark.parametrize(("flags", "expected"), TRAIN_CASES.values(), ids=TRAIN_CASES.keys())
 def test_train_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
     assert re.search(expected, run_in_process(train, train_args(flags, user, user / "runs"), user, capsys))
+
+
+def test_a_range_check_is_said_of_its_flag_from_its_fields_and_owner_not_its_words():
+    class Network(nn.Module):
+        pass
+
+    class Part(nn.Module):
+        pass
+
+    built = {Network: "model.network"}
+    # Words no pattern would read, wrapped as jsonargparse wraps a class's error in a union of types.
+    check = OutOfRange("width", [3, 0], "a list; of powers of two, got it?", "pass [64, 128]", owner=Network)
+    wrapped = ValueError("Does not validate against any of the Union subtypes")
+    wrapped.__cause__ = check
+    named = naming_the_flag(wrapped, built)
+    assert str(named) == (
+        "--model.network.width [3, 0] is out of range (must be a list; of powers of two, got it?) — pass [64, 128]"
+    )
+    # A check of one of the network's parts, or of no class, is no flag of the user's: left as it is.
+    assert naming_the_flag(OutOfRange("width", 0, ">= 1", owner=Part), built) is None
+    assert naming_the_flag(OutOfRange("width", 0, ">= 1"), built) is None
+    assert naming_the_flag(ValueError("width must be >= 1, got 0"), built) is None
 
 
 def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(user, tmp_path, capsys):

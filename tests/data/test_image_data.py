@@ -112,7 +112,7 @@ def test_val_from_train_trains_on_everything_and_validates_on_a_fixed_subset():
     assert torch.equal(dm.val_set[0][0], dm.train_set[dm.val_set.indices[0]][0])
     with pytest.raises(ValueError, match="val_fraction 0"):
         ImageDataModule("digits", val_from_train=100)  # the default val_fraction 0.05 would hold some out
-    with pytest.raises(ValueError, match="val_from_train must be >= 1"):
+    with pytest.raises(ValueError, match="val_from_train=0 must be >= 1"):
         ImageDataModule("digits", val_fraction=0, val_from_train=0)
     too_many = ImageDataModule("digits", val_fraction=0, val_from_train=5000)
     with pytest.raises(ValueError, match="5000 is more than the 1797"):
@@ -171,15 +171,15 @@ def test_mnist_setup_from_local_files(tmp_path):
     "kwargs, match",
     [
         ({"dataset": "imagenet"}, "imagenet.*digits"),
-        ({"image_size": 4}, r"image_size must be >= 8, got 4 — pass --data.image_size 8 or more"),
+        ({"image_size": 4}, r"image_size=4 must be >= 8 — pass --data.image_size 8 or more"),
         ({"dataset": "cifar10", "channels": 1}, "channels=1"),
         ({"val_fraction": 1.0}, "val_fraction"),
         (
             {"val_fraction": 1.5},
-            r"val_fraction must be in \[0, 1\), got 1.5 — pass .* --data.val_fraction 0.05",
+            r"val_fraction=1.5 must be in \[0, 1\) — pass .* --data.val_fraction 0.05",
         ),
-        ({"num_workers": -1}, r"num_workers must be >= 0, got -1 — pass --data.num_workers 0"),
-        ({"val_from_train": 0, "val_fraction": 0}, r"val_from_train must be >= 1 .* — pass a count"),
+        ({"num_workers": -1}, r"num_workers=-1 must be >= 0 — pass --data.num_workers 0"),
+        ({"val_from_train": 0, "val_fraction": 0}, r"val_from_train=0 must be >= 1 .* — pass a count"),
         ({"dataset": "folder"}, "--data.image_size"),
     ],
 )

@@ -43,7 +43,7 @@ def test_feature_std_sets_the_spread_in_model_units(tmp_path):
         denormalize(triple.data.double(), triple.normalization).numpy(), data, atol=1e-4
     )
     assert VectorDataModule(path=path).feature_std == 3.0  # the default
-    with pytest.raises(ValueError, match="feature_std must be > 0, got 0"):
+    with pytest.raises(ValueError, match="feature_std=0 must be > 0"):
         VectorDataModule(path=path, feature_std=0)
 
 

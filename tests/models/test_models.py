@@ -179,7 +179,7 @@ def test_unet_cifar10_parameter_count_matches_paper() -> None:
 
 @pytest.mark.parametrize("frequencies", [-1, 25])
 def test_mlp_rejects_bad_fourier_frequencies(frequencies: int) -> None:
-    with pytest.raises(ValueError, match=rf"fourier_frequencies must be in \[0, 24\], got {frequencies}"):
+    with pytest.raises(ValueError, match=rf"fourier_frequencies={frequencies} must be in \[0, 24\]"):
         MLP(fourier_frequencies=frequencies)
 
 

@@ -45,7 +45,7 @@ from diffusion.core.noise import Generators
 from diffusion.core.samplers.spacing import Spacing, spaced_timesteps
 from diffusion.core.schedule import NoiseSchedule, PredictionType
 from diffusion.core.variance import split_output
-from diffusion.errors import check_choice
+from diffusion.errors import OutOfRange, check_choice
 
 SPACING_HELP = (
     "the timesteps visited (diffusion/core/samplers/spacing.py): uniform (both ends), trailing (from T - 1, "
@@ -61,7 +61,7 @@ def option(default: Any, help: str) -> Any:
 def check_eta(eta: float, fix: str) -> None:
     """A sampler's noise scale eta (DDIM's, Euler ancestral's) lies in [0, 1]: 0 deterministic, 1 ancestral."""
     if not 0.0 <= eta <= 1.0:
-        raise ValueError(f"eta={eta} must be in [0, 1] — {fix}")
+        raise OutOfRange("eta", eta, "in [0, 1]", fix)
 
 
 class Step(NamedTuple):
@@ -160,14 +160,15 @@ class Sampler:
     def __post_init__(self) -> None:
         check_choice("spacing", self.spacing, Spacing)
         if self.steps is not None and self.steps < 1:
-            raise ValueError(
-                f"steps={self.steps} must be >= 1 — pass a step count, or leave it unset for the sampler's default"
+            raise OutOfRange(
+                "steps", self.steps, ">= 1", "pass a step count, or leave it unset for the sampler's default"
             )
         if not (math.isfinite(self.guidance_scale) and self.guidance_scale >= 0):
-            raise ValueError(
-                f"guidance_scale={self.guidance_scale} must be a finite number >= 0 — pass 0 for unconditional, "
-                "1 for plain conditional, > 1 for guided (Ho & Salimans' w is guidance_scale - 1)"
-            )
+            raise OutOfRange(
+                "guidance_scale", self.guidance_scale, "a finite number >= 0",
+                "pass 0 for unconditional, 1 for plain conditional, > 1 for guided (Ho & Salimans' w is "
+                "guidance_scale - 1)",
+            )  # fmt: skip
 
     def __call__(
         self, denoiser: Denoiser, x_T: torch.Tensor, noise: Generators = None, progress: bool = False

@@ -29,6 +29,7 @@ from diffusion.core.samplers.contract import (
     timestep_batch,
 )
 from diffusion.core.samplers.spacing import Spacing, half_log_snr, nearest_timestep
+from diffusion.errors import OutOfRange
 
 
 class NoiseLevels:
@@ -90,9 +91,7 @@ class Heun(Sampler):
         for name in ("s_churn", "s_tmin", "s_noise"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
-                raise ValueError(
-                    f"{name}={value} must be a finite number >= 0 — pass e.g. 0 (Karras et al.'s)"
-                )
+                raise OutOfRange(name, value, "a finite number >= 0", "pass e.g. 0 (Karras et al.'s)")
         if not self.s_tmax >= self.s_tmin:
             raise ValueError(
                 f"s_tmax={self.s_tmax} is below s_tmin={self.s_tmin} — pass s_tmax >= s_tmin (default: no bound)"

@@ -22,6 +22,8 @@ from typing import Literal
 
 import torch
 
+from diffusion.errors import OutOfRange
+
 Spacing = Literal["uniform", "trailing", "log_snr", "karras"]
 KARRAS_RHO = 7.0  # Karras et al.'s rho: steps concentrate near sigma_min as rho grows
 
@@ -32,7 +34,10 @@ LOWEST_GRID_LAMBDA = -5.1
 
 def check_steps(num_timesteps: int, steps: int) -> None:
     if not 1 <= steps <= num_timesteps:
-        raise ValueError(f"steps={steps} must be between 1 and the schedule's num_timesteps={num_timesteps}")
+        raise OutOfRange(
+            "steps", steps, f"between 1 and the schedule's num_timesteps={num_timesteps}",
+            f"pass a step count from 1 to {num_timesteps}",
+        )  # fmt: skip
 
 
 def uniform_timesteps(num_timesteps: int, steps: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_warn
 
+from diffusion.errors import OutOfRange
 from diffusion.training.post_hoc_ema import PostHocEMA
 
 
@@ -58,10 +59,10 @@ class EMA(WeightAveraging):
         max_snapshot_gb: float = 2.0,
     ) -> None:
         if not 0.0 < decay < 1.0:
-            raise ValueError(f"EMA decay={decay} must be in (0, 1); Ho et al. use 0.9999")
+            raise OutOfRange("decay", decay, "in (0, 1)", "pass e.g. 0.9999 (Ho et al.)")
         if update_every_n_steps < 1:
-            raise ValueError(
-                f"update_every_n_steps={update_every_n_steps} must be >= 1 — pass 1 to update every step"
+            raise OutOfRange(
+                "update_every_n_steps", update_every_n_steps, ">= 1", "pass 1 to update every step"
             )
         self.decay = decay
         self.warmup = warmup

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
+from diffusion.errors import OutOfRange
 from diffusion.generation.ranks import sample_across_ranks
 from diffusion.generation.render import save_preview
 from diffusion.training.callbacks.run_progress import shows_progress
@@ -23,8 +24,8 @@ class EveryNValidations(L.Callback):
 
     def __init__(self, every_n_validations: int = 1) -> None:
         if every_n_validations < 1:
-            raise ValueError(
-                f"every_n_validations={every_n_validations} must be >= 1 — pass 1 for a grid at every validation"
+            raise OutOfRange(
+                "every_n_validations", every_n_validations, ">= 1", "pass 1 for a grid at every validation"
             )
         self.every_n_validations = every_n_validations
         self._validations = 0
@@ -61,7 +62,7 @@ class SampleGrid(EveryNValidations):
     ) -> None:
         super().__init__(every_n_validations)
         if num_samples < 1:
-            raise ValueError(f"SampleGrid num_samples={num_samples} must be >= 1 — pass e.g. 64")
+            raise OutOfRange("num_samples", num_samples, ">= 1", "pass e.g. 64")
         self.num_samples = num_samples
         self.seed = seed
         self.sampling = sampling

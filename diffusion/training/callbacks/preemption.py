@@ -39,7 +39,7 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from diffusion.errors import Interrupted
+from diffusion.errors import Interrupted, OutOfRange
 from diffusion.training.logging_steps import is_logging_step
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,11 @@ class Preemption:
 
     def __init__(self, every_n_minutes: float | None) -> None:
         if every_n_minutes is not None and every_n_minutes <= 0:
-            raise ValueError(
-                f"every_n_minutes={every_n_minutes} must be > 0 — pass minutes > 0, or null for no timed checkpoints"
+            raise OutOfRange(
+                "every_n_minutes",
+                every_n_minutes,
+                "> 0",
+                "pass minutes > 0, or null for no timed checkpoints",
             )
         self.every_n_minutes = every_n_minutes
         self.signal: int | None = None  # the first preemption signal received

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
+from diffusion.errors import OutOfRange
 from diffusion.generation.ranks import generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
 from diffusion.metrics.features import Features, check_features, distance_name, feature_size
@@ -88,9 +89,7 @@ class SampleQualityCallback(EveryNValidations):
             ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
         ]:  # fmt: skip
             if value < low:
-                raise ValueError(
-                    f"SampleQualityCallback {name}={value} must be >= {low} — pass a larger value"
-                )
+                raise OutOfRange(name, value, f">= {low}", "pass a larger value")
         super().__init__(every_n_validations)
         self.num_samples = num_samples
         self.features = features
@@ -117,10 +116,10 @@ class SampleQualityCallback(EveryNValidations):
             pl_module.schedule.num_timesteps, "SampleQualityCallback sampling.steps"
         )
         if self.num_samples < trainer.world_size:
-            raise ValueError(
-                f"SampleQualityCallback num_samples={self.num_samples} must be >= the world size "
-                f"{trainer.world_size}"
-            )
+            raise OutOfRange(
+                "num_samples", self.num_samples, f">= the world size {trainer.world_size}",
+                "pass at least one sample per process",
+            )  # fmt: skip
         if self.quality is None:
             # Built here on every rank (not in __init__) so that a bad Inception download or statistics file
             # fails at setup, and so the pixel features know the channel count.
