@@ -186,8 +186,8 @@ class DiffusionCLI(LightningCLI):
         }
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        self._settings_written = settings_written(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
+        self._settings_written = settings_written(self.config, parser.get_defaults())
         for name, instead in NOT_OFFERED.items():
             if self.config.get(name) is not None:
                 raise UserError(

@@ -3,16 +3,15 @@ UserError, `diffusion.errors`): option ranges (and the data module's and network
 with the flag), the network settings the data decides, the weights to start from or resume, the output folders,
 and the world size under torchrun."""
 
+import inspect
 import os
-import re
-from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 
 from diffusion.cli.flags import check_writable_folder
+from diffusion.cli.legacy import class_at
 from diffusion.errors import OutOfRange, UserError
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
@@ -176,28 +175,29 @@ DATA_SETS = {  # the network settings train.py takes from the data, and from wha
     "num_classes": "the data's classes with --data.conditional true, else none",
     "out_channels": "the data's channels, twice with --model.variance learned_range",
 }
-SET_BY_THE_DATA = re.compile(rf"--model\.network\.(?:init_args\.)?({'|'.join(DATA_SETS)})(?:=(.*))?", re.S)
 
 
-def settings_written(args: Any) -> dict[str, Any]:
-    """The network settings the data decides (DATA_SETS) as the command line and its --config files write them
-    (the parsed config cannot tell: jsonargparse fills in a value there whether or not one was written)."""
-    written: dict[str, Any] = {}
-    args = [str(arg) for arg in args] if isinstance(args, list | tuple) else []
-    for index, arg in enumerate(args):
-        following = args[index + 1] if index + 1 < len(args) else None
-        if arg == "--config" or arg.startswith("--config="):
-            path = arg.partition("=")[2] or following
-            try:
-                config = yaml.safe_load(Path(str(path)).read_text())
-                init_args = config["model"]["network"]["init_args"]
-                written |= {name: init_args[name] for name in DATA_SETS if name in init_args}
-            except (OSError, yaml.YAMLError, KeyError, TypeError):
-                pass  # the parser reports an unreadable config
-        flag = SET_BY_THE_DATA.fullmatch(arg)
-        if flag:
-            written[flag[1]] = yaml.safe_load(flag[2] if flag[2] is not None else str(following))
-    return written
+def settings_written(config: Any, defaults: Any) -> dict[str, Any]:
+    """The network settings the data decides (DATA_SETS) as the parsed `config` holds them where they differ from
+    what the parser fills in unwritten: the chosen network class's own default, or the parser's default network's
+    (`defaults`; a --config that switches the class keeps the arguments the two classes share). So a value the user
+    wrote, in whatever form the parser read it (a flag, a --config file, a group's file such as --model.network
+    net.yaml, JSON); one written equal to such a default reads as unwritten, and the data's value is taken, as for
+    any unwritten one."""
+    network = config.get("model.network")
+    init_args = network.get("init_args") if network is not None else None
+    if init_args is None:
+        return {}
+    parameters = inspect.signature(class_at(network.class_path)).parameters
+    default_args = defaults.get("model.network.init_args") or {}
+    return {
+        name: init_args[name]
+        for name in DATA_SETS
+        if name in parameters
+        and name in init_args
+        and init_args[name]
+        not in (parameters[name].default, default_args.get(name, parameters[name].default))
+    }
 
 
 def check_settings_from_the_data(written: dict[str, Any], derived: dict[str, Any]) -> None:

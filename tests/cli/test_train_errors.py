@@ -26,7 +26,7 @@ from torch import nn
 from diffusion.cli import sample
 from diffusion.cli.reporting import one_line, reporting_user_errors
 from diffusion.cli.train import main as train
-from diffusion.cli.train_checks import check_settings_from_the_data, naming_the_flag, settings_written
+from diffusion.cli.train_checks import check_settings_from_the_data, naming_the_flag
 from diffusion.errors import OutOfRange, UserError
 from diffusion.training.loading import load_checkpoint
 
@@ -294,8 +294,15 @@ def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(us
     flags = ["--config", "{configs}/digits.yaml", "--config", str(written)]
     line = run_in_process(train, train_args(flags, user, user / "runs"), user, capsys)
     assert "--model.network.in_channels 3: the data sets it (1 here" in line
-    # The last word wins, and a value equal to the data's is no mistake (a config of an earlier version).
-    assert settings_written(["--config", str(written), "--model.network.in_channels=1"]) == {"in_channels": 1}
+    # Read by the parser, so in every form it reads: a group's own config file, and JSON on the command line.
+    group_file = tmp_path / "unet.yaml"
+    group_file.write_text("class_path: diffusion.models.UNet\ninit_args:\n  in_channels: 3\n")
+    as_json = '{{"class_path": "diffusion.models.UNet", "init_args": {{"num_classes": 10}}}}'  # train_args formats
+    for network, said in [(str(group_file), "in_channels 3"), (as_json, "num_classes 10")]:
+        flags = ["--config", "{configs}/digits.yaml", "--model.network", network]
+        line = run_in_process(train, train_args(flags, user, user / "runs"), user, capsys)
+        assert f"--model.network.{said}: the data sets it" in line
+    # A value equal to the data's is no mistake (a config of an earlier version).
     check_settings_from_the_data(
         {"in_channels": 1}, {"in_channels": 1, "num_classes": None, "out_channels": None}
     )
