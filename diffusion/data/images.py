@@ -8,7 +8,7 @@ maps model units back to data units, ``data = model * 0.5 + 0.5`` per channel.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, NamedTuple
 from urllib.error import URLError
 
 import torch
@@ -18,20 +18,41 @@ from torchvision.transforms import v2
 
 from diffusion.data.image_files import ImageFiles, find_images, read_image
 from diffusion.data.image_transform import ToModelUnits
-from diffusion.data.labels import DATASET_CLASS_NAMES, folder_classes
+from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
 from diffusion.data.split import IndexedDataset, SplitDataModule
 from diffusion.errors import OutOfRange
 
 MIN_IMAGE_SIZE = 8
-ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder"]
 
-# name -> (torchvision class, channels, native size)
-_TORCHVISION = {
-    "mnist": (datasets.MNIST, 1, 28),
-    "fashion_mnist": (datasets.FashionMNIST, 1, 28),
-    "cifar10": (datasets.CIFAR10, 3, 32),
-}
+
+class Torchvision(NamedTuple):
+    """Everything this module knows of a torchvision dataset it trains on, in one entry of `TORCHVISION`."""
+
+    dataset: type  # called as (root, train=True, download=..., transform=...), with .data and .targets
+    channels: int
+    size: int  # the native image size, the default --data.image_size
+    local_files: tuple[str, str]  # where under root its files lie, and which (for a failed download's line)
+    class_names: list[str]  # classes 0..N-1 (conditional training), known before any download
+    random_flip: bool = False  # the default of --data.random_flip (Ho et al. flip CIFAR-10)
+
+
+_MNIST_FILES = "the four {train,t10k}-{images-idx3,labels-idx1}-ubyte files (or their .gz)"
+DIGIT_NAMES = [str(i) for i in range(10)]
+# A torchvision dataset is one entry here: `--data.dataset NAME` takes its name (ImageDatasetName).
+TORCHVISION = {
+    "mnist": Torchvision(datasets.MNIST, 1, 28, ("MNIST/raw", _MNIST_FILES), DIGIT_NAMES),
+    "fashion_mnist": Torchvision(
+        datasets.FashionMNIST, 1, 28, ("FashionMNIST/raw", _MNIST_FILES),
+        ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"],
+    ),
+    "cifar10": Torchvision(
+        datasets.CIFAR10, 3, 32, ("", "cifar-10-python.tar.gz (or the cifar-10-batches-py folder it unpacks to)"),
+        ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"], random_flip=True,
+    ),
+}  # fmt: skip
+# The bundled digits, the torchvision entries and an image folder: the choices of --data.dataset.
+ImageDatasetName = Literal[("digits", *TORCHVISION, "folder")]
 
 
 class ImageDataModule(SplitDataModule):
@@ -83,8 +104,10 @@ class ImageDataModule(SplitDataModule):
         on_device: bool = True,
     ) -> None:
         super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train, on_device)
-        if dataset not in get_args(ImageDatasetName):
-            raise ValueError(f"unknown image dataset {dataset!r}; choose one of {get_args(ImageDatasetName)}")
+        if dataset not in ("digits", *TORCHVISION, "folder"):  # the entries of now, not of import time
+            raise ValueError(
+                f"unknown image dataset {dataset!r}; choose one of {('digits', *TORCHVISION, 'folder')}"
+            )
         if channels is not None and channels not in (1, 3):
             raise OutOfRange("channels", channels, "1 or 3", owner=type(self))
         if dataset == "folder":
@@ -92,7 +115,8 @@ class ImageDataModule(SplitDataModule):
                 raise ValueError("dataset 'folder' needs an image size: set --data.image_size (e.g. 64)")
             native_channels = channels or 3
         else:
-            native_channels, native_size = _TORCHVISION[dataset][1:] if dataset in _TORCHVISION else (1, 8)
+            entry = TORCHVISION.get(dataset)
+            native_channels, native_size = (entry.channels, entry.size) if entry else (1, 8)
             if channels is not None and channels != native_channels:
                 raise ValueError(
                     f"dataset {dataset!r} has {native_channels} channel(s), got channels={channels}; "
@@ -111,11 +135,15 @@ class ImageDataModule(SplitDataModule):
         self.root = root
         self.image_size = image_size
         self.channels = native_channels
-        self.random_flip = dataset == "cifar10" if random_flip is None else random_flip
+        flipped = dataset in TORCHVISION and TORCHVISION[dataset].random_flip  # CIFAR-10's, as Ho et al.
+        self.random_flip = flipped if random_flip is None else random_flip
         self.verify = verify
         self._files = find_images(root) if dataset == "folder" else None
         self.conditional = conditional
-        self._labels, self._class_names = None, DATASET_CLASS_NAMES.get(dataset)
+        self._labels = None
+        self._class_names = (
+            DIGIT_NAMES if dataset == "digits" else getattr(TORCHVISION.get(dataset), "class_names", None)
+        )
         if conditional and dataset == "folder":
             self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
 
@@ -143,7 +171,7 @@ class ImageDataModule(SplitDataModule):
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, so concurrent downloads cannot corrupt the files.
-        if self.dataset in _TORCHVISION:
+        if self.dataset in TORCHVISION:
             download(self.dataset, self.root)
         if self.verify and self._files is not None:
             for path in self._files:
@@ -170,7 +198,7 @@ class ImageDataModule(SplitDataModule):
         if self.dataset == "digits" and isinstance(base, TensorDataset):
             labels = base.tensors[1] if self.conditional else None
             return HeldSamples(base.tensors[0], labels, self.random_flip, uint8_images=False)
-        if self.dataset not in _TORCHVISION or not hasattr(base, "data"):
+        if self.dataset not in TORCHVISION or not hasattr(base, "data"):
             return None
         stored = torch.as_tensor(base.data)
         images = stored.unsqueeze(1) if stored.ndim == 3 else stored.permute(0, 3, 1, 2)  # (N, C, H, W)
@@ -196,7 +224,7 @@ class ImageDataModule(SplitDataModule):
                 None,
                 labelled,
             )
-        cls = _TORCHVISION[self.dataset][0]
+        cls = TORCHVISION[self.dataset].dataset
         try:
             base = cls(self.root, train=True, download=False, transform=self._transform(random_flip))
         except RuntimeError as err:
@@ -221,23 +249,14 @@ class ImageDataModule(SplitDataModule):
         return torch.from_numpy(load_digits().target).long()  # (N,) in 0..9
 
 
-# Where torchvision looks under root for each dataset's files (what prepare_data downloads), and which they are.
-_MNIST_FILES = "the four {train,t10k}-{images-idx3,labels-idx1}-ubyte files (or their .gz)"
-_LOCAL_FILES = {
-    "mnist": ("MNIST/raw", _MNIST_FILES),
-    "fashion_mnist": ("FashionMNIST/raw", _MNIST_FILES),
-    "cifar10": ("", "cifar-10-python.tar.gz (or the cifar-10-batches-py folder it unpacks to)"),
-}
-
-
 def download(dataset: str, root: str) -> None:
     """torchvision's `dataset` into `root` (nothing when its files are there already); a failed download says
     which files to put where instead."""
     try:
-        _TORCHVISION[dataset][0](root, train=True, download=True)
+        TORCHVISION[dataset].dataset(root, train=True, download=True)
     # MNIST raises RuntimeError once every mirror failed; CIFAR-10 lets urllib's URLError through.
     except (RuntimeError, URLError, TimeoutError, ConnectionError) as err:
-        folder, files = _LOCAL_FILES[dataset]
+        folder, files = TORCHVISION[dataset].local_files
         raise OSError(
             f"could not download {dataset} into {root} ({' '.join(str(err).split())}) — check the network "
             f"connection, or copy {files} into {Path(root, folder)} yourself"

@@ -16,25 +16,6 @@ from diffusion.data.numpy_files import read_array
 
 LABELS_FILE = FileKind("labels file", ("*.npy",), "np.save(path, labels.astype(np.int64)) writes one")
 
-# Known before any download: the CLI sizes the network's class embedding when it builds it.
-DATASET_CLASS_NAMES = {
-    "digits": [str(i) for i in range(10)],
-    "mnist": [str(i) for i in range(10)],
-    "fashion_mnist": [
-        "T-shirt/top",
-        "Trouser",
-        "Pullover",
-        "Dress",
-        "Coat",
-        "Sandal",
-        "Shirt",
-        "Sneaker",
-        "Bag",
-        "Ankle boot",
-    ],  # fmt: skip
-    "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
-}
-
 
 def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]:
     """(label of every file, class names): the class of a file is its first-level subfolder under ``root``

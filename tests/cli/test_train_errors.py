@@ -297,7 +297,9 @@ def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(us
     # Read by the parser, so in every form it reads: a group's own config file, and JSON on the command line.
     group_file = tmp_path / "unet.yaml"
     group_file.write_text("class_path: diffusion.models.UNet\ninit_args:\n  in_channels: 3\n")
-    as_json = '{{"class_path": "diffusion.models.UNet", "init_args": {{"num_classes": 10}}}}'  # train_args formats
+    as_json = (
+        '{{"class_path": "diffusion.models.UNet", "init_args": {{"num_classes": 10}}}}'  # train_args formats
+    )
     for network, said in [(str(group_file), "in_channels 3"), (as_json, "num_classes 10")]:
         flags = ["--config", "{configs}/digits.yaml", "--model.network", network]
         line = run_in_process(train, train_args(flags, user, user / "runs"), user, capsys)
