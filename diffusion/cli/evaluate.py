@@ -35,6 +35,7 @@ from diffusion.cli import evaluate_nll, evaluate_quality
 from diffusion.cli.flags import add_flags, command_parser, resolve_device
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.errors import UserError
+from diffusion.metrics.sample_quality import FEATURE_BATCH
 
 # A metric family: the flags it adds, and what it runs given the parsed flags and the device, returning its
 # values (None when its flags did not ask for it). Each lives in its own module of diffusion/cli/ and computes
@@ -51,7 +52,7 @@ def build_parser() -> ArgumentParser:
         add_arguments(parser)
     add_flags(
         parser, "batch_size", "device", "seed",
-        batch_size={"default": 250, "help": "images per feature batch"},
+        batch_size={"default": FEATURE_BATCH, "help": "images per feature batch"},
         seed={"help": "seed of the reference subset and KID's subsets"},
     )  # fmt: skip
     return parser

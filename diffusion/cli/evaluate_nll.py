@@ -46,9 +46,10 @@ from diffusion.core.variance import VarianceType
 from diffusion.core.variational_bound import ReverseProcess
 from diffusion.data.images import ImageDataModule
 from diffusion.data.numpy_files import read_images
+from diffusion.data.split import READING_BATCH
 from diffusion.errors import UserError
 from diffusion.generation.ranks import gather_in_order
-from diffusion.metrics.bits_per_dim import BitsPerDim, image_bounds, quantize_to_8_bits
+from diffusion.metrics.bits_per_dim import BOUND_BATCH, BitsPerDim, image_bounds, quantize_to_8_bits
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder_of
@@ -126,7 +127,10 @@ def build_parser() -> ArgumentParser:
         help="val (the run's held-out images) or train: from its config.yaml",
     )
     parser.add_argument("--num_images", type=PositiveInt | None, default=None, help="only the first N images")
-    add_flags(parser, "batch_size", "seed", "weights", seed={"help": "seed of the noise of every term"})
+    add_flags(
+        parser, "batch_size", "seed", "weights", seed={"help": "seed of the noise of every term"},
+        batch_size={"default": BOUND_BATCH, "help": "images whose bound terms are evaluated at once on each device"},
+    )  # fmt: skip
     parser.add_argument(
         "--variance", type=VarianceType | None, default=None,
         help="fixedlarge or fixedsmall for a fixed-variance model (default: its sampling variance)",
@@ -165,7 +169,7 @@ def run_images(ckpt: str, split: str) -> tuple[torch.Tensor, torch.Tensor | None
             f"the run of {ckpt} held out no images (--data.val_fraction 0)", f"{fix}, or --split train"
         )
     dataset: Subset = held_out if split == "val" else data.train_set
-    items = list(DataLoader(dataset, batch_size=500, shuffle=False))
+    items = list(DataLoader(dataset, batch_size=READING_BATCH, shuffle=False))
     images = torch.cat([batch.x for batch in items])
     labels = torch.cat([torch.as_tensor(batch.label) for batch in items]) if data.conditional else None
     return images, labels, f"{data.dataset}, {split} split of {run.config_file}"

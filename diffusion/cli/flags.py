@@ -25,6 +25,7 @@ from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
 from diffusion.errors import UserError
+from diffusion.generation.ranks import SAMPLING_BATCH
 from diffusion.training.checkpoint_files import CHECKPOINT
 from diffusion.training.loading import Weights, model_hyperparameters, model_source
 
@@ -34,7 +35,7 @@ Accelerator = Literal["auto", "cpu", "cuda", "gpu"]
 FLAGS: dict[str, dict[str, Any]] = {
     "ckpt": {"type": str, "required": True, "help": "a checkpoint of train.py (e.g. .../last.ckpt)"},
     "weights": {"type": Weights, "default": "ema", "help": "EMA weights or raw ones"},
-    "batch_size": {"type": PositiveInt, "default": 256, "help": "how many at a time on each device"},
+    "batch_size": {"type": PositiveInt, "default": SAMPLING_BATCH, "help": "how many at a time on each device"},
     "seed": {"type": int, "default": 0, "help": "the seed of the noise"},
     "overwrite": {
         "action": ActionYesNo, "nargs": "?", "default": False, "help": "replace what this command wrote before",

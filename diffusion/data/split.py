@@ -28,6 +28,10 @@ from diffusion.data.on_device import HeldSamples, IndexLoader, TrainingIndices, 
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
 from diffusion.errors import OutOfRange
 
+# Items read at once when a command collects a data set's images (evaluation's reference, the bound's held-out
+# images), not training's batches (--data.batch_size).
+READING_BATCH = 500
+
 
 class IndexedDataset(Dataset):
     """Wraps any dataset so that items become ``Batch(x, index, label)``: from a tuple item (x, label, ...) it keeps

@@ -27,6 +27,11 @@ from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.render import compact
 
+# Samples drawn at once on each device: a sampling loop's batch (the sample command's --batch_size, the grid and
+# FID callbacks'); the per-sample seeds make the samples the same whatever it is.
+SAMPLING_BATCH = 256
+
+
 CHUNK_BYTES = 64 * 2**20  # samples a rank holds before they are gathered and written
 
 
@@ -43,7 +48,7 @@ def generate_batches(
     indices: torch.Tensor | range,
     *,
     seed: int = 0,
-    batch_size: int = 256,
+    batch_size: int = SAMPLING_BATCH,
     options: SamplingOptions | None = None,
     progress: bool = False,
     labels: torch.Tensor | None = None,
@@ -70,7 +75,7 @@ def generate(
     num_samples: int,
     *,
     seed: int = 0,
-    batch_size: int = 256,
+    batch_size: int = SAMPLING_BATCH,
     options: SamplingOptions | None = None,
     rank: int = 0,
     world_size: int = 1,
@@ -98,7 +103,7 @@ def generate_in_chunks(
     num_samples: int,
     *,
     seed: int = 0,
-    batch_size: int = 256,
+    batch_size: int = SAMPLING_BATCH,
     options: SamplingOptions | None = None,
     rank: int = 0,
     world_size: int = 1,

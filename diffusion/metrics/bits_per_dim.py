@@ -22,6 +22,9 @@ COLUMNS = ("prior", "decoder", "kl", "total")
 """What `image_bounds` returns per image, in bits/dim: L_T, L_0, L_1 + ... + L_{T-1}, and their sum."""
 
 
+BOUND_BATCH = 256  # images whose bound terms are evaluated at once (`python -m diffusion.evaluate --nll`)
+
+
 def quantize_to_8_bits(images: torch.Tensor) -> torch.Tensor:
     """Images in model units [-1, 1] moved to the nearest of the 256 levels of 8-bit data, the values the
     discretized decoder gives probabilities to (data that is not 8-bit, such as the digits' 17 grey levels, is
@@ -38,7 +41,7 @@ def image_bounds(
     labels: torch.Tensor | None = None,
     *,
     seed: int = 0,
-    batch_size: int = 256,
+    batch_size: int = BOUND_BATCH,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = False,

@@ -15,6 +15,7 @@ from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.image_files import find_images
 from diffusion.data.images import MIN_IMAGE_SIZE, ImageDataModule, ImageDatasetName
 from diffusion.data.numpy_files import ARRAY_FILE, read_images
+from diffusion.data.split import READING_BATCH
 from diffusion.generation.render import to_uint8_images
 from diffusion.metrics.progress import progress_bar
 from diffusion.metrics.reference_stats import FeatureStatistics, is_statistics_file, load_statistics
@@ -76,7 +77,7 @@ def load_reference(
     dataset = Subset(data.train_set, _subset(len(data.train_set), num_reference, seed).tolist())
     parts = []
     with progress_bar(len(dataset), f"reading {reference}") as bar:
-        for batch in DataLoader(dataset, batch_size=500, shuffle=False):
+        for batch in DataLoader(dataset, batch_size=READING_BATCH, shuffle=False):
             parts.append(to_uint8_images(batch.x, data.normalization))
             bar.update(len(batch.x))
     return np.concatenate(parts)

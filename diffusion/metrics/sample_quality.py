@@ -38,6 +38,9 @@ QualityMetric = Literal["fid", "kid", "is"]
 KID_SUBSET_SIZE = 1000  # torch-fidelity's and Binkowski et al. 2018's
 
 
+FEATURE_BATCH = 250  # images through a feature extractor at once (the evaluate command's --batch_size)
+
+
 class SampleQuality(nn.Module):
     """FID, KID and IS of uint8 (N, C, H, W) images fed with ``update(images, real=...)``.
 
@@ -163,7 +166,7 @@ def feed_images(
     quality: SampleQuality,
     images: np.ndarray,
     real: bool,
-    batch_size: int = 250,
+    batch_size: int = FEATURE_BATCH,
     device: str | torch.device = "cpu",
     description: str = "features",
 ) -> None:

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
 from diffusion.errors import OutOfRange
-from diffusion.generation.ranks import generate_batches, rank_indices
+from diffusion.generation.ranks import SAMPLING_BATCH, generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
 from diffusion.metrics.features import Features, check_features, distance_name, feature_size
 from diffusion.metrics.reference_stats import load_statistics
@@ -69,7 +69,7 @@ class SampleQualityCallback(EveryNValidations):
         kid: bool | None = None,
         kid_subset_size: int = 1000,
         num_real: int | None = None,
-        batch_size: int = 256,
+        batch_size: int = SAMPLING_BATCH,
         inception_weights: str | None = None,
         reference_stats: str | None = None,
     ) -> None:
