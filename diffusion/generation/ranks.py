@@ -2,8 +2,8 @@
 
 The rule that makes any world size give the same samples lives here once: with W ranks, rank r draws
 samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
-`DiffusionModule.initial_noise`; `module` is a DiffusionModule, or any module with its `initial_noise`, `sampler`,
-`denoiser`, `evaluating` and `normalization`), and `gather_in_order` puts the gathered shares back in index order.
+`DiffusionModule.initial_noise`; `module` is a DiffusionModule, or any `Sampleable`: what generation needs of a
+module, declared), and `gather_in_order` puts the gathered shares back in index order.
 Each batch runs the sampler here, one call from the commands: `python -m diffusion.sample` -> `generate` -> the
 sampler's numbered steps (`diffusion.core.samplers`).
 Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.data.labels.class_labels`) on any
@@ -18,11 +18,15 @@ sampler's arithmetic stays float32.
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Protocol, runtime_checkable
 
 import lightning as L
 import torch
 from tqdm import tqdm
 
+from diffusion.core.noise import Generators
+from diffusion.core.samplers.contract import Denoiser, Sampler
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.render import compact
@@ -35,6 +39,28 @@ SAMPLING_BATCH = 256
 CHUNK_BYTES = 64 * 2**20  # samples a rank holds before they are gathered and written
 
 
+@runtime_checkable
+class Sampleable(Protocol):
+    """What generation needs of a module, and all it uses (`DiffusionModule` is one; tests check that it is):
+    the sampler its options ask for, each sample's initial noise and generators, the network as samplers see it,
+    an evaluation mode, and the data's shape and units."""
+
+    sample_shape: tuple[int, ...]
+
+    @property
+    def normalization(self) -> dict[str, list[float]]: ...
+
+    def sampler(self, options: SamplingOptions | None = None) -> Sampler: ...
+
+    def initial_noise(
+        self, num_samples: int, seed: int | None = None, indices: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Generators]: ...
+
+    def denoiser(self, num_samples: int, labels: torch.Tensor | None = None) -> Denoiser: ...
+
+    def evaluating(self) -> AbstractContextManager[None]: ...
+
+
 def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: bool = False) -> torch.Tensor:
     """Indices r, r + W, ... below num_samples for rank r of W; with `equal_shares`, every rank gets
     ceil(num_samples / W) of them (the last few may lie beyond num_samples), as all_gather needs equal shapes."""
@@ -44,7 +70,7 @@ def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: boo
 
 
 def generate_batches(
-    module: L.LightningModule,
+    module: Sampleable,
     indices: torch.Tensor | range,
     *,
     seed: int = 0,
@@ -71,7 +97,7 @@ def generate_batches(
 
 
 def generate(
-    module: L.LightningModule,
+    module: Sampleable,
     num_samples: int,
     *,
     seed: int = 0,
@@ -99,7 +125,7 @@ def generate(
 
 
 def generate_in_chunks(
-    module: L.LightningModule,
+    module: Sampleable,
     num_samples: int,
     *,
     seed: int = 0,
