@@ -6,6 +6,7 @@ check, or a plain `ValueError`/`FileNotFoundError` whose message reads `<what is
 `<what>; <fix>`).
 """
 
+from collections.abc import Mapping
 from typing import Any, get_args
 
 
@@ -35,6 +36,26 @@ class OutOfRange(UserError, ValueError):
     ) -> None:
         super().__init__(f"{name}={value} must be {requirement}", fix or f"pass a value {requirement}")
         self.name, self.value, self.requirement, self.owner = name, value, requirement, owner
+
+
+class WeightsDoNotFit(UserError, RuntimeError):
+    """Weights (a state dict) that do not fit a network, said by counts and a few example keys of each kind of
+    misfit (`check_weights_fit`); a RuntimeError too, as torch's own `load_state_dict` error is."""
+
+
+def check_weights_fit(network: Any, weights: Mapping[str, Any], source: str, fix: str) -> None:
+    """Raise WeightsDoNotFit unless `weights` hold exactly `network`'s state dict keys, each of its shape: checked
+    before `load_state_dict`, so the line comes from the keys, not from reading torch's report."""
+    expected = network.state_dict()
+    missing = [key for key in expected if key not in weights]
+    unexpected = [key for key in weights if key not in expected]
+    reshaped = [
+        key for key in expected if key in weights and tuple(weights[key].shape) != tuple(expected[key].shape)
+    ]
+    kinds = [(missing, "missing keys"), (unexpected, "unexpected keys"), (reshaped, "of another shape")]
+    summary = ", ".join(f"{len(keys)} {kind} (e.g. {', '.join(keys[:2])})" for keys, kind in kinds if keys)
+    if summary:
+        raise WeightsDoNotFit(f"{source}: these weights do not fit {type(network).__name__} ({summary})", fix)
 
 
 class CallerError(ValueError):

@@ -230,10 +230,12 @@ def build_quality(
         return SampleQuality(args.features, metrics, **options)
     try:
         return SampleQuality(args.features, metrics, **options)
-    except (pickle.UnpicklingError, EOFError, RuntimeError) as err:
-        if "Error(s) in loading state_dict" in str(err):  # a PyTorch file of other weights: keys summarized
-            raise
-        reason = " ".join(str(err.__cause__ or err).split())
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        RuntimeError,
+    ) as err:  # other weights too: torch's report, first line
+        reason = " ".join((str(err.__cause__ or err).strip().splitlines() or [type(err).__name__])[0].split())
         raise UserError(
             f"--inception_weights {weights} is not a readable PyTorch weights file ({reason})", fix
         ) from err

@@ -38,10 +38,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def is_user_error(error: BaseException, also: tuple[type[BaseException], ...] = ()) -> bool:
-    if isinstance(error, CallerError):
-        return False
-    # A state_dict that does not fit the network: weights of another run, not a bug.
-    return isinstance(error, USER_ERRORS + also) or "Error(s) in loading state_dict" in str(error)
+    return isinstance(error, USER_ERRORS + also) and not isinstance(error, CallerError)
 
 
 @contextmanager
@@ -103,8 +100,8 @@ def report(error: BaseException) -> NoReturn:
 
 
 def one_line(error: BaseException) -> str:
-    """The error's message on one line: parser reports, DataLoader worker tracebacks and state_dict key dumps
-    reduced to what is wrong."""
+    """The error's message on one line: parser reports and DataLoader worker tracebacks reduced to what is
+    wrong."""
     text = str(error).strip() or type(error).__name__
     if isinstance(error, ArgumentError) or "Parser key" in text or "Union subtypes" in text:
         text = _parser_message(text)
@@ -112,8 +109,6 @@ def one_line(error: BaseException) -> str:
             text += " — see --help for the options (--print_config for a full config)"
     if "Original Traceback" in text:  # re-raised from a DataLoader worker: the worker's own message
         text = re.sub(r"^[\w.]+: ", "", text.strip().splitlines()[-1])
-    if "Error(s) in loading state_dict" in text:
-        text = _state_dict_summary(text)
     line = " ".join(line.strip() for line in text.splitlines() if line.strip())
     if " — " not in line and "; " in line:
         line = line.replace("; ", " — ", 1)  # the library's messages put the fix after "; "
@@ -180,21 +175,3 @@ def _parser_message(text: str) -> str:
         kind = {"Sequence": "list"}.get(expected[1], expected[1])
         return f"{shown} is not a valid {kind} — pass a value of that type (see --help)"
     return f"--{flag}: {detail} — see --help"
-
-
-def _state_dict_summary(text: str) -> str:
-    """torch's 'Error(s) in loading state_dict' dump -> counts and a few example keys."""
-    head, _, dump = text.partition("Error(s) in loading state_dict for ")
-    network = dump.split(":", 1)[0]
-    parts = []
-    for label, pattern in [("missing", "Missing key"), ("unexpected", "Unexpected key")]:
-        line = next((ln for ln in dump.splitlines() if pattern in ln), "")
-        keys = re.findall(r'"([^"]+)"', line)
-        if keys:
-            parts.append(f"{len(keys)} {label} keys (e.g. {', '.join(keys[:2])})")
-    mismatches = re.findall(r"size mismatch for ([^:]+):", dump)
-    if mismatches:
-        parts.append(f"{len(mismatches)} of another shape (e.g. {', '.join(mismatches[:2])})")
-    summary = ", ".join(parts)
-    head = head.strip()
-    return f"{head} ({summary})" if head else f"the weights do not fit {network} ({summary})"

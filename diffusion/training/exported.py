@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from diffusion.core.schedule import schedule_betas
-from diffusion.errors import UserError
+from diffusion.errors import UserError, check_weights_fit
 from diffusion.models import MLP, UNet
 from diffusion.training.module import DiffusionModule
 
@@ -131,5 +131,6 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
         state = load_file(folder / WEIGHTS)
     except (FileNotFoundError, SafetensorError) as err:
         raise UserError(f"{folder / WEIGHTS} cannot be read ({str(err) or type(err).__name__})", FIX) from err
+    check_weights_fit(module.network, state, str(folder / WEIGHTS), FIX)
     module.network.load_state_dict(state)
     return module.to(map_location).eval()

@@ -28,6 +28,7 @@ from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import labels_for_sampling
 from diffusion.data.split import describe_batches
+from diffusion.errors import check_weights_fit
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.divergence import check_interval_loss, check_weights
@@ -170,13 +171,10 @@ class DiffusionModule(L.LightningModule):
         self._states_before_validation: dict[str, Any] | None = None
         self._train_loss = IntervalLoss()  # logged at logging steps (diffusion/training/logging_steps.py)
         if init_from is not None:
-            try:
-                self.network.load_state_dict(read_network_weights(init_from, self.network))
-            except RuntimeError as error:
-                raise RuntimeError(
-                    f"init_from={init_from}: these weights do not fit {type(network).__name__}; use the "
-                    f"--model.network settings of the run that saved them.\n{error}"
-                ) from error
+            weights = read_network_weights(init_from, self.network)
+            fix = "use the --model.network settings of the run that saved them"
+            check_weights_fit(self.network, weights, f"init_from={init_from}", fix)
+            self.network.load_state_dict(weights)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self._training_graph is not None and self.network.training and torch.is_grad_enabled():

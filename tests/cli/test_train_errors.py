@@ -27,7 +27,7 @@ from diffusion.cli import sample
 from diffusion.cli.reporting import one_line, reporting_user_errors
 from diffusion.cli.train import main as train
 from diffusion.cli.train_checks import check_settings_from_the_data, naming_the_flag
-from diffusion.errors import OutOfRange, UserError
+from diffusion.errors import OutOfRange, UserError, WeightsDoNotFit, check_weights_fit
 from diffusion.training.loading import load_checkpoint
 
 FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "--data.image_size", "8",
@@ -342,13 +342,18 @@ def test_debug_lets_the_exception_through(user, monkeypatch):
 def test_a_bug_keeps_its_traceback_and_messages_become_one_line():
     with pytest.raises(TypeError), reporting_user_errors([]):
         raise TypeError("a bug in the code, not in the input")
+    # Weights that do not fit a network are said from their keys, checked before torch's load_state_dict.
     layer = nn.Linear(2, 2)
-    with pytest.raises(RuntimeError) as error:
-        layer.load_state_dict({"weight": torch.zeros(3, 2), "extra": torch.zeros(1)})
+    with pytest.raises(WeightsDoNotFit) as error:
+        check_weights_fit(layer, {"weight": torch.zeros(3, 2), "extra": torch.zeros(1)}, "w.pt", "use its own")
     assert one_line(error.value) == (
-        "the weights do not fit Linear (1 missing keys (e.g. bias), 1 unexpected keys (e.g. extra), "
-        "1 of another shape (e.g. weight))"
+        "w.pt: these weights do not fit Linear (1 missing keys (e.g. bias), 1 unexpected keys (e.g. extra), "
+        "1 of another shape (e.g. weight)) — use its own"
     )
+    check_weights_fit(layer, layer.state_dict(), "w.pt", "use its own")  # weights that fit pass
+    # torch's own report is no user error: nothing reads its words any more.
+    with pytest.raises(RuntimeError), reporting_user_errors([]):
+        layer.load_state_dict({"weight": torch.zeros(3, 2)})
 
 
 def run_command(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
