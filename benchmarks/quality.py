@@ -22,8 +22,6 @@ scatter to docs/toy2d_scatter.png (everything under --out instead when given, an
 """
 
 import argparse
-import re
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -43,32 +41,13 @@ from metrics_lib import (
 )
 from provenance import provenance
 from torchvision.utils import make_grid, save_image
-from train_run import run_training
+from train_run import ROOT, TINY_MLP, TINY_UNET, Recipe, earlier_run, find_checkpoint, fmt_time, train
 
 from diffusion.core.sampling import SamplingOptions
 from diffusion.data.vectors import VectorDataModule
 from diffusion.generation.ranks import generate
 from diffusion.generation.render import denormalize, save_scatter, to_uint8_images
 from diffusion.training.loading import load_checkpoint
-from diffusion.training.run_folders import latest_checkpoint
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from helpers import TINY_MLP, TINY_UNET  # noqa: E402 (the tiny networks --quick shares with the tests)
-
-# No validation (and so no sample grids) in --quick: 20 steps never reach val_check_interval.
-QUICK = ["--max_steps", "20", "--model.warmup_steps", "1", "--trainer.enable_progress_bar", "false"]
-
-
-@dataclass
-class Recipe:
-    name: str
-    config_args: list[str]
-    tiny_args: list[str]
-    train_limit_s: float  # target wall time of `python train.py ...`
-    num_samples: int  # samples per sampler (full mode)
-    few_step: bool = False  # also measure the few-step samplers
-
 
 RECIPES = {
     "digits": Recipe("digits", [], TINY_UNET, 15 * 60, REFERENCE_SIZE, few_step=True),
@@ -101,34 +80,6 @@ class Result:
     sample_s: dict[str, float] = field(default_factory=dict)  # wall time of each sampler, by label
     # (sampler, metric, value, real-data value or None)
     rows: list[tuple[str, str, float, float | None]] = field(default_factory=list)
-
-
-def fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "reused"
-    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
-
-
-def train(recipe: Recipe, runs_dir: Path, quick: bool, log_dir: Path) -> tuple[Path, float]:
-    """`python train.py ...` in a subprocess; returns (last.ckpt, wall seconds)."""
-    command = [
-        sys.executable,
-        "train.py",
-        *recipe.config_args,
-        "--trainer.logger.init_args.save_dir",
-        str(runs_dir),
-    ]
-    if quick:
-        command += [*recipe.tiny_args, *QUICK]
-    seconds = run_training(command, log_dir / f"train_{recipe.name}.log", recipe.name)
-    print(f"[{recipe.name}] trained in {fmt_time(seconds)}", flush=True)
-    return latest_checkpoint(runs_dir, recipe.name), seconds
-
-
-def find_checkpoint(reuse: Path, name: str) -> Path:
-    """A run folder (…/version_N) or a save dir holding <name>/version_N (the newest is taken)."""
-    direct = reuse / "checkpoints" / "last.ckpt"
-    return direct if direct.is_file() else latest_checkpoint(reuse, name)
 
 
 def draw(ckpt: Path, num_samples: int, sampling: Sampling, result: Result):
@@ -303,18 +254,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.reuse is not None and not args.reuse.is_dir():
         parser.error(f"--reuse {args.reuse}: no such folder")
     return args
-
-
-EARLIER = "\n## The run before, kept for comparison\n\n"
-
-
-def earlier_run(table_path: Path, quick: bool) -> str:
-    """The previous run's table (its own earlier one dropped), to follow the new one: a recipe changed between
-    the two (digits at 16x16 until 2026-11-27) stays comparable with what it was. Not in or from quick runs."""
-    if quick or not table_path.exists():
-        return ""
-    before = table_path.read_text().split(EARLIER)[0]
-    return "" if "QUICK MODE" in before else EARLIER + re.sub(r"(?m)^## ", "### ", before)
 
 
 def main(argv: list[str] | None = None) -> str:

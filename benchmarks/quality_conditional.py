@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from metrics_lib import digits_split, frechet_distance, single_threaded, to_digit_features
 from provenance import provenance
-from quality import ROOT, TINY_UNET, Recipe, earlier_run, find_checkpoint, fmt_time, train
 from sklearn.svm import SVC
 from torchvision.utils import make_grid, save_image
+from train_run import ROOT, TINY_UNET, Recipe, earlier_run, find_checkpoint, fmt_time, train
 
 from diffusion.core.sampling import SamplingOptions
 from diffusion.data.labels import class_labels

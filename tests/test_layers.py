@@ -125,3 +125,28 @@ def test_the_checks_see_an_upward_import_inside_a_function_and_a_circle(tmp_path
 @pytest.mark.parametrize("layer", [prefix for prefixes in LAYERS for prefix in prefixes])
 def test_every_layer_exists(layer):
     assert layer in ALL_MODULES, f"{layer} is listed in LAYERS but is not a module of the package"
+
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def benchmark_imports() -> dict[str, set[str]]:
+    """Which of benchmarks/'s scripts each script imports (they import each other by file name), at the top or
+    inside functions."""
+    names = {path.stem for path in BENCHMARKS.glob("*.py")}
+    imports = {}
+    for path in BENCHMARKS.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+        imports[path.stem] = found & names
+    return imports
+
+
+def test_the_benchmarks_import_each_other_in_no_circle():
+    imports = benchmark_imports()
+    assert imports["quality"] >= {"quality_conditional", "train_run"}  # the scripts' imports are seen
+    assert import_cycle(imports) is None

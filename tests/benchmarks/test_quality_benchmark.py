@@ -152,7 +152,7 @@ def test_vector_benchmark_quick_mode_runs_end_to_end(tmp_path):
 
 
 def test_a_new_quality_table_keeps_the_run_before_it_and_only_that_one(tmp_path):
-    from quality import EARLIER, earlier_run
+    from train_run import EARLIER, earlier_run
 
     table = tmp_path / "quality.md"
     assert earlier_run(table, quick=False) == ""  # the first run: nothing before it

@@ -188,6 +188,7 @@ def test_init_from_weights_of_another_network_names_the_keys(sources, tmp_path):
     path = tmp_path / "renamed.pt"
     torch.save(state, path)
     with pytest.raises(
-        RuntimeError, match=r"renamed\.pt: these weights do not fit UNet \(1 missing keys .*1 unexpected keys \(e\.g\. extra\.weight\)"
+        RuntimeError,
+        match=r"renamed\.pt: these weights do not fit UNet \(1 missing keys .*1 unexpected keys \(e\.g\. extra\.weight\)",
     ):
         DiffusionCLI([*TINY_UNET, "--model.init_from", str(path), "--trainer.logger", "false"])

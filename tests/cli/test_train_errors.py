@@ -345,7 +345,9 @@ def test_a_bug_keeps_its_traceback_and_messages_become_one_line():
     # Weights that do not fit a network are said from their keys, checked before torch's load_state_dict.
     layer = nn.Linear(2, 2)
     with pytest.raises(WeightsDoNotFit) as error:
-        check_weights_fit(layer, {"weight": torch.zeros(3, 2), "extra": torch.zeros(1)}, "w.pt", "use its own")
+        check_weights_fit(
+            layer, {"weight": torch.zeros(3, 2), "extra": torch.zeros(1)}, "w.pt", "use its own"
+        )
     assert one_line(error.value) == (
         "w.pt: these weights do not fit Linear (1 missing keys (e.g. bias), 1 unexpected keys (e.g. extra), "
         "1 of another shape (e.g. weight)) — use its own"
