@@ -104,10 +104,9 @@ class ImageDataModule(SplitDataModule):
         on_device: bool = True,
     ) -> None:
         super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train, on_device)
-        if dataset not in ("digits", *TORCHVISION, "folder"):  # the entries of now, not of import time
-            raise ValueError(
-                f"unknown image dataset {dataset!r}; choose one of {('digits', *TORCHVISION, 'folder')}"
-            )
+        names = ("digits", *TORCHVISION, "folder")  # the entries of now, not of import time
+        if dataset not in names:
+            raise ValueError(f"unknown image dataset {dataset!r}; choose one of {names}")
         if channels is not None and channels not in (1, 3):
             raise OutOfRange("channels", channels, "1 or 3", owner=type(self))
         if dataset == "folder":

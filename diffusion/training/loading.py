@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 
 from diffusion.data.file_in_folder import file_in_folder
-from diffusion.errors import UserError, check_choice, check_weights_fit
+from diffusion.errors import UserError, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
 from diffusion.training.checkpoint_files import (
@@ -102,9 +102,6 @@ def load_diffusers(path: str | os.PathLike, map_location: str | torch.device = "
     arguments, settings, weights = module_settings(path)
     network = UNet(**arguments)
     with about(path):  # weights that do not fit its config.json: the folder is named
-        weights = unet_weights_from_diffusers(network, weights)
-        check_weights_fit(
-            network, weights, "its UNet's weights", "use weights of the UNet its config.json describes"
-        )
-        network.load_state_dict(weights)
+        # unet_weights_from_diffusers names a missing, left-over or reshaped weight itself.
+        network.load_state_dict(unet_weights_from_diffusers(network, weights))
     return DiffusionModule(network, **settings).to(map_location).eval()
