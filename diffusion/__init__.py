@@ -7,73 +7,34 @@
 
 Each name lives in one of the package's layers (docs/layout.md), bottom to top: errors -> core -> models ->
 data -> generation and metrics -> training -> cli. The names below are imported on first use (PEP 562), so
-`import diffusion.core.schedule` stays as light as it was; their deep paths keep working. tests/test_public_api.py
-pins this list: a name removed or renamed fails it.
+`import diffusion.core.schedule` stays as light as it was; their deep paths keep working. They are written once, as
+the imports of the `TYPE_CHECKING` block at the end (what editors and type checkers read); at run time the same
+lines, read from this file, say where each name is loaded from. tests/test_public_api.py pins this list: a name
+removed or renamed fails it.
 """
 
+import ast
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-_PUBLIC = {
-    # loading and sampling
-    "load_checkpoint": "diffusion.training.loading",  # a checkpoint, an export or a diffusers folder
-    "latest_checkpoint": "diffusion.training.run_folders",  # the newest checkpoint of a run name
-    "generate": "diffusion.generation.ranks",  # samples 0..N-1 in batches, the same on any number of ranks
-    "SamplingOptions": "diffusion.core.sampling",  # sampler, steps, guidance, ...: unset fields defer
-    "SAMPLERS": "diffusion.core.sampling",  # the registry: name -> sampler class
-    "reverse_steps": "diffusion.core.sampling",  # a sampler's steps on a bare network (no Lightning)
-    "final_sample": "diffusion.core.sampling",  # the last step's x of reverse_steps
-    "class_labels": "diffusion.data.labels",  # labels for N samples of a class-conditional model
-    # samples as pictures and data units
-    "denormalize": "diffusion.generation.render",
-    "to_uint8": "diffusion.generation.render",
-    "rows_by_class": "diffusion.generation.render",
-    "save_image_grid": "diffusion.generation.render",
-    # training: the module, its schedule, networks and data modules
-    "DiffusionModule": "diffusion.training.module",
-    "NoiseSchedule": "diffusion.core.schedule",
-    "UNet": "diffusion.models",
-    "MLP": "diffusion.models",
-    "ImageDataModule": "diffusion.data",
-    "VectorDataModule": "diffusion.data",
-    "Batch": "diffusion.data",
-    "IndexedDataset": "diffusion.data",
-    # metrics
-    "SampleQuality": "diffusion.metrics.sample_quality",  # FID, KID and IS of samples against reference images
-    "frechet_distance": "diffusion.metrics.fid",
-    "BitsPerDim": "diffusion.metrics.bits_per_dim",
-    "load_statistics": "diffusion.metrics.reference_stats",
-    # the error every layer raises for a user's mistake: one line, what is wrong and the fix
-    "UserError": "diffusion.errors",
-}
 
-__all__ = [  # the keys of _PUBLIC, written out for linters and editors (tests/test_public_api.py checks)
-    "Batch",
-    "BitsPerDim",
-    "DiffusionModule",
-    "ImageDataModule",
-    "IndexedDataset",
-    "MLP",
-    "NoiseSchedule",
-    "SAMPLERS",
-    "SampleQuality",
-    "SamplingOptions",
-    "UNet",
-    "UserError",
-    "VectorDataModule",
-    "class_labels",
-    "denormalize",
-    "final_sample",
-    "frechet_distance",
-    "generate",
-    "latest_checkpoint",
-    "load_checkpoint",
-    "load_statistics",
-    "reverse_steps",
-    "rows_by_class",
-    "save_image_grid",
-    "to_uint8",
-]
+def _public_names() -> dict[str, str]:
+    """name -> the module it is loaded from, read from the `TYPE_CHECKING` imports at the end of this file."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(
+        node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    return {
+        alias.asname or alias.name: str(node.module)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+_PUBLIC = _public_names()
+__all__ = sorted(_PUBLIC)  # `from diffusion import *`
 
 
 def __getattr__(name: str) -> Any:
@@ -88,19 +49,39 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
-    from diffusion.core.sampling import SAMPLERS, SamplingOptions, final_sample, reverse_steps
-    from diffusion.core.schedule import NoiseSchedule
-    from diffusion.data import Batch, ImageDataModule, IndexedDataset, VectorDataModule
-    from diffusion.data.labels import class_labels
-    from diffusion.errors import UserError
-    from diffusion.generation.ranks import generate
-    from diffusion.generation.render import denormalize, rows_by_class, save_image_grid, to_uint8
-    from diffusion.metrics.bits_per_dim import BitsPerDim
-    from diffusion.metrics.fid import frechet_distance
-    from diffusion.metrics.reference_stats import load_statistics
-    from diffusion.metrics.sample_quality import SampleQuality
-    from diffusion.models import MLP, UNet
-    from diffusion.training.loading import load_checkpoint
-    from diffusion.training.module import DiffusionModule
-    from diffusion.training.run_folders import latest_checkpoint
+# The public names, each once: what editors and type checkers see. At run time nothing here is imported (the names
+# load on first use); `_public_names` reads these lines instead. `X as X` marks a re-export. What they are:
+# loading and sampling: load_checkpoint (a checkpoint, an export or a diffusers folder), latest_checkpoint (the
+#   newest of a run name), generate (samples 0..N-1, the same on any number of ranks), SamplingOptions (unset
+#   fields defer), SAMPLERS (name -> class), reverse_steps / final_sample (a sampler on a bare network),
+#   class_labels (labels for N samples of a class-conditional model);
+# samples as pictures and data units: denormalize, to_uint8, rows_by_class, save_image_grid;
+# training: DiffusionModule, NoiseSchedule, the networks UNet and MLP, the data modules and their Batch;
+# metrics: SampleQuality (FID, KID and IS against reference images), frechet_distance, BitsPerDim, load_statistics;
+# UserError, which every layer raises for a user's mistake: one line, what is wrong and the fix.
+if TYPE_CHECKING:
+    from diffusion.core.sampling import SAMPLERS as SAMPLERS
+    from diffusion.core.sampling import SamplingOptions as SamplingOptions
+    from diffusion.core.sampling import final_sample as final_sample
+    from diffusion.core.sampling import reverse_steps as reverse_steps
+    from diffusion.core.schedule import NoiseSchedule as NoiseSchedule
+    from diffusion.data import Batch as Batch
+    from diffusion.data import ImageDataModule as ImageDataModule
+    from diffusion.data import IndexedDataset as IndexedDataset
+    from diffusion.data import VectorDataModule as VectorDataModule
+    from diffusion.data.labels import class_labels as class_labels
+    from diffusion.errors import UserError as UserError
+    from diffusion.generation.ranks import generate as generate
+    from diffusion.generation.render import denormalize as denormalize
+    from diffusion.generation.render import rows_by_class as rows_by_class
+    from diffusion.generation.render import save_image_grid as save_image_grid
+    from diffusion.generation.render import to_uint8 as to_uint8
+    from diffusion.metrics.bits_per_dim import BitsPerDim as BitsPerDim
+    from diffusion.metrics.fid import frechet_distance as frechet_distance
+    from diffusion.metrics.reference_stats import load_statistics as load_statistics
+    from diffusion.metrics.sample_quality import SampleQuality as SampleQuality
+    from diffusion.models import MLP as MLP
+    from diffusion.models import UNet as UNet
+    from diffusion.training.loading import load_checkpoint as load_checkpoint
+    from diffusion.training.module import DiffusionModule as DiffusionModule
+    from diffusion.training.run_folders import latest_checkpoint as latest_checkpoint
