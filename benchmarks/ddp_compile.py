@@ -14,7 +14,7 @@ The choices (torch._dynamo.config.optimize_ddp):
   backward (overlap inside one graph; experimental). Compiled autograd engages only for a backward called
   inside compiled code, and Lightning's loop calls it outside: here the backward then runs eagerly.
 The network sits inside a wrapper module that DDP wraps, as Lightning's strategy wraps the LightningModule, and
-is compiled in place, as `--model.compile` does.
+is compiled in place, as `--model.compile_training` does.
 """
 
 import argparse

@@ -55,7 +55,7 @@ RECIPE = [
     "--trainer.log_every_n_steps", "1", "--checkpoint.every_n_train_steps", str(EVERY),
     "--trainer.enable_progress_bar", "false", *(TINY if QUICK else []),
 ]  # fmt: skip
-CHECKED = [*RECIPE, "--trainer.strategy.class_path", DDP_CLASS, "--devices", "1", "--model.compile", "false"]
+CHECKED = [*RECIPE, "--trainer.strategy.class_path", DDP_CLASS, "--devices", "1", "--model.compile_training", "false"]
 RUNNING: list[subprocess.Popen] = []  # train.py sessions under way: the suite's time limit ends them too
 PRINTING = threading.Lock()
 
@@ -230,7 +230,7 @@ def check_train(out: Path) -> bool:
 def check_sample(out: Path) -> bool:
     shutil.rmtree(WORK / "runs", ignore_errors=True)
     source = train_py(
-        "source", RECIPE, "--model.compile", "false", "--precision", "bf16-mixed", "--max_steps", "1"
+        "source", RECIPE, "--model.compile_training", "false", "--precision", "bf16-mixed", "--max_steps", "1"
     )
     if source.code != 0:
         (out / "sample.md").write_text(f"FAILED: no checkpoint to sample from: {source.tail}\n")

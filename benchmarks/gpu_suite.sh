@@ -110,7 +110,7 @@ fi
 # train.py variants timed beside the recipe as it is (a process each). A variant whose flags train.py does not
 # accept (an option not there yet) is skipped with a note, not a failure: SUITE_VARIANTS="--data.on_device false"
 # adds one (variants separated by ';').
-variants=("--model.compile false" "--model.compile_channels_last true")
+variants=("--model.compile_training false" "--model.compile_channels_last true")
 IFS=';' read -r -a extra_variants <<< "${SUITE_VARIANTS:-}"
 for variant in "${extra_variants[@]}"; do [[ -n "${variant// /}" ]] && variants+=("$variant"); done
 variant_flags=()

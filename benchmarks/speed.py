@@ -4,7 +4,7 @@
     python benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790   # on a GPU
     python benchmarks/speed.py --baseline 82f9c05              # also the default job's wall time vs that commit
     python benchmarks/speed.py --quick --out /tmp/speed        # plumbing check; numbers meaningless
-    python benchmarks/speed.py -- --model.compile true         # flags after `--`: the project path and train.py
+    python benchmarks/speed.py -- --model.compile_training true         # flags after `--`: the project path and train.py
 
 Training paths on the same batches, interleaved in one process: round r runs each path for
 `--warmup + --steps` optimizer steps (the order rotates every round). A path's step time is the median, over

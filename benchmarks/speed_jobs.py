@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = Path(__file__).resolve().parent
-# How train.py refuses an option it does not have (one line, exit status 2: diffusion/cli/reporting.py).
+# How train.py refuses an option it does not have (one line, exit status 2: diffusion/cli/parse_errors.py).
 REFUSED = ("is not accepted", "unrecognized arguments")
 
 

@@ -191,7 +191,7 @@ def compile_as_fitting_does(
 ) -> None:
     """The module's own `setup("fit")` with compiling on: torch.compile and whatever the module does with it
     (the network's memory format, say), under a Trainer of one device that is then detached again."""
-    module.hparams.compile = True
+    module.hparams.compile_training = True
     module.trainer = L.Trainer(
         accelerator=device.type, devices=1, precision=precision, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,

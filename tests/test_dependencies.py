@@ -50,7 +50,6 @@ def test_the_ranges_admit_the_gpu_machines_stack():
         assert ranges[name].contains(version), (
             f"{name} {version} (the lent GPU machines') is outside {ranges[name]}"
         )
-    assert not ranges["jsonargparse"].contains("5.0.0")  # cli/reporting.py reads its messages
 
 
 def test_the_python_floor_is_the_oldest_python_the_code_runs_on():

@@ -33,6 +33,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from diffusion.cli import evaluate_nll, evaluate_quality
 from diffusion.cli.flags import add_flags, command_parser, resolve_device
+from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.errors import UserError
 from diffusion.metrics.sample_quality import FEATURE_BATCH
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return evaluate_nll.main(argv)
     # RuntimeError too: torch-fidelity's failed download of the Inception weights says what to do instead.
     with reporting_user_errors(argv, also=(RuntimeError,)):
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(build_parser(), argv)
         device, _ = resolve_device(args.device, "auto")
         results: dict[str, float] = {}
         ran = False

@@ -38,6 +38,7 @@ from diffusion.cli.flags import (
     resolve_device,
 )
 from diffusion.cli.legacy import accept_moved_class_paths
+from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.guidance import guided_output
@@ -192,7 +193,7 @@ def npz_images(path: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.T
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """`python -m diffusion.evaluate --nll --ckpt CKPT [flags]`: print and return the bits/dim of the images."""
     with reporting_user_errors(argv), closing_process_group():
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(build_parser(), argv)
         device, accelerator = resolve_device(args.device, args.accelerator)
         args.ckpt, hparams = given_model(args.ckpt)
         shape = tuple(hparams.get("sample_shape", ()))

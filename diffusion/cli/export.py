@@ -25,6 +25,7 @@ from typing import Literal
 from jsonargparse import ArgumentParser
 
 from diffusion.cli.flags import add_flags, check_writable_folder, command_parser, given_checkpoint
+from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
 from diffusion.errors import UserError
@@ -70,7 +71,7 @@ def move_into(staged: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.export [flags]`: write the export into OUT and return OUT."""
     with reporting_user_errors(argv):
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(build_parser(), argv)
         check_out(args.out, args.overwrite)
         args.ckpt = given_checkpoint(args.ckpt)
         checkpoint = read_checkpoint(args.ckpt, "--ckpt")

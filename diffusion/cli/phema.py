@@ -38,6 +38,7 @@ from diffusion.cli.flags import (
     requested_labels,
     resolve_device,
 )
+from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.errors import UserError
 from diffusion.generation.ranks import generate
@@ -215,7 +216,7 @@ def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction |
 def main(argv: list[str] | None = None) -> Path | None:
     """`python -m diffusion.phema [flags]`: write OUT (and return its path), or print a --sweep's table."""
     with reporting_user_errors(argv):
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(build_parser(), argv)
         if (args.sigma_rel is None) == (args.sweep is None):
             raise UserError(
                 "pass one of --sigma_rel and --sweep",

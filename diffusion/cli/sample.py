@@ -43,6 +43,7 @@ from diffusion.cli.flags import (
     requested_labels,
     resolve_device,
 )
+from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.errors import UserError
@@ -93,7 +94,7 @@ def check_precision(precision: str) -> None:
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv), closing_process_group():
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(build_parser(), argv)
         options = options_from_flags(args)
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)

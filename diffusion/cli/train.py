@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import SUPPRESS
+from jsonargparse import SUPPRESS, ArgumentError
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, cpu_mixed_precision_note
 from diffusion.cli.legacy import accept_moved_class_paths, class_at
+from diffusion.cli.parse_errors import BadCommandLine, what_is_wrong
 from diffusion.cli.process_group import closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.resume import check_same_training_settings, resolve_resume
@@ -186,7 +187,11 @@ class DiffusionCLI(LightningCLI):
         }
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:  # said from the parser's structure, not its message (parse_errors.py)
+            written = sys.argv[1:] if args is None else list(args)
+            raise BadCommandLine(*what_is_wrong(parser, written, error)) from error
         self._settings_written = settings_written(self.config, parser.get_defaults())
         for name, instead in NOT_OFFERED.items():
             if self.config.get(name) is not None:

@@ -44,7 +44,8 @@ from diffusion.training.random_states import (
 )
 
 NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/loss.py
-CompileWhen = Literal["cuda"]  # compile: True, False, or "cuda" (compiled where it pays: on a CUDA device)
+# compile_training: True, False, or "cuda" (compiled where it pays: on a CUDA device)
+CompileWhen = Literal["cuda"]
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkpoint can monitor them)
 LEARNING_RATE = "train/lr"  # its learning rate, as LearningRateMonitor logs it
 
@@ -74,11 +75,12 @@ class DiffusionModule(L.LightningModule):
         noise_seed: seed of the training noise; None uses the seed given to seed_everything (or 0).
         init_from: weights to start from: a checkpoint of this project or a state_dict of the network.
             Loaded here, before the strategy wraps the model, so every rank starts identical.
-        compile: compile the network's training step (torch.compile) when fitting starts: True, False, or "cuda"
-            (on a CUDA GPU only: the GPU recipes' choice). One graph of fixed shapes for training steps alone:
-            validation, sample grids and the EMA weights run the network eagerly (a sampler's own `compile`
+        compile_training: compile the network's training step (torch.compile) when fitting starts: True, False,
+            or "cuda" (on a CUDA GPU only: the GPU recipes' choice). One graph of fixed shapes for training steps
+            alone: validation, sample grids and the EMA weights run the network eagerly (a sampler's own `compile`
             option compiles its evaluation apart), so none of them recompiles or re-records it. Checkpoint keys,
             weights, optimizer state and EMA are those of the eager network.
+        compile: the old name of compile_training, which configs and checkpoints written before 2026-11-27 use.
         compile_mode: torch.compile's mode for that graph; None: "reduce-overhead" (CUDA graphs) on CUDA,
             "default" elsewhere (`diffusion.core.compiling`).
         compile_channels_last: the compiled graph laid out NHWC end to end (Inductor's layout optimisation
@@ -116,7 +118,8 @@ class DiffusionModule(L.LightningModule):
         noise_mode: NoiseMode = "fast",
         noise_seed: int | None = None,
         init_from: str | None = None,
-        compile: bool | CompileWhen = False,
+        compile_training: bool | CompileWhen = False,
+        compile: bool | CompileWhen | None = None,
         compile_mode: CompileMode | None = None,
         compile_channels_last: bool = False,
         label_dropout: float = 0.0,
@@ -125,6 +128,7 @@ class DiffusionModule(L.LightningModule):
         offset_noise: float = 0.0,
     ) -> None:
         super().__init__()
+        compile_training = compile_training if compile is None else compile  # the old name, as written before
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
         schedule = NoiseSchedule(
             beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr, trained_betas
@@ -136,7 +140,8 @@ class DiffusionModule(L.LightningModule):
                 ("noise_mode", noise_mode, NoiseMode),
                 ("lr_schedule", lr_schedule, LRSchedule),
                 ("variance", variance, ModelVariance),
-                *([] if isinstance(compile, bool) else [("compile", compile, CompileWhen)]),
+                *([] if isinstance(compile_training, bool)
+                  else [("compile_training", compile_training, CompileWhen)]),
                 *([] if compile_mode is None else [("compile_mode", compile_mode, CompileMode)]),
             ],
             lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
@@ -148,7 +153,7 @@ class DiffusionModule(L.LightningModule):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
             # init_from is a one-time source of weights: the checkpoint then holds them itself.
-            self.save_hyperparameters(ignore=["init_from"])
+            self.save_hyperparameters(ignore=["init_from", "compile"])
         # A checkpoint stores plain data (it loads with weights_only=True): the options as a dict, which
         # load_from_checkpoint hands back to this __init__.
         self.sampling = SamplingOptions(**sampling) if isinstance(sampling, dict) else sampling
@@ -213,7 +218,8 @@ class DiffusionModule(L.LightningModule):
             )  # fmt: skip
 
     def _compile_when_fitting(self) -> bool:
-        return self.hparams.compile is True or (self.hparams.compile == "cuda" and self.device.type == "cuda")
+        when = self.hparams.compile_training
+        return when is True or (when == "cuda" and self.device.type == "cuda")
 
     def on_fit_start(self) -> None:
         # seed_everything gives every rank the same seed: without the rank in this generator's seed, all ranks

@@ -88,7 +88,7 @@ def test_the_call_runs_every_stage_and_writes_gpu_md_in_the_files_the_device_too
     bf16 = files["speed_bf16/speed.md"]
     for row in (
         "| `train.py` as users run it (StepTimer; bf16-mixed, global batch 8) |",
-        "| `train.py --model.compile false` as users run it (StepTimer; bf16-mixed, global batch 8) |",
+        "| `train.py --model.compile_training false` as users run it (StepTimer; bf16-mixed, global batch 8) |",
         "| plain loop, same module |",
         "| plain loop, network compiled (torch.compile, eager backend, as fitting compiles it) |",
         "| plain loop, network compiled NHWC (--model.compile_channels_last true) |",
@@ -119,7 +119,7 @@ def test_the_call_runs_every_stage_and_writes_gpu_md_in_the_files_the_device_too
                 stage,
                 name,
             )
-    assert "| speed_bf16 (bf16-mixed) | `train.py --model.compile false` as users run it | " in gpu
+    assert "| speed_bf16 (bf16-mixed) | `train.py --model.compile_training false` as users run it | " in gpu
     assert "| peak memory |" in gpu and "| stage | result | seconds | reason or note |" in gpu
     assert "### train.py on the GPU" in gpu and "### The sample CLI on the GPU" in gpu
 

@@ -42,7 +42,7 @@ def test_the_compiled_loop_draws_the_eager_samples_from_one_graph(
 
 
 def test_a_network_compiled_for_fitting_is_taken_into_the_samplers_graph(graphs_handed_to_the_backend):
-    # `--model.compile true` compiles the network in place and marks its batch dynamic from the module's forward;
+    # `--model.compile_training true` compiles the network in place and marks its batch dynamic from the module's forward;
     # the FID callback's sampling then traces that forward into its own graph of fixed shapes.
     torch.manual_seed(0)
     module = DiffusionModule(MLP(hidden_dim=16, num_blocks=1, time_embed_dim=16), sample_shape=(2,))

@@ -22,7 +22,7 @@ CUDA = torch.cuda.is_available()
 
 
 def train_compiled(tmp_path, *flags: str) -> None:
-    main([*TINY_UNET, *QUICK, "--model.compile", "true", "--accelerator", "cpu", "--trainer.logger", "false",
+    main([*TINY_UNET, *QUICK, "--model.compile_training", "true", "--accelerator", "cpu", "--trainer.logger", "false",
           "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "0", *flags])  # fmt: skip
 
 
@@ -70,7 +70,7 @@ if CUDA:
 def test_the_compiled_network_takes_the_eager_step(device, backend, dtype, channels_last):
     eager = tiny_module()
     fast = copy.deepcopy(eager).to(device)
-    fast.hparams.compile, fast.hparams.compile_channels_last = True, channels_last
+    fast.hparams.compile_training, fast.hparams.compile_channels_last = True, channels_last
     torch._dynamo.reset()
     fast.trainer = L.Trainer(accelerator=device, devices=1, logger=False, enable_checkpointing=False)
     with compiling_with(backend):
@@ -90,7 +90,7 @@ def test_the_compiled_network_takes_the_eager_step(device, backend, dtype, chann
 
 def test_compile_cuda_compiles_on_a_gpu_only():
     module = tiny_module()
-    module.hparams.compile = "cuda"
+    module.hparams.compile_training = "cuda"
     assert not module._compile_when_fitting()  # on the CPU
     module._device = torch.device("cuda", 0)  # where Lightning points it when fitting on a GPU
     assert module._compile_when_fitting()

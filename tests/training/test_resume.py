@@ -190,10 +190,10 @@ def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_the_run_left_alone(tmp
 def test_a_compiled_run_killed_mid_epoch_resumes_to_the_weights_of_the_compiled_run_left_alone(
     tmp_path, reference, graphs_handed_to_the_backend
 ):
-    """The training graph (`--model.compile true`) through a kill and `--ckpt_path`: the killed subprocess
+    """The training graph (`--model.compile_training true`) through a kill and `--ckpt_path`: the killed subprocess
     compiles with aot_eager (helpers.ddp.CompileWith), the resume and the run left alone with the counting
     backend; each builds its graph anew and lands on the same weights."""
-    compiled = ["--model.compile", "true"]
+    compiled = ["--model.compile_training", "true"]
     compile_with = {"class_path": "helpers.ddp.CompileWith"}
     kill = {"class_path": "helpers.ddp.KillAt", "init_args": {"step": KILL_STEP}}
     killed = launch(

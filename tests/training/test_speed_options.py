@@ -1,4 +1,4 @@
-"""Speed options give the results of the plain path: `--model.compile true`, the fused Adam (in every precision,
+"""Speed options give the results of the plain path: `--model.compile_training true`, the fused Adam (in every precision,
 with clipping), TF32 on CUDA only, and the speed benchmark's plumbing (benchmarks/speed.py --quick)."""
 
 import copy
@@ -44,9 +44,9 @@ def compile_calls():
 def test_compile_trains_the_same_weights_under_the_same_checkpoint_keys(tmp_path, compile_calls):
     eager = tiny_run(tmp_path / "eager")
     assert compile_calls == []
-    compiled = tiny_run(tmp_path / "compiled", "--model.compile", "true")
+    compiled = tiny_run(tmp_path / "compiled", "--model.compile_training", "true")
     assert len(compile_calls) == 1  # the training graph, once, by the module's setup
-    assert compiled.model.hparams.compile and not eager.model.hparams.compile
+    assert compiled.model.hparams.compile_training and not eager.model.hparams.compile_training
     # Same seeds, data and noise: the 4 steps, the validation and the sample grid agree to float rounding.
     checkpoints = [
         torch.load(run / "digits/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
@@ -74,7 +74,7 @@ def test_a_compiled_run_builds_one_graph_for_training_and_evaluates_eagerly(tmp_
 
     counters.clear()
     main([
-        "--config", str(ROOT / "configs" / "toy2d.yaml"), *TINY_MLP, "--model.compile", "true",
+        "--config", str(ROOT / "configs" / "toy2d.yaml"), *TINY_MLP, "--model.compile_training", "true",
         "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "2", "--data.init_args.num_samples", "40",
         "--data.init_args.val_fraction", "0.25", "--data.init_args.batch_size", "12",
         "--max_steps", "6", "--trainer.val_check_interval", "2", "--model.warmup_steps", "1",
@@ -99,7 +99,7 @@ def test_a_compiled_run_builds_one_graph_for_training_and_evaluates_eagerly(tmp_
     ],
 )
 def test_the_compile_options_reach_the_compile_call(tmp_path, compile_calls, flags, expected):
-    main(["--config", str(ROOT / "configs" / "toy2d.yaml"), *TINY_MLP, "--model.compile", "true", *flags,
+    main(["--config", str(ROOT / "configs" / "toy2d.yaml"), *TINY_MLP, "--model.compile_training", "true", *flags,
           "--max_steps", "1", "--trainer.limit_val_batches", "0",
           "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"])  # fmt: skip
     assert compile_calls == [expected]
@@ -114,12 +114,22 @@ def test_the_training_graph_takes_cuda_graphs_on_cuda_only():
 
 def test_compile_keeps_parameter_names(compile_calls):
     network = UNet(in_channels=1, channels=8, channel_mult=[1, 2], num_res_blocks=1, attention_levels=[1])
-    module = DiffusionModule(network, sample_shape=(1, 16, 16), compile=True)
+    module = DiffusionModule(network, sample_shape=(1, 16, 16), compile_training=True)
     names = list(module.state_dict())
     module.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
     module.setup("fit")
     assert module._training_graph is not None
     assert list(module.state_dict()) == names and not any("_orig_mod" in name for name in names)
+
+
+@pytest.mark.parametrize("written", [True, "cuda", False])
+def test_the_old_name_compile_still_loads_as_compile_training(written):
+    # Configs and checkpoints written before 2026-11-27 say `compile` (a sampler's `compile` is another option).
+    network = UNet(in_channels=1, channels=8, channel_mult=[1, 2], num_res_blocks=1, attention_levels=[1])
+    module = DiffusionModule(network, sample_shape=(1, 16, 16), compile=written)
+    assert module.hparams.compile_training == written and "compile" not in module.hparams
+    again = DiffusionModule(network, **{k: v for k, v in module.hparams.items() if k != "sampling"})
+    assert again.hparams.compile_training == written
 
 
 def test_fused_adam_takes_the_steps_of_the_per_tensor_loop():

@@ -140,7 +140,7 @@ def test_on_one_device_steps_between_logging_steps_read_nothing(tmp_path, precis
 
 @pytest.mark.parametrize("precision", ["32", "16-mixed"])
 def test_the_compiled_training_step_reads_nothing_either(tmp_path, precision, graphs_handed_to_the_backend):
-    main(run_args(tmp_path, precision, *ONE_PROCESS, "--model.compile", "true"))
+    main(run_args(tmp_path, precision, *ONE_PROCESS, "--model.compile_training", "true"))
     assert len(graphs_handed_to_the_backend) == 1  # the steps ran the training graph
     check_costs_and_logged_loss(tmp_path, world_size=1)
 
@@ -154,4 +154,4 @@ def test_on_cuda_steady_state_steps_do_not_synchronize(tmp_path, precision, comp
     precision_flags = ["--precision", precision]  # Lightning's own 16-mixed: fp16 with a GradScaler on CUDA
     check = "--trainer.callbacks=" + json.dumps([{"class_path": "helpers.step_costs.NoSyncOnCuda"}])
     main([*BASE, *precision_flags, "--trainer.logger.init_args.save_dir", str(tmp_path), *on_cuda, check,
-          "--model.compile", compile])  # fmt: skip
+          "--model.compile_training", compile])  # fmt: skip
