@@ -60,7 +60,7 @@ def reporting_user_errors(
     except BaseException as error:
         if not is_user_error(error, also) or debug_requested(argv):
             raise
-        report(error)
+        report(unwrapped(error))
 
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -90,6 +90,23 @@ def stopping_on_signals() -> Iterator[None]:
     finally:
         for signum, handler in found.items():
             signal.signal(signum, handler)
+
+
+def unwrapped(error: BaseException) -> BaseException:
+    """The error itself, or the one it wraps where jsonargparse re-raised a class's own error inside its report of
+    the types it tried (a union such as `--data`'s): the first error of the chain raised outside jsonargparse,
+    known by where it was raised, not by its words."""
+    inner: BaseException | None = error
+    while inner is not None and _raised_in(inner, "jsonargparse"):
+        inner = inner.__cause__ or inner.__context__
+    return inner if inner is not None and inner is not error and is_user_error(inner) else error
+
+
+def _raised_in(error: BaseException, package: str) -> bool:
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and frame.tb_frame.f_globals.get("__name__", "").partition(".")[0] == package
 
 
 def report(error: BaseException) -> NoReturn:
