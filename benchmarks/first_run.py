@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
-from provenance import commit, cpu_kind, provenance
+from provenance import COMMIT_AT_START, cpu_kind, provenance
 from train_run import run_training
 
 from diffusion.generation.ranks import generate
@@ -71,7 +71,7 @@ def row(kind: str, seconds: float, fd: float, floor: float) -> str:
         else f"{mark(seconds <= TIME_LIMIT_S)} (not the target's CPU)"
     )
     return (
-        f"| {kind} | {time.strftime('%Y-%m-%d')} | {commit()} | {seconds:.0f} s | {fd:.2f} ({floor:.2f}) "
+        f"| {kind} | {time.strftime('%Y-%m-%d')} | {COMMIT_AT_START} | {seconds:.0f} s | {fd:.2f} ({floor:.2f}) "
         f"| {fd / floor:.3f}x | {time_result} | {mark(fd <= FD_LIMIT * floor)} |"
     )
 

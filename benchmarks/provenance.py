@@ -43,8 +43,14 @@ def commit() -> str:
     return (revision + (" (uncommitted changes)" if dirty else "")) if revision else "unknown"
 
 
+# The tree as the benchmark found it, read when it imports this module: the pictures and tables a run writes into
+# the tree (docs/*.png, earlier results files) before its results line must not mark its own commit as changed.
+COMMIT_AT_START = commit()
+
+
 def provenance(device: torch.device | str = "cpu") -> str:
-    """'2026-11-27, commit 8c269a5, AMD EPYC 7B13, 2 cores, AVX2, torch 2.14.1': one results file's origin."""
+    """'2026-11-27, commit 8c269a5, AMD EPYC 7B13, 2 cores, AVX2, torch 2.14.1': one results file's origin (the
+    commit as the run started from it)."""
     device = torch.device(device)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_kind()
-    return f"{time.strftime('%Y-%m-%d')}, commit {commit()}, {machine}, torch {torch.__version__}"
+    return f"{time.strftime('%Y-%m-%d')}, commit {COMMIT_AT_START}, {machine}, torch {torch.__version__}"

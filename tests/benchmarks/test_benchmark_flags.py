@@ -3,12 +3,14 @@ a bad value or a missing run ends in argparse's one error line and exit status 2
 traceback, no argparse internals (`invalid <lambda> value`)."""
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import ddim_eta  # noqa: E402
 import learned_variance  # noqa: E402
@@ -60,3 +62,30 @@ def test_a_list_reads_alike_with_commas_spaces_or_both(written):
     args, _ = speed.parse_args(["--samplers", *written, "--sampling_precisions", "32,", "bf16-mixed"])
     assert args.samplers == ["ddim:50", "dpmpp_2m:20"] and args.sampling_precisions == ["32", "bf16-mixed"]
     assert speed.parse_args(["--samplers", ""])[0].samplers == []  # none (benchmarks/gpu_suite.sh)
+
+
+def provenance_in_a_repository(tmp_path: Path, changed_before_import: bool) -> str:
+    """A benchmark's results line, in a fresh repository holding provenance.py, where the run writes into a
+    tracked file (a picture, an earlier results file) before it asks for the line."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    (repo / "benchmarks" / "provenance.py").write_bytes((ROOT / "benchmarks" / "provenance.py").read_bytes())
+    (repo / "grid.png").write_text("before")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
+        subprocess.run([*git, *command], check=True)
+    if changed_before_import:
+        (repo / "grid.png").write_text("changed by hand")
+    script = "import provenance; open('../grid.png', 'w').write('drawn by this run'); print(provenance.provenance())"
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=repo / "benchmarks", capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_the_results_line_names_the_commit_as_the_run_found_it(tmp_path):
+    # What the run itself writes before its results line does not mark its commit changed; a tree changed
+    # before the run started does.
+    assert "(uncommitted changes)" not in provenance_in_a_repository(
+        tmp_path / "a", changed_before_import=False
+    )
+    assert "(uncommitted changes)" in provenance_in_a_repository(tmp_path / "b", changed_before_import=True)
