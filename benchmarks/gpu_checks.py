@@ -55,7 +55,9 @@ RECIPE = [
     "--trainer.log_every_n_steps", "1", "--checkpoint.every_n_train_steps", str(EVERY),
     "--trainer.enable_progress_bar", "false", *(TINY if QUICK else []),
 ]  # fmt: skip
-CHECKED = [*RECIPE, "--trainer.strategy.class_path", DDP_CLASS, "--devices", "1", "--model.compile_training", "false"]
+CHECKED = [
+    *RECIPE, "--trainer.strategy.class_path", DDP_CLASS, "--devices", "1", "--model.compile_training", "false",
+]  # fmt: skip
 RUNNING: list[subprocess.Popen] = []  # train.py sessions under way: the suite's time limit ends them too
 PRINTING = threading.Lock()
 
