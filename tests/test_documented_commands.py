@@ -13,34 +13,17 @@ several machines) runs its closest honest stand-in, and its entry's `why` says w
 test prints how its command ran. A printed command without an entry fails
 `test_every_printed_command_has_an_entry`, which says how to add one.
 
-Each command runs once a session (`Runs`), in this process where it can (its `main(argv)`). The multi-device ones
-run beside each other in processes of their own: `python train.py --devices 2 --strategy ddp --accelerator cpu`
-as printed (Lightning's launcher starts its second rank), and all the others in turn on the two ranks of one
-`torchrun --nproc_per_node 2` job, since a launch (~15 s of imports) costs more than the runs it starts.
+Each command runs once a session (`Runs`, tests/helpers/documented_runs.py), in this process where it can (its
+`main(argv)`). The multi-device ones run beside each other in processes of their own: `python train.py --devices 2
+--strategy ddp --accelerator cpu` as printed (Lightning's launcher starts its second rank), and all the others in
+turn on the two ranks of one `torchrun --nproc_per_node 2` job, since a launch (~15 s of imports) costs more than the
+runs it starts.
 """
 
-import contextlib
-import io
-import json
-import os
-import re
-import shlex
-import shutil
-import socket
-import sys
-import traceback
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import pytest
-import torch
 from helpers import QUICK, TINY_MLP, TINY_UNET
 from helpers import documented_commands as made
-from helpers.ddp import run_in_session
 from helpers.documented_checks import (
-    Ran,
     a_checkpoint_under,
     benchmarks_importable,
     bits_per_dim,
@@ -63,12 +46,11 @@ from helpers.documented_checks import (
     wandb_offline_run,
     wandb_run_ends,
 )
+from helpers.documented_runs import Command, Output, Runs, command
 from test_docs import REPO, python_command_lines
 
 from diffusion.cli import evaluate, export, phema, sample, train
 
-TESTS = REPO / "tests"
-BENCHMARKS = REPO / "benchmarks"
 MAINS = {
     "train.py": train.main,
     "diffusion.sample": sample.main,
@@ -112,45 +94,7 @@ TWO_RANKS_WHY = (
 )
 
 
-# ---- the registry ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Output:
-    """What the documented command `text` wrote at `path` (default: the path it is staged at) in its folder."""
-
-    text: str
-    path: str | None = None
-
-
-@dataclass(frozen=True)
-class Command:
-    """How a printed command runs here.
-
-    check: what the run must have written or returned, besides exit status 0.
-    append: the flags after the printed ones (shorter, smaller; where `why` says so, the stand-in's).
-    inputs: a path in the working folder -> the Output of the documented command that writes it (run first), or
-        a maker of tests/helpers/documented_commands.py (a user's own file).
-    placeholders: a printed word -> the path it stands for.
-    launch: "in_process" (the command's main), "ranks" (both ranks of the torchrun job) or "lightning" (`python
-        train.py` in a process of its own, which starts its second rank).
-    env: for "ranks": the environment over torchrun's.
-    context: what an in-process command runs inside (a stand-in).
-    why: empty when only `append` shortens the command; else why it cannot run here as printed, and what stands in.
-    """
-
-    check: Callable[[Ran], None]
-    append: tuple[str, ...] = ()
-    inputs: dict[str, Output | Callable[[Path], None]] = field(default_factory=dict)
-    placeholders: dict[str, str] = field(default_factory=dict)
-    launch: str = "in_process"
-    env: dict[str, str] = field(default_factory=dict)
-    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    why: str = ""
-
-
-def command(check: Callable[[Ran], None], *append: str, **how: object) -> Command:
-    return Command(check, append, **how)
-
-
+# ---- the entries ----------------------------------------------------------------------------------------------
 TRAIN = "python train.py"
 TRAIN_POST_HOC = "python train.py --ema.post_hoc true"
 TRAIN_CONDITIONAL = "python train.py --config configs/digits_conditional.yaml"
@@ -316,189 +260,9 @@ COMMANDS: dict[str, Command] = {
 # fmt: on
 
 
-# ---- running them ----------------------------------------------------------------------------------------------
-def argv(text: str) -> tuple[str, list[str]]:
-    """The program and the argv a command runs with: the printed words, placeholders replaced, then `append`."""
-    entry = COMMANDS[text]
-    program, *args = PRINTED[text]
-    return program, [entry.placeholders.get(word, word) for word in args] + list(entry.append)
-
-
-LAUNCHES = {
-    "in_process": "its main(argv), in the test's process",
-    "lightning": "a process of its own, which starts its second rank",
-    "ranks": "both ranks of a `torchrun --nproc_per_node 2` job (tests/helpers/documented_commands.py)",
-}
-
-
-def how(text: str) -> str:
-    """How a command ran, for its test's report."""
-    entry, (program, args) = COMMANDS[text], argv(text)
-    shown = "python train.py" if program == "train.py" else f"python -m {program}"
-    lines = [
-        f"printed: {text}",
-        f"ran as:  {shown} {shlex.join(args)}",
-        f"         ({LAUNCHES[entry.launch]})",
-    ]
-    lines += [f"         {word} stands for {path}" for word, path in entry.placeholders.items()]
-    return "\n".join([*lines, f"why:     {entry.why}"] if entry.why else lines)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def process_env() -> dict[str, str]:
-    """A launch's environment: tests/ and benchmarks/ importable, one thread a process, none of the DDP settings a
-    test in this process may have left."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE", "RANK")
-    }
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(BENCHMARKS), env.get("PYTHONPATH")]))
-    return {**env, "OMP_NUM_THREADS": "1"}
-
-
-def run_process(cmd: list[str], cwd: Path, timeout: float = 420) -> tuple[int | None, str]:
-    """Run `cmd` in a session of its own; its exit status (None: killed after `timeout`) and output."""
-    return run_in_session(cmd, cwd, process_env(), timeout)
-
-
-def section(output: str, text: str) -> str:
-    """What the ranks of the torchrun job printed while they ran `text` (the worker heads each command's output)."""
-    parts = [part.removeprefix(text) for part in output.split("==== ") if part.startswith(text)]
-    return "".join(parts) or output
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """One CPU thread, as under pytest-xdist (conftest) and in the processes the tests start: a tiny model's ops
-    are too small for two, and with another process on the other core two OpenMP threads stall each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-class Runs:
-    """Each documented command run once a session, in a folder of its own, after the runs that write its inputs."""
-
-    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
-        self.factory = tmp_path_factory
-        self.ran: dict[str, Ran] = {}
-        self.made: dict[str, Path] = {}
-
-    def __call__(self, text: str) -> Ran:
-        if text not in PRINTED:  # the entry of a command no document prints any more
-            return Ran(None, None, error=f"no document prints `{text}` (its entry is stale)")
-        if text not in self.ran:
-            if COMMANDS[text].launch == "in_process":
-                self.ran[text] = self.in_process(text)
-            else:
-                self.in_processes()
-        return self.ran[text]
-
-    def folder(self, text: str) -> Path:
-        """A new working folder for `text`, the project's configs/ and the command's inputs in place."""
-        folder = self.factory.mktemp(re.sub(r"\W+", "_", text)[:40])
-        (folder / "configs").symlink_to(REPO / "configs")
-        for path, source in COMMANDS[text].inputs.items():
-            target = folder / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(source, Output):
-                ran = self(source.text)
-                if ran.code != 0:
-                    raise RuntimeError(f"its input {path} comes from `{source.text}`, which failed")
-                written = ran.folder / (source.path or path)
-                (shutil.copytree if written.is_dir() else shutil.copy2)(written, target)
-            else:  # a user's own file, made once a session
-                if source.__name__ not in self.made:
-                    self.made[source.__name__] = self.factory.mktemp("made") / Path(path).name
-                    source(self.made[source.__name__])
-                target.symlink_to(self.made[source.__name__])
-        return folder
-
-    def in_process(self, text: str) -> Ran:
-        try:
-            folder = self.folder(text)
-        except RuntimeError as error:
-            return Ran(None, None, error=str(error))
-        program, args = argv(text)
-        output = io.StringIO()
-        with (
-            contextlib.chdir(folder),
-            contextlib.redirect_stdout(output),
-            contextlib.redirect_stderr(output),
-            one_thread(),
-            COMMANDS[text].context(),
-        ):
-            try:
-                return Ran(folder, 0, MAINS[program](args), output.getvalue())
-            except SystemExit as exit_info:
-                return Ran(folder, exit_info.code or 0, None, output.getvalue())
-            except Exception:
-                return Ran(folder, None, None, output.getvalue(), traceback.format_exc())
-
-    def in_processes(self) -> None:
-        """Every multi-process command: the "ranks" ones in the torchrun job, each "lightning" one beside it."""
-        runs: dict[str, list[str]] = {}  # commands that differ in their launcher's words alone: one run
-        for text, entry in COMMANDS.items():
-            if entry.launch != "in_process" and text in PRINTED:
-                key = json.dumps([entry.launch, argv(text), entry.env, sorted(entry.inputs)])
-                runs.setdefault(key, []).append(text)
-        folders = {}
-        for key, same in runs.items():
-            try:
-                folders[key] = self.folder(same[0])
-            except RuntimeError as error:
-                self.ran.update({text: Ran(None, None, error=str(error)) for text in same})
-        ranks = {key: folder for key, folder in folders.items() if COMMANDS[runs[key][0]].launch == "ranks"}
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            job = pool.submit(self.torchrun_job, ranks, runs)
-            own = {
-                key: pool.submit(run_process, [sys.executable, str(REPO / "train.py"), *argv(runs[key][0])[1]], folder)
-                for key, folder in folders.items()
-                if key not in ranks
-            }  # fmt: skip
-            for key, future in own.items():
-                code, output = future.result()
-                self.ran.update({text: Ran(folders[key], code, None, output) for text in runs[key]})
-            job.result()
-
-    def torchrun_job(self, folders: dict[str, Path], runs: dict[str, list[str]]) -> None:
-        """The "ranks" commands in turn on the two ranks of one `torchrun --nproc_per_node 2` job."""
-        if not folders:
-            return
-        job = self.factory.mktemp("torchrun_job") / "job.json"
-        commands = [
-            {"text": runs[key][0], "program": argv(runs[key][0])[0], "argv": argv(runs[key][0])[1],
-             "folder": str(folder), "port": free_port(), "env": COMMANDS[runs[key][0]].env}
-            for key, folder in folders.items()
-        ]  # fmt: skip
-        job.write_text(json.dumps(commands))
-        code, output = run_process(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-             "helpers.documented_commands", str(job)], job.parent,
-        )  # fmt: skip
-        results = [Path(f"{job}.rank{rank}.json") for rank in (0, 1)]
-        results = [json.loads(path.read_text()) if path.is_file() else None for path in results]
-        for index, (key, folder) in enumerate(folders.items()):
-            if None in results:
-                status, error = None, f"the torchrun job ended (status {code}) without its ranks' results"
-            else:
-                mine = [rank[index] for rank in results]
-                status = next((one["code"] for one in mine if one["code"] != 0), 0)
-                error = "\n".join(one.get("error", "") for one in mine)
-            printed = section(output, runs[key][0])
-            self.ran.update({text: Ran(folder, status, None, printed, error) for text in runs[key]})
-
-
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> Runs:
-    return Runs(tmp_path_factory)
+    return Runs(tmp_path_factory, COMMANDS, PRINTED, MAINS)
 
 
 # ---- the tests -------------------------------------------------------------------------------------------------
@@ -526,7 +290,7 @@ def test_every_printed_command_has_an_entry():
 )  # fmt: skip
 def test_the_documented_command_runs(text, runs):
     ran = runs(text)
-    print(how(text))
+    print(runs.how(text))
     where = ran.folder or "no folder: not run"
-    assert ran.code == 0, f"{how(text)}\nin {where}\n{ran.error}\n{ran.output[-4000:]}"
+    assert ran.code == 0, f"{runs.how(text)}\nin {where}\n{ran.error}\n{ran.output[-4000:]}"
     COMMANDS[text].check(ran)
