@@ -157,12 +157,16 @@ DEFER = SamplingOptions()
 """Every field unset: each defers to the layer below (the default of the callbacks' and the module's options)."""
 
 
-def build_sampler(options: "SamplingOptions") -> Sampler:
-    """The sampler `options.sampler` names (default ddpm) with the options it has that are set; the rest take
-    its defaults."""
-    sampler = SAMPLERS[options.sampler or DEFAULT_SAMPLER]
+def build_sampler(*layers: "SamplingOptions | None") -> Sampler:
+    """The sampler of these layers of options, the first on top (the user's, then a model's defaults, ...): each
+    field takes the first layer that sets it, `sampler` included (default ddpm), and the sampler's own default
+    where none does; a field the sampler does not have is ignored. Built once: its checks run there."""
+    merged: dict[str, Any] = {}
+    for layer in reversed([layer for layer in layers if layer is not None]):
+        merged.update(layer.as_kwargs())
+    sampler = SAMPLERS[merged.get("sampler") or DEFAULT_SAMPLER]
     own = options_of(sampler)
-    return sampler(**{name: value for name, value in options.as_kwargs().items() if name in own})
+    return sampler(**{name: value for name, value in merged.items() if name in own})
 
 
 def reverse_steps(

@@ -48,6 +48,7 @@ NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/loss.py
 CompileWhen = Literal["cuda"]
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkpoint can monitor them)
 LEARNING_RATE = "train/lr"  # its learning rate, as LearningRateMonitor logs it
+LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
 
 
 class DiffusionModule(L.LightningModule):
@@ -370,8 +371,8 @@ class DiffusionModule(L.LightningModule):
         """The sampler `options` ask for: fields set there override this model's defaults (its `sampling`, and
         the learned variance of a model that learned it) field by field; checked against this model."""
         learned = self.hparams.variance == "learned_range"
-        defaults = SamplingOptions(variance="learned_range") if learned else DEFER  # unless told otherwise
-        sampler = build_sampler((options or DEFER).over(self.sampling).over(defaults))
+        defaults = LEARNED_VARIANCE if learned else DEFER  # unless told otherwise
+        sampler = build_sampler(options, self.sampling, defaults)  # merged, then built once
         sampler.check_fits(self.schedule, learned, conditional=self.num_classes is not None)
         return sampler
 

@@ -40,7 +40,7 @@ from diffusion.cli.sample import build_parser
 from diffusion.core.guidance import NO_LABEL
 from diffusion.core.noise import PerSampleNoise
 from diffusion.core.samplers.contract import Sampler
-from diffusion.core.samplers.ddpm_ddim import DDIM
+from diffusion.core.samplers.ddpm_ddim import DDIM, DDPM
 from diffusion.core.sampling import SAMPLERS, SamplingOptions, options_of, reverse_steps
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import class_labels
@@ -355,3 +355,17 @@ def test_golden_values_of_the_code_before_the_contract(name):
 
 if __name__ == "__main__":
     draw_on_two_processes(Path(sys.argv[1]))
+
+
+def test_a_models_sampler_is_its_layers_of_options_built_once(monkeypatch):
+    # The user's options over the checkpoint's over the learned variance's default: merged, then one sampler made
+    # (its checks run once), not one per layer.
+    module = tiny_module(learned_variance=True)
+    module.sampling = SamplingOptions(sampler="ddpm", steps=7, clip_denoised=True)
+    asked = SamplingOptions(clip_denoised=False)  # checked as it is made, before the model is known
+    built = []
+    checks = Sampler.__post_init__
+    monkeypatch.setattr(Sampler, "__post_init__", lambda self: (built.append(type(self)), checks(self))[1])
+    sampler = module.sampler(asked)
+    assert built == [DDPM]
+    assert (sampler.steps, sampler.clip_denoised, sampler.variance) == (7, False, "learned_range")
