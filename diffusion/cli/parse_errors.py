@@ -17,7 +17,6 @@ import sys
 import types
 import typing
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -29,7 +28,8 @@ from diffusion.errors import UserError
 
 _FLAG_HELP = "see --help for the options (--print_config for a full config)"
 _COMPARISONS = {operator.gt: ">", operator.ge: ">=", operator.lt: "<", operator.le: "<=", operator.ne: "!="}
-_FORMAT_OF = {timedelta: "h:m:s, e.g. 0:30:00"}  # kinds whose written form a user cannot guess
+# Kinds whose written form a user cannot guess.
+_FORMAT_OF = {"timedelta": "h:m:s, e.g. 0:30:00", "list": "a list in brackets, e.g. [1, 2]"}
 
 
 class BadCommandLine(UserError):
@@ -214,14 +214,22 @@ def _said_of(shown: str, hint: Any, values: list[str]) -> tuple[str, str]:
                 f"{_COMPARISONS.get(compare, '?')} {limit}" for compare, limit in restrictions
             )
             return f"{shown} is out of range", f"pass a value {bounds}"
-    kind = kinds[0] if kinds else hint
-    base = _builtin_base(kind) if getattr(kind, "_restrictions", None) else (get_origin(kind) or kind)
-    name = "list" if base in (list, Sequence) else getattr(base, "__name__", str(base))
-    if kind is bool:
+    names = list(dict.fromkeys(_kind_name(kind) for kind in kinds or [hint]))
+    if names == ["bool"]:
         return f"{shown} is not a valid bool", "pass true or false"
-    if kind in _FORMAT_OF:
-        return f"{shown} is not a valid {name}", f"pass a value of that type: {_FORMAT_OF[kind]}"
-    return f"{shown} is not a valid {name}", "pass a value of that type (see --help)"
+    what = f"{shown} is not a valid {' or '.join(names)}"
+    fix = "pass a value of that type" if len(names) == 1 else "pass a value of one of these types"
+    formats = [_FORMAT_OF[name.split()[0]] for name in names if name.split()[0] in _FORMAT_OF]
+    return what, f"{fix}: {'; '.join(formats)}" if formats else f"{fix} (see --help)"
+
+
+def _kind_name(kind: Any) -> str:
+    """int, float, bool, list (a list, tuple or Sequence), timedelta, ...: how a type is said."""
+    base = _builtin_base(kind) if getattr(kind, "_restrictions", None) else (get_origin(kind) or kind)
+    items = get_args(kind)
+    if base is tuple and items and Ellipsis not in items:  # tuple[float, float]: so many items
+        return f"list of {len(items)} {' and '.join(dict.fromkeys(_kind_name(item) for item in items))}s"
+    return "list" if base in (list, tuple, Sequence) else getattr(base, "__name__", str(base))
 
 
 def _alternatives(hint: Any) -> list[Any]:

@@ -33,6 +33,8 @@ def a_parser() -> ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--overwrite", action=ActionYesNo, nargs="?", default=False)
     parser.add_argument("--interval", type=timedelta | None, default=None)
+    parser.add_argument("--betas", type=tuple[float, float], default=(0.9, 0.999))
+    parser.add_argument("--seed", type=bool | int, default=0)
     parser.add_argument("--data", type=LightningDataModule | None, default=None)
     parser.add_argument("--out", type=str, required=True)
     return parser
@@ -51,6 +53,11 @@ CASES = {  # id: (flags, the whole line but "error: ")
     "restricted_not_a_number": (["--num_samples", "many"], "--num_samples many is not a valid int — pass a value of that type (see --help)"),
     "kind": (["--lr", "abc"], "--lr abc is not a valid float — pass a value of that type (see --help)"),
     "bool": (["--overwrite", "maybe"], "--overwrite maybe is not a valid bool — pass true or false"),
+    "so_many_items": (
+        ["--betas", "[1, 2, 3]"],
+        "--betas [1, 2, 3] is not a valid list of 2 floats — pass a value of that type: a list in brackets, e.g. [1, 2]",
+    ),
+    "union": (["--seed", "x"], "--seed x is not a valid bool or int — pass a value of one of these types (see --help)"),
     "timedelta": (
         ["--interval", "30min"],
         "--interval 30min is not a valid timedelta — pass a value of that type: h:m:s, e.g. 0:30:00",
