@@ -47,17 +47,22 @@ def parse_command_line(parser: ArgumentParser, argv: Sequence[str] | None) -> Na
 
 def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException) -> tuple[str, str]:
     """(what is wrong, how to fix it) for a command line `parser` refused with `error`."""
+    config_files = ("config", *_config_groups(parser))
     for key, values in flags_written(argv):
-        if key in ("config", *_config_groups(parser)):
+        if key in config_files:
             found = _bad_config_file(key, values[-1] if values else "", is_group=key != "config")
         else:
             found = _bad_value(parser, argv, key, values)
         if found:
             return found
+    written = {f"--{key}" for key, _ in flags_written(argv)}
     defaults = parser.get_defaults()
     for action in parser._actions:
-        written = any(flag in argv or _written_as_assignment(flag, argv) for flag in action.option_strings)
-        if action.required and not written and defaults.get(action.dest) is None:
+        if (
+            action.required
+            and written.isdisjoint(action.option_strings)
+            and defaults.get(action.dest) is None
+        ):
             flag = action.option_strings[-1]
             return f"{flag} is required", f"pass {flag} VALUE (see --help)"
     return " ".join(str(error).split()), _FLAG_HELP
@@ -80,10 +85,6 @@ def flags_written(argv: list[str]) -> Iterator[tuple[str, list[str]]]:
             values.append(argv[index])
             index += 1
         yield key.removesuffix("+"), values
-
-
-def _written_as_assignment(flag: str, argv: list[str]) -> bool:
-    return any(arg.startswith(f"{flag}=") for arg in argv)
 
 
 def _config_groups(parser: ArgumentParser) -> list[str]:
@@ -143,7 +144,7 @@ def _class_argument_hint(parser: ArgumentParser, argv: list[str], key: str) -> A
             continue
         class_path = _chosen_class_path(parser, argv, group)
         cls = _imported(class_path) if class_path and len(rest) == 1 else None
-        if cls is None:
+        if cls is None or isinstance(cls, str):
             return None
         try:
             return get_type_hints(cls.__init__).get(rest[0])
@@ -172,10 +173,11 @@ def _chosen_class_path(parser: ArgumentParser, argv: list[str], group: str) -> s
 
 
 def _imported(class_path: str) -> Any:
+    """The class `class_path` names (a bare name: the package's public one), or why it imports none (a str)."""
     try:
         return class_at(class_path if "." in class_path else f"diffusion.{class_path}")
-    except (ImportError, AttributeError, ValueError):
-        return None
+    except (ImportError, AttributeError, ValueError) as error:
+        return str(error)
 
 
 def _fits(hint: Any, values: list[str], nargs: Any) -> bool:
@@ -201,8 +203,8 @@ def _said_of(shown: str, hint: Any, values: list[str]) -> tuple[str, str]:
         return f"{shown} is not one of the choices", f"choose one of {', '.join(map(repr, by_text.values()))}"
     classes = [kind for kind in kinds if _is_class_choice(kind)]
     if classes and "." in values[-1]:
-        reason = _import_failure(values[-1])
-        if reason:
+        reason = _imported(values[-1])
+        if isinstance(reason, str):
             return (
                 f"{shown}: no such class ({reason})",
                 "pass the class path of a class that exists, as module.Class (see --help for the accepted classes)",
@@ -247,15 +249,6 @@ def _is_class_choice(kind: Any) -> bool:
         "pathlib",
         "jsonargparse.typing",
     )
-
-
-def _import_failure(class_path: str) -> str | None:
-    """Why `class_path` imports no class (Python's own words), or None when it does."""
-    try:
-        class_at(class_path)
-    except (ImportError, AttributeError, ValueError) as error:
-        return str(error)
-    return None
 
 
 def _builtin_base(kind: type) -> type:

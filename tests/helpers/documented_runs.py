@@ -121,7 +121,7 @@ class Runs:
     (`train.py`, `diffusion.sample`, ...) -> its `main(argv)`."""
 
     def __init__(
-        self, tmp_path_factory: pytest.TempPathFactory, commands: dict[str, "Command"],
+        self, tmp_path_factory: pytest.TempPathFactory, commands: dict[str, Command],
         printed: dict[str, list[str]], mains: dict[str, Callable],
     ) -> None:  # fmt: skip
         self.factory = tmp_path_factory
