@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> str:
     for eta in args.etas:
         start = time.perf_counter()
         options = SamplingOptions(sampler="ddim", steps=args.steps, eta=eta)
-        samples = generate(module, args.num_samples, batch_size=300, seed=0, options=options)
+        samples = generate(module, args.num_samples, sampler=module.sampler(options), batch_size=300, seed=0)
         fd = frechet_distance(to_digit_features(to_uint8_images(samples, module.normalization)), reference)
         lines.append(f"| {eta:g} | {fd:.2f} | {time.perf_counter() - start:.0f} s |")
         print(lines[-1], flush=True)

@@ -56,7 +56,9 @@ def score(checkpoint: Path, num_samples: int) -> tuple[float, float]:
     reference, _, other, _ = digits_split()
     floor = frechet_distance(other, reference)
     module = load_checkpoint(checkpoint, weights="ema")
-    samples = generate(module, num_samples, batch_size=300, seed=0)  # the checkpoint's own sampling settings
+    samples = generate(
+        module, num_samples, sampler=module.sampler(), batch_size=300, seed=0
+    )  # the checkpoint's settings
     return frechet_distance(
         to_digit_features(to_uint8_images(samples, module.normalization)), reference
     ), floor

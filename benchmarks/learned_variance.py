@@ -91,7 +91,9 @@ def fd_of(ckpt: Path, steps: int, variance: str | None, num_samples: int, device
     module = load_checkpoint(ckpt, map_location=device)
     reference = digits_split()[0]
     options = SamplingOptions(sampler="ddpm", steps=steps, variance=variance)
-    samples = generate(module, num_samples, seed=0, batch_size=300, options=options, progress=True)
+    samples = generate(
+        module, num_samples, sampler=module.sampler(options), seed=0, batch_size=300, progress=True
+    )
     features = to_digit_features(to_uint8_images(samples, module.normalization))
     return {"fd": frechet_distance(features, reference)}
 

@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> str:
         module.load_state_dict({**run_ema, **weights})
         scores = []
         for seed in args.seeds:
-            samples = generate(module, REFERENCE_SIZE, batch_size=300, seed=seed, options=options)
+            samples = generate(
+                module, REFERENCE_SIZE, sampler=module.sampler(options), batch_size=300, seed=seed
+            )
             features = to_digit_features(to_uint8_images(samples, module.normalization))
             scores.append(frechet_distance(features, reference))
         return scores

@@ -91,9 +91,9 @@ def draw(ckpt: Path, num_samples: int, sampling: Sampling, result: Result):
         samples = generate(
             module,
             num_samples,
+            sampler=module.sampler(SamplingOptions(sampler=sampler, steps=steps)),
             batch_size=300,
             seed=0,
-            options=SamplingOptions(sampler=sampler, steps=steps),
             progress=sampling.progress,
         )
         result.sample_s[label] = time.perf_counter() - start

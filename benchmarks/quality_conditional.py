@@ -78,8 +78,9 @@ def sweep(
     rows = []
     for scale in sorted({*scales, default_scale}):
         start = time.perf_counter()
-        samples = generate(module, len(labels), seed=0, batch_size=300, labels=labels, progress=progress,
-                           options=SamplingOptions(steps=steps, guidance_scale=scale))  # fmt: skip
+        chosen = module.sampler(SamplingOptions(steps=steps, guidance_scale=scale))
+        samples = generate(module, len(labels), sampler=chosen, seed=0, batch_size=300, labels=labels,
+                           progress=progress)  # fmt: skip
         seconds = time.perf_counter() - start
         features = to_digit_features(to_uint8_images(samples, module.normalization))
         accuracy = per_class_accuracy(svc_predict(svc, features), labels.numpy())

@@ -62,7 +62,9 @@ def evaluations_of(module, sampler: str, steps: int, labels) -> int:
     counting = CountingNetwork(module.network)
     network, module.network = module.network, counting
     try:
-        generate(module, 1, options=SamplingOptions(sampler=sampler, steps=steps), labels=labels)
+        generate(
+            module, 1, sampler=module.sampler(SamplingOptions(sampler=sampler, steps=steps)), labels=labels
+        )
     finally:
         module.network = network
     return counting.calls
@@ -101,8 +103,9 @@ def sweep(args: argparse.Namespace, written=lambda table, floor, what: None) -> 
         table.setdefault(sampler, {})
         for evaluations, steps in steps_for(module, sampler, targets, labels).items():
             start = time.perf_counter()
-            samples = generate(module, args.num_samples, seed=0, batch_size=args.batch_size,
-                               options=SamplingOptions(sampler=sampler, steps=steps), labels=labels)  # fmt: skip
+            chosen = module.sampler(SamplingOptions(sampler=sampler, steps=steps))
+            samples = generate(module, args.num_samples, sampler=chosen, seed=0, batch_size=args.batch_size,
+                               labels=labels)  # fmt: skip
             features = to_digit_features(to_uint8_images(samples, module.normalization))
             table[sampler][evaluations] = frechet_distance(features, reference)
             print(f"{sampler} {steps} steps = {evaluations} evaluations: FD {table[sampler][evaluations]:.2f} "

@@ -136,7 +136,7 @@ def evaluate(
         label = f"{sampler}-{steps}"
         start = time.perf_counter()
         options = SamplingOptions(sampler=sampler, steps=steps)
-        samples = generate(module, num_samples, batch_size=1000, seed=0, options=options)
+        samples = generate(module, num_samples, sampler=module.sampler(options), batch_size=1000, seed=0)
         result.sample_s[label] = time.perf_counter() - start
         points = denormalize(samples.float(), module.normalization).numpy().astype(np.float64)
         result.scores[label] = score(dist, points, reference, threshold)

@@ -3,7 +3,8 @@
     from diffusion import SamplingOptions, generate, load_checkpoint
 
     module = load_checkpoint("runs/digits/version_0/checkpoints/last.ckpt")  # or an export, or a diffusers folder
-    samples = generate(module, 64, seed=0, options=SamplingOptions(sampler="ddim", steps=50))
+    ddim = module.sampler(SamplingOptions(sampler="ddim", steps=50))  # over the checkpoint's own defaults
+    samples = generate(module, 64, sampler=ddim, seed=0)
 
 Each name lives in one of the package's layers (docs/layout.md), bottom to top: errors -> core -> models ->
 data -> generation and metrics -> training -> cli. The names below are imported on first use (PEP 562), so

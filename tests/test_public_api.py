@@ -99,7 +99,7 @@ def test_a_checkpoint_samples_through_the_public_names(digits_checkpoint):
     from diffusion import SamplingOptions, generate, load_checkpoint, to_uint8
 
     module = load_checkpoint(digits_checkpoint)
-    samples = generate(module, 3, seed=0, options=SamplingOptions(sampler="ddim", steps=2))
+    samples = generate(module, 3, sampler=module.sampler(SamplingOptions(sampler="ddim", steps=2)), seed=0)
     assert samples.shape == (3, *module.sample_shape)
     assert to_uint8(samples, module.normalization).dtype == torch.uint8
     # The same samples as the module's own sampling of samples 0..2: the surface adds nothing of its own.

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter, Namespace
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter
 from jsonargparse.typing import PositiveInt
 
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
@@ -110,11 +110,6 @@ def add_sampling_arguments(parser: ArgumentParser) -> None:
     for option in fields(SamplingOptions):
         text = sampler_help() if option.name == "sampler" else option_help(option.name)
         group.add_argument(f"--{option.name}", type=option.type, default=None, help=text)
-
-
-def options_from_flags(args: Namespace) -> SamplingOptions:
-    """The `SamplingOptions` of the flags `add_sampling_arguments` added, checked."""
-    return SamplingOptions(**{option.name: args[option.name] for option in fields(SamplingOptions)})
 
 
 def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:

@@ -34,12 +34,12 @@ from diffusion.cli.flags import (
     check_writable_folder,
     command_parser,
     given_checkpoint,
-    options_from_flags,
     requested_labels,
     resolve_device,
 )
 from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.reporting import reporting_user_errors
+from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.ranks import generate
 from diffusion.metrics.features import Features
@@ -162,7 +162,7 @@ def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction |
         raise UserError(
             f"--sweep scores images, and {base} samples vectors", "use --sigma_rel and score them yourself"
         )
-    options = options_from_flags(args)
+    options = SamplingOptions.taken_from(args)
     labels = requested_labels(hparams, args.num_samples, None, options.guidance_scale is not None)
     device, _ = resolve_device(args.device, "auto")
     module = load_checkpoint(base, weights="ema", map_location=device)
@@ -173,11 +173,12 @@ def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction |
     if statistics is None:
         feed_images(quality, reference, True, args.batch_size, device, "features of the reference")
     run_ema = {name: value.clone() for name, value in module.state_dict().items()}
+    sampler = module.model_sampling.sampler(options)
 
     def score(weights: dict) -> float:
         module.load_state_dict({**run_ema, **weights})
         samples = generate(
-            module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options,
+            module, args.num_samples, sampler=sampler, seed=args.seed, batch_size=args.batch_size,
             uint8_images=True, labels=labels,
         )  # fmt: skip
         quality.reset()  # the generated side only: the reference's features are kept
@@ -197,9 +198,9 @@ def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction |
         if best is None or fd < best[0]:
             best = (fd, reconstruction)
     metric = "FD (8x8 pixels)" if args.features == "pixels" else "FID (Inception)"
-    used = module.sampler(options)
     print(
-        f"\n{args.num_samples} samples of step {step} ({used.name}, {used.steps_for(module.schedule.num_timesteps)} "
+        f"\n{args.num_samples} samples of step {step} ({sampler.name}, "
+        f"{sampler.steps_for(module.schedule.num_timesteps)} "
         f"steps, seed {args.seed}) against {args.reference}:\n"
     )
     print(f"| weights | sigma_rel | profile fit error | {metric} |\n| --- | ---: | ---: | ---: |")

@@ -39,13 +39,13 @@ from diffusion.cli.flags import (
     command_parser,
     cpu_mixed_precision_note,
     given_model,
-    options_from_flags,
     requested_labels,
     resolve_device,
 )
 from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
+from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv), closing_process_group():
         args = parse_command_line(build_parser(), argv)
-        options = options_from_flags(args)
+        options = SamplingOptions.taken_from(args)
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)
         path = Path(args.out) / "samples.npz"
@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> Path:
             if note and torch.device(device).type == "cpu":
                 print(f"note: {note}", file=sys.stderr)
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
+        sampler = module.model_sampling.sampler(options)  # the flags over the checkpoint's defaults, once
         all_gather = None if fabric is None else (lambda tensor: fabric.all_gather(tensor.to(fabric.device)))
         with network_precision(module, args.precision), ExitStack() as stack:
             writer = None
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> Path:
                     args.out, args.num_samples, module.sample_shape, module.normalization, labels
                 ))  # fmt: skip
             for chunk in generate_in_chunks(  # images as uint8: a quarter of the bytes to hold and gather
-                module, args.num_samples, seed=args.seed, batch_size=args.batch_size, options=options,
+                module, args.num_samples, sampler=sampler, seed=args.seed, batch_size=args.batch_size,
                 rank=rank, world_size=world_size, all_gather=all_gather, progress=rank == 0, labels=labels,
             ):  # fmt: skip
                 if writer is not None:

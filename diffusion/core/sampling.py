@@ -1,6 +1,13 @@
 """How to sample, in one place: the registry of samplers (`SAMPLERS`), `SamplingOptions` (the settings every layer
 names the same way, made from the registered samplers' options), `build_sampler` (options -> the sampler that
-runs) and `reverse_steps`, which runs one on a bare network.
+runs), `ModelSampling` (what a model adds: its default options and what its sampler must fit) and
+`reverse_steps`, which runs one on a bare network.
+
+A sampler is resolved once, here, and then handed on built: `python -m diffusion.sample --sampler ddim` makes
+the flags a `SamplingOptions` (cli/sample.py), `module.model_sampling.sampler(options)` layers them over the
+model's defaults and builds the sampler (this file, which constructs the family's class in
+`diffusion/core/samplers/`), and generation (`diffusion.generation.ranks`) runs the built sampler; nothing
+resolves options afterwards.
 
 A sampler is one object with one signature (`diffusion.core.samplers.contract`); its options are its dataclass
 fields, checked where they are declared. The commands' flags (`python -m diffusion.sample --sampler --steps
@@ -103,6 +110,11 @@ class _Settings:
             else:
                 raise errors[0]
 
+    @classmethod
+    def taken_from(cls, values: Any) -> "SamplingOptions":
+        """The options among `values` (a command's parsed flags, which hold other keys too), checked."""
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
+
     def check_steps_fit(self, num_timesteps: int, flag: str) -> None:
         """Steps beyond the schedule, refused when a run starts rather than at its first validation."""
         if self.steps is not None and self.steps > num_timesteps:
@@ -167,6 +179,28 @@ def build_sampler(*layers: "SamplingOptions | None") -> Sampler:
     sampler = SAMPLERS[merged.get("sampler") or DEFAULT_SAMPLER]
     own = options_of(sampler)
     return sampler(**{name: value for name, value in merged.items() if name in own})
+
+
+@dataclass(frozen=True)
+class ModelSampling:
+    """What a model adds to the user's options, read from it once (`DiffusionModule.model_sampling`).
+
+    defaults: the model's own layers of options under the user's, the first on top (a checkpoint's `sampling`,
+        then the default of a model that learned its variance).
+    schedule, learned_variance, conditional: what the sampler must fit (`Sampler.check_fits`).
+    """
+
+    defaults: tuple["SamplingOptions", ...]
+    schedule: NoiseSchedule
+    learned_variance: bool
+    conditional: bool
+
+    def sampler(self, options: "SamplingOptions | None" = None) -> Sampler:
+        """The sampler `options` ask for, fields set there over this model's defaults, built once and checked
+        against the model."""
+        sampler = build_sampler(options, *self.defaults)
+        sampler.check_fits(self.schedule, self.learned_variance, conditional=self.conditional)
+        return sampler
 
 
 def reverse_steps(

@@ -4,8 +4,9 @@ The rule that makes any world size give the same samples lives here once: with W
 samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample seed (see
 `DiffusionModule.initial_noise`; `module` is a DiffusionModule, or any `Sampleable`: what generation needs of a
 module, declared), and `gather_in_order` puts the gathered shares back in index order.
-Each batch runs the sampler here, one call from the commands: `python -m diffusion.sample` -> `generate` -> the
-sampler's numbered steps (`diffusion.core.samplers`).
+Generation takes its sampler built (`module.sampler(options)`, `diffusion.core.sampling`) and only runs it: each
+batch one call from the commands, `python -m diffusion.sample` -> `generate_in_chunks` -> the sampler's numbered
+steps (`diffusion.core.samplers`); it never goes back to the module for options.
 Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.data.labels.class_labels`) on any
 rank.
 Ranks exchange images as uint8 (`render.compact`, a quarter of float32's bytes: 50,000 256x256 RGB images
@@ -27,7 +28,6 @@ from tqdm import tqdm
 
 from diffusion.core.noise import Generators
 from diffusion.core.samplers.contract import Denoiser, Sampler
-from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.render import compact
 
@@ -42,15 +42,13 @@ CHUNK_BYTES = 64 * 2**20  # samples a rank holds before they are gathered and wr
 @runtime_checkable
 class Sampleable(Protocol):
     """What generation needs of a module, and all it uses (`DiffusionModule` is one; tests check that it is):
-    the sampler its options ask for, each sample's initial noise and generators, the network as samplers see it,
-    an evaluation mode, and the data's shape and units."""
+    each sample's initial noise and generators, the network as samplers see it, an evaluation mode, and the
+    data's shape and units. The sampler comes built, from the caller."""
 
     sample_shape: tuple[int, ...]
 
     @property
     def normalization(self) -> dict[str, list[float]]: ...
-
-    def sampler(self, options: SamplingOptions | None = None) -> Sampler: ...
 
     def initial_noise(
         self, num_samples: int, seed: int | None = None, indices: torch.Tensor | None = None
@@ -73,19 +71,18 @@ def generate_batches(
     module: Sampleable,
     indices: torch.Tensor | range,
     *,
+    sampler: Sampler,
     seed: int = 0,
     batch_size: int = SAMPLING_BATCH,
-    options: SamplingOptions | None = None,
     progress: bool = False,
     labels: torch.Tensor | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Samples with the given indices in model units, `batch_size` at a time, on the module's device: the
-    module's sampler for `options` (`DiffusionModule.sampler`), run on its network in eval mode.
+    """Samples with the given indices in model units, `batch_size` at a time, on the module's device: `sampler`
+    (e.g. `module.sampler(options)`) run on the module's network in eval mode.
 
     labels: the labels of samples 0..N-1 (`diffusion.data.labels.class_labels`); sample i gets labels[i] (an index
     beyond N, a padding sample of `rank_indices`, gets labels[i % N]).
     """
-    sampler = module.sampler(options)
     starts = range(0, len(indices), batch_size)
     with module.evaluating():
         for start in tqdm(starts, desc="batches", disable=not progress or len(starts) == 1):
@@ -100,9 +97,9 @@ def generate(
     module: Sampleable,
     num_samples: int,
     *,
+    sampler: Sampler,
     seed: int = 0,
     batch_size: int = SAMPLING_BATCH,
-    options: SamplingOptions | None = None,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = False,
@@ -117,7 +114,7 @@ def generate(
     """
     indices = rank_indices(num_samples, rank, world_size, equal_shares=True)
     batches = generate_batches(
-        module, indices, seed=seed, batch_size=batch_size, options=options, progress=progress, labels=labels
+        module, indices, sampler=sampler, seed=seed, batch_size=batch_size, progress=progress, labels=labels
     )
     if uint8_images:
         batches = (compact(batch, module.normalization) for batch in batches)
@@ -128,9 +125,9 @@ def generate_in_chunks(
     module: Sampleable,
     num_samples: int,
     *,
+    sampler: Sampler,
     seed: int = 0,
     batch_size: int = SAMPLING_BATCH,
-    options: SamplingOptions | None = None,
     rank: int = 0,
     world_size: int = 1,
     all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -150,7 +147,7 @@ def generate_in_chunks(
     sample_bytes = math.prod(module.sample_shape) * (1 if len(module.sample_shape) == 3 else 4)
     chunk = max(1, (chunk_bytes or CHUNK_BYTES) // sample_bytes // batch_size) * batch_size
     batches = generate_batches(
-        module, indices, seed=seed, batch_size=batch_size, options=options, progress=progress, labels=labels
+        module, indices, sampler=sampler, seed=seed, batch_size=batch_size, progress=progress, labels=labels
     )
     pending: list[torch.Tensor] = []
     finite, done = True, 0
@@ -200,15 +197,15 @@ def sample_across_ranks(
     module: L.LightningModule,
     num_samples: int,
     seed: int,
-    options: SamplingOptions | None = None,
+    sampler: Sampler,
     labels: torch.Tensor | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
-    """During training: `num_samples` samples split over all ranks and gathered in index order on every rank:
-    images as uint8 (N, C, H, W) (`render.compact`), vectors as float in model units (`render.save_preview`
-    takes both). `progress`: a bar over the sampler's steps (rank zero's is enough)."""
+    """During training: `num_samples` samples by `sampler` split over all ranks and gathered in index order on
+    every rank: images as uint8 (N, C, H, W) (`render.compact`), vectors as float in model units
+    (`render.save_preview` takes both). `progress`: a bar over the sampler's steps (rank zero's is enough)."""
     world = module.trainer.world_size
-    local = generate(module, num_samples, seed=seed, batch_size=num_samples, options=options,
+    local = generate(module, num_samples, sampler=sampler, seed=seed, batch_size=num_samples,
                      rank=module.global_rank, world_size=world, uint8_images=True,
                      labels=labels, progress=progress)  # fmt: skip
     if world == 1:

@@ -23,7 +23,7 @@ from diffusion.core.compiling import CompileMode, compile_graph, mode_for
 from diffusion.core.guidance import call_network
 from diffusion.core.noise import Generators, randn
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
-from diffusion.core.sampling import DEFER, SamplingOptions, build_sampler, final_sample
+from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final_sample
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import labels_for_sampling
@@ -367,14 +367,22 @@ class DiffusionModule(L.LightningModule):
             generator = counter_noise.PerSampleNoise(seed, indices, step=0)
         return randn((num_samples, *self.sample_shape), generator, self.device), generator
 
-    def sampler(self, options: SamplingOptions | None = None) -> Sampler:
-        """The sampler `options` ask for: fields set there override this model's defaults (its `sampling`, and
-        the learned variance of a model that learned it) field by field; checked against this model."""
+    @property
+    def model_sampling(self) -> ModelSampling:
+        """What this model adds to a user's sampling options: its defaults (its `sampling`, then the learned
+        variance of a model that learned it, unless told otherwise) and what a sampler must fit."""
         learned = self.hparams.variance == "learned_range"
-        defaults = LEARNED_VARIANCE if learned else DEFER  # unless told otherwise
-        sampler = build_sampler(options, self.sampling, defaults)  # merged, then built once
-        sampler.check_fits(self.schedule, learned, conditional=self.num_classes is not None)
-        return sampler
+        return ModelSampling(
+            (self.sampling, LEARNED_VARIANCE if learned else DEFER),
+            self.schedule,
+            learned,
+            self.num_classes is not None,
+        )
+
+    def sampler(self, options: SamplingOptions | None = None) -> Sampler:
+        """The sampler `options` ask for: fields set there override this model's defaults field by field; built
+        once, checked against this model (`model_sampling`)."""
+        return self.model_sampling.sampler(options)
 
     def denoiser(self, num_samples: int, labels: torch.Tensor | None = None) -> Denoiser:
         """The network as samplers see it, for `num_samples` samples of these `labels` (B,): the class of each

@@ -136,7 +136,7 @@ def test_a_checkpoint_alone_samples_a_named_class(conditional_checkpoint, tmp_pa
     assert module.num_classes == 10 and module.hparams.class_names[3] == "3"
     assert module.sampling.guidance_scale == 1.5  # the recipe's default, kept in the checkpoint
     labels = class_labels(4, module.num_classes, "3", module.hparams.class_names)
-    samples = generate(module, 4, seed=0, options=SamplingOptions(steps=3), labels=labels)
+    samples = generate(module, 4, sampler=module.sampler(SamplingOptions(steps=3)), seed=0, labels=labels)
     assert samples.shape == (4, 1, 8, 8) and torch.isfinite(samples).all()
     with pytest.raises(ValueError, match="0..9"):
         module.sample(2, seed=0, labels=torch.tensor([3, 10]))

@@ -152,21 +152,39 @@ def test_a_bare_sample_command_on_the_default_recipes_checkpoint_draws_its_best_
 
 
 @pytest.mark.parametrize("name", list(SAMPLERS))
-def test_from_the_sampler_flag_to_the_samplers_steps_is_three_files(
+def test_from_the_sampler_flag_to_the_samplers_steps_is_three_files_one_way(
     name, digits_checkpoint, tmp_path, monkeypatch
 ):
-    # docs/layout.md's sampling walk: at a sampler's step, the package's code on the stack is the sample
-    # command, generation on ranks and the sampler's own file (lookups, such as the registry's, have returned).
-    stacks = []
-    predict = Sampler.predict
+    # docs/layout.md's sampling walk. Resolving: where the sampler is built, the package's code on the stack is
+    # the sample command and core/sampling.py (the sampler's file too, where it has its own checks). Running: at a
+    # sampler's step, the sample command, generation on ranks and the sampler's own file. Never training/ (the
+    # model's defaults are read from it, not routed through it), never cli/flags.py, and no file twice.
+    package = Path(diffusion.__file__).parent
+    built, stepped = [], []
+
+    def package_files(stack) -> list[str]:
+        files = [Path(frame.filename) for frame in stack[1:]]
+        return list(
+            dict.fromkeys(str(path.relative_to(package)) for path in files if path.is_relative_to(package))
+        )
+
+    checks, predict = Sampler.__post_init__, Sampler.predict
+
+    def recording_checks(self):
+        built.append(package_files(inspect.stack(context=0)))
+        return checks(self)
 
     def recording_predict(self, *args, **kwargs):  # called by the sampler's step 1, from its own file
-        stacks.append([Path(frame.filename) for frame in inspect.stack(context=0)[1:]])
+        stepped.append(package_files(inspect.stack(context=0)))
         return predict(self, *args, **kwargs)
 
+    monkeypatch.setattr(Sampler, "__post_init__", recording_checks)
     monkeypatch.setattr(Sampler, "predict", recording_predict)
     main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path), *override(BASE, sampler=name, steps="2")])
-    package = Path(diffusion.__file__).parent
-    files = [str(path.relative_to(package)) for path in stacks[0] if path.is_relative_to(package)]
     sampler_file = str(Path(inspect.getfile(SAMPLERS[name])).relative_to(package))
-    assert list(dict.fromkeys(files)) == [sampler_file, "generation/ranks.py", "cli/sample.py"]
+    # The first build checks the flags as they are made (before the checkpoint loads); the last is the sampler
+    # that runs: the flags over the checkpoint's defaults.
+    own_checks = [sampler_file] if "__post_init__" in vars(SAMPLERS[name]) else []
+    assert built[0] == [*own_checks, "core/sampling.py", "cli/sample.py"]
+    assert built[-1] == [*own_checks, "core/sampling.py", "cli/sample.py"]
+    assert stepped[0] == [sampler_file, "generation/ranks.py", "cli/sample.py"]

@@ -22,7 +22,7 @@ from lightning.fabric import Fabric
 
 from diffusion.cli.process_group import process_group_is_open
 from diffusion.cli.sample import main
-from diffusion.core.sampling import SamplingOptions
+from diffusion.core.sampling import SamplingOptions, build_sampler
 from diffusion.generation.ranks import gather_in_order, generate, sample_across_ranks
 from diffusion.generation.render import save_preview, to_uint8, to_uint8_images, write_samples
 from diffusion.training.loading import load_checkpoint
@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).parents[2]
 # 5 samples over 2 ranks: uneven (rank 0 draws 0, 2, 4; rank 1 draws 1, 3 and an extra, 5, that is
 # dropped) and in batches of 2, so both the split and the batching differ from one device's single batch.
 ARGS = ["--num_samples", "5", "--batch_size", "2", "--seed", "7", "--sampler", "ddim", "--steps", "3"]
-OPTIONS = {"seed": 7, "options": SamplingOptions(sampler="ddim", steps=3)}
+OPTIONS = {"seed": 7, "sampler": build_sampler(SamplingOptions(sampler="ddim", steps=3))}
 
 
 class StackingFabric:
@@ -99,7 +99,7 @@ def test_training_time_grids_gather_uint8_images(world_size, digits_checkpoint):
     fabric = StackingFabric(shares)
     strategy = SimpleNamespace(all_gather=lambda tensor, **kwargs: fabric.all_gather(tensor))
     module.trainer = SimpleNamespace(world_size=world_size, global_rank=0, strategy=strategy)
-    grid = sample_across_ranks(module, 5, OPTIONS["seed"], OPTIONS["options"])
+    grid = sample_across_ranks(module, 5, OPTIONS["seed"], OPTIONS["sampler"])
     assert [tensor.dtype for tensor in fabric.handed] == [torch.uint8] * (world_size - 1)  # none for 1 rank
     reference = generate(module, 5, batch_size=5, **OPTIONS)
     torch.testing.assert_close(grid, to_uint8(reference, module.normalization), rtol=0, atol=0)

@@ -171,7 +171,9 @@ def test_two_processes_draw_one_processs_samples(tmp_path):
     assert set(two) == set(NAMES)
     module = tiny_module()
     for name in NAMES:
-        one = generate(module, 5, seed=7, options=two_process_options(name), labels=class_labels(5, 3))
+        one = generate(
+            module, 5, sampler=module.sampler(two_process_options(name)), seed=7, labels=class_labels(5, 3)
+        )
         torch.testing.assert_close(two[name], one, rtol=0, atol=1e-6, msg=name)
 
 
@@ -187,7 +189,7 @@ def draw_on_two_processes(out: Path) -> None:
         module, gathered = tiny_module(), {}
         for name in NAMES:
             local = generate(
-                module, 5, seed=7, batch_size=2, options=two_process_options(name), rank=fabric.global_rank,
+                module, 5, sampler=module.sampler(two_process_options(name)), seed=7, batch_size=2, rank=fabric.global_rank,
                 world_size=fabric.world_size, labels=class_labels(5, 3),
             )  # fmt: skip
             gathered[name] = gather_in_order(local, 5, fabric.all_gather)

@@ -22,7 +22,9 @@ DDIM_3 = {"sampler": "ddim", "steps": 3}
 
 def draw(module, compile: bool) -> torch.Tensor:
     """8 samples in two batches of 4: DDIM-3, per-sample seeds."""
-    return generate(module, 8, seed=0, batch_size=4, options=SamplingOptions(**DDIM_3, compile=compile))
+    return generate(
+        module, 8, sampler=module.sampler(SamplingOptions(**DDIM_3, compile=compile)), seed=0, batch_size=4
+    )
 
 
 @pytest.mark.slow

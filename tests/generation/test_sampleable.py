@@ -4,10 +4,10 @@ DiffusionModule is one, and an object with those members alone, no Lightning, dr
 import torch
 from helpers.tiny_sampler import tiny_module
 
-from diffusion.core.sampling import SamplingOptions
+from diffusion.core.sampling import SamplingOptions, build_sampler
 from diffusion.generation.ranks import Sampleable, generate
 
-DDIM_4 = SamplingOptions(sampler="ddim", steps=4)
+DDIM_4 = build_sampler(SamplingOptions(sampler="ddim", steps=4))
 
 
 class OnlyTheProtocol:
@@ -20,9 +20,6 @@ class OnlyTheProtocol:
     @property
     def normalization(self):
         return self._module.normalization
-
-    def sampler(self, options=None):
-        return self._module.sampler(options)
 
     def initial_noise(self, num_samples, seed=None, indices=None):
         return self._module.initial_noise(num_samples, seed, indices)
@@ -41,12 +38,12 @@ def test_generation_needs_only_what_sampleable_declares():
     bare = OnlyTheProtocol(module)
     assert isinstance(bare, Sampleable)
     torch.testing.assert_close(
-        generate(bare, 5, seed=3, batch_size=2, options=DDIM_4),
-        generate(module, 5, seed=3, batch_size=2, options=DDIM_4),
+        generate(bare, 5, seed=3, batch_size=2, sampler=DDIM_4),
+        generate(module, 5, seed=3, batch_size=2, sampler=DDIM_4),
         rtol=0, atol=0,
     )  # fmt: skip
     torch.testing.assert_close(
-        generate(bare, 3, seed=1, options=DDIM_4, uint8_images=True),
-        generate(module, 3, seed=1, options=DDIM_4, uint8_images=True),
+        generate(bare, 3, seed=1, sampler=DDIM_4, uint8_images=True),
+        generate(module, 3, seed=1, sampler=DDIM_4, uint8_images=True),
         rtol=0, atol=0,
     )  # fmt: skip

@@ -79,7 +79,12 @@ class SampleGrid(EveryNValidations):
             return
         labels = class_labels(self.num_samples, pl_module.num_classes)
         samples = sample_across_ranks(
-            pl_module, self.num_samples, self.seed, self.sampling, labels, progress=shows_progress(trainer)
+            pl_module,
+            self.num_samples,
+            self.seed,
+            pl_module.sampler(self.sampling),
+            labels,
+            progress=shows_progress(trainer),
         )  # ~20 s on a CPU: not a frozen bar
         self._save(trainer, pl_module, samples, labels)
 

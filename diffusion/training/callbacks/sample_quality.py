@@ -186,9 +186,9 @@ class SampleQualityCallback(EveryNValidations):
         for samples in generate_batches(
             pl_module,
             indices,
+            sampler=pl_module.sampler(self.sampling),
             seed=self.seed,
             batch_size=self.batch_size,
-            options=self.sampling,
             labels=labels,
             progress=shows_progress(trainer),  # thousands of samples: minutes, with a bar over the batches
         ):
