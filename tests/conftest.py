@@ -47,7 +47,7 @@ def _environment_restored():
 def _lightning_logging_left_as_found():
     """A test that leaves Lightning's loggers quieter (or rank_zero_only off rank 0) fails itself, not a later test
     that reads Lightning's INFO lines in the same worker: which test runs after which changes with xdist's
-    scheduling (CI once failed that way after benchmarks/speed.py quieted the loggers for good)."""
+    scheduling (CI once failed that way after benchmarks/speed/speed.py quieted the loggers for good)."""
 
     def state():
         loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]

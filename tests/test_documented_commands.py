@@ -25,7 +25,6 @@ from helpers import QUICK, TINY_MLP, TINY_UNET
 from helpers import documented_commands as made
 from helpers.documented_checks import (
     a_checkpoint_under,
-    benchmarks_importable,
     bits_per_dim,
     cifar10_pixels,
     csv_log,
@@ -72,12 +71,12 @@ DIGITS_RUN = [*SHORT, "--model.num_timesteps", "20"]
 # 8 images a class: 4 a batch, read in this process (the recipe's 4 loader workers take longer to start than the
 # run takes).
 FOLDER_HERE = ["--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0"]
-# CIFAR-10 is a download: the recipe's own ImageDataModule over random pixels (benchmarks/speed_data.py), 4 images
-# a batch, 2 of its 250 validation batches, read in this process; its 16-mixed is for CUDA (the recipe: on a CPU
-# use --precision 32).
+# CIFAR-10 is a download: the recipe's own ImageDataModule over random pixels (benchmarks/speed/speed_data.py, by
+# its package path: the session has the repository root on sys.path, pyproject's pythonpath), 4 images a batch, 2 of
+# its 250 validation batches, read in this process; its 16-mixed is for CUDA (the recipe: on a CPU use --precision 32).
 CIFAR10_HERE = [
-    "--data.class_path", "speed_data.SyntheticCIFAR10", "--data.init_args.batch_size", "4", "--precision", "32",
-    "--data.init_args.num_workers", "0", "--trainer.limit_val_batches", "2",
+    "--data.class_path", "benchmarks.speed.speed_data.SyntheticCIFAR10", "--data.init_args.batch_size", "4",
+    "--precision", "32", "--data.init_args.num_workers", "0", "--trainer.limit_val_batches", "2",
 ]  # fmt: skip
 CIFAR10_WHY = (
     "CIFAR-10 is a download: the recipe's ImageDataModule over random pixels (SyntheticCIFAR10), in 32-bit"
@@ -191,7 +190,7 @@ COMMANDS: dict[str, Command] = {
         every(trained("cifar10"), fid_monitored), *SHORT, *CIFAR10_HERE,
         "--trainer.callbacks.init_args.num_samples", "2", "--trainer.callbacks.init_args.sampling.steps", "2",
         "--trainer.callbacks.init_args.features", "pixels", inputs={"cifar10_train.npz": Output(SAVE_STATS)},
-        context=benchmarks_importable, why=f"{CIFAR10_WHY}; {INCEPTION_WHY}",
+        why=f"{CIFAR10_WHY}; {INCEPTION_WHY}",
     ),
     # ---- docs/export.md ----
     "python -m diffusion.export --ckpt runs/digits/version_0/checkpoints/last.ckpt --format safetensors "
@@ -201,14 +200,13 @@ COMMANDS: dict[str, Command] = {
     SAMPLE_PIPELINE: command(samples(4, (32, 32, 3)), *SAMPLES_2_STEPS, inputs=PIPELINE, why=PIPELINE_WHY),
     "python train.py --config configs/cifar10.yaml --model.init_from ddpm-cifar10-32/": command(
         trained("cifar10", network_channels=32), *QUICK_2, *CIFAR10_HERE, inputs=PIPELINE,
-        context=benchmarks_importable,
         why=f"{CIFAR10_WHY}; {PIPELINE_WHY} (its network is the run's: no tiny network appended)",
     ),
     # ---- docs/gpu.md ----
     "python train.py --config configs/cifar10.yaml --max_steps 200 --trainer.callbacks+=diffusion.training."
     "callbacks.StepTimer --trainer.callbacks.peak_tflops 790 --trainer.callbacks.path runs/speed.jsonl": command(
         every(trained("cifar10"), step_report), *SHORT, *CIFAR10_HERE,
-        "--trainer.callbacks.warmup_steps", "0", "--trainer.callbacks.steps", "1", context=benchmarks_importable,
+        "--trainer.callbacks.warmup_steps", "0", "--trainer.callbacks.steps", "1",
         why=f"a GPU's: on the CPU, timing 1 step after none of warm-up; {CIFAR10_WHY}",
     ),
     # ---- docs/post_hoc_ema.md ----

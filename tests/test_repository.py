@@ -1,9 +1,12 @@
 """The repository's own files: `.gitignore` hides outputs (runs/, data/, checkpoints), never a source file of the
-package, its tests or fixtures (a bare `data/` pattern would hide the diffusion/data/ package)."""
+package, its tests, fixtures or benchmarks (a bare `data/` pattern would hide the diffusion/data/ package); the
+installed distribution holds the diffusion package alone."""
 
 import ast
+import fnmatch
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -12,6 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_gitignore_hides_no_source_file_and_every_output():
     sources = [str(path.relative_to(REPO)) for folder in ("diffusion", "tests", "configs") for path in
                (REPO / folder).rglob("*") if path.is_file() and "__pycache__" not in path.parts]  # fmt: skip
+    # The benchmarks' scripts in their parts (benchmarks/speed/, quality/, gpu/), not their runs (benchmarks/runs/).
+    sources += [str(path.relative_to(REPO)) for path in (REPO / "benchmarks").rglob("*")
+                if path.suffix in {".py", ".sh", ".md"} and "runs" not in path.relative_to(REPO).parts]  # fmt: skip
     outputs = ["runs/digits/version_0/config.yaml", "data/cifar-10-python.tar.gz", "samples/samples.npz",
                "benchmarks/runs/x.log", "last.ckpt"]  # fmt: skip
     ignored = subprocess.run(
@@ -19,6 +25,18 @@ def test_gitignore_hides_no_source_file_and_every_output():
         capture_output=True, text=True,
     ).stdout.split()  # fmt: skip
     assert sorted(ignored) == sorted(outputs)
+
+
+def test_the_distribution_installs_the_diffusion_package_alone():
+    # benchmarks/ is a package too (its parts import each other by package path): pyproject's package discovery
+    # (setuptools matches each package's dotted name against the include patterns) must leave it out.
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
+        "include"
+    ]
+    packages = sorted(folder.name for folder in REPO.iterdir() if (folder / "__init__.py").is_file())
+    assert "benchmarks" in packages
+    installed = [name for name in packages if any(fnmatch.fnmatchcase(name, pattern) for pattern in include)]
+    assert installed == ["diffusion"]
 
 
 def range_checks_worded_by_hand(source: str) -> list[str]:

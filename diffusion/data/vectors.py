@@ -51,7 +51,7 @@ class VectorDataModule(SplitDataModule):
         feature_std: the standard deviation of every feature in model units (``standardize`` only). Above 1
             it multiplies the signal-to-noise ratio of every timestep by ``feature_std ** 2``, so that detail a
             few percent of the data's spread wide (thin rings, small clusters) is still resolved at noise
-            levels the schedule spends many steps on; 3 scored best on ``benchmarks/vectors.py`` (1, 6 and 12
+            levels the schedule spends many steps on; 3 scored best on ``benchmarks/quality/vectors.py`` (1, 6 and 12
             blurred such detail more).
         labels: a ``.npy`` file of N integer classes 0..K-1, one per sample of the data (usually beside
             ``path``). Giving it trains a class-conditional model (``num_classes`` = K, linked into the network

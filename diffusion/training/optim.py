@@ -19,7 +19,7 @@ def lr_factor(step: int, *, schedule: LRSchedule, warmup_steps: int, total_steps
 
     Warmup rises linearly over `warmup_steps`; then "constant" stays at 1 and "cosine" falls as half a cosine
     to 0 at `total_steps`. Decaying to 0 lets a short run end on a quiet optimizer, so the last weights (and
-    their EMA) settle into fine structure that a constant rate keeps shaking (benchmarks/vectors.py).
+    their EMA) settle into fine structure that a constant rate keeps shaking (benchmarks/quality/vectors.py).
     """
     warmup_steps = max(warmup_steps, 1)
     if step < warmup_steps:

@@ -9,14 +9,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.quality import ddim_eta, learned_variance, post_hoc_ema, sampler_sweep
+from benchmarks.speed import speed
 
-import ddim_eta  # noqa: E402
-import learned_variance  # noqa: E402
-import post_hoc_ema  # noqa: E402
-import sampler_sweep  # noqa: E402
-import speed  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 REFUSED = {  # id: (script, flags, what the error line says)
     "sweep_missing_run": (sampler_sweep, ["--run", "runs/nope"], r"--run runs/nope: no such file or folder — pass"),
@@ -61,24 +57,28 @@ def test_a_bad_flag_ends_in_one_error_line_and_exit_2(script, flags, expected, t
 def test_a_list_reads_alike_with_commas_spaces_or_both(written):
     args, _ = speed.parse_args(["--samplers", *written, "--sampling_precisions", "32,", "bf16-mixed"])
     assert args.samplers == ["ddim:50", "dpmpp_2m:20"] and args.sampling_precisions == ["32", "bf16-mixed"]
-    assert speed.parse_args(["--samplers", ""])[0].samplers == []  # none (benchmarks/gpu_suite.sh)
+    assert speed.parse_args(["--samplers", ""])[0].samplers == []  # none (benchmarks/gpu/gpu_suite.sh)
 
 
 def provenance_in_a_repository(tmp_path: Path, changed_before_import: bool) -> str:
-    """A benchmark's results line, in a fresh repository holding provenance.py, where the run writes into a
-    tracked file (a picture, an earlier results file) before it asks for the line."""
+    """A benchmark's results line, in a fresh repository holding benchmarks/provenance.py, where the run writes
+    into a tracked file (a picture, an earlier results file) before it asks for the line."""
     repo = tmp_path / "repo"
     (repo / "benchmarks").mkdir(parents=True)
-    (repo / "benchmarks" / "provenance.py").write_bytes((ROOT / "benchmarks" / "provenance.py").read_bytes())
+    for name in ("__init__.py", "provenance.py"):
+        (repo / "benchmarks" / name).write_bytes((ROOT / "benchmarks" / name).read_bytes())
     (repo / "grid.png").write_text("before")
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
         subprocess.run([*git, *command], check=True)
     if changed_before_import:
         (repo / "grid.png").write_text("changed by hand")
-    script = "import provenance; open('../grid.png', 'w').write('drawn by this run'); print(provenance.provenance())"
+    script = (
+        "from benchmarks import provenance; open('grid.png', 'w').write('drawn by this run'); "
+        "print(provenance.provenance())"
+    )
     return subprocess.run(
-        [sys.executable, "-c", script], cwd=repo / "benchmarks", capture_output=True, text=True, check=True
+        [sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, check=True
     ).stdout
 
 

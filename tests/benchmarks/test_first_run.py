@@ -1,17 +1,12 @@
-"""benchmarks/first_run.py times `python train.py` as the README prints it and scores its checkpoint: its quick
+"""benchmarks/quality/first_run.py times `python train.py` as the README prints it and scores its checkpoint: its quick
 mode runs end to end, and its results file keeps one row per CPU kind."""
-
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
-def first_run(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import first_run
+def first_run():
+    from benchmarks.quality import first_run
 
     return first_run
 

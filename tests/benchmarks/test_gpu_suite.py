@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.sh runs end to end: a GPU is lent only now and then, for one call, and a wrong flag found
+"""benchmarks/gpu/gpu_suite.sh runs end to end: a GPU is lent only now and then, for one call, and a wrong flag found
 there would cost its scarce minutes. SUITE_QUICK=1 runs the same commands on this CPU with a tiny UNet (the
 compiled plain loop with Dynamo's eager backend: Inductor would take minutes here)."""
 
@@ -25,7 +25,7 @@ def suite(out: Path, *stages: str, **env: str) -> subprocess.CompletedProcess:
         **env,
     }
     return subprocess.run(
-        ["bash", "benchmarks/gpu_suite.sh", str(out), *stages], cwd=ROOT, env=environment, capture_output=True,
+        ["bash", "benchmarks/gpu/gpu_suite.sh", str(out), *stages], cwd=ROOT, env=environment, capture_output=True,
         text=True, timeout=2400,
     )  # fmt: skip
 
@@ -142,7 +142,7 @@ def test_the_compile_stage_times_a_cold_and_a_warm_compile(tmp_path):
 
 def test_the_call_fits_in_eight_minutes():
     result = subprocess.run(
-        ["bash", "benchmarks/gpu_suite.sh", "unused"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        ["bash", "benchmarks/gpu/gpu_suite.sh", "unused"], cwd=ROOT, capture_output=True, text=True, timeout=60,
         env={**os.environ, "SUITE_DRY": "1", "SUITE_QUICK": "0"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -223,7 +223,7 @@ def test_calls_of_one_session_merge_into_one_report_naming_the_gpu(tmp_path):
     (second / "summary.md").write_text(header + "| train | OK | 72 |  |\n")
     merged = tmp_path / "merged"
     subprocess.run(
-        [sys.executable, "benchmarks/gpu_report.py", str(merged), "--merge", str(first), str(second)],
+        [sys.executable, "benchmarks/gpu/gpu_report.py", str(merged), "--merge", str(first), str(second)],
         cwd=ROOT, check=True, capture_output=True,
     )  # fmt: skip
     report = (merged / "gpu.md").read_text()
@@ -236,8 +236,7 @@ def test_calls_of_one_session_merge_into_one_report_naming_the_gpu(tmp_path):
 def test_on_cuda_a_path_timed_over_fewer_steps_than_a_chunk_still_gives_its_steps(monkeypatch, steps):
     """On CUDA the step clock synchronizes once per chunk of steps; a path timed over fewer steps than a chunk (the
     sampling stage's one round) still gives step times, not an empty list."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import speed_paths
+    from benchmarks.speed import speed_paths
 
     synchronized = []
     monkeypatch.setattr(speed_paths.torch.cuda, "synchronize", lambda: synchronized.append(1))

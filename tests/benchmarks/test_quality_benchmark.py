@@ -1,4 +1,4 @@
-"""The quality benchmark's metrics (benchmarks/metrics_lib.py) and an end-to-end --quick run of it."""
+"""The quality benchmark's metrics (benchmarks/quality/metrics_lib.py) and an end-to-end --quick run of it."""
 
 import subprocess
 import sys
@@ -8,12 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion.generation.render import to_uint8_images
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from metrics_lib import (  # noqa: E402
+from benchmarks.quality.metrics_lib import (
     classifier_scores,
     digits_split,
     frechet_distance,
@@ -21,6 +16,9 @@ from metrics_lib import (  # noqa: E402
     to_digit_features,
     train_digit_classifier,
 )
+from diffusion.generation.render import to_uint8_images
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_frechet_distance_is_zero_for_identical_sets_and_matches_the_closed_form():
@@ -99,7 +97,7 @@ def test_sliced_wasserstein_ranks_same_distribution_below_a_shifted_one():
 def test_quality_benchmark_quick_mode_runs_end_to_end(tmp_path):
     out = tmp_path / "quick"
     result = subprocess.run(
-        [sys.executable, "benchmarks/quality.py", "--quick", "--only", "toy2d", "--out", str(out)],
+        [sys.executable, "benchmarks/quality/quality.py", "--quick", "--only", "toy2d", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -110,12 +108,12 @@ def test_quality_benchmark_quick_mode_runs_end_to_end(tmp_path):
     assert list(out.glob("runs/toy2d/version_0/checkpoints/last.ckpt"))
 
 
-# --- benchmarks/vectors.py: scores of samples against the generating structure ----------------------------
+# --- benchmarks/quality/vectors.py: scores of samples against the generating structure ----------------------------
 
 
 def test_vector_scores_give_fresh_real_data_the_floor_and_catch_blur_and_missing_modes():
-    from vector_sets import distributions
-    from vectors import score, support_threshold
+    from benchmarks.quality.vector_sets import distributions
+    from benchmarks.quality.vectors import score, support_threshold
 
     for name, dist in distributions().items():
         threshold = support_threshold(dist, 20_000)
@@ -139,7 +137,7 @@ def test_vector_scores_give_fresh_real_data_the_floor_and_catch_blur_and_missing
 @pytest.mark.slow
 def test_vector_benchmark_quick_mode_runs_end_to_end(tmp_path):
     result = subprocess.run(
-        [sys.executable, "benchmarks/vectors.py", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "benchmarks/quality/vectors.py", "--quick", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -152,7 +150,7 @@ def test_vector_benchmark_quick_mode_runs_end_to_end(tmp_path):
 
 
 def test_a_new_quality_table_keeps_the_run_before_it_and_only_that_one(tmp_path):
-    from train_run import EARLIER, earlier_run
+    from benchmarks.quality.train_run import EARLIER, earlier_run
 
     table = tmp_path / "quality.md"
     assert earlier_run(table, quick=False) == ""  # the first run: nothing before it

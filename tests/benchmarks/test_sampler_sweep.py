@@ -1,15 +1,9 @@
-"""benchmarks/sampler_sweep.py: every registered sampler swept, evaluations counted, the default chosen in 20-35."""
-
-import sys
-from pathlib import Path
+"""benchmarks/quality/sampler_sweep.py: every registered sampler swept, evaluations counted, the default chosen in 20-35."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import sampler_sweep  # noqa: E402
-
-from diffusion.core.sampling import SAMPLERS  # noqa: E402
+from benchmarks.quality import sampler_sweep
+from diffusion.core.sampling import SAMPLERS
 
 
 def test_the_quick_sweep_covers_every_sampler(tmp_path):

@@ -170,7 +170,7 @@ def test_unconditional_samples_ignore_guidance_and_old_checkpoints_load(digits_c
 # ---- the benchmark ---------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_guidance_benchmark_runs_on_its_own_and_reuses_a_finished_run(tmp_path):
-    quality = [sys.executable, "benchmarks/quality.py", "--quick", "--only", "digits_conditional"]
+    quality = [sys.executable, "benchmarks/quality/quality.py", "--quick", "--only", "digits_conditional"]
     trained = subprocess.run([*quality, "--out", str(tmp_path / "trained")], cwd=REPO, capture_output=True,
                              text=True, timeout=600)  # fmt: skip
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]

@@ -4,7 +4,7 @@ model whose network fitting compiled already (the FID callback's case); one grap
 
 On a CPU it compiles with aot_eager (Dynamo and AOTAutograd, the graphs Inductor would get, without minutes of C++),
 which runs the traced operations themselves, so the samples are equal; on CUDA the recipe's Inductor with CUDA graphs
-is what the GPU benchmark times (benchmarks/speed.py --sampling_compile).
+is what the GPU benchmark times (benchmarks/speed/speed.py --sampling_compile).
 """
 
 import pytest

@@ -5,7 +5,6 @@ stand-ins it runs a command under where what the command reads is not here (CIFA
 import contextlib
 import json
 import re
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,6 @@ import yaml
 
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.post_hoc_ema import find_snapshots
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 # ---- what a run must have written ------------------------------------------------------------------------------
@@ -191,20 +188,10 @@ def two_ranks(ran: Ran) -> None:
 
 # ---- stand-ins for what is not here ----------------------------------------------------------------------------
 @contextlib.contextmanager
-def benchmarks_importable() -> Iterator[None]:
-    """`--data.class_path speed_data.SyntheticCIFAR10` imports benchmarks/speed_data.py."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
-
-@contextlib.contextmanager
 def cifar10_pixels() -> Iterator[None]:
     """`--reference cifar10` reads the recipe's ImageDataModule over random pixels (SyntheticCIFAR10)."""
-    with benchmarks_importable(), pytest.MonkeyPatch.context() as patch:
-        from speed_data import SyntheticCIFAR10
+    with pytest.MonkeyPatch.context() as patch:
+        from benchmarks.speed.speed_data import SyntheticCIFAR10
 
         patch.setattr("diffusion.metrics.image_sets.ImageDataModule", SyntheticCIFAR10)
         yield

@@ -27,7 +27,6 @@ from helpers.documented_checks import Ran
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
-BENCHMARKS = REPO / "benchmarks"
 
 
 @dataclass(frozen=True)
@@ -82,12 +81,12 @@ def free_port() -> int:
 
 
 def process_env() -> dict[str, str]:
-    """A launch's environment: tests/ and benchmarks/ importable, one thread a process, none of the DDP settings a
-    test in this process may have left."""
+    """A launch's environment: tests/ and the repository (its benchmarks package: SyntheticCIFAR10's class path)
+    importable, one thread a process, none of the DDP settings a test in this process may have left."""
     env = {
         k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE", "RANK")
     }
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(BENCHMARKS), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(REPO), env.get("PYTHONPATH")]))
     return {**env, "OMP_NUM_THREADS": "1"}
 
 

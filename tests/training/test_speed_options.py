@@ -1,5 +1,5 @@
 """Speed options give the results of the plain path: `--model.compile_training true`, the fused Adam (in every precision,
-with clipping), TF32 on CUDA only, and the speed benchmark's plumbing (benchmarks/speed.py --quick)."""
+with clipping), TF32 on CUDA only, and the speed benchmark's plumbing (benchmarks/speed/speed.py --quick)."""
 
 import copy
 import json
@@ -187,7 +187,7 @@ def trainer_precision(precision: str) -> dict:
 
 
 def plain_loop(module: DiffusionModule, batches: list[Batch], precision: str, clip: float | None) -> None:
-    """backward, unscale, clip, step by hand (Lightning's order, benchmarks/speed_paths.py's plain loop), with the
+    """backward, unscale, clip, step by hand (Lightning's order, benchmarks/speed/speed_paths.py's plain loop), with the
     same fused Adam: a near-zero gradient (the zero-initialised layers' first steps) makes Adam's update
     lr * g / (|g| + eps) depend on its last bits, which the fused and per-tensor kernels round differently
     (the test above compares the two on ordinary gradients)."""
@@ -298,7 +298,7 @@ def test_the_module_sets_tf32_when_fitting_on_cuda(float32_matmul_precision):
 @pytest.mark.slow
 def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
     result = subprocess.run(
-        [sys.executable, "benchmarks/speed.py", "--quick", "--out", str(tmp_path), "--threads", "1"],
+        [sys.executable, "benchmarks/speed/speed.py", "--quick", "--out", str(tmp_path), "--threads", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -327,8 +327,7 @@ def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
 def test_speed_benchmark_times_the_compiled_network_beside_the_eager_one(tmp_path, monkeypatch):
     from torch._dynamo.utils import counters
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import speed
+    from benchmarks.speed import speed
 
     torch._dynamo.reset()
     counters.clear()

@@ -1,10 +1,10 @@
 """Training and sampling throughput of a recipe, and what the framework costs against plain PyTorch loops.
 
-    python benchmarks/speed.py                                 # the default recipe (digits), ~5 min on 2 CPU cores
-    python benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790   # on a GPU
-    python benchmarks/speed.py --baseline 82f9c05              # also the default job's wall time vs that commit
-    python benchmarks/speed.py --quick --out /tmp/speed        # plumbing check; numbers meaningless
-    python benchmarks/speed.py -- --model.compile_training true         # flags after `--`: the project path and train.py
+    python benchmarks/speed/speed.py                           # the default recipe (digits), ~5 min on 2 CPU cores
+    python benchmarks/speed/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790   # on a GPU
+    python benchmarks/speed/speed.py --baseline 82f9c05        # also the default job's wall time vs that commit
+    python benchmarks/speed/speed.py --quick --out /tmp/speed  # plumbing check; numbers meaningless
+    python benchmarks/speed/speed.py -- --model.compile_training true         # flags after `--`: the project path and train.py
 
 Training paths on the same batches, interleaved in one process: round r runs each path for
 `--warmup + --steps` optimizer steps (the order rotates every round). A path's step time is the median, over
@@ -53,13 +53,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import get_args
 
-import speed_data
 import torch
-from arguments import existing, list_of
-from speed_data import SyntheticCIFAR10, loader_throughput
-from speed_jobs import FlagsRefused, compare_jobs, timed_train_py
-from speed_paths import build_project, diffusers_path, plain_path, project_path
-from speed_report import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
+
+from benchmarks.arguments import existing, list_of
+from benchmarks.speed import speed_data
+from benchmarks.speed.speed_data import SyntheticCIFAR10, loader_throughput
+from benchmarks.speed.speed_jobs import FlagsRefused, compare_jobs, timed_train_py
+from benchmarks.speed.speed_paths import build_project, diffusers_path, plain_path, project_path
+from benchmarks.speed.speed_report import (
     COMPILED,
     COMPILED_CHANNELS_LAST,
     COMPILED_PLAINLY,
@@ -69,7 +72,6 @@ from speed_report import (
     markdown,
     targets,
 )
-
 from diffusion.core.compiling import compiling_with
 from diffusion.core.sampling import SAMPLERS, SamplingOptions
 from diffusion.generation.precision import Precision, network_precision
@@ -83,7 +85,7 @@ from diffusion.training.callbacks.step_timer import (
 )
 from diffusion.training.optim import use_tf32_on_cuda
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import TINY_UNET  # noqa: E402 (the tiny network --quick shares with the tests)
 
@@ -173,7 +175,7 @@ def sampling_seconds(
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python benchmarks/speed.py", *argv])
+    command = " ".join(["python benchmarks/speed/speed.py", *argv])
     cli_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(

@@ -1,11 +1,11 @@
 """Does the vector path learn data with fine structure? Seven distributions, trained as a user would.
 
-    python benchmarks/vectors.py                          # all seven (about 40 min on a quiet 2-core CPU)
-    python benchmarks/vectors.py --only thin_rings        # some of them
-    python benchmarks/vectors.py --reuse benchmarks/runs  # no training: evaluate <dir>/vectors_<name>/version_N
-    python benchmarks/vectors.py --resume                 # train only the sets without a finished run yet
-    python benchmarks/vectors.py --quick --out /tmp/v     # plumbing check in about a minute (meaningless numbers)
-    python benchmarks/vectors.py -- --model.lr 2e-3       # extra train.py arguments after --
+    python benchmarks/quality/vectors.py                          # all seven (about 40 min on a quiet 2-core CPU)
+    python benchmarks/quality/vectors.py --only thin_rings        # some of them
+    python benchmarks/quality/vectors.py --reuse benchmarks/runs  # no training: evaluate <dir>/vectors_<name>/version_N
+    python benchmarks/quality/vectors.py --resume                 # train only the sets without a finished run yet
+    python benchmarks/quality/vectors.py --quick --out /tmp/v     # plumbing check in about a minute (meaningless numbers)
+    python benchmarks/quality/vectors.py -- --model.lr 2e-3       # extra train.py arguments after --
 
 Each distribution (`vector_sets.py`) is drawn (20,000 points, seed 0), saved as a .npy file and trained by
 `python train.py --config configs/toy2d.yaml --data.path X.npy` in a subprocess; the EMA weights of its
@@ -33,19 +33,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from arguments import list_of
-from metrics_lib import sliced_wasserstein
-from provenance import provenance
-from train_run import run_training
-from vector_sets import Distribution, distributions
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
+
+from benchmarks.arguments import list_of
+from benchmarks.provenance import provenance
+from benchmarks.quality.metrics_lib import sliced_wasserstein
+from benchmarks.quality.train_run import run_training
+from benchmarks.quality.vector_sets import Distribution, distributions
 from diffusion.core.sampling import SamplingOptions
 from diffusion.generation.ranks import generate
 from diffusion.generation.render import denormalize, save_scatter
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.run_folders import latest_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN_POINTS = 20_000
 SUPPORT_QUANTILE = 0.99
 THRESHOLD_POINTS = 100_000  # fresh real points that fix each distribution's support threshold

@@ -1,8 +1,8 @@
 """Activation checkpointing in the UNet (`--model.network.init_args.checkpoint_levels`): the memory a training
 step keeps for its backward, its peak and its time against no checkpointing, each configuration in a fresh process.
 
-    python benchmarks/activation_memory.py                        # the CIFAR-10 network at batch 16 on the CPU
-    python benchmarks/activation_memory.py --device cuda --batch 128
+    python benchmarks/speed/activation_memory.py                  # the CIFAR-10 network at batch 16 on the CPU
+    python benchmarks/speed/activation_memory.py --device cuda --batch 128
 
 What the forward keeps for the backward is counted exactly, on any device and under any load: the bytes of the
 storages the autograd graph saves (parameters left out). Peak memory: on CUDA `max_memory_allocated`; on the CPU
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
 
 NETWORKS = {  # the recipes' networks
     "cifar10": {"in_channels": 3, "channels": 128, "channel_mult": [1, 2, 2, 2], "dropout": 0.1, "size": 32},

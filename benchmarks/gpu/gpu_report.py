@@ -1,9 +1,9 @@
-"""OUT/gpu.md from what benchmarks/gpu_suite.sh's stages left in OUT: the machine, the versions, the date, the
+"""OUT/gpu.md from what benchmarks/gpu/gpu_suite.sh's stages left in OUT: the machine, the versions, the date, the
 targets PASS/MISS, the training speed of every path, the correctness checks and each stage's result, in the form
 of benchmarks/results/gpu.md (copy it there).
 
-    python benchmarks/gpu_report.py OUT [--seconds S] [--plan TEXT]
-    python benchmarks/gpu_report.py MERGED --merge OUT1 OUT2 ...   # several calls' OUTs, here on any machine
+    python benchmarks/gpu/gpu_report.py OUT [--seconds S] [--plan TEXT]
+    python benchmarks/gpu/gpu_report.py MERGED --merge OUT1 OUT2 ...  # several calls' OUTs, here on any machine
 
 --merge: the calls of one session (a stage rerun alone in a second call, say) into one gpu.md: every OUT's
 details (a later call's stage replaces an earlier one's), their summaries' rows one after another, and the machine
@@ -22,14 +22,17 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-import provenance
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import provenance
+
+ROOT = Path(__file__).resolve().parents[2]
 SPEED_STAGES = ("speed_bf16", "speed_fp16", "compile")  # compile: cold and warm, a call of its own
 
 
@@ -149,7 +152,7 @@ def report(out: Path, seconds: int | None, plan: str) -> str:
     lines = [
         f"# The project on one GPU: {device} ({time.strftime('%Y-%m-%d', time.gmtime())})",
         "",
-        f"Machine: {where}. `bash benchmarks/gpu_suite.sh OUT`: {call}"
+        f"Machine: {where}. `bash benchmarks/gpu/gpu_suite.sh OUT`: {call}"
         + (f" (plan: {plan})" if plan else "")
         + f".{quick}",
     ]

@@ -1,11 +1,11 @@
 """Sample quality against cost for every registered sampler: the digits' Fréchet distance in 8x8 pixel space (the
-quality benchmark's protocol, benchmarks/metrics_lib.py) against network evaluations, on one checkpoint.
+quality benchmark's protocol, benchmarks/quality/metrics_lib.py) against network evaluations, on one checkpoint.
 
-    python benchmarks/sampler_sweep.py --run runs/digits/version_0 --evaluations 10,15,20,25,35,50,100 \
+    python benchmarks/quality/sampler_sweep.py --run runs/digits/version_0 --evaluations 10,15,20,25,35,50,100 \
         --reference ddpm:1000                                                       # the README's figure
-    python benchmarks/sampler_sweep.py --run runs/digits_conditional/version_0 --evaluations 10,15,20,25,35
+    python benchmarks/quality/sampler_sweep.py --run runs/digits_conditional/version_0 --evaluations 10,15,20,25,35
                                                         # at the recipe's guidance: ..._digits_conditional.md
-    python benchmarks/sampler_sweep.py --quick --out /tmp/sweep                    # plumbing, tiny, a minute
+    python benchmarks/quality/sampler_sweep.py --quick --out /tmp/sweep            # plumbing, tiny, a minute
 
 Evaluations are counted, not assumed: each sampler runs once on one sample at two step counts while its network
 calls are counted, which gives its evaluations per step (Heun's second order takes two but the last), and the step
@@ -25,14 +25,17 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 
-from arguments import existing, list_of, resolved  # noqa: E402
-from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features  # noqa: E402
-from provenance import provenance  # noqa: E402
-
+from benchmarks.arguments import existing, list_of, resolved  # noqa: E402
+from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.quality.metrics_lib import (  # noqa: E402
+    REFERENCE_SIZE,
+    digits_split,
+    frechet_distance,
+    to_digit_features,
+)
 from diffusion.core.sampling import SAMPLERS, SamplingOptions  # noqa: E402
 from diffusion.data.labels import class_labels  # noqa: E402
 from diffusion.generation.ranks import generate  # noqa: E402

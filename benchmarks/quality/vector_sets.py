@@ -4,7 +4,7 @@ Every distribution is a weighted union of parts (Gaussian clusters, thin rings, 
 spokes). Each part knows its generating structure exactly, so for any point it gives a *normalized distance*:
 the distance to the structure in units of the local noise scale (||x - mu_k|| / sigma_k for a cluster, the
 distance to the ring / curve / spoke over its thickness), and the mode the point belongs to. A distribution's
-distance is the smallest over its parts. `benchmarks/vectors.py` turns these into scores.
+distance is the smallest over its parts. `benchmarks/quality/vectors.py` turns these into scores.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A compiled network under DDP on several processes: how each of Dynamo's `optimize_ddp` choices cuts the graph,
 what it costs a step, and that every choice takes eager DDP's steps.
 
-    python benchmarks/ddp_compile.py                               # 2 gloo processes on the CPU, aot_eager
-    python benchmarks/ddp_compile.py --device cuda --processes 4   # NCCL on 4 GPUs, Inductor
+    python benchmarks/speed/ddp_compile.py                              # 2 gloo processes on the CPU, aot_eager
+    python benchmarks/speed/ddp_compile.py --device cuda --processes 4  # NCCL on 4 GPUs, Inductor
 
 The choices (torch._dynamo.config.optimize_ddp):
 - ddp_optimizer (PyTorch's default): the forward graph is split at DDP's gradient buckets, so each bucket's
@@ -29,9 +29,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
 
-from diffusion.models import UNet  # noqa: E402
+from diffusion.models import UNet
 
 CHOICES = ("eager", "ddp_optimizer", "no_optimization", "python_reducer")
 

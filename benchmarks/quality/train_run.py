@@ -11,7 +11,7 @@ from pathlib import Path
 
 from diffusion.training.run_folders import latest_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import TINY_MLP, TINY_UNET  # noqa: E402, F401 (the tiny networks --quick shares with the tests)
 

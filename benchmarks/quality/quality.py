@@ -1,10 +1,10 @@
 """Sample quality of the two CPU recipes, trained from scratch exactly as a user would.
 
-    python benchmarks/quality.py                      # ~30 min on 2 CPU cores: trains digits and toy2d
-    python benchmarks/quality.py --only toy2d          # one recipe
-    python benchmarks/quality.py --reuse runs          # no training: evaluate <dir>/<recipe>/version_N (newest)
-    python benchmarks/quality.py --quick --out /tmp/q  # plumbing check in about a minute (meaningless numbers)
-    python benchmarks/quality.py --only digits_conditional  # guidance on conditional digits (quality_conditional.py)
+    python benchmarks/quality/quality.py                      # ~30 min on 2 CPU cores: trains digits and toy2d
+    python benchmarks/quality/quality.py --only toy2d          # one recipe
+    python benchmarks/quality/quality.py --reuse runs          # no training: evaluate <dir>/<recipe>/version_N (newest)
+    python benchmarks/quality/quality.py --quick --out /tmp/q  # plumbing check in about a minute (meaningless numbers)
+    python benchmarks/quality/quality.py --only digits_conditional  # guidance on conditional digits (quality_conditional.py)
 
 Each recipe is trained by `python train.py [--config configs/toy2d.yaml]` in a subprocess (its wall time is
 what a user waits), then its last.ckpt (EMA weights) is sampled with DDPM-1000 and DDIM-50, per-sample seed 0;
@@ -22,6 +22,7 @@ scatter to docs/toy2d_scatter.png (everything under --out instead when given, an
 """
 
 import argparse
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from metrics_lib import (
+from torchvision.utils import make_grid, save_image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
+
+from benchmarks.provenance import provenance
+from benchmarks.quality.metrics_lib import (
     REFERENCE_SIZE,
     classifier_scores,
     digits_split,
@@ -39,10 +45,17 @@ from metrics_lib import (
     to_digit_features,
     train_digit_classifier,
 )
-from provenance import provenance
-from torchvision.utils import make_grid, save_image
-from train_run import ROOT, TINY_MLP, TINY_UNET, Recipe, earlier_run, find_checkpoint, fmt_time, train
-
+from benchmarks.quality.quality_conditional import measure_digits_conditional
+from benchmarks.quality.train_run import (
+    ROOT,
+    TINY_MLP,
+    TINY_UNET,
+    Recipe,
+    earlier_run,
+    find_checkpoint,
+    fmt_time,
+    train,
+)
 from diffusion.core.sampling import SamplingOptions
 from diffusion.data.vectors import VectorDataModule
 from diffusion.generation.ranks import generate
@@ -259,8 +272,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     if args.only == "digits_conditional":  # its own section, not part of the default run
-        from quality_conditional import measure_digits_conditional
-
         return measure_digits_conditional(args)
     samplers = {}
     docs_dir = args.out or ROOT / "docs"

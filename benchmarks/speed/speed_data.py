@@ -4,8 +4,8 @@ own throughput.
 `SyntheticCIFAR10` is the recipe's ImageDataModule (its split, per-image transform, workers, resumable loader and
 on-device path) over 50,000 random uint8 images held as torchvision's CIFAR10 holds its data, an (N, 32, 32, 3)
 uint8 array decoded by CIFAR10.__getitem__ (PIL image, then the transform): only the pixels are made up.
-`python train.py --config configs/cifar10.yaml --data.class_path speed_data.SyntheticCIFAR10` (with
-benchmarks/ on PYTHONPATH) trains on it with every other setting of the recipe.
+`python train.py --config configs/cifar10.yaml --data.class_path benchmarks.speed.speed_data.SyntheticCIFAR10` (run
+from the repository root, or with it on PYTHONPATH) trains on it with every other setting of the recipe.
 
 The measures (no model; each a dict with `images_per_s`, the median of `repeats` passes, and what was measured):
 - `loader_throughput(datamodule, batches, warmup=5, repeats=3)`: the per-item DataLoader (`--data.on_device
@@ -28,7 +28,7 @@ from diffusion.data.images import ImageDataModule
 from diffusion.data.split import IndexedDataset
 
 CIFAR10_IMAGES = 50_000
-DATA_CLASS = "speed_data.SyntheticCIFAR10"
+DATA_CLASS = "benchmarks.speed.speed_data.SyntheticCIFAR10"  # train.py's --data.class_path
 
 
 class SyntheticCIFAR10(ImageDataModule):

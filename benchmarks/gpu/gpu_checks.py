@@ -1,10 +1,10 @@
 """The CIFAR-10 recipe as users run it on a GPU: training under NCCL, resuming, a kill -9, and the sample CLI.
 
-    python benchmarks/gpu_checks.py train OUT     # OUT/train.md
-    python benchmarks/gpu_checks.py sample OUT    # OUT/sample.md
-    SUITE_QUICK=1 ...                             # a tiny UNet on a CPU: the commands, not the numbers
+    python benchmarks/gpu/gpu_checks.py train OUT   # OUT/train.md
+    python benchmarks/gpu/gpu_checks.py sample OUT  # OUT/sample.md
+    SUITE_QUICK=1 ...                               # a tiny UNet on a CPU: the commands, not the numbers
 
-train: `python train.py --config configs/cifar10.yaml` on synthetic CIFAR-10 (benchmarks/speed_data.py: the
+train: `python train.py --config configs/cifar10.yaml` on synthetic CIFAR-10 (benchmarks/speed/speed_data.py: the
 recipe's data module over made-up pixels) in chains that run side by side (none of them times anything):
 - under DDP on one device (`--trainer.strategy.class_path lightning.pytorch.strategies.DDPStrategy --devices 1`:
   NCCL on a GPU; the class, because `--strategy ddp` on one device may run without DDP), eager (what a checkpoint holds
@@ -23,6 +23,7 @@ DPM-Solver++(2M) SDE-20 in bf16-mixed: the samples file's shape, type and spread
 elsewhere).
 """
 
+import argparse
 import contextlib
 import json
 import math
@@ -40,7 +41,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
+
+# CIFAR-10's stand-in, by the class path train.py imports (the speed part's data: gpu/ uses speed/, not back).
+from benchmarks.speed.speed_data import DATA_CLASS
+
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = os.environ.get("SUITE_QUICK") == "1"
 WORK = Path(os.environ.get("SUITE_WORK", "/tmp/suite_work"))
 STEPS, EVERY, KILL, AS_USERS_STEPS = (6, 2, 4, 0) if QUICK else (40, 10, 20, 12)
@@ -51,7 +57,7 @@ TINY = [
     "--data.init_args.batch_size", "8", "--data.init_args.num_workers", "0", "--accelerator", "cpu",
 ]  # fmt: skip
 RECIPE = [
-    "--config", str(ROOT / "configs" / "cifar10.yaml"), "--data.class_path", "speed_data.SyntheticCIFAR10",
+    "--config", str(ROOT / "configs" / "cifar10.yaml"), "--data.class_path", DATA_CLASS,
     "--trainer.log_every_n_steps", "1", "--checkpoint.every_n_train_steps", str(EVERY),
     "--trainer.enable_progress_bar", "false", *(TINY if QUICK else []),
 ]  # fmt: skip
@@ -75,8 +81,7 @@ def train_py(name: str, base: list[str], *flags: str) -> Trained:
     """`python train.py <base> <flags>` in a session of its own (KillAt kills its process group), logging
     under WORK/runs/<name>."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests"),
-                                                     env.get("PYTHONPATH")]))  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH")]))
     command = [sys.executable, str(ROOT / "train.py"), *base, "--trainer.logger.init_args.save_dir",
                str(WORK / "runs"), "--trainer.logger.init_args.name", name, *flags]  # fmt: skip
     start = time.perf_counter()
@@ -274,9 +279,14 @@ def check_sample(out: Path) -> bool:
 
 
 if __name__ == "__main__":
-    stage, out = sys.argv[1], Path(sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "stage", choices=["train", "sample"], help="train: OUT/train.md; sample: OUT/sample.md"
+    )
+    parser.add_argument("out", type=Path, help="the folder the stage's markdown goes to")
+    args = parser.parse_args()
     signal.signal(signal.SIGTERM, end_running)
-    out.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    passed = {"train": check_train, "sample": check_sample}[stage](out)
+    passed = {"train": check_train, "sample": check_sample}[args.stage](args.out)
     sys.exit(0 if passed else 1)

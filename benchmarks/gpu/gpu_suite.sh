@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # What only a GPU shows, in one device call of at most 8 minutes (docs/gpu.md: the plan).
 #
-#   bash benchmarks/gpu_suite.sh OUT                     # the call: wheels; check, train and sample side by
-#                                                        # side; then speed_bf16 and speed_fp16, each alone
-#   bash benchmarks/gpu_suite.sh OUT STAGE...            # stages one after another: check train sample
-#                                                        # speed_bf16 speed_fp16 sampling compile digits (call:
-#                                                        # the whole call; sampling and compile: calls of their own)
-#   SUITE_QUICK=1 bash benchmarks/gpu_suite.sh OUT ...   # the same commands on a CPU, tiny, for the tests
-#   SUITE_DRY=1 bash benchmarks/gpu_suite.sh OUT         # the plan and its time limits, nothing run
+#   bash benchmarks/gpu/gpu_suite.sh OUT                    # the call: wheels; check, train and sample side by
+#                                                           # side; then speed_bf16 and speed_fp16, each alone
+#   bash benchmarks/gpu/gpu_suite.sh OUT STAGE...           # stages one after another: check train sample
+#                                                           # speed_bf16 speed_fp16 sampling compile digits (call:
+#                                                           # the whole call; sampling and compile: calls of their own)
+#   SUITE_QUICK=1 bash benchmarks/gpu/gpu_suite.sh OUT ...  # the same commands on a CPU, tiny, for the tests
+#   SUITE_DRY=1 bash benchmarks/gpu/gpu_suite.sh OUT        # the plan and its time limits, nothing run
 #
 # The correctness stages share the GPU (none of them times anything), each in a SUITE_WORK folder of its own; the
 # speed stages run alone. Every stage has a time limit of its own: past it the stage is ended with its whole
@@ -19,9 +19,9 @@
 # The device machine lacks jsonargparse (and diffusers, the speed stages' peer): wheels carried in .whl/ are
 # installed first (docs/gpu.md says which). A stage that needs a missing one fails and says so; the others run.
 set -uo pipefail
-out=${1:?usage: bash benchmarks/gpu_suite.sh OUT [STAGE...] (check train sample speed_bf16 speed_fp16 sampling compile digits, or call)}
+out=${1:?usage: bash benchmarks/gpu/gpu_suite.sh OUT [STAGE...] (check train sample speed_bf16 speed_fp16 sampling compile digits, or call)}
 shift
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root: every path below starts there
 quick=${SUITE_QUICK:-0}
 
 side_by_side=() alone=()
@@ -88,20 +88,20 @@ fi
 
 # 790 TFLOP/s: bf16 matrix products measured on the lent H200 (an 8192-cube matmul); 8,000 images/s: the goal
 # for the 35.7M UNet at batch 128 on one such GPU. Sampling speed is the sampling stage's alone.
-speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
+speed=(python3 benchmarks/speed/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
        --goal_images_per_s 8000 --rounds 3 --steps 30 --no_project --compiled --samplers "" --profile_steps 10)
 # Compiling, cold and warm: the recipe's train.py twice over a compile cache of its own (empty, then filled).
-compile=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --no_project --no_diffusers
+compile=(python3 benchmarks/speed/speed.py --config configs/cifar10.yaml --synthetic --no_project --no_diffusers
          --loader_batches 0 --samplers "" --rounds 1 --steps 5 --train_py_steps 20 --cold_compile)
 # 50,000 CIFAR-size samples (issue 25's goals: DDIM-50 <= 100 s, DPM-Solver++(2M) SDE-20 <= 40 s): each sampler in
 # bf16-mixed, eager and compiled (one graph for the loop's evaluation, CUDA graphs), at batch 500; nothing trained.
-sampling=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --no_project --no_diffusers
+sampling=(python3 benchmarks/speed/speed.py --config configs/cifar10.yaml --synthetic --no_project --no_diffusers
           --no_train_py --loader_batches 0 --rounds 1 --steps 10 --warmup 1 --samplers dpmpp_2m_sde:20,ddim:50
           --sampling_precisions bf16-mixed --sampling_compile --sampling_batch 500 --sampling_repeats 2)
 after=()  # train.py flags after `--`
 if [[ "$quick" == 1 ]]; then
     sampling=("${sampling[@]/500/4}" --quick)
-    speed=(python3 benchmarks/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
+    speed=(python3 benchmarks/speed/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
            --goal_images_per_s 8000 --quick --no_project --compiled --samplers "" --profile_steps 2)
     compile+=(--quick)
     after=(--data.init_args.batch_size 8 --data.init_args.num_workers 0 --data.init_args.val_from_train 8)
@@ -137,7 +137,7 @@ stage_command() {
             else
                 "${pytest[@]}" -k cuda "${cuda_tests[@]}" && "${pytest[@]}" tests/models/test_mixed_precision.py
             fi ;;
-        train|sample) python3 benchmarks/gpu_checks.py "$1" "$details" ;;
+        train|sample) python3 benchmarks/gpu/gpu_checks.py "$1" "$details" ;;
         # The recipe as it is (16-mixed): its train.py, the plain loop eager and compiled as fitting compiles it
         # (CUDA graphs), and compiled plainly (default mode: what the CUDA graphs buy).
         speed_fp16) "${speed[@]}" --no_diffusers --loader_batches 0 --compiled_plainly --out "$details/speed_fp16" \
@@ -151,9 +151,9 @@ stage_command() {
         sampling) "${sampling[@]}" --out "$details/sampling" ;;
         digits)
             if [[ "$quick" == 1 ]]; then
-                python3 benchmarks/quality.py --only digits --quick --out "$details/digits" --runs "$SUITE_WORK/runs"
+                python3 benchmarks/quality/quality.py --only digits --quick --out "$details/digits" --runs "$SUITE_WORK/runs"
             else
-                python3 benchmarks/quality.py --only digits --device cuda --out "$details/digits" --runs "$SUITE_WORK/runs"
+                python3 benchmarks/quality/quality.py --only digits --device cuda --out "$details/digits" --runs "$SUITE_WORK/runs"
             fi || return 1
             echo "the CPU table (benchmarks/results/quality.md) beside this GPU's:"
             grep -h "FD 8x8\|train wall" benchmarks/results/quality.md "$details/digits/quality.md" | grep digits ;;
@@ -212,7 +212,7 @@ done
 echo "=== done ($(date -u +%H:%M:%S), $((SECONDS - started)) s)"
 
 # gpu.md from what the stages left, then everything else into one archive: the device tool returns 8 files.
-python3 benchmarks/gpu_report.py "$out" --seconds $((SECONDS - started)) --plan "$plan" \
+python3 benchmarks/gpu/gpu_report.py "$out" --seconds $((SECONDS - started)) --plan "$plan" \
     || echo "gpu_report.py failed: OUT/details holds the stages' files"
 rm -f "$details"/logs/*.row
 tar -czf "$out/details.tar.gz" -C "$out" details && rm -rf "$details"

@@ -1,14 +1,14 @@
 """Learned variances against fixed ones on the digits recipe (Nichol & Dhariwal 2021's claim: a model that learns
 its variance keeps its sample quality with few DDPM steps, and has a lower NLL).
 
-    python benchmarks/learned_variance.py                       # train both digits runs, then measure (hours on 2 cores)
-    python benchmarks/learned_variance.py --fixed runs/digits/version_0 --learned runs/digits_learned/version_0
-    python benchmarks/learned_variance.py --quick --out /tmp/lv  # plumbing check in minutes; numbers are meaningless
+    python benchmarks/quality/learned_variance.py               # train both digits runs, then measure (hours on 2 cores)
+    python benchmarks/quality/learned_variance.py --fixed runs/digits/version_0 --learned runs/digits_learned/version_0
+    python benchmarks/quality/learned_variance.py --quick --out /tmp/lv  # plumbing check in minutes; numbers are meaningless
 
 Two runs of the digits recipe (`python train.py`), identical but for `--model.variance learned_range` in the
 second. Each checkpoint's EMA weights are sampled with DDPM over 25, 50, 100 and 1000 respaced steps (per-sample
 seed 0; the fixed model with its default sigma^2 = beta_t, and with beta~_t at the short runs; the learned model
-with its own variance), and each sample set's FD 8x8 (benchmarks/metrics_lib.py, as quality.py: 898 samples
+with its own variance), and each sample set's FD 8x8 (benchmarks/quality/metrics_lib.py, as quality.py: 898 samples
 against a fixed half of the real digits) is reported, with its ratio to the same model's DDPM-1000 FD. Then both
 models' bits/dim on the 90 held-out digits (`python -m diffusion.evaluate --nll`'s computation, T = 1000 steps).
 
@@ -24,11 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from arguments import existing, resolved
-from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
-from provenance import provenance
-from train_run import run_training
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
 
+from benchmarks.arguments import existing, resolved
+from benchmarks.provenance import provenance
+from benchmarks.quality.metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
+from benchmarks.quality.train_run import run_training
 from diffusion.cli.evaluate_nll import reverse_process_of, run_images
 from diffusion.core.sampling import SamplingOptions
 from diffusion.generation.ranks import generate
@@ -37,7 +38,7 @@ from diffusion.metrics.bits_per_dim import BitsPerDim, image_bounds, quantize_to
 from diffusion.training.loading import load_checkpoint, model_hyperparameters
 from diffusion.training.run_folders import latest_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import TINY_UNET  # noqa: E402 (the tiny network --quick shares with the tests)
 

@@ -1,9 +1,9 @@
 """Post-hoc EMA on the digits: FD against sigma_rel, and the best against the run's own fixed-decay EMA.
 
     python train.py --ema.post_hoc true          # the digits recipe, with post-hoc EMA snapshots
-    python benchmarks/post_hoc_ema.py --run runs/digits/version_N [--seeds 0 1] [--sigma_rels 0.05 0.1]
+    python benchmarks/quality/post_hoc_ema.py --run runs/digits/version_N [--seeds 0 1] [--sigma_rels 0.05 0.1]
 
-The quality benchmark's protocol (benchmarks/quality.py): 898 samples (DPM-Solver++(2M) SDE, 20 steps, the
+The quality benchmark's protocol (benchmarks/quality/quality.py): 898 samples (DPM-Solver++(2M) SDE, 20 steps, the
 digits' best sampler per cost) area-averaged back to 8x8 and scored by the Fréchet distance against a fixed
 half of the 1,797 real digits; the other real half scores the floor. Every row draws the same samples' noise
 (per-sample seeds), so rows differ by their weights only; each seed gives a column. Writes the table to
@@ -17,13 +17,17 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 
-from arguments import existing, list_of, resolved  # noqa: E402
-from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features  # noqa: E402
-from provenance import provenance  # noqa: E402
-
+from benchmarks.arguments import existing, list_of, resolved  # noqa: E402
+from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.quality.metrics_lib import (  # noqa: E402
+    REFERENCE_SIZE,
+    digits_split,
+    frechet_distance,
+    to_digit_features,
+)
 from diffusion.core.sampling import SAMPLERS, SamplingOptions  # noqa: E402
 from diffusion.generation.ranks import generate  # noqa: E402
 from diffusion.generation.render import to_uint8_images  # noqa: E402

@@ -1,8 +1,8 @@
-"""The markdown table of benchmarks/speed.py: what one run measured, and the targets it is held to."""
+"""The markdown table of benchmarks/speed/speed.py: what one run measured, and the targets it is held to."""
 
 import statistics
 
-from provenance import provenance
+from benchmarks.provenance import provenance
 
 PROJECT = "project: Lightning Trainer + EMA callback"
 PLAIN = "plain loop, same module"

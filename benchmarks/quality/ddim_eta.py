@@ -1,6 +1,6 @@
-"""DDIM-50's digits FD against its eta, on the checkpoint benchmarks/quality.py trained.
+"""DDIM-50's digits FD against its eta, on the checkpoint benchmarks/quality/quality.py trained.
 
-`python benchmarks/ddim_eta.py [--ckpt PATH] [--etas 0 0.3 0.5]` prints a markdown table (and writes it to
+`python benchmarks/quality/ddim_eta.py [--ckpt PATH] [--etas 0 0.3 0.5]` prints a markdown table (and writes it to
 benchmarks/results/ddim_eta.md): same 898 samples, seed, features and reference half as quality.py.
 """
 
@@ -9,13 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 
-from arguments import existing, list_of, resolved  # noqa: E402
-from metrics_lib import digits_split, frechet_distance, to_digit_features  # noqa: E402
-from provenance import provenance  # noqa: E402
-
+from benchmarks.arguments import existing, list_of, resolved  # noqa: E402
+from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.quality.metrics_lib import digits_split, frechet_distance, to_digit_features  # noqa: E402
 from diffusion.core.sampling import SamplingOptions  # noqa: E402
 from diffusion.generation.ranks import generate  # noqa: E402
 from diffusion.generation.render import to_uint8_images  # noqa: E402

@@ -1,4 +1,4 @@
-"""What benchmarks/speed.py runs as separate `python train.py` processes: the recipe timed by its own StepTimer as
+"""What benchmarks/speed/speed.py runs as separate `python train.py` processes: the recipe timed by its own StepTimer as
 users run it, and the default job's wall time from another commit (--baseline)."""
 
 import io
@@ -11,8 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = Path(__file__).resolve().parent
+from benchmarks.speed.speed_data import DATA_CLASS
+
+ROOT = Path(__file__).resolve().parents[2]
 # How train.py refuses an option it does not have (one line, exit status 2: diffusion/cli/parse_errors.py).
 REFUSED = ("is not accepted", "unrecognized arguments")
 
@@ -45,8 +46,8 @@ def timed_train_py(
         command += ["--trainer.callbacks.peak_tflops", str(peak_tflops)]
     if synthetic:
         # The recipe's own ImageDataModule, loader and transforms over made-up CIFAR-10 pixels (speed_data.py).
-        command += ["--data.class_path", "speed_data.SyntheticCIFAR10"]
-    paths = [str(ROOT), str(BENCHMARKS), env.get("PYTHONPATH", "")]
+        command += ["--data.class_path", DATA_CLASS]
+    paths = [str(ROOT), env.get("PYTHONPATH", "")]  # the class path names a module of this repository
     print(f"  {label}: {' '.join(command[2:])}", flush=True)
     start = time.perf_counter()
     with log.open("w") as output:

@@ -1,4 +1,4 @@
-"""The training paths that benchmarks/speed.py times: the project's (Lightning), a plain loop over the same
+"""The training paths that benchmarks/speed/speed.py times: the project's (Lightning), a plain loop over the same
 module, and diffusers' UNet2DModel in its plain loop. Each path is built once and returns `run(steps)`, which
 trains `warmup + steps` more steps and returns the seconds of each timed one."""
 

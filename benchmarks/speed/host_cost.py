@@ -6,9 +6,9 @@ On a GPU the host queues a step's kernels while the device runs the previous one
 the device's step. A network that costs nothing (one scale parameter) makes the host's work the whole step, so
 its milliseconds can be read on any machine:
 
-    python benchmarks/host_cost.py                 # the digits recipe's objects, 300 steps a path, 3 rounds
-    python benchmarks/host_cost.py --profile 15    # + the 15 heaviest functions of the Lightning path
-    python benchmarks/host_cost.py -- --data.init_args.on_device false    # train.py flags after `--`
+    python benchmarks/speed/host_cost.py               # the digits recipe's objects, 300 steps a path, 3 rounds
+    python benchmarks/speed/host_cost.py --profile 15  # + the 15 heaviest functions of the Lightning path
+    python benchmarks/speed/host_cost.py -- --data.init_args.on_device false    # train.py flags after `--`
 
 Paths, interleaved by round (A B, B A, ...): `train.py` (the recipe's Trainer, callbacks, progress bar and
 logger, as users run it, validation and checkpoints out of the timed window) and the plain loop (the same
@@ -29,12 +29,10 @@ import lightning as L
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
 
-from speed_paths import optimizer_step  # noqa: E402
-
-from diffusion.cli.train import DiffusionCLI, with_default_config  # noqa: E402
+from benchmarks.speed.speed_paths import optimizer_step
+from diffusion.cli.train import DiffusionCLI, with_default_config
 
 
 class CostlessNetwork(nn.Module):

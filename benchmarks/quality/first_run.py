@@ -1,12 +1,12 @@
 """The first thing a user runs, timed and scored: `python train.py` (the default recipe, configs/digits.yaml) as
 printed in the README, on this machine, then the Fréchet distance of its final checkpoint's samples.
 
-    python benchmarks/first_run.py                      # ~10 min on 2 CPU cores: trains, samples, scores
-    python benchmarks/first_run.py --quick --out /tmp/f # plumbing check in about a minute (numbers meaningless)
+    python benchmarks/quality/first_run.py                       # ~10 min on 2 CPU cores: trains, samples, scores
+    python benchmarks/quality/first_run.py --quick --out /tmp/f  # plumbing check in about a minute (numbers meaningless)
 
 Targets (issue 33): on a 2-core CPU without AVX-512 the run takes at most 600 s, and the samples of its
 checkpoint (EMA weights, the recipe's own sampler, 898 of them, seed 0) reach an FD in 8x8 pixel space of at most
-1.3x the real-data floor (the other real half against the same reference; benchmarks/metrics_lib.py). Each
+1.3x the real-data floor (the other real half against the same reference; benchmarks/quality/metrics_lib.py). Each
 line says PASS or MISS; a CPU with AVX-512 or more cores is faster, and the table says which CPU it came from.
 
 The results go to benchmarks/results/first_run.md (OUT/first_run.md with --out, and always with --quick): one row
@@ -21,16 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
-from provenance import COMMIT_AT_START, cpu_kind, provenance
-from train_run import run_training
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
 
+from benchmarks.provenance import COMMIT_AT_START, cpu_kind, provenance
+from benchmarks.quality.metrics_lib import REFERENCE_SIZE, digits_split, frechet_distance, to_digit_features
+from benchmarks.quality.train_run import run_training
 from diffusion.generation.ranks import generate
 from diffusion.generation.render import to_uint8_images
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.run_folders import latest_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import TINY_UNET  # noqa: E402 (the tiny network --quick shares with the tests)
 
@@ -91,7 +92,7 @@ def write(out: Path, new_row: str, kind: str, quick: bool) -> str:
         "# The first run: `python train.py` (the default recipe) on a CPU"
         + (" QUICK MODE (a tiny UNet, a few steps): plumbing only, the numbers mean nothing" if quick else ""),
         "",
-        "`python benchmarks/first_run.py`: the default recipe trained as the README prints it (wall time of the "
+        "`python benchmarks/quality/first_run.py`: the default recipe trained as the README prints it (wall time of the "
         "whole command: start-up, training, validations, sample grids, checkpoints), then 898 samples of its "
         "last.ckpt (EMA weights, its own sampler, seed 0) scored by their Fréchet distance to 898 real digits "
         "in 8x8 pixel space, against the floor of the other 899 real digits. Targets: at most 600 s on a 2-core "

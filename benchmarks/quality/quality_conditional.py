@@ -1,4 +1,4 @@
-"""The quality benchmark's class-conditional section: `python benchmarks/quality.py --only digits_conditional`.
+"""The quality benchmark's class-conditional section: `python benchmarks/quality/quality.py --only digits_conditional`.
 
 Trains configs/digits_conditional.yaml as a user would (or, with --reuse, takes its newest run) and sweeps the
 classifier-free guidance scale. For every scale: 90 samples of each class from the checkpoint's default sampler
@@ -15,12 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from metrics_lib import digits_split, frechet_distance, single_threaded, to_digit_features
-from provenance import provenance
 from sklearn.svm import SVC
 from torchvision.utils import make_grid, save_image
-from train_run import ROOT, TINY_UNET, Recipe, earlier_run, find_checkpoint, fmt_time, train
 
+from benchmarks.provenance import provenance
+from benchmarks.quality.metrics_lib import digits_split, frechet_distance, single_threaded, to_digit_features
+from benchmarks.quality.train_run import (
+    ROOT,
+    TINY_UNET,
+    Recipe,
+    earlier_run,
+    find_checkpoint,
+    fmt_time,
+    train,
+)
 from diffusion.core.sampling import SamplingOptions
 from diffusion.data.labels import class_labels
 from diffusion.generation.ranks import generate
