@@ -102,7 +102,7 @@ after=()  # train.py flags after `--`
 if [[ "$quick" == 1 ]]; then
     sampling=("${sampling[@]/500/4}" --quick)
     speed=(python3 benchmarks/speed/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
-           --goal_images_per_s 8000 --quick --no_project --compiled --samplers "" --profile_steps 2)
+           --goal_images_per_s 8000 --quick --no_project --compiled --samplers "" --profile_steps 1)
     compile+=(--quick)
     after=(--data.init_args.batch_size 8 --data.init_args.num_workers 0 --data.init_args.val_from_train 8)
     export OMP_NUM_THREADS=1  # a few cores shared by stages side by side: spinning OpenMP threads stall each other

@@ -248,7 +248,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args.command = command
     args.compile_backend = None  # torch.compile's default, Inductor
     if args.quick:
-        args.rounds, args.steps, args.warmup, args.train_py_warmup, args.train_py_steps = 2, 3, 2, 2, 3
+        args.rounds, args.steps, args.warmup, args.train_py_warmup, args.train_py_steps = 2, 2, 1, 1, 2
         args.job_steps, args.job_rounds, args.loader_batches = 4, 1, min(args.loader_batches, 3)
         args.samplers = [f"{entry.split(':')[0]}:3" for entry in args.samplers]
         args.compile_backend = "eager"  # Dynamo traces as usual; Inductor would take minutes on a CPU
