@@ -58,10 +58,9 @@ def one_devices_images(checkpoint: Path) -> np.ndarray:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_shares_gathered_in_index_order_equal_one_devices_samples(world_size, digits_checkpoint):
     module = load_checkpoint(digits_checkpoint)
-    options = {"seed": 7, "options": SamplingOptions(sampler="ddim", steps=3)}
-    reference = generate(module, 5, batch_size=5, **options)
+    reference = generate(module, 5, batch_size=5, **OPTIONS)
     shares = [
-        generate(module, 5, batch_size=2, rank=r, world_size=world_size, **options) for r in range(world_size)
+        generate(module, 5, batch_size=2, rank=r, world_size=world_size, **OPTIONS) for r in range(world_size)
     ]
     assert {len(share) for share in shares} == {math.ceil(5 / world_size)}  # equal shapes for all_gather
     gathered = gather_in_order(shares[0], 5, StackingFabric(shares).all_gather)
