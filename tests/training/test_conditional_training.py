@@ -1,10 +1,9 @@
 """Class-conditional training: label dropout (rate, per-sample determinism) and the distributed
-guarantees with labels: accumulation and DDP give the whole batch's weights, resume is exact."""
+guarantees with labels: accumulation gives the whole batch's weights, resume is exact. DDP with labels (dropped per
+sample) giving the whole batch's weights is test_learned_variance_training.py's DDP run, which trains with labels,
+label dropout and learned variances at once: one launch for both."""
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ from diffusion.models import MLP
 from diffusion.training.module import DiffusionModule
 
 REPO = Path(__file__).resolve().parents[2]
-TESTS = Path(__file__).resolve().parents[1]
 
 
 # ---- training: label dropout -----------------------------------------------------------------------------
@@ -127,16 +125,3 @@ def test_a_resumed_run_with_label_dropout_ends_with_the_weights_of_the_run_left_
     main(labelled_run(tmp_path / "no_dropout", *run, "--model.label_dropout", "0"))
     other = raw_network_weights(tmp_path / "no_dropout")
     assert any(not torch.allclose(alone[k], other[k], atol=1e-4) for k in alone)
-
-
-@pytest.mark.multiprocess
-def test_ddp_with_labels_gives_the_weights_of_the_whole_batch(whole_batch_run, tmp_path):
-    folder, data = whole_batch_run
-    env = {k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-    command = [sys.executable, str(REPO / "train.py"), *labelled_run(tmp_path, *data),
-               "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
-               "--data.init_args.batch_size", "8"]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert_same_weights(raw_network_weights(tmp_path), raw_network_weights(folder / "whole"))

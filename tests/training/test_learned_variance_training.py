@@ -177,7 +177,8 @@ def test_accumulation_gives_the_weights_of_the_whole_batch_with_learned_variance
 
 
 @pytest.mark.multiprocess
-def test_ddp_gives_the_weights_of_the_whole_batch_with_learned_variances(whole_batch, tmp_path):
+def test_ddp_gives_the_weights_of_the_whole_batch_with_labels_and_learned_variances(whole_batch, tmp_path):
+    # SAME trains with labels and label dropout too (CONDITIONAL): test_conditional_training.py relies on this run.
     env = {k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     command = [sys.executable, str(REPO / "train.py"), *TINY_UNET, *QUICK, *SAME, "--devices", "2",
