@@ -1,12 +1,12 @@
 """The quality benchmark's metrics (benchmarks/quality/metrics_lib.py) and an end-to-end --quick run of it."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import warm
 
 from benchmarks.quality.metrics_lib import (
     classifier_scores,
@@ -96,7 +96,7 @@ def test_sliced_wasserstein_ranks_same_distribution_below_a_shifted_one():
 @pytest.mark.slow
 def test_quality_benchmark_quick_mode_runs_end_to_end(tmp_path):
     out = tmp_path / "quick"
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "benchmarks/quality/quality.py", "--quick", "--only", "toy2d", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -136,7 +136,7 @@ def test_vector_scores_give_fresh_real_data_the_floor_and_catch_blur_and_missing
 
 @pytest.mark.slow
 def test_vector_benchmark_quick_mode_runs_end_to_end(tmp_path):
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "benchmarks/quality/vectors.py", "--quick", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

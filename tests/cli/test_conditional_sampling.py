@@ -4,7 +4,6 @@ CLI (one and two processes), guidance, the notebook and the guidance benchmark; 
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import nbformat
 import numpy as np
 import pytest
 import torch
-from helpers import QUICK, TINY_UNET
+from helpers import QUICK, TINY_UNET, warm
 from helpers.user_errors import error_line
 from nbclient import NotebookClient
 from PIL import Image
@@ -85,7 +84,7 @@ def test_two_processes_write_the_labels_and_samples_of_one(conditional_checkpoin
     one = np.load(sample_main([*flags, "--out", str(tmp_path / "one")]))
     command = [sys.executable, "-m", "diffusion.sample", *[f for f in flags if f not in ("--device", "cpu")],
                "--devices", "2", "--accelerator", "cpu", "--out", str(tmp_path / "two")]  # fmt: skip
-    result = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+    result = warm.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
                             text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     two = np.load(tmp_path / "two" / "samples.npz")
@@ -171,7 +170,7 @@ def test_unconditional_samples_ignore_guidance_and_old_checkpoints_load(digits_c
 @pytest.mark.slow
 def test_guidance_benchmark_runs_on_its_own_and_reuses_a_finished_run(tmp_path, capsys):
     quality = [sys.executable, "benchmarks/quality/quality.py", "--quick", "--only", "digits_conditional"]
-    trained = subprocess.run([*quality, "--out", str(tmp_path / "trained")], cwd=REPO, capture_output=True,
+    trained = warm.run([*quality, "--out", str(tmp_path / "trained")], cwd=REPO, capture_output=True,
                              text=True, timeout=600)  # fmt: skip
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     table = (tmp_path / "trained" / "quality_conditional.md").read_text()

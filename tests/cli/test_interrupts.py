@@ -8,12 +8,11 @@ reached, then exit 130 / 143) is training/test_preemption.py's.
 """
 
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import tiny_run
+from helpers import tiny_run, warm
 from helpers.user_errors import error_line, snapshot
 
 # Replaces `module.function` by one that signals this process first, then runs the command's main.
@@ -36,7 +35,7 @@ def run_interrupted(command: str, step: str, signal_name: str, argv: list[str], 
     module calls while it works) is called; return the finished process."""
     module, _, function = step.rpartition(".")
     script = WRAPPER.format(commands=repr(command))
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-c", script, module, function, signal_name, *argv],
         cwd=cwd, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

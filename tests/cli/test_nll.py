@@ -3,14 +3,13 @@ on 1 or 2 processes, refused for vector models in one line."""
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_run
+from helpers import tiny_run, warm
 from helpers.damage import flip_byte_inside_largest_entry
 from helpers.user_errors import run_in_process
 
@@ -155,7 +154,7 @@ def test_two_processes_give_one_processs_bits_per_dim(short_chain_checkpoint):
     # 7 images over 2 ranks in batches of 2: another split and other batches than one process's single batch.
     args = ["--nll", "--ckpt", str(short_chain_checkpoint), "--num_images", "7", "--seed", "5"]
     one = evaluate.main(args)
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "-m", "diffusion.evaluate", *args, "--devices", "2", "--accelerator", "cpu",
          "--batch_size", "2"],
         cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,

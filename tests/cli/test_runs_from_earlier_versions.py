@@ -6,13 +6,13 @@ diffusion.sample` and load with `load_checkpoint`; class paths that configs of e
 their classes."""
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import warm
 
 from diffusion.cli.legacy import same_class
 from diffusion.cli.train import main as train
@@ -53,7 +53,7 @@ def test_an_old_config_starts_a_new_run(old_runs, name):
 def test_an_old_checkpoint_samples_with_the_sample_command_and_loads(old_runs, name):
     checkpoint = old_runs / name / "version_0" / "checkpoints" / "last.ckpt"
     out = old_runs.parent / f"samples_{name}"
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "-m", "diffusion.sample", "--ckpt", str(checkpoint), "--num_samples", "4",
          "--sampler", "ddim", "--steps", "3", "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=REPO,

@@ -10,7 +10,6 @@ Fabric's all_gather recorded into $GATHER_RECORD/rank<r>.json (see `record_gathe
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import warm
 from lightning.fabric import Fabric
 
 from diffusion.cli.process_group import process_group_is_open
@@ -151,10 +151,11 @@ def test_two_processes_write_one_devices_samples_once_gathering_uint8(digits_che
     # One launch, several guarantees (a launch costs ~20 s of imports): the sample CLI on two ranks, with Fabric's
     # all_gather recorded (this file run as a script: `main()` of diffusion.sample, as `-m diffusion.sample` runs).
     one = main(["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "one"), "--device", "cpu", *ARGS])
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, __file__, "--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "two"),
          "--devices", "2", "--accelerator", "cpu", *ARGS],
-        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "GATHER_RECORD": str(tmp_path)},
+        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "GATHER_RECORD": str(tmp_path),
+                             "PYTHONPATH": str(REPO_ROOT / "tests")},  # rank 1 imports this file: helpers
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import warm
 from helpers.user_errors import REPO, error_line, run_in_process, snapshot, train_args
 from PIL import Image
 from torch import nn
@@ -359,7 +360,7 @@ def test_a_bug_keeps_its_traceback_and_messages_become_one_line():
 
 
 def run_command(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO), **env},
     )  # fmt: skip

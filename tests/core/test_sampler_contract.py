@@ -13,7 +13,6 @@ on two processes (Lightning Fabric, gloo) and writes rank 0's gathered samples t
 """
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from helpers import warm
 from helpers.tiny_sampler import (  # noqa: F401 (_one_thread: autouse)
     LABELS,
     NAMES,
@@ -161,7 +161,7 @@ def two_process_options(name: str) -> SamplingOptions:
 
 @pytest.mark.multiprocess
 def test_two_processes_draw_one_processs_samples(tmp_path):
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, __file__, str(tmp_path / "two.pt")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT / "tests")},  # helpers.tiny_sampler

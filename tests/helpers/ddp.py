@@ -204,12 +204,17 @@ class CompileWith(L.Callback):
         self._within.close()
 
 
-def run_in_session(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int | None, str]:
+def run_in_session(
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, *, warm: bool = False
+) -> tuple[int | None, str]:
     """Run `cmd` in a session of its own (a DDP launcher's ranks with it), its output and exit status; past
-    `timeout` the whole session is killed and the status is None (the output then says how long it ran)."""
+    `timeout` the whole session is killed and the status is None (the output then says how long it ran).
+    warm: forked with the imports done (helpers/warm.py), for runs that test what a run does, not how it starts."""
     import subprocess
 
-    process = subprocess.Popen(
+    from helpers import warm as warm_launches
+
+    process = (warm_launches.popen if warm else subprocess.Popen)(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip

@@ -6,7 +6,6 @@ saved to a local file; every FID value uses the project's offline pixel features
 
 import math
 import re
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from helpers import QUICK, TINY_UNET, tiny_run
+from helpers import QUICK, TINY_UNET, tiny_run, warm
 from sklearn.datasets import load_digits
 
 from diffusion.cli import evaluate as evaluate_cli
@@ -322,7 +321,7 @@ def test_fid_callback_under_two_ddp_processes_feeds_each_image_once(tmp_path):
     flags = [f if f != "16" else "15" for f in FID_FLAGS]
     cmd = [sys.executable, str(REPO / "train.py"), "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
            *TINY_UNET, *QUICK, *flags, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
-    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = warm.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     lines = re.findall(

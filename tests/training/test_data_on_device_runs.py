@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import TINY_UNET, tiny_run
+from helpers import TINY_UNET, tiny_run, warm
 
 from diffusion.cli.train import main
 from diffusion.data import split
@@ -81,7 +81,7 @@ def launch(save_dir: Path, *extra: str, threads: int | None = None, timeout: flo
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     if threads is not None:
         environment["OMP_NUM_THREADS"] = str(threads)
-    process = subprocess.Popen(
+    process = warm.popen(
         [sys.executable, str(REPO / "train.py"), *args(save_dir, *extra)], cwd=save_dir, env=environment,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip

@@ -1,6 +1,7 @@
 """What DDP promises and this project relies on, proved with real multi-process runs on CPU (gloo).
 
-Two-process runs are `train.py` subprocesses launched as users launch them (`--devices 2 --strategy ddp`);
+Two-process runs are `train.py` processes launched as users launch them (`--devices 2 --strategy ddp`), rank 0
+forked with the imports done (helpers/warm.py);
 one-process references run in-process through the same CLI (`diffusion.cli.train.main`), which saves the
 start-up of a fresh interpreter. Test-only callbacks from tests/helpers.ddp.py record, per rank, what each
 process saw (dataset indices, noise, losses, all-reduce calls). Runs are built once per module and shared
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_MLP
+from helpers import TINY_MLP, warm
 from helpers.ddp import CountingVectorData
 
 from diffusion.cli.train import DiffusionCLI, main
@@ -113,14 +114,15 @@ def in_process(save_dir: Path, name: str, *extra: str) -> Run:
 
 
 def two_processes(save_dir: Path, name: str, *extra: str, timeout: float = 150) -> Run:
-    """`train.py ... --devices 2 --strategy ddp` in a subprocess; rank 0 launches rank 1 itself."""
+    """`train.py ... --devices 2 --strategy ddp` in a process of its own, forked with the imports done
+    (helpers/warm.py); rank 0 launches rank 1 itself, a fresh interpreter."""
     run = Run(save_dir, name)
     env = {k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     cmd = [sys.executable, str(REPO / "train.py"), *run.args(*TWO_PROCESSES, *extra)]
     start = time.monotonic()
     # A session of its own, so that on a timeout both ranks are killed, not only rank 0.
-    process = subprocess.Popen(
+    process = warm.popen(
         cmd, cwd=save_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip

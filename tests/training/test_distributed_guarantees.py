@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_MLP
+from helpers import TINY_MLP, warm
 
 from diffusion.data.batch import Batch
 from diffusion.models import MLP
@@ -94,7 +94,7 @@ def start(save_dir: Path, *extra: str) -> subprocess.Popen:
     environment["OMP_NUM_THREADS"] = "1"
     logger = ["--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.logger.init_args.name", "run"]
     with open(save_dir / "output.txt", "w") as output:
-        return subprocess.Popen(
+        return warm.popen(
             [sys.executable, str(REPO / "train.py"), *BASE, *logger, *extra], cwd=save_dir, env=environment,
             stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

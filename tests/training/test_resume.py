@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import TINY_MLP
+from helpers import TINY_MLP, warm
 
 from diffusion.cli.train import main
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
@@ -80,7 +80,7 @@ def launch(save_dir: Path, *extra: str, env: dict[str, str] | None = None, timeo
     environment = {k: v for k, v in os.environ.items() if k not in inherited}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), environment.get("PYTHONPATH")]))
     environment.update(env or {})
-    process = subprocess.Popen(
+    process = warm.popen(
         [sys.executable, str(REPO / "train.py"), *args(save_dir, *extra)], cwd=save_dir, env=environment,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip

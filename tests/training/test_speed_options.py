@@ -4,7 +4,6 @@ with clipping), TF32 on CUDA only, and the speed benchmark's plumbing (benchmark
 import copy
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +11,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import TINY_MLP, counting_backend, tiny_run
+from helpers import TINY_MLP, counting_backend, tiny_run, warm
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
@@ -297,7 +296,7 @@ def test_the_module_sets_tf32_when_fitting_on_cuda(float32_matmul_precision):
 
 @pytest.mark.slow
 def test_speed_benchmark_quick_mode_runs_end_to_end(tmp_path):
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "benchmarks/speed/speed.py", "--quick", "--out", str(tmp_path), "--threads", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

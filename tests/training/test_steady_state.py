@@ -76,7 +76,7 @@ def two_processes(save_dir: Path, precision: str, timeout: float = 240) -> Path:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, str(REPO / "train.py"), *run_args(save_dir, precision, *TWO_PROCESSES)]
-    code, output = run_in_session(cmd, save_dir, env, timeout)
+    code, output = run_in_session(cmd, save_dir, env, timeout, warm=True)
     assert code == 0, output[-4000:]
     return save_dir
 

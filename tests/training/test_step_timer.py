@@ -9,7 +9,6 @@ the stream (the CUDA test below holds those to what they can guarantee)."""
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import TINY_UNET
+from helpers import TINY_UNET, warm
 
 from diffusion.cli.train import DEFAULT_CONFIG, DiffusionCLI, fit
 from diffusion.training.callbacks import StepTimer
@@ -158,7 +157,7 @@ def test_under_ddp_rank_zero_alone_writes_the_report_of_the_global_batch(tmp_pat
         "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu", "--max_steps", "5",
         "--trainer.val_check_interval", "5",
     ]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = warm.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     (line,) = out.read_text().splitlines()

@@ -1,0 +1,247 @@
+"""`python train.py ...` without paying for the imports again: commands forked from an interpreter that imported the
+training stack once.
+
+Importing what `train.py` needs (torch, Lightning, which imports torchmetrics, which imports torchvision's models,
+scipy.signal and matplotlib) costs 7-9 s of CPU on the 2-core test machine, and most of the suite's time was such
+imports: 130-odd launched processes, each importing the same modules (benchmarks/results/suite_time.md). Here a
+multiprocessing forkserver imports them once per pytest worker, and each command is a fork of it: a process of its
+own (its pid, its exit status, its signals, its output on a pipe, a session of its own when asked), starting with
+the modules imported and nothing else done. `popen` and `run` take what subprocess.Popen and subprocess.run take
+where tests use it; a command that is not `python SCRIPT`, `python -m MODULE` or `python -c CODE` runs cold.
+
+What differs from a cold start, and is set right in the child: os.environ (the command's), the working directory,
+sys.argv, sys.path (the script's folder or '', PYTHONPATH's entries, then the interpreter's own), the CPU threads
+(OMP_NUM_THREADS is read when torch loads), unbuffered output (-u, PYTHONUNBUFFERED) and the atexit handlers, which
+run at the end as at an interpreter's exit. What a fork cannot change: environment variables other libraries read
+while being imported. A test of how a command starts (the README's commands as printed, the launchers, a first
+run on a fresh install) launches cold: subprocess itself. DDP ranks a warm command starts (Lightning's launcher,
+torchrun) are cold processes, as for users.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+# Imported once, in the forkserver: everything `train.py`, `python -m diffusion.sample` and `-m diffusion.evaluate`
+# import before they start work.
+PRELOAD = ["diffusion.cli.train", "diffusion.cli.sample", "diffusion.cli.evaluate", "tensorboard"]
+_started = threading.Lock()  # tests launch from thread pools: one forkserver all the same
+_context = None
+_interpreter_path: list[str] = []
+
+
+def _forkserver() -> multiprocessing.context.BaseContext:
+    """Started on first use, with that moment's environment (each command gets its own; only what libraries read
+    while being imported comes from this one)."""
+    global _context
+    with _started:
+        if _context is None:
+            # sys.path of a fresh interpreter without PYTHONPATH: pytest's own entries must not reach the commands.
+            bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            _interpreter_path[:] = json.loads(subprocess.run(
+                [sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"], cwd="/", env=bare,
+                capture_output=True, text=True, check=True,
+            ).stdout)  # fmt: skip
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(PRELOAD)
+            _context = context
+    return _context
+
+
+def _warm_form(cmd: list[str]) -> tuple[list[str], bool] | None:
+    """(`-m MODULE ARGS` | `SCRIPT ARGS` | `-c CODE ARGS`, unbuffered) for `python [-u] ...`; None otherwise."""
+    if not cmd or os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+        return None
+    rest, unbuffered = list(cmd[1:]), False
+    if rest[:1] == ["-u"]:
+        rest, unbuffered = rest[1:], True
+    if not rest or (rest[0].startswith("-") and rest[0] not in ("-m", "-c")):
+        return None
+    return rest, unbuffered
+
+
+def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], path: list[str],
+           out: multiprocessing.connection.Connection | None, err: multiprocessing.connection.Connection | None,
+           new_session: bool) -> None:  # fmt: skip
+    """In the forked process: become `python <form>` started in `cwd` with `env`, then run it."""
+    if new_session:
+        os.setsid()
+    for connection, fd in ((out, 1), (err, 2)):
+        if connection is not None:
+            os.dup2(connection.fileno(), fd)
+    for connection in {id(c): c for c in (out, err) if c is not None}.values():
+        connection.close()
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    if unbuffered or env.get("PYTHONUNBUFFERED"):
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    import torch
+
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))))
+    first = "" if form[0] in ("-m", "-c") else os.path.dirname(os.path.abspath(form[0]))
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [first, *extra, *path]
+    code: object = 0
+    try:
+        if form[0] == "-m":
+            sys.argv = ["-m", *form[2:]]
+            runpy.run_module(form[1], run_name="__main__", alter_sys=True)
+        elif form[0] == "-c":
+            sys.argv = ["-c", *form[2:]]
+            exec(compile(form[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        else:
+            sys.argv = list(form)
+            runpy.run_path(form[0], run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+    except KeyboardInterrupt:  # as an interpreter does: the traceback, then ended by SIGINT itself
+        _print_exception()
+        _at_exit()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        _print_exception()
+        code = 1
+    _at_exit()
+    raise SystemExit(code)
+
+
+def _print_exception() -> None:
+    """The traceback an interpreter prints: from the command's first frame (not this file's, nor runpy's)."""
+    kind, error, frames = sys.exc_info()
+    while frames is not None and frames.tb_frame.f_code.co_filename in (
+        __file__,
+        runpy.__file__,
+        "<frozen runpy>",
+    ):
+        frames = frames.tb_next
+    sys.excepthook(kind, error.with_traceback(frames), frames)
+
+
+def _at_exit() -> None:
+    """What an interpreter does at its end (multiprocessing's child ends with os._exit, which does none of it)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+class WarmProcess:
+    """subprocess.Popen's face (pid, poll, wait, communicate, send_signal, kill, returncode) for a forked command."""
+
+    def __init__(self, cmd: list[str], form: list[str], unbuffered: bool, *, cwd: str | Path | None = None,
+                 env: dict[str, str] | None = None, stdout: int | IO | None = None, stderr: int | IO | None = None,
+                 text: bool = False, start_new_session: bool = False) -> None:  # fmt: skip
+        context = _forkserver()
+        self.args, self.returncode, self._text = cmd, None, text
+        self._pipes: dict[str, int] = {}
+        ends: dict[str, multiprocessing.connection.Connection | None] = {"out": None, "err": None}
+        for name, target in (("out", stdout), ("err", stderr)):
+            if target == subprocess.PIPE:
+                read, write = os.pipe()
+                self._pipes[name] = read
+                ends[name] = multiprocessing.connection.Connection(write, readable=False)
+            elif target == subprocess.STDOUT and name == "err":
+                ends["err"] = ends["out"]
+            elif target is not None and target != subprocess.DEVNULL:
+                ends[name] = multiprocessing.connection.Connection(os.dup(target.fileno()), readable=False)
+            elif target == subprocess.DEVNULL:
+                ends[name] = multiprocessing.connection.Connection(
+                    os.open(os.devnull, os.O_WRONLY), readable=False
+                )
+        environment = dict(os.environ if env is None else env)
+        self._process = context.Process(
+            target=_child,
+            args=(form, unbuffered, str(cwd or os.getcwd()), environment, _interpreter_path, ends["out"],
+                  ends["err"], start_new_session),
+        )  # fmt: skip
+        self._process.start()
+        for end in {id(e): e for e in ends.values() if e is not None}.values():
+            end.close()  # the child holds its copies: the pipes end when it (and what it starts) exits
+        self.pid = self._process.pid
+        self._output: dict[str, list[bytes]] = {name: [] for name in self._pipes}
+        self._readers = [
+            threading.Thread(target=self._drain, args=(name,), daemon=True) for name in self._pipes
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _drain(self, name: str) -> None:
+        with os.fdopen(self._pipes[name], "rb") as pipe:
+            while chunk := pipe.read1(65536):
+                self._output[name].append(chunk)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._process.is_alive():
+            self._process.join()
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        """Like Popen's: waits for the pipes' end (every process holding them has exited) and the exit status."""
+        for reader in self._readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(timeout)
+        return self._read("out"), self._read("err")
+
+    def _read(self, name: str) -> str | bytes | None:
+        if name not in self._output:
+            return None
+        data = b"".join(self._output[name])
+        return data.decode(errors="replace") if self._text else data
+
+    def send_signal(self, signal_number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal_number)
+
+    def terminate(self) -> None:
+        self._process.terminate()
+
+    def kill(self) -> None:
+        self._process.kill()
+
+
+def popen(cmd: list[str], **kwargs: Any) -> WarmProcess | subprocess.Popen:
+    """subprocess.Popen(cmd, **kwargs), forked warm where `cmd` is `python SCRIPT|-m MODULE|-c CODE ...`."""
+    warm = _warm_form([str(part) for part in cmd])
+    if warm is None:
+        return subprocess.Popen(cmd, **kwargs)
+    return WarmProcess([str(part) for part in cmd], *warm, **kwargs)
+
+
+def run(cmd: list[str], *, capture_output: bool = False, timeout: float | None = None, check: bool = False,
+        **kwargs: Any) -> subprocess.CompletedProcess:  # fmt: skip
+    """subprocess.run(cmd, ...), forked warm where `cmd` is `python SCRIPT|-m MODULE|-c CODE ...`."""
+    if capture_output:
+        kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = popen(cmd, **kwargs)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    if check:
+        result.check_returncode()
+    return result
