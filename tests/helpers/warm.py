@@ -21,6 +21,7 @@ torchrun) are cold processes, as for users.
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -85,13 +86,11 @@ def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], pat
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    if unbuffered or env.get("PYTHONUNBUFFERED"):
-        sys.stdout.reconfigure(write_through=True)
-        sys.stderr.reconfigure(write_through=True)
+    _fresh_standard_streams(unbuffered or bool(env.get("PYTHONUNBUFFERED")))
     import torch
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))))
-    first = "" if form[0] in ("-m", "-c") else os.path.dirname(os.path.abspath(form[0]))
+    first = {"-m": os.getcwd(), "-c": ""}.get(form[0], os.path.dirname(os.path.abspath(form[0])))
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [first, *extra, *path]
     code: object = 0
@@ -117,6 +116,21 @@ def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], pat
         code = 1
     _at_exit()
     raise SystemExit(code)
+
+
+def _fresh_standard_streams(unbuffered: bool) -> None:
+    """sys.stdout and sys.stderr as an interpreter makes them for the new fds 1 and 2 (the forkserver's were made
+    for its own, under its own flags: pytest-xdist's workers run -u): block-buffered on a pipe or file,
+    line-buffered on a terminal; stderr line-buffered; -u: neither."""
+    for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
+        old = getattr(sys, name)
+        old.flush()
+        binary = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115 (the stream lives on)
+        line_buffering = not unbuffered and (fd == 2 or os.isatty(fd))
+        stream = io.TextIOWrapper(binary, encoding=old.encoding, errors=errors, line_buffering=line_buffering,
+                                  write_through=unbuffered)  # fmt: skip
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def _print_exception() -> None:

@@ -1,0 +1,107 @@
+"""tests/helpers/warm.py's commands are what `python ...` would be: the same probe, run cold (subprocess) and warm
+(forked from the forkserver), reports the same facts, prints the same, exits the same way. The tests that launch
+warm rely on it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import warm
+
+PROBE = """
+import atexit, json, os, sys
+import __main__
+atexit.register(lambda: print("atexit ran", flush=True))
+facts = {
+    "argv": sys.argv, "cwd": os.getcwd(), "path": sys.path, "name": __name__,
+    "spec": getattr(__main__.__spec__, "name", None), "probe": os.environ.get("PROBE"),
+    "session_leader": os.getpgid(0) == os.getpid(), "write_through": sys.stdout.write_through,
+}
+if os.environ.get("THREADS"):
+    import torch
+    facts["threads"] = torch.get_num_threads()
+print(json.dumps(facts))
+print("to stderr", file=sys.stderr)
+if os.environ.get("FAIL"):
+    def deeper():
+        raise ValueError("the probe failed")
+    deeper()
+if os.environ.get("WAIT"):
+    import time
+    print("waiting", flush=True)
+    open("ready", "w").close()
+    time.sleep(60)
+sys.exit(3)
+"""
+
+
+@pytest.fixture
+def probe(tmp_path):
+    lib, work = tmp_path / "lib", tmp_path / "work"
+    lib.mkdir()
+    work.mkdir()
+    (lib / "probe_module.py").write_text(PROBE)
+    (tmp_path / "probe.py").write_text(PROBE)
+    environment = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONUNBUFFERED")}
+    environment.update(PYTHONPATH=str(lib), PROBE="set for this command")
+    return {"script": str(tmp_path / "probe.py"), "work": work, "env": environment}
+
+
+def both(cmd: list[str], **kwargs) -> list[subprocess.CompletedProcess]:
+    """The command cold, then warm."""
+    return [
+        launch(cmd, capture_output=True, text=True, timeout=120, **kwargs)
+        for launch in (subprocess.run, warm.run)
+    ]
+
+
+@pytest.mark.parametrize("form", ["script", "-m", "-c", "-u script"])
+def test_a_warm_command_sees_what_a_cold_one_sees(probe, form):
+    head = {"script": [probe["script"]], "-m": ["-m", "probe_module"], "-c": ["-c", PROBE],
+            "-u script": ["-u", probe["script"]]}[form]  # fmt: skip
+    env = {**probe["env"], "THREADS": "1"} if form == "script" else {**probe["env"], "OMP_NUM_THREADS": "1"}
+    cold, hot = both([sys.executable, *head, "a", "--b"], cwd=probe["work"], env=env)
+    assert cold.returncode == hot.returncode == 3
+    assert cold.stderr == hot.stderr == "to stderr\n"
+    facts, atexit_line = cold.stdout.splitlines()
+    assert atexit_line == "atexit ran" and hot.stdout.splitlines()[1] == atexit_line
+    assert json.loads(hot.stdout.splitlines()[0]) == json.loads(facts)
+    assert json.loads(facts)["probe"] == "set for this command"
+
+
+def test_a_failure_prints_the_same_traceback_and_exits_1(probe):
+    cold, hot = both([sys.executable, probe["script"]], cwd=probe["work"], env={**probe["env"], "FAIL": "1"})
+    assert cold.returncode == hot.returncode == 1
+    assert "ValueError: the probe failed" in cold.stderr and "in deeper" in cold.stderr
+    assert hot.stderr == cold.stderr
+    assert hot.stdout.splitlines()[1:] == cold.stdout.splitlines()[1:] == ["atexit ran"]
+
+
+@pytest.mark.parametrize("how", ["interrupted", "killed with its session"])
+def test_signals_end_a_warm_command_as_they_end_a_cold_one(probe, how):
+    endings = []
+    ready = probe["work"] / "ready"
+    for launch in (subprocess.Popen, warm.popen):
+        process = launch(
+            [sys.executable, probe["script"]], cwd=probe["work"], env={**probe["env"], "WAIT": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ready.unlink()
+        if how == "interrupted":
+            process.send_signal(signal.SIGINT)
+        else:
+            os.killpg(process.pid, signal.SIGKILL)
+        endings.append((process.communicate(timeout=60)[0], process.returncode))
+    assert endings[0] == endings[1]
+    output, code = endings[0]
+    if how == "interrupted":  # the traceback, atexit's line, then ended by SIGINT, as an interpreter does
+        assert code == -signal.SIGINT and output.endswith("KeyboardInterrupt\natexit ran\n")
+    else:
+        assert code == -signal.SIGKILL and output.endswith("waiting\n")
