@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import warm
@@ -105,3 +106,28 @@ def test_signals_end_a_warm_command_as_they_end_a_cold_one(probe, how):
         assert code == -signal.SIGINT and output.endswith("KeyboardInterrupt\natexit ran\n")
     else:
         assert code == -signal.SIGKILL and output.endswith("waiting\n")
+
+
+def test_ctrl_c_ends_a_command_whatever_the_forkserver_started_with(tmp_path):
+    """The forkserver keeps the signal handlers of the moment it started (a test may be ignoring SIGINT then); each
+    command starts with an interpreter's own. Run in a process of its own, whose forkserver imports nothing."""
+    script = tmp_path / "ignoring.py"
+    script.write_text(f"""
+import signal, subprocess, sys, time
+sys.path.insert(0, {str(Path(__file__).parent / "helpers")!r})
+import warm  # not through the helpers package, which imports the training stack
+warm.PRELOAD = []
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warm.run([sys.executable, "-c", "pass"], check=True)  # the forkserver starts now
+    command = warm.popen([sys.executable, "-c", "import time; open('ready', 'w').close(); time.sleep(60)"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while command.poll() is None and not __import__("os").path.exists("ready"):
+        time.sleep(0.05)
+    command.send_signal(signal.SIGINT)
+    print(command.wait(timeout=30))
+""")
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.strip() == str(-signal.SIGINT), result.stderr[-2000:]

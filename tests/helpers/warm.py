@@ -21,6 +21,7 @@ torchrun) are cold processes, as for users.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import json
 import multiprocessing
@@ -78,6 +79,7 @@ def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], pat
     """In the forked process: become `python <form>` started in `cwd` with `env`, then run it."""
     if new_session:
         os.setsid()
+    _fresh_signal_handlers()
     for connection, fd in ((out, 1), (err, 2)):
         if connection is not None:
             os.dup2(connection.fileno(), fd)
@@ -116,6 +118,17 @@ def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], pat
         code = 1
     _at_exit()
     raise SystemExit(code)
+
+
+def _fresh_signal_handlers() -> None:
+    """An interpreter's at its start: the forkserver's were inherited from the pytest worker when it started, and a
+    test may have been ignoring SIGINT then (a command that ignores Ctrl-C never ends in the interrupt tests)."""
+    for number in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # Python ignores these two at its start
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 def _fresh_standard_streams(unbuffered: bool) -> None:
