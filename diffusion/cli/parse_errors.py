@@ -16,7 +16,7 @@ import operator
 import sys
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -48,20 +48,22 @@ def parse_command_line(parser: ArgumentParser, argv: Sequence[str] | None) -> Na
 def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException) -> tuple[str, str]:
     """(what is wrong, how to fix it) for a command line `parser` refused with `error`."""
     config_files = ("config", *_config_groups(parser))
+    # The parser's defaults, once: building them walks every class's signature (0.1 s), and each written flag of
+    # a class's options may ask for them.
+    defaults = functools.cache(parser.get_defaults)
     for key, values in flags_written(argv):
         if key in config_files:
             found = _bad_config_file(key, values[-1] if values else "", is_group=key != "config")
         else:
-            found = _bad_value(parser, argv, key, values)
+            found = _bad_value(parser, argv, key, values, defaults)
         if found:
             return found
     written = {f"--{key}" for key, _ in flags_written(argv)}
-    defaults = parser.get_defaults()
     for action in parser._actions:
         if (
             action.required
             and written.isdisjoint(action.option_strings)
-            and defaults.get(action.dest) is None
+            and defaults().get(action.dest) is None
         ):
             flag = action.option_strings[-1]
             return f"{flag} is required", f"pass {flag} VALUE (see --help)"
@@ -120,7 +122,7 @@ def _yaml_or_none(text: str) -> Any:
 
 
 def _bad_value(
-    parser: ArgumentParser, argv: list[str], key: str, values: list[str]
+    parser: ArgumentParser, argv: list[str], key: str, values: list[str], defaults: Callable[[], Namespace]
 ) -> tuple[str, str] | None:
     action = parser._option_string_actions.get(f"--{key}")
     if isinstance(action, ActionYesNo):
@@ -128,13 +130,15 @@ def _bad_value(
     elif action is not None:
         hint = getattr(action, "_typehint", None)  # jsonargparse's ActionTypeHint: the declared type
     else:
-        hint = _class_argument_hint(parser, argv, key)
+        hint = _class_argument_hint(parser, argv, key, defaults)
     if hint is None or not values or _fits(hint, values, getattr(action, "nargs", None)):
         return None
     return _said_of(f"--{key} {' '.join(values)}", hint, values)
 
 
-def _class_argument_hint(parser: ArgumentParser, argv: list[str], key: str) -> Any:
+def _class_argument_hint(
+    parser: ArgumentParser, argv: list[str], key: str, defaults: Callable[[], Namespace]
+) -> Any:
     """The type of an argument of the class a group flag chose: `--data.batch_size` (or
     `--data.init_args.batch_size`) from the signature of the class `--data` names (`_chosen_class_path`)."""
     parts = key.split(".")
@@ -142,7 +146,7 @@ def _class_argument_hint(parser: ArgumentParser, argv: list[str], key: str) -> A
         group, rest = ".".join(parts[:cut]), [part for part in parts[cut:] if part != "init_args"]
         if f"--{group}" not in parser._option_string_actions:
             continue
-        class_path = _chosen_class_path(parser, argv, group)
+        class_path = _chosen_class_path(argv, group, defaults)
         cls = _imported(class_path) if class_path and len(rest) == 1 else None
         if cls is None or isinstance(cls, str):
             return None
@@ -153,7 +157,7 @@ def _class_argument_hint(parser: ArgumentParser, argv: list[str], key: str) -> A
     return None
 
 
-def _chosen_class_path(parser: ArgumentParser, argv: list[str], group: str) -> str | None:
+def _chosen_class_path(argv: list[str], group: str, defaults: Callable[[], Namespace]) -> str | None:
     """The class path `group` was given last: by `--group X`, `--group.class_path X` or a `--config` file, else
     the parser's default."""
     chosen = None
@@ -167,7 +171,7 @@ def _chosen_class_path(parser: ArgumentParser, argv: list[str], group: str) -> s
             written = _yaml_or_none(values[-1])
             chosen = written.get("class_path", chosen) if isinstance(written, dict) else values[-1]
     if chosen is None:
-        default = parser.get_defaults().get(group)
+        default = defaults().get(group)
         chosen = default.get("class_path") if isinstance(default, Namespace) else None
     return chosen
 
