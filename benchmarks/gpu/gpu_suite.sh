@@ -129,9 +129,15 @@ stage_command() {
     case "$1" in
         check)
             nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || echo "no nvidia-smi"
-            python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, 'cuda', torch.cuda.is_available())" || return 1
-            python3 -c "import jsonargparse, diffusers; print('jsonargparse', jsonargparse.__version__, 'diffusers', diffusers.__version__)" \
-                || echo "(the speed stages report what fails to import)"
+            # One interpreter for both (an import of torch is seconds of the call); only torch and Lightning must import.
+            python3 -c "
+import torch, lightning
+print('torch', torch.__version__, 'lightning', lightning.__version__, 'cuda', torch.cuda.is_available())
+try:
+    import jsonargparse, diffusers
+    print('jsonargparse', jsonargparse.__version__, 'diffusers', diffusers.__version__)
+except ImportError as error:
+    print(error, '(the speed stages report what fails to import)')" || return 1
             if [[ "$quick" == 1 ]]; then
                 "${pytest[@]}" --collect-only -k cuda "${cuda_tests[@]}" | tail -1
             else

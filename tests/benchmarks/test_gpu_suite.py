@@ -47,8 +47,9 @@ def details(out: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_the_call_runs_every_stage_and_writes_gpu_md_in_the_files_the_device_tool_returns(tmp_path):
     out = tmp_path / "out"
-    # A variant train.py does not accept (an option not there yet) is skipped, not a failure.
-    result = suite(out, SUITE_VARIANTS="--data.no_such_option 1")
+    # A variant train.py does not accept (an option not there yet) is skipped, not a failure. The device machine
+    # has no pytest-xdist (pyproject's addopts start its workers): the check stage's pytest runs without it.
+    result = suite(out, SUITE_VARIANTS="--data.no_such_option 1", PYTEST_ADDOPTS="-p no:xdist")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     stages = {
         stage: cells[0] for stage, cells in stage_results(out).items() if stage != "wheels"
@@ -156,22 +157,10 @@ def test_the_call_fits_in_eight_minutes():
     assert not (ROOT / "unused").exists()  # a dry run writes nothing
 
 
-def test_a_failing_stage_says_why_and_the_next_one_runs(tmp_path):
-    out = tmp_path / "out"
-    # train cannot make its folder. The device machine has no pytest-xdist (pyproject's addopts start its
-    # workers): the check stage's pytest runs without it.
-    result = suite(out, "train", "check", SUITE_WORK="/dev/null/work", PYTEST_ADDOPTS="-p no:xdist")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = stage_results(out)
-    assert results["train"][0] == "FAILED" and "exit status 1: " in results["train"][2]
-    assert "NotADirectoryError" in results["train"][2] or "FileNotFoundError" in results["train"][2]
-    assert results["check"][0] == "OK"
-    assert "| train | FAILED |" in (out / "gpu.md").read_text()
-
-
-def test_a_stage_past_its_limit_is_ended_whole_and_reported(tmp_path):
-    """A stage's process that ignores SIGTERM (pytest did, through a test's Trainer) is gone when the stage is
-    reported ended, not left running beside the next, timed stage."""
+def test_a_failing_stage_says_why_and_the_next_one_runs_and_one_past_its_limit_is_ended_whole(tmp_path):
+    """train cannot make its folder: FAILED, and why. check runs next; its first command ignores SIGTERM (pytest did,
+    through a test's Trainer) and outlives the stage's limit: it is gone when the stage is reported ended, not left
+    running beside the next, timed stage."""
     out, shims, pid_file = tmp_path / "out", tmp_path / "bin", tmp_path / "stubborn.pid"
     shims.mkdir()
     # The check stage's first command; gpu_report.py's own call of it is answered at once.
@@ -181,15 +170,15 @@ def test_a_stage_past_its_limit_is_ended_whole_and_reported(tmp_path):
     )
     stubborn.chmod(0o755)
     path = f"{shims}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    result = suite(out, "check", SUITE_LIMITS="check=1", PATH=path)
-    assert result.returncode == 0
+    result = suite(out, "train", "check", SUITE_WORK="/dev/null/work", SUITE_LIMITS="check=1", PATH=path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = stage_results(out)
+    assert results["train"][0] == "FAILED" and "exit status 1: " in results["train"][2]
+    assert "NotADirectoryError" in results["train"][2] or "FileNotFoundError" in results["train"][2]
+    assert "| train | FAILED |" in (out / "gpu.md").read_text()
     pid = int(pid_file.read_text())
     assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
-    assert stage_results(out)["check"] == [
-        "FAILED",
-        stage_results(out)["check"][1],
-        "ran past its 1 s limit: ended",
-    ]
+    assert results["check"] == ["FAILED", results["check"][1], "ran past its 1 s limit: ended"]
     assert sorted(path.name for path in out.rglob("*")) == [
         "details.tar.gz",
         "gpu.md",
