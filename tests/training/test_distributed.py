@@ -1,9 +1,8 @@
 """What DDP promises and this project relies on, proved with real multi-process runs on CPU (gloo).
 
-Two-process runs are `train.py` processes launched as users launch them (`--devices 2 --strategy ddp`), rank 0
-forked with the imports done (helpers/warm.py);
-one-process references run in-process through the same CLI (`diffusion.cli.train.main`), which saves the
-start-up of a fresh interpreter. Test-only callbacks from tests/helpers.ddp.py record, per rank, what each
+Two-process runs are `train.py` processes launched as users launch them (`--devices 2 --strategy ddp`: rank 0,
+forked with the imports done by helpers/warm.py, starts rank 1); one-process references run in-process through
+the same CLI (`diffusion.cli.train.main`), which saves the start-up of a fresh interpreter. Test-only callbacks from tests/helpers.ddp.py record, per rank, what each
 process saw (dataset indices, noise, losses, all-reduce calls). Runs are built once per module and shared
 between the tests that read them, so the whole file costs seven DDP launches, run two at a time.
 
