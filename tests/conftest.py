@@ -3,6 +3,7 @@
 import logging
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -41,6 +42,20 @@ def _environment_restored():
     for name in set(os.environ) - set(saved):
         del os.environ[name]
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """A test's changes to this process's signal handlers end with it. Lightning changes them for good at a run's
+    end, as a process about to exit may: on KeyboardInterrupt it ignores SIGINT (trainer/call.py), and tearing down
+    a process group leaves SIGINT at SIG_DFL. A later test's cold subprocess inherited SIGINT ignored and slept
+    through Ctrl-C (CI failed so in tests/test_warm_launches.py)."""
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    saved = {number: signal.getsignal(number) for number in watched}
+    yield
+    for number, handler in saved.items():
+        if signal.getsignal(number) is not handler:
+            signal.signal(number, handler)
 
 
 @pytest.fixture(autouse=True)
