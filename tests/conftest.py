@@ -45,17 +45,21 @@ def _environment_restored():
 
 
 @pytest.fixture(autouse=True)
-def _signal_handlers_restored():
-    """A test's changes to this process's signal handlers end with it. Lightning changes them for good at a run's
-    end, as a process about to exit may: on KeyboardInterrupt it ignores SIGINT (trainer/call.py), and tearing down
-    a process group leaves SIGINT at SIG_DFL. A later test's cold subprocess inherited SIGINT ignored and slept
-    through Ctrl-C (CI failed so in tests/test_warm_launches.py)."""
-    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-    saved = {number: signal.getsignal(number) for number in watched}
+def _signal_handlers_of_a_fresh_interpreter():
+    """Each test starts and ends with a fresh interpreter's SIGINT, SIGTERM and SIGUSR1 handlers. Lightning changes
+    them for good at a run's end, as a process about to exit may (after a KeyboardInterrupt in fit it ignores SIGINT;
+    tearing down a process group leaves SIGINT at SIG_DFL), and a fixture of a wider scope may run such a run: a
+    later test's cold subprocess inherited SIGINT ignored and slept through Ctrl-C (CI failed so, in
+    tests/test_warm_launches.py). Restoring what the test found would keep a fixture's change."""
+
+    def fresh() -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+    fresh()
     yield
-    for number, handler in saved.items():
-        if signal.getsignal(number) is not handler:
-            signal.signal(number, handler)
+    fresh()
 
 
 @pytest.fixture(autouse=True)
