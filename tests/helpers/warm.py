@@ -2,7 +2,7 @@
 training stack once.
 
 Importing what `train.py` needs (torch, Lightning, which imports torchmetrics, which imports torchvision's models,
-scipy.signal and matplotlib) costs 7-9 s of CPU on the 2-core test machine, and most of the suite's time was such
+scipy.signal and matplotlib) costs 7-9 s of CPU on the 2-core test machine, and about half of the suite's CPU went to such
 imports: 130-odd launched processes, each importing the same modules (benchmarks/results/suite_time.md). Here a
 multiprocessing forkserver imports them once per pytest worker, and each command is a fork of it: a process of its
 own (its pid, its exit status, its signals, its output on a pipe, a session of its own when asked), starting with
@@ -10,9 +10,10 @@ the modules imported and nothing else done. `popen` and `run` take what subproce
 where tests use it; a command that is not `python SCRIPT`, `python -m MODULE` or `python -c CODE` runs cold.
 
 What differs from a cold start, and is set right in the child: os.environ (the command's), the working directory,
-sys.argv, sys.path (the script's folder or '', PYTHONPATH's entries, then the interpreter's own), the CPU threads
-(OMP_NUM_THREADS is read when torch loads), unbuffered output (-u, PYTHONUNBUFFERED) and the atexit handlers, which
-run at the end as at an interpreter's exit. What a fork cannot change: environment variables other libraries read
+sys.argv, sys.path (the script's folder, the working directory for -m or '' for -c, PYTHONPATH's entries, then the
+interpreter's own), the CPU threads (OMP_NUM_THREADS is read when torch loads), stdout and stderr made anew (buffering,
+-u, PYTHONUNBUFFERED), an interpreter's signal handlers, and the atexit handlers, which run at the end as at an
+interpreter's exit. What a fork cannot change: environment variables other libraries read
 while being imported. A test of how a command starts (the README's commands as printed, the launchers, a first
 run on a fresh install) launches cold: subprocess itself. DDP ranks a warm command starts (Lightning's launcher,
 torchrun) are cold processes, as for users.
