@@ -2,6 +2,8 @@
 (forked from the forkserver), reports the same facts, prints the same, exits the same way. The tests that launch
 warm rely on it."""
 
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -131,3 +133,51 @@ if __name__ == "__main__":
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert result.stdout.strip() == str(-signal.SIGINT), result.stderr[-2000:]
+
+
+RANKS_PROBE = """
+import json, os, sys
+import torch
+from lightning.fabric import Fabric
+fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+fabric.launch()
+ranks_sum = fabric.all_reduce(torch.tensor(fabric.global_rank + 1.0), reduce_op="sum")
+group = fabric.all_gather(torch.tensor([os.getpid(), os.getpgrp()]))  # every rank's (pid, process group)
+print(json.dumps({
+    "rank": fabric.global_rank, "world_size": fabric.world_size, "ranks_sum": ranks_sum.item(),
+    "one_group_led_by_rank_0": bool((group[:, 1] == group[0, 0]).all()), "argv": sys.argv[1:],
+    "env": {k: os.environ.get(k) for k in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "PROBE")},
+}), flush=True)
+"""
+
+
+def test_warm_ranks_are_the_ranks_lightnings_launcher_starts(probe, tmp_path):
+    """`warm.popen(..., ranks=2)` against the same DDP command started by Lightning's own launcher (rank 0 cold,
+    which starts rank 1): each rank's place in the world, its launcher's environment, one process group, one
+    output."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_PROBE)
+    outputs = []
+    for launch in (subprocess.Popen, functools.partial(warm.popen, ranks=2)):
+        process = launch(
+            [sys.executable, str(script), "an argument"],
+            cwd=probe["work"],
+            env=probe["env"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output = process.communicate(timeout=120)[0]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        assert process.returncode == 0, output
+        outputs.append(
+            sorted((json.loads(line) for line in output.splitlines()), key=lambda rank: rank["rank"])
+        )
+    cold, warm_ranks = outputs
+    assert warm_ranks == cold
+    assert [rank["rank"] for rank in cold] == [0, 1] and all(rank["ranks_sum"] == 3 for rank in cold)
+    assert all(rank["one_group_led_by_rank_0"] and rank["env"]["PROBE"] for rank in cold)

@@ -85,7 +85,7 @@ def test_two_processes_write_the_labels_and_samples_of_one(conditional_checkpoin
     command = [sys.executable, "-m", "diffusion.sample", *[f for f in flags if f not in ("--device", "cpu")],
                "--devices", "2", "--accelerator", "cpu", "--out", str(tmp_path / "two")]  # fmt: skip
     result = warm.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+                            text=True, timeout=300, ranks=2)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     two = np.load(tmp_path / "two" / "samples.npz")
     assert two["arr_1"].tolist() == one["arr_1"].tolist() == [0, 1, 2, 3, 4]

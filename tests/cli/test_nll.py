@@ -158,6 +158,7 @@ def test_two_processes_give_one_processs_bits_per_dim(short_chain_checkpoint):
         [sys.executable, "-m", "diffusion.evaluate", *args, "--devices", "2", "--accelerator", "cpu",
          "--batch_size", "2"],
         cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+        ranks=2,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr

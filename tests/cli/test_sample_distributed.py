@@ -156,7 +156,7 @@ def test_two_processes_write_one_devices_samples_once_gathering_uint8(digits_che
          "--devices", "2", "--accelerator", "cpu", *ARGS],
         cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "GATHER_RECORD": str(tmp_path),
                              "PYTHONPATH": str(REPO_ROOT / "tests")},  # rank 1 imports this file: helpers
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, ranks=2,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr

@@ -165,6 +165,7 @@ def test_two_processes_draw_one_processs_samples(tmp_path):
         [sys.executable, __file__, str(tmp_path / "two.pt")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT / "tests")},  # helpers.tiny_sampler
+        ranks=2,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     two = torch.load(tmp_path / "two.pt")

@@ -4,6 +4,7 @@
 Each rank writes what it saw to its own JSON file; the tests compare the files across ranks and runs.
 """
 
+import functools
 import io
 import json
 import os
@@ -133,8 +134,9 @@ class KillAt(L.Callback):
     `step` ends an epoch). With `during_save_of="last.ckpt"`, half-way through writing that file at `step`:
     the writer has put half of the bytes on disk when the process dies.
 
-    It kills its whole process group (the ranks Lightning launched are in it), so it refuses to run anywhere
-    but in a train.py started in a session of its own, as tests/training/test_resume.py starts it.
+    It kills its whole process group (the ranks Lightning launched, or the warm ranks helpers/warm.py started, are
+    in it), so it refuses to run anywhere but in a train.py whose rank 0 leads its group: started in a session of its
+    own, or as the warm ranks of one group, as tests/training/test_resume.py starts it.
     """
 
     def __init__(self, step: int, during_save_of: str | None = None) -> None:
@@ -142,7 +144,7 @@ class KillAt(L.Callback):
         self.during_save_of = during_save_of
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if os.getpgrp() != os.getsid(0):
+        if trainer.is_global_zero and os.getpgrp() != os.getpid():
             raise RuntimeError("KillAt kills its process group: start train.py with start_new_session=True")
 
     def on_train_batch_start(
@@ -205,16 +207,18 @@ class CompileWith(L.Callback):
 
 
 def run_in_session(
-    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, *, warm: bool = False
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, *, warm: bool = False, ranks: int = 1
 ) -> tuple[int | None, str]:
     """Run `cmd` in a session of its own (a DDP launcher's ranks with it), its output and exit status; past
     `timeout` the whole session is killed and the status is None (the output then says how long it ran).
-    warm: forked with the imports done (helpers/warm.py), for runs that test what a run does, not how it starts."""
+    warm: forked with the imports done (helpers/warm.py), for runs that test what a run does, not how it starts;
+    `ranks` of them started warm, in one process group (warm.popen)."""
     import subprocess
 
     from helpers import warm as warm_launches
 
-    process = (warm_launches.popen if warm else subprocess.Popen)(
+    launch = functools.partial(warm_launches.popen, ranks=ranks) if warm else subprocess.Popen
+    process = launch(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip

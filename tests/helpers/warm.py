@@ -16,7 +16,9 @@ interpreter's own), the CPU threads (OMP_NUM_THREADS is read when torch loads), 
 interpreter's exit. What a fork cannot change: environment variables other libraries read
 while being imported. A test of how a command starts (the README's commands as printed, the launchers, a first
 run on a fresh install) launches cold: subprocess itself. DDP ranks a warm command starts (Lightning's launcher,
-torchrun) are cold processes, as for users.
+torchrun) are cold processes, as for users; `ranks=2` starts both ranks warm instead, with the environment a launcher
+gives a rank (Lightning then starts none): for the tests of what DDP does, not of how Lightning's launcher watches its
+ranks or passes signals on.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -76,10 +79,13 @@ def _warm_form(cmd: list[str]) -> tuple[list[str], bool] | None:
 
 def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], path: list[str],
            out: multiprocessing.connection.Connection | None, err: multiprocessing.connection.Connection | None,
-           new_session: bool) -> None:  # fmt: skip
-    """In the forked process: become `python <form>` started in `cwd` with `env`, then run it."""
+           new_session: bool, group: int | None) -> None:  # fmt: skip
+    """In the forked process: become `python <form>` started in `cwd` with `env`, then run it. `group`: the process
+    group to join (0: a new one this process leads)."""
     if new_session:
         os.setsid()
+    if group is not None:
+        _join_group(group)
     _fresh_signal_handlers()
     for connection, fd in ((out, 1), (err, 2)):
         if connection is not None:
@@ -119,6 +125,19 @@ def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], pat
         code = 1
     _at_exit()
     raise SystemExit(code)
+
+
+def _join_group(group: int) -> None:
+    """setpgid, once the leader (forked just before) has made its group: it may not have run yet."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            os.setpgid(0, group)
+            return
+        except PermissionError:  # no such group in this session yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
 
 
 def _fresh_signal_handlers() -> None:
@@ -167,11 +186,18 @@ def _at_exit() -> None:
 
 
 class WarmProcess:
-    """subprocess.Popen's face (pid, poll, wait, communicate, send_signal, kill, returncode) for a forked command."""
+    """subprocess.Popen's face (pid, poll, wait, communicate, send_signal, kill, returncode) for a forked command.
+
+    ranks > 1: the command's DDP ranks, each forked warm with the environment a launcher gives a rank (`LOCAL_RANK`,
+    `NODE_RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), as torchrun or a cluster starts them and as Lightning's
+    launcher sets them for the ranks it starts (Lightning then starts none: the processes are made outside). They
+    share the output pipes, as the ranks Lightning's launcher starts share rank 0's, and one process group led by rank
+    0 (`pid`): a group cannot span sessions, so there start_new_session makes that group, not a session. The exit
+    status is the first rank's that is not 0, in rank order."""
 
     def __init__(self, cmd: list[str], form: list[str], unbuffered: bool, *, cwd: str | Path | None = None,
                  env: dict[str, str] | None = None, stdout: int | IO | None = None, stderr: int | IO | None = None,
-                 text: bool = False, start_new_session: bool = False) -> None:  # fmt: skip
+                 text: bool = False, start_new_session: bool = False, ranks: int = 1) -> None:  # fmt: skip
         context = _forkserver()
         self.args, self.returncode, self._text = cmd, None, text
         self._pipes: dict[str, int] = {}
@@ -190,15 +216,19 @@ class WarmProcess:
                     os.open(os.devnull, os.O_WRONLY), readable=False
                 )
         environment = dict(os.environ if env is None else env)
-        self._process = context.Process(
-            target=_child,
-            args=(form, unbuffered, str(cwd or os.getcwd()), environment, _interpreter_path, ends["out"],
-                  ends["err"], start_new_session),
-        )  # fmt: skip
-        self._process.start()
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        for rank, rank_environment in enumerate(_rank_environments(environment, ranks)):
+            group = None if ranks == 1 else (0 if rank == 0 else self._processes[0].pid)
+            process = context.Process(
+                target=_child,
+                args=(form, unbuffered, str(cwd or os.getcwd()), rank_environment, _interpreter_path, ends["out"],
+                      ends["err"], start_new_session and ranks == 1, group),
+            )  # fmt: skip
+            process.start()
+            self._processes.append(process)
         for end in {id(e): e for e in ends.values() if e is not None}.values():
-            end.close()  # the child holds its copies: the pipes end when it (and what it starts) exits
-        self.pid = self._process.pid
+            end.close()  # the children hold their copies: the pipes end when they (and what they start) exit
+        self.pid = self._processes[0].pid
         self._output: dict[str, list[bytes]] = {name: [] for name in self._pipes}
         self._readers = [
             threading.Thread(target=self._drain, args=(name,), daemon=True) for name in self._pipes
@@ -212,13 +242,16 @@ class WarmProcess:
                 self._output[name].append(chunk)
 
     def poll(self) -> int | None:
-        if self.returncode is None and not self._process.is_alive():
-            self._process.join()
-            self.returncode = self._process.exitcode
+        if self.returncode is None and not any(process.is_alive() for process in self._processes):
+            for process in self._processes:
+                process.join()
+            self.returncode = next((p.exitcode for p in self._processes if p.exitcode), 0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for process in self._processes:
+            process.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
@@ -239,22 +272,41 @@ class WarmProcess:
         return data.decode(errors="replace") if self._text else data
 
     def send_signal(self, signal_number: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signal_number)
+        """To every rank still running, as a signal to their process group would reach them."""
+        for process in self._processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal_number)
 
     def terminate(self) -> None:
-        self._process.terminate()
+        for process in self._processes:
+            process.terminate()
 
     def kill(self) -> None:
-        self._process.kill()
+        for process in self._processes:
+            process.kill()
 
 
-def popen(cmd: list[str], **kwargs: Any) -> WarmProcess | subprocess.Popen:
-    """subprocess.Popen(cmd, **kwargs), forked warm where `cmd` is `python SCRIPT|-m MODULE|-c CODE ...`."""
+def _rank_environments(env: dict[str, str], ranks: int) -> list[dict[str, str]]:
+    """One rank's environment per rank; a single process keeps the command's own."""
+    if ranks == 1:
+        return [env]
+    from lightning.fabric.plugins.environments.lightning import find_free_network_port
+
+    shared = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_network_port()), "NODE_RANK": "0",
+              "WORLD_SIZE": str(ranks)}  # fmt: skip
+    return [{**env, **shared, "LOCAL_RANK": str(rank)} for rank in range(ranks)]
+
+
+def popen(cmd: list[str], *, ranks: int = 1, **kwargs: Any) -> WarmProcess | subprocess.Popen:
+    """subprocess.Popen(cmd, **kwargs), forked warm where `cmd` is `python SCRIPT|-m MODULE|-c CODE ...`; `ranks`:
+    as many DDP ranks of it (WarmProcess)."""
     warm = _warm_form([str(part) for part in cmd])
     if warm is None:
+        if ranks != 1:
+            raise ValueError(f"only a `python ...` command starts as {ranks} warm ranks: {cmd}")
         return subprocess.Popen(cmd, **kwargs)
-    return WarmProcess([str(part) for part in cmd], *warm, **kwargs)
+    return WarmProcess([str(part) for part in cmd], *warm, ranks=ranks, **kwargs)
 
 
 def run(cmd: list[str], *, capture_output: bool = False, timeout: float | None = None, check: bool = False,

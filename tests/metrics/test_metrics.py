@@ -321,7 +321,7 @@ def test_fid_callback_under_two_ddp_processes_feeds_each_image_once(tmp_path):
     flags = [f if f != "16" else "15" for f in FID_FLAGS]
     cmd = [sys.executable, str(REPO / "train.py"), "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
            *TINY_UNET, *QUICK, *flags, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
-    result = warm.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = warm.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, ranks=2)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     lines = re.findall(

@@ -66,9 +66,12 @@ def callbacks(*specs: tuple[str, dict]) -> str:
     return "--trainer.callbacks=" + json.dumps([{"class_path": c, "init_args": a} for c, a in specs])
 
 
-def launch(save_dir: Path, *extra: str, threads: int | None = None, timeout: float = 240) -> tuple[int, str]:
+def launch(
+    save_dir: Path, *extra: str, threads: int | None = None, timeout: float = 240, ranks: int = 1
+) -> tuple[int, str]:
     """`python train.py ...` in a session of its own (KillAt kills that session's processes); `threads`: OpenMP
-    threads per process (None: torch's default, as the in-process runs it is compared with)."""
+    threads per process (None: torch's default, as the in-process runs it is compared with); `ranks`: its DDP ranks,
+    each started warm (helpers/warm.py), in one process group."""
     save_dir.mkdir(parents=True, exist_ok=True)
     environment = {
         k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")
@@ -83,7 +86,7 @@ def launch(save_dir: Path, *extra: str, threads: int | None = None, timeout: flo
         environment["OMP_NUM_THREADS"] = str(threads)
     process = warm.popen(
         [sys.executable, str(REPO / "train.py"), *args(save_dir, *extra)], cwd=save_dir, env=environment,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, ranks=ranks,
     )  # fmt: skip
     try:
         output = process.communicate(timeout=timeout)[0]
@@ -134,10 +137,12 @@ def test_two_processes_killed_and_resumed_train_on_the_loaders_samples_flipped_b
 ):
     record = tmp_path / "record"
     recorder = ("test_data_on_device_runs.BatchRecorder", {"out_dir": str(record)})
-    returncode, output = launch(tmp_path, *TWO_PROCESSES, callbacks(recorder, kill_at(KILL_STEP)), threads=1)
+    returncode, output = launch(
+        tmp_path, *TWO_PROCESSES, callbacks(recorder, kill_at(KILL_STEP)), threads=1, ranks=2
+    )
     assert returncode == -signal.SIGKILL, output[-4000:]
     returncode, output = launch(
-        tmp_path, *TWO_PROCESSES, callbacks(recorder), "--ckpt_path", "last", threads=1
+        tmp_path, *TWO_PROCESSES, callbacks(recorder), "--ckpt_path", "last", threads=1, ranks=2
     )
     assert returncode == 0, output[-4000:]
     # What each rank should see: the per-item loader's batches (no flips) for a DDP rank of 2, in each epoch...

@@ -1,9 +1,10 @@
 """What DDP promises and this project relies on, proved with real multi-process runs on CPU (gloo).
 
-Two-process runs are `train.py` processes launched as users launch them (`--devices 2 --strategy ddp`: rank 0,
-forked with the imports done by helpers/warm.py, starts rank 1); one-process references run in-process through
-the same CLI (`diffusion.cli.train.main`), which saves the start-up of a fresh interpreter. Test-only callbacks from tests/helpers.ddp.py record, per rank, what each
-process saw (dataset indices, noise, losses, all-reduce calls). Runs are built once per module and shared
+Two-process runs are `train.py --devices 2 --strategy ddp` processes, both ranks forked with the imports done by
+helpers/warm.py and given the environment a launcher gives a rank (as torchrun or a cluster starts them; the failing
+rank's run is started by Lightning's own launcher, whose watch over the ranks it tests); one-process references run
+in-process through the same CLI (`diffusion.cli.train.main`). Test-only callbacks from tests/helpers.ddp.py record,
+per rank, what each process saw (dataset indices, noise, losses, all-reduce calls). Runs are built once per module and shared
 between the tests that read them, so the whole file costs seven DDP launches, run two at a time.
 
 Data: `gaussian` vectors, N = 50, no validation split; every run has a global batch of 16 samples, so one
@@ -112,18 +113,19 @@ def in_process(save_dir: Path, name: str, *extra: str) -> Run:
     return run
 
 
-def two_processes(save_dir: Path, name: str, *extra: str, timeout: float = 150) -> Run:
-    """`train.py ... --devices 2 --strategy ddp` in a process of its own, forked with the imports done
-    (helpers/warm.py); rank 0 launches rank 1 itself, a fresh interpreter."""
+def two_processes(save_dir: Path, name: str, *extra: str, timeout: float = 150, ranks: int = 2) -> Run:
+    """`train.py ... --devices 2 --strategy ddp`: both ranks forked with the imports done (helpers/warm.py), with
+    the environment a launcher gives a rank; `ranks=1`: rank 0 alone, which starts rank 1 with Lightning's own
+    launcher (a fresh interpreter: the failing rank's test, which needs the launcher's watch over its ranks)."""
     run = Run(save_dir, name)
     env = {k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     cmd = [sys.executable, str(REPO / "train.py"), *run.args(*TWO_PROCESSES, *extra)]
     start = time.monotonic()
-    # A session of its own, so that on a timeout both ranks are killed, not only rank 0.
+    # A process group of its own, so that on a timeout both ranks are killed, not only rank 0.
     process = warm.popen(
         cmd, cwd=save_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        start_new_session=True, ranks=ranks,
     )  # fmt: skip
     try:
         # Returns when every process holding the pipe (rank 0 and the rank it launched) has exited.
@@ -148,7 +150,7 @@ def ddp(name: str, *extra: str):
 
 def failing_on(rank: int):
     fail = {"class_path": "helpers.ddp.FailOnRank", "init_args": {"rank": rank, "step": 2}}
-    return lambda d: two_processes(d, "fail", *batch(8), callbacks(fail), timeout=120)
+    return lambda d: two_processes(d, "fail", *batch(8), callbacks(fail), timeout=120, ranks=1)
 
 
 # name -> how to make it (in a fresh directory). "fast" is the default noise mode.

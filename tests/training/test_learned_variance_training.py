@@ -183,7 +183,7 @@ def test_ddp_gives_the_weights_of_the_whole_batch_with_labels_and_learned_varian
     command = [sys.executable, str(REPO / "train.py"), *TINY_UNET, *QUICK, *SAME, "--devices", "2",
                "--strategy", "ddp", "--data.init_args.batch_size", "8",
                "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
-    result = warm.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    result = warm.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, ranks=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(last_weights(tmp_path), whole_batch)
 

@@ -91,7 +91,7 @@ def test_under_ddp_only_rank_0_writes_snapshots(tmp_path):
         "class_path": "helpers.guarantees.Audit",
         "init_args": {"out_dir": str(record), "watch_dir": str(watched)},
     }
-    run = launch(tmp_path, *TWO_PROCESSES, *POST_HOC, "--trainer.callbacks=" + json.dumps([audit]))
+    run = launch(tmp_path, *TWO_PROCESSES, *POST_HOC, "--trainer.callbacks=" + json.dumps([audit]), ranks=2)
     assert run.returncode == 0, run.output[-4000:]
     writes = [json.loads((record / f"audit_rank{rank}.json").read_text())["writes"] for rank in (0, 1)]
     # Each snapshot: opened as a hidden temporary file, renamed to its name.

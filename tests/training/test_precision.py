@@ -157,7 +157,7 @@ def test_two_process_ddp_trains_16_mixed_with_a_grad_scaler_to_a_finite_loss(tmp
            "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
     # One thread per process, as torchrun sets: two processes with two threads each thrash 2 cores.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = warm.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = warm.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, ranks=2)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = scalars(tmp_path, "train/loss")
     assert len(losses) == MAX_STEPS and all(math.isfinite(loss) for loss in losses)

@@ -72,9 +72,11 @@ class Launch:
     output: str
 
 
-def launch(save_dir: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 150) -> Launch:
+def launch(
+    save_dir: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 150, ranks: int = 1
+) -> Launch:
     """`python train.py ...` in a session of its own (KillAt kills that session's processes, and so does a
-    timeout here)."""
+    timeout here); `ranks`: its DDP ranks, each started warm (helpers/warm.py), in one process group."""
     save_dir.mkdir(parents=True, exist_ok=True)
     inherited = ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")  # pytest's in-process runs set the first
     environment = {k: v for k, v in os.environ.items() if k not in inherited}
@@ -82,7 +84,7 @@ def launch(save_dir: Path, *extra: str, env: dict[str, str] | None = None, timeo
     environment.update(env or {})
     process = warm.popen(
         [sys.executable, str(REPO / "train.py"), *args(save_dir, *extra)], cwd=save_dir, env=environment,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, ranks=ranks,
     )  # fmt: skip
     try:
         output = process.communicate(timeout=timeout)[0]
@@ -286,16 +288,16 @@ def test_a_ddp_run_killed_while_saving_resumes_to_the_weights_of_the_run_left_al
     """Two processes, the default fast noise (a generator per rank) and dropout (a global RNG per rank);
     killed half-way through writing last.ckpt at step 5, so it resumes from the intact last.ckpt of step 4."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        left_alone = pool.submit(launch, tmp_path / "left_alone", *TWO_PROCESSES)
+        left_alone = pool.submit(launch, tmp_path / "left_alone", *TWO_PROCESSES, ranks=2)
         kill = kill_at(KILL_STEP + 1, during_save_of="last.ckpt")
-        killed = pool.submit(launch, tmp_path / "killed", *TWO_PROCESSES, kill)
+        killed = pool.submit(launch, tmp_path / "killed", *TWO_PROCESSES, kill, ranks=2)
         left_alone, killed = left_alone.result(), killed.result()
     assert left_alone.returncode == 0, left_alone.output[-4000:]
     assert killed.returncode == -signal.SIGKILL, killed.output[-4000:]
     last = checkpoints(tmp_path / "killed") / "last.ckpt"
     killed_at = load(last)
     assert killed_at["global_step"] == KILL_STEP and len(killed_at["random_states"]) == 2
-    resumed = launch(tmp_path / "killed", *TWO_PROCESSES, "--ckpt_path", str(last))
+    resumed = launch(tmp_path / "killed", *TWO_PROCESSES, "--ckpt_path", str(last), ranks=2)
     assert resumed.returncode == 0, resumed.output[-4000:]
     reference = final_checkpoint(tmp_path / "left_alone")
     assert_same_final_weights(final_checkpoint(tmp_path / "killed"), reference, killed_at)

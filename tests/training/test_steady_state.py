@@ -70,13 +70,14 @@ def run_args(save_dir: Path, precision: str, *extra: str) -> list[str]:
 
 
 def two_processes(save_dir: Path, precision: str, timeout: float = 240) -> Path:
-    """`train.py ... --devices 2 --strategy ddp` in a session of its own, which must succeed; returns save_dir."""
+    """`train.py ... --devices 2 --strategy ddp`, both ranks warm in a process group of their own (helpers/warm.py),
+    which must succeed; returns save_dir."""
     save_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, str(REPO / "train.py"), *run_args(save_dir, precision, *TWO_PROCESSES)]
-    code, output = run_in_session(cmd, save_dir, env, timeout, warm=True)
+    code, output = run_in_session(cmd, save_dir, env, timeout, warm=True, ranks=2)
     assert code == 0, output[-4000:]
     return save_dir
 

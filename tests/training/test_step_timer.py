@@ -157,7 +157,7 @@ def test_under_ddp_rank_zero_alone_writes_the_report_of_the_global_batch(tmp_pat
         "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu", "--max_steps", "5",
         "--trainer.val_check_interval", "5",
     ]  # fmt: skip
-    result = warm.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = warm.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, ranks=2)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     (line,) = out.read_text().splitlines()
