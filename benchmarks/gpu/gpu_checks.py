@@ -53,8 +53,8 @@ STEPS, EVERY, KILL, AS_USERS_STEPS = (6, 2, 4, 0) if QUICK else (40, 10, 20, 12)
 DDP_CLASS = "lightning.pytorch.strategies.DDPStrategy"
 TINY = [
     "--model.network.init_args.channels", "8", "--model.network.init_args.channel_mult", "[1, 2]",
-    "--model.network.init_args.num_res_blocks", "1", "--data.init_args.val_from_train", "8",
-    "--data.init_args.batch_size", "8", "--data.init_args.num_workers", "0", "--accelerator", "cpu",
+    "--model.network.init_args.num_res_blocks", "1", "--data.init_args.val_from_train", "2",
+    "--data.init_args.batch_size", "2", "--data.init_args.num_workers", "0", "--accelerator", "cpu",
 ]  # fmt: skip
 RECIPE = [
     "--config", str(ROOT / "configs" / "cifar10.yaml"), "--data.class_path", DATA_CLASS,
@@ -247,7 +247,7 @@ def check_sample(out: Path) -> bool:
         ["## The sample CLI on the GPU", "", f"From a 1-step checkpoint (`{checkpoint.name}`).", ""],
         True,
     )
-    num, batch = (8, 4) if QUICK else (500, 250)
+    num, batch = (4, 2) if QUICK else (500, 250)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),

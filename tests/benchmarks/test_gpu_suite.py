@@ -85,15 +85,15 @@ def test_the_call_runs_every_stage_and_writes_gpu_md_in_the_files_the_device_too
     assert "distributed_backend=gloo" in files["logs/train.log"]  # DDPStrategy on one device: NCCL on a GPU
     sample = files["sample.md"]
     for run in ("ddim-50 32", "dpmpp_2m_sde-20 bf16-mixed"):
-        assert f"- {run}: 8 samples (batch 4) in " in sample and "uint8 (8, 32, 32, 3)" in sample
+        assert f"- {run}: 4 samples (batch 2) in " in sample and "uint8 (4, 32, 32, 3)" in sample
     bf16 = files["speed_bf16/speed.md"]
     for row in (
-        "| `train.py` as users run it (StepTimer; bf16-mixed, global batch 8) |",
-        "| `train.py --model.compile_training false` as users run it (StepTimer; bf16-mixed, global batch 8) |",
+        "| `train.py` as users run it (StepTimer; bf16-mixed, global batch 2) |",
+        "| `train.py --model.compile_training false` as users run it (StepTimer; bf16-mixed, global batch 2) |",
         "| plain loop, same module |",
         "| plain loop, network compiled (torch.compile, eager backend, as fitting compiles it) |",
         "| plain loop, network compiled NHWC (--model.compile_channels_last true) |",
-        "| `train.py --model.compile_channels_last true` as users run it (StepTimer; bf16-mixed, global batch 8) |",
+        "| `train.py --model.compile_channels_last true` as users run it (StepTimer; bf16-mixed, global batch 2) |",
         "| `train.py --data.no_such_option 1`: skipped, train.py does not accept these flags: ",
     ):
         assert row in bf16
