@@ -104,7 +104,8 @@ if [[ "$quick" == 1 ]]; then
     speed=(python3 benchmarks/speed/speed.py --config configs/cifar10.yaml --synthetic --peak_tflops 790
            --goal_images_per_s 8000 --quick --no_project --compiled --samplers "" --profile_steps 1)
     compile+=(--quick)
-    # Batch 2: a CPU has no bf16 or fp16 units (the tiny UNet's bf16-mixed step: 0.43 s at batch 8, 0.13 s at 2).
+    # Batch 2: bf16 is slow on CPUs without bf16 instructions (the tiny UNet's bf16-mixed step on the AVX2 test machine:
+    # 0.43 s at batch 8, 0.13 s at 2).
     after=(--data.init_args.batch_size 2 --data.init_args.num_workers 0 --data.init_args.val_from_train 2)
     export OMP_NUM_THREADS=1  # a few cores shared by stages side by side: spinning OpenMP threads stall each other
 fi
