@@ -16,7 +16,7 @@ import operator
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -48,14 +48,11 @@ def parse_command_line(parser: ArgumentParser, argv: Sequence[str] | None) -> Na
 def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException) -> tuple[str, str]:
     """(what is wrong, how to fix it) for a command line `parser` refused with `error`."""
     config_files = ("config", *_config_groups(parser))
-    # The parser's defaults, once: building them walks every class's signature (0.1 s), and each written flag of
-    # a class's options may ask for them.
-    defaults = functools.cache(parser.get_defaults)
     for key, values in flags_written(argv):
         if key in config_files:
             found = _bad_config_file(key, values[-1] if values else "", is_group=key != "config")
         else:
-            found = _bad_value(parser, argv, key, values, defaults)
+            found = _bad_value(parser, argv, key, values)
         if found:
             return found
     written = {f"--{key}" for key, _ in flags_written(argv)}
@@ -63,7 +60,7 @@ def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException)
         if (
             action.required
             and written.isdisjoint(action.option_strings)
-            and defaults().get(action.dest) is None
+            and _default(parser, action.dest) is None
         ):
             flag = action.option_strings[-1]
             return f"{flag} is required", f"pass {flag} VALUE (see --help)"
@@ -122,7 +119,7 @@ def _yaml_or_none(text: str) -> Any:
 
 
 def _bad_value(
-    parser: ArgumentParser, argv: list[str], key: str, values: list[str], defaults: Callable[[], Namespace]
+    parser: ArgumentParser, argv: list[str], key: str, values: list[str]
 ) -> tuple[str, str] | None:
     action = parser._option_string_actions.get(f"--{key}")
     if isinstance(action, ActionYesNo):
@@ -130,15 +127,13 @@ def _bad_value(
     elif action is not None:
         hint = getattr(action, "_typehint", None)  # jsonargparse's ActionTypeHint: the declared type
     else:
-        hint = _class_argument_hint(parser, argv, key, defaults)
+        hint = _class_argument_hint(parser, argv, key)
     if hint is None or not values or _fits(hint, values, getattr(action, "nargs", None)):
         return None
     return _said_of(f"--{key} {' '.join(values)}", hint, values)
 
 
-def _class_argument_hint(
-    parser: ArgumentParser, argv: list[str], key: str, defaults: Callable[[], Namespace]
-) -> Any:
+def _class_argument_hint(parser: ArgumentParser, argv: list[str], key: str) -> Any:
     """The type of an argument of the class a group flag chose: `--data.batch_size` (or
     `--data.init_args.batch_size`) from the signature of the class `--data` names (`_chosen_class_path`)."""
     parts = key.split(".")
@@ -146,7 +141,7 @@ def _class_argument_hint(
         group, rest = ".".join(parts[:cut]), [part for part in parts[cut:] if part != "init_args"]
         if f"--{group}" not in parser._option_string_actions:
             continue
-        class_path = _chosen_class_path(argv, group, defaults)
+        class_path = _chosen_class_path(parser, argv, group)
         cls = _imported(class_path) if class_path and len(rest) == 1 else None
         if cls is None or isinstance(cls, str):
             return None
@@ -157,7 +152,7 @@ def _class_argument_hint(
     return None
 
 
-def _chosen_class_path(argv: list[str], group: str, defaults: Callable[[], Namespace]) -> str | None:
+def _chosen_class_path(parser: ArgumentParser, argv: list[str], group: str) -> str | None:
     """The class path `group` was given last: by `--group X`, `--group.class_path X` or a `--config` file, else
     the parser's default."""
     chosen = None
@@ -171,9 +166,17 @@ def _chosen_class_path(argv: list[str], group: str, defaults: Callable[[], Names
             written = _yaml_or_none(values[-1])
             chosen = written.get("class_path", chosen) if isinstance(written, dict) else values[-1]
     if chosen is None:
-        default = defaults().get(group)
+        default = _default(parser, group)
         chosen = default.get("class_path") if isinstance(default, Namespace) else None
     return chosen
+
+
+def _default(parser: ArgumentParser, dest: str) -> Any:
+    """The parser's default of one key (`get_defaults` would build every class's defaults: 0.15 s a command line)."""
+    try:
+        return parser.get_default(dest)
+    except KeyError:  # no default (argparse's SUPPRESS)
+        return None
 
 
 def _imported(class_path: str) -> Any:
