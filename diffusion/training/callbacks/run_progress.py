@@ -173,7 +173,7 @@ class LossPlot(L.Callback):
 
     def draw(self, trainer: L.Trainer) -> None:
         """Redraw loss.png, unless it already shows these points: a run whose last validation is at its last
-        step would otherwise draw the same plot twice (about a second of matplotlib on a CPU)."""
+        step would otherwise draw the same plot twice (a tenth of a second of matplotlib on a CPU)."""
         if not trainer.is_global_zero or self._folder is None or not any(self.points.values()):
             return
         path = self._folder / self.FILENAME
@@ -186,7 +186,10 @@ class LossPlot(L.Callback):
         """Plot the points into `path` (atomically: a reader never sees half a file)."""
         from matplotlib.figure import Figure
 
-        figure = Figure(figsize=(6, 3.6), dpi=100, layout="constrained")
+        # Fixed margins that hold the log axis' labels: a layout engine measuring every label's text took half of
+        # the render (0.26 -> 0.13 s on a 2-core EPYC), at every validation, while the run waits.
+        figure = Figure(figsize=(6, 3.6), dpi=100)
+        figure.subplots_adjust(left=0.15, right=0.97, bottom=0.14, top=0.96)
         axes = figure.subplots()
         for name, style in ((TRAIN_LOSS, "-"), (VAL_LOSS, "o-")):
             if self.points[name]:
