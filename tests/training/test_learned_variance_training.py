@@ -115,10 +115,9 @@ def test_checkpoints_of_an_earlier_version_sample_exactly_as_before(name):
         "ddim_5": SamplingOptions(sampler="ddim", steps=5, eta=0.5),
         "dpmpp_2m_sde_5": SamplingOptions(sampler="dpmpp_2m_sde", steps=5),
     }
-    if (
-        name == "digits"
-    ):  # DDPM's whole schedule is the same code for both networks: 1,000 UNet steps cost 20 s
-        del options["ddpm_all"]  # of CPU here, toy2d's MLP 3 s
+    # DDPM's whole schedule is the same code for both networks: 1,000 UNet steps cost 20 s of CPU, the MLP's 3 s.
+    if name == "digits":
+        del options["ddpm_all"]
     for key, option in options.items():
         now = module.sample(3, seed=11, options=option).numpy()
         # A few float32 ulps of each value: another CPU's or thread count's summation order moves the toy2d
