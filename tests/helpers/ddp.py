@@ -217,6 +217,8 @@ def run_in_session(
 
     from helpers import warm as warm_launches
 
+    if ranks != 1 and not warm:
+        raise ValueError("ranks > 1 start warm (warm=True); a cold command's ranks are its launcher's")
     launch = functools.partial(warm_launches.popen, ranks=ranks) if warm else subprocess.Popen
     process = launch(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
