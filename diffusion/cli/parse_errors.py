@@ -172,7 +172,7 @@ def _chosen_class_path(parser: ArgumentParser, argv: list[str], group: str) -> s
 
 
 def _default(parser: ArgumentParser, dest: str) -> Any:
-    """The parser's default of one key (`get_defaults` would build every class's defaults: 0.15 s a command line)."""
+    """The parser's default of one key (`get_defaults` builds every class's defaults to answer it)."""
     try:
         return parser.get_default(dest)
     except KeyError:  # no default (argparse's SUPPRESS)

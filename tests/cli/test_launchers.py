@@ -8,7 +8,6 @@ Every launch runs DDP on CPU (gloo) with the tiny UNet for two steps.
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import torch
 from helpers import QUICK, TINY_UNET
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
+from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
 from diffusion.cli.train import DiffusionCLI, with_default_config
 
@@ -32,12 +32,6 @@ TORCHRUN = (
     if shutil.which("torchrun")
     else [sys.executable, "-m", "torch.distributed.run"]
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def subprocess_env() -> dict[str, str]:
@@ -78,7 +72,7 @@ def test_one_node_two_processes_start_from_init_from_weights(launcher, sources, 
 
 @pytest.mark.multiprocess
 def test_two_nodes_on_one_machine_with_torchrun(tmp_path):
-    port = free_port()
+    port = find_free_network_port()
 
     def start_node(rank: int) -> subprocess.Popen:
         cmd = [*TORCHRUN, "--nnodes", "2", "--node_rank", str(rank), "--master_addr", "127.0.0.1",

@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
 from helpers.ddp import run_in_session
 from helpers.documented_checks import Ran
@@ -72,12 +72,6 @@ LAUNCHES = {
     "lightning": "a process of its own, which starts its second rank",
     "ranks": "both ranks of a `torchrun --nproc_per_node 2` job (tests/helpers/documented_commands.py)",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def process_env() -> dict[str, str]:
@@ -232,7 +226,7 @@ class Runs:
         job = self.factory.mktemp("torchrun_job") / "job.json"
         commands = [
             {"text": runs[key][0], "program": self.argv(runs[key][0])[0], "argv": self.argv(runs[key][0])[1],
-             "folder": str(folder), "port": free_port(), "env": self.commands[runs[key][0]].env}
+             "folder": str(folder), "port": find_free_network_port(), "env": self.commands[runs[key][0]].env}
             for key, folder in folders.items()
         ]  # fmt: skip
         job.write_text(json.dumps(commands))

@@ -192,8 +192,8 @@ class WarmProcess:
     `NODE_RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), as torchrun or a cluster starts them and as Lightning's
     launcher sets them for the ranks it starts (Lightning then starts none: the processes are made outside). They
     share the output pipes, as the ranks Lightning's launcher starts share rank 0's, and one process group led by rank
-    0 (`pid`): a group cannot span sessions, so there start_new_session makes that group, not a session. The exit
-    status is the first rank's that is not 0, in rank order."""
+    0 (`pid`), asked for or not; no session (a group cannot span sessions), so start_new_session is that group here.
+    The exit status is the first rank's that is not 0, in rank order."""
 
     def __init__(self, cmd: list[str], form: list[str], unbuffered: bool, *, cwd: str | Path | None = None,
                  env: dict[str, str] | None = None, stdout: int | IO | None = None, stderr: int | IO | None = None,

@@ -173,7 +173,7 @@ class LossPlot(L.Callback):
 
     def draw(self, trainer: L.Trainer) -> None:
         """Redraw loss.png, unless it already shows these points: a run whose last validation is at its last
-        step would otherwise draw the same plot twice (a tenth of a second of matplotlib on a CPU)."""
+        step would otherwise draw the same plot twice (0.1-0.2 s of matplotlib on a CPU)."""
         if not trainer.is_global_zero or self._folder is None or not any(self.points.values()):
             return
         path = self._folder / self.FILENAME
