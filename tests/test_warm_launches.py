@@ -36,7 +36,8 @@ if os.environ.get("FAIL"):
 if os.environ.get("WAIT"):
     import time
     print("waiting", flush=True)
-    open("ready", "w").close()
+    with open("ready", "w") as ready:
+        ready.write(str(os.getpid()))
     time.sleep(60)
 sys.exit(3)
 """
@@ -76,6 +77,38 @@ def test_a_warm_command_sees_what_a_cold_one_sees(probe, form):
     assert json.loads(facts)["probe"] == "set for this command"
 
 
+@pytest.mark.parametrize("form", ["script", "-m", "-c"])
+def test_python_from_the_warm_folder_is_the_python_it_stands_for(probe, form):
+    """bash's `python ...` with warm.interpreter_folder() first on PATH: forked warm, the command sees, prints and
+    ends as the interpreter would, except that it leads a process group of its own; what is not a command
+    (`python -V`) runs cold."""
+    head = {"script": [probe["script"]], "-m": ["-m", "probe_module"], "-c": ["-c", PROBE]}[form]
+    results = []
+    for folder in (os.path.dirname(sys.executable), warm.interpreter_folder()):
+        results.append(subprocess.run(
+            ["bash", "-c", 'python -V && python "$@"', "bash", *head, "a", "--b"], cwd=probe["work"],
+            env={**probe["env"], "PATH": os.pathsep.join((folder, os.environ["PATH"]))}, capture_output=True,
+            text=True, timeout=120,
+        ))  # fmt: skip
+    cold, hot = results
+    assert cold.returncode == hot.returncode == 3 and cold.stderr == hot.stderr == "to stderr\n"
+    version, facts, atexit_line = cold.stdout.splitlines()
+    assert hot.stdout.splitlines()[::2] == [version, atexit_line] and version.startswith("Python ")
+    cold_facts, hot_facts = json.loads(facts), json.loads(hot.stdout.splitlines()[1])
+    assert not cold_facts.pop("session_leader") and hot_facts.pop("session_leader")
+    assert hot_facts == cold_facts
+
+
+def test_what_a_warm_command_starts_with_sys_executable_starts_warm(probe):
+    """sys.executable in a warm command is the warm folder's `python`: what the command starts with it (the
+    benchmarks' train.py, the ranks Lightning's launcher starts) is forked warm too, its exit status passed back."""
+    nested = "import sys; print('torch' in sys.modules); sys.exit(5)"
+    code = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', {nested!r}]).returncode)"
+    cold, hot = both([sys.executable, "-c", code], cwd=probe["work"], env=probe["env"])
+    assert (cold.returncode, cold.stdout) == (5, "False\n")
+    assert (hot.returncode, hot.stdout) == (5, "True\n")
+
+
 def test_a_failure_prints_the_same_traceback_and_exits_1(probe):
     cold, hot = both([sys.executable, probe["script"]], cwd=probe["work"], env={**probe["env"], "FAIL": "1"})
     assert cold.returncode == hot.returncode == 1
@@ -84,25 +117,47 @@ def test_a_failure_prints_the_same_traceback_and_exits_1(probe):
     assert hot.stdout.splitlines()[1:] == cold.stdout.splitlines()[1:] == ["atexit ran"]
 
 
+def running(pid: int) -> bool:
+    """Not ended (a zombie has ended; its parent has yet to read its status)."""
+    with contextlib.suppress(FileNotFoundError):
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    return False
+
+
+def _through_the_warm_python(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """`cmd` with warm.interpreter_folder()'s `python` for the interpreter: a process standing in for the command."""
+    return subprocess.Popen([warm.python(), *cmd[1:]], **kwargs)
+
+
 @pytest.mark.parametrize("how", ["interrupted", "killed with its session"])
 def test_signals_end_a_warm_command_as_they_end_a_cold_one(probe, how):
+    """Cold, warm, and through the warm folder's `python` (the signal reaches the process standing in for the
+    command, which passes it on or, killed, has the command's group killed)."""
     endings = []
     ready = probe["work"] / "ready"
-    for launch in (subprocess.Popen, warm.popen):
+    for launch in (subprocess.Popen, warm.popen, _through_the_warm_python):
         process = launch(
             [sys.executable, probe["script"]], cwd=probe["work"], env={**probe["env"], "WAIT": "1"},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 60
-        while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+        while (
+            not (ready.exists() and ready.read_text())
+            and process.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
+        command = int(ready.read_text())
         ready.unlink()
         if how == "interrupted":
             process.send_signal(signal.SIGINT)
         else:
             os.killpg(process.pid, signal.SIGKILL)
         endings.append((process.communicate(timeout=60)[0], process.returncode))
-    assert endings[0] == endings[1]
+        while running(command) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(command), f"{launch}: the command outlived its end"
+    assert endings[0] == endings[1] == endings[2]
     output, code = endings[0]
     if how == "interrupted":  # the traceback, atexit's line, then ended by SIGINT, as an interpreter does
         assert code == -signal.SIGINT and output.endswith("KeyboardInterrupt\natexit ran\n")

@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import warm
 
 ROOT = Path(__file__).resolve().parents[2]
 RETURNED_FILES = 8  # what the device tool brings back from one call
@@ -21,7 +22,10 @@ def suite(out: Path, *stages: str, **env: str) -> subprocess.CompletedProcess:
         **os.environ,
         "SUITE_QUICK": "1",
         "SUITE_WORK": str(out.parent / "work"),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        # `python3 ...` forked warm (helpers/warm.py): what the suite runs, without importing torch each time.
+        "PATH": os.pathsep.join(
+            (warm.interpreter_folder(), str(Path(sys.executable).parent), os.environ["PATH"])
+        ),
         **env,
     }
     return subprocess.run(
@@ -169,7 +173,9 @@ def test_a_failing_stage_says_why_and_the_next_one_runs_and_one_past_its_limit_i
         f"#!/bin/bash\n[[ $* == *clocks.max.sm* ]] || exit 1\ntrap '' TERM\necho $$ > {pid_file}\nexec sleep 120\n"
     )
     stubborn.chmod(0o755)
-    path = f"{shims}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    path = os.pathsep.join(
+        (str(shims), warm.interpreter_folder(), str(Path(sys.executable).parent), os.environ["PATH"])
+    )
     result = suite(out, "train", "check", SUITE_WORK="/dev/null/work", SUITE_LIMITS="check=1", PATH=path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = stage_results(out)

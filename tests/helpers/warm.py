@@ -13,12 +13,15 @@ What differs from a cold start, and is set right in the child: os.environ (the c
 sys.argv, sys.path (the script's folder, the working directory for -m or '' for -c, PYTHONPATH's entries, then the
 interpreter's own), the CPU threads (OMP_NUM_THREADS is read when torch loads), stdout and stderr made anew (buffering,
 -u, PYTHONUNBUFFERED), an interpreter's signal handlers, and the atexit handlers, which run at the end as at an
-interpreter's exit. What a fork cannot change: environment variables other libraries read
-while being imported. A test of how a command starts (the README's commands as printed, the launchers, a first
-run on a fresh install) launches cold: subprocess itself. DDP ranks a warm command starts (Lightning's launcher,
-torchrun) are cold processes, as for users; `ranks=2` starts both ranks warm instead, with the environment a launcher
-gives a rank (Lightning then starts none): for the tests of what DDP does, not of how Lightning's launcher watches its
-ranks or passes signals on.
+interpreter's exit. What a fork cannot change: environment variables other libraries read while being imported.
+A test of how a command starts (the README's commands as printed, the launchers, a first run on a fresh install)
+launches cold: subprocess itself.
+
+Commands not started by a test: interpreter_folder()'s `python` (warm_client.py) stands in for a command forked warm
+by a relay thread of the worker. First on PATH, bash's `python3 ...` (the GPU suite's stages) start warm; it is every
+warm command's sys.executable, so what a warm command starts itself (the benchmarks' train.py, the ranks Lightning's
+launcher starts) does too. `ranks=2` starts a command's DDP ranks warm, with the environment a launcher gives a rank
+(Lightning then starts none): for the tests of what DDP does, not of how Lightning's launcher watches its ranks.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import runpy
+import shlex
+import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,6 +50,7 @@ from typing import IO, Any
 # Imported once, in the forkserver: everything `train.py`, `python -m diffusion.sample` and `-m diffusion.evaluate`
 # import before they start work.
 PRELOAD = ["diffusion.cli.train", "diffusion.cli.sample", "diffusion.cli.evaluate", "tensorboard"]
+INTERPRETER = sys.executable  # this one's, not a warm command's (the relay's `python`)
 _started = threading.Lock()  # tests launch from thread pools: one forkserver all the same
 _context = None
 _interpreter_path: list[str] = []
@@ -56,7 +65,7 @@ def _forkserver() -> multiprocessing.context.BaseContext:
             # sys.path of a fresh interpreter without PYTHONPATH: pytest's own entries must not reach the commands.
             bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             _interpreter_path[:] = json.loads(subprocess.run(
-                [sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"], cwd="/", env=bare,
+                [INTERPRETER, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"], cwd="/", env=bare,
                 capture_output=True, text=True, check=True,
             ).stdout)  # fmt: skip
             context = multiprocessing.get_context("forkserver")
@@ -65,9 +74,78 @@ def _forkserver() -> multiprocessing.context.BaseContext:
     return _context
 
 
+_relay_folder: list[str] = []
+
+
+def interpreter_folder() -> str:
+    """A folder whose `python` and `python3` start `python ...` commands warm, through this process's relay."""
+    with _started:
+        if not _relay_folder:
+            folder = tempfile.mkdtemp(prefix="warm-python-")
+            address = os.path.join(folder, "relay")
+            listener = socket.socket(socket.AF_UNIX)
+            listener.bind(address)
+            listener.listen(64)
+            client = Path(__file__).with_name("warm_client.py")
+            for name in ("python", "python3"):
+                shim = Path(folder, name)
+                words = " ".join(
+                    shlex.quote(str(w)) for w in (INTERPRETER, "-IS", client, address, INTERPRETER)
+                )
+                shim.write_text(f'#!/bin/sh\nexec {words} "$@"\n')
+                shim.chmod(0o755)
+            threading.Thread(target=_relay, args=(listener,), daemon=True).start()
+            atexit.register(shutil.rmtree, folder, True)
+            _relay_folder.append(folder)
+    return _relay_folder[0]
+
+
+def python() -> str:
+    """interpreter_folder()'s `python`: `sys.executable` for what a test runs in its own process (speed.main(...)) to
+    start its `sys.executable ...` commands warm."""
+    return os.path.join(interpreter_folder(), "python")
+
+
+def _relay(listener: socket.socket) -> None:
+    while True:
+        connection, _ = listener.accept()
+        threading.Thread(target=_relay_one, args=(connection,), daemon=True).start()
+
+
+def _relay_one(connection: socket.socket) -> None:
+    """One command of warm_client.py's: forked warm, in a session of its own, with the client's working directory,
+    environment, stdout and stderr; its pid sent back, then its exit status. The client gone first (killed):
+    the command's process group is killed."""
+    with connection:
+        header, fds, _, _ = socket.recv_fds(connection, 4, 2)
+        size, body = struct.unpack("!I", header)[0], b""
+        while len(body) < size:
+            body += connection.recv(size - len(body))
+        request = json.loads(body)
+        cmd = [INTERPRETER, *request["args"]]
+        form = _warm_form(cmd)
+        try:
+            if form is None:
+                connection.sendall(b'{"cold": true}\n')
+                return
+            process = WarmProcess(cmd, *form, cwd=request["cwd"], env=request["env"], stdout=fds[0], stderr=fds[1],
+                                  start_new_session=True)  # fmt: skip
+        finally:
+            for fd in fds:
+                os.close(fd)
+        connection.sendall(json.dumps({"pid": process.pid}).encode() + b"\n")
+        ended = process._processes[0].sentinel
+        if connection not in multiprocessing.connection.wait([connection, ended]) or connection.recv(1):
+            connection.sendall(json.dumps({"status": process.wait()}).encode() + b"\n")
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 def _warm_form(cmd: list[str]) -> tuple[list[str], bool] | None:
     """(`-m MODULE ARGS` | `SCRIPT ARGS` | `-c CODE ARGS`, unbuffered) for `python [-u] ...`; None otherwise."""
-    if not cmd or os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+    if not cmd or os.path.realpath(cmd[0]) not in (os.path.realpath(INTERPRETER), os.path.realpath(python())):
         return None
     rest, unbuffered = list(cmd[1:]), False
     if rest[:1] == ["-u"]:
@@ -79,9 +157,10 @@ def _warm_form(cmd: list[str]) -> tuple[list[str], bool] | None:
 
 def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], path: list[str],
            out: multiprocessing.connection.Connection | None, err: multiprocessing.connection.Connection | None,
-           new_session: bool, group: int | None) -> None:  # fmt: skip
+           new_session: bool, group: int | None, executable: str) -> None:  # fmt: skip
     """In the forked process: become `python <form>` started in `cwd` with `env`, then run it. `group`: the process
-    group to join (0: a new one this process leads)."""
+    group to join (0: a new one this process leads). `executable`: sys.executable, the relay's `python` (what the
+    command starts with it starts warm too)."""
     if new_session:
         os.setsid()
     if group is not None:
@@ -95,6 +174,7 @@ def _child(form: list[str], unbuffered: bool, cwd: str, env: dict[str, str], pat
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    sys.executable = executable
     _fresh_standard_streams(unbuffered or bool(env.get("PYTHONUNBUFFERED")))
     import torch
 
@@ -210,19 +290,21 @@ class WarmProcess:
             elif target == subprocess.STDOUT and name == "err":
                 ends["err"] = ends["out"]
             elif target is not None and target != subprocess.DEVNULL:
-                ends[name] = multiprocessing.connection.Connection(os.dup(target.fileno()), readable=False)
+                fd = target if isinstance(target, int) else target.fileno()
+                ends[name] = multiprocessing.connection.Connection(os.dup(fd), readable=False)
             elif target == subprocess.DEVNULL:
                 ends[name] = multiprocessing.connection.Connection(
                     os.open(os.devnull, os.O_WRONLY), readable=False
                 )
         environment = dict(os.environ if env is None else env)
+        executable = python()
         self._processes: list[multiprocessing.process.BaseProcess] = []
         for rank, rank_environment in enumerate(_rank_environments(environment, ranks)):
             group = None if ranks == 1 else (0 if rank == 0 else self._processes[0].pid)
             process = context.Process(
                 target=_child,
                 args=(form, unbuffered, str(cwd or os.getcwd()), rank_environment, _interpreter_path, ends["out"],
-                      ends["err"], start_new_session and ranks == 1, group),
+                      ends["err"], start_new_session and ranks == 1, group, executable),
             )  # fmt: skip
             process.start()
             self._processes.append(process)
