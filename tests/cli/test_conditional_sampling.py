@@ -195,6 +195,7 @@ def test_notebook_shows_a_grid_per_class_and_the_guidance_scale(conditional_chec
     monkeypatch.setenv("CKPT", str(conditional_checkpoint))
     monkeypatch.setenv("NUM_SAMPLES", "4")
     monkeypatch.setenv("STEPS", "3")
+    monkeypatch.setattr(sys, "executable", warm.python())  # the kernel forked warm, as in tests/notebooks
     notebook = nbformat.read(REPO / "notebooks" / "sample_from_checkpoint.ipynb", as_version=4)
     NotebookClient(
         notebook, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}

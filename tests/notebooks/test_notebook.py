@@ -1,9 +1,11 @@
 """The notebook runs top to bottom on an image and a vector checkpoint and draws its figures."""
 
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import warm
 from nbclient import NotebookClient
 
 REPO_ROOT = Path(__file__).parents[2]
@@ -24,6 +26,9 @@ def test_notebook_runs_on_a_checkpoint(checkpoint, request, monkeypatch):
     monkeypatch.setenv("CKPT", str(request.getfixturevalue(checkpoint)))
     monkeypatch.setenv("NUM_SAMPLES", "4")
     monkeypatch.setenv("STEPS", "3")
+    # jupyter_client starts the kernel with sys.executable: forked warm (helpers/warm.py), the notebook is tested, not
+    # a kernel's start.
+    monkeypatch.setattr(sys, "executable", warm.python())
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(
         notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}}
