@@ -5,13 +5,13 @@ Every run passes --sampler and --steps, so that these tests do not depend on the
 
 import inspect
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import warm
 from PIL import Image
 
 import diffusion
@@ -92,7 +92,8 @@ def test_vector_samples_are_float32_points_with_a_scatter_plot(toy2d_checkpoint,
 
 def test_module_runs_as_a_script(digits_checkpoint, tmp_path):
     out = tmp_path / "out"
-    result = subprocess.run(
+    # Forked warm (helpers/warm.py): `-m` runs the module as __main__ there too (runpy, as the interpreter does).
+    result = warm.run(
         [sys.executable, "-m", "diffusion.sample", "--ckpt", str(digits_checkpoint), "--num_samples", "3",
          "--steps", "3", "--device", "cpu", "--out", str(out)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
