@@ -85,8 +85,10 @@ def process_env() -> dict[str, str]:
 
 
 def run_process(cmd: list[str], cwd: Path, timeout: float = 420) -> tuple[int | None, str]:
-    """Run `cmd` in a session of its own; its exit status (None: killed after `timeout`) and output."""
-    return run_in_session(cmd, cwd, process_env(), timeout)
+    """Run `cmd` in a session of its own; its exit status (None: killed after `timeout`) and output. Forked warm
+    (helpers/warm.py), with what it starts (the rank Lightning's launcher starts, torchrun's workers): these tests
+    are about what the printed commands do; tests/cli/test_launchers.py starts the launchers cold."""
+    return run_in_session(cmd, cwd, process_env(), timeout, warm=True)
 
 
 def section(output: str, text: str) -> str:
