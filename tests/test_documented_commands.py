@@ -14,10 +14,10 @@ test prints how its command ran. A printed command without an entry fails
 `test_every_printed_command_has_an_entry`, which says how to add one.
 
 Each command runs once a session (`Runs`, tests/helpers/documented_runs.py), in this process where it can (its
-`main(argv)`). The multi-device ones run beside each other in processes of their own: `python train.py --devices 2
---strategy ddp --accelerator cpu` as printed (Lightning's launcher starts its second rank), and all the others in
-turn on the two ranks of one `torchrun --nproc_per_node 2` job, since a launch (~15 s of imports) costs more than the
-runs it starts.
+`main(argv)`). The multi-device ones run beside each other in processes of their own, forked warm (helpers/warm.py; the launchers'
+cold starts are tests/cli/test_launchers.py's): `python train.py --devices 2 --strategy ddp --accelerator cpu` as
+printed (Lightning's launcher starts its second rank), and all the others in turn on the two ranks of one
+`torchrun --nproc_per_node 2` job, since a launch costs more than the runs it starts.
 """
 
 import pytest

@@ -14,8 +14,8 @@ sys.argv, sys.path (the script's folder, the working directory for -m or '' for 
 interpreter's own), the CPU threads (OMP_NUM_THREADS is read when torch loads), stdout and stderr made anew (buffering,
 -u, PYTHONUNBUFFERED), an interpreter's signal handlers, and the atexit handlers, which run at the end as at an
 interpreter's exit. What a fork cannot change: environment variables other libraries read while being imported.
-A test of how a command starts (the README's commands as printed, the launchers, what a fresh interpreter imports)
-launches cold: subprocess itself.
+A test of how a command starts (the launchers, what a fresh interpreter imports) launches cold: subprocess
+itself.
 
 Commands not started by a test: interpreter_folder()'s `python` (warm_client.py) stands in for a command forked warm
 by a relay thread of the worker. First on PATH, bash's `python3 ...` (the GPU suite's stages) start warm; it is every
