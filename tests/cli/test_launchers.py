@@ -3,18 +3,20 @@ and two "nodes" (two torchrun processes on this machine) each train one run with
 not matching torchrun's processes fails at startup naming the flags; `--model.init_from` (a checkpoint of
 this project or a plain state_dict) gives every rank the same weights before DDP wraps the model.
 
-Every launch runs DDP on CPU (gloo) with the tiny UNet for two steps.
+Every launch runs DDP on CPU (gloo) with the tiny UNet for two steps. `python train.py --devices 2` starts cold, as
+users start it (Lightning's launcher starts rank 1 from a fresh interpreter too); torchrun's agents run forked warm
+(helpers/warm.py: `python -m torch.distributed.run`, what the `torchrun` script runs), and so do the workers they
+start (their sys.executable is the warm python): these tests are about what torchrun's environment does to a run.
 """
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import QUICK, TINY_UNET
+from helpers import QUICK, TINY_UNET, warm
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
@@ -26,12 +28,8 @@ MAX_STEPS = 2
 # QUICK with two steps of batch 8: a launcher works in two steps or not at all.
 FAST = [*TINY_UNET, *QUICK, "--max_steps", str(MAX_STEPS), "--accelerator", "cpu",
         "--data.init_args.batch_size", "8"]  # fmt: skip
-# The torchrun command as users type it; its module form where the script is not on PATH.
-TORCHRUN = (
-    [shutil.which("torchrun")]
-    if shutil.which("torchrun")
-    else [sys.executable, "-m", "torch.distributed.run"]
-)
+# The `torchrun` script's module form, forked warm (warm.run, warm.popen).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def subprocess_env() -> dict[str, str]:
@@ -54,13 +52,12 @@ def test_one_node_two_processes_start_from_init_from_weights(launcher, sources, 
     # One run proves two things (each run costs ~15 s on 2 cores): the launcher works, and init_from gave
     # every rank the source weights before DDP wrapped the model.
     prefix = [sys.executable] if launcher == "python" else [*TORCHRUN, "--nproc_per_node", "2"]
+    launch = subprocess.run if launcher == "python" else warm.run
     probe = f'{{"class_path": "helpers.ddp.WeightProbe", "init_args": {{"out_dir": "{tmp_path}"}}}}'
     cmd = [*prefix, TRAIN, "--devices", "2", "--strategy", "ddp", *FAST,
            "--model.init_from", str(sources[{"python": "checkpoint", "torchrun": "state_dict"}[launcher]]),
            "--trainer.callbacks+", probe, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
-    result = subprocess.run(
-        cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300
-    )
+    result = launch(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert only_checkpoint(tmp_path)["global_step"] == MAX_STEPS
@@ -79,7 +76,7 @@ def test_two_nodes_on_one_machine_with_torchrun(tmp_path):
                "--master_port", str(port), "--nproc_per_node", "1",
                TRAIN, "--num_nodes", "2", "--devices", "1", "--strategy", "ddp", *FAST,
                "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
-        return subprocess.Popen(
+        return warm.popen(
             cmd,
             cwd=tmp_path,
             env=subprocess_env(),
@@ -128,9 +125,7 @@ def test_devices_matching_torchrun_processes_use_torchruns_environment(monkeypat
 def test_torchrun_with_one_device_fails_naming_the_flags(tmp_path):
     cmd = [*TORCHRUN, "--nproc_per_node", "2", TRAIN, "--devices", "1", *FAST,
            "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
-    result = subprocess.run(
-        cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300
-    )
+    result = warm.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert "Pass --devices 2 --num_nodes 1" in result.stdout + result.stderr
     assert not list(tmp_path.glob("**/*.ckpt"))
