@@ -54,6 +54,7 @@ INTERPRETER = sys.executable  # this one's, not a warm command's (the relay's `p
 _started = threading.Lock()  # tests launch from thread pools: one forkserver all the same
 _context = None
 _interpreter_path: list[str] = []
+_relay_folder: list[str] = []  # interpreter_folder()'s
 
 
 def _forkserver() -> multiprocessing.context.BaseContext:
@@ -74,9 +75,6 @@ def _forkserver() -> multiprocessing.context.BaseContext:
     return _context
 
 
-_relay_folder: list[str] = []
-
-
 def interpreter_folder() -> str:
     """A folder whose `python` and `python3` start `python ...` commands warm, through this process's relay."""
     with _started:
@@ -87,13 +85,10 @@ def interpreter_folder() -> str:
             listener.bind(address)
             listener.listen(64)
             client = Path(__file__).with_name("warm_client.py")
-            for name in ("python", "python3"):
-                shim = Path(folder, name)
-                words = " ".join(
-                    shlex.quote(str(w)) for w in (INTERPRETER, "-IS", client, address, INTERPRETER)
-                )
-                shim.write_text(f'#!/bin/sh\nexec {words} "$@"\n')
-                shim.chmod(0o755)
+            words = " ".join(shlex.quote(str(w)) for w in (INTERPRETER, "-IS", client, address, INTERPRETER))
+            Path(folder, "python").write_text(f'#!/bin/sh\nexec {words} "$@"\n')
+            Path(folder, "python").chmod(0o755)
+            Path(folder, "python3").symlink_to("python")
             threading.Thread(target=_relay, args=(listener,), daemon=True).start()
             atexit.register(shutil.rmtree, folder, True)
             _relay_folder.append(folder)
@@ -107,7 +102,7 @@ def python() -> str:
 
 
 def _relay(listener: socket.socket) -> None:
-    while True:
+    while True:  # a thread per command: commands run side by side
         connection, _ = listener.accept()
         threading.Thread(target=_relay_one, args=(connection,), daemon=True).start()
 
