@@ -112,10 +112,15 @@ def _relay_one(connection: socket.socket) -> None:
     environment, stdout and stderr; its pid sent back, then its exit status. The client gone first (killed):
     the command's process group is killed."""
     with connection:
+        # The request's length with the client's stdout and stderr, then the request.
         header, fds, _, _ = socket.recv_fds(connection, 4, 2)
-        size, body = struct.unpack("!I", header)[0], b""
-        while len(body) < size:
-            body += connection.recv(size - len(body))
+        size, body = (struct.unpack("!I", header)[0] if len(header) == 4 else 1), b""
+        while len(body) < size and (chunk := connection.recv(size - len(body))):
+            body += chunk
+        if len(body) < size or len(fds) != 2:  # the client ended before its request did
+            for fd in fds:
+                os.close(fd)
+            return
         request = json.loads(body)
         cmd = [INTERPRETER, *request["args"]]
         form = _warm_form(cmd)
