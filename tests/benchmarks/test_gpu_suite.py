@@ -17,15 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 RETURNED_FILES = 8  # what the device tool brings back from one call
 
 
-def suite(out: Path, *stages: str, **env: str) -> subprocess.CompletedProcess:
+def suite(
+    out: Path, *stages: str, first_on_path: Path | None = None, **env: str
+) -> subprocess.CompletedProcess:
+    """The suite in quick mode; `first_on_path`: a folder of stand-in commands ahead of everything."""
+    path = [str(first_on_path)] if first_on_path else []
+    # `python3 ...` forked warm (helpers/warm.py): what the suite runs, without importing torch each time.
+    path += [warm.interpreter_folder(), str(Path(sys.executable).parent), os.environ["PATH"]]
     environment = {
         **os.environ,
         "SUITE_QUICK": "1",
         "SUITE_WORK": str(out.parent / "work"),
-        # `python3 ...` forked warm (helpers/warm.py): what the suite runs, without importing torch each time.
-        "PATH": os.pathsep.join(
-            (warm.interpreter_folder(), str(Path(sys.executable).parent), os.environ["PATH"])
-        ),
+        "PATH": os.pathsep.join(path),
         **env,
     }
     return subprocess.run(
@@ -173,10 +176,9 @@ def test_a_failing_stage_says_why_and_the_next_one_runs_and_one_past_its_limit_i
         f"#!/bin/bash\n[[ $* == *clocks.max.sm* ]] || exit 1\ntrap '' TERM\necho $$ > {pid_file}\nexec sleep 120\n"
     )
     stubborn.chmod(0o755)
-    path = os.pathsep.join(
-        (str(shims), warm.interpreter_folder(), str(Path(sys.executable).parent), os.environ["PATH"])
+    result = suite(
+        out, "train", "check", first_on_path=shims, SUITE_WORK="/dev/null/work", SUITE_LIMITS="check=1"
     )
-    result = suite(out, "train", "check", SUITE_WORK="/dev/null/work", SUITE_LIMITS="check=1", PATH=path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = stage_results(out)
     assert results["train"][0] == "FAILED" and "exit status 1: " in results["train"][2]

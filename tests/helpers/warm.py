@@ -114,24 +114,22 @@ def _relay_one(connection: socket.socket) -> None:
     with connection:
         # The request's length with the client's stdout and stderr, then the request.
         header, fds, _, _ = socket.recv_fds(connection, 4, 2)
-        size, body = (struct.unpack("!I", header)[0] if len(header) == 4 else 1), b""
-        while len(body) < size and (chunk := connection.recv(size - len(body))):
-            body += chunk
-        if len(body) < size or len(fds) != 2:  # the client ended before its request did
-            for fd in fds:
-                os.close(fd)
-            return
-        request = json.loads(body)
-        cmd = [INTERPRETER, *request["args"]]
-        form = _warm_form(cmd)
         try:
+            size, body = (struct.unpack("!I", header)[0] if len(header) == 4 else 1), b""
+            while len(body) < size and (chunk := connection.recv(size - len(body))):
+                body += chunk
+            if len(body) < size or len(fds) != 2:  # the client ended before its request did
+                return
+            request = json.loads(body)
+            cmd = [INTERPRETER, *request["args"]]
+            form = _warm_form(cmd)
             if form is None:
                 connection.sendall(b'{"cold": true}\n')
                 return
             process = WarmProcess(cmd, *form, cwd=request["cwd"], env=request["env"], stdout=fds[0], stderr=fds[1],
                                   start_new_session=True)  # fmt: skip
         finally:
-            for fd in fds:
+            for fd in fds:  # the command holds its own copies
                 os.close(fd)
         connection.sendall(json.dumps({"pid": process.pid}).encode() + b"\n")
         ended = process._processes[0].sentinel
@@ -145,7 +143,11 @@ def _relay_one(connection: socket.socket) -> None:
 
 def _warm_form(cmd: list[str]) -> tuple[list[str], bool] | None:
     """(`-m MODULE ARGS` | `SCRIPT ARGS` | `-c CODE ARGS`, unbuffered) for `python [-u] ...`; None otherwise."""
-    if not cmd or os.path.realpath(cmd[0]) not in (os.path.realpath(INTERPRETER), os.path.realpath(python())):
+    interpreters = [
+        INTERPRETER,
+        *(os.path.join(folder, "python") for folder in _relay_folder),
+    ]  # no relay started
+    if not cmd or os.path.realpath(cmd[0]) not in {os.path.realpath(path) for path in interpreters}:
         return None
     rest, unbuffered = list(cmd[1:]), False
     if rest[:1] == ["-u"]:
