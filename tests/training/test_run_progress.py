@@ -7,6 +7,7 @@ import torch
 from helpers import QUICK, TINY_UNET, tiny_run
 
 from diffusion.cli.train import main
+from diffusion.training.callbacks import run_progress
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
 
 # 1,707 training digits in batches of 512: 3 optimizer steps an epoch, so 8 steps cross two epoch boundaries.
@@ -93,7 +94,7 @@ def test_the_loss_plot_is_drawn_again_at_the_end_only_when_a_point_came_after_th
     tmp_path, monkeypatch
 ):
     renders = counting_renders(monkeypatch)
-    plot = LossPlot()
+    plot = LossPlot(redraw_every_s=0)  # at every validation (the default waits a minute: the test below)
     plot.setup(fake_trainer(tmp_path, 0), None, "fit")
     for step in (2, 4):
         plot.on_train_batch_end(fake_trainer(tmp_path, step, **{"train/loss": 1.0 / step}), None)
@@ -117,6 +118,30 @@ def test_the_loss_plot_is_drawn_again_at_the_end_only_when_a_point_came_after_th
     plot.setup(fake_trainer(tmp_path / "next", 6), None, "fit")
     plot.on_train_end(fake_trainer(tmp_path / "next", 6), None)
     assert (tmp_path / "next" / "loss.png").exists() and renders == [2, 2, 3, 3, 3]
+
+
+def test_the_loss_plot_is_redrawn_at_a_validation_once_a_minute_has_passed_and_at_the_end(tmp_path, monkeypatch):
+    renders = counting_renders(monkeypatch)
+    clock = [1000.0]
+    monkeypatch.setattr(run_progress, "monotonic", lambda: clock[0])
+    plot = LossPlot()
+    plot.setup(fake_trainer(tmp_path, 0), None, "fit")
+    plot.on_train_start(fake_trainer(tmp_path, 0), None)
+
+    def validate_at(step: int, seconds: float) -> None:  # seconds after training started
+        clock[0] = 1000.0 + seconds
+        plot.on_train_batch_end(fake_trainer(tmp_path, step, **{"train/loss": 1.0 / step}), None)
+        plot.on_validation_end(fake_trainer(tmp_path, step, **{"val/loss": 0.5 / step}), None)
+
+    validate_at(2, 10)
+    validate_at(4, 59)
+    assert renders == [] and not (tmp_path / "loss.png").exists()  # within a minute of the start
+    validate_at(6, 60)
+    assert renders == [3]
+    validate_at(8, 119)  # 59 s after that drawing
+    assert renders == [3]
+    plot.on_train_end(fake_trainer(tmp_path, 8), None)  # the end draws what came since
+    assert renders == [3, 4] and [step for step, _ in plot.points["val/loss"]] == [2, 4, 6, 8]
 
 
 def test_the_sample_grid_draws_a_bar_of_its_own_on_a_terminal_only(tmp_path, capsys, monkeypatch):
