@@ -11,6 +11,7 @@ explains the refusal (an unknown flag, a key of a config file no class takes) is
 on one line.
 """
 
+import datetime
 import functools
 import operator
 import sys
@@ -158,7 +159,7 @@ def _chosen_class_path(parser: ArgumentParser, argv: list[str], group: str) -> s
     chosen = None
     for key, values in flags_written(argv):
         if key == "config" and values and Path(values[-1]).is_file():
-            config = _yaml_or_none(Path(values[-1]).read_text())
+            config = _config_file(Path(values[-1]))
             for part in group.split("."):
                 config = config.get(part) if isinstance(config, dict) else None
             chosen = config.get("class_path", chosen) if isinstance(config, dict) else chosen
@@ -169,6 +170,18 @@ def _chosen_class_path(parser: ArgumentParser, argv: list[str], group: str) -> s
         default = _default(parser, group)
         chosen = default.get("class_path") if isinstance(default, Namespace) else None
     return chosen
+
+
+def _config_file(path: Path) -> Any:
+    """A --config file's YAML, read once per version of the file: each argument of a chosen class looks its class
+    up in it (10 ms of PyYAML a read, a dozen reads a report)."""
+    stat = path.stat()
+    return _config_file_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _config_file_version(path: str, mtime_ns: int, size: int) -> Any:
+    return _yaml_or_none(Path(path).read_text())
 
 
 def _default(parser: ArgumentParser, dest: str) -> Any:
@@ -189,6 +202,27 @@ def _imported(class_path: str) -> Any:
 
 def _fits(hint: Any, values: list[str], nargs: Any) -> bool:
     """Whether `values` parse as `hint` alone: a parser with this one argument, as the command's declares it."""
+    fits = _fits_text if _reads_only_the_text(hint) else _fits_text.__wrapped__
+    return fits(hint, tuple(values), nargs)
+
+
+def _reads_only_the_text(hint: Any) -> bool:
+    """Whether checking a value of `hint` depends on nothing but the value (numbers, bools, strings, choices,
+    durations and lists of them), not on files or importable classes: the answer may be kept."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return True
+    if args:
+        container = origin in (typing.Union, types.UnionType, list, tuple, dict, Sequence)
+        return container and all(_reads_only_the_text(arg) for arg in args if arg is not Ellipsis)
+    restricted = getattr(hint, "_restrictions", None) is not None  # jsonargparse's PositiveInt & co.
+    return restricted or hint in (int, float, bool, str, type(None), datetime.timedelta)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fits_text(hint: Any, values: tuple[str, ...], nargs: Any) -> bool:
+    """`_fits`, kept for types `_reads_only_the_text`: a report checks each flag before the bad one with a
+    parser of its own (5 ms each)."""
     probe = ArgumentParser(exit_on_error=False)
     probe.add_argument("--value", type=hint, nargs=nargs)
     try:

@@ -1,7 +1,6 @@
 """What the user-error tests share: a user's folder of files to keep (the `user` fixture is in conftest.py), and
 running a command that must fail with one line and leave that folder unchanged."""
 
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,14 @@ def error_line(stderr: str) -> str:
     return errors[0]
 
 
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every file (a digest of its bytes) and folder under `folder`: what the user had."""
+def snapshot(folder: Path) -> dict[str, tuple[int, int] | str]:
+    """Every file (its size and modification time) and folder under `folder`: what the user had. Any write to a
+    file changes its mtime (nanoseconds, set by the kernel at the write) from the one it was made with, seconds
+    earlier; hashing the user's checkpoints twice a test took longer than most of these tests."""
     return {
-        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-        if path.is_file()
-        else "/"
+        str(path.relative_to(folder)): (stat.st_size, stat.st_mtime_ns) if path.is_file() else "/"
         for path in sorted(folder.rglob("*"))
+        for stat in [path.stat()]
     }
 
 
