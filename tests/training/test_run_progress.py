@@ -120,7 +120,9 @@ def test_the_loss_plot_is_drawn_again_at_the_end_only_when_a_point_came_after_th
     assert (tmp_path / "next" / "loss.png").exists() and renders == [2, 2, 3, 3, 3]
 
 
-def test_the_loss_plot_is_redrawn_at_a_validation_once_a_minute_has_passed_and_at_the_end(tmp_path, monkeypatch):
+def test_the_loss_plot_is_redrawn_at_a_validation_once_a_minute_has_passed_and_at_the_end(
+    tmp_path, monkeypatch
+):
     renders = counting_renders(monkeypatch)
     clock = [1000.0]
     monkeypatch.setattr(run_progress, "monotonic", lambda: clock[0])

@@ -10,8 +10,8 @@ minute) and at the end, whatever the logger (TensorBoard is not the only way to 
 
 import math
 import sys
-from time import monotonic
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 import lightning as L
