@@ -7,9 +7,9 @@ resolutions (the network does not need to know the image size), and attention ca
 
 from collections.abc import Sequence
 
+import einops
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -17,6 +17,15 @@ from diffusion.errors import OutOfRange
 from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
 
 MAX_GROUPS = 32
+
+
+@torch.compiler.allow_in_graph
+def rearrange(tensor: torch.Tensor, pattern: str, **axes: int) -> torch.Tensor:
+    """`einops.rearrange`, as one operation of a compiled graph. Dynamo otherwise traces einops' own Python
+    (parsing the pattern, building its recipe) at every call: 0.15 s a call on a 2-core CPU, 20 calls and 3 s of
+    a tiny UNet's 5 s trace, and every compile of a larger one pays it 40 times. AOTAutograd and Inductor still
+    see the views and permutes inside."""
+    return einops.rearrange(tensor, pattern, **axes)
 
 
 class GroupNorm(nn.GroupNorm):
