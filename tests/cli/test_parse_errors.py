@@ -12,7 +12,7 @@ from typing import Literal
 
 import pytest
 from jsonargparse import ActionYesNo, ArgumentError, ArgumentParser
-from jsonargparse.typing import PositiveInt, restricted_number_type
+from jsonargparse.typing import Path_fr, PositiveInt, restricted_number_type
 from lightning.pytorch import LightningDataModule
 
 from diffusion.cli.flags import command_parser
@@ -108,3 +108,20 @@ def test_flags_are_read_as_the_parser_reads_them():
         ("flag", []),
         ("f", ["g"]),
     ]
+
+
+def test_a_flag_whose_check_reads_a_file_is_checked_anew_each_time(tmp_path, monkeypatch):
+    """The report keeps the answers of checks that read only the value (a number, a choice); one that reads a
+    file (a path type) or imports a class is asked again: the file may have been made since."""
+    monkeypatch.chdir(tmp_path)
+    parser = a_parser()
+    parser.add_argument("--weights", type=Path_fr | None, default=None)
+    argv = ["--out", "samples", "--weights", "w.pt", "--lr", "abc"]
+    for _ in range(2):  # the same answer twice: the one about the path
+        with pytest.raises(BadCommandLine) as refused:
+            parse_command_line(parser, argv)
+        assert str(refused.value).startswith("--weights w.pt ")
+    (tmp_path / "w.pt").write_bytes(b"weights")
+    with pytest.raises(BadCommandLine) as refused:  # the path fits now: the next flag is the one named
+        parse_command_line(parser, argv)
+    assert str(refused.value) == "--lr abc is not a valid float — pass a value of that type (see --help)"
