@@ -60,9 +60,8 @@ MAINS = {
 PRINTED = {text: argv for _, text, argv in python_command_lines()}  # the text as printed -> its argv
 
 # Shorter and smaller, never different: two optimizer steps with a validation at the second (its checkpoint and
-# grid), a tiny network, grids of 4 samples in 3 steps.
-_STEPS = QUICK.index("--max_steps")
-QUICK_2 = [*QUICK[:_STEPS], "--max_steps", "2", *QUICK[_STEPS + 2 :]]
+# grid), a tiny network, grids of 4 samples in 3 steps (later flags win).
+QUICK_2 = [*QUICK, "--max_steps", "2", "--trainer.val_check_interval", "2"]
 SHORT = [*TINY_UNET, *QUICK_2]
 SHORT_MLP = [*TINY_MLP, *QUICK_2]
 # The README's run also has T = 20 timesteps: `evaluate --nll` scores its checkpoint with the whole bound, one

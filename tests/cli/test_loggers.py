@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 import wandb
-from helpers import QUICK, TINY_UNET
+from helpers import QUICK, TINY_UNET, VALIDATING_EVERY_2
 from helpers.user_errors import run_in_process
 from lightning.pytorch.loggers import WandbLogger
 from mlflow.tracking import MlflowClient
@@ -30,7 +30,7 @@ def mlflow_logger(store) -> list[str]:
 
 def run(logger: list[str], save_dir, *extra: str):
     return train(
-        [*TINY_UNET, *QUICK, "--trainer.log_every_n_steps", "1", *logger, "--trainer.logger.init_args.save_dir",
+        [*TINY_UNET, *QUICK, *VALIDATING_EVERY_2, "--trainer.log_every_n_steps", "1", *logger, "--trainer.logger.init_args.save_dir",
          str(save_dir), *extra]
     )  # fmt: skip
 

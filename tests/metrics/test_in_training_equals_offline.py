@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_run
+from helpers import VALIDATING_EVERY_2, tiny_run
 
 from diffusion.cli import evaluate, sample
 from diffusion.errors import UserError
@@ -59,7 +59,7 @@ def test_fid_logged_in_training_is_the_evaluators_fid_of_the_same_samples(tmp_pa
     generated = GeneratedImages(monkeypatch)
     callback_flags = fid_callback("features", "pixels", "num_samples", "16", "num_real", "5000", "kid", "false",
                                   "sampling.steps", "3")  # fmt: skip
-    cli = tiny_run(tmp_path / "runs", *ALL_DIGITS, *callback_flags)
+    cli = tiny_run(tmp_path / "runs", *ALL_DIGITS, *VALIDATING_EVERY_2, *callback_flags)
     callback = next(c for c in cli.trainer.callbacks if isinstance(c, SampleQualityCallback))
     logged = float(cli.trainer.callback_metrics["val/fid"])
     assert len(generated.evaluations) == 3 and callback.last["num_real"] == 1797  # two evaluations

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from helpers import QUICK, TINY_UNET, tiny_run, warm
+from helpers import QUICK, TINY_UNET, VALIDATING_EVERY_2, tiny_run, warm
 from sklearn.datasets import load_digits
 
 from diffusion.cli import evaluate as evaluate_cli
@@ -320,7 +320,7 @@ def test_fid_callback_under_two_ddp_processes_feeds_each_image_once(tmp_path):
     # 15 samples over 2 ranks (8 + 7): the logged counts are those of the metric states gathered over ranks.
     flags = [f if f != "16" else "15" for f in FID_FLAGS]
     cmd = [sys.executable, str(REPO / "train.py"), "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
-           *TINY_UNET, *QUICK, *flags, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
+           *TINY_UNET, *QUICK, *VALIDATING_EVERY_2, *flags, "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
     result = warm.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, ranks=2)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]

@@ -7,14 +7,14 @@ import re
 
 import pytest
 import torch
-from helpers import QUICK, TINY_MLP
+from helpers import QUICK, TINY_MLP, VALIDATING_EVERY_2
 from helpers.user_errors import REPO, error_line
 
 from diffusion.cli.train import main as train
 from diffusion.training.loading import load_checkpoint
 
 DIVERGING = [
-    "--config", str(REPO / "configs" / "toy2d.yaml"), *TINY_MLP, *QUICK, "--max_steps", "12",
+    "--config", str(REPO / "configs" / "toy2d.yaml"), *TINY_MLP, *QUICK, *VALIDATING_EVERY_2, "--max_steps", "12",
     "--data.init_args.num_samples", "600", "--data.init_args.batch_size", "64",
     "--sample_grid.num_samples", "8", "--model.lr", "1e4",
 ]  # fmt: skip

@@ -16,7 +16,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import QUICK, TINY_UNET, warm
+from helpers import QUICK, TINY_UNET, VALIDATING_EVERY_2, warm
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from diffusion.cli.train import DiffusionCLI, with_default_config
@@ -152,7 +152,7 @@ def test_two_process_ddp_trains_16_mixed_with_a_grad_scaler_to_a_finite_loss(tmp
     # alike: DDP averages the gradients before the scaler looks for infinities). bf16-mixed has none: autocast
     # works within each process, on gradients DDP reduces as in float32 (the DDP tests), so one launch is enough.
     precision = "16-mixed+GradScaler"
-    cmd = [sys.executable, str(REPO / "train.py"), "--devices", "2", "--strategy", "ddp", *FAST,
+    cmd = [sys.executable, str(REPO / "train.py"), "--devices", "2", "--strategy", "ddp", *FAST, *VALIDATING_EVERY_2,
            *PRECISIONS[precision], "--trainer.log_every_n_steps", "1",
            "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
     # One thread per process, as torchrun sets: two processes with two threads each thrash 2 cores.
