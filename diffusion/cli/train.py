@@ -11,12 +11,11 @@ checkpoint to resume or start from: `diffusion.cli.train_checks`), and a user er
 (`diffusion.errors`).
 """
 
-import shutil
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from jsonargparse import SUPPRESS, ArgumentError
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
@@ -62,7 +61,7 @@ from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
 from diffusion.training.from_diffusers import init_settings
 from diffusion.training.loading import model_source
 from diffusion.training.module import DiffusionModule
-from diffusion.training.run_folders import run_folder
+from diffusion.training.run_folders import new_run_folders, remove_unused_run_folders, run_folder
 
 # LightningCLI's optimizer flags, not offered (DiffusionModule.configure_optimizers), and the flags that do their work.
 NOT_OFFERED = {
@@ -93,6 +92,12 @@ class DiffusionCLI(LightningCLI):
     `parser_kwargs` are merged into this CLI's own (`main` passes `exit_on_error=False`, so that a bad flag
     raises and is reported in one line rather than printing the usage block).
     """
+
+    # Parsers built in this process, by what they were built from, each with a list naming the CLI using it now
+    # (its links read that CLI's config): jsonargparse reading every signature is 0.12 s of a refused command
+    # line's 0.3, paid once by a notebook's runs or the tests' (580 CLIs). Parsing leaves a parser as it was, save
+    # for the --print_config request of a command line that failed (dropped on reuse).
+    _built_parsers: ClassVar[dict[str, tuple[LightningArgumentParser, list["DiffusionCLI"]]]] = {}
 
     def __init__(
         self, args: list[str] | None = None, parser_kwargs: dict[str, Any] | None = None, **kwargs
@@ -126,6 +131,22 @@ class DiffusionCLI(LightningCLI):
             args=args,
             **kwargs,
         )
+
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+    ) -> None:
+        built_from = repr((
+            type(self), add_subcommands, main_kwargs, subparser_kwargs, self.trainer_class, self.trainer_defaults,
+            self.seed_everything_default, self.parser_class, self.auto_configure_optimizers,
+        ))  # fmt: skip
+        if built_from not in self._built_parsers:
+            self._parser_user = [self]
+            super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+            self._built_parsers[built_from] = (self.parser, self._parser_user)
+        self.parser, self._parser_user = self._built_parsers[built_from]
+        self._parser_user[0] = self
+        if hasattr(self.parser, "print_config"):  # an earlier command line's --print_config, never printed
+            del self.parser.print_config
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -177,8 +198,11 @@ class DiffusionCLI(LightningCLI):
         variance (--model.variance learned_range: the prediction, then the variance's v), else None (its input's).
         Linked at instantiation, and checked against what the user wrote (`check_settings_from_the_data`)."""
 
+        parser_user = self._parser_user  # not `self`: the parser's links outlive the CLI that built it
+
         def output_channels(data: LightningDataModule) -> int | None:
-            return 2 * data.sample_shape[0] if self.config.get("model.variance") == "learned_range" else None
+            learned = parser_user[0].config.get("model.variance") == "learned_range"
+            return 2 * data.sample_shape[0] if learned else None
 
         return {
             "in_channels": lambda data: data.sample_shape[0],
@@ -339,24 +363,6 @@ def with_default_config(args: list[str]) -> list[str]:
             "pass --config PATH/TO/configs/digits.yaml (from the project's source) or another recipe",
         )
     return ["--config", str(DEFAULT_CONFIG), *args]
-
-
-def new_run_folders(trainer: Trainer) -> list[Path]:
-    """The run folder this fit will create and its missing parents, deepest first ([] if it exists)."""
-    if not trainer.is_global_zero or not trainer.loggers:
-        return []
-    path = run_folder(trainer).absolute()
-    return [folder for folder in [path, *path.parents] if not folder.exists()]
-
-
-def remove_unused_run_folders(folders: list[Path]) -> None:
-    """After a run failed before its first step: remove the folders it created, unless one holds a checkpoint."""
-    if not folders or not folders[0].is_dir() or any(folders[0].rglob("*.ckpt")):
-        return
-    shutil.rmtree(folders[0])
-    for parent in folders[1:]:
-        if parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
 
 
 def fit(cli: DiffusionCLI) -> None:

@@ -7,6 +7,7 @@ run id, ...), or the Trainer's ``default_root_dir`` without a logger. The only c
 
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,24 @@ def run_folder(trainer: L.Trainer) -> Path:
     else:
         folder = Path(trainer.default_root_dir)
     return Path(trainer.strategy.broadcast(str(folder)))
+
+
+def new_run_folders(trainer: L.Trainer) -> list[Path]:
+    """The run folder this fit will create and its missing parents, deepest first ([] if it exists)."""
+    if not trainer.is_global_zero or not trainer.loggers:
+        return []
+    path = run_folder(trainer).absolute()
+    return [folder for folder in [path, *path.parents] if not folder.exists()]
+
+
+def remove_unused_run_folders(folders: list[Path]) -> None:
+    """After a run failed before its first step: remove the folders it created, unless one holds a checkpoint."""
+    if not folders or not folders[0].is_dir() or any(folders[0].rglob("*.ckpt")):
+        return
+    shutil.rmtree(folders[0])
+    for parent in folders[1:]:
+        if parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
 
 
 def run_folder_of(checkpoint: str | os.PathLike) -> RunFolder | None:

@@ -185,3 +185,19 @@ def test_ddp_on_several_devices_or_as_a_class_stays_ddp():
     one = DiffusionCLI([*TINY_UNET, "--trainer.strategy.class_path", "DDPStrategy",
                         "--devices", "1", "--accelerator", "cpu", "--trainer.logger", "false"])  # fmt: skip
     assert type(one.trainer.strategy).__name__ == "DDPStrategy"
+
+
+def test_the_cli_of_this_process_reads_its_own_command_line_from_the_shared_parser(capsys):
+    # One parser a process (DiffusionCLI.setup_parser): each CLI parses and links its own command line with it.
+    fixed = DiffusionCLI([*TINY_UNET, "--trainer.logger", "false"])
+    learned = DiffusionCLI([*TINY_UNET, "--model.variance", "learned_range", "--trainer.logger", "false"])
+    again = DiffusionCLI([*TINY_UNET, "--trainer.logger", "false"])
+    assert fixed.parser is learned.parser is again.parser
+    # The output channels follow each CLI's variance (a link reads the config of the CLI that parses).
+    assert [cli.model.network.conv_out.out_channels for cli in (fixed, learned, again)] == [1, 2, 1]
+    # A command line that asked for --print_config and then failed leaves no request behind.
+    with pytest.raises(SystemExit):
+        DiffusionCLI(["--print_config", "--model.lr", "nope", "--trainer.logger", "false"])
+    capsys.readouterr()
+    assert DiffusionCLI([*TINY_UNET, "--trainer.logger", "false"]).model.network.conv_out.out_channels == 1
+    assert capsys.readouterr().out == ""
