@@ -71,10 +71,12 @@ DIGITS_RUN = [*SHORT, "--model.num_timesteps", "20"]
 # run takes).
 FOLDER_HERE = ["--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0"]
 # CIFAR-10 is a download: the recipe's own ImageDataModule over random pixels (benchmarks/speed/speed_data.py, by
-# its package path: the session has the repository root on sys.path, pyproject's pythonpath), 4 images a batch, 2 of
-# its 250 validation batches, read in this process; its 16-mixed is for CUDA (the recipe: on a CPU use --precision 32).
+# its package path: the session has the repository root on sys.path, pyproject's pythonpath), 2,000 images (the
+# recipe validates on 1,000 of them), 4 a batch, 2 of the 250 validation batches, read in this process; its 16-mixed is
+# for CUDA (the recipe: on a CPU use --precision 32).
 CIFAR10_HERE = [
-    "--data.class_path", "benchmarks.speed.speed_data.SyntheticCIFAR10", "--data.init_args.batch_size", "4",
+    "--data.class_path", "benchmarks.speed.speed_data.SyntheticCIFAR10", "--data.init_args.num_images", "2000",
+    "--data.init_args.batch_size", "4",
     "--precision", "32", "--data.init_args.num_workers", "0", "--trainer.limit_val_batches", "2",
 ]  # fmt: skip
 CIFAR10_WHY = (

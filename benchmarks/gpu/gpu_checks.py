@@ -53,7 +53,8 @@ STEPS, EVERY, KILL, AS_USERS_STEPS = (6, 2, 4, 0) if QUICK else (40, 10, 20, 12)
 DDP_CLASS = "lightning.pytorch.strategies.DDPStrategy"
 TINY = [
     "--model.network.init_args.channels", "8", "--model.network.init_args.channel_mult", "[1, 2]",
-    "--model.network.init_args.num_res_blocks", "1", "--data.init_args.val_from_train", "2",
+    "--model.network.init_args.num_res_blocks", "1", "--data.init_args.num_images", "64",
+    "--data.init_args.val_from_train", "2",
     "--data.init_args.batch_size", "2", "--data.init_args.num_workers", "0", "--accelerator", "cpu",
 ]  # fmt: skip
 RECIPE = [
