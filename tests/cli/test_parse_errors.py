@@ -125,3 +125,31 @@ def test_a_flag_whose_check_reads_a_file_is_checked_anew_each_time(tmp_path, mon
     with pytest.raises(BadCommandLine) as refused:  # the path fits now: the next flag is the one named
         parse_command_line(parser, argv)
     assert str(refused.value) == "--lr abc is not a valid float — pass a value of that type (see --help)"
+
+
+def test_a_config_file_edited_between_two_reports_is_read_anew(tmp_path, monkeypatch, capsys):
+    """The report reads a --config file once per version of it (diffusion/cli/parse_errors.py: by mtime and size):
+    a notebook that fixes its config and runs again is told about the file as it is now."""
+    from diffusion.cli.train import main
+
+    monkeypatch.chdir(tmp_path)
+    lines = []
+    for network in ("diffusion.models.MLP", "diffusion.models.UNet"):
+        (tmp_path / "run.yaml").write_text(f"model:\n  network:\n    class_path: {network}\n")
+        with pytest.raises(SystemExit):
+            main(
+                [
+                    "--config",
+                    "run.yaml",
+                    "--model.network.init_args.hidden_dim",
+                    "abc",
+                    "--trainer.logger",
+                    "false",
+                ]
+            )
+        lines.append(capsys.readouterr().err.strip().splitlines()[-1])
+    # The MLP's hidden_dim is an int; the UNet has none.
+    assert lines[0].endswith(
+        "--model.network.init_args.hidden_dim abc is not a valid int — pass a value of that type (see --help)"
+    )
+    assert "'hidden_dim' is not accepted" in lines[1] and "not a valid int" not in lines[1]
