@@ -21,13 +21,10 @@ def test_the_default_is_the_best_fd_within_20_to_35_evaluations():
     assert "should be **a**" in text
 
 
-def test_evaluations_are_counted_per_step(tmp_path):
-    from helpers import tiny_run
-
+def test_evaluations_are_counted_per_step(digits_checkpoint):
     from diffusion.training.loading import load_checkpoint
 
-    tiny_run(tmp_path)
-    module = load_checkpoint(tmp_path / "digits" / "version_0" / "checkpoints" / "last.ckpt")
+    module = load_checkpoint(digits_checkpoint)
     assert sampler_sweep.evaluations_of(module, "ddim", 7, None) == 7
     assert sampler_sweep.steps_for(module, "ddim", [10, 20], None) == {10: 10, 20: 20}
 

@@ -104,9 +104,8 @@ def test_no_arguments_train_the_default_recipe_from_any_folder(tmp_path, monkeyp
     assert [key for key, value in recipe.items() if defaults[key] == value] == []
 
 
-def test_default_run_leaves_checkpoint_logs_and_grid_in_one_folder(tmp_path):
-    tiny_run(tmp_path)
-    run = tmp_path / "digits" / "version_0"
+def test_default_run_leaves_checkpoint_logs_and_grid_in_one_folder(digits_checkpoint):
+    run = digits_checkpoint.parents[1]  # the session's tiny run of the default recipe (conftest.py)
     assert (run / "checkpoints" / "last.ckpt").is_file()
     assert list(run.glob("events.out.tfevents.*"))
     assert (run / "samples" / "latest.png").is_file() and (run / "config.yaml").is_file()
