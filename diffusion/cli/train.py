@@ -13,6 +13,7 @@ checkpoint to resume or start from: `diffusion.cli.train_checks`), and a user er
 
 import signal
 import sys
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +41,7 @@ from diffusion.cli.train_checks import (
     check_torchrun_world_size,
     naming_the_flag,
     settings_written,
+    take_diffusers_settings,
 )
 from diffusion.cli.trainer_options import (
     SHORTHANDS,
@@ -58,7 +60,6 @@ from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
-from diffusion.training.from_diffusers import init_settings
 from diffusion.training.loading import model_source
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import new_run_folders, remove_unused_run_folders, run_folder
@@ -97,7 +98,7 @@ class DiffusionCLI(LightningCLI):
     # (its links read that CLI's config): jsonargparse reading every signature is 0.12 s of a refused command
     # line's 0.3, paid once by a notebook's runs or the tests' (580 CLIs). Parsing leaves a parser as it was, save
     # for the --print_config request of a command line that failed (dropped on reuse).
-    _built_parsers: ClassVar[dict[str, tuple[LightningArgumentParser, list["DiffusionCLI"]]]] = {}
+    _built_parsers: ClassVar[dict[str, tuple[LightningArgumentParser, list[weakref.ref]]]] = {}
 
     def __init__(
         self, args: list[str] | None = None, parser_kwargs: dict[str, Any] | None = None, **kwargs
@@ -131,6 +132,9 @@ class DiffusionCLI(LightningCLI):
             args=args,
             **kwargs,
         )
+        # LightningCLI's instantiators hold the CLI: plain ones stand in the shared parser until the next CLI's.
+        for cls, subclasses in ((DiffusionModule, False), (LightningDataModule, True)):
+            self.parser.add_instantiator(lambda cls, *args, **kwargs: cls(*args, **kwargs), cls, subclasses)
 
     def setup_parser(
         self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
@@ -140,11 +144,11 @@ class DiffusionCLI(LightningCLI):
             self.seed_everything_default, self.parser_class, self.auto_configure_optimizers,
         ))  # fmt: skip
         if built_from not in self._built_parsers:
-            self._parser_user = [self]
+            self._parser_user = [weakref.ref(self)]
             super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
             self._built_parsers[built_from] = (self.parser, self._parser_user)
         self.parser, self._parser_user = self._built_parsers[built_from]
-        self._parser_user[0] = self
+        self._parser_user[0] = weakref.ref(self)  # weak: a CLI the user drops goes, with its model and data
         if hasattr(self.parser, "print_config"):  # an earlier command line's --print_config, never printed
             del self.parser.print_config
 
@@ -201,7 +205,7 @@ class DiffusionCLI(LightningCLI):
         parser_user = self._parser_user  # not `self`: the parser's links outlive the CLI that built it
 
         def output_channels(data: LightningDataModule) -> int | None:
-            learned = parser_user[0].config.get("model.variance") == "learned_range"
+            learned = parser_user[0]().config.get("model.variance") == "learned_range"
             return 2 * data.sample_shape[0] if learned else None
 
         return {
@@ -299,27 +303,6 @@ class DiffusionCLI(LightningCLI):
             )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
-
-
-def take_diffusers_settings(config) -> None:
-    """--model.init_from a diffusers folder: train its network and schedule (read from its configs, whatever the
-    recipe says)."""
-    settings = init_settings(config.model.init_from, "--model.init_from")
-    assert settings is not None, "model_source said diffusers"
-    if config.model.network.class_path.rsplit(".", 1)[-1] != "UNet":
-        raise UserError(
-            f"--model.init_from {config.model.init_from} is a diffusers UNet, but this config's network is "
-            f"{config.model.network.class_path}", "fine-tune it with an image recipe (a UNet network)",
-        )  # fmt: skip
-    for key, value in settings.pop("model.network")["init_args"].items():
-        config.model.network.init_args[key] = value
-    for key, value in settings.items():
-        config[key] = value
-    rank_zero_info(
-        f"--model.init_from {config.model.init_from}: the network and schedule are the diffusers model's "
-        f"(UNet {dict(config.model.network.init_args)}, {config.model.beta_schedule} betas over "
-        f"{config.model.num_timesteps} steps, {config.model.prediction_type} prediction)"
-    )
 
 
 def log_learning_rate(trainer: Trainer) -> None:

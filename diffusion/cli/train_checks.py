@@ -1,7 +1,7 @@
 """What train.py checks before any training time is spent, each failure one line naming the flag (a
 UserError, `diffusion.errors`): option ranges (and the data module's and network's own range checks, reworded
-with the flag), the network settings the data decides, the weights to start from or resume, the output folders,
-and the world size under torchrun."""
+with the flag), the network settings the data decides, the weights to start from or resume (a diffusers model's
+own settings taken with its weights), the output folders, and the world size under torchrun."""
 
 import inspect
 import os
@@ -9,12 +9,14 @@ from typing import Any
 
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
+from lightning.pytorch.utilities import rank_zero_info
 
 from diffusion.cli.flags import check_writable_folder
 from diffusion.cli.legacy import class_at
 from diffusion.errors import OutOfRange, UserError
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
+from diffusion.training.from_diffusers import init_settings
 from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
 from diffusion.training.run_folders import run_folder_of
 
@@ -210,3 +212,24 @@ def check_settings_from_the_data(written: dict[str, Any], derived: dict[str, Any
                 f"--model.network.{name} {value}: the data sets it ({shown} here: {DATA_SETS[name]})",
                 f"leave --model.network.{name} out",
             )
+
+
+def take_diffusers_settings(config) -> None:
+    """--model.init_from a diffusers folder: train its network and schedule (read from its configs, whatever the
+    recipe says)."""
+    settings = init_settings(config.model.init_from, "--model.init_from")
+    assert settings is not None, "model_source said diffusers"
+    if config.model.network.class_path.rsplit(".", 1)[-1] != "UNet":
+        raise UserError(
+            f"--model.init_from {config.model.init_from} is a diffusers UNet, but this config's network is "
+            f"{config.model.network.class_path}", "fine-tune it with an image recipe (a UNet network)",
+        )  # fmt: skip
+    for key, value in settings.pop("model.network")["init_args"].items():
+        config.model.network.init_args[key] = value
+    for key, value in settings.items():
+        config[key] = value
+    rank_zero_info(
+        f"--model.init_from {config.model.init_from}: the network and schedule are the diffusers model's "
+        f"(UNet {dict(config.model.network.init_args)}, {config.model.beta_schedule} betas over "
+        f"{config.model.num_timesteps} steps, {config.model.prediction_type} prediction)"
+    )

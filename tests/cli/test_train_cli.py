@@ -3,6 +3,8 @@
 Multi-process launches (`train.py --devices 2`, torchrun, two nodes) are in cli/test_launchers.py.
 """
 
+import gc
+import types
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +202,17 @@ def test_the_cli_of_this_process_reads_its_own_command_line_from_the_shared_pars
     capsys.readouterr()
     assert DiffusionCLI([*TINY_UNET, "--trainer.logger", "false"]).model.network.conv_out.out_channels == 1
     assert capsys.readouterr().out == ""
+
+
+def test_the_shared_parser_holds_no_cli(tmp_path):
+    # A CLI the user drops (a notebook's run, done) must not be kept, with its model and data, by the parser that
+    # the next CLI will use.
+    cli = tiny_run(tmp_path, "--model.variance", "learned_range")  # a fit: the links and instantiators ran
+    reachable, todo = set(), [DiffusionCLI._built_parsers]
+    while todo:  # what the parsers hold, short of modules, classes and functions' globals (every CLI's)
+        held = todo.pop()
+        if id(held) in reachable or isinstance(held, (types.ModuleType, type)):
+            continue
+        reachable.add(id(held))
+        todo += [o for o in gc.get_referents(held) if not (isinstance(o, dict) and "__builtins__" in o)]
+    assert id(cli) not in reachable and id(cli.model) not in reachable
