@@ -132,7 +132,8 @@ class DiffusionCLI(LightningCLI):
             args=args,
             **kwargs,
         )
-        # LightningCLI's instantiators hold the CLI: plain ones stand in the shared parser until the next CLI's.
+        # LightningCLI's instantiators hold the CLI, which would outlive its user in the shared parser (which jsonargparse
+        # also leaves in a context variable) with its model and data: plain ones stand in until the next CLI's.
         for cls, subclasses in ((DiffusionModule, False), (LightningDataModule, True)):
             self.parser.add_instantiator(lambda cls, *args, **kwargs: cls(*args, **kwargs), cls, subclasses)
 
