@@ -132,12 +132,3 @@ def test_the_script_in_the_docs_samples_an_export(checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     with Image.open(tmp_path / "samples.png") as grid:  # 16 samples of 8 x 8, 4 per row, 2-pixel padding
         assert grid.size == (4 * 10 + 2, 4 * 10 + 2)
-
-
-def test_importing_the_project_does_not_import_diffusers():
-    code = (
-        "import sys, diffusion.cli.export, diffusion.cli.train, diffusion.training.loading, "
-        "diffusion.models.diffusers_unet; print('diffusers' in sys.modules)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.stdout.strip() == "False", result.stderr[-3000:]
