@@ -39,7 +39,8 @@ class SyntheticCIFAR10(ImageDataModule):
     a third of a 2-step run here."""
 
     def __init__(self, *args: Any, num_images: int = CIFAR10_IMAGES, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # ImageDataModule's own arguments, positional too (a stand-in for it)
+        # ImageDataModule's own arguments, positional too (it stands in for ImageDataModule).
+        super().__init__(*args, **kwargs)
         if num_images < 1:
             raise OutOfRange("num_images", num_images, ">= 1", owner=type(self))
         self.num_images = num_images
