@@ -97,7 +97,8 @@ class DiffusionCLI(LightningCLI):
     # Parsers built in this process, by what they were built from, each with a list naming the CLI using it now
     # (its links read that CLI's config): jsonargparse reading every signature is 0.12 s of a refused command
     # line's 0.3, paid once by a notebook's runs or the tests' (580 CLIs). Parsing leaves a parser as it was, save
-    # for the --print_config request of a command line that failed (dropped on reuse).
+    # for the --print_config request of a command line that failed (dropped on reuse). One CLI at a time, as a
+    # process builds them; the oldest of more than 4 kinds goes (defaults whose repr differs at each call).
     _built_parsers: ClassVar[dict[str, tuple[LightningArgumentParser, list[weakref.ref]]]] = {}
 
     def __init__(
@@ -145,6 +146,8 @@ class DiffusionCLI(LightningCLI):
             self.seed_everything_default, self.parser_class, self.auto_configure_optimizers,
         ))  # fmt: skip
         if built_from not in self._built_parsers:
+            if len(self._built_parsers) >= 4:
+                self._built_parsers.pop(next(iter(self._built_parsers)))
             self._parser_user = [weakref.ref(self)]
             super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
             self._built_parsers[built_from] = (self.parser, self._parser_user)

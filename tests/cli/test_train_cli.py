@@ -212,3 +212,20 @@ def test_a_cli_let_go_of_frees_its_model(tmp_path):
     del cli
     gc.collect()
     assert model() is None and data() is None
+
+
+def test_a_process_keeps_a_few_parsers(monkeypatch):
+    # One per kind (parser arguments, Trainer defaults, ...), the oldest going past 4: defaults whose repr differs
+    # at each call would otherwise keep a parser a call.
+    monkeypatch.setattr(DiffusionCLI, "_built_parsers", {})
+
+    def stop(cli, parser, args):
+        raise StopIteration
+
+    monkeypatch.setattr(DiffusionCLI, "parse_arguments", stop)
+    for kind in range(6):
+        with pytest.raises(StopIteration):
+            DiffusionCLI([], parser_kwargs={"prog": f"train{kind}"})
+    assert [parser.prog for parser, _ in DiffusionCLI._built_parsers.values()] == [
+        f"train{k}" for k in range(2, 6)
+    ]
