@@ -133,10 +133,6 @@ class DiffusionCLI(LightningCLI):
             args=args,
             **kwargs,
         )
-        # LightningCLI's instantiators hold the CLI, which would outlive its user in the shared parser (which jsonargparse
-        # also leaves in a context variable) with its model and data: plain ones stand in until the next CLI's.
-        for cls, subclasses in ((DiffusionModule, False), (LightningDataModule, True)):
-            self.parser.add_instantiator(lambda cls, *args, **kwargs: cls(*args, **kwargs), cls, subclasses)
 
     def setup_parser(
         self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
@@ -276,6 +272,12 @@ class DiffusionCLI(LightningCLI):
             if named is None:
                 raise
             raise named from error
+        finally:
+            # LightningCLI's instantiators hold the CLI, which would outlive its user in the shared parser (which
+            # jsonargparse also leaves in a context variable) with its model and data, whether the instantiation
+            # succeeded or not: plain ones stand in until the next CLI's.
+            for cls, subclasses in ((DiffusionModule, False), (LightningDataModule, True)):
+                self.parser.add_instantiator(plain_instance, cls, subclasses)
 
     def after_instantiate_classes(self) -> None:
         derived = {
@@ -307,6 +309,11 @@ class DiffusionCLI(LightningCLI):
             )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
+
+
+def plain_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """jsonargparse's instantiator in its simplest form: the class called with its arguments."""
+    return cls(*args, **kwargs)
 
 
 def log_learning_rate(trainer: Trainer) -> None:

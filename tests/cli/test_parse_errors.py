@@ -133,20 +133,14 @@ def test_a_config_file_edited_between_two_reports_is_read_anew(tmp_path, monkeyp
     from diffusion.cli.train import main
 
     monkeypatch.chdir(tmp_path)
-    lines = []
+    lines, argv = (
+        [],
+        ["--config", "run.yaml", "--model.network.init_args.hidden_dim", "abc", "--trainer.logger", "false"],
+    )
     for network in ("diffusion.models.MLP", "diffusion.models.UNet"):
         (tmp_path / "run.yaml").write_text(f"model:\n  network:\n    class_path: {network}\n")
         with pytest.raises(SystemExit):
-            main(
-                [
-                    "--config",
-                    "run.yaml",
-                    "--model.network.init_args.hidden_dim",
-                    "abc",
-                    "--trainer.logger",
-                    "false",
-                ]
-            )
+            main(argv)
         lines.append(capsys.readouterr().err.strip().splitlines()[-1])
     # The MLP's hidden_dim is an int; the UNet has none.
     assert lines[0].endswith(

@@ -16,6 +16,7 @@ from PIL import Image
 
 from diffusion.cli.train import DiffusionCLI, main
 from diffusion.cli.trainer_options import TRAINER_OPTION_RANGES, expand_shorthands
+from diffusion.errors import UserError
 from diffusion.training.run_folders import latest_checkpoint
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
@@ -204,7 +205,7 @@ def test_the_cli_of_this_process_reads_its_own_command_line_from_the_shared_pars
     assert capsys.readouterr().out == ""
 
 
-def test_a_cli_let_go_of_frees_its_model(tmp_path):
+def test_a_cli_let_go_of_frees_its_model(tmp_path, monkeypatch):
     # A notebook's run, done: its model and data go with the CLI, though the process keeps the parser for the next
     # (jsonargparse leaves it in a context variable too) and the fit ran the parser's links and instantiators.
     cli = tiny_run(tmp_path, "--model.variance", "learned_range")
@@ -212,6 +213,18 @@ def test_a_cli_let_go_of_frees_its_model(tmp_path):
     del cli
     gc.collect()
     assert model() is None and data() is None
+    # A CLI refused after its classes were built (--ddp_timeout is checked then): its model goes too.
+    built = []
+    checks = DiffusionCLI.after_instantiate_classes
+    monkeypatch.setattr(
+        DiffusionCLI,
+        "after_instantiate_classes",
+        lambda cli: built.append(weakref.ref(cli.model)) or checks(cli),
+    )
+    with pytest.raises(UserError, match="ddp_timeout"):
+        DiffusionCLI([*TINY_UNET, "--ddp_timeout", "0", "--trainer.logger", "false"])
+    gc.collect()
+    assert len(built) == 1 and built[0]() is None
 
 
 def test_a_process_keeps_a_few_parsers(monkeypatch):
