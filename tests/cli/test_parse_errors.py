@@ -133,10 +133,8 @@ def test_a_config_file_edited_between_two_reports_is_read_anew(tmp_path, monkeyp
     from diffusion.cli.train import main
 
     monkeypatch.chdir(tmp_path)
-    lines, argv = (
-        [],
-        ["--config", "run.yaml", "--model.network.init_args.hidden_dim", "abc", "--trainer.logger", "false"],
-    )
+    argv = ["--config", "run.yaml", "--model.network.init_args.hidden_dim", "abc", "--trainer.logger", "false"]  # fmt: skip
+    lines = []
     for network in ("diffusion.models.MLP", "diffusion.models.UNet"):
         (tmp_path / "run.yaml").write_text(f"model:\n  network:\n    class_path: {network}\n")
         with pytest.raises(SystemExit):
