@@ -44,6 +44,7 @@ import itertools
 import json
 import logging
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -175,7 +176,7 @@ def sampling_seconds(
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python benchmarks/speed/speed.py", *argv])
+    command = shlex.join(["python", "benchmarks/speed/speed.py", *argv])  # as typed: "" stays ""
     cli_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(

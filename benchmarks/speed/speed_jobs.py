@@ -4,6 +4,7 @@ users run it, and the default job's wall time from another commit (--baseline)."
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -64,7 +65,7 @@ def timed_train_py(
         tail = "\n".join(output[-25:])
         raise RuntimeError(f"{label} failed (exit status {result.returncode}):\n{tail}")
     timed = json.loads(report.read_text().splitlines()[-1])
-    timed.update(wall_seconds=seconds, command=" ".join(["python train.py", *command[2:]]))
+    timed.update(wall_seconds=seconds, command=shlex.join(["python", "train.py", *command[2:]]))
     return timed
 
 

@@ -7,9 +7,9 @@ resolutions (the network does not need to know the image size), and attention ca
 
 from collections.abc import Sequence
 
-import einops
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -19,13 +19,13 @@ from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinu
 MAX_GROUPS = 32
 
 
-@torch.compiler.allow_in_graph
-def rearrange(tensor: torch.Tensor, pattern: str, **axes: int) -> torch.Tensor:
-    """`einops.rearrange`, as one operation of a compiled graph. Dynamo otherwise traces einops' own Python
-    (parsing the pattern, building its recipe) at every call: 0.15 s a call on a 2-core CPU, 20 calls and 3 s of
-    a tiny UNet's 5 s trace, and every compile of a larger one pays it 40 times. AOTAutograd and Inductor still
-    see the views and permutes inside."""
-    return einops.rearrange(tensor, pattern, **axes)
+# einops.rearrange as one operation of a compiled graph, as einops itself registers it on torch 2.11 (the lent GPU
+# machines'): newer torch has Dynamo trace einops' own Python instead (parsing the pattern, building its recipe) at
+# every call, 0.15 s a call on a 2-core CPU, 40 calls in the CIFAR-10 UNet. AOTAutograd and Inductor still see the
+# views and permutes inside, and AOTAutograd's compile cache knows einops.rearrange (a wrapper of ours would make
+# it bypass the cache, and every warm compile trace the joint graph again). Process-wide, as einops' own
+# `allow_ops_in_compiled_graph`.
+torch.compiler.allow_in_graph(rearrange)
 
 
 class GroupNorm(nn.GroupNorm):

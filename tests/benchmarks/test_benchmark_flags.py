@@ -3,6 +3,7 @@ a bad value or a missing run ends in argparse's one error line and exit status 2
 traceback, no argparse internals (`invalid <lambda> value`)."""
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,13 @@ def test_a_list_reads_alike_with_commas_spaces_or_both(written):
     args, _ = speed.parse_args(["--samplers", *written, "--sampling_precisions", "32,", "bf16-mixed"])
     assert args.samplers == ["ddim:50", "dpmpp_2m:20"] and args.sampling_precisions == ["32", "bf16-mixed"]
     assert speed.parse_args(["--samplers", ""])[0].samplers == []  # none (benchmarks/gpu/gpu_suite.sh)
+
+
+def test_the_command_a_results_file_prints_runs_as_typed():
+    # speed.md names the command it came from; an empty list (--samplers "") or a label with spaces stays one argument.
+    argv = ["--samplers", "", "--", "--trainer.callbacks.label", "train.py (cold)"]
+    command = speed.parse_args(argv)[0].command
+    assert shlex.split(command) == ["python", "benchmarks/speed/speed.py", *argv]
 
 
 def provenance_in_a_repository(tmp_path: Path, changed_before_import: bool) -> str:
