@@ -48,8 +48,6 @@ import shlex
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import get_args
@@ -59,10 +57,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository root
 
 from benchmarks.arguments import existing, list_of
-from benchmarks.speed import speed_data
-from benchmarks.speed.speed_data import SyntheticCIFAR10, loader_throughput
+from benchmarks.speed.speed_data import recipe_data_throughput
 from benchmarks.speed.speed_jobs import FlagsRefused, compare_jobs, timed_train_py
-from benchmarks.speed.speed_paths import build_project, diffusers_path, plain_path, project_path
+from benchmarks.speed.speed_paths import (
+    Timed,
+    build_project,
+    diffusers_path,
+    interleave,
+    plain_path,
+    profiled,
+    project_path,
+    sampling_seconds,
+)
 from benchmarks.speed.speed_report import (
     COMPILED,
     COMPILED_CHANNELS_LAST,
@@ -75,39 +81,17 @@ from benchmarks.speed.speed_report import (
 )
 from diffusion.core.compiling import compiling_with
 from diffusion.core.sampling import SAMPLERS, SamplingOptions
-from diffusion.generation.precision import Precision, network_precision
+from diffusion.generation.precision import Precision
 from diffusion.models import UNet
 from diffusion.training.callbacks.step_timer import (
-    KernelProfile,
     count_flops_per_sample,
     device_name,
-    peak_memory,
-    reset_peak_memory,
 )
 from diffusion.training.optim import use_tf32_on_cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import TINY_UNET  # noqa: E402 (the tiny network --quick shares with the tests)
-
-
-@dataclass
-class Timed:
-    """A training path and what was measured of it."""
-
-    name: str
-    run: Callable[[int], list[float]]  # timed steps -> seconds of each (after the warm-up steps)
-    note: str = ""
-    times: list[float] = field(default_factory=list)  # every timed step of every round
-    rounds: list[float] = field(default_factory=list)  # the median of each round
-    peak_bytes: int = 0
-    peak_above_start: int = 0  # the step's own working memory: activations, gradients, temporaries
-    walls: list[float] = field(default_factory=list)  # wall seconds of each round, warm-up included
-    profile: dict | None = None  # KernelProfile's summary (--profile_steps, CUDA)
-
-    @property
-    def step_seconds(self) -> float:
-        return statistics.median(self.times)
 
 
 @dataclass
@@ -129,49 +113,6 @@ class Run:
     problems: list[str] = field(default_factory=list)  # what could not be measured, and why
     skipped: list[str] = field(default_factory=list)  # train.py variants whose flags train.py refused
     job: dict | None = None
-
-
-def interleave(paths: list[Timed], rounds: int, steps: int, device: torch.device) -> None:
-    for r in range(rounds):
-        order = paths[r % len(paths) :] + paths[: r % len(paths)]  # rotate: no path always goes first
-        for path in order:
-            start = reset_peak_memory(device)
-            began = time.perf_counter()
-            times = path.run(steps)
-            path.walls.append(time.perf_counter() - began)
-            peak = peak_memory(device)
-            path.peak_bytes = max(path.peak_bytes, peak)
-            path.peak_above_start = max(path.peak_above_start, peak - start)
-            path.rounds.append(statistics.median(times))
-            path.times += times
-            print(f"  round {r + 1}/{rounds} {path.name}: {statistics.median(times):.4f} s/step", flush=True)
-
-
-def profiled(run: Callable[[int], list[float]], steps: int, warmup: int, device: torch.device) -> dict | None:
-    """Where `steps` more steps of a path (and its `warmup` ones) spend the device's time (`KernelProfile`)."""
-    profile = KernelProfile(device)
-    profile.start()
-    run(steps)
-    return profile.stop(warmup + steps)
-
-
-def sampling_seconds(
-    module, device: torch.device, batch: int, options: SamplingOptions, precision: str, repeats: int
-) -> tuple[float, list[float]]:
-    """(seconds of the first batch, seconds per batch after it) of the sampler `options` name, with per-sample
-    seeds under `precision` (as the sample CLI's --precision); the first batch warms up (and compiles)."""
-    module.to(device)
-    seconds = []
-    with network_precision(module, precision):
-        for _ in range(1 + repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            module.sample(batch, seed=0, options=options)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - start)
-    return seconds[0], seconds[1:]
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -349,7 +290,11 @@ def measure(args: argparse.Namespace, cli_args: list[str]) -> str:
         save(run)
     time_train_py(run, accelerator, variants[1:])
     if args.loader_batches:
-        measure_data_path(run, cli)
+        run.loader = recipe_data_throughput(cli, run.device, args.loader_batches, args.synthetic)
+        if run.loader is None:
+            print("  data path: not measured (--synthetic on a recipe other than CIFAR-10)", flush=True)
+        else:
+            print(f"  data path: {run.loader['images_per_s']:,.0f} images/s", flush=True)
         save(run)
     for entry in args.samplers:
         sampler, steps = entry.split(":")
@@ -446,23 +391,6 @@ def time_train_py(run: Run, accelerator: str, variants: list[str]) -> None:
             print(error, flush=True)
             run.problems.append(f"`{label}`: FAILED, {str(error).splitlines()[-1]}".replace("|", "/"))
         save(run)
-
-
-def measure_data_path(run: Run, cli) -> None:
-    """The recipe's data path alone: batches as training gets them, no model."""
-    data, recipe = cli.datamodule, cli.config.data.init_args.as_dict()
-    if run.args.synthetic and recipe.get("dataset") != "cifar10":
-        print("  data path: not measured (--synthetic on a recipe other than CIFAR-10)", flush=True)
-        return
-    if run.args.synthetic:  # the recipe's ImageDataModule and settings over made-up pixels (speed_data.py)
-        data = SyntheticCIFAR10(**recipe)
-    # A dataset held on the device (the default where it fits): its gather, flips and conversion there; else the
-    # per-item loader with the recipe's workers.
-    if data.on_device:
-        run.loader = speed_data.on_device_throughput(data, run.device, run.args.loader_batches)
-    else:
-        run.loader = loader_throughput(data, run.args.loader_batches)
-    print(f"  data path: {run.loader['images_per_s']:,.0f} images/s", flush=True)
 
 
 PROBLEMS: list[str] = []  # of the last main(): a path that failed or could not run

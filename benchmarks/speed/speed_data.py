@@ -13,7 +13,9 @@ The measures (no model; each a dict with `images_per_s`, the median of `repeats`
 - `on_device_throughput(datamodule, device, batches, warmup=5, repeats=3)`: the on-device path alone, on
   `device`: the index loader's batch, its copy to the device and the DataModule's `on_after_batch_transfer`
   (gather, flips, conversion), the device synchronized at the end of each pass. Its `path` says which path
-  the datamodule took (the per-item loader for data that is not held as arrays or does not fit).
+  the datamodule took (the per-item loader for data that is not held as arrays or does not fit);
+- `recipe_data_throughput(cli, device, batches, synthetic)`: whichever of the two a recipe's DataModule takes
+  (speed.py's data path row).
 """
 
 import statistics
@@ -132,3 +134,19 @@ def on_device_throughput(
         "random_flip": getattr(datamodule, "random_flip", False),
         "dataset": type(datamodule).__name__ + f"({getattr(datamodule, 'dataset', '?')})",
     }
+
+
+def recipe_data_throughput(cli, device: torch.device, batches: int, synthetic: bool) -> dict | None:
+    """The recipe's data path alone (its DataModule as `cli` built it, or with `synthetic` the same settings over
+    SyntheticCIFAR10's made-up pixels): batches as training gets them, no model. None: `synthetic` on a recipe
+    other than CIFAR-10."""
+    data, recipe = cli.datamodule, cli.config.data.init_args.as_dict()
+    if synthetic and recipe.get("dataset") != "cifar10":
+        return None
+    if synthetic:
+        data = SyntheticCIFAR10(**recipe)
+    # A dataset held on the device (the default where it fits): its gather, flips and conversion there; else the
+    # per-item loader with the recipe's workers.
+    if data.on_device:
+        return on_device_throughput(data, device, batches)
+    return loader_throughput(data, batches)

@@ -1,12 +1,16 @@
 """The training paths that benchmarks/speed/speed.py times: the project's (Lightning), a plain loop over the same
 module, and diffusers' UNet2DModel in its plain loop. Each path is built once and returns `run(steps)`, which
-trains `warmup + steps` more steps and returns the seconds of each timed one."""
+trains `warmup + steps` more steps and returns the seconds of each timed one. `interleave` times the paths in
+rotating rounds (`Timed` holds what it measured of each), `profiled` profiles more steps of one, and
+`sampling_seconds` times a sampler."""
 
 import contextlib
 import copy
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Literal
 
 import lightning as L
@@ -16,11 +20,14 @@ from torch.utils.data import TensorDataset
 
 from diffusion.cli.train import DiffusionCLI, with_default_config
 from diffusion.core.compiling import compiling_with
+from diffusion.core.sampling import SamplingOptions
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.split import IndexedDataset, SplitDataModule
+from diffusion.generation.precision import network_precision
 from diffusion.models import UNet
 from diffusion.models.unet import AttnBlock
 from diffusion.training.callbacks import EMA
+from diffusion.training.callbacks.step_timer import KernelProfile, peak_memory, reset_peak_memory
 
 # What the timed Trainer leaves out: everything that is not a training step.
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
@@ -58,6 +65,68 @@ class ClockCallback(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.clock.tick()  # closes the last step
+
+
+@dataclass
+class Timed:
+    """A training path and what was measured of it."""
+
+    name: str
+    run: Callable[[int], list[float]]  # timed steps -> seconds of each (after the warm-up steps)
+    note: str = ""
+    times: list[float] = field(default_factory=list)  # every timed step of every round
+    rounds: list[float] = field(default_factory=list)  # the median of each round
+    peak_bytes: int = 0
+    peak_above_start: int = 0  # the step's own working memory: activations, gradients, temporaries
+    walls: list[float] = field(default_factory=list)  # wall seconds of each round, warm-up included
+    profile: dict | None = None  # KernelProfile's summary (--profile_steps, CUDA)
+
+    @property
+    def step_seconds(self) -> float:
+        return statistics.median(self.times)
+
+
+def interleave(paths: list[Timed], rounds: int, steps: int, device: torch.device) -> None:
+    for r in range(rounds):
+        order = paths[r % len(paths) :] + paths[: r % len(paths)]  # rotate: no path always goes first
+        for path in order:
+            start = reset_peak_memory(device)
+            began = time.perf_counter()
+            times = path.run(steps)
+            path.walls.append(time.perf_counter() - began)
+            peak = peak_memory(device)
+            path.peak_bytes = max(path.peak_bytes, peak)
+            path.peak_above_start = max(path.peak_above_start, peak - start)
+            path.rounds.append(statistics.median(times))
+            path.times += times
+            print(f"  round {r + 1}/{rounds} {path.name}: {statistics.median(times):.4f} s/step", flush=True)
+
+
+def profiled(run: Callable[[int], list[float]], steps: int, warmup: int, device: torch.device) -> dict | None:
+    """Where `steps` more steps of a path (and its `warmup` ones) spend the device's time (`KernelProfile`)."""
+    profile = KernelProfile(device)
+    profile.start()
+    run(steps)
+    return profile.stop(warmup + steps)
+
+
+def sampling_seconds(
+    module, device: torch.device, batch: int, options: SamplingOptions, precision: str, repeats: int
+) -> tuple[float, list[float]]:
+    """(seconds of the first batch, seconds per batch after it) of the sampler `options` name, with per-sample
+    seeds under `precision` (as the sample CLI's --precision); the first batch warms up (and compiles)."""
+    module.to(device)
+    seconds = []
+    with network_precision(module, precision):
+        for _ in range(1 + repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            module.sample(batch, seed=0, options=options)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+    return seconds[0], seconds[1:]
 
 
 def precision_context(precision: str, device: torch.device) -> tuple[Callable, torch.amp.GradScaler | None]:
