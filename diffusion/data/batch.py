@@ -33,12 +33,26 @@ class IndexBatch(NamedTuple):
     """The sampler's seed (PL_GLOBAL_SEED)."""
 
 
+class StoredBatch(NamedTuple):
+    """What the training loader of a streamed prepared set yields (`diffusion.data.streaming`): samples as stored,
+    made a `Batch` by the DataModule's `on_after_batch_transfer` once on the device."""
+
+    samples: torch.Tensor
+    """(B, C, H, W) uint8 images or (B, D) float32 vectors in model units."""
+    index: torch.Tensor
+    """(B,) int64 positions in the prepared set's training part."""
+    label: torch.Tensor
+    """(B,) int64 classes, -1 where the set holds none."""
+    epoch: int
+    seed: int
+
+
 def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
     """The training batch, or a clear error for a DataModule that does not yield `Batch(x, index)`, or (for a
     class-conditional model, `num_classes` set) whose labels are missing or out of range.
 
     The returned batch's label is None for an unconditional model (its labels, if any, are not used)."""
-    if isinstance(batch, IndexBatch):
+    if isinstance(batch, IndexBatch | StoredBatch):
         raise TypeError(
             "training got the dataset indices of data held on the device, not a Batch: its DataModule's "
             "on_after_batch_transfer makes the Batch — pass the DataModule to fit (trainer.fit(model, "

@@ -20,8 +20,9 @@ from diffusion.data.image_files import ImageFiles, find_images, read_image
 from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
+from diffusion.data.prepared import open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.errors import OutOfRange
+from diffusion.errors import OutOfRange, UserError
 
 MIN_IMAGE_SIZE = 8
 
@@ -52,7 +53,7 @@ TORCHVISION = {
     ),
 }  # fmt: skip
 # The bundled digits, the torchvision entries and an image folder: the choices of --data.dataset.
-ImageDatasetName = Literal[("digits", *TORCHVISION, "folder")]
+ImageDatasetName = Literal[("digits", *TORCHVISION, "folder", "streaming")]
 
 
 class ImageDataModule(SplitDataModule):
@@ -61,7 +62,10 @@ class ImageDataModule(SplitDataModule):
     Args:
         dataset: ``digits`` (scikit-learn's bundled 8x8 digits, no download), ``mnist``, ``fashion_mnist``,
             ``cifar10`` (torchvision, downloaded by ``prepare_data`` into ``root``) or ``folder`` (your own
-            images found recursively under ``root``, see `diffusion.data.image_files.find_images`).
+            images found recursively under ``root``, see `diffusion.data.image_files.find_images`) or
+            ``streaming`` (a set `python -m diffusion.prepare` wrote at ``root``, a folder or an ``s3://``,
+            ``gs://`` URL: held on the device where it fits, else streamed, `diffusion.data.streaming`; its
+            image size, channels, labels and split are the prepared ones).
         root: download directory for torchvision datasets; the image folder for ``folder``.
         image_size: side length. Defaults: digits 8 (their own grid; 16 or more upscales by nearest neighbour,
             so area averaging recovers the 8x8 grid), mnist/fashion_mnist 28, cifar10 32; required
@@ -81,6 +85,10 @@ class ImageDataModule(SplitDataModule):
             CIFAR-10: their own; folder: one subfolder of ``root`` per class, torchvision's ImageFolder
             convention). Sets ``num_classes`` and ``class_names``, which the CLI hands to the network and the
             checkpoint. Default False: labels are not read, and training is unconditional.
+        cache_dir: only for ``streaming`` from object storage: where litdata keeps the chunks it has downloaded
+            (default: its own, under ~/.lightning or /cache).
+        max_cache_size: only for ``streaming``: the most that cache may hold, e.g. ``"50GB"`` (default: litdata's,
+            a share of the free disk); chunks read are evicted past it.
         on_device: hold the dataset on the training device (uint8 for MNIST, Fashion-MNIST and CIFAR-10, at
             ``image_size``) and gather and flip each training batch there (`diffusion.data.on_device`), where it
             fits; False reads it image by image in ``num_workers`` DataLoader workers. ``folder`` is always
@@ -102,9 +110,13 @@ class ImageDataModule(SplitDataModule):
         verify: bool = False,
         conditional: bool = False,
         on_device: bool = True,
+        cache_dir: str | None = None,
+        max_cache_size: str | None = None,
     ) -> None:
-        super().__init__(batch_size, num_workers, val_fraction, seed, val_from_train, on_device)
-        names = ("digits", *TORCHVISION, "folder")  # the entries of now, not of import time
+        super().__init__(
+            batch_size, num_workers, val_fraction, seed, val_from_train, on_device, cache_dir, max_cache_size
+        )
+        names = ("digits", *TORCHVISION, "folder", "streaming")  # the entries of now, not of import time
         if dataset not in names:
             raise ValueError(f"unknown image dataset {dataset!r}; choose one of {names}")
         if channels is not None and channels not in (1, 3):
@@ -113,6 +125,9 @@ class ImageDataModule(SplitDataModule):
             if image_size is None:
                 raise ValueError("dataset 'folder' needs an image size: set --data.image_size (e.g. 64)")
             native_channels = channels or 3
+        elif dataset == "streaming":
+            self.prepared = open_prepared(root)
+            image_size, native_channels = self._fit_prepared(image_size, channels, conditional)
         else:
             entry = TORCHVISION.get(dataset)
             native_channels, native_size = (entry.channels, entry.size) if entry else (1, 8)
@@ -135,6 +150,7 @@ class ImageDataModule(SplitDataModule):
         self.image_size = image_size
         self.channels = native_channels
         flipped = dataset in TORCHVISION and TORCHVISION[dataset].random_flip  # CIFAR-10's, as Ho et al.
+        flipped = self.prepared.random_flip if self.prepared is not None else flipped
         self.random_flip = flipped if random_flip is None else random_flip
         self.verify = verify
         self._files = find_images(root) if dataset == "folder" else None
@@ -143,8 +159,39 @@ class ImageDataModule(SplitDataModule):
         self._class_names = (
             DIGIT_NAMES if dataset == "digits" else getattr(TORCHVISION.get(dataset), "class_names", None)
         )
+        if self.prepared is not None:
+            self._class_names = self.prepared.class_names
         if conditional and dataset == "folder":
             self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
+
+    def _fit_prepared(
+        self, image_size: int | None, channels: int | None, conditional: bool
+    ) -> tuple[int, int]:
+        """(image_size, channels) of the prepared set, refused where they are not what the run asks for."""
+        prepared = self.prepared
+        if prepared.kind != "images":
+            raise UserError(
+                f"--data.root {prepared.root} holds prepared vectors, not images",
+                "train it with --data.class_path diffusion.data.VectorDataModule --data.dataset streaming "
+                f"--data.path {prepared.root}",
+            )
+        have_channels, have_size = prepared.sample_shape[0], prepared.sample_shape[-1]
+        for name, asked, have in (
+            ("image_size", image_size, have_size),
+            ("channels", channels, have_channels),
+        ):
+            if asked is not None and asked != have:
+                raise UserError(
+                    f"--data.{name} {asked} does not fit the prepared set {prepared.root} ({name} {have})",
+                    f"leave --data.{name} unset, or prepare the set again with --data.{name} {asked}",
+                )
+        if conditional and prepared.class_names is None:
+            raise UserError(
+                f"--data.conditional true needs labels, and the prepared set {prepared.root} holds none",
+                "prepare it again from labelled data (a folder with one subfolder per class and "
+                "--data.conditional true), or train unconditionally",
+            )
+        return have_size, have_channels
 
     @property
     def num_classes(self) -> int | None:
@@ -179,13 +226,16 @@ class ImageDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
+        if self.prepared is not None:
+            self._prepared_split(self.conditional)
+            return
         self._split(self._full_dataset(self.random_flip))
 
     def unaugmented_train_set(self) -> Dataset:
         """The training split's images without random augmentation (no flips), same items and indices: the
         real images that FID statistics are computed from (the training set as stored, as in Ho et al.)."""
         self.setup("fit")
-        if not self.random_flip:
+        if not self.random_flip or self.prepared is not None:  # a prepared set's items are not flipped
             return self.train_set
         full = self._full_dataset(random_flip=False)
         return Subset(full, self.train_set.indices) if isinstance(self.train_set, Subset) else full
@@ -193,6 +243,8 @@ class ImageDataModule(SplitDataModule):
     def _held_samples(self) -> HeldSamples | None:
         # The arrays the per-image path reads its items from: the bundled digits' tensor (model units already)
         # or torchvision's in-memory uint8 arrays (MNIST's (N, H, W) tensor, CIFAR-10's (N, H, W, C) array).
+        if self.prepared is not None:
+            return self._prepared_held(self.conditional, self.random_flip)
         base = getattr(self.train_set.dataset, "base", None)
         if self.dataset == "digits" and isinstance(base, TensorDataset):
             labels = base.tensors[1] if self.conditional else None

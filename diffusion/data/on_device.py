@@ -17,6 +17,7 @@ split into batches draw the same flips (a loader's worker processes draw theirs 
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -74,20 +75,33 @@ class HeldSamples:
         """The `Batch(x, index, label)` of the samples `index` (B,), on this device."""
         index = index.to(self.device, non_blocking=True)
         x = self.samples.index_select(0, index)  # (B, ...) in the stored dtype
-        if self.uint8_images:
-            x = to_model_units(x)
-        # Flipped after the conversion, which it commutes with: a CPU flips uint8 several times slower than float.
-        if self.random_flip:
-            flip = random_flips(index, epoch, seed).view(-1, *[1] * (x.ndim - 1))  # (B, 1, 1, 1)
-            x = torch.where(flip, x.flip(-1), x)
-        if self.labels is None:
-            return Batch(x, index, torch.full_like(index, NO_LABEL))
-        return Batch(x, index, self.labels.index_select(0, index))
+        labels = None if self.labels is None else self.labels.index_select(0, index)
+        return as_batch(x, index, labels, self.uint8_images, self.random_flip, epoch, seed)
 
     def describe(self) -> str:
         """'on cuda:0 (153.6 MB uint8), batched there, flips per sample' for the start-up line."""
         flips = ", flips per sample" if self.random_flip else ""
         return f"on {self.device} ({megabytes(self.nbytes)} {dtype_name(self.samples)}), batched there{flips}"
+
+
+def as_batch(
+    x: torch.Tensor,
+    index: torch.Tensor,
+    labels: torch.Tensor | None,
+    uint8_images: bool,
+    random_flip: bool,
+    epoch: int,
+    seed: int,
+) -> Batch:
+    """The `Batch` of samples `x` (B, ...) as stored (uint8 images, or model units), on their device: converted to
+    model units and flipped by `random_flips`; labels None (or NO_LABEL values) for an unconditional set."""
+    if uint8_images:
+        x = to_model_units(x)
+    # Flipped after the conversion, which it commutes with: a CPU flips uint8 several times slower than float.
+    if random_flip:
+        flip = random_flips(index, epoch, seed).view(-1, *[1] * (x.ndim - 1))  # (B, 1, 1, 1)
+        x = torch.where(flip, x.flip(-1), x)
+    return Batch(x, index, torch.full_like(index, NO_LABEL) if labels is None else labels)
 
 
 def random_flips(index: torch.Tensor, epoch: int, seed: int) -> torch.Tensor:
@@ -106,10 +120,17 @@ def held_images(
     return HeldSamples(images.contiguous(), labels, random_flip, uint8_images=True)
 
 
-def room_for(nbytes: int, device: torch.device) -> str | None:
-    """None when `nbytes` of data may be held on `device`; else why not, as a clause."""
-    if device.type == "cpu":
+def room_for(nbytes: int, device: torch.device, in_host_memory: bool = True) -> str | None:
+    """None when `nbytes` of data may be held on `device`; else why not, as a clause. `in_host_memory`: the data is
+    in this process's memory already (arrays), not read from files (a prepared set)."""
+    if device.type == "cpu" and in_host_memory:
         return None  # the memory the per-item loader holds it in anyway
+    if device.type == "cpu":
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        # A quarter of the machine's memory, as a GPU's quarter below: the rest is the run's and its workers'.
+        if nbytes <= total // 4:
+            return None
+        return f"its {megabytes(nbytes)} would take more than a quarter of this machine's {megabytes(total)}"
     if device.type != "cuda":
         return f"no memory rule for {device.type} devices here"
     free, total = torch.cuda.mem_get_info(device)

@@ -23,9 +23,18 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from diffusion.core.guidance import NO_LABEL
-from diffusion.data.batch import Batch, IndexBatch
-from diffusion.data.on_device import HeldSamples, IndexLoader, TrainingIndices, keep_tensor, room_for
+from diffusion.data.batch import Batch, IndexBatch, StoredBatch
+from diffusion.data.on_device import (
+    HeldSamples,
+    IndexLoader,
+    TrainingIndices,
+    as_batch,
+    keep_tensor,
+    room_for,
+)
+from diffusion.data.prepared import PreparedPart, PreparedSet
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
+from diffusion.data.streaming import StreamLoader
 from diffusion.errors import OutOfRange
 
 # Items read at once when a command collects a data set's images (evaluation's reference, the bound's held-out
@@ -86,6 +95,8 @@ class SplitDataModule(LightningDataModule):
         seed: int,
         val_from_train: int | None = None,
         on_device: bool = True,
+        cache_dir: str | None = None,
+        max_cache_size: str | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -121,6 +132,9 @@ class SplitDataModule(LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self._held: HeldSamples | None = None  # the training data on its device, once copied there
+        # A prepared set (diffusion.data.prepared) the subclass trains on, with its streaming cache's settings.
+        self.prepared: PreparedSet | None = None
+        self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
         self._data_path = "not chosen yet: no training loader built"
 
     def _split(self, full: Dataset) -> None:
@@ -144,6 +158,19 @@ class SplitDataModule(LightningDataModule):
             )
         self.val_set = Subset(full, perm[:n_val].sort().values.tolist()) if n_val else None
         self.train_set = Subset(full, perm[n_val:].sort().values.tolist())
+
+    def _prepared_split(self, with_labels: bool) -> None:
+        """The prepared set's own parts as the training and validation sets (its split was made by prepare)."""
+        train = PreparedPart(self.prepared, "train", with_labels, self.cache_dir)
+        self.train_set = Subset(train, list(range(len(train))))
+        if "val" in self.prepared.counts:
+            val = PreparedPart(self.prepared, "val", with_labels, self.cache_dir)
+            self.val_set = Subset(val, list(range(len(val))))
+
+    def _prepared_held(self, with_labels: bool, random_flip: bool) -> HeldSamples:
+        samples, labels = self.train_set.dataset.tensors()
+        images = self.prepared.kind == "images"
+        return HeldSamples(samples, labels if with_labels else None, random_flip, uint8_images=images)
 
     def _loader(self, dataset: Dataset, loader: type[DataLoader] = DataLoader, **kwargs) -> DataLoader:
         return loader(
@@ -181,6 +208,8 @@ class SplitDataModule(LightningDataModule):
             drop_last=False,
             global_batch=self.batch_size * world * accumulate,
         )
+        if self._hold_on(device) is None and self.prepared is not None:
+            return self._stream_loader(device, world, accumulate)
         if self._hold_on(device) is None:
             return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
         return IndexLoader(
@@ -192,6 +221,25 @@ class SplitDataModule(LightningDataModule):
             generator=torch.Generator(),
         )
 
+    def _stream_loader(self, device: torch.device, world: int, accumulate: int) -> StreamLoader:
+        trainer = self.trainer
+        loader = StreamLoader(
+            self.prepared,
+            self.batch_size,
+            self.num_workers,
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            world_size=world,
+            rank=trainer.global_rank if world > 1 else 0,
+            num_nodes=getattr(trainer, "num_nodes", 1) if trainer is not None else 1,
+            accumulate=accumulate,
+            cache_dir=self.cache_dir,
+            max_cache_size=self.max_cache_size,
+            epoch_of=(lambda: trainer.current_epoch) if trainer is not None else None,
+            pin_memory=device.type == "cuda",
+        )
+        self._data_path = f"{loader.describe()} ({self._not_held})"
+        return loader
+
     def _hold_on(self, device: torch.device) -> HeldSamples | None:
         """The training data on `device` (copied there once), or None for the per-item loader; sets `data_path`."""
         if device.type == "cuda" and device.index is None:
@@ -199,13 +247,19 @@ class SplitDataModule(LightningDataModule):
         if self.on_device and self._held is not None and self._held.device == device:
             return self._held
         self._held, reason = None, "--data.on_device false"
-        if self.on_device:
+        if self.on_device and self.prepared is not None:  # sized before it is read
+            nbytes = self.prepared.counts["train"] * self.prepared.sample_nbytes
+            reason = room_for(nbytes, device, in_host_memory=False)
+        elif self.on_device:
+            reason = None
+        if self.on_device and reason is None:
             held = self._held_samples() if isinstance(self.train_set, Subset) else None
             reason = self._not_held_reason() if held is None else room_for(held.nbytes, device)
         if reason is None:
             self._held = held.to(device)
             self._data_path = f"held {self._held.describe()}"
         else:
+            self._not_held = reason
             workers = f"{self.num_workers} worker process{'es' if self.num_workers != 1 else ''}"
             self._data_path = f"per-item DataLoader, {workers} ({reason})"
         return self._held
@@ -232,6 +286,11 @@ class SplitDataModule(LightningDataModule):
             if self._held is None:
                 raise RuntimeError("an IndexBatch reached a DataModule that holds no data on a device")
             return self._held.batch(batch.index, batch.epoch, batch.seed)
+        if isinstance(batch, StoredBatch):
+            labels = batch.label if self.class_names is not None else None
+            images = self.prepared.kind == "images"
+            flips = images and bool(getattr(self, "random_flip", False))
+            return as_batch(batch.samples, batch.index, labels, images, flips, batch.epoch, batch.seed)
         return batch
 
     def training_batches(self, device: torch.device | str = "cpu") -> Iterator[Batch]:
@@ -263,19 +322,21 @@ def describe_batches(trainer: L.Trainer) -> str:
     world, accumulate = trainer.world_size, trainer.accumulate_grad_batches  # world = devices x nodes
     loader = trainer.train_dataloader
     dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
-    if batch_size is None or not hasattr(dataset, "__len__"):  # an iterable dataset or a batch sampler
+    samples = getattr(loader, "num_samples", None)  # a streamed set's, all ranks together
+    if samples is None and (batch_size is None or not hasattr(dataset, "__len__")):  # an iterable dataset
         return f"{world} processes x {accumulate} accumulation"
+    samples = len(dataset) if samples is None else samples
     batches = trainer.num_training_batches
     steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
     line = (
-        f"{len(dataset)} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
+        f"{samples} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
         f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
     )
     sampler = getattr(loader, "sampler", None)
-    left_over = len(dataset) - sampler.total_size if isinstance(sampler, ResumableSampler) else 0
+    left_over = samples - sampler.total_size if isinstance(sampler, ResumableSampler) else 0
     if left_over > 0:
         line += f" (a random {left_over} sit out each epoch: steps of whole global batches)"
-    elif len(dataset) < batch_size * world * accumulate:
+    elif samples < batch_size * world * accumulate:
         line += " (fewer samples than one global batch: each epoch is one smaller step)"
     data_path = getattr(getattr(trainer, "datamodule", None), "data_path", None)
     return line if data_path is None else f"{line}\ntraining data: {data_path}"

@@ -15,10 +15,11 @@ from torch.utils.data import TensorDataset
 from diffusion.data.labels import load_labels
 from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
+from diffusion.data.prepared import open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.errors import OutOfRange
+from diffusion.errors import OutOfRange, UserError
 
-VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy"]
+VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy", "streaming"]
 Normalize = Literal["standardize", "minmax"]
 WINSOR_QUANTILES = (0.01, 0.99)
 
@@ -34,7 +35,9 @@ class VectorDataModule(SplitDataModule):
     Args:
         dataset: a toy 2-D set (``swiss_roll``, ``moons``, ``8gaussians``), ``gaussian`` (``dim``
             independent features with means evenly spaced in [-2, 2] and standard deviations in
-            [0.5, 1.5]) or ``npy`` (your own float array of shape (N, D) at ``path``).
+            [0.5, 1.5]), ``npy`` (your own float array of shape (N, D) at ``path``) or ``streaming`` (a set
+            `python -m diffusion.prepare` wrote at ``path``, in model units already: held where it fits, else
+            streamed, with its own split, labels and normalization).
         path: a ``.npy`` file. Giving it selects ``npy`` whatever ``dataset`` says, so
             ``--data.path points.npy`` works on top of a config for a toy set.
         num_samples: samples generated for the synthetic sets (ignored for ``npy``).
@@ -56,6 +59,7 @@ class VectorDataModule(SplitDataModule):
         labels: a ``.npy`` file of N integer classes 0..K-1, one per sample of the data (usually beside
             ``path``). Giving it trains a class-conditional model (``num_classes`` = K, linked into the network
             by the CLI); without it training is unconditional.
+        cache_dir, max_cache_size: a streamed prepared set's local cache, as `ImageDataModule` takes them.
         on_device: hold the data on the training device and gather each training batch there
             (`diffusion.data.on_device`), where it fits; False reads it item by item in a DataLoader.
     """
@@ -75,13 +79,18 @@ class VectorDataModule(SplitDataModule):
         feature_std: float = 3.0,
         labels: str | None = None,
         on_device: bool = True,
+        cache_dir: str | None = None,
+        max_cache_size: str | None = None,
     ) -> None:
-        super().__init__(batch_size, num_workers, val_fraction, seed, on_device=on_device)
+        super().__init__(
+            batch_size, num_workers, val_fraction, seed, on_device=on_device, cache_dir=cache_dir,
+            max_cache_size=max_cache_size,
+        )  # fmt: skip
         if dataset not in get_args(VectorDatasetName):
             raise ValueError(
                 f"unknown vector dataset {dataset!r}; choose one of {get_args(VectorDatasetName)}"
             )
-        if path is not None:
+        if path is not None and dataset != "streaming":
             dataset = "npy"
         elif dataset == "npy":
             raise ValueError("dataset 'npy' needs a file — set --data.path to an (N, D) .npy array")
@@ -100,32 +109,65 @@ class VectorDataModule(SplitDataModule):
         self.num_samples = num_samples
         self.dim = dim
         self.noise = noise
+        self.normalize, self.feature_std = normalize, feature_std
+        if dataset == "streaming":
+            self._open_prepared(path, labels)
+            return
         # Vector sets are small: load/generate now, since normalization must be known before setup.
         data = _load_npy(Path(path)) if dataset == "npy" else self._generate()
-        self.normalize = normalize
-        self.feature_std = feature_std
         self._shift, self._scale = feature_scaling(data, normalize, feature_std)
         self.data = torch.from_numpy(((data - self._shift) / self._scale).astype(np.float32))
         self.labels = None if labels is None else torch.from_numpy(load_labels(Path(labels), len(data)))
 
+    def _open_prepared(self, path: str | None, labels: str | None) -> None:
+        """A prepared set of vectors at `path` (`python -m diffusion.prepare`): already in model units, labelled
+        or not, with its split and normalization."""
+        if path is None:
+            raise UserError(
+                "--data.dataset streaming needs the prepared set",
+                "point --data.path at the folder or URL it is in",
+            )
+        if labels is not None:
+            raise UserError(
+                "--data.labels does not apply to a prepared set (its labels were stored when it was prepared)",
+                "leave --data.labels unset, or prepare the set again with them",
+            )
+        self.prepared = open_prepared(path, "--data.path")
+        if self.prepared.kind != "vectors":
+            raise UserError(
+                f"--data.path {path} holds prepared images, not vectors",
+                f"train it with --data.class_path diffusion.data.ImageDataModule --data.dataset streaming "
+                f"--data.root {path}",
+            )
+        self.dataset, self.path, self.labels = "streaming", path, None
+        self._classes = self.prepared.class_names
+
     @property
     def num_classes(self) -> int | None:
         """K when trained on --data.labels (classes 0..K-1), else None (unconditional)."""
+        if self.prepared is not None:
+            return None if self._classes is None else len(self._classes)
         return None if self.labels is None else int(self.labels.max()) + 1
 
     @property
     def class_names(self) -> list[str] | None:
+        if self.prepared is not None:
+            return self._classes
         return None if self.labels is None else [str(i) for i in range(self.num_classes)]
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        return (self.data.shape[1],)
+        return self.prepared.sample_shape if self.prepared is not None else (self.data.shape[1],)
 
     @property
     def normalization(self) -> dict[str, list[float]]:
+        if self.prepared is not None:
+            return self.prepared.normalization
         return {"shift": self._shift.tolist(), "scale": self._scale.tolist()}
 
     def setup(self, stage: str | None = None) -> None:
+        if self.train_set is None and self.prepared is not None:
+            self._prepared_split(with_labels=self._classes is not None)
         if self.train_set is None:
             if self.labels is None:
                 self._split(IndexedDataset(self.data))
@@ -133,6 +175,8 @@ class VectorDataModule(SplitDataModule):
                 self._split(IndexedDataset(TensorDataset(self.data, self.labels), with_labels=True))
 
     def _held_samples(self) -> HeldSamples:
+        if self.prepared is not None:
+            return self._prepared_held(with_labels=self._classes is not None, random_flip=False)
         return HeldSamples(self.data, self.labels, random_flip=False, uint8_images=False)
 
     def _generate(self) -> np.ndarray:

@@ -1,0 +1,104 @@
+"""A data set prepared once: `python -m diffusion.prepare --config configs/cifar10.yaml --out DIR_OR_URL`.
+
+Takes the data flags train.py takes (`--config FILE`, whose other sections are train.py's and left alone here, and
+`--data.*`), reads the data as training would (an image folder, its class subfolders as labels with
+`--data.conditional true`; a .npy array; MNIST, Fashion-MNIST, CIFAR-10, the digits, the toy vector sets) and
+writes it to --out, a folder or object storage (s3://, gs://, az://), as a prepared set (diffusion.data.prepared):
+litdata's chunks of uint8 images at the training size (or vectors in model units), their labels and what a run
+needs to know, in --num_workers processes with a progress bar. Train on it with
+`python train.py --config <the recipe> --data.dataset streaming --data.root DIR_OR_URL` (vectors: --data.path):
+held on the device where it fits, streamed otherwise.
+
+--encoding raw stores pixels as they are (decoded for free; the default up to 64 px), png losslessly compressed (the
+default above), jpeg smaller still and lossy. The same source, --seed and --num_workers give the same chunks. An --out
+that holds anything is refused unless --overwrite, which replaces it whole; a prepare stopped on the way leaves no
+prepared.json, so training refuses that set. A user error ends in one line on stderr and exit status 2.
+"""
+
+import sys
+from typing import Any
+
+from jsonargparse import ArgumentParser
+from jsonargparse.typing import PositiveInt
+
+from diffusion.cli.flags import add_flags, command_parser
+from diffusion.cli.parse_errors import parse_command_line
+from diffusion.cli.reporting import reporting_user_errors
+from diffusion.data import ImageDataModule, VectorDataModule
+from diffusion.data.prepared import Encoding
+from diffusion.data.preparing import prepare
+from diffusion.errors import UserError
+
+# The sections of a train.py config that are not data: a recipe's --config is read whole, these left alone.
+TRAINING_SECTIONS = (
+    "seed_everything",
+    "trainer",
+    "model",
+    "ckpt_path",
+    "ddp_timeout",
+    "checkpoint",
+    "ema",
+    "sample_grid",
+)
+# Sets whose every sample has a class: stored with their labels, so one prepared set serves both kinds of run.
+LABELLED_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10")
+
+
+def build_parser() -> ArgumentParser:
+    parser = command_parser("python -m diffusion.prepare", __doc__)
+    parser.add_subclass_arguments(
+        (ImageDataModule, VectorDataModule), "data", default={"class_path": "diffusion.data.ImageDataModule"},
+        help="what to prepare, as train.py's --data (default: the digits)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=str, required=True, help="where to write it: a folder, or s3://, gs://, az://"
+    )
+    parser.add_argument(
+        "--encoding", type=Encoding, default="auto",
+        help="how images are stored: raw pixels, png (lossless) or jpeg (lossy); auto: raw up to 64 px, png above",
+    )  # fmt: skip
+    add_flags(
+        parser, "seed", "overwrite",
+        seed={"help": "the seed of the shuffle before the set is cut into chunks"},
+        overwrite={"help": "replace whatever --out holds (an earlier or unfinished prepare)"},
+    )  # fmt: skip
+    parser.add_argument(
+        "--num_workers", type=PositiveInt | None, default=None,
+        help="processes that read and write the samples; default: the CPU count, at most 8",
+    )  # fmt: skip
+    group = parser.add_argument_group("train.py's sections of a --config, not used here")
+    for section in TRAINING_SECTIONS:
+        group.add_argument(f"--{section}", type=Any, default=None, help="read from --config and left alone")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> str:
+    """`python -m diffusion.prepare [flags]`: write the prepared set, return where it is."""
+    with reporting_user_errors(argv):
+        parser = build_parser()
+        args = parse_command_line(parser, argv)
+        data = args.data
+        dataset = data.init_args.get("dataset")
+        if dataset == "streaming":
+            raise UserError(
+                "--data.dataset streaming is a prepared set already", "name the source it was prepared from"
+            )
+        if data.class_path.endswith("ImageDataModule") and dataset in LABELLED_SOURCES:
+            data.init_args.conditional = True
+        datamodule = parser.instantiate_classes(args).data
+        source = data.init_args.get("root") if dataset == "folder" else data.init_args.get("path") or dataset
+        prepared = prepare(
+            datamodule,
+            args.out,
+            args.encoding,
+            args.seed,
+            args.num_workers,
+            args.overwrite,
+            source=str(source),
+        )
+        print(f"wrote {prepared.describe()}", file=sys.stderr)
+        return prepared.root
+
+
+if __name__ == "__main__":
+    main()

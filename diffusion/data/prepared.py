@@ -1,0 +1,325 @@
+"""A prepared data set: a data set written once (`python -m diffusion.prepare`) into litdata's chunks, in a local
+folder or object storage, to be held on the training device or streamed (`diffusion.data.streaming`).
+
+Layout of a prepared set at ROOT (a folder, or an `s3://`, `gs://`, `az://` URL):
+
+    ROOT/train/        litdata's chunks and index.json: the training samples, shuffled before they were cut into
+                       chunks (litdata shuffles the order of chunks and the samples within each, not across chunks)
+    ROOT/val/          the validation samples, when the source had a validation split
+    ROOT/prepared.json what a run needs to know (`PreparedSet`): kind, sample shape, normalization, class names,
+                       counts, encoding; written last, with the SHA-256 of each part's index.json and of itself
+
+Each sample is `{"index": i, "sample": ..., "label": k}`: i its position 0..N-1 in its part (what per-sample noise
+and flips are drawn from), the sample uint8 (C, H, W) pixels ("raw") or PNG / JPEG bytes for images, float32 (D,)
+in model units for vectors, k its class (-1: the source had none). A set without prepared.json was not finished
+(its prepare was stopped) and is refused, as is one whose index or chunks are missing or cut short.
+
+litdata is the `scale` extra's: imported only when a prepared set is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from diffusion.core.guidance import NO_LABEL
+from diffusion.data.batch import Batch
+from diffusion.data.image_transform import to_model_units
+from diffusion.errors import UserError
+
+MANIFEST = "prepared.json"
+INDEX = "index.json"  # litdata's, in each part
+FORMAT_VERSION = 1
+PARTS = ("train", "val")
+NO_LABEL_STORED = -1
+Encoding = Literal["auto", "raw", "png", "jpeg"]
+RAW_UP_TO = 64  # "auto": raw pixels up to 64 px (12 kB an RGB image, decoded for free), PNG above
+URL_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://")
+INSTALL_HINT = "install the scale extra: pip install -c constraints.txt -e '.[scale]'"
+# Object storage that does not answer is said within seconds, not after minutes of retries.
+CLIENT_OPTIONS = {"connect_timeout": "5s", "timeout": "30s"}
+RETRIES = {"max_retries": 1, "retry_timeout": "10s"}
+
+
+def litdata() -> Any:
+    """The litdata module, or a UserError saying how to install it."""
+    try:
+        import litdata as module
+    except ImportError as err:
+        raise UserError(
+            "prepared data sets are read and written with litdata, which is not installed", INSTALL_HINT
+        ) from err
+    return module
+
+
+def is_url(root: str) -> bool:
+    return root.startswith(URL_SCHEMES)
+
+
+def joined(root: str, *names: str) -> str:
+    return "/".join([root.rstrip("/"), *names]) if is_url(root) else str(Path(root, *names))
+
+
+@dataclass(frozen=True)
+class PreparedSet:
+    """What `prepared.json` says of a prepared set; `root` is where it was opened."""
+
+    root: str
+    kind: Literal["images", "vectors"]
+    sample_shape: tuple[int, ...]
+    normalization: dict[str, list[float]]
+    class_names: list[str] | None  # None: no labels stored
+    counts: dict[str, int]  # samples per part ("train", and "val" where there is one)
+    encoding: Literal["raw", "png", "jpeg"]
+    random_flip: bool  # the source's default (CIFAR-10 flips, as Ho et al.)
+    source: str  # what it was prepared from, for the start-up line
+    seed: int
+    index_sha256: dict[str, str]
+
+    @property
+    def sample_nbytes(self) -> int:
+        """Bytes of one sample held in memory (uint8 images, float32 vectors)."""
+        itemsize = 1 if self.kind == "images" else 4
+        return int(np.prod(self.sample_shape)) * itemsize
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{n:,} {part}" for part, n in self.counts.items())
+        shape = "x".join(map(str, self.sample_shape))
+        return f"prepared set {self.root} ({parts}; {shape} {self.kind}, {self.encoding}; from {self.source})"
+
+    def to_json(self) -> bytes:
+        fields = {k: v for k, v in asdict(self).items() if k != "root"}
+        body = {"format": FORMAT_VERSION, **fields, "sample_shape": list(self.sample_shape)}
+        text = json.dumps(body, indent=1, sort_keys=True)
+        return json.dumps({**body, "sha256": sha256(text.encode())}, indent=1, sort_keys=True).encode()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- Storage: local files, or object storage through obstore (litdata's own client, a dependency of it) ---------
+
+
+def _store(root: str) -> Any:
+    litdata()  # obstore comes with it
+    from obstore.store import from_url
+
+    return from_url(root.rstrip("/"), client_options=CLIENT_OPTIONS, retry_config=RETRIES)
+
+
+def _unreachable(root: str, err: Exception) -> UserError:
+    first = " ".join(str(err).split())[:200]
+    return UserError(
+        f"cannot reach {root} ({type(err).__name__}: {first})",
+        "check the URL, the network and the credentials (AWS_*, GOOGLE_*, AZURE_* environment variables)",
+    )
+
+
+def read_bytes(root: str, name: str) -> bytes | None:
+    """The file `name` under `root`, or None where there is none."""
+    if not is_url(root):
+        path = Path(root, name)
+        return path.read_bytes() if path.is_file() else None
+    import obstore
+
+    try:
+        return bytes(obstore.get(_store(root), name).bytes())
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # obstore's errors for a store that cannot be reached or read
+        raise _unreachable(root, err) from err
+
+
+def write_bytes(root: str, name: str, data: bytes) -> None:
+    if not is_url(root):
+        path = Path(root, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_bytes(data)
+        partial.replace(path)
+        return
+    import obstore
+
+    try:
+        obstore.put(_store(root), name, data)
+    except Exception as err:
+        raise _unreachable(root, err) from err
+
+
+def listing(root: str) -> dict[str, int]:
+    """Every file under `root` (relative name -> size in bytes); empty where there is nothing."""
+    if not is_url(root):
+        base = Path(root)
+        if not base.is_dir():
+            return {}
+        return {p.relative_to(base).as_posix(): p.stat().st_size for p in base.rglob("*") if p.is_file()}
+    import obstore
+
+    try:
+        return {meta["path"]: meta["size"] for batch in obstore.list(_store(root)) for meta in batch}
+    except Exception as err:
+        raise _unreachable(root, err) from err
+
+
+def clear(root: str) -> None:
+    """Remove everything under `root` (a prepare asked to replace what is there)."""
+    if not is_url(root):
+        if Path(root).is_dir():
+            shutil.rmtree(root)
+        return
+    import obstore
+
+    names = list(listing(root))
+    if names:
+        obstore.delete(_store(root), names)
+
+
+# --- Opening a prepared set: everything checked before any time is spent -------------------------------------
+
+
+def open_prepared(root: str, flag: str = "--data.root") -> PreparedSet:
+    """The prepared set at `root`, checked: finished, not damaged, of this version; else a UserError naming it."""
+    root = str(root)
+    if not is_url(root) and not Path(root).expanduser().is_dir():
+        raise UserError(
+            f"{flag} {root}: no prepared data set there (no such folder)",
+            "prepare one first: python -m diffusion.prepare --config <the recipe> --out " + root,
+        )
+    root = root if is_url(root) else str(Path(root).expanduser())
+    files = listing(root)
+    raw = read_bytes(root, MANIFEST) if MANIFEST in files or is_url(root) else None
+    if raw is None:
+        state = "its prepare was stopped before it finished" if files else "the folder is empty"
+        raise UserError(
+            f"{flag} {root} is not a prepared data set ({state}: there is no {MANIFEST})",
+            "run python -m diffusion.prepare again with --out " + root + " --overwrite",
+        )
+    try:
+        body = json.loads(raw)
+        claimed = body.pop("sha256")
+        fields = {k: v for k, v in body.items() if k != "format"}
+        intact = sha256(json.dumps(body, indent=1, sort_keys=True).encode()) == claimed
+    except (ValueError, KeyError, TypeError, AttributeError):
+        intact = False
+    if not intact:
+        raise UserError(
+            f"{joined(root, MANIFEST)} is damaged (its checksum does not match)",
+            "prepare the set again with --overwrite",
+        )
+    if body["format"] > FORMAT_VERSION:
+        raise UserError(
+            f"{root} was prepared by a newer version of this project (format {body['format']})",
+            "upgrade the project, or prepare the set again with this version",
+        )
+    prepared = PreparedSet(root=root, **{**fields, "sample_shape": tuple(fields["sample_shape"])})
+    for part in prepared.counts:
+        check_part(prepared, part, files)
+    return prepared
+
+
+def check_part(prepared: PreparedSet, part: str, files: dict[str, int]) -> None:
+    """A part's index is the one prepared (checksum) and every chunk it names is there, whole."""
+    index_name = f"{part}/{INDEX}"
+    fix = f"prepare the set again: python -m diffusion.prepare ... --out {prepared.root} --overwrite"
+    if index_name not in files:
+        raise UserError(
+            f"{joined(prepared.root, index_name)} is missing: the prepared set is incomplete", fix
+        )
+    raw = read_bytes(prepared.root, index_name) or b""
+    if sha256(raw) != prepared.index_sha256.get(part):
+        raise UserError(
+            f"{joined(prepared.root, index_name)} is not the one prepared (its checksum differs)", fix
+        )
+    for chunk in json.loads(raw)["chunks"]:
+        name = f"{part}/{chunk['filename']}"
+        size = files.get(name)
+        if size is None:
+            raise UserError(f"chunk {joined(prepared.root, name)} is missing", fix)
+        if size != chunk["chunk_bytes"]:
+            raise UserError(
+                f"chunk {joined(prepared.root, name)} is cut short or damaged ({size:,} bytes, "
+                f"{chunk['chunk_bytes']:,} expected)",
+                fix,
+            )
+
+
+# --- Samples: written by prepare's workers, read back by training ----------------------------------------------
+
+
+def encoded_sample(sample: np.ndarray, encoding: str) -> np.ndarray | bytes:
+    """uint8 (C, H, W) pixels as stored: themselves ("raw") or PNG / JPEG bytes."""
+    if encoding == "raw":
+        return np.ascontiguousarray(sample)
+    from PIL import Image
+
+    pixels = sample[0] if sample.shape[0] == 1 else sample.transpose(1, 2, 0)  # (H, W) or (H, W, C)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG" if encoding == "png" else "JPEG", quality=95)
+    return buffer.getvalue()
+
+
+def decoded_sample(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored item with its sample as an array: PNG / JPEG bytes decoded to uint8 (C, H, W)."""
+    sample = item["sample"]
+    if isinstance(sample, bytes | bytearray | memoryview):
+        from PIL import Image
+
+        with Image.open(io.BytesIO(sample)) as image:
+            pixels = np.asarray(image)
+        sample = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+        item = {**item, "sample": np.ascontiguousarray(sample)}
+    return item
+
+
+def read_part(
+    prepared: PreparedSet, part: str, cache_dir: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sample of `part` as one tensor (N, ...) in the stored dtype, at its index, and the (N,) labels."""
+    from torch.utils.data import DataLoader
+
+    dataset = litdata().StreamingDataset(
+        joined(prepared.root, part), cache_dir=cache_dir, transform=decoded_sample
+    )
+    n = prepared.counts[part]
+    samples = torch.empty(
+        (n, *prepared.sample_shape), dtype=torch.uint8 if prepared.kind == "images" else torch.float32
+    )
+    labels = torch.full((n,), NO_LABEL_STORED, dtype=torch.long)
+    for batch in DataLoader(dataset, batch_size=1024):
+        samples[batch["index"]] = torch.as_tensor(batch["sample"])
+        labels[batch["index"]] = batch["label"]
+    return samples, labels
+
+
+class PreparedPart(torch.utils.data.Dataset):
+    """A part of a prepared set as a map-style dataset of `Batch(x, index, label)` in model units, item i the sample
+    stored with index i: read whole, once, at the first item (validation sets; the held path; FID's reference)."""
+
+    def __init__(
+        self, prepared: PreparedSet, part: str, with_labels: bool, cache_dir: str | None = None
+    ) -> None:
+        self.prepared, self.part, self.with_labels, self.cache_dir = prepared, part, with_labels, cache_dir
+        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(samples (N, ...) as stored, labels (N,)), read at the first call."""
+        if self._tensors is None:
+            self._tensors = read_part(self.prepared, self.part, self.cache_dir)
+        return self._tensors
+
+    def __len__(self) -> int:
+        return self.prepared.counts[self.part]
+
+    def __getitem__(self, index: int) -> Any:
+        samples, labels = self.tensors()
+        x = to_model_units(samples[index]) if self.prepared.kind == "images" else samples[index]
+        return Batch(x, int(index), int(labels[index]) if self.with_labels else NO_LABEL)

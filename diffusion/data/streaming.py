@@ -1,0 +1,134 @@
+"""Training batches streamed from a prepared set (`diffusion.data.prepared`) that is not held on the device:
+litdata's `StreamingDataset` and `StreamingDataLoader` read its chunks from a folder or object storage through a
+bounded local cache, prefetching, in `num_workers` loading processes.
+
+What litdata decides: every rank and loading process reads a disjoint share of each epoch, the same count of samples
+on every rank (drop_last), in an order drawn from (seed, epoch): chunks shuffled, then the samples within each.
+What this module adds:
+
+- whole global batches: each rank's batches are cut to a multiple of `accumulate_grad_batches`, so every optimizer
+  step has the same shape and no step is taken on a partial accumulation;
+- the epoch is the Trainer's (litdata counts its own, one ahead, in each loading process);
+- exact resume: `state_dict` holds the epoch, the batches this rank has taken and litdata's own position, saved in
+  the checkpoint with the rest of the loop's state. On resume the stream starts at the next batch, in the same
+  order, on the same loading process (litdata's loader starts on the one whose turn it was). Lightning may hand the
+  state back before or after it first iterates (it reads the loader's length for `estimated_stepping_batches`);
+  the position is applied when the epoch's iteration starts, and only to the epoch it was saved in;
+- batches stay uint8 images (or float32 vectors) until they are on the device, where the DataModule converts and
+  flips them (`diffusion.data.on_device.as_batch`): flips a function of (seed, epoch, sample) alone, as for data
+  held on the device, so a resumed run draws the same ones.
+
+A resume on another number of processes goes on with the epoch from where it stopped (litdata re-stripes the rest
+of the epoch's order over the new ranks; it rounds the position down to whole batches, so at most one global batch
+is drawn twice), and says so.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from diffusion.data.batch import StoredBatch
+from diffusion.data.prepared import PreparedSet, decoded_sample, joined, litdata
+
+
+class StreamLoader:
+    """The training loader of a streamed prepared set: `StoredBatch`es, resumable mid-epoch (see the module)."""
+
+    def __init__(
+        self,
+        prepared: PreparedSet,
+        batch_size: int,
+        num_workers: int,
+        seed: int,
+        world_size: int = 1,
+        rank: int = 0,
+        num_nodes: int = 1,
+        accumulate: int = 1,
+        cache_dir: str | None = None,
+        max_cache_size: str | None = None,
+        epoch_of: Callable[[], int] | None = None,
+        pin_memory: bool = False,
+    ) -> None:
+        lit = litdata()
+        from litdata.utilities.env import _DistributedEnv
+
+        self.stream = lit.StreamingDataset(
+            joined(prepared.root, "train"),
+            cache_dir=cache_dir,
+            max_cache_size=max_cache_size,
+            shuffle=True,
+            drop_last=True,
+            seed=seed,
+            transform=decoded_sample,
+        )
+        # The Trainer's ranks, not litdata's guess from the visible GPUs (which miscounts nodes on CPUs).
+        self.stream.distributed_env = _DistributedEnv(world_size, rank, num_nodes)
+        self.loader = lit.StreamingDataLoader(
+            self.stream, batch_size=batch_size, num_workers=num_workers, drop_last=True, pin_memory=pin_memory
+        )
+        self.num_samples = prepared.counts["train"]  # all ranks together, for the start-up line
+        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
+        self.world_size, self.accumulate = world_size, accumulate
+        self._epoch_of = epoch_of
+        self._epoch = 0  # the epoch being (or last) iterated
+        self._batches = 0  # batches this rank has handed out in it
+        self._pending: dict[str, Any] | None = None  # a checkpoint's position, applied as its epoch starts
+        self._length: int | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank: whole accumulation groups."""
+        if self._length is None:
+            batches = len(self.loader)
+            self._length = batches // self.accumulate * self.accumulate or batches
+        return self._length
+
+    def __iter__(self) -> Iterator[StoredBatch]:
+        epoch = self._epoch_of() if self._epoch_of is not None else self._epoch + (self._batches > 0)
+        pending, self._pending = self._pending, None
+        self._epoch, self._batches = epoch, 0
+        if pending is not None and pending["epoch"] == epoch and 0 < pending["batches"] < len(self):
+            self._resume(pending)
+        else:
+            self.loader.restore = False
+            self.loader.current_epoch = (
+                epoch  # litdata's loader counts epochs from 1: it adds one as it starts
+            )
+        length = len(self)
+        for batch in self.loader:
+            if self._batches >= length:
+                break  # the last, incomplete accumulation group sits out, as for every other loader here
+            self._batches += 1
+            yield StoredBatch(batch["sample"], batch["index"], batch["label"], epoch, self.seed)
+
+    def _resume(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["stream"])
+        self._batches = state["batches"]
+        if state["world_size"] != self.world_size:
+            warnings.warn(
+                f"resumed on {self.world_size} processes a stream saved on {state['world_size']}: epoch "
+                f"{state['epoch']} goes on from where it stopped, re-striped over the new ranks (at most one global "
+                "batch of it is drawn twice); later epochs are whole",
+                stacklevel=2,
+            )
+            self._batches = 0  # this rank's count starts again on the new stripes
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self._epoch,
+            "batches": self._batches,
+            "world_size": self.world_size,
+            "stream": self.loader.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pending = dict(state)
+
+    def describe(self) -> str:
+        workers = f"{self.num_workers} loading process{'es' if self.num_workers != 1 else ''}"
+        if self.stream.input_dir.url is None:
+            return f"streamed by litdata from {self.stream.input_dir.path}, {workers}"
+        return (
+            f"streamed by litdata, {workers}, cached in {self.stream.cache_dir.path or 'its default cache'}"
+        )
