@@ -11,8 +11,15 @@ that training refuses and that a new prepare replaces only when asked to (`overw
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
+import pickle
+import signal
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,13 +54,23 @@ def pixels(x: torch.Tensor) -> np.ndarray:
 
 
 class SampleWriter:
-    """litdata.optimize's function, run in its worker processes: entry (position, source index) -> stored item."""
+    """litdata.optimize's function, run in its worker processes: entry (position, source index) -> stored item.
 
-    def __init__(self, source: Dataset, kind: str, encoding: str, labelled: bool) -> None:
+    A user's mistake met in a worker (a corrupt image) is pickled into the folder `errors` before litdata stops the
+    prepare, so that the main process raises that very error, naming the file, not litdata's report of a worker."""
+
+    def __init__(self, source: Dataset, kind: str, encoding: str, labelled: bool, errors: str) -> None:
         self.source, self.kind, self.encoding, self.labelled = source, kind, encoding, labelled
+        self.errors = errors
 
     def __call__(self, entry: tuple[int, int]) -> dict[str, Any]:
-        position, index = entry
+        try:
+            return self._item(*entry)
+        except (ValueError, OSError, UserError) as err:
+            Path(self.errors, f"{os.getpid()}.pickle").write_bytes(pickle.dumps(err))
+            raise
+
+    def _item(self, position: int, index: int) -> dict[str, Any]:
         item = self.source[index]  # Batch(x, index, label) in model units
         if self.kind == "images":
             sample = encoded_sample(pixels(item.x), self.encoding)
@@ -67,11 +84,8 @@ def unaugmented_parts(datamodule: Any) -> dict[str, Subset]:
     """The DataModule's training and validation splits as subsets of its full dataset without random flips."""
     datamodule.prepare_data()
     datamodule.setup("fit")
-    train = (
-        datamodule.unaugmented_train_set()
-        if hasattr(datamodule, "unaugmented_train_set")
-        else datamodule.train_set
-    )
+    unaugmented = getattr(datamodule, "unaugmented_train_set", None)
+    train = unaugmented() if unaugmented is not None else datamodule.train_set
     parts = {"train": train}
     if datamodule.val_set is not None:
         parts["val"] = Subset(train.dataset, list(datamodule.val_set.indices))
@@ -95,7 +109,7 @@ def prepare(
         encoding = "raw" if kind == "vectors" or shape[-1] <= RAW_UP_TO else "png"
     if kind == "vectors" and encoding != "raw":
         raise UserError(
-            f"--encoding {encoding} is for images; vectors are stored as they are", "leave --encoding unset"
+            f"--encoding {encoding} is for images; vectors are stored as they are", "leave it unset"
         )
     there = listing(out)
     if there and not overwrite:
@@ -106,27 +120,14 @@ def prepare(
         )
     parts = unaugmented_parts(datamodule)
     labelled = datamodule.class_names is not None
-    if there:
-        clear(out)  # never a mix of old and new chunks
+    clear(out)  # never a mix of old and new chunks
     workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
-    counts, index_sha256 = {}, {}
-    for part, subset in parts.items():
-        order = torch.randperm(len(subset), generator=torch.Generator().manual_seed(seed)).tolist()
-        inputs = [(position, int(subset.indices[i])) for position, i in enumerate(order)]
-        print(
-            f"prepare: {part}, {len(inputs):,} samples into {joined(out, part)}", file=sys.stderr, flush=True
-        )
-        lit.optimize(
-            fn=SampleWriter(subset.dataset, kind, encoding, labelled),
-            inputs=inputs,
-            output_dir=joined(out, part),
-            chunk_bytes=CHUNK_BYTES,
-            num_workers=min(workers, len(inputs)),
-            keep_data_ordered=True,
-            start_method="fork",
-        )
-        counts[part] = len(inputs)
-        index_sha256[part] = sha256(read_bytes(out, f"{part}/{INDEX}") or b"")
+    try:
+        with tempfile.TemporaryDirectory() as errors:
+            counts = write_parts(lit, parts, out, (kind, encoding, labelled), seed, workers, errors)
+    except BaseException:
+        clear(out)  # a prepare that did not finish leaves nothing (training would refuse it anyway)
+        raise
     prepared = PreparedSet(
         root=out,
         kind=kind,
@@ -138,7 +139,74 @@ def prepare(
         random_flip=bool(getattr(datamodule, "random_flip", False)),
         source=source,
         seed=seed,
-        index_sha256=index_sha256,
+        index_sha256={part: sha256(read_bytes(out, f"{part}/{INDEX}") or b"") for part in counts},
     )
-    write_bytes(out, MANIFEST, prepared.to_json())
+    write_bytes(out, MANIFEST, prepared.to_json())  # last: the set is finished
     return prepared
+
+
+def write_parts(
+    lit: Any,
+    parts: dict[str, Subset],
+    out: str,
+    stored: tuple[str, str, bool],
+    seed: int,
+    workers: int,
+    errors: str,
+) -> dict[str, int]:
+    """Each part shuffled and written by litdata.optimize under out/<part>; returns the samples per part.
+    `stored`: (kind, encoding, labelled) of `SampleWriter`."""
+    counts = {}
+    for part, subset in parts.items():
+        order = torch.randperm(len(subset), generator=torch.Generator().manual_seed(seed)).tolist()
+        inputs = [(position, int(subset.indices[i])) for position, i in enumerate(order)]
+        print(
+            f"prepare: {part}, {len(inputs):,} samples into {joined(out, part)}", file=sys.stderr, flush=True
+        )
+        optimize = {
+            "fn": SampleWriter(subset.dataset, *stored, errors),
+            "inputs": inputs,
+            "output_dir": joined(out, part),
+            "chunk_bytes": CHUNK_BYTES,
+            "num_workers": min(workers, len(inputs)),
+            "keep_data_ordered": True,
+            "start_method": "fork",
+            "verbose": sys.stderr.isatty(),  # its progress bar, where someone watches
+        }
+        in_a_process_group_of_its_own(lit.optimize, optimize, errors)
+        counts[part] = len(inputs)
+    return counts
+
+
+def in_a_process_group_of_its_own(optimize: Any, kwargs: dict[str, Any], errors: str) -> None:
+    """litdata.optimize(**kwargs) in a child process leading a process group of its own, which is killed whole once
+    it returns, fails or is interrupted: when one of litdata's workers fails it stops the others with SIGTERM, and
+    the processes those had started (uploaders, removers) would outlive the prepare. A user's error met in a worker
+    (`SampleWriter`) is raised here as itself; any other failure is a bug, with litdata's report."""
+    process = multiprocessing.get_context("fork").Process(target=_optimizing, args=(optimize, kwargs, errors))
+    process.start()
+    try:
+        process.join()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.join()
+    met = sorted(Path(errors).glob("*.pickle"))
+    if met:
+        raise pickle.loads(met[0].read_bytes())
+    if process.exitcode != 0:
+        raise RuntimeError(
+            f"litdata.optimize failed (its process's exit status {process.exitcode}; its report above)"
+        )
+
+
+def _optimizing(optimize: Any, kwargs: dict[str, Any], errors: str) -> None:
+    os.setpgrp()
+    try:
+        optimize(**kwargs)
+    except Exception:
+        if not any(
+            Path(errors).glob("*.pickle")
+        ):  # a bug: its report; a user's error is raised by the parent
+            traceback.print_exc()
+        sys.exit(1)
