@@ -29,6 +29,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
 from diffusion.data.batch import StoredBatch
 from diffusion.data.prepared import PreparedSet, decoded_sample, joined, litdata
 
@@ -65,8 +67,15 @@ class StreamLoader:
         )
         # The Trainer's ranks, not litdata's guess from the visible GPUs (which miscounts nodes on CPUs).
         self.stream.distributed_env = _DistributedEnv(world_size, rank, num_nodes)
+        # Its own generator: a DataLoader draws a seed for its workers each time it starts an epoch, from the global
+        # RNG when it has none, which would shift the dropout masks of a resumed run (it starts one more time).
         self.loader = lit.StreamingDataLoader(
-            self.stream, batch_size=batch_size, num_workers=num_workers, drop_last=True, pin_memory=pin_memory
+            self.stream,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            drop_last=True,
+            pin_memory=pin_memory,
+            generator=torch.Generator().manual_seed(seed),
         )
         self.num_samples = prepared.counts["train"]  # all ranks together, for the start-up line
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
