@@ -85,12 +85,17 @@ def commands(document: Path) -> list[list[str]]:
     return [words for _, words in command_lines(document)]
 
 
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
+
+
 def python_command_lines() -> list[tuple[Path, str, list[str]]]:
     """(document, text as printed, argv) of every `python train.py`, `python -m diffusion.X` and `torchrun ...
     train.py` line; argv from the program on (`train.py ...`, `diffusion.X ...`)."""
     found = []
     for document in DOCUMENTS:
         for text, words in command_lines(document):
+            while words and ASSIGNMENT.fullmatch(words[0]):  # `NAME=value torchrun ...`: its environment
+                words = words[1:]
             if "train.py" in words and words[0] in ("python", "torchrun", "srun"):
                 found.append((document, text, words[words.index("train.py") :]))
             elif "-m" in words and words[words.index("-m") + 1].startswith("diffusion"):

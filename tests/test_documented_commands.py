@@ -40,6 +40,7 @@ from helpers.documented_checks import (
     statistics_file,
     step_report,
     sweep_table,
+    the_jobs_run,
     trained,
     two_ranks,
     wandb_offline_run,
@@ -224,6 +225,25 @@ COMMANDS: dict[str, Command] = {
     "torchrun --nproc_per_node 4 train.py --config configs/cifar10.yaml --devices 4 --strategy ddp": command(
         every(trained("cifar10", trainer_devices=2), two_ranks), *SHORT, *CIFAR10_HERE, *TWO_CPU_RANKS,
         launch="ranks", why=f"4 GPUs: {TWO_RANKS_WHY}; {CIFAR10_WHY}",
+    ),
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc_per_node 4 --max-restarts 3 train.py --config "
+    "configs/cifar10.yaml --devices 4 --strategy ddp --ckpt_path auto": command(
+        every(trained("cifar10", version="torchrun-*", trainer_devices=2), the_jobs_run("cifar10", "torchrun-*"),
+              two_ranks),
+        *SHORT, *CIFAR10_HERE, *TWO_CPU_RANKS, launch="ranks",
+        why=f"4 GPUs: {TWO_RANKS_WHY}, whose run id names the run; {CIFAR10_WHY}. Its first start: the restarts "
+        "are tests/cli/test_restarts.py's (torchrun --max-restarts 1, a rank killed, the same command resumed)",
+    ),
+    "srun python train.py --config configs/cifar10.yaml --num_nodes 2 --devices 4 --strategy ddp --ckpt_path auto":
+    command(
+        every(trained("cifar10", version="slurm-4242", trainer_num_nodes=2, trainer_devices=1),
+              the_jobs_run("cifar10", "slurm-4242"), two_ranks),
+        *SHORT, *CIFAR10_HERE, "--devices", "1", "--accelerator", "cpu", launch="ranks",
+        env={**TWO_NODES, "SLURM_JOB_ID": "4242", "TORCHELASTIC_RUN_ID": "none"},
+        why="SLURM's two machines of 4 GPUs (there is no SLURM here): one job of two 1-device nodes, the torchrun "
+        "job's 2 CPU ranks in the environment `torchrun --nnodes 2 --nproc_per_node 1` gives its workers, with the "
+        "job id srun's tasks see (SLURM_JOB_ID=4242) and no torchrun run id (`none`, torchrun's default where it "
+        f"names none); {CIFAR10_WHY}",
     ),
     "python train.py --devices 2 --strategy ddp --accelerator cpu": command(
         every(trained("digits", trainer_devices=2), two_ranks), *SHORT, launch="lightning",

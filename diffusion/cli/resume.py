@@ -1,7 +1,12 @@
-"""The right run to resume: `--ckpt_path last` is the newest checkpoint of the newest run of the logger's name, and
-the resumed run goes on writing into its folder; a resume is refused when it would change what the run trains
-(the checkpoint's optimizer state, EMA and data order belong to the run's own settings)."""
+"""The right run to resume: `--ckpt_path last` is the newest checkpoint of the newest run of the logger's name;
+`--ckpt_path auto` is this job's own run (named by the logger's version, or by the launcher's job: torchrun's run
+id, SLURM's job id), resumed when it holds a checkpoint and started there when not, so that one command line serves
+a job's first start and every restart. The resumed run goes on writing into its folder; a resume is refused when it
+would change what the run trains (the checkpoint's optimizer state, EMA and data order belong to the run's own
+settings)."""
 
+import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +19,13 @@ from diffusion.cli.legacy import same_class
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.errors import UserError
 from diffusion.training.checkpoint_files import CHECKPOINT, check_finite, read_checkpoint
-from diffusion.training.run_folders import RunFolder, newest_checkpoint, run_folder_of
+from diffusion.training.run_folders import (
+    ResumePoint,
+    RunFolder,
+    newest_checkpoint,
+    newest_checkpoint_of_run,
+    run_folder_of,
+)
 
 
 @dataclass(frozen=True)
@@ -107,24 +118,106 @@ def _known_logger(config) -> tuple[Any, RunLayout] | None:
     return None if layout is None else (logger.init_args, layout)
 
 
-def resolve_resume(config) -> tuple[dict[str, Any], str | None]:
-    """Turn `--ckpt_path` (a path, or `last`) into the checkpoint to resume, point the logger at that run's folder so
-    the resumed run goes on writing there, and return the checkpoint's contents (read once, checked) with the file
-    name the resumed command's config is saved under (None: config.yaml, for a run without one)."""
-    logger = _known_logger(config)
-    if config.ckpt_path == "last":
-        if logger is None:
+LAST, AUTO = "last", "auto"
+# A launcher's name for the job, the same on every rank and kept by a restart, as the run folder's name: torchrun's
+# run id (its --rdzv-id; on one machine without --master_port a fresh uuid per torchrun started; "none", its default
+# elsewhere, names no job), then SLURM's job id (kept by a requeue). The prefixes keep them apart from each other and
+# from numbered version_N folders, whose next number a plain run takes (SLURM's ids are numbers too).
+JOB_IDS = (("TORCHELASTIC_RUN_ID", "torchrun"), ("SLURM_JOB_ID", "slurm"))
+FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # one folder, and a W&B run id
+
+
+def launcher_job() -> str | None:
+    """This job's run folder name from its launcher (JOB_IDS), None outside torchrun and SLURM."""
+    for variable, prefix in JOB_IDS:
+        job = os.environ.get(variable, "none")
+        if job == "none":
+            continue
+        if not FOLDER_NAME.fullmatch(job):  # a slash would make a folder of another run's name
             raise UserError(
-                f"--ckpt_path last finds the runs of {', '.join(list(RUN_LAYOUTS)[:-1])} and "
-                f"{list(RUN_LAYOUTS)[-1]}, and this run has another logger or none",
+                f"--ckpt_path auto names the run after the job, and {variable}={job!r} is no folder name",
+                "pass the run's name as --trainer.logger.init_args.version NAME (letters, digits, '-', '_', '.')",
+            )
+        return f"{prefix}-{job}"
+    return None
+
+
+def job_run(init_args: Any, layout: RunLayout) -> RunFolder:
+    """The run `--ckpt_path auto` resumes or starts: the logger's version when one is given, else the launcher's
+    job (set as the version, so the logger writes there and the saved config names it)."""
+    if isinstance(layout, MLflowLayout):
+        raise UserError(
+            "--ckpt_path auto names the run's folder, and MLflow names its runs itself",
+            "pass --ckpt_path last, or the path of a checkpoint",
+        )
+    version = init_args.get(layout.version_key)
+    if version is None:
+        version = init_args[layout.version_key] = launcher_job()
+    if version is None:
+        torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
+        found = "torchrun's run id is its default 'none'" if torchrun else "no torchrun or SLURM job"
+        raise UserError(
+            f"--ckpt_path auto resumes or starts this job's own run, and nothing names it ({found}, no "
+            "--trainer.logger.init_args.version)",
+            "pass the run's name as --trainer.logger.init_args.version NAME (the same on every restart), or run "
+            "the job under SLURM or torchrun (with --rdzv-id NAME where it has no --standalone)",
+        )
+    save_dir, name = layout.runs(init_args)
+    folder = version if isinstance(version, str) else f"version_{version}"  # as Lightning's loggers name it
+    return RunFolder(Path(save_dir).absolute(), str(name), folder)
+
+
+def job_checkpoint(config, init_args: Any, layout: RunLayout) -> ResumePoint | None:
+    """`--ckpt_path auto`: the newest intact checkpoint of this job's run, None when it has none yet (the run
+    starts in that folder). A run already trained to --max_steps ends the command with status 0: a restart of a
+    job whose last rank stopped after the final save has finished."""
+    run = job_run(init_args, layout)
+    point = newest_checkpoint_of_run(run)
+    if point is None:
+        _note(f"--ckpt_path auto: no checkpoint in {run.path} yet: this job's run starts there")
+        return None
+    max_steps = config.trainer.max_steps
+    if max_steps not in (None, -1) and point.step >= max_steps:
+        _note(f"--ckpt_path auto: this job's run {run.path} is trained to step {point.step} already (--max_steps "
+              f"{max_steps}): nothing to do")  # fmt: skip
+        raise SystemExit(0)
+    _note(f"--ckpt_path auto: resuming this job's run {run.path} from {point.path.name} (step {point.step})")
+    return point
+
+
+def _note(text: str) -> None:
+    """One line on stderr, from rank 0 (every rank resolves the run alike)."""
+    if rank_zero_only.rank == 0:
+        print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+def resolve_resume(config) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """Turn `--ckpt_path` (a path, `last` or `auto`) into the checkpoint to resume, point the logger at that run's
+    folder so the resumed run goes on writing there, and return the checkpoint's contents (read once, checked; None
+    when `auto` starts the job's run) with how the command's config is saved (SaveConfigToRunFolder's arguments)."""
+    logger = _known_logger(config)
+    # `auto` stays in the saved config: run again with --config, the run's config.yaml resumes that run.
+    saving = {"ckpt_path": AUTO} if config.ckpt_path == AUTO else {}
+    if config.ckpt_path in (LAST, AUTO):
+        if logger is None:
+            known = [name for name in RUN_LAYOUTS if config.ckpt_path == LAST or name != "MLFlowLogger"]
+            raise UserError(
+                f"--ckpt_path {config.ckpt_path} finds the runs of {', '.join(known[:-1])} and {known[-1]}, and "
+                "this run has another logger or none",
                 "pass the path of a checkpoint, e.g. <save_dir>/<name>/<version>/checkpoints/last.ckpt",
             )
         init_args, layout = logger
-        point = newest_checkpoint(*layout.runs(init_args))
+        if config.ckpt_path == AUTO:
+            point = job_checkpoint(config, init_args, layout)
+            if point is None:
+                config.ckpt_path = None
+                return None, saving
+        else:
+            point = newest_checkpoint(*layout.runs(init_args))
         if point.skipped and rank_zero_only.rank == 0:
             passed = ", ".join(f"{path.name} ({why})" for path, why in point.skipped)
             print(
-                f"warning: --ckpt_path last: passed over unreadable {passed} in {point.path.parent}; "
+                f"warning: --ckpt_path {config.ckpt_path}: passed over unreadable {passed} in {point.path.parent}; "
                 f"resuming from {point.path.name} (step {point.step})",
                 file=sys.stderr, flush=True,
             )  # fmt: skip
@@ -137,13 +230,15 @@ def resolve_resume(config) -> tuple[dict[str, Any], str | None]:
     )  # fmt: skip
     run = run_folder_of(config.ckpt_path)
     if run is None or logger is None:
-        return checkpoint, None
+        return checkpoint, saving
     init_args, layout = logger
     if not layout.continue_run(init_args, run):
-        return checkpoint, None
+        return checkpoint, saving
     step = int(checkpoint.get("global_step", 0))
     # The run's own config.yaml stays what it started with.
-    return checkpoint, f"config-resumed-at-step-{step}.yaml" if run.config_file.is_file() else None
+    if run.config_file.is_file():
+        saving["config_filename"] = f"config-resumed-at-step-{step}.yaml"
+    return checkpoint, saving
 
 
 # ---- the right run: settings a resumed run must share with the run it continues ---------------------------

@@ -38,6 +38,7 @@ from diffusion.cli.train_checks import (
     check_resume_fits,
     check_settings_from_the_data,
     check_steps_left,
+    check_torchrun_restarts,
     check_torchrun_world_size,
     naming_the_flag,
     settings_written,
@@ -73,7 +74,12 @@ NOT_OFFERED = {
 
 class SaveConfigToRunFolder(SaveConfigCallback):
     """Saves the config into the run's folder whatever the logger. Lightning saves it into `trainer.log_dir`, which for
-    W&B and other loggers is their save_dir, shared by every run."""
+    W&B and other loggers is their save_dir, shared by every run. `ckpt_path`: the value saved for --ckpt_path
+    (`auto` as written, where the config holds the checkpoint it resolved to)."""
+
+    def __init__(self, *args: Any, ckpt_path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ckpt_path = ckpt_path
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._folder = run_folder(trainer)  # a collective under DDP: here, on every rank
@@ -82,9 +88,9 @@ class SaveConfigToRunFolder(SaveConfigCallback):
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:  # on rank 0
         self._folder.mkdir(parents=True, exist_ok=True)
         path = str(self._folder / self.config_filename)
-        self.parser.save(
-            self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile
-        )
+        config = self.config.clone()
+        config.ckpt_path = self.ckpt_path or config.ckpt_path
+        self.parser.save(config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
 
 
 class DiffusionCLI(LightningCLI):
@@ -111,7 +117,7 @@ class DiffusionCLI(LightningCLI):
         description = (
             "Train a DDPM. Without --config, trains configs/digits.yaml. Shorthands: "
             + ", ".join(f"--{name}" for name in SHORTHANDS)
-            + " stand for --trainer.<name>; --ckpt_path last resumes the newest run of this name. "
+            + " stand for --trainer.<name>; --ckpt_path last resumes the newest run of this name, auto this job's. "
             f"A user error ends in one line; --debug (or {DEBUG_VARIABLE}=1) shows its traceback."
         )
         self._resume_checkpoint: dict[str, Any] | None = None
@@ -156,7 +162,8 @@ class DiffusionCLI(LightningCLI):
         parser.add_argument(
             "--ckpt_path", type=str | None, default=None,
             help="resume training from this checkpoint (its run's folder goes on); 'last' = the newest checkpoint (by "
-            "step) of the newest run of this name",
+            "step) of the newest run of this name; 'auto' = this job's own run (named by the logger's version, "
+            "torchrun's run id or SLURM's job id), resumed, or started there when it has no checkpoint (restarts)",
         )  # fmt: skip
         parser.add_argument(
             "--ddp_timeout", type=float, default=DEFAULT_DDP_TIMEOUT_S,
@@ -231,6 +238,7 @@ class DiffusionCLI(LightningCLI):
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config)
         check_hardware_flags(self.config.trainer)
+        check_torchrun_restarts()  # before a restart would hang
         note = drop_ddp_on_one_device(self.config.trainer)
         if note:
             rank_zero_info(note)
@@ -241,9 +249,8 @@ class DiffusionCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config
         if config.ckpt_path:
-            self._resume_checkpoint, config_filename = resolve_resume(config)
-            if config_filename:
-                self.save_config_kwargs["config_filename"] = config_filename
+            self._resume_checkpoint, saving = resolve_resume(config)
+            self.save_config_kwargs.update(saving)
         if config.model.init_from:
             # What the path is (a diffusers folder, an export, a checkpoint or a folder holding one), decided
             # where every command decides it, so a broken diffusers folder is reported as one.

@@ -153,6 +153,26 @@ def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:
     )
 
 
+def check_torchrun_restarts() -> None:
+    """torchrun may restart the job (--max-restarts) only on a fresh rendezvous store.
+
+    Since torch 2.5 torchrun's agent shares its store with the ranks (TORCHELASTIC_USE_AGENT_STORE) and keeps it
+    across restarts: the restarted ranks' process group can read the lost ranks' addresses there and wait for
+    them, a hang of the 30-minute start-up timeout, NCCL and gloo alike (pytorch/pytorch#135712; here 4
+    restarts of 5 of two gloo ranks never connected). Refused at the first start, when the command can still be fixed, not at the restart.
+    """
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if not TorchElasticEnvironment.detect() or restarts == "0":
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise UserError(
+            f"torchrun --max-restarts {restarts} shares its rendezvous store with the ranks, and a restart would "
+            "find the lost ranks' addresses there and hang (pytorch/pytorch#135712)",
+            "start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and a c10d rendezvous (one machine: no "
+            "--master_port; several: --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id NAME)",
+        )
+
+
 def naming_the_flag(error: BaseException, groups: dict[object, str]) -> UserError | None:
     """A range check (`OutOfRange`) of a class the CLI built from a group of flags (`groups`: that class -> the
     group, 'data' or 'model.network'), said of the flag the user wrote: '--data.batch_size 0 is out of range (must

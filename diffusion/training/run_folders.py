@@ -3,7 +3,7 @@ in ``config.yaml``, its sample grids in ``samples/`` and its post-hoc EMA snapsh
 the folder Lightning's ModelCheckpoint derives from the first logger (TensorBoard's and CSV's ``version_N``, a W&B
 run id, ...), or the Trainer's ``default_root_dir`` without a logger. The only code that knows that layout:
 `run_folder`, `run_folder_of`, `run_checkpoints`, `newest_checkpoint` (what `--ckpt_path last` resumes),
-`checkpoints_of_run` and `post_hoc_ema_folder`."""
+`newest_checkpoint_of_run` (what `--ckpt_path auto` resumes), `checkpoints_of_run` and `post_hoc_ema_folder`."""
 
 import os
 import re
@@ -129,7 +129,17 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
             f"no checkpoint under {Path(save_dir, name)}/*/checkpoints/: train first "
             f"(python train.py), or pass the path of a checkpoint"
         )
-    run, files = runs[-1]
+    return _newest_intact(*runs[-1], "--ckpt_path last")
+
+
+def newest_checkpoint_of_run(run: RunFolder) -> ResumePoint | None:
+    """The newest intact checkpoint of this one run folder, as `newest_checkpoint` chooses it; None when the run
+    holds no checkpoint file (not yet saved), an error when it holds only unreadable ones."""
+    files = checkpoint_files(run.path / CHECKPOINTS)
+    return _newest_intact(run, files, "--ckpt_path auto") if files else None
+
+
+def _newest_intact(run: RunFolder, files: list[Path], flag: str) -> ResumePoint:
     readable, skipped = [], []
 
     def passed_over(path: Path, err: Exception) -> None:
@@ -151,7 +161,7 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
         return ResumePoint(path, run.version, step, tuple(skipped))
     reasons = "; ".join(f"{path.name} {why}" for path, why in skipped)
     raise UserError(
-        f"--ckpt_path last: no intact checkpoint in {files[0].parent} ({reasons})",
+        f"{flag}: no intact checkpoint in {files[0].parent} ({reasons})",
         "pass the path of an intact checkpoint (a backup), or start a new run without --ckpt_path",
     )
 

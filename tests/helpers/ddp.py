@@ -114,6 +114,20 @@ class FailOnRank(AtStep):
         raise RuntimeError(f"deliberate failure on rank {self.rank} at step {self.step}")
 
 
+class KillRankOnce(AtStep):
+    """SIGKILL to this one rank's own process when the run reaches optimizer step `step` (after that step's
+    checkpoints), in a torchrun job's first attempt only (TORCHELASTIC_RESTART_COUNT 0): a rank lost as a crash or
+    the kernel's OOM killer loses it, which torchrun's --max-restarts answers by restarting every rank; the restart
+    runs this callback too and must train on."""
+
+    def __init__(self, step: int, rank: int = 1) -> None:
+        super().__init__(step, rank)
+
+    def act(self, trainer: L.Trainer) -> None:
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class CountingVectorData(VectorDataModule):
     """VectorDataModule whose `prepare_data` appends one line (global rank, local rank, pid) to `prepare_log`."""
 

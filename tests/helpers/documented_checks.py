@@ -34,12 +34,15 @@ def checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def trained(name: str, steps: int = 2, **expected) -> Callable[[Ran], None]:
-    """runs/<name>/version_0 (and no other version) holds last.ckpt at `steps`, the step's grid, loss.png and
-    config.yaml; `expected`: hyperparameters, `network_<arg>` of the network, `trainer_<arg>` of the saved config."""
+def trained(name: str, steps: int = 2, version: str = "version_0", **expected) -> Callable[[Ran], None]:
+    """runs/<name>/<version> (and no other version; `version` a glob, `torchrun-*` for a job's run whose id is
+    torchrun's) holds last.ckpt at `steps`, the step's grid, loss.png and config.yaml; `expected`: hyperparameters,
+    `network_<arg>` of the network, `trainer_<arg>` of the saved config."""
 
     def check(ran: Ran) -> None:
-        run = ran.folder / "runs" / name / "version_0"
+        runs = sorted((ran.folder / "runs" / name).glob(version))
+        assert len(runs) == 1, runs
+        run = runs[0]
         state = checkpoint(run / "checkpoints" / "last.ckpt")
         assert state["global_step"] == steps
         assert (run / "samples" / f"step_{steps:07d}.png").is_file() and (run / "loss.png").is_file()
@@ -139,6 +142,20 @@ def resumed(ran: Ran) -> None:
     run = ran.folder / "runs" / "digits" / "version_0"
     assert checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 4
     assert (run / "config-resumed-at-step-2.yaml").is_file() and not (run.parent / "version_1").exists()
+
+
+def the_jobs_run(name: str, version: str) -> Callable[[Ran], None]:
+    """`--ckpt_path auto`: the job's run, runs/<name>/<version> (a glob), the only one, whose config.yaml records
+    `ckpt_path: auto` and its version (run again with --config, it resumes that run)."""
+
+    def check(ran: Ran) -> None:
+        (run,) = (ran.folder / "runs" / name).iterdir()
+        assert run.match(version), run
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        assert config["ckpt_path"] == "auto"
+        assert config["trainer"]["logger"]["init_args"]["version"] == run.name
+
+    return check
 
 
 def post_hoc_snapshots(ran: Ran) -> None:
