@@ -24,6 +24,7 @@ import io
 import json
 import shutil
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,8 +46,9 @@ RAW_UP_TO = 64  # "auto": raw pixels up to 64 px (12 kB an RGB image, decoded fo
 URL_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://")
 INSTALL_HINT = "install the scale extra: pip install -c constraints.txt -e '.[scale]'"
 # Object storage that does not answer is said within seconds, not after minutes of retries.
-CLIENT_OPTIONS = {"connect_timeout": "5s", "timeout": "30s"}
-RETRIES = {"max_retries": 1, "retry_timeout": "10s"}
+# http:// endpoints too (a local MinIO, AWS_ENDPOINT_URL=http://...): the scheme is the user's choice.
+CLIENT_OPTIONS = {"connect_timeout": "5s", "timeout": "30s", "allow_http": True}
+RETRIES = {"max_retries": 1, "retry_timeout": timedelta(seconds=10)}
 
 
 def litdata() -> Any:
@@ -116,6 +118,14 @@ def _store(root: str) -> Any:
     return from_url(root.rstrip("/"), client_options=CLIENT_OPTIONS, retry_config=RETRIES)
 
 
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What obstore raises for a store that cannot be reached, read or written (a refused connection, a timeout,
+    missing credentials or rights): the user's to fix."""
+    from obstore.exceptions import BaseError
+
+    return (BaseError, OSError, TimeoutError)
+
+
 def _unreachable(root: str, err: Exception) -> UserError:
     first = " ".join(str(err).split())[:200]
     return UserError(
@@ -130,12 +140,13 @@ def read_bytes(root: str, name: str) -> bytes | None:
         path = Path(root, name)
         return path.read_bytes() if path.is_file() else None
     import obstore
+    from obstore.exceptions import NotFoundError
 
     try:
         return bytes(obstore.get(_store(root), name).bytes())
-    except FileNotFoundError:
+    except NotFoundError:
         return None
-    except Exception as err:  # obstore's errors for a store that cannot be reached or read
+    except store_errors() as err:
         raise _unreachable(root, err) from err
 
 
@@ -151,7 +162,7 @@ def write_bytes(root: str, name: str, data: bytes) -> None:
 
     try:
         obstore.put(_store(root), name, data)
-    except Exception as err:
+    except store_errors() as err:
         raise _unreachable(root, err) from err
 
 
@@ -166,7 +177,7 @@ def listing(root: str) -> dict[str, int]:
 
     try:
         return {meta["path"]: meta["size"] for batch in obstore.list(_store(root)) for meta in batch}
-    except Exception as err:
+    except store_errors() as err:
         raise _unreachable(root, err) from err
 
 
