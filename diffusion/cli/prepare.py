@@ -21,11 +21,11 @@ from typing import Any
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt
 
-from diffusion.cli.flags import add_flags, command_parser
+from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
 from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.data import ImageDataModule, VectorDataModule
-from diffusion.data.prepared import Encoding
+from diffusion.data.prepared import Encoding, is_url
 from diffusion.data.preparing import prepare
 from diffusion.errors import UserError
 
@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> str:
     with reporting_user_errors(argv):
         parser = build_parser()
         args = parse_command_line(parser, argv)
+        if not is_url(args.out):
+            check_writable_folder(args.out, "--out")
         data = args.data
         dataset = data.init_args.get("dataset")
         if dataset == "streaming":

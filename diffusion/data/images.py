@@ -163,6 +163,7 @@ class ImageDataModule(SplitDataModule):
             self._class_names = self.prepared.class_names
         if conditional and dataset == "folder":
             self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
+        self._check_streaming_options()
 
     def _fit_prepared(
         self, image_size: int | None, channels: int | None, conditional: bool

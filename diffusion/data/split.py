@@ -13,7 +13,9 @@ by a DataLoader (and its ``num_workers`` worker processes).
 
 import math
 import os
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -37,6 +39,7 @@ from diffusion.data.resumable import ResumableLoader, ResumableSampler
 from diffusion.data.streaming import StreamLoader
 from diffusion.errors import OutOfRange
 
+CACHE_SIZE = re.compile(r"\d+(\.\d+)?\s*[KMGT]?B", re.IGNORECASE)  # litdata's sizes: 500MB, 50GB, 1.5TB
 # Items read at once when a command collects a data set's images (evaluation's reference, the bound's held-out
 # images), not training's batches (--data.batch_size).
 READING_BATCH = 500
@@ -158,6 +161,23 @@ class SplitDataModule(LightningDataModule):
             )
         self.val_set = Subset(full, perm[:n_val].sort().values.tolist()) if n_val else None
         self.train_set = Subset(full, perm[n_val:].sort().values.tolist())
+
+    def _check_streaming_options(self) -> None:
+        """The cache options apply to a prepared set alone; a size is a number of bytes with its unit."""
+        owner = type(self)
+        for name, value in (("cache_dir", self.cache_dir), ("max_cache_size", self.max_cache_size)):
+            if value is not None and self.prepared is None:
+                raise OutOfRange(
+                    name, value, "unset unless the data is a prepared set", "leave it unset", owner
+                )
+        if self.max_cache_size is not None and not CACHE_SIZE.fullmatch(self.max_cache_size):
+            raise OutOfRange(
+                "max_cache_size", self.max_cache_size, "a size such as 50GB or 500MB", owner=owner
+            )
+        if self.cache_dir is not None and Path(self.cache_dir).expanduser().is_file():
+            raise OutOfRange(
+                "cache_dir", self.cache_dir, "a folder (made if missing), not a file", owner=owner
+            )
 
     def _prepared_split(self, with_labels: bool) -> None:
         """The prepared set's own parts as the training and validation sets (its split was made by prepare)."""

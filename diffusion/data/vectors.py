@@ -112,6 +112,8 @@ class VectorDataModule(SplitDataModule):
         self.normalize, self.feature_std = normalize, feature_std
         if dataset == "streaming":
             self._open_prepared(path, labels)
+        self._check_streaming_options()
+        if dataset == "streaming":
             return
         # Vector sets are small: load/generate now, since normalization must be known before setup.
         data = _load_npy(Path(path)) if dataset == "npy" else self._generate()

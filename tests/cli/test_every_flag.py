@@ -32,7 +32,8 @@ from jsonargparse._actions import _ActionConfigLoad, _ActionHelpClassPath
 from jsonargparse._link_arguments import ActionLink
 from PIL import Image
 
-from diffusion.cli import evaluate, evaluate_nll, export, phema, sample
+from diffusion.cli import evaluate, evaluate_nll, export, phema, prepare, sample
+from diffusion.cli.prepare import TRAINING_SECTIONS
 from diffusion.cli.train import DiffusionCLI, with_default_config
 from diffusion.cli.train import main as train
 from diffusion.data import ImageDataModule, VectorDataModule
@@ -56,6 +57,7 @@ NOT_CHECKED = {  # flags with no bad value, and why
     "checkpoint.filename": "any file name is one", "trainer.model_registry": "any name is one",
     "data.init_args.root": "where mnist and cifar10 download to (made if missing); digits reads none; the folder "
                            "dataset's missing or empty root: test_train_errors",
+    **{f"prepare--{section}": "train.py's section of a --config, left alone by prepare" for section in TRAINING_SECTIONS},
 }  # fmt: skip
 CONTEXT = {  # what a flag needs beside it to be used at all
     "inception_weights": ["--features", "inception"],
@@ -89,6 +91,7 @@ COMMANDS = {  # name: (entry point, parser, a good command line)
                                                                 "--num_images", "1", "--device", "cpu"]),
     "export": (export.main, export.build_parser, ["--ckpt", GOOD, "--format", "safetensors", "--out", "{tmp}/e"]),
     "train": (train, train_parser, ["--trainer.logger.init_args.save_dir", "{tmp}/runs", *TINY_UNET, *QUICK]),
+    "prepare": (prepare.main, prepare.build_parser, ["--out", "{tmp}/prepared", "--num_workers", "1"]),
     "phema": (phema.main, phema.build_parser, ["--run", "{user}/runs/phema/version_0", "--sweep", "[0.1]",
                                                "--num_samples", "4", "--sampler", "ddim", "--steps", "2",
                                                "--reference", SAMPLES, "--device", "cpu"]),
@@ -143,6 +146,7 @@ def flag_cases() -> list:
             name = action.dest
             # Its --name.help and the values linked from --data, which are not the user's to set.
             skipped = isinstance(action, (_ActionHelpClassPath, ActionLink)) or name in NOT_CHECKED
+            skipped = skipped or f"{command}--{name}" in NOT_CHECKED
             if skipped or not action.option_strings:
                 continue
             if isinstance(action, _ActionConfigLoad):  # --model FILE.yaml: the group's options from a file
