@@ -16,6 +16,7 @@ from diffusion.cli import evaluate_nll
 from diffusion.cli.evaluate import build_parser as evaluate_parser
 from diffusion.cli.export import build_parser as export_parser
 from diffusion.cli.phema import build_parser as phema_parser
+from diffusion.cli.prepare import build_parser as prepare_parser
 from diffusion.cli.sample import build_parser as sample_parser
 from diffusion.cli.train import main as train
 
@@ -25,6 +26,7 @@ PARSERS = {
     "diffusion.evaluate": evaluate_parser,
     "diffusion.export": export_parser,
     "diffusion.phema": phema_parser,
+    "diffusion.prepare": prepare_parser,
 }
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -33,12 +33,14 @@ from helpers.documented_checks import (
     fid_monitored,
     phema_checkpoint,
     post_hoc_snapshots,
+    prepared_set,
     printed_config,
     resumed,
     samples,
     scores,
     statistics_file,
     step_report,
+    streamed_from,
     sweep_table,
     the_jobs_run,
     trained,
@@ -49,7 +51,7 @@ from helpers.documented_checks import (
 from helpers.documented_runs import Command, Output, Runs, command
 from test_docs import REPO, python_command_lines
 
-from diffusion.cli import evaluate, export, phema, sample, train
+from diffusion.cli import evaluate, export, phema, prepare, sample, train
 
 MAINS = {
     "train.py": train.main,
@@ -57,6 +59,7 @@ MAINS = {
     "diffusion.evaluate": evaluate.main,
     "diffusion.export": export.main,
     "diffusion.phema": phema.main,
+    "diffusion.prepare": prepare.main,
 }
 PRINTED = {text: argv for _, text, argv in python_command_lines()}  # the text as printed -> its argv
 
@@ -80,6 +83,10 @@ CIFAR10_HERE = [
     "--data.init_args.batch_size", "4",
     "--precision", "32", "--data.init_args.num_workers", "0", "--trainer.limit_val_batches", "2",
 ]  # fmt: skip
+# The prepared CIFAR-10: the stand-in's 2,000 images (1,000 of them validate, as the recipe's val_from_train), and
+# training from it as CIFAR10_HERE trains.
+CIFAR10_PREPARED_HERE = [*CIFAR10_HERE[:4], "--num_workers", "1"]
+STREAMED_HERE = [*CIFAR10_HERE[4:]]
 CIFAR10_WHY = (
     "CIFAR-10 is a download: the recipe's ImageDataModule over random pixels (SyntheticCIFAR10), in 32-bit"
 )
@@ -106,6 +113,8 @@ SAVE_STATS = (
 )
 PHEMA = "python -m diffusion.phema --run runs/digits/version_0 --sigma_rel 0.15 --out phema.ckpt"
 LAST = "runs/digits/version_0/checkpoints/last.ckpt"
+PREPARE_FOLDER = "python -m diffusion.prepare --config configs/folder.yaml --data.root my_images/ --data.image_size 32 --out prepared/"
+PREPARE_CIFAR10 = "python -m diffusion.prepare --config configs/cifar10.yaml --out prepared_cifar10/"
 CONDITIONAL_LAST = "runs/digits_conditional/version_0/checkpoints/last.ckpt"
 DIGITS_RUN_FOLDER = {"runs/digits/version_0": Output(TRAIN)}  # evaluate --nll reads the run's config.yaml too
 POST_HOC_RUN_FOLDER = {"runs/digits/version_0": Output(TRAIN_POST_HOC)}
@@ -130,6 +139,14 @@ COMMANDS: dict[str, Command] = {
     ),
     "python train.py --config configs/folder.yaml --data.root my_images/ --data.image_size 32": command(
         trained("folder", sample_shape=(3, 32, 32)), *SHORT, *FOLDER_HERE, inputs={"my_images": made.image_folder},
+    ),
+    PREPARE_FOLDER: command(
+        prepared_set("prepared", (3, 32, 32), labelled=False), "--num_workers", "1",
+        inputs={"my_images": made.image_folder},
+    ),
+    "python train.py --config configs/folder.yaml --data.dataset streaming --data.root prepared/": command(
+        every(trained("folder", sample_shape=(3, 32, 32)), streamed_from("prepared/")), *SHORT,
+        *FOLDER_HERE, inputs={"prepared": Output(PREPARE_FOLDER)},
     ),
     "python train.py --ckpt_path last": command(
         resumed, *DIGITS_RUN, "--max_steps", "4", inputs={"runs/digits": Output(TRAIN)},
@@ -244,6 +261,15 @@ COMMANDS: dict[str, Command] = {
         "job's 2 CPU ranks in the environment `torchrun --nnodes 2 --nproc_per_node 1` gives its workers, with the "
         "job id srun's tasks see (SLURM_JOB_ID=4242) and no torchrun run id (`none`, torchrun's default where it "
         f"names none); {CIFAR10_WHY}",
+    ),
+    PREPARE_CIFAR10: command(
+        prepared_set("prepared_cifar10", (3, 32, 32), labelled=True), *CIFAR10_PREPARED_HERE, why=CIFAR10_WHY,
+    ),
+    "python train.py --config configs/cifar10.yaml --devices 4 --strategy ddp --data.dataset streaming --data.root "
+    "prepared_cifar10/": command(
+        every(trained("cifar10", trainer_devices=2), streamed_from("prepared_cifar10/"), two_ranks),
+        *SHORT, *STREAMED_HERE, *TWO_CPU_RANKS, launch="ranks", inputs={"prepared_cifar10": Output(PREPARE_CIFAR10)},
+        why=f"4 GPUs: {TWO_RANKS_WHY}; the set prepared from random pixels (above), in 32-bit",
     ),
     "python train.py --devices 2 --strategy ddp --accelerator cpu": command(
         every(trained("digits", trainer_devices=2), two_ranks), *SHORT, launch="lightning",

@@ -22,6 +22,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt
 
 from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
+from diffusion.cli.legacy import class_at
 from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.data import ImageDataModule, VectorDataModule
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> str:
             raise UserError(
                 "--data.dataset streaming is a prepared set already", "name the source it was prepared from"
             )
-        if data.class_path.endswith("ImageDataModule") and dataset in LABELLED_SOURCES:
+        if issubclass(class_at(data.class_path), ImageDataModule) and dataset in LABELLED_SOURCES:
             data.init_args.conditional = True
         datamodule = parser.instantiate_classes(args).data
         source = data.init_args.get("root") if dataset == "folder" else data.init_args.get("path") or dataset

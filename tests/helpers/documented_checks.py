@@ -60,6 +60,31 @@ def trained(name: str, steps: int = 2, version: str = "version_0", **expected) -
     return check
 
 
+def prepared_set(out: str, sample_shape: tuple[int, ...], labelled: bool) -> Callable[[Ran], None]:
+    """OUT is a prepared set that opens (its checks pass) with these samples, labelled or not, and a validation part."""
+
+    def check(ran: Ran) -> None:
+        from diffusion.data.prepared import open_prepared
+
+        prepared = open_prepared(str(ran.folder / out))
+        assert prepared.sample_shape == sample_shape and (prepared.class_names is not None) == labelled
+        assert prepared.counts["train"] > 0 and prepared.counts.get("val", 0) > 0
+
+    return check
+
+
+def streamed_from(out: str) -> Callable[[Ran], None]:
+    """The run trained on the prepared set at OUT: its saved config names it."""
+
+    def check(ran: Ran) -> None:
+        configs = list((ran.folder / "runs").glob("*/version_0/config.yaml"))
+        assert len(configs) == 1, configs
+        data = yaml.safe_load(configs[0].read_text())["data"]["init_args"]
+        assert data["dataset"] == "streaming" and data["root"] == out, data
+
+    return check
+
+
 def samples(count: int, shape: tuple[int, ...], labels: list[int] | None = None) -> Callable[[Ran], None]:
     """samples/samples.npz: `count` uint8 images (H, W, C) = `shape`, not all one value, and the labels of a
     class-conditional model; grid.png beside it."""
