@@ -229,3 +229,31 @@ def test_a_stream_resumed_after_k_batches_hands_out_the_rest_of_its_epoch_in_ord
         epoch[0] = 2  # the next epoch is whole again
         assert len(list(resumed)) == len(original)
         epoch[0] = 1
+
+
+def test_a_stream_resumed_on_more_processes_goes_on_with_its_epoch_and_says_so(digits_set, monkeypatch):
+    """Saved on one process after 20 batches, resumed on two: the rest of the epoch is re-striped over the two ranks,
+    no sample drawn twice beyond one global batch, and a warning says what happened."""
+    from litdata.streaming import dataloader
+    from litdata.utilities.env import _DistributedEnv
+
+    prepared = open_prepared(str(digits_set))
+    epoch = [0]
+    original = stream(prepared, 1, 0, 0, epoch)
+    batches = iter(original)
+    taken = [i for _ in range(20) for i in next(batches).index.tolist()]
+    state = original.state_dict()
+    monkeypatch.setattr(
+        dataloader._DistributedEnv, "detect", classmethod(lambda cls: _DistributedEnv(2, 0, 1))
+    )
+    rest = []
+    for rank in (0, 1):
+        resumed = stream(prepared, 2, rank, 0, epoch)
+        resumed.load_state_dict(state)
+        with pytest.warns(UserWarning, match="resumed on 2 processes a stream saved on 1"):
+            rest += [i for batch in resumed for i in batch.index.tolist()]
+    drawn = taken + rest
+    assert len(drawn) - len(set(drawn)) <= 8 * 2  # one global batch of the new world at most
+    assert (
+        len(set(drawn)) >= len(original) * 8 - 8 * 2
+    )  # the epoch goes on: nothing skipped beyond that batch
