@@ -5,6 +5,7 @@ and loading process a disjoint, equal share of whole batches and resumes mid-epo
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,19 @@ def test_a_stream_resumed_on_more_processes_goes_on_with_its_epoch_and_says_so(d
     assert (
         len(set(drawn)) >= len(original) * 8 - 8 * 2
     )  # the epoch goes on: nothing skipped beyond that batch
+
+
+def test_an_object_store_that_cannot_be_reached_is_one_line_within_seconds(tmp_path, capsys, monkeypatch):
+    closed = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+    }
+    for name, value in {**closed, "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    line = refused(capsys, ["--out", "s3://bucket/digits"])
+    assert line.startswith("error: cannot reach s3://bucket/digits") and "credentials" in line
+    with pytest.raises(UserError, match="cannot reach s3://bucket/digits"):
+        ImageDataModule("streaming", root="s3://bucket/digits")
+    assert time.monotonic() - started < 30
