@@ -24,6 +24,7 @@ import yaml
 from helpers import QUICK, TINY_MLP
 from helpers.ddp import run_in_session
 from helpers.user_errors import error_line
+from helpers.weights import max_abs_diff, network_weights
 
 from diffusion.cli.resume import RUN_LAYOUTS, job_run
 from diffusion.cli.train import DiffusionCLI, main
@@ -247,17 +248,6 @@ def final_weights(save_dir: Path) -> tuple[Path, dict[str, dict[str, torch.Tenso
     final = load(run / "checkpoints" / "last.ckpt")
     assert final["global_step"] == MAX_STEPS
     return run, network_weights(final)
-
-
-def network_weights(checkpoint: dict) -> dict[str, dict[str, torch.Tensor]]:
-    """{"raw": ..., "ema": ...}: EMA keeps the average under state_dict and the raw weights beside it."""
-    pick = lambda state: {k: v for k, v in state.items() if k.startswith("network.")}  # noqa: E731
-    return {"raw": pick(checkpoint["current_model_state"]), "ema": pick(checkpoint["state_dict"])}
-
-
-def max_abs_diff(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor]) -> float:
-    assert x.keys() == y.keys() and x
-    return max((x[k] - y[k]).abs().max().item() for k in x)
 
 
 @pytest.mark.multiprocess

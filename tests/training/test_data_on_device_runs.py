@@ -21,6 +21,7 @@ import lightning as L
 import pytest
 import torch
 from helpers import TINY_UNET, tiny_run, warm
+from helpers.weights import max_abs_diff, network_weights
 
 from diffusion.cli.train import main
 from diffusion.data import split
@@ -104,16 +105,6 @@ def checkpoint(save_dir: Path, name: str) -> dict:
     return torch.load(
         save_dir / "run" / "version_0" / "checkpoints" / name, map_location="cpu", weights_only=True
     )
-
-
-def network_weights(checkpoint: dict) -> dict[str, dict[str, torch.Tensor]]:
-    pick = lambda state: {k: v for k, v in state.items() if k.startswith("network.")}  # noqa: E731
-    return {"raw": pick(checkpoint["current_model_state"]), "ema": pick(checkpoint["state_dict"])}
-
-
-def max_abs_diff(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor]) -> float:
-    assert x.keys() == y.keys() and x
-    return max((x[k] - y[k]).abs().max().item() for k in x)
 
 
 def test_a_run_killed_mid_epoch_with_flips_resumes_to_the_weights_of_the_run_left_alone(tmp_path):

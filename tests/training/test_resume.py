@@ -25,6 +25,7 @@ import lightning as L
 import pytest
 import torch
 from helpers import TINY_MLP, warm
+from helpers.weights import max_abs_diff, network_weights
 
 from diffusion.cli.train import main
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
@@ -109,17 +110,6 @@ def final_checkpoint(save_dir: Path) -> dict:
     final = [c for c in found if c["global_step"] == MAX_STEPS]
     assert len(final) == 1, [c["global_step"] for c in found]
     return final[0]
-
-
-def network_weights(checkpoint: dict) -> dict[str, dict[str, torch.Tensor]]:
-    """{"raw": ..., "ema": ...}: EMA keeps the average under state_dict and the raw weights beside it."""
-    pick = lambda state: {k: v for k, v in state.items() if k.startswith("network.")}  # noqa: E731
-    return {"raw": pick(checkpoint["current_model_state"]), "ema": pick(checkpoint["state_dict"])}
-
-
-def max_abs_diff(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor]) -> float:
-    assert x.keys() == y.keys() and x
-    return max((x[k] - y[k]).abs().max().item() for k in x)
 
 
 def assert_same_final_weights(resumed: dict, reference: dict, killed_at: dict) -> None:

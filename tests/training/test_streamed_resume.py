@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from helpers.weights import network_weights
 from test_resume import (
     BASE,
     KILL_STEP,
@@ -22,7 +23,6 @@ from test_resume import (
     kill_at,
     launch,
     load,
-    network_weights,
 )
 
 from diffusion.cli.prepare import main as prepare
