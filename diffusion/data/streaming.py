@@ -100,10 +100,10 @@ class StreamLoader:
         if pending is not None and pending["epoch"] == epoch and 0 < pending["batches"] < len(self):
             self._resume(pending)
         else:
+            # A fresh epoch: litdata's loader replays a loaded position until an epoch of it ran to its end, which the
+            # cut below never lets it; and it counts epochs from 1, adding one as it starts.
             self.loader.restore = False
-            self.loader.current_epoch = (
-                epoch  # litdata's loader counts epochs from 1: it adds one as it starts
-            )
+            self.loader.current_epoch = epoch
         length = len(self)
         for batch in self.loader:
             if self._batches >= length:
