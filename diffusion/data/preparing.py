@@ -202,6 +202,9 @@ def in_a_process_group_of_its_own(optimize: Any, kwargs: dict[str, Any], errors:
 
 def _optimizing(optimize: Any, kwargs: dict[str, Any], errors: str) -> None:
     os.setpgrp()
+    # Forked from a process whose OpenMP threads ran (reading and resizing the source): their pool does not exist
+    # here, and the first parallel region would wait on it for ever. One thread, as DataLoader workers do.
+    torch.set_num_threads(1)
     try:
         optimize(**kwargs)
     except Exception:

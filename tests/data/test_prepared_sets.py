@@ -5,9 +5,12 @@ and loading process a disjoint, equal share of whole batches and resumes mid-epo
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers.user_errors import error_line
@@ -274,3 +277,30 @@ def test_an_object_store_that_cannot_be_reached_is_one_line_within_seconds(tmp_p
     with pytest.raises(UserError, match="cannot reach s3://bucket/digits"):
         ImageDataModule("streaming", root="s3://bucket/digits")
     assert time.monotonic() - started < 30
+
+
+def test_prepare_after_this_process_ran_parallel_threads_does_not_hang(tmp_path):
+    """The prepare's processes are forked: from a process whose OpenMP threads ran (2 of them here, as a user's
+    prepare has), a forked child's first parallel region waited for ever on a pool it does not have."""
+    from PIL import Image
+
+    folder = tmp_path / "images"  # CelebA's size: resizing them runs parallel regions in the forked workers
+    folder.mkdir()
+    for i in range(8):
+        pixels = np.random.default_rng(i).integers(0, 256, (218, 178, 3), np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i}.jpg")
+    script = (
+        "import sys, torch\n"
+        "from diffusion.cli.prepare import main\n"
+        "x = torch.randint(0, 255, (128, 3, 64, 64), dtype=torch.uint8)\n"
+        "for _ in range(3): x.to(torch.float32).mul_(1 / 255)  # a parallel region of 2 threads\n"
+        "main(['--data.dataset', 'folder', '--data.root', sys.argv[1], '--data.image_size', '32',\n"
+        "      '--out', sys.argv[2], '--num_workers', '2'])\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(folder), str(tmp_path / "set")],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert open_prepared(str(tmp_path / "set")).sample_shape == (3, 32, 32)
