@@ -10,12 +10,11 @@ realistic sizes; written once as PNG, once as JPEG (quality 90). Each path is ep
 the Trainer gets them (flips on, as configs/folder.yaml):
 
 - folder: ImageDataModule(dataset="folder", on_device=False, num_workers=0): decode, resize, crop image by image;
-- prepare: the JPEG folder prepared (`diffusion.data.preparing.prepare`, --prepare_workers processes) in a fresh
-  process, as `python -m diffusion.prepare` runs (prepare's forked workers hang in a process whose torch has run
-  OpenMP threads); images over its wall time, litdata's start-up included;
+- prepare: the JPEG folder prepared (`diffusion.data.preparing.prepare`, --prepare_workers processes): images over
+  its wall time, litdata's start-up included;
 - streamed: that set read by litdata (`on_device=False`) in the training process, default encoding (raw up to 64 px,
   png above) and from --all_encodings_from px the others too; at the smallest size also in each of --workers loading
-  processes (their total), and so again with LITDATA_BATCH_ROWS=0 (litdata decodes the item alone, not its window);
+  processes (their total);
 - held: the set read whole once and held on the device, here the CPU (`on_device=True`).
 
 Timing: a warm-up epoch, then --passes passes, each of as many epochs as make --min_seconds of timed batches: in each
@@ -24,12 +23,9 @@ epoch; an epoch here is --images images) and stops at its last. Figures: the med
 """
 
 import argparse
-import contextlib
-import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +47,6 @@ CELEBA, LARGE = (178, 218), (512, 512)  # width x height of the sources up to 17
 TOTAL_TARGET = (32, 16_000, 4)  # at 32 px, 16,000 images/s from at most 4 loading processes
 RATIO_TARGET = (64, 10.0)  # at 64 px, streamed >= 10x the folder loader per process
 KINDS = ("png", "jpeg")  # the folders' files
-WHOLE_ITEMS = {"LITDATA_BATCH_ROWS": "0"}  # litdata decodes each item alone, not the window of 256 around it
 
 
 @dataclass
@@ -68,7 +63,6 @@ class Plan:
     prepare_workers: int = 2
     all_encodings_from: int = 256
     small_source: tuple[int, int] = CELEBA
-    variants: bool = True  # also stream in loading processes with WHOLE_ITEMS
 
     def source(self, size: int) -> tuple[tuple[int, int], int]:
         """(width, height) of the source images of `size`, and how many there are."""
@@ -100,20 +94,6 @@ def make_sources(folder: Path, shape: tuple[int, int], count: int, seed: int = 0
             image.save(path, quality=90)  # PNG ignores the quality
             total[kind] += path.stat().st_size
     return {kind: nbytes / count / 1e3 for kind, nbytes in total.items()}
-
-
-@contextlib.contextmanager
-def environment(variables: dict[str, str]):
-    before = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
 
 
 def timed_epoch(datamodule: ImageDataModule, skip: int) -> tuple[int, int, float, tuple[int, ...]]:
@@ -152,36 +132,15 @@ def loader(root: Path, plan: Plan, **kwargs) -> ImageDataModule:
     )
 
 
-def timed_prepares(jpegs: Path, size: int, sets: dict[str, Path], workers: int) -> dict[str, dict]:
-    """`prepare` of the folder `jpegs` at `size` into each of `sets` (encoding -> folder), in a fresh process (whose
-    torch has run no OpenMP threads): each one's images and seconds."""
-    spec = json.dumps([str(jpegs), size, {encoding: str(out) for encoding, out in sets.items()}, workers])
-    command = [sys.executable, str(Path(__file__).resolve()), "--prepare_one", spec]
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)  # stderr: prepare's lines
-    return json.loads(done.stdout.splitlines()[-1])
-
-
-def prepare_one(spec: str) -> None:
-    jpegs, size, sets, workers = json.loads(spec)
-    module, timed = ImageDataModule("folder", root=jpegs, image_size=size, val_fraction=0), {}
-    for encoding, out in sets.items():
-        start = time.perf_counter()
-        prepared = prepare(module, out, encoding, num_workers=workers, overwrite=True)
-        timed[encoding] = {"images": prepared.counts["train"], "seconds": time.perf_counter() - start}
-    print(json.dumps(timed))
-
-
 def run(plan: Plan, work: Path, log=print) -> list[dict]:
     """Every path at every size of `plan`, its sources and prepared sets under `work`: a row (dict) each, with what
-    was measured: `stored` (how, kB per image), `workers`, `env`, `images_per_s`, `per_process`, `epoch_images`."""
+    was measured: `stored` (how, kB per image), `workers`, `images_per_s`, `per_process`, `epoch_images`."""
     rows, made = [], {}
 
-    def add(
-        size: int, path: str, encoding: str, stored: str, workers: int, measured: dict, env: str = ""
-    ) -> None:
-        stored, rate = stored + (f", {env}" if env else ""), measured["images_per_s"]
+    def add(size: int, path: str, encoding: str, stored: str, workers: int, measured: dict) -> None:
+        rate = measured["images_per_s"]
         rows.append({"size": size, "path": path, "encoding": encoding, "stored": stored, "workers": workers,
-                     "env": env, "per_process": rate / max(1, workers), "per_pass": [rate], **measured})  # fmt: skip
+                     "per_process": rate / max(1, workers), "per_pass": [rate], **measured})  # fmt: skip
         log(f"{size} px, {path}, {stored}, {workers} processes: {rate:,.0f} images/s")
 
     for size in plan.sizes:
@@ -194,21 +153,21 @@ def run(plan: Plan, work: Path, log=print) -> list[dict]:
             module = loader(sources / kind, plan, dataset="folder", image_size=size, on_device=False)
             stored = f"{kind.upper()} files of {width}x{height} ({made[sources][kind]:.1f})"
             add(size, "folder", kind, stored, 0, throughput(module, 0, plan))
-        sets = {encoding: work / f"prepared_{size}_{encoding}" for encoding in plan.encodings(size)}
-        prepared = timed_prepares(sources / "jpeg", size, sets, plan.prepare_workers)
-        for encoding, out in sets.items():
-            done, default = prepared[encoding], encoding == plan.encodings(size)[0]
-            kb = sum(p.stat().st_size for p in (out / "train").glob("*.bin")) / done["images"] / 1e3
-            measured = {"images_per_s": done["images"] / done["seconds"], "epoch_images": [done["images"]]}
-            stored = f"JPEG files to {encoding} ({kb:.1f})"
-            add(size, "prepare", encoding, stored, plan.prepare_workers, measured)
+        for encoding in plan.encodings(size):
+            out, default = work / f"prepared_{size}_{encoding}", encoding == plan.encodings(size)[0]
+            jpegs, start = (
+                loader(sources / "jpeg", plan, dataset="folder", image_size=size),
+                time.perf_counter(),
+            )
+            prepared = prepare(jpegs, str(out), encoding, num_workers=plan.prepare_workers, overwrite=True)
+            images = prepared.counts["train"]
+            measured = {"images_per_s": images / (time.perf_counter() - start), "epoch_images": [images]}
+            kb = sum(p.stat().st_size for p in (out / "train").glob("*.bin")) / images / 1e3
+            stored = f"{encoding} ({kb:.1f})"
+            add(size, "prepare", encoding, f"JPEG files to {stored}", plan.prepare_workers, measured)
             for workers in [0, *plan.workers] if default and size == min(plan.sizes) else [0]:
-                for env in ({}, WHOLE_ITEMS) if workers and plan.variants else ({},):
-                    module = loader(out, plan, dataset="streaming", on_device=False, num_workers=workers)
-                    with environment(env):
-                        measured = throughput(module, workers, plan)
-                    said = ", ".join(f"{name}={value}" for name, value in env.items())
-                    add(size, "streamed", encoding, f"{encoding} ({kb:.1f})", workers, measured, said)
+                module = loader(out, plan, dataset="streaming", on_device=False, num_workers=workers)
+                add(size, "streamed", encoding, stored, workers, throughput(module, workers, plan))
             if default:
                 module = loader(out, plan, dataset="streaming", on_device=True)
                 add(size, "held", encoding, "uint8 tensor", 0, throughput(module, 0, plan))
@@ -239,8 +198,7 @@ def targets(rows: list[dict]) -> list[str]:
     size, goal, most = TOTAL_TARGET
     streamed = [r for r in rows if (r["size"], r["path"]) == (size, "streamed") and r["workers"] <= most]
     ways = {"in the training process": [r for r in streamed if r["workers"] == 0],
-            "in loading processes": [r for r in streamed if r["workers"] and not r["env"]],
-            "in loading processes with " + ", ".join(WHOLE_ITEMS): [r for r in streamed if r["workers"] and r["env"]]}  # fmt: skip
+            "in loading processes": [r for r in streamed if r["workers"]]}  # fmt: skip
     said = []
     for way, chosen in ways.items():
         if chosen:
@@ -294,7 +252,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Plan]
     add("--all_encodings_from", type=int, default=256, help="from this size, stream every encoding")
     add("--work", type=Path, help="where the images and sets go (default: a temporary folder)")
     add("--out", type=Path, help="also write the results (markdown) to this file")
-    add("--prepare_one", help=argparse.SUPPRESS)  # a child process: time one prepare
     args = parser.parse_args(argv)
     for flag in ("images", "large_images", "batch_size", "passes", "prepare_workers"):
         if getattr(args, flag) < 1:
@@ -309,8 +266,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Plan]
 
 def main(argv: list[str] | None = None) -> None:
     args, plan = parse_args(argv)
-    if args.prepare_one is not None:
-        return prepare_one(args.prepare_one)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: asked
     load, log = os.getloadavg()[0], lambda line: print(line, file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="prepared_data_") as temporary:

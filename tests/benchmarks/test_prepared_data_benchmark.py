@@ -3,8 +3,6 @@ prepared set streamed in the training process and by a loading process, held on 
 measured on the images asked for, through the path it names, and reaches the table; the targets are judged from the
 rows; its flags refuse a run too small to time."""
 
-import os
-
 import pytest
 
 from benchmarks.speed import prepared_data
@@ -16,7 +14,7 @@ IMAGES, BATCH, SIZE = 8, 4, 16
 def rows(tmp_path_factory) -> list[dict]:
     plan = prepared_data.Plan(
         sizes=[SIZE], images=IMAGES, batch_size=BATCH, passes=1, min_seconds=0, workers=[1],
-        prepare_workers=1, all_encodings_from=SIZE, small_source=(24, 20), variants=False,
+        prepare_workers=1, all_encodings_from=SIZE, small_source=(24, 20),
     )  # fmt: skip
     return prepared_data.run(plan, tmp_path_factory.mktemp("prepared_data"), log=lambda line: None)
 
@@ -60,31 +58,21 @@ def test_the_table_has_a_row_per_path_with_its_figures(rows):
 
 
 def test_the_targets_are_judged_where_their_sizes_were_measured():
-    def row(size, path, workers, rate, encoding="raw", env=""):
-        return {"size": size, "path": path, "encoding": encoding, "workers": workers, "env": env,
-                "images_per_s": rate}  # fmt: skip
+    def row(size, path, workers, rate, encoding="raw"):
+        return {"size": size, "path": path, "encoding": encoding, "workers": workers, "images_per_s": rate}
 
     rows = [
-        row(32, "streamed", 0, 9_000), row(32, "streamed", 2, 12_000), row(32, "streamed", 4, 15_000),
-        row(32, "streamed", 8, 40_000), row(32, "streamed", 2, 17_000, env="LITDATA_BATCH_ROWS=0"),
+        row(32, "streamed", 0, 9_000), row(32, "streamed", 2, 17_000), row(32, "streamed", 4, 15_000),
+        row(32, "streamed", 8, 40_000),
         row(64, "folder", 0, 1_000, "png"), row(64, "folder", 0, 2_000, "jpeg"), row(64, "streamed", 0, 15_000),
     ]  # fmt: skip
     total, ratio = prepared_data.targets(rows)
     # Each way at its best within the target's 4 processes (8 are past it), against 16,000 images/s.
     assert total.endswith(
-        "in the training process MISSED (9,000: 0.56x); in loading processes MISSED (15,000: 0.94x, 4 processes); "
-        "in loading processes with LITDATA_BATCH_ROWS MET (17,000: 1.06x, 2 processes)"
+        "in the training process MISSED (9,000: 0.56x); in loading processes MET (17,000: 1.06x, 2 processes)"
     )
     assert ratio.endswith("MET against PNG files (15.0x), MISSED against JPEG files (7.5x)")
-    assert prepared_data.targets(rows[5:7]) == []
-
-
-def test_a_variant_sets_its_environment_for_its_measure_alone(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    monkeypatch.delenv("LITDATA_BATCH_ROWS", raising=False)
-    with prepared_data.environment({"OMP_NUM_THREADS": "1", **prepared_data.WHOLE_ITEMS}):
-        assert os.environ["OMP_NUM_THREADS"] == "1" and os.environ["LITDATA_BATCH_ROWS"] == "0"
-    assert os.environ["OMP_NUM_THREADS"] == "2" and "LITDATA_BATCH_ROWS" not in os.environ
+    assert prepared_data.targets(rows[4:6]) == []
 
 
 @pytest.mark.parametrize(
