@@ -54,7 +54,8 @@ def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
     The returned batch's label is None for an unconditional model (its labels, if any, are not used)."""
     if isinstance(batch, IndexBatch | StoredBatch):
         raise TypeError(
-            "training got the dataset indices of data held on the device, not a Batch: its DataModule's "
+            "training got a batch as its DataModule stores it (indices of data held on the device, or a streamed batch "
+            "not yet converted), not a Batch: its DataModule's "
             "on_after_batch_transfer makes the Batch — pass the DataModule to fit (trainer.fit(model, "
             "datamodule=dm)) rather than its train_dataloader(), or build it with on_device=False"
         )
