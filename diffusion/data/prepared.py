@@ -22,7 +22,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickle
 import shutil
+import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -49,6 +52,9 @@ INSTALL_HINT = "install the scale extra: pip install -c constraints.txt -e '.[sc
 # http:// endpoints too (a local MinIO, AWS_ENDPOINT_URL=http://...): the scheme is the user's choice.
 CLIENT_OPTIONS = {"connect_timeout": "5s", "timeout": "30s", "allow_http": True}
 RETRIES = {"max_retries": 1, "retry_timeout": timedelta(seconds=10)}
+STORE_DEADLINE_S = (
+    600  # one operation, retries included: a guard against a hang, far above what a store takes
+)
 
 
 def litdata() -> Any:
@@ -111,87 +117,65 @@ def sha256(data: bytes) -> str:
 # --- Storage: local files, or object storage through obstore (litdata's own client, a dependency of it) ---------
 
 
-def _store(root: str) -> Any:
+def in_object_storage(operation: str, root: str, argument: Any = None) -> Any:
+    """`operation` ("get", "put", "list", "delete") on the store at URL `root`, in a process of its own
+    (`diffusion.data.object_store` says why); None for a file that is not there."""
     litdata()  # obstore comes with it
-    from obstore.store import from_url
-
-    return from_url(root.rstrip("/"), client_options=CLIENT_OPTIONS, retry_config=RETRIES)
-
-
-def store_errors() -> tuple[type[BaseException], ...]:
-    """What obstore raises for a store that cannot be reached, read or written (a refused connection, a timeout,
-    missing credentials or rights): the user's to fix."""
-    from obstore.exceptions import BaseError
-
-    return (BaseError, OSError, TimeoutError)
-
-
-def _unreachable(root: str, err: Exception) -> UserError:
-    first = " ".join(str(err).split())[:200]
-    return UserError(
-        f"cannot reach {root} ({type(err).__name__}: {first})",
-        "check the URL, the network and the credentials (AWS_*, GOOGLE_*, AZURE_* environment variables)",
-    )
+    request = (operation, root.rstrip("/"), argument, CLIENT_OPTIONS, RETRIES)
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("object_store.py"))],
+        input=pickle.dumps(request), capture_output=True, timeout=STORE_DEADLINE_S,
+    )  # fmt: skip
+    if done.returncode != 0:  # a bug, ours or obstore's: its traceback
+        raise RuntimeError(
+            f"object storage {operation} on {root} failed:\n{done.stderr.decode(errors='replace')}"
+        )
+    outcome, value = pickle.loads(done.stdout)
+    if outcome == "unreachable":
+        raise UserError(
+            f"cannot reach {root} ({' '.join(value.split())[:200]})",
+            "check the URL, the network and the credentials (AWS_*, GOOGLE_*, AZURE_* environment variables)",
+        )
+    return value
 
 
 def read_bytes(root: str, name: str) -> bytes | None:
     """The file `name` under `root`, or None where there is none."""
-    if not is_url(root):
-        path = Path(root, name)
-        return path.read_bytes() if path.is_file() else None
-    import obstore
-    from obstore.exceptions import NotFoundError
-
-    try:
-        return bytes(obstore.get(_store(root), name).bytes())
-    except NotFoundError:
-        return None
-    except store_errors() as err:
-        raise _unreachable(root, err) from err
+    if is_url(root):
+        return in_object_storage("get", root, name)
+    path = Path(root, name)
+    return path.read_bytes() if path.is_file() else None
 
 
 def write_bytes(root: str, name: str, data: bytes) -> None:
-    if not is_url(root):
-        path = Path(root, name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        partial.write_bytes(data)
-        partial.replace(path)
+    if is_url(root):
+        in_object_storage("put", root, (name, data))
         return
-    import obstore
-
-    try:
-        obstore.put(_store(root), name, data)
-    except store_errors() as err:
-        raise _unreachable(root, err) from err
+    path = Path(root, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
 
 
 def listing(root: str) -> dict[str, int]:
     """Every file under `root` (relative name -> size in bytes); empty where there is nothing."""
-    if not is_url(root):
-        base = Path(root)
-        if not base.is_dir():
-            return {}
-        return {p.relative_to(base).as_posix(): p.stat().st_size for p in base.rglob("*") if p.is_file()}
-    import obstore
-
-    try:
-        return {meta["path"]: meta["size"] for batch in obstore.list(_store(root)) for meta in batch}
-    except store_errors() as err:
-        raise _unreachable(root, err) from err
+    if is_url(root):
+        return in_object_storage("list", root)
+    base = Path(root)
+    if not base.is_dir():
+        return {}
+    return {p.relative_to(base).as_posix(): p.stat().st_size for p in base.rglob("*") if p.is_file()}
 
 
 def clear(root: str) -> None:
     """Remove everything under `root` (a prepare asked to replace what is there)."""
-    if not is_url(root):
-        if Path(root).is_dir():
-            shutil.rmtree(root)
-        return
-    import obstore
-
-    names = list(listing(root))
-    if names:
-        obstore.delete(_store(root), names)
+    if is_url(root):
+        names = list(listing(root))
+        if names:
+            in_object_storage("delete", root, names)
+    elif Path(root).is_dir():
+        shutil.rmtree(root)
 
 
 # --- Opening a prepared set: everything checked before any time is spent -------------------------------------
