@@ -18,6 +18,8 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -202,6 +204,7 @@ def in_a_process_group_of_its_own(optimize: Any, kwargs: dict[str, Any], errors:
 
 def _optimizing(optimize: Any, kwargs: dict[str, Any], errors: str) -> None:
     os.setpgrp()
+    threading.Thread(target=_ending_with_parent, args=(os.getppid(),), daemon=True).start()
     # Forked from a process whose OpenMP threads ran (reading and resizing the source): their pool does not exist
     # here, and the first parallel region would wait on it for ever. One thread, as DataLoader workers do.
     torch.set_num_threads(1)
@@ -213,3 +216,11 @@ def _optimizing(optimize: Any, kwargs: dict[str, Any], errors: str) -> None:
         ):  # a bug: its report; a user's error is raised by the parent
             traceback.print_exc()
         sys.exit(1)
+
+
+def _ending_with_parent(parent: int) -> None:
+    """The whole group killed once the prepare that started it is gone: a prepare killed by SIGKILL (or the OOM
+    killer) cannot kill the group itself, and its writers would go on writing chunks nobody will index."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.killpg(0, signal.SIGKILL)

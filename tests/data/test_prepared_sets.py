@@ -304,3 +304,48 @@ def test_prepare_after_this_process_ran_parallel_threads_does_not_hang(tmp_path)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert open_prepared(str(tmp_path / "set")).sample_shape == (3, 32, 32)
+
+
+def test_a_prepare_killed_by_sigkill_takes_its_writing_processes_with_it(tmp_path):
+    """litdata's writers run in a process group of their own (killed whole when the prepare ends); a prepare killed
+    by SIGKILL cannot end it, and they went on writing (a sample writer slowed to a second a sample here)."""
+    out = tmp_path / "killed-prepare"
+    script = (
+        "import sys, time\n"
+        "from diffusion.data import preparing\n"
+        "writing = preparing.SampleWriter._item\n"
+        "def slowly(self, *entry):\n"
+        "    time.sleep(1)\n"
+        "    return writing(self, *entry)\n"
+        "preparing.SampleWriter._item = slowly\n"
+        "from diffusion.cli.prepare import main\n"
+        "main(['--out', sys.argv[1], '--num_workers', '2'])\n"
+    )
+    prepare = subprocess.Popen([sys.executable, "-c", script, str(out)], stderr=subprocess.DEVNULL)
+
+    def others() -> list[int]:  # the prepare's processes but itself: its argv names `out`
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != prepare.pid:
+                try:
+                    if str(out).encode() in (entry / "cmdline").read_bytes():
+                        found.append(int(entry.name))
+                except OSError:
+                    pass  # gone meanwhile
+        return found
+
+    try:
+        deadline = time.monotonic() + 120
+        while len(others()) < 3 and time.monotonic() < deadline:  # the group's leader and its 2 writers
+            time.sleep(0.2)
+        assert len(others()) >= 3, "the prepare's writing processes did not start"
+        prepare.kill()
+        prepare.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while others() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert others() == [], "the prepare's writing processes outlived it"
+    finally:
+        prepare.kill()
+        for pid in others():
+            os.kill(pid, 9)
