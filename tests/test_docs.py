@@ -57,6 +57,22 @@ def test_every_relative_link_resolves(document, target):
         assert anchor in headings, f"{document.name} links to {target}, a heading {resolved.name} lacks"
 
 
+RELATIVE_PATH = re.compile(r"(?<![\w.])(?:\.\./)+[\w./-]*")  # ../x, ../../x: in a link or in the text
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda doc: doc.name)
+def test_no_document_points_outside_the_repository(document):
+    """A fresh clone has only the repository: a path to a sibling folder (../shared/...) names nothing there. Every
+    ../ path a document prints, in a link or its text, is a file or folder of the repository from the document's
+    folder."""
+    outside = [
+        path
+        for path in RELATIVE_PATH.findall(document.read_text())
+        if not (resolved := (document.parent / path).resolve()).is_relative_to(REPO) or not resolved.exists()
+    ]
+    assert not outside, f"{document.name} points outside the repository: {', '.join(outside)}"
+
+
 def command_lines(document: Path) -> list[tuple[str, list[str]]]:
     """The shell commands in a document's ```bash blocks, continuation lines joined, comments dropped: each as
     (its text as printed, one space between words; its words as the shell splits them)."""

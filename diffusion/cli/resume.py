@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.cli.legacy import same_class
@@ -107,7 +108,7 @@ RUN_LAYOUTS = {
 }
 
 
-def _known_logger(config) -> tuple[Any, RunLayout] | None:
+def _known_logger(config: Namespace) -> tuple[Any, RunLayout] | None:
     """(init_args, layout) of the run's first logger, when this module knows its layout."""
     logger = config.trainer.logger
     if isinstance(logger, list):
@@ -167,7 +168,7 @@ def job_run(init_args: Any, layout: RunLayout) -> RunFolder:
     return RunFolder(Path(save_dir).absolute(), str(name), folder)
 
 
-def job_checkpoint(config, init_args: Any, layout: RunLayout) -> ResumePoint | None:
+def job_checkpoint(config: Namespace, init_args: Any, layout: RunLayout) -> ResumePoint | None:
     """`--ckpt_path auto`: the newest intact checkpoint of this job's run, None when it has none yet (the run
     starts in that folder). A run already trained to --max_steps ends the command with status 0: a restart of a
     job whose last rank stopped after the final save has finished."""
@@ -187,11 +188,11 @@ def job_checkpoint(config, init_args: Any, layout: RunLayout) -> ResumePoint | N
 
 def _note(text: str) -> None:
     """One line on stderr, from rank 0 (every rank resolves the run alike)."""
-    if rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets the rank on the function
         print(f"note: {text}", file=sys.stderr, flush=True)
 
 
-def resolve_resume(config) -> tuple[dict[str, Any] | None, dict[str, str]]:
+def resolve_resume(config: Namespace) -> tuple[dict[str, Any] | None, dict[str, str]]:
     """Turn `--ckpt_path` (a path, `last` or `auto`) into the checkpoint to resume, point the logger at that run's
     folder so the resumed run goes on writing there, and return the checkpoint's contents (read once, checked; None
     when `auto` starts the job's run) with how the command's config is saved (SaveConfigToRunFolder's arguments)."""
@@ -214,7 +215,7 @@ def resolve_resume(config) -> tuple[dict[str, Any] | None, dict[str, str]]:
                 return None, saving
         else:
             point = newest_checkpoint(*layout.runs(init_args))
-        if point.skipped and rank_zero_only.rank == 0:
+        if point.skipped and rank_zero_only.rank == 0:  # type: ignore[attr-defined]
             passed = ", ".join(f"{path.name} ({why})" for path, why in point.skipped)
             print(
                 f"warning: --ckpt_path {config.ckpt_path}: passed over unreadable {passed} in {point.path.parent}; "
@@ -242,19 +243,36 @@ def resolve_resume(config) -> tuple[dict[str, Any] | None, dict[str, str]]:
 
 
 # ---- the right run: settings a resumed run must share with the run it continues ---------------------------
-# Everything under these keys changes what is trained (network, schedule, loss, optimizer and lr, data, batch,
-# EMA, noise seed), except the keys in NOT_TRAINING: how long to train, how often to validate, sample or save,
-# how to sample, and how to read the data, may change on resume. The world size may change too (with the
-# warning in `DiffusionModule`).
-TRAINING_SETTINGS = (
-    "model.", "data.", "ema.", "seed_everything", "trainer.accumulate_grad_batches",
-    "trainer.gradient_clip_val", "trainer.gradient_clip_algorithm", "trainer.precision",
-)  # fmt: skip
-
-NOT_TRAINING = (
-    "model.sampling", "model.init_from", "model.compile", "data.init_args.num_workers", "data.init_args.verify",
+# Everything in the groups of TRAINING_GROUPS and the keys of TRAINING_KEYS changes what is trained (network,
+# schedule, loss, optimizer and lr, data, batch, EMA, noise seed), except what NOT_TRAINING names: how to sample
+# (the whole `model.sampling` group), where the first weights came from, whether and how the training step is
+# compiled, how to read the data and how often to keep EMA snapshots may change on resume. Keys are exact (a group
+# is its key and the keys under it, never a prefix of a longer name), so a new setting is a training setting until
+# it is listed here. How long to train, how often to validate, sample or save, and the world size (with the warning
+# in `DiffusionModule`) are trainer settings outside these groups.
+TRAINING_GROUPS = ("model", "data", "ema")
+TRAINING_KEYS = frozenset({
+    "seed_everything", "trainer.accumulate_grad_batches", "trainer.gradient_clip_val",
+    "trainer.gradient_clip_algorithm", "trainer.precision",
+})  # fmt: skip
+NOT_TRAINING_GROUPS = ("model.sampling",)
+NOT_TRAINING = frozenset({
+    "model.init_from",
+    "model.compile_training", "model.compile", "model.compile_mode", "model.compile_channels_last",
+    "data.init_args.num_workers", "data.init_args.verify",
     "ema.snapshot_every", "ema.max_snapshot_gb",
-)  # fmt: skip
+})  # fmt: skip
+
+
+def _in_group(key: str, groups: tuple[str, ...]) -> bool:
+    return any(key == group or key.startswith(f"{group}.") for group in groups)
+
+
+def is_training_setting(key: str) -> bool:
+    """Whether a flattened config key (`model.lr`, `data.init_args.batch_size`) changes what a run trains."""
+    if key in NOT_TRAINING or _in_group(key, NOT_TRAINING_GROUPS):
+        return False
+    return key in TRAINING_KEYS or _in_group(key, TRAINING_GROUPS)
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -276,8 +294,7 @@ def differing_training_settings(saved: dict[str, Any], current: dict[str, Any]) 
     return [
         (key, saved[key], current[key])
         for key in sorted(saved.keys() & current.keys())
-        if key.startswith(TRAINING_SETTINGS)
-        and not key.startswith(NOT_TRAINING)
+        if is_training_setting(key)
         and saved[key] != current[key]
         and not (key.endswith("class_path") and same_class(saved[key], current[key]))
     ]
