@@ -3,55 +3,53 @@
     from diffusion import SamplingOptions, generate, load_checkpoint
 
     module = load_checkpoint("runs/digits/version_0/checkpoints/last.ckpt")  # or an export, or a diffusers folder
-    ddim = module.sampler(SamplingOptions(sampler="ddim", steps=50))  # over the checkpoint's own defaults
+    samples = generate(module, 64, seed=0)  # with the checkpoint's own sampler
+    ddim = module.sampler(SamplingOptions(sampler="ddim", steps=50))  # another, over the checkpoint's defaults
     samples = generate(module, 64, sampler=ddim, seed=0)
 
 Each name lives in one of the package's layers (docs/layout.md), bottom to top: errors -> core -> models ->
 data -> generation and metrics -> training -> cli. The names below are imported on first use (PEP 562), so
-`import diffusion.core.schedule` stays as light as it was; their deep paths keep working. They are written once, as
-the imports of the `TYPE_CHECKING` block at the end (what editors and type checkers read); at run time the same
-lines, read from this file, say where each name is loaded from. tests/test_public_api.py pins this list: a name
-removed or renamed fails it.
+`import diffusion.core.schedule` stays as light as it was; their deep paths keep working. They are written twice,
+side by side: `_PUBLIC` (name -> module, what loads them at run time) and the imports of the `TYPE_CHECKING` block
+beside it (what editors and type checkers read); tests/test_public_api.py holds the two equal and pins the list and
+the signatures of the functions in it: a name or argument removed or renamed fails it.
 """
 
-import ast
 from importlib import import_module
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# name -> the module it is loaded from on first use; the same names, from the same modules, as the imports of the
+# `TYPE_CHECKING` block below it (tests/test_public_api.py holds the two equal).
+_PUBLIC = {
+    "SAMPLERS": "diffusion.core.sampling",
+    "SamplingOptions": "diffusion.core.sampling",
+    "final_sample": "diffusion.core.sampling",
+    "reverse_steps": "diffusion.core.sampling",
+    "NoiseSchedule": "diffusion.core.schedule",
+    "Batch": "diffusion.data",
+    "ImageDataModule": "diffusion.data",
+    "IndexedDataset": "diffusion.data",
+    "VectorDataModule": "diffusion.data",
+    "class_labels": "diffusion.data.labels",
+    "UserError": "diffusion.errors",
+    "generate": "diffusion.generation.ranks",
+    "denormalize": "diffusion.generation.render",
+    "rows_by_class": "diffusion.generation.render",
+    "save_image_grid": "diffusion.generation.render",
+    "to_uint8": "diffusion.generation.render",
+    "BitsPerDim": "diffusion.metrics.bits_per_dim",
+    "frechet_distance": "diffusion.metrics.fid",
+    "load_statistics": "diffusion.metrics.reference_stats",
+    "SampleQuality": "diffusion.metrics.sample_quality",
+    "MLP": "diffusion.models",
+    "UNet": "diffusion.models",
+    "load_checkpoint": "diffusion.training.loading",
+    "DiffusionModule": "diffusion.training.module",
+    "latest_checkpoint": "diffusion.training.run_folders",
+}
 
-def _public_names() -> dict[str, str]:
-    """name -> the module it is loaded from, read from the `TYPE_CHECKING` imports at the end of this file."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    block = next(
-        node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
-    )
-    return {
-        alias.asname or alias.name: str(node.module)
-        for node in block.body
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-
-
-_PUBLIC = _public_names()
-__all__ = sorted(_PUBLIC)  # `from diffusion import *`
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'diffusion' has no attribute {name!r}")
-    value = getattr(import_module(_PUBLIC[name]), name)
-    globals()[name] = value  # the next access is a plain lookup
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
-
-# The public names, each once: what editors and type checkers see. At run time nothing here is imported (the names
-# load on first use); `_public_names` reads these lines instead. `X as X` marks a re-export. What they are:
+# The public names: what editors and type checkers see. At run time nothing here is imported (the names load on
+# first use, from `_PUBLIC` just above, which names the same modules). `X as X` marks a re-export. What they are:
 # loading and sampling: load_checkpoint (a checkpoint, an export or a diffusers folder), latest_checkpoint (the
 #   newest of a run name), generate (samples 0..N-1, the same on any number of ranks), SamplingOptions (unset
 #   fields defer), SAMPLERS (name -> class), reverse_steps / final_sample (a sampler on a bare network),
@@ -86,3 +84,17 @@ if TYPE_CHECKING:
     from diffusion.training.loading import load_checkpoint as load_checkpoint
     from diffusion.training.module import DiffusionModule as DiffusionModule
     from diffusion.training.run_folders import latest_checkpoint as latest_checkpoint
+
+__all__ = sorted(_PUBLIC)  # `from diffusion import *`
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'diffusion' has no attribute {name!r}")
+    value = getattr(import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,26 +1,93 @@
-"""The error type every layer may raise for a mistake of the user's, and the check of a choice among a Literal's
-values. How the commands print them (one line, exit status 2) is `diffusion.cli.reporting`.
+"""The error types every layer may raise for a mistake of the user's, and the check of a choice among a Literal's
+values. How the commands print them (one line, exit status 2) is `diffusion.cli.reporting`; any other exception
+is a bug there, printed with its traceback.
 
-Library code raises `UserError(problem, fix)`, `OutOfRange(name, value, requirement, fix)` for a parameter's range
-check, or a plain `ValueError`/`FileNotFoundError` whose message reads `<what is wrong> — <how to fix it>` (or
-`<what>; <fix>`).
+Library code raises `UserError(problem, fix)` (or `InvalidValue`, `MissingFile`: the same, and a ValueError or a
+FileNotFoundError for Python callers that catch one), `OutOfRange(name, value, requirement, fix)` for a
+parameter's range check, `WrongType(name, value, expected, fix)` for an argument of the wrong kind (a TypeError too;
+`check_whole_number` refuses a count's fraction, text or bool by these two). A library's error that the user's input caused (a file PIL or numpy cannot read) is
+caught where the input is read and raised again as one of these, `from` it.
+
+A message names an option of the class that checks it as `{--name}` (`{--sampling.steps}` for a nested one), never
+as a flag: the error carries the class (`owner`), and who reads the message decides how it is said. A Python
+caller reads the parameter's name (`str(error)`: `batch_size`); a command says the flag the user wrote, from its
+own table of the classes it builds (`error.said(flag)`, diffusion.cli.flag_names: `--data.batch_size`). An option
+of another class is `{ClassName:--name}`, by the class's name where this layer cannot import it
+(`{DiffusionModule:--variance}` in core/). A flag of the command that runs the code, in a step of that command
+(`{command:--out}`, `COMMAND`), is said as that flag by both: the fix is to run the command otherwise.
 """
 
-from collections.abc import Mapping
+import errno
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from numbers import Integral
+from pathlib import Path
 from typing import Any, get_args
+
+# `{--batch_size}`: an option of the error's owner, in a message; `{DiffusionModule:--variance}`: of that class
+OPTION = re.compile(r"\{(?:([A-Za-z_]\w*):)?--([A-Za-z_][\w.]*)\}")
+
+
+COMMAND = "command"  # the owner of a command's own flags (`--out`), in a step only that command runs
+
+
+def parameter_name(owner: type | str | None, name: str) -> str:
+    """How a Python caller reads an option: its parameter's name (a command's own flag: the flag)."""
+    return f"--{name}" if owner == COMMAND else name
 
 
 class UserError(Exception):
-    """A mistake in what the user gave, and its fix: reported as `<problem> — <fix>`."""
+    """A mistake in what the user gave, and its fix: reported as `<problem> — <fix>`; `owner`, the class whose
+    options its `{--name}` placeholders are."""
 
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(f"{problem} — {fix}")
-        self.problem, self.fix = problem, fix
+    def __init__(self, problem: str, fix: str, owner: type | None = None) -> None:
+        self.problem, self.fix, self.owner = problem, fix, owner
+        super().__init__(self.said(parameter_name))
+
+    def said(self, flag: Callable[[type | str | None, str], str]) -> str:
+        """`<problem> — <fix>`, each `{--name}` said as `flag(owner, name)` says it (the owner named in the
+        placeholder, `{ClassName:--name}`, by its name)."""
+        return OPTION.sub(
+            lambda match: flag(match[1] or self.owner, match[2]), f"{self.problem} — {self.fix}"
+        )
 
     def about(self, subject: str) -> "UserError":
         """The same error said of `subject`, what the user gave that led to it (a flag and a path): `<subject>:
         <problem> — <fix>`, for a check deep inside reading that subject which cannot know its name."""
-        return UserError(f"{subject}: {self.problem}", self.fix)
+        return UserError(f"{subject}: {self.problem}", self.fix, self.owner)
+
+    def __reduce__(self) -> tuple:
+        # Pickled whole (a DataLoader worker's error crosses to the main process as itself): the subclasses'
+        # __init__ take other arguments, so the instance is rebuilt from its fields, not by calling it.
+        return (_rebuilt, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt(cls: type[UserError], args: tuple, fields: dict[str, Any]) -> UserError:
+    error = Exception.__new__(cls)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
+
+@contextmanager
+def options_of(owner: type) -> Iterator[None]:
+    """A UserError of no class raised in the block is of `owner`'s options: a helper that reads a file for a
+    class (`read_array(path, "{--path}", ...)`) names the option without knowing whose it is."""
+    try:
+        yield
+    except UserError as error:
+        if error.owner is None:
+            error.owner = owner
+        raise
+
+
+class InvalidValue(UserError, ValueError):
+    """A value of the user's that cannot be used (a range: OutOfRange); a ValueError too, for Python callers."""
+
+
+class MissingFile(UserError, FileNotFoundError):
+    """A file or folder the user named that is not there; a FileNotFoundError too, for Python callers."""
 
 
 class OutOfRange(UserError, ValueError):
@@ -34,16 +101,21 @@ class OutOfRange(UserError, ValueError):
     def __init__(
         self, name: str, value: Any, requirement: str, fix: str | None = None, owner: type | None = None
     ) -> None:
-        super().__init__(f"{name}={value} must be {requirement}", fix or f"pass a value {requirement}")
-        self.name, self.value, self.requirement, self.owner = name, value, requirement, owner
+        self.name, self.value, self.requirement = name, value, requirement
+        super().__init__(f"{name}={value} must be {requirement}", fix or f"pass a value {requirement}", owner)
 
 
 class WeightsDoNotFit(UserError, RuntimeError):
     """Weights (a state dict) that do not fit a network, said by counts and a few example keys of each kind of
-    misfit (`check_weights_fit`); a RuntimeError too, as torch's own `load_state_dict` error is."""
+    misfit (`check_weights_fit`; `summary` holds that part); a RuntimeError too, as torch's own `load_state_dict`
+    error is."""
+
+    summary = ""
 
 
-def check_weights_fit(network: Any, weights: Mapping[str, Any], source: str, fix: str) -> None:
+def check_weights_fit(
+    network: Any, weights: Mapping[str, Any], source: str, fix: str, owner: type | None = None
+) -> None:
     """Raise WeightsDoNotFit unless `weights` hold exactly `network`'s state dict keys, each of its shape: checked
     before `load_state_dict`, so the line comes from the keys, not from reading torch's report."""
     expected = network.state_dict()
@@ -55,18 +127,22 @@ def check_weights_fit(network: Any, weights: Mapping[str, Any], source: str, fix
     kinds = [(missing, "missing keys"), (unexpected, "unexpected keys"), (reshaped, "of another shape")]
     summary = ", ".join(f"{len(keys)} {kind} (e.g. {', '.join(keys[:2])})" for keys, kind in kinds if keys)
     if summary:
-        raise WeightsDoNotFit(f"{source}: these weights do not fit {type(network).__name__} ({summary})", fix)
+        misfit = WeightsDoNotFit(
+            f"{source}: these weights do not fit {type(network).__name__} ({summary})", fix, owner
+        )
+        misfit.summary = summary
+        raise misfit
 
 
 class CallerError(ValueError):
     """A mistake of Python code calling a command (not of a user typing one): always keeps its traceback."""
 
 
-def check_choice(name: str, value: Any, allowed: object) -> None:
-    """Raise ValueError unless `value` is one of the choices of the Literal type `allowed`."""
+def check_choice(name: str, value: Any, allowed: object, owner: type | None = None) -> None:
+    """Raise InvalidValue unless `value` is one of the choices of the Literal type `allowed`."""
     choices = get_args(allowed)
     if value not in choices:
-        raise ValueError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
+        raise InvalidValue(f"{name}={value!r} is not supported", f"choose one of {list(choices)}", owner)
 
 
 class Interrupted(SystemExit):
@@ -77,3 +153,60 @@ class Interrupted(SystemExit):
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
         self.signum = signum
+
+
+class WrongType(UserError, TypeError):
+    """An argument of a public function given as the wrong kind of thing (a path where a model goes, options where a
+    sampler goes, text where a number goes): `<name>=<value> is <what it is>, not <what it must be> — <fix>`. A
+    TypeError too, for Python callers that catch one; a command still says it as one line."""
+
+    def __init__(self, name: str, value: Any, expected: str, fix: str) -> None:
+        kind = type(value).__name__
+        shown = repr(value) if len(repr(value)) <= 60 else f"<{kind}>"
+        article = "an" if kind[0].lower() in "aeiou" else "a"
+        super().__init__(f"{name}={shown} is {article} {kind}, not {expected}", fix)
+        self.name, self.value, self.expected = name, value, expected
+
+
+def check_whole_number(name: str, value: Any, minimum: int | None = None, fix: str | None = None) -> int:
+    """`value` as an int, refused unless it is an integer (a numpy one too; never a bool, whose True would count
+    as 1) at least `minimum`: a float is refused rather than rounded, even 3.0, as the commands' int flags refuse
+    it."""
+    requirement = "a whole number" + ("" if minimum is None else f" >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, Integral | float):
+        raise WrongType(name, value, requirement, fix or f"pass {name} as an int")
+    if isinstance(value, float) or (minimum is not None and value < minimum):
+        raise OutOfRange(name, value, requirement, fix)
+    return int(value)
+
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left; the user's quota used up
+FREE_SPACE = (
+    "free space on that disk, or write to a folder on another disk; the files written there before are intact"
+)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """The OS refused a write for want of room (by errno: the same on every platform's message)."""
+    return isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS
+
+
+class DiskFull(UserError):
+    """No room left for a file being written: `no space left on the disk of <folder> while saving <name> — <fix>`.
+    Raised where the project writes (`naming_a_full_disk`), which knows the file; it carries `folder` and `name`."""
+
+    def __init__(self, folder: Path, name: str, fix: str = FREE_SPACE) -> None:
+        super().__init__(f"no space left on the disk of {folder} while saving {name}", fix)
+        self.folder, self.name = folder, name
+
+
+@contextmanager
+def naming_a_full_disk(path: str | Path, fix: str = FREE_SPACE) -> Iterator[None]:
+    """A full disk (OSError ENOSPC or EDQUOT) while the block writes `path` becomes `DiskFull` naming its folder;
+    any other error passes as it is."""
+    try:
+        yield
+    except OSError as error:
+        if not is_disk_full(error):
+            raise
+        raise DiskFull(Path(path).parent, Path(path).name, fix) from error

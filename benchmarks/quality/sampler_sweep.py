@@ -65,9 +65,8 @@ def evaluations_of(module, sampler: str, steps: int, labels) -> int:
     counting = CountingNetwork(module.network)
     network, module.network = module.network, counting
     try:
-        generate(
-            module, 1, sampler=module.sampler(SamplingOptions(sampler=sampler, steps=steps)), labels=labels
-        )
+        chosen = module.sampler(SamplingOptions(sampler=sampler, steps=steps))
+        generate(module, 1, sampler=chosen, labels=None if labels is None else labels[:1])  # sample 0's label
     finally:
         module.network = network
     return counting.calls

@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # --nll scores a checkpoint, not samples, on 1..N devices: a command of its own with its own flags.
     if evaluate_nll.requested(argv):
         return evaluate_nll.main(argv)
-    # RuntimeError too: torch-fidelity's failed download of the Inception weights says what to do instead.
-    with reporting_user_errors(argv, also=(RuntimeError,)):
+    with reporting_user_errors(argv):
         args = parse_command_line(build_parser(), argv)
         device, _ = resolve_device(args.device, "auto")
         results: dict[str, float] = {}

@@ -29,7 +29,7 @@ import torch
 import yaml
 from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import PositiveInt
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from diffusion.cli.flags import (
     add_flags,
@@ -63,8 +63,8 @@ def reverse_process_of(
     (default: the model's sampling variance, fixedlarge unless set)."""
     learned = module.hparams.get("variance", "fixed") == "learned_range"
     ddpm = module.sampler(SamplingOptions(sampler="ddpm", variance=variance))  # the model's DDPM
-    chosen = "learned_range" if learned else ddpm.variance
-    return ReverseProcess(module.hparams.prediction_type, chosen, learned, clip_denoised)
+    chosen = "learned_range" if learned else ddpm.variance  # type: ignore[attr-defined]  # a DDPM sampler's
+    return ReverseProcess(module.hparams.prediction_type, chosen, learned, clip_denoised)  # type: ignore[attr-defined, arg-type]
 
 
 @torch.no_grad()
@@ -169,7 +169,7 @@ def run_images(ckpt: str, split: str) -> tuple[torch.Tensor, torch.Tensor | None
         raise UserError(
             f"the run of {ckpt} held out no images (--data.val_fraction 0)", f"{fix}, or --split train"
         )
-    dataset: Subset = held_out if split == "val" else data.train_set
+    dataset: Dataset = held_out if split == "val" else data.train_set  # type: ignore[assignment]  # set up
     items = list(DataLoader(dataset, batch_size=READING_BATCH, shuffle=False))
     images = torch.cat([batch.x for batch in items])
     labels = torch.cat([torch.as_tensor(batch.label) for batch in items]) if data.conditional else None
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """`python -m diffusion.evaluate --nll --ckpt CKPT [flags]`: print and return the bits/dim of the images."""
     with reporting_user_errors(argv), closing_process_group():
         args = parse_command_line(build_parser(), argv)
+        device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)
         args.ckpt, hparams = given_model(args.ckpt)
         shape = tuple(hparams.get("sample_shape", ()))
@@ -241,7 +242,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rank=rank, world_size=world_size, progress=rank == 0,
         )  # fmt: skip
         if fabric is not None:
-            bounds = gather_in_order(bounds.to(fabric.device), len(images), fabric.all_gather)
+            # Fabric's all_gather of a tensor is a tensor.
+            bounds = gather_in_order(bounds.to(fabric.device), len(images), fabric.all_gather)  # type: ignore[arg-type]
         result = BitsPerDim.of(bounds[: len(images)])
         if rank == 0:
             print(f"images: {len(images)} ({source}); p(x_(t-1) | x_t): {process}", file=sys.stderr)

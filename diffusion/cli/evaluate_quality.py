@@ -17,7 +17,7 @@ from jsonargparse.typing import restricted_number_type
 from diffusion.cli.flags import add_flags
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.images import ImageDatasetName
-from diffusion.errors import UserError
+from diffusion.errors import MissingFile, UserError
 from diffusion.metrics.features import Features, distance_name, feature_size
 from diffusion.metrics.image_sets import load_npz_images, load_reference
 from diffusion.metrics.inception_score import IS_SPLITS
@@ -98,13 +98,16 @@ def run(args: Namespace, device: str) -> dict[str, float] | None:
             f"--reference {args.reference} holds FID statistics already, and --save_stats writes those of images",
             "pass a dataset name or an .npz of images as --reference",
         )
+    metrics: list[QualityMetric]
+    notes: dict[str, str]
     if samples is None:
         metrics, notes = ["fid"], {}  # the reference's statistics alone: no other metric's state to fill
     else:
         metrics, notes = choose_metrics(args.metrics, args.features, args.reference, reference, samples)
     check_comparable(samples, reference, args.features, args.reference)
     images = samples if samples is not None else reference
-    quality = build_quality(args, metrics, images.shape[-1], reference)
+    # One of them is an array: load_samples_and_reference reads the reference as images when there are no samples.
+    quality = build_quality(args, metrics, images.shape[-1], reference)  # type: ignore[union-attr]
     quality.to(device)
     values: dict[str, float] = {}
     if isinstance(reference, np.ndarray):
@@ -114,7 +117,8 @@ def run(args: Namespace, device: str) -> dict[str, float] | None:
         values["num_real"] = len(reference)
     saved = None
     if args.save_stats is not None:
-        saved = save_statistics(args.save_stats, quality.real_statistics(image_size=reference.shape[1:3]))
+        size = reference.shape[1:3]  # type: ignore[union-attr]  # images: --save_stats is checked to need them
+        saved = save_statistics(args.save_stats, quality.real_statistics(image_size=size))
     if samples is not None:
         feed_images(
             quality, samples, False, args.batch_size, device, f"{args.features} features of the samples"
@@ -145,12 +149,12 @@ def describe(
 
 
 def choose_metrics(
-    requested: list[str] | None,
-    features: str,
+    requested: list[QualityMetric] | None,
+    features: Features,
     reference_name: str | None,
     reference: np.ndarray | FeatureStatistics | None,
     samples: np.ndarray | None,
-) -> tuple[list[str], dict[str, str]]:
+) -> tuple[list[QualityMetric], dict[str, str]]:
     """The metrics to compute, and for each left out by default a note why. What --metrics asks for and cannot
     be computed is a user error."""
     num_samples = 0 if samples is None else len(samples)
@@ -186,7 +190,7 @@ def choose_metrics(
 def check_comparable(
     samples: np.ndarray | None,
     reference: np.ndarray | FeatureStatistics | None,
-    features: str,
+    features: Features,
     name: str | None,
 ) -> None:
     """The samples can be scored against the reference: same channels; for Inception, the same size."""
@@ -197,20 +201,23 @@ def check_comparable(
         reference.check_fits(features, feature_size(features, samples.shape[-1]), size, f"--reference {name}")
         return
     if samples.shape[-1] != reference.shape[-1]:
-        raise ValueError(
-            f"samples have {samples.shape[-1]} channel(s) but the reference has {reference.shape[-1]}; "
-            "compare images with the same channel count"
+        raise UserError(
+            f"samples have {samples.shape[-1]} channel(s) but the reference has {reference.shape[-1]}",
+            "compare images with the same channel count",
         )
     if features == "inception" and size != reference.shape[1:3]:
-        raise ValueError(
-            f"samples are {size[0]}x{size[1]} but the reference is "
-            f"{reference.shape[1]}x{reference.shape[2]}; Inception FID needs one size (pass a dataset name as "
-            "--reference to render it at the samples' size, or use --features pixels, which pools both to 8x8)"
+        raise UserError(
+            f"samples are {size[0]}x{size[1]} but the reference is {reference.shape[1]}x{reference.shape[2]}",
+            "Inception FID needs one size (pass a dataset name as --reference to render it at the samples' size, "
+            "or use --features pixels, which pools both to 8x8)",
         )
 
 
 def build_quality(
-    args: Namespace, metrics: list[str], channels: int, reference: np.ndarray | FeatureStatistics | None
+    args: Namespace,
+    metrics: list[QualityMetric],
+    channels: int,
+    reference: np.ndarray | FeatureStatistics | None,
 ) -> SampleQuality:
     """`SampleQuality` from the flags, with a bad --inception_weights file reported as one line that names it."""
     fix = (
@@ -221,7 +228,7 @@ def build_quality(
     if args.features == "inception" and weights is not None:
         weights = str(file_in_folder(weights, "--inception_weights", INCEPTION_WEIGHTS))
         if not Path(weights).is_file():
-            raise FileNotFoundError(f"--inception_weights {weights} does not exist — {fix}")
+            raise MissingFile(f"--inception_weights {weights} does not exist", fix)
     options = dict(
         channels=channels, kid_subset_size=args.kid_subset_size, inception_weights=weights,
         reference=reference if isinstance(reference, FeatureStatistics) else None,

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter
@@ -24,7 +24,7 @@ from jsonargparse.typing import PositiveInt
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
-from diffusion.errors import UserError
+from diffusion.errors import CallerError, UserError
 from diffusion.generation.ranks import SAMPLING_BATCH
 from diffusion.training.checkpoint_files import CHECKPOINT
 from diffusion.training.loading import Weights, model_hyperparameters, model_source
@@ -71,12 +71,18 @@ def command_parser(prog: str, description: str) -> ArgumentParser:
     return parser
 
 
-def add_flags(parser: argparse._ActionsContainer, *names: str, **changes: dict[str, Any]) -> None:
+class TakesArguments(Protocol):
+    """A parser or a group of its arguments."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def add_flags(parser: TakesArguments, *names: str, **changes: dict[str, Any]) -> None:
     """Add `--<name>` for each of `names` as `FLAGS` declares it, updated by `changes[name]` where the command
     differs, e.g. ``add_flags(parser, "seed", "device", seed={"help": "seed of the reference subset"})``."""
     unknown = set(changes) - set(names)
     if unknown:
-        raise ValueError(f"changes to flags not added: {sorted(unknown)}")
+        raise CallerError(f"changes to flags not added: {sorted(unknown)}")
     for name in names:
         parser.add_argument(f"--{name}", **{**FLAGS[name], **changes.get(name, {})})
 

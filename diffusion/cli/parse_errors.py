@@ -1,34 +1,64 @@
-"""A command line the parser refused, said from the parser's own structure: which flag, its value, what fits.
+"""A command line the parser refused, said from the parser's own structure: which flag or key, its value, what fits.
 
 jsonargparse refuses a bad command line with a nested report written for its developers (union subtypes,
 `Parser key "..."`, the adapters it tried). The commands do not read that report. `parse_command_line` runs the
-parse; when it fails, `what_is_wrong` looks for the cause itself: each flag of the command line (and each
-`--config FILE`) is checked alone against the type the parser declares for it (its action's type hint, or, for an
-argument of a class chosen by a group flag such as `--data.batch_size`, the chosen class's signature), and the
-first that does not fit is said from that type: its choices (Literal), its bounds (jsonargparse's restricted
-numbers), its kind (int, float, bool, timedelta), or the class path that imports nothing. Only when no single flag
-explains the refusal (an unknown flag, a key of a config file no class takes) is the library's own message shown,
-on one line.
+parse; when it fails, `what_is_wrong` looks for the cause itself: each flag of the command line, and each key of
+each config file it names (`diffusion.cli.command_line`), is checked alone against the type the parser declares
+for it (`diffusion.cli.jsonargparse_internals`; for an argument of a class chosen by a group flag such as
+`--data.batch_size`, the chosen class's signature), and the first that does not fit is said from that type: its
+choices (Literal), its bounds (jsonargparse's restricted numbers), its kind (int, float, bool, list, timedelta), or
+the class path that imports nothing. A value in a file is said as the same value given as a flag, with the file
+and its key: `run.yaml: model.lr abc is not a valid float — ...`. Only when nothing written explains the refusal
+is the library's own message shown, on one line.
+
+What is printed is what runs: `--print_config` is honoured once the rest of the command line has parsed, wherever
+it was written, and an option given under its old name and its new one with different values is refused
+(`check_one_name_each`).
 """
 
 import datetime
 import functools
+import inspect
 import operator
 import sys
 import types
 import typing
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-import yaml
-from jsonargparse import ActionYesNo, ArgumentError, ArgumentParser, Namespace
+from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
+from diffusion.cli.command_line import (
+    Written,
+    as_text,
+    as_the_parser_takes,
+    beside,
+    config_file_problem,
+    everything_written,
+    flags_written,
+    in_list_form,
+    is_class_choice,
+    is_config_file_flag,
+    takes_a_class,
+    without_print_config,
+    yaml_or_none,
+)
+from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, number_bounds
 from diffusion.cli.legacy import class_at
 from diffusion.errors import UserError
 
+__all__ = [
+    "BadCommandLine",
+    "CommandLine",
+    "check_one_name_each",
+    "flags_written",
+    "parse_command_line",
+    "parsed_command_line",
+    "what_is_wrong",
+]
+
 _FLAG_HELP = "see --help for the options (--print_config for a full config)"
-_COMPARISONS = {operator.gt: ">", operator.ge: ">=", operator.lt: "<", operator.le: "<=", operator.ne: "!="}
 # Kinds whose written form a user cannot guess.
 _FORMAT_OF = {"timedelta": "h:m:s, e.g. 0:30:00", "list": "a list in brackets, e.g. [1, 2]"}
 
@@ -38,29 +68,80 @@ class BadCommandLine(UserError):
 
 
 def parse_command_line(parser: ArgumentParser, argv: Sequence[str] | None) -> Namespace:
-    """`parser.parse_args(argv)`; a refusal raises `BadCommandLine` naming the flag (see the module's docstring)."""
+    """`parser.parse_args(argv)`; a refusal raises `BadCommandLine` naming the flag (see the module's docstring).
+    `--print_config` prints the config of the whole command line, once it parses, and exits."""
+    command_line = parsed_command_line(parser, argv)
+    command_line.print_config_if_asked()
+    return command_line.config
+
+
+@dataclass
+class CommandLine:
+    """A command line that parsed: its config, what it wrote (flags and config files' keys, in order) and its
+    `--print_config` request, to be honoured once the command's own checks of the config have passed."""
+
+    parser: ArgumentParser
+    argv: list[str]  # less --print_config
+    config: Namespace
+    written: list[Written]
+    print_request: str | None
+
+    def print_config_if_asked(self) -> None:
+        """Print the config as jsonargparse prints it (parsing the command line again, the request last) and exit
+        0, if `--print_config` was given."""
+        if self.print_request:
+            self.parser.parse_args([*as_the_parser_takes(self.parser, self.argv), self.print_request])
+            raise AssertionError(f"{self.print_request} printed nothing")  # jsonargparse exits after printing
+
+
+def parsed_command_line(
+    parser: ArgumentParser, argv: Sequence[str] | None, renamed: Mapping[str, str] | None = None
+) -> CommandLine:
+    """`argv` (sys.argv's by default) parsed without its `--print_config`, its list flags in the form the parser
+    takes; a refusal raises `BadCommandLine`, and so does an option given under its old name (a key of `renamed`)
+    and its new one with different values."""
+    written, print_request = without_print_config(sys.argv[1:] if argv is None else argv)
     try:
-        return parser.parse_args(argv)
+        config = parser.parse_args(as_the_parser_takes(parser, written))
     except ArgumentError as error:
-        written = sys.argv[1:] if argv is None else list(argv)
         raise BadCommandLine(*what_is_wrong(parser, written, error)) from error
+    command_line = CommandLine(
+        parser, written, config, list(everything_written(parser, written)), print_request
+    )
+    check_one_name_each(command_line.written, config, renamed or {})
+    return command_line
+
+
+def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: Mapping[str, str]) -> None:
+    """Refuse an option given under its old name (a key of `renamed`) and its new one with different values."""
+    last = {_plain_key(item.key): item for item in written}
+    for old, new in renamed.items():
+        # A config saved since the rename holds the old name as null: not given.
+        if old in last and new in last and config.get(old) is not None and config.get(old) != config.get(new):
+            raise UserError(
+                f"{last[old].shown()} and {last[new].shown()} set one option ({old} is the old name of {new}) "
+                "to different values",
+                f"give it once, by its new name (--{new})",
+            )
+
+
+def _plain_key(key: str) -> str:
+    return key.replace(".init_args.", ".")
 
 
 def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException) -> tuple[str, str]:
     """(what is wrong, how to fix it) for a command line `parser` refused with `error`."""
-    config_files = ("config", *_config_groups(parser))
-    for key, values in flags_written(argv):
-        if key in config_files:
-            found = _bad_config_file(key, values[-1] if values else "", is_group=key != "config")
-        else:
-            found = _bad_value(parser, argv, key, values)
+    written = []
+    for item in everything_written(parser, argv):
+        written.append(item)
+        found = _bad_item(parser, written, item)
         if found:
             return found
-    written = {f"--{key}" for key, _ in flags_written(argv)}
-    for action in parser._actions:
+    keys = {_plain_key(item.key) for item in written}
+    for action in actions(parser):
         if (
-            action.required
-            and written.isdisjoint(action.option_strings)
+            is_required(parser, action)
+            and _plain_key(action.dest) not in keys
             and _default(parser, action.dest) is None
         ):
             flag = action.option_strings[-1]
@@ -68,120 +149,113 @@ def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException)
     return " ".join(str(error).split()), _FLAG_HELP
 
 
-def flags_written(argv: list[str]) -> Iterator[tuple[str, list[str]]]:
-    """(key, its values) for each `--key value ...` or `--key=value` of a command line, in order."""
-    index = 0
-    while index < len(argv):
-        arg = argv[index]
-        index += 1
-        if not arg.startswith("--"):
-            continue
-        key, equals, value = arg[2:].partition("=")
-        if equals:
-            yield key.removesuffix("+"), [value]
-            continue
-        values = []
-        while index < len(argv) and not argv[index].startswith("--"):
-            values.append(argv[index])
-            index += 1
-        yield key.removesuffix("+"), values
-
-
-def _config_groups(parser: ArgumentParser) -> list[str]:
-    """The group flags that take a YAML file of their options (`--model FILE`, `--ema FILE`, ...)."""
-    return [
-        action.dest for action in parser._actions
-        if type(action).__name__ == "_ActionConfigLoad" and action.dest != "config"
-    ]  # fmt: skip
-
-
-def _bad_config_file(key: str, value: str, is_group: bool) -> tuple[str, str] | None:
-    path = Path(value)
-    if not path.is_file():
-        if is_group and isinstance(_yaml_or_none(value), dict):
-            return None  # options written inline: --model '{lr: 1e-3}'
-        shown = f"--{key} {value}" if is_group else f"--{key}: {value}"
-        return f"{shown}: no such config file", "pass a YAML file of these options (see --print_config)"
-    try:
-        yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        where = getattr(error, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        problem = getattr(error, "problem", None) or type(error).__name__
-        return f"Problems parsing config {value}: {problem}{at}", f"fix the YAML syntax of the --{key} file"
-    return None
-
-
-def _yaml_or_none(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> tuple[str, str] | None:
+    """What is wrong with one flag or key, said from its declared type; None if it fits (or has no type)."""
+    action = action_of(parser, item.key)
+    if is_config_file_flag(parser, item.key) and item.values:
+        value = item.values[-1]
+        inline = isinstance(value, dict | None) and item.key != "config"
+        if inline or isinstance(yaml_or_none(str(value)), dict):
+            return None  # options written inline: --model '{lr: 1e-3}', or a mapping under the key in a file
+        found = config_file_problem(item.key, beside(item.file, str(value)))
+        if found and item.file is not None:
+            return f"{item.file}: {found[0].removeprefix('--')}", found[1]
+        return found
+    if action is None and (unknown := _not_an_option(parser, written, item)):
+        return unknown
+    hint = declared_type(action) if action is not None else _class_argument_hint(parser, written, item.key)
+    if hint is None or not item.values:
         return None
-
-
-def _bad_value(
-    parser: ArgumentParser, argv: list[str], key: str, values: list[str]
-) -> tuple[str, str] | None:
-    action = parser._option_string_actions.get(f"--{key}")
-    if isinstance(action, ActionYesNo):
-        hint: Any = bool
-    elif action is not None:
-        hint = getattr(action, "_typehint", None)  # jsonargparse's ActionTypeHint: the declared type
+    nargs = getattr(action, "nargs", None)
+    if item.file is None:
+        values = in_list_form(hint, nargs, item.values)
+        if len(values) > 1 and nargs in (None, "?"):  # argparse leaves the words after the first unread
+            return (
+                f"{item.shown()}: --{item.key} takes one value",
+                "quote a value that holds spaces (see --help)",
+            )
+    elif nargs in ("+", "*"):  # several values: in a file, a list
+        listed = item.values[0] if isinstance(item.values[0], list) else [item.values[0]]
+        values = [as_text(value) for value in listed]
+        if listed is not item.values[0] and _fits(
+            hint, values, nargs
+        ):  # one item: the list's brackets missing
+            return f"{item.shown()} is not a list", f"write a list in brackets, e.g. [{values[0]}]"
     else:
-        hint = _class_argument_hint(parser, argv, key)
-    if hint is None or not values or _fits(hint, values, getattr(action, "nargs", None)):
+        values = [as_text(item.values[0])]
+    if _fits(hint, values, nargs):
         return None
-    return _said_of(f"--{key} {' '.join(values)}", hint, values)
+    return _said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
 
 
-def _class_argument_hint(parser: ArgumentParser, argv: list[str], key: str) -> Any:
+def _no_group_takes(parser: ArgumentParser, key: str) -> bool:
+    """No flag is `key` or under it, and no flag that chooses a class (whose arguments have no flags) holds it."""
+    parts = key.split(".")
+    groups = [action_of(parser, ".".join(parts[:cut])) for cut in range(len(parts) - 1, 0, -1)]
+    under = any(action.dest.startswith(f"{key}.") for action in actions(parser))
+    return not under and not any(group and takes_a_class(declared_type(group)) for group in groups)
+
+
+def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written) -> tuple[str, str] | None:
+    """A flag or key that no flag is or holds, or that the class its group chose does not take."""
+    where = f"{item.file}: {item.key}" if item.file else f"--{item.key}"
+    chosen = _chosen_class(parser, written, item.key)
+    if chosen is None:
+        return (
+            (f"{where} is not an option of this command", _FLAG_HELP)
+            if _no_group_takes(parser, item.key)
+            else None
+        )
+    cls, name = chosen
+    try:
+        parameters = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: no telling
+        return None
+    if any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return f"{where} is not an option of {cls.__name__}", _FLAG_HELP
+
+
+def _class_argument_hint(parser: ArgumentParser, written: list[Written], key: str) -> Any:
     """The type of an argument of the class a group flag chose: `--data.batch_size` (or
     `--data.init_args.batch_size`) from the signature of the class `--data` names (`_chosen_class_path`)."""
+    chosen = _chosen_class(parser, written, key)
+    if chosen is None:
+        return None
+    try:
+        return get_type_hints(chosen[0].__init__).get(chosen[1])
+    except Exception:  # a forward reference the hints cannot resolve: no type to say it from
+        return None
+
+
+def _chosen_class(parser: ArgumentParser, written: list[Written], key: str) -> tuple[type, str] | None:
+    """(the class, the argument's name) of an argument of the class a group flag chose, if it imports."""
     parts = key.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         group, rest = ".".join(parts[:cut]), [part for part in parts[cut:] if part != "init_args"]
-        if f"--{group}" not in parser._option_string_actions:
+        if action_of(parser, group) is None:
             continue
-        class_path = _chosen_class_path(parser, argv, group)
+        class_path = _chosen_class_path(parser, written, group)
         cls = _imported(class_path) if class_path and len(rest) == 1 else None
-        if cls is None or isinstance(cls, str):
-            return None
-        try:
-            return get_type_hints(cls.__init__).get(rest[0])
-        except Exception:  # a forward reference the hints cannot resolve: no type to say it from
-            return None
+        return (cls, rest[0]) if isinstance(cls, type) else None
     return None
 
 
-def _chosen_class_path(parser: ArgumentParser, argv: list[str], group: str) -> str | None:
-    """The class path `group` was given last: by `--group X`, `--group.class_path X` or a `--config` file, else
-    the parser's default."""
+def _chosen_class_path(parser: ArgumentParser, written: list[Written], group: str) -> str | None:
+    """The class path `group` was given last, by a flag (`--group X`, `--group.class_path X`) or a config file's
+    key, else the parser's default."""
     chosen = None
-    for key, values in flags_written(argv):
-        if key == "config" and values and Path(values[-1]).is_file():
-            config = _config_file(Path(values[-1]))
-            for part in group.split("."):
-                config = config.get(part) if isinstance(config, dict) else None
-            chosen = config.get("class_path", chosen) if isinstance(config, dict) else chosen
-        elif key in (group, f"{group}.class_path") and values:
-            written = _yaml_or_none(values[-1])
-            chosen = written.get("class_path", chosen) if isinstance(written, dict) else values[-1]
+    for item in written:
+        if item.key in (group, f"{group}.class_path") and item.values:
+            value = item.values[-1]
+            value = (
+                yaml_or_none(value) if isinstance(value, str) and value.lstrip().startswith("{") else value
+            )
+            chosen = value.get("class_path", chosen) if isinstance(value, dict) else str(value)
     if chosen is None:
         default = _default(parser, group)
         chosen = default.get("class_path") if isinstance(default, Namespace) else None
     return chosen
-
-
-def _config_file(path: Path) -> Any:
-    """A --config file's YAML, read once per version of the file: each argument of a chosen class looks its class
-    up in it (10 ms of PyYAML a read, a dozen reads a report)."""
-    stat = path.stat()
-    return _config_file_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=16)
-def _config_file_version(path: str, mtime_ns: int, size: int) -> Any:
-    return _yaml_or_none(Path(path).read_text())
 
 
 def _default(parser: ArgumentParser, dest: str) -> Any:
@@ -215,7 +289,7 @@ def _reads_only_the_text(hint: Any) -> bool:
     if args:
         container = origin in (typing.Union, types.UnionType, list, tuple, dict, Sequence)
         return container and all(_reads_only_the_text(arg) for arg in args if arg is not Ellipsis)
-    restricted = getattr(hint, "_restrictions", None) is not None  # jsonargparse's PositiveInt & co.
+    restricted = number_bounds(hint) is not None  # jsonargparse's PositiveInt & co.
     return restricted or hint in (int, float, bool, str, type(None), datetime.timedelta)
 
 
@@ -232,31 +306,35 @@ def _fits_text(hint: Any, values: tuple[str, ...], nargs: Any) -> bool:
     return True
 
 
-def _said_of(shown: str, hint: Any, values: list[str]) -> tuple[str, str]:
-    """What does not fit in `values` of type `hint`, said from the type: choices, bounds, class path or kind."""
+def _said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> tuple[str, str]:
+    """What does not fit in `values` of type `hint`, said from the type: choices, bounds, class path or kind.
+    `several`: a flag of several values (`--metrics fid kid`)."""
     kinds = [kind for kind in _alternatives(hint) if kind is not type(None)]
     if kinds and all(get_origin(kind) is list for kind in kinds):  # --metrics fid kid: say it of the items
-        return _said_of(shown, functools.reduce(operator.or_, (get_args(kind)[0] for kind in kinds)), values)
+        items = functools.reduce(operator.or_, (get_args(kind)[0] for kind in kinds))
+        return _said_of(shown, items, values, several=True)
     if kinds and all(get_origin(kind) is Literal for kind in kinds):
         by_text: dict[str, Any] = {}  # 64 and '64' (--precision): once, as first declared
         for choice in (choice for kind in kinds for choice in get_args(kind)):
             by_text.setdefault(str(choice), choice)
-        return f"{shown} is not one of the choices", f"choose one of {', '.join(map(repr, by_text.values()))}"
-    classes = [kind for kind in kinds if _is_class_choice(kind)]
-    if classes and "." in values[-1]:
-        reason = _imported(values[-1])
-        if isinstance(reason, str):
-            return (
-                f"{shown}: no such class ({reason})",
-                "pass the class path of a class that exists, as module.Class (see --help for the accepted classes)",
-            )
+        fix = f"choose one of {', '.join(map(repr, by_text.values()))}"
+        if several and len(by_text) > 1:
+            a, b = list(by_text)[:2]
+            fix += f"; several as {a} {b}, [{a}, {b}] or {a},{b}"
+        return f"{shown} is not one of the choices", fix
+    classes = [kind for kind in kinds if is_class_choice(kind)]
+    found = (
+        _class_said(shown, classes, values[-1], only_classes=len(classes) == len(kinds)) if classes else None
+    )
+    if found:
+        return found
     for kind in kinds:
-        restrictions = getattr(kind, "_restrictions", None)  # jsonargparse.typing's restricted numbers
-        if restrictions and _parses_as(_builtin_base(kind), values[-1]):
-            bounds = " and ".join(
-                f"{_COMPARISONS.get(compare, '?')} {limit}" for compare, limit in restrictions
+        bounds = number_bounds(kind)  # jsonargparse.typing's restricted numbers
+        if bounds and _parses_as(_builtin_base(kind), values[-1]):
+            return (
+                f"{shown} is out of range",
+                f"pass a value {' and '.join(f'{op} {limit}' for op, limit in bounds)}",
             )
-            return f"{shown} is out of range", f"pass a value {bounds}"
     names = list(dict.fromkeys(_kind_name(kind) for kind in kinds or [hint]))
     if names == ["bool"]:
         return f"{shown} is not a valid bool", "pass true or false"
@@ -266,13 +344,31 @@ def _said_of(shown: str, hint: Any, values: list[str]) -> tuple[str, str]:
     return what, f"{fix}: {'; '.join(formats)}" if formats else f"{fix} (see --help)"
 
 
+def _class_said(shown: str, classes: list[type], value: str, only_classes: bool) -> tuple[str, str] | None:
+    """A class path that imports nothing, or a class of another kind than the flag takes; None otherwise."""
+    written = yaml_or_none(value) if value.lstrip().startswith("{") else value
+    path = written.get("class_path") if isinstance(written, dict) else written
+    if not isinstance(path, str) or not path or ("." not in path and not only_classes):
+        return None
+    found = _imported(path)
+    if isinstance(found, str):
+        return (
+            f"{shown}: no such class ({found})",
+            "pass the class path of a class that exists, as module.Class (see --help for the accepted classes)",
+        )
+    if isinstance(found, type) and not issubclass(found, tuple(classes)):
+        kinds = " or ".join(cls.__name__ for cls in classes)
+        return f"{shown}: {found.__name__} is not a {kinds}", f"pass the class path of a {kinds} (see --help)"
+    return None
+
+
 def _kind_name(kind: Any) -> str:
     """int, float, bool, list (a list, tuple or Sequence), timedelta, ...: how a type is said."""
-    base = _builtin_base(kind) if getattr(kind, "_restrictions", None) else (get_origin(kind) or kind)
+    base = _builtin_base(kind) if number_bounds(kind) else (get_origin(kind) or kind)
     items = get_args(kind)
     if base is tuple and items and Ellipsis not in items:  # tuple[float, float]: so many items
         return f"list of {len(items)} {' and '.join(dict.fromkeys(_kind_name(item) for item in items))}s"
-    return "list" if base in (list, tuple, Sequence) else getattr(base, "__name__", str(base))
+    return "list" if base in (list, tuple, Sequence, Iterable) else getattr(base, "__name__", str(base))
 
 
 def _alternatives(hint: Any) -> list[Any]:
@@ -280,16 +376,6 @@ def _alternatives(hint: Any) -> list[Any]:
     if get_origin(hint) in (typing.Union, types.UnionType):
         return [member for arg in get_args(hint) for member in _alternatives(arg)]
     return [hint]
-
-
-def _is_class_choice(kind: Any) -> bool:
-    """A base class whose subclasses the flag chooses by class path (a Logger, a LightningDataModule, ...)."""
-    return isinstance(kind, type) and kind.__module__ not in (
-        "builtins",
-        "datetime",
-        "pathlib",
-        "jsonargparse.typing",
-    )
 
 
 def _builtin_base(kind: type) -> type:

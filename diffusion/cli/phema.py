@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from diffusion.cli.flags import (
@@ -49,7 +49,7 @@ from diffusion.training.atomic_writes import save_atomically
 from diffusion.training.checkpoint_files import read_checkpoint
 from diffusion.training.ema_profiles import check_sigma_rel
 from diffusion.training.loading import load_checkpoint
-from diffusion.training.post_hoc_ema import Reconstruction, check_step, find_snapshots, reconstruct
+from diffusion.training.post_hoc_ema import Reconstruction, Snapshot, check_step, find_snapshots, reconstruct
 from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder
 
 POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
@@ -155,7 +155,9 @@ def run_ema_label(run: Path) -> str:
     return f"the run's EMA (decay {decay:g})" if isinstance(decay, float) else "the run's EMA"
 
 
-def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction | None:
+def sweep(
+    args: Namespace, run: Path, base: Path, snapshots: list[Snapshot], step: int
+) -> Reconstruction | None:
     """Score the run's EMA and every --sweep sigma_rel; print the table; return the best reconstruction."""
     hparams = read_checkpoint(base, "--ckpt").get("hyper_parameters", {})
     if len(hparams.get("sample_shape", ())) != 3:
@@ -171,7 +173,7 @@ def sweep(args, run: Path, base: Path, snapshots, step: int) -> Reconstruction |
     statistics = None if isinstance(reference, np.ndarray) else reference  # an .npz of FID statistics
     quality = SampleQuality(args.features, ["fid"], channels=channels, reference=statistics).to(device)
     if statistics is None:
-        feed_images(quality, reference, True, args.batch_size, device, "features of the reference")
+        feed_images(quality, reference, True, args.batch_size, device, "features of the reference")  # type: ignore[arg-type]
     run_ema = {name: value.clone() for name, value in module.state_dict().items()}
     sampler = module.model_sampling.sampler(options)
 

@@ -53,7 +53,7 @@ def launch_ranks(
     if devices == 1 and num_nodes == 1:
         return Ranks(None, 0, 1, device)
     fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, strategy="ddp")
-    if argv is not None and not fabric.strategy.cluster_environment.creates_processes_externally:
+    if argv is not None and not fabric.strategy.cluster_environment.creates_processes_externally:  # type: ignore[attr-defined]
         raise CallerError(
             f"--devices {devices} starts processes by re-running the command line: run `python -m {command} ...` "
             "(or under torchrun / srun) rather than main([...])"

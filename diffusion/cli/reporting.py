@@ -1,8 +1,11 @@
 """User errors as one line: `error: <what is wrong> — <how to fix it>` on stderr, exit status 2.
 
-Library code raises (`ValueError`, `FileNotFoundError`, `diffusion.errors.UserError`, ...); every command's `main`
-runs inside `reporting_user_errors`, which turns a user error into that one line. Bugs keep their traceback
-(exit status 1). `DIFFUSION_DEBUG=1` or `--debug` lets user errors through with their traceback too.
+Only the project's own user-error types are the user's (`diffusion.errors.UserError` and its subclasses, and a
+command line the parser refuses): every command's `main` runs inside `reporting_user_errors`, which turns one into
+that line. A library's error that the user's input caused (a file that cannot be read, a shape that does not fit)
+is caught where that input is read and raised again as a UserError naming it. Anything else is a bug: one line
+says so, then its traceback, exit status 1. `DIFFUSION_DEBUG=1` or `--debug` lets user errors through with their
+traceback too.
 
 Interrupts end every command the same way: SIGINT (Ctrl+C) or SIGTERM raise `diffusion.errors.Interrupted` in
 the command's process, which ends it with `error: stopped by SIGINT — ...` and exit status 130 (143 for SIGTERM),
@@ -20,32 +23,35 @@ from typing import NoReturn
 
 import torch
 from jsonargparse import ArgumentError
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from diffusion.cli.flag_names import flag_text
 from diffusion.cli.flags import debug_requested
 from diffusion.errors import CallerError, Interrupted, UserError
 
 USER_ERROR_EXIT_STATUS = 2  # argparse's status for a bad command line; here for every user error
+BUG = (
+    "error: this is a bug in diffusion, not in what you gave — please report it with the command you ran and "
+    "the traceback below"
+)
+
+# What a user can cause and fix, by type: the project's user errors (raised where the input is read, naming it),
+# a command line the parser refuses, a batch that does not fit the GPU. Anything else is a bug.
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ArgumentError, torch.cuda.OutOfMemoryError)
 
 
-# What a user can cause and fix: bad values, missing or unreadable files, a Trainer setting Lightning rejects,
-# a batch that does not fit the GPU. Anything else is a bug in this project or below it.
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError, OSError, EOFError, ArgumentError, UserError, MisconfigurationException,
-    torch.cuda.OutOfMemoryError,
-)  # fmt: skip
+def is_user_error(error: BaseException) -> bool:
+    return isinstance(error, USER_ERRORS) and not isinstance(error, CallerError)
 
 
-def is_user_error(error: BaseException, also: tuple[type[BaseException], ...] = ()) -> bool:
-    return isinstance(error, USER_ERRORS + also) and not isinstance(error, CallerError)
+def is_bug(error: BaseException) -> bool:
+    """An exception of the code's own making (not a signal, an exit, or a caller's misuse in Python)."""
+    return isinstance(error, Exception) and not isinstance(error, CallerError)
 
 
 @contextmanager
-def reporting_user_errors(
-    argv: Sequence[str] | None = None, also: tuple[type[BaseException], ...] = ()
-) -> Iterator[None]:
-    """Around a command's main: a user error (see USER_ERRORS, plus `also`) becomes one line and exit 2; SIGINT
-    and SIGTERM one line and exit 130 / 143."""
+def reporting_user_errors(argv: Sequence[str] | None = None) -> Iterator[None]:
+    """Around a command's main: a user error (see USER_ERRORS) becomes one line and exit 2; any other exception
+    a line saying it is a bug, then its traceback (exit 1); SIGINT and SIGTERM one line and exit 130 / 143."""
     try:
         with stopping_on_signals():
             yield
@@ -58,9 +64,13 @@ def reporting_user_errors(
         )  # fmt: skip
         raise SystemExit(128 + signum) from None
     except BaseException as error:
-        if not is_user_error(error, also) or debug_requested(argv):
-            raise
-        report(unwrapped(error))
+        if is_user_error(unwrapped(error)):
+            if debug_requested(argv):
+                raise
+            report(unwrapped(error))
+        if is_bug(error):
+            print(BUG, file=sys.stderr, flush=True)  # then Python prints the traceback, exit status 1
+        raise
 
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -97,7 +107,7 @@ def unwrapped(error: BaseException) -> BaseException:
     the types it tried (a union such as `--data`'s): the first error of the chain raised outside jsonargparse,
     known by where it was raised, not by its words."""
     inner: BaseException | None = error
-    while inner is not None and _raised_in(inner, "jsonargparse"):
+    while inner is not None and _raised_in(inner, "jsonargparse") and not is_user_error(inner):
         inner = inner.__cause__ or inner.__context__
     return inner if inner is not None and inner is not error and is_user_error(inner) else error
 
@@ -116,13 +126,20 @@ def report(error: BaseException) -> NoReturn:
 
 
 def one_line(error: BaseException) -> str:
-    """The error's message on one line; a DataLoader worker's re-raised error reduced to the worker's own."""
-    text = str(error).strip() or type(error).__name__
-    if isinstance(error, ArgumentError):  # a refusal parse_command_line did not explain: the parser's words
-        return f"{' '.join(text.split())} — see --help for the options (--print_config for a full config)"
-    if "Original Traceback" in text:  # torch re-raises a worker's error with its traceback; its last line:
-        text = text.strip().splitlines()[-1].partition(": ")[2]  # "ValueError: <the message>"
+    """The error's message on one line: a UserError's options said as the flags the user wrote
+    (`diffusion.cli.flag_names`); the parser's refusal with where to look; anything else as it is."""
+    if isinstance(error, UserError):
+        text = error.said(flag_text)
+    elif isinstance(
+        error, torch.cuda.OutOfMemoryError
+    ):  # torch's report runs to a paragraph: said by its type
+        return (
+            "the GPU ran out of memory — use a smaller batch (the command's batch size), or free the GPU of other "
+            "processes"
+        )
+    else:
+        text = str(error).strip() or type(error).__name__
     line = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    if " — " not in line and "; " in line:
-        line = line.replace("; ", " — ", 1)  # the library's messages put the fix after "; "
+    if isinstance(error, ArgumentError):  # a refusal parse_command_line did not explain: the parser's words
+        return f"{line} — see --help for the options (--print_config for a full config)"
     return line

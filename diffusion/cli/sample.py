@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> Path:
     with reporting_user_errors(argv), closing_process_group():
         args = parse_command_line(build_parser(), argv)
         options = SamplingOptions.taken_from(args)
+        device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)
         path = Path(args.out) / "samples.npz"
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> Path:
                 ))  # fmt: skip
             for chunk in generate_in_chunks(  # images as uint8: a quarter of the bytes to hold and gather
                 module, args.num_samples, sampler=sampler, seed=args.seed, batch_size=args.batch_size,
-                rank=rank, world_size=world_size, all_gather=all_gather, progress=rank == 0, labels=labels,
+                rank=rank, world_size=world_size, all_gather=all_gather,  # type: ignore[arg-type]  # of a tensor: a tensor
+                progress=rank == 0, labels=labels,
             ):  # fmt: skip
                 if writer is not None:
                     writer.write(chunk)

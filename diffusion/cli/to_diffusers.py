@@ -61,13 +61,14 @@ def check_pipeline_fits(module: DiffusionModule) -> None:
 def ddpm_scheduler_config(module: DiffusionModule, scheduler_class: type) -> dict[str, Any]:
     """DDPMScheduler's arguments that sample as `module`'s DDPM; `scheduler_class` is diffusers' DDPMScheduler,
     built once to compare its named schedule's betas with the module's."""
-    hparams, schedule = module.hparams, module.schedule
+    hparams: Any = module.hparams  # Lightning's AttributeDict: the module's arguments as attributes
+    schedule = module.schedule
     ddpm = module.sampler(SamplingOptions(sampler="ddpm"))  # the model's DDPM: its variance and clipping
     T = schedule.num_timesteps
     config: dict[str, Any] = {
         "num_train_timesteps": T,
         "prediction_type": PREDICTION_TYPES[hparams.prediction_type],
-        "variance_type": VARIANCE_TYPES[ddpm.variance],
+        "variance_type": VARIANCE_TYPES[ddpm.variance],  # type: ignore[attr-defined]  # a DDPM sampler's
         "clip_sample": bool(ddpm.clip_denoised),
         "clip_sample_range": 1.0,
         "thresholding": False,
@@ -101,7 +102,7 @@ def save_pipeline(module: DiffusionModule, folder: str | os.PathLike) -> None:
     """Write `module` as a DDPMPipeline into `folder` (`save_pretrained`): refused in one line unless it maps."""
     diffusers = import_diffusers()
     check_pipeline_fits(module)
-    network = module.network
+    network: Any = module.network  # a UNet: check_pipeline_fits refuses any other network
     unet = diffusers.UNet2DModel(**diffusers_unet_config(network, module.sample_shape))
     unet.load_state_dict(diffusers_unet_weights(network))  # strict: every weight has its place
     scheduler = diffusers.DDPMScheduler(**ddpm_scheduler_config(module, diffusers.DDPMScheduler))

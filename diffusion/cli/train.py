@@ -11,6 +11,7 @@ checkpoint to resume or start from: `diffusion.cli.train_checks`), and a user er
 (`diffusion.errors`).
 """
 
+import contextlib
 import signal
 import sys
 import weakref
@@ -18,16 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from jsonargparse import SUPPRESS, ArgumentError
+from jsonargparse import SUPPRESS, Namespace
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, cpu_mixed_precision_note
+from diffusion.cli.jsonargparse_internals import drop_print_config_request
 from diffusion.cli.legacy import accept_moved_class_paths, class_at
-from diffusion.cli.parse_errors import BadCommandLine, what_is_wrong
+from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.process_group import closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.resume import check_same_training_settings, resolve_resume
@@ -56,16 +58,19 @@ from diffusion.cli.trainer_options import (
     expand_shorthands,
     runs_on_cpu,
 )
-from diffusion.errors import UserError
+from diffusion.errors import DiskFull, UserError, is_disk_full
+from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, write_atomically
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
 from diffusion.training.loading import model_source
 from diffusion.training.module import DiffusionModule
-from diffusion.training.run_folders import new_run_folders, remove_unused_run_folders, run_folder
+from diffusion.training.run_folders import new_run_folders, remove_unused_run_folders, run_folder, training_in
 
 # LightningCLI's optimizer flags, not offered (DiffusionModule.configure_optimizers), and the flags that do their work.
+# Options renamed, old name -> new: a command line giving both with different values is refused (both would load).
+RENAMED_OPTIONS = {"model.compile": "model.compile_training"}
 NOT_OFFERED = {
     "optimizer": "--model.lr, --model.adam_betas and --model.weight_decay",
     "lr_scheduler": "--model.warmup_steps and --model.lr_schedule (constant or cosine)",
@@ -90,7 +95,12 @@ class SaveConfigToRunFolder(SaveConfigCallback):
         path = str(self._folder / self.config_filename)
         config = self.config.clone()
         config.ckpt_path = self.ckpt_path or config.ckpt_path
-        self.parser.save(config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+        write_atomically(
+            path,
+            lambda into: self.parser.save(
+                config, str(into), skip_none=False, overwrite=self.overwrite, multifile=self.multifile
+            ),
+        )
 
 
 class DiffusionCLI(LightningCLI):
@@ -155,8 +165,7 @@ class DiffusionCLI(LightningCLI):
             self._built_parsers[built_from] = (self.parser, self._parser_user)
         self.parser, self._parser_user = self._built_parsers[built_from]
         self._parser_user[0] = weakref.ref(self)  # weak: a CLI the user drops goes, with its model and data
-        if hasattr(self.parser, "print_config"):  # an earlier command line's --print_config, never printed
-            del self.parser.print_config
+        drop_print_config_request(self.parser)  # an earlier command line's --print_config, never printed
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -222,16 +231,19 @@ class DiffusionCLI(LightningCLI):
         }
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        try:
+        command_line = None
+        if isinstance(args, dict | Namespace):  # a config given as an object, not a command line
             super().parse_arguments(parser, args)
-        except ArgumentError as error:  # said from the parser's structure, not its message (parse_errors.py)
-            written = sys.argv[1:] if args is None else list(args)
-            raise BadCommandLine(*what_is_wrong(parser, written, error)) from error
+        else:  # LightningCLI's parse_args, run as every command runs it (parse_errors.py)
+            command_line = parsed_command_line(parser, args, RENAMED_OPTIONS)
+            self.config = command_line.config
         self._settings_written = settings_written(self.config, parser.get_defaults())
         for name, instead in NOT_OFFERED.items():
             if self.config.get(name) is not None:
+                written = command_line.written if command_line else []
+                given = [item.shown() for item in written if item.key.split(".")[0] == name] or [f"--{name}"]
                 raise UserError(
-                    f"--{name} {self.config[name]}: train.py takes no --{name}; the model configures its own Adam "
+                    f"{given[-1]}: train.py takes no --{name}; the model configures its own Adam "
                     "(fused where it can be), warmup and learning-rate schedule",
                     f"set them with {instead}",
                 )
@@ -245,6 +257,8 @@ class DiffusionCLI(LightningCLI):
         check_logger_installed(self.config.trainer)
         allow_mlflow_file_store(self.config.trainer)
         check_logger_folders(self.config.trainer)
+        if command_line:
+            command_line.print_config_if_asked()  # what runs: the whole command line, checked
 
     def before_instantiate_classes(self) -> None:
         config = self.config
@@ -273,6 +287,8 @@ class DiffusionCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
+        except MisconfigurationException as error:
+            raise refused_by_the_trainer(error) from error
         except ValueError as error:  # a data module's or network's own range check: name the flag
             chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
             named = naming_the_flag(error, {class_at(path): group for group, path in chosen.items()})
@@ -316,6 +332,13 @@ class DiffusionCLI(LightningCLI):
             )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
+
+
+def refused_by_the_trainer(error: MisconfigurationException) -> UserError:
+    """Lightning refused the Trainer's settings (the user's flags), in its own words, quoted."""
+    return UserError(
+        f"the Trainer refused these settings: {error}", "change the --trainer flags it names (see --help)"
+    )
 
 
 def plain_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -368,6 +391,12 @@ def with_default_config(args: list[str]) -> list[str]:
 
 def fit(cli: DiffusionCLI) -> None:
     created = new_run_folders(cli.trainer)
+    # Rank 0 holds the run folder for the fit: a second job on it (a resume started twice) is refused here.
+    with training_in(run_folder(cli.trainer)) if cli.trainer.is_global_zero else contextlib.nullcontext():
+        fit_in_run_folder(cli, created)
+
+
+def fit_in_run_folder(cli: DiffusionCLI, created: list[Path]) -> None:
     try:
         cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
     except BaseException as error:
@@ -383,6 +412,13 @@ def fit(cli: DiffusionCLI) -> None:
             remove_unused_run_folders(created)
         if explained is not None:
             raise explained from error
+        if isinstance(error, MisconfigurationException):
+            raise refused_by_the_trainer(error) from error
+        if is_disk_full(error):  # a write of Lightning's or a logger's (the project's own raise DiskFull)
+            folder, name = Path(cli.trainer.default_root_dir), "the run's files"
+            if error.filename:
+                folder, name = Path(error.filename).parent, Path(error.filename).name
+            raise DiskFull(folder, name, RUN_ON_ANOTHER_DISK) from error
         if isinstance(error, SIGTERMException) and not error.code:
             # Lightning's own SIGTERM path (a signal before training started) exits with status 0.
             raise Preempted(128 + signal.SIGTERM) from error

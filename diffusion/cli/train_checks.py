@@ -11,9 +11,11 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
+from diffusion.cli.flag_names import flag_text
 from diffusion.cli.flags import check_writable_folder
-from diffusion.cli.legacy import class_at
-from diffusion.errors import OutOfRange, UserError
+from diffusion.cli.legacy import class_at, same_class
+from diffusion.errors import OPTION, OutOfRange, UserError, WeightsDoNotFit, check_weights_fit
+from diffusion.models import UNet
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.from_diffusers import init_settings
@@ -26,7 +28,7 @@ def check_init_from(path: str, network_class: str) -> None:
     checkpoint = read_checkpoint(path, "--model.init_from")
     saved = checkpoint.get("hyper_parameters", {}).get("network")
     saved_class = saved.get("class_path") if isinstance(saved, dict) else None
-    if saved_class and saved_class != network_class:
+    if saved_class and not same_class(saved_class, network_class):
         raise UserError(
             f"--model.init_from {path} holds {saved_class.rsplit('.', 1)[-1]} weights (of a run on samples of "
             f"shape {checkpoint['hyper_parameters'].get('sample_shape')}), but this config's network is "
@@ -48,8 +50,9 @@ def network_differences(saved: Any, current: Any) -> list[str]:
     if not (isinstance(saved, dict) and isinstance(current, dict)):
         return []
     differences = []
-    saved_class, current_class = (str(c.get("class_path", "?")).rsplit(".", 1)[-1] for c in (saved, current))
-    if saved_class != current_class:  # the settings of two classes do not compare
+    saved_path, current_path = (str(c.get("class_path", "?")) for c in (saved, current))
+    if not same_class(saved_path, current_path):  # the settings of two classes do not compare
+        saved_class, current_class = (path.rsplit(".", 1)[-1] for path in (saved_path, current_path))
         return [f"the network {saved_class} in the checkpoint, {current_class} now"]
     saved_args, current_args = saved.get("init_args") or {}, current.get("init_args") or {}
     for key in sorted(saved_args.keys() & current_args.keys()):
@@ -62,17 +65,12 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
     """The checkpoint to resume holds this module's weights, by name and shape; else name the network settings
     that differ, and the two ways on that work."""
     check_written_by_train(checkpoint, path, "--ckpt_path")
-    saved = checkpoint["state_dict"]
-    expected = module.state_dict()
-    missing = [key for key in expected if key not in saved]
-    unexpected = [key for key in saved if key not in expected]
-    reshaped = [key for key in expected if key in saved and saved[key].shape != expected[key].shape]
-    if not (missing or unexpected or reshaped):
+    try:
+        check_weights_fit(module, checkpoint["state_dict"], f"--ckpt_path {path}", "")
         return
+    except WeightsDoNotFit as misfit:
+        weights, cause = misfit.summary, misfit
     hparams = checkpoint.get("hyper_parameters", {})
-    counts = [(len(missing), "weights missing"), (len(unexpected), "unexpected"), (len(reshaped), "reshaped")]
-    weights = ", ".join(f"{n} {what}" for n, what in counts if n)
-    example = (missing + unexpected + reshaped)[0]
     settings = network_differences(hparams.get("network"), module.hparams.get("network"))
     if tuple(hparams.get("sample_shape") or ()) != tuple(module.sample_shape):
         settings.append(
@@ -86,10 +84,10 @@ def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionMo
         else "the config of the run that saved it"
     )
     raise UserError(
-        f"--ckpt_path {path} is from a run with another network: {differences} ({weights}; e.g. {example})",
+        f"--ckpt_path {path} is from a run with another network: {differences} ({weights})",
         f"resume it with its own settings ({own}), or train the changed network as a new run, without "
         "--ckpt_path (its weights do not fit it, so neither does --model.init_from)",
-    )
+    ) from cause
 
 
 def check_steps_left(checkpoint: dict[str, Any], max_steps: int) -> None:
@@ -145,11 +143,11 @@ def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:
     if num_devices * num_nodes == world_size:
         return
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    raise ValueError(
+    raise UserError(
         f"torchrun started WORLD_SIZE={world_size} processes ({per_node} per node), but the Trainer is set to "
-        f"devices={num_devices} x num_nodes={num_nodes} = {num_devices * num_nodes}. Pass --devices {per_node} "
-        f"--num_nodes {world_size // per_node}: --devices must equal torchrun's --nproc_per_node and "
-        "--num_nodes its --nnodes."
+        f"devices={num_devices} x num_nodes={num_nodes} = {num_devices * num_nodes}",
+        f"Pass --devices {per_node} --num_nodes {world_size // per_node}: --devices must equal torchrun's "
+        "--nproc_per_node and --num_nodes its --nnodes",
     )
 
 
@@ -184,9 +182,11 @@ def naming_the_flag(error: BaseException, groups: dict[object, str]) -> UserErro
             group = groups.get(error.owner)
             if group is None:
                 return None
+            fix = OPTION.sub(
+                lambda option, owner=error.owner: flag_text(option[1] or owner, option[2], groups), error.fix
+            )
             return UserError(
-                f"--{group}.{error.name} {error.value} is out of range (must be {error.requirement})",
-                error.fix,
+                f"--{group}.{error.name} {error.value} is out of range (must be {error.requirement})", fix
             )
         error = error.__cause__ or error.__context__
     return None
@@ -239,7 +239,7 @@ def take_diffusers_settings(config) -> None:
     recipe says)."""
     settings = init_settings(config.model.init_from, "--model.init_from")
     assert settings is not None, "model_source said diffusers"
-    if config.model.network.class_path.rsplit(".", 1)[-1] != "UNet":
+    if not issubclass(class_at(config.model.network.class_path), UNet):
         raise UserError(
             f"--model.init_from {config.model.init_from} is a diffusers UNet, but this config's network is "
             f"{config.model.network.class_path}", "fine-tune it with an image recipe (a UNet network)",

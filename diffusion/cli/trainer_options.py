@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import GradClipAlgorithmType
@@ -70,7 +71,7 @@ TRAINER_OPTION_RANGES = [
 ]  # fmt: skip
 
 
-def check_trainer_option_ranges(config) -> None:
+def check_trainer_option_ranges(config: Namespace) -> None:
     """Raise UserError naming the flag for the first value outside its range (keys a config lacks pass)."""
     for key, valid, allowed in TRAINER_OPTION_RANGES:
         value = config.get(key)
@@ -221,7 +222,7 @@ def _loggers(trainer: dict[str, Any]) -> list[tuple[str, Any]]:
     """(class name, init_args) of each logger the run is configured with."""
     loggers = trainer.get("logger")
     return [
-        (str(logger.get("class_path", "")).rsplit(".", 1)[-1], logger.get("init_args") or {})
+        (str(logger.get("class_path", "")).rsplit(".", 1)[-1], logger.get("init_args") or {})  # type: ignore[union-attr]
         for logger in (loggers if isinstance(loggers, list) else [loggers])
         if hasattr(logger, "get")
     ]

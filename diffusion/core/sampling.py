@@ -1,5 +1,6 @@
 """How to sample, in one place: the registry of samplers (`SAMPLERS`), `SamplingOptions` (the settings every layer
-names the same way, made from the registered samplers' options), `build_sampler` (options -> the sampler that
+names the same way: every registered sampler's options, declared with their types, their help read from the
+samplers), `build_sampler` (options -> the sampler that
 runs), `ModelSampling` (what a model adds: its default options and what its sampler must fit) and
 `reverse_steps`, which runs one on a bare network.
 
@@ -16,9 +17,10 @@ help are made from `SamplingOptions`, so every layer reads the names, defaults a
 """
 
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import Field, dataclass, fields, make_dataclass
-from typing import Any, Literal, Union, get_type_hints
+from collections.abc import Iterable, Iterator
+from dataclasses import Field, dataclass, fields
+from numbers import Real
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import torch
 from torch import nn
@@ -26,8 +28,10 @@ from torch import nn
 from diffusion.core.noise import Generators
 from diffusion.core.samplers import ddpm_ddim, dpm_solver, karras
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
+from diffusion.core.samplers.spacing import Spacing
 from diffusion.core.schedule import NoiseSchedule, PredictionType
-from diffusion.errors import check_choice
+from diffusion.core.variance import VarianceType
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_choice, check_whole_number
 
 # The registry. A new sampler is its file in diffusion/core/samplers/ and one line here.
 SAMPLERS: dict[str, type[Sampler]] = {
@@ -42,7 +46,8 @@ SAMPLERS: dict[str, type[Sampler]] = {
     )
 }
 DEFAULT_SAMPLER = "ddpm"  # a model whose options name no sampler samples as Ho et al. (all T steps)
-SamplerName = Literal[tuple(SAMPLERS)]  # type: ignore[valid-type]  # --sampler's choices
+# --sampler's choices, written out so type checkers and editors see them (a test holds them to SAMPLERS).
+SamplerName = Literal["ddpm", "ddim", "dpmpp_2m", "dpmpp_2m_sde", "heun", "euler_ancestral"]
 
 
 def options_of(sampler: type[Sampler]) -> dict[str, Field]:
@@ -89,11 +94,25 @@ def sampler_help() -> str:
 
 
 @dataclass(frozen=True)
-class _Settings:
-    """The methods of `SamplingOptions`, whose fields come from the registry (a dataclass, as jsonargparse reads
-    a dataclass's fields as plain config keys only when every base is one)."""
+class SamplingOptions:
+    """How to run the reverse process (the full help, from the registry, is set below the class)."""
+
+    sampler: SamplerName | None = None
+    steps: int | None = None
+    clip_denoised: bool | None = None
+    guidance_scale: float | None = None
+    spacing: Spacing | None = None
+    compile: bool | None = None
+    variance: VarianceType | None = None
+    eta: float | None = None
+    s_churn: float | None = None
+    s_tmin: float | None = None
+    s_tmax: float | None = None
+    s_noise: float | None = None
 
     def __post_init__(self) -> None:
+        for name, value in self.as_kwargs().items():
+            check_option_type(name, value)
         if self.sampler is not None:
             check_choice("sampler", self.sampler, SamplerName)
             build_sampler(self)  # the chosen sampler checks every option it has
@@ -115,12 +134,14 @@ class _Settings:
         """The options among `values` (a command's parsed flags, which hold other keys too), checked."""
         return cls(**{f.name: values[f.name] for f in fields(cls)})
 
-    def check_steps_fit(self, num_timesteps: int, flag: str) -> None:
-        """Steps beyond the schedule, refused when a run starts rather than at its first validation."""
+    def check_steps_fit(self, num_timesteps: int, owner: type | None = None, name: str = "steps") -> None:
+        """Steps beyond the schedule, refused when a run starts rather than at its first validation; `owner`'s
+        option `name` holds these options (a module's `sampling`: name 'sampling.steps')."""
         if self.steps is not None and self.steps > num_timesteps:
-            raise ValueError(
-                f"{flag} {self.steps} is more steps than the schedule's num_timesteps={num_timesteps} — pass at "
-                f"most {num_timesteps}, or leave it unset"
+            raise InvalidValue(
+                f"{{--{name}}} {self.steps} is more steps than the schedule's num_timesteps={num_timesteps}",
+                f"pass at most {num_timesteps}, or leave it unset",
+                owner,
             )
 
     def over(self, base: "SamplingOptions | None") -> "SamplingOptions":
@@ -137,33 +158,38 @@ class _Settings:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
-def _options_class() -> type:
-    """`SamplingOptions`: `sampler` and every option of every registered sampler, each None (unset) by default."""
+def option_types() -> dict[str, object]:
+    """Every option of the registered samplers, with its type (several samplers' types of one name: any of them):
+    what `SamplingOptions` declares, field for field (tests/test_public_api.py holds the two equal)."""
     hints = {}
-    for name, owners in OPTION_OWNERS.items():  # one option name, several types: any of them
+    for name, owners in OPTION_OWNERS.items():
         types = tuple(dict.fromkeys(get_type_hints(owner)[name] for owner in owners))
         hints[name] = Union[types] if len(types) > 1 else types[0]  # noqa: UP007
-    args = "\n".join(f"    {name}: {option_help(name)}" for name in OPTION_OWNERS)
-    doc = (
-        "How to run the reverse process: the one place these settings are named and checked, for every layer.\n\n"
-        "Every layer that chooses how to sample holds one (the model's defaults in its checkpoint, `SampleGrid`,\n"
-        "`FIDCallback`, `python -m diffusion.sample`); a field left None takes the value of the layer below\n"
-        "(`over`), and finally the sampler's own default. A field the chosen sampler does not have is ignored.\n\n"
-        f"Args:\n    sampler: {sampler_help()}\n{args}\n"
-    )
-    return make_dataclass(
-        "SamplingOptions",
-        [
-            ("sampler", SamplerName | None, None),
-            *[(name, hints[name] | None, None) for name in OPTION_OWNERS],
-        ],
-        bases=(_Settings,),
-        frozen=True,
-        namespace={"__module__": __name__, "__doc__": doc},
-    )
+    return hints
 
 
-SamplingOptions = _options_class()
+def check_option_type(name: str, value: Any) -> None:
+    """Refuse a set option of the wrong kind, as the commands' typed flags do: a fraction of steps is not rounded,
+    text is not a number, 1 is not True."""
+    kinds = [kind for kind in get_args(SamplingOptions.__annotations__[name]) if kind is not type(None)]
+    if int in kinds:
+        check_whole_number(name, value, fix=f"pass {name} as an int, or leave it unset")
+    elif float in kinds and (isinstance(value, bool) or not isinstance(value, Real)):
+        raise WrongType(name, value, "a number", f"pass {name} as a float, or leave it unset")
+    elif bool in kinds and not isinstance(value, bool):
+        raise WrongType(name, value, "True or False", f"pass {name}=True or {name}=False, or leave it unset")
+    elif kinds and get_origin(kinds[0]) is Literal and not isinstance(value, str):
+        raise WrongType(name, value, f"one of {list(get_args(kinds[0]))}", f"pass {name} by its name")
+
+
+_OPTIONS_HELP = "\n".join(f"    {name}: {option_help(name)}" for name in OPTION_OWNERS)
+SamplingOptions.__doc__ = (  # the help of the config keys and flags made from it, read from the registry
+    "How to run the reverse process: the one place these settings are named and checked, for every layer.\n\n"
+    "Every layer that chooses how to sample holds one (the model's defaults in its checkpoint, `SampleGrid`,\n"
+    "`FIDCallback`, `python -m diffusion.sample`); a field left None takes the value of the layer below\n"
+    "(`over`), and finally the sampler's own default. A field the chosen sampler does not have is ignored.\n\n"
+    f"Args:\n    sampler: {sampler_help()}\n{_OPTIONS_HELP}\n"
+)
 
 DEFER = SamplingOptions()
 """Every field unset: each defers to the layer below (the default of the callbacks' and the module's options)."""
@@ -198,9 +224,34 @@ class ModelSampling:
     def sampler(self, options: "SamplingOptions | None" = None) -> Sampler:
         """The sampler `options` ask for, fields set there over this model's defaults, built once and checked
         against the model."""
+        check_options(options, "options", "module.sampler(SamplingOptions(...))")
+        if options is not None and options.guidance_scale not in (None, 1) and not self.conditional:
+            raise unconditional_guidance(options.guidance_scale)
         sampler = build_sampler(options, *self.defaults)
         sampler.check_fits(self.schedule, self.learned_variance, conditional=self.conditional)
         return sampler
+
+
+def check_options(options: Any, name: str, form: str) -> None:
+    """Refuse anything but SamplingOptions (or None) where options go, naming what was given: a sampler's name,
+    a dict of options, an already built sampler."""
+    if options is None or isinstance(options, SamplingOptions):
+        return
+    if isinstance(options, Sampler):
+        fix = f"it is built already: pass it where a sampler goes (generate(module, n, sampler={name}))"
+    elif isinstance(options, str | dict):
+        fix = f"wrap it: {form.replace('...', 'sampler=...' if isinstance(options, str) else '**...')}"
+    else:
+        fix = f"pass {form}"
+    raise WrongType(name, options, "SamplingOptions", fix)
+
+
+def unconditional_guidance(scale: float) -> OutOfRange:
+    """Guidance asked of a model without classes, which would be ignored: refused, as `--guidance_scale` is."""
+    return OutOfRange(
+        "guidance_scale", scale, "unset (or 1) for an unconditional model (it has no classes to guide towards)",
+        "leave guidance_scale unset, or load a class-conditional checkpoint",
+    )  # fmt: skip
 
 
 def reverse_steps(
@@ -224,6 +275,7 @@ def reverse_steps(
     learned_variance: the network outputs 2C channels, its prediction then its variance's v
         (`diffusion.core.variance`).
     """
+    check_reverse_steps_arguments(model, schedule, x_T, labels, options)
     sampler = build_sampler(SamplingOptions(**options))
     check_choice("prediction_type", prediction_type, PredictionType)
     sampler.check_fits(schedule, learned_variance, conditional=labels is not None)
@@ -231,6 +283,51 @@ def reverse_steps(
     return sampler(denoiser, x_T, generator, progress)
 
 
+def check_reverse_steps_arguments(
+    model: Any, schedule: Any, x_T: Any, labels: Any, options: dict[str, Any]
+) -> None:
+    """`reverse_steps`' arguments, each refused by name before the first step: the kinds of its model, schedule
+    and x_T, its options' names, its labels (one whole number per sample) and guidance without labels."""
+    if not isinstance(model, nn.Module):
+        raise WrongType(
+            "model", model, "a network (torch.nn.Module)", "pass the network itself, e.g. module.network"
+        )
+    if not isinstance(schedule, NoiseSchedule):
+        raise WrongType("schedule", schedule, "a NoiseSchedule", "pass the model's, e.g. module.schedule")
+    if not isinstance(x_T, torch.Tensor):
+        raise WrongType("x_T", x_T, "a tensor", "pass the initial noise, e.g. torch.randn(n, *sample_shape)")
+    unknown = sorted(set(options) - {f.name for f in fields(SamplingOptions)})
+    if unknown:
+        raise WrongType(
+            unknown[0], options[unknown[0]], "an option of reverse_steps",
+            f"pass SamplingOptions' fields as keywords ({', '.join(f.name for f in fields(SamplingOptions))})",
+        )  # fmt: skip
+    if isinstance(options.get("sampler"), SamplingOptions | Sampler):
+        raise WrongType("sampler", options["sampler"], "a sampler's name", "pass the options' fields as keywords: "
+                        "reverse_steps(..., **options.as_kwargs())")  # fmt: skip
+    if labels is None:
+        if options.get("guidance_scale") not in (None, 1):
+            raise unconditional_guidance(options["guidance_scale"])
+        return
+    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise WrongType("labels", labels, "an integer tensor", "pass torch.tensor([...], dtype=torch.long)")
+    if labels.shape != (len(x_T),):
+        raise OutOfRange(
+            "labels", f"<shape {tuple(labels.shape)}>", f"one label per sample of x_T, shape ({len(x_T)},)",
+            "pass as many labels as x_T has samples",
+        )  # fmt: skip
+
+
 def final_sample(steps: Iterator[Step]) -> torch.Tensor:
     """Run a reverse process to the end and return its last x (x_0), keeping no intermediate x_t."""
-    return deque(steps, maxlen=1)[0].x
+    if isinstance(steps, torch.Tensor) or not isinstance(steps, Iterable):
+        raise WrongType(
+            "steps", steps, "the steps of a reverse process", "pass final_sample(reverse_steps(...))"
+        )
+    last = deque(steps, maxlen=1)
+    if not last or not isinstance(last[0], Step):
+        raise WrongType(
+            "steps", steps, "the steps of a reverse process (it yielded no Step)",
+            "pass what reverse_steps or module.trajectory returns",
+        )  # fmt: skip
+    return last[0].x

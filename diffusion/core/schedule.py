@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from diffusion.errors import UserError, check_choice
+from diffusion.errors import InvalidValue, UserError, check_choice
 
 BetaSchedule = Literal["linear", "cosine", "sigmoid", "trained"]
 PredictionType = Literal["eps", "x0", "v"]
@@ -43,20 +43,21 @@ def make_betas(
         raise UserError(
             f"beta_schedule={schedule!r} "
             + ("needs trained_betas" if trained_betas is None else "takes no trained_betas"),
-            "pass --model.beta_schedule trained with --model.trained_betas (one beta per timestep), or another "
+            "pass {DiffusionModule:--beta_schedule} trained with {DiffusionModule:--trained_betas} (one beta per "
+            "timestep), or another "
             "beta_schedule without them",
         )
     if num_timesteps < 2:  # one step cannot go from data to noise (a linear schedule's beta would be 0.1)
-        raise ValueError(
-            f"num_timesteps={num_timesteps} is too few — pass an integer >= 2 (Ho et al. use 1000)"
+        raise InvalidValue(
+            f"num_timesteps={num_timesteps} is too few", "pass an integer >= 2 (Ho et al. use 1000)"
         )
     if trained_betas is not None:
         return checked_betas(trained_betas, num_timesteps)
     if schedule == "linear":
         if not 0 < beta_start < beta_end < 1:
-            raise ValueError(
-                f"beta_start={beta_start}, beta_end={beta_end} are not 0 < beta_start < beta_end < 1 — pass "
-                "values in that order (Ho et al.: 1e-4 and 0.02)"
+            raise InvalidValue(
+                f"beta_start={beta_start}, beta_end={beta_end} are not 0 < beta_start < beta_end < 1",
+                "pass values in that order (Ho et al.: 1e-4 and 0.02)",
             )
         scale = 1000 / num_timesteps
         betas = torch.linspace(scale * beta_start, scale * beta_end, num_timesteps, dtype=torch.float64)
@@ -155,6 +156,15 @@ class NoiseSchedule(nn.Module):
     Trained betas whose last is 1 end there already (the rescaling leaves them as they are), and the schedule says
     so alike (`self.zero_terminal_snr`).
     """
+
+    # The buffers, registered in __init__ (declared for the type checker: nn.Module's attributes are untyped).
+    betas: torch.Tensor
+    alphas: torch.Tensor
+    alphas_cumprod: torch.Tensor
+    sqrt_alphas_cumprod: torch.Tensor
+    sqrt_one_minus_alphas_cumprod: torch.Tensor
+    sqrt_recip_alphas_cumprod: torch.Tensor
+    sqrt_recipm1_alphas_cumprod: torch.Tensor
 
     def __init__(
         self,

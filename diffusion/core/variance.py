@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 
 from diffusion.core.schedule import NoiseSchedule
+from diffusion.errors import InvalidValue
 
 VarianceType = Literal["fixedlarge", "fixedsmall", "learned_range"]
 
@@ -28,10 +29,11 @@ def split_output(output: torch.Tensor, learned_variance: bool) -> tuple[torch.Te
     if not learned_variance:
         return output, None
     if output.shape[1] % 2:
-        raise ValueError(
+        raise InvalidValue(
             f"a network with learned variances outputs 2C channels (the prediction, then v), got "
-            f"{output.shape[1]} — build it with out_channels = 2 x in_channels (train.py does for "
-            "--model.variance learned_range)"
+            f"{output.shape[1]}",
+            "build it with out_channels = 2 x in_channels (train.py does for {DiffusionModule:--variance} "
+            "learned_range)",
         )
     prediction, v = output.chunk(2, dim=1)
     return prediction, v
@@ -88,8 +90,8 @@ def reverse_log_variance(
     if variance == "fixedlarge":
         return torch.where((t_prev < 0).reshape(log_beta.shape), log_posterior, log_beta)
     if v is None:
-        raise ValueError(
-            "variance='learned_range' needs the network's v: a model trained with --model.variance learned_range"
+        raise ValueError(  # the sampler checks the network before it steps (check_fits): a bug if reached
+            "variance='learned_range' needs the network's v: a model trained with variance learned_range"
         )
     frac = (v.double() + 1) / 2
     return frac * log_beta + (1 - frac) * log_posterior

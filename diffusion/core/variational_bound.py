@@ -47,7 +47,7 @@ class ReverseProcess:
 
 
 def normal_kl(
-    mean1: torch.Tensor, log_var1: torch.Tensor, mean2: torch.Tensor, log_var2: torch.Tensor
+    mean1: torch.Tensor, log_var1: torch.Tensor, mean2: torch.Tensor | float, log_var2: torch.Tensor | float
 ) -> torch.Tensor:
     """KL(N(mean1, e^log_var1) || N(mean2, e^log_var2)) in nats, elementwise (broadcast), float64."""
     mean1, log_var1, mean2, log_var2 = (

@@ -8,6 +8,7 @@ import torch
 
 from diffusion.core.guidance import NO_LABEL
 from diffusion.data.labels import check_labels
+from diffusion.errors import InvalidValue
 
 
 class Batch(NamedTuple):
@@ -15,9 +16,9 @@ class Batch(NamedTuple):
 
     x: torch.Tensor
     """(B, C, H, W) images or (B, D) vectors in model units (a dataset item: one sample)."""
-    index: torch.Tensor
+    index: torch.Tensor  # type: ignore[assignment]  # the contract's name, over tuple.index
     """(B,) int64 positions in the full dataset (an item: an int); they seed per-sample noise."""
-    label: torch.Tensor | int = NO_LABEL
+    label: torch.Tensor | int | None = NO_LABEL
     """(B,) int64 classes 0..num_classes-1, or NO_LABEL (an item: an int); used by class-conditional models."""
 
 
@@ -25,7 +26,7 @@ class IndexBatch(NamedTuple):
     """What the training loader yields for data held on the device (`diffusion.data.on_device`); the DataModule's
     `on_after_batch_transfer` turns it into a `Batch` there."""
 
-    index: torch.Tensor
+    index: torch.Tensor  # type: ignore[assignment]  # the contract's name, over tuple.index
     """(B,) int64 positions in the full dataset, in the sampler's order."""
     epoch: int
     """The sampler's epoch: with `seed`, what the flips are drawn from."""
@@ -39,7 +40,7 @@ class StoredBatch(NamedTuple):
 
     samples: torch.Tensor
     """(B, C, H, W) uint8 images or (B, D) float32 vectors in model units."""
-    index: torch.Tensor
+    index: torch.Tensor  # type: ignore[assignment]  # the contract's name, over tuple.index
     """(B,) int64 positions in the prepared set's training part."""
     label: torch.Tensor
     """(B,) int64 classes, -1 where the set holds none."""
@@ -72,10 +73,10 @@ def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
         or labels.shape != batch.index.shape
         or labels.is_floating_point()
     ):
-        raise ValueError(
+        raise InvalidValue(
             f"a class-conditional model (num_classes={num_classes}) needs Batch(x, index, label) with integer "
-            f"labels of shape {tuple(batch.index.shape)}, got {labels!r:.80}; train with --data.conditional true, "
-            "or build IndexedDataset(..., with_labels=True)"
+            f"labels of shape {tuple(batch.index.shape)}, got {labels!r:.80}",
+            "train with {LightningDataModule:--conditional} true, or build IndexedDataset(..., with_labels=True)",
         )
     # Values are checked where it is free (CPU): on a GPU it would cost a sync every step, and nn.Embedding
     # rejects a bad label there anyway (less readably).

@@ -2,6 +2,7 @@
 is read."""
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -10,25 +11,28 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from diffusion.errors import InvalidValue, MissingFile
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 # PIL's 16-bit grayscale modes; 16-bit RGB(A) PNGs already open as 8-bit RGB(A).
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
-class UnconvertibleImage(ValueError):
+class UnconvertibleImage(InvalidValue):
     """An image that decodes but has no safe 8-bit form (float or 32-bit pixels)."""
 
 
 def read_image(path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
-    """The decoded image at `path` in `mode`; a corrupt, unreadable or unconvertible file raises ValueError naming
-    it. 16-bit grayscale is scaled to 8 bits; float and 32-bit pixels, whose range is unknown, are refused."""
+    """The decoded image at `path` in `mode`; a corrupt, unreadable or unconvertible file raises InvalidValue
+    naming it (from a DataLoader worker too: `diffusion.data.split.FailedItem`). 16-bit grayscale is scaled to
+    8 bits; float and 32-bit pixels, whose range is unknown, are refused."""
     try:
         with Image.open(path) as image:
             return _to_mode(image, path, mode)
     except UnconvertibleImage:
         raise
     except (OSError, SyntaxError, ValueError) as err:  # PIL raises all three for broken files
-        raise ValueError(f"cannot read image {path}: {err}. Remove or replace the file.") from err
+        raise InvalidValue(f"cannot read image {path}: {err}", "remove or replace the file") from err
 
 
 def _to_mode(image: Image.Image, path: Path, mode: Literal["RGB", "L"]) -> Image.Image:
@@ -41,17 +45,18 @@ def _to_mode(image: Image.Image, path: Path, mode: Literal["RGB", "L"]) -> Image
         kind = "floating-point" if image.mode == "F" else "32-bit integer"
         raise UnconvertibleImage(
             f"image {path} has {kind} pixels (PIL mode {image.mode}), whose range is unknown, so they cannot be "
-            "converted to 8 bits without guessing — save it as an 8- or 16-bit PNG, e.g. "
-            "Image.fromarray(np.round(array / array_max * 255).astype(np.uint8)).save('image.png')"
+            "converted to 8 bits without guessing",
+            "save it as an 8- or 16-bit PNG, e.g. "
+            "Image.fromarray(np.round(array / array_max * 255).astype(np.uint8)).save('image.png')",
         )
     return image.convert(mode)
 
 
-def find_images(root: str | os.PathLike, flag: str = "--data.root") -> list[Path]:
+def find_images(root: str | os.PathLike, flag: str = "{--root}") -> list[Path]:
     """The image files under `root`, searched recursively and sorted; `flag` is the option that named `root`."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist — point {flag} at your images")
+        raise MissingFile(f"image folder {root} does not exist", f"point {flag} at your images")
     # Sorted so that indices (and so the split and per-sample noise) are the same on every machine;
     # dot-files are skipped because macOS "._name.png" resource forks are not images.
     files = sorted(
@@ -60,9 +65,9 @@ def find_images(root: str | os.PathLike, flag: str = "--data.root") -> list[Path
         if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".") and p.is_file()
     )
     if not files:
-        raise FileNotFoundError(
-            f"no images found under {root} (searched recursively for {', '.join(IMAGE_EXTENSIONS)}) — put your "
-            f"images there, or point {flag} at the folder that holds them"
+        raise MissingFile(
+            f"no images found under {root} (searched recursively for {', '.join(IMAGE_EXTENSIONS)})",
+            f"put your images there, or point {flag} at the folder that holds them",
         )
     return files
 
@@ -72,7 +77,11 @@ class ImageFiles(Dataset):
     (one per path), items are (image, label)."""
 
     def __init__(
-        self, paths: list[Path], mode: Literal["RGB", "L"], transform, labels: list[int] | None = None
+        self,
+        paths: list[Path],
+        mode: Literal["RGB", "L"],
+        transform: Callable[[Image.Image], torch.Tensor],
+        labels: list[int] | None = None,
     ) -> None:
         self.paths = paths
         self.mode = mode
@@ -82,7 +91,7 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
+    def __getitem__(self, index: int) -> torch.Tensor | tuple[torch.Tensor, int]:
         image = self.transform(read_image(self.paths[index], self.mode))
         if self.labels is not None:
             return image, self.labels[index]

@@ -22,7 +22,7 @@ from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
 from diffusion.data.prepared import open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.errors import OutOfRange, UserError
+from diffusion.errors import InvalidValue, MissingFile, OutOfRange, UserError, options_of
 
 MIN_IMAGE_SIZE = 8
 
@@ -118,23 +118,27 @@ class ImageDataModule(SplitDataModule):
         )
         names = ("digits", *TORCHVISION, "folder", "streaming")  # the entries of now, not of import time
         if dataset not in names:
-            raise ValueError(f"unknown image dataset {dataset!r}; choose one of {names}")
+            raise InvalidValue(f"unknown image dataset {dataset!r}", f"choose one of {names}")
         if channels is not None and channels not in (1, 3):
             raise OutOfRange("channels", channels, "1 or 3", owner=type(self))
         if dataset == "folder":
             if image_size is None:
-                raise ValueError("dataset 'folder' needs an image size: set --data.image_size (e.g. 64)")
+                raise InvalidValue(
+                    "dataset 'folder' needs an image size", "set {--image_size} (e.g. 64)", type(self)
+                )
             native_channels = channels or 3
         elif dataset == "streaming":
-            self.prepared = open_prepared(root)
+            with options_of(type(self)):
+                self.prepared = open_prepared(root)
             image_size, native_channels = self._fit_prepared(image_size, channels, conditional)
         else:
             entry = TORCHVISION.get(dataset)
             native_channels, native_size = (entry.channels, entry.size) if entry else (1, 8)
             if channels is not None and channels != native_channels:
-                raise ValueError(
-                    f"dataset {dataset!r} has {native_channels} channel(s), got channels={channels}; "
-                    "leave --data.channels unset (it only applies to dataset 'folder')"
+                raise InvalidValue(
+                    f"dataset {dataset!r} has {native_channels} channel(s), got channels={channels}",
+                    "leave {--channels} unset (it only applies to dataset 'folder')",
+                    type(self),
                 )
             image_size = native_size if image_size is None else image_size
         if image_size < MIN_IMAGE_SIZE:
@@ -142,7 +146,7 @@ class ImageDataModule(SplitDataModule):
                 "image_size",
                 image_size,
                 f">= {MIN_IMAGE_SIZE}",
-                f"pass --data.image_size {MIN_IMAGE_SIZE} or more",
+                f"pass {{--image_size}} {MIN_IMAGE_SIZE} or more",
                 type(self),
             )
         self.dataset = dataset
@@ -153,7 +157,8 @@ class ImageDataModule(SplitDataModule):
         flipped = self.prepared.random_flip if self.prepared is not None else flipped
         self.random_flip = flipped if random_flip is None else random_flip
         self.verify = verify
-        self._files = find_images(root) if dataset == "folder" else None
+        with options_of(type(self)):
+            self._files = find_images(root) if dataset == "folder" else None
         self.conditional = conditional
         self._labels = None
         self._class_names = (
@@ -162,7 +167,8 @@ class ImageDataModule(SplitDataModule):
         if self.prepared is not None:
             self._class_names = self.prepared.class_names
         if conditional and dataset == "folder":
-            self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
+            with options_of(type(self)):
+                self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
         self._check_streaming_options()
 
     def _fit_prepared(
@@ -172,9 +178,10 @@ class ImageDataModule(SplitDataModule):
         prepared = self.prepared
         if prepared.kind != "images":
             raise UserError(
-                f"--data.root {prepared.root} holds prepared vectors, not images",
-                "train it with --data.class_path diffusion.data.VectorDataModule --data.dataset streaming "
-                f"--data.path {prepared.root}",
+                f"{{--root}} {prepared.root} holds prepared vectors, not images",
+                "train it with {--class_path} diffusion.data.VectorDataModule {--dataset} streaming "
+                f"{{--path}} {prepared.root}",
+                type(self),
             )
         have_channels, have_size = prepared.sample_shape[0], prepared.sample_shape[-1]
         for name, asked, have in (
@@ -183,14 +190,16 @@ class ImageDataModule(SplitDataModule):
         ):
             if asked is not None and asked != have:
                 raise UserError(
-                    f"--data.{name} {asked} does not fit the prepared set {prepared.root} ({name} {have})",
-                    f"leave --data.{name} unset, or prepare the set again with --data.{name} {asked}",
+                    f"{{--{name}}} {asked} does not fit the prepared set {prepared.root} ({name} {have})",
+                    f"leave {{--{name}}} unset, or prepare the set again with {{--{name}}} {asked}",
+                    type(self),
                 )
         if conditional and prepared.class_names is None:
             raise UserError(
-                f"--data.conditional true needs labels, and the prepared set {prepared.root} holds none",
+                f"{{--conditional}} true needs labels, and the prepared set {prepared.root} holds none",
                 "prepare it again from labelled data (a folder with one subfolder per class and "
-                "--data.conditional true), or train unconditionally",
+                "{--conditional} true), or train unconditionally",
+                type(self),
             )
         return have_size, have_channels
 
@@ -280,9 +289,10 @@ class ImageDataModule(SplitDataModule):
         try:
             base = cls(self.root, train=True, download=False, transform=self._transform(random_flip))
         except RuntimeError as err:
-            raise FileNotFoundError(
-                f"{self.dataset} not found under {self.root!r}: {err} "
-                "(the Trainer downloads it via prepare_data; call dm.prepare_data() when used alone)"
+            raise MissingFile(
+                f"{self.dataset} not found under {self.root!r}: {err}",
+                "the Trainer downloads it via prepare_data; call dm.prepare_data() when the data module is used "
+                "alone",
             ) from err
         return IndexedDataset(base, with_labels=labelled)
 
@@ -309,7 +319,7 @@ def download(dataset: str, root: str) -> None:
     # MNIST raises RuntimeError once every mirror failed; CIFAR-10 lets urllib's URLError through.
     except (RuntimeError, URLError, TimeoutError, ConnectionError) as err:
         folder, files = TORCHVISION[dataset].local_files
-        raise OSError(
-            f"could not download {dataset} into {root} ({' '.join(str(err).split())}) — check the network "
-            f"connection, or copy {files} into {Path(root, folder)} yourself"
+        raise MissingFile(  # an OSError too, as a failed download's is
+            f"could not download {dataset} into {root} ({' '.join(str(err).split())})",
+            f"check the network connection, or copy {files} into {Path(root, folder)} yourself",
         ) from err

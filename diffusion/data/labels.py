@@ -13,6 +13,7 @@ import torch
 from diffusion.core.guidance import NO_LABEL
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.numpy_files import read_array
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_whole_number
 
 LABELS_FILE = FileKind("labels file", ("*.npy",), "np.save(path, labels.astype(np.int64)) writes one")
 
@@ -25,9 +26,10 @@ def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]
     ]
     loose = [path for path, folder in zip(files, folders, strict=True) if folder is None]
     if loose:
-        raise ValueError(
-            f"--data.conditional true reads classes from subfolders (root/<class>/image.png), but {len(loose)} "
-            f"image(s) lie directly in {root}, e.g. {loose[0].name}; move them into a class folder"
+        raise InvalidValue(
+            f"{{--conditional}} true reads classes from subfolders (root/<class>/image.png), but {len(loose)} "
+            f"image(s) lie directly in {root}, e.g. {loose[0].name}",
+            "move them into a class folder",
         )
     names = sorted(set(folders))
     index = {name: i for i, name in enumerate(names)}
@@ -36,23 +38,27 @@ def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]
 
 def load_labels(path: Path, num_samples: int) -> np.ndarray:
     """N integer class labels 0..K-1 from a ``.npy`` file, as int64, with errors that say what is wrong."""
-    path = file_in_folder(path, "--data.labels", LABELS_FILE)
+    path = file_in_folder(path, "{--labels}", LABELS_FILE)
     # The one reader of users' arrays: a missing, empty or foreign file is refused as every command refuses it.
     labels = np.asarray(
-        read_array(path, "--data.labels", "save them with np.save(path, labels.astype(np.int64))")[0]
+        read_array(path, "{--labels}", "save them with np.save(path, labels.astype(np.int64))")[0]
     )
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            f"--data.labels {path} must hold N integers (shape (N,), an integer dtype), got "
-            f"{getattr(labels, 'dtype', type(labels).__name__)} {getattr(labels, 'shape', '')}; "
-            "save them with np.save(path, labels.astype(np.int64))"
+        raise InvalidValue(
+            f"{{--labels}} {path} must hold N integers (shape (N,), an integer dtype), got "
+            f"{getattr(labels, 'dtype', type(labels).__name__)} {getattr(labels, 'shape', '')}",
+            "save them with np.save(path, labels.astype(np.int64))",
         )
     if len(labels) != num_samples:
-        raise ValueError(
-            f"--data.labels {path} has {len(labels)} labels for {num_samples} samples; give one per sample"
+        raise InvalidValue(
+            f"{{--labels}} {path} has {len(labels)} labels for {num_samples} samples",
+            "give one per sample",
         )
     if labels.min() < 0:
-        raise ValueError(f"--data.labels {path} has negative labels (min {labels.min()}); classes are 0..K-1")
+        raise InvalidValue(
+            f"{{--labels}} {path} has negative labels (min {labels.min()})",
+            "classes are 0..K-1",
+        )
     return labels.astype(np.int64)
 
 
@@ -70,10 +76,23 @@ def class_labels(
 
     None for an unconditional model (num_classes None) when no class is asked for; asking one is an error.
     """
+    num_samples = check_whole_number("num_samples", num_samples, 1, "pass how many samples to label")
+    if num_classes is not None:
+        fix = "pass module.num_classes (None: an unconditional model)"
+        num_classes = check_whole_number("num_classes", num_classes, 1, fix)
+    if class_names is not None and (
+        isinstance(class_names, str) or not all(isinstance(name, str) for name in class_names)
+    ):
+        raise WrongType(
+            "class_names", class_names, "a list of names", "pass module.hparams.class_names, or None"
+        )
+    if class_label is not None and not isinstance(class_label, str):  # text is looked up below
+        check_whole_number("class_label", class_label, fix="pass a class index (an int), a name, or 'all'")
     if num_classes is None:
         if class_label is not None:
-            raise ValueError(
-                f"class_label={class_label!r}: this model is unconditional (trained without --data.conditional)"
+            raise InvalidValue(
+                f"class_label={class_label!r}: this model is unconditional (it has no classes)",
+                "leave class_label unset, or load a class-conditional checkpoint",
             )
         return None
     if class_label is None or class_label == "all":
@@ -87,21 +106,22 @@ def class_labels(
         except ValueError:
             label = -1
     if not 0 <= label < num_classes:
-        raise ValueError(
-            f"class_label={class_label!r} is not a class of this model; use 0..{num_classes - 1}, 'all'"
-            + (f" or a name in {names}" if names else "")
+        raise InvalidValue(
+            f"class_label={class_label!r} is not a class of this model",
+            f"use 0..{num_classes - 1}, 'all'" + (f" or a name in {names}" if names else ""),
         )
     return torch.full((num_samples,), label, dtype=torch.long)
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, what: str) -> None:
-    """Raise ValueError unless every label is a class 0..num_classes-1 or NO_LABEL (a device sync on a GPU:
+    """Raise OutOfRange unless every label is a class 0..num_classes-1 or NO_LABEL (a device sync on a GPU:
     call it where labels enter, not at every step)."""
-    if ((labels < NO_LABEL) | (labels >= num_classes)).any():
-        raise ValueError(
-            f"{what} must be classes 0..{num_classes - 1} (or {NO_LABEL}: no label), got "
-            f"{sorted(set(labels.tolist()))[:12]}"
-        )
+    outside = (labels < NO_LABEL) | (labels >= num_classes)
+    if outside.any():
+        raise OutOfRange(
+            what, sorted(set(labels[outside].tolist()))[:12], f"classes 0..{num_classes - 1} (or {NO_LABEL}: no label)",
+            f"pass labels of this model's {num_classes} classes (class_labels(n, {num_classes}) gives each in turn)",
+        )  # fmt: skip
 
 
 def labels_for_sampling(labels, num_classes: int | None, num_samples: int) -> torch.Tensor | None:
@@ -113,7 +133,12 @@ def labels_for_sampling(labels, num_classes: int | None, num_samples: int) -> to
         raise ValueError(
             "this model is unconditional (trained without --data.conditional): it takes no labels"
         )
-    labels = torch.as_tensor(labels, dtype=torch.long)
+    labels = torch.as_tensor(labels)
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise WrongType(
+            "labels", labels, "integer class indices", "pass them as ints (torch.long): never truncated"
+        )
+    labels = labels.long()
     if labels.shape != (num_samples,):
         raise ValueError(f"need one label per sample: {num_samples}, got shape {tuple(labels.shape)}")
     check_labels(labels, num_classes, "labels")

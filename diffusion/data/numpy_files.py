@@ -11,10 +11,12 @@ import contextlib
 import zipfile
 import zlib
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
 from diffusion.data.file_in_folder import FileKind, file_in_folder
+from diffusion.errors import InvalidValue, MissingFile, UserError
 
 IMAGE_FIX = (
     "save uint8 images (N, H, W, C) with np.savez(path, images), as python -m diffusion.sample writes them"
@@ -52,6 +54,7 @@ def holds_objects(path: Path, member: str | None = None) -> bool:
     """Whether the array in the .npy file `path` (or the .npz archive's `member`) is of a dtype that holds Python
     objects, from its header alone: numpy reads such arrays only by unpickling them, which could run code."""
     with contextlib.ExitStack() as stack:
+        file: IO[bytes]
         if member is None:
             file = stack.enter_context(path.open("rb"))
         else:
@@ -74,38 +77,38 @@ def read_array(path: str | Path, flag: str, fix: str) -> tuple[np.ndarray, np.nd
     path = file_in_folder(path, flag, ARRAY_FILE)
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"{flag} {path} {what} — {fix}")
+        raise MissingFile(f"{flag} {path} {what}", fix)
     kind = numpy_file_kind(path)
     if kind == "pickle":
-        raise ValueError(f"{flag} {path} {PICKLED} a NumPy array (np.save, np.savez) — {fix}")
+        raise InvalidValue(f"{flag} {path} {PICKLED} a NumPy array (np.save, np.savez)", fix)
     if kind == "other":
-        raise ValueError(f"{flag} {path} is not a .npy file or an .npz archive — {fix}")
-    objects = f"{flag} {path} holds Python objects (dtype object), not numbers — {fix}"
+        raise InvalidValue(f"{flag} {path} is not a .npy file or an .npz archive", fix)
+    objects = InvalidValue(f"{flag} {path} holds Python objects (dtype object), not numbers", fix)
     try:
         if kind == "npy":
             if holds_objects(path):
-                raise ValueError(objects)
+                raise objects
             # mmap: shape and dtype are checked from the header before anything is read.
             array, labels = np.load(path, mmap_mode="r", allow_pickle=False), None
         else:
             with np.load(path, allow_pickle=False) as archive:
                 names = archive.files
                 if "arr_0" not in names and len(names) != 1:
-                    raise ValueError(
-                        f"{flag} {path} holds {names}, no arr_0 (FID statistics hold mu and sigma) — {fix}"
+                    raise InvalidValue(
+                        f"{flag} {path} holds {names}, no arr_0 (FID statistics hold mu and sigma)", fix
                     )
                 name = "arr_0" if "arr_0" in names else names[0]
                 labelled = "arr_0" in names and "arr_1" in names
                 if any(holds_objects(path, member) for member in [name, *(["arr_1"] if labelled else [])]):
-                    raise ValueError(objects)
+                    raise objects
                 array = archive[name]
                 labels = archive["arr_1"] if labelled else None
+    except UserError:
+        raise
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError) as err:
-        if f"{flag} {path}" in str(err):
-            raise
-        raise ValueError(f"{flag} {path} is truncated or corrupt ({err}) — {fix}") from err
+        raise InvalidValue(f"{flag} {path} is truncated or corrupt ({err})", fix) from err
     if array.size == 0:
-        raise ValueError(f"{flag} {path} holds an empty array (shape {array.shape}) — {fix}")
+        raise InvalidValue(f"{flag} {path} holds an empty array (shape {array.shape})", fix)
     return array, labels
 
 
@@ -114,19 +117,19 @@ def read_images(path: str | Path, flag: str) -> tuple[np.ndarray, np.ndarray | N
     array, labels = read_array(path, flag, IMAGE_FIX)
     shown = f"{flag} {path}: the array has dtype {array.dtype} and shape {array.shape}"
     if array.ndim != 4:
-        raise ValueError(f"{shown}, not images (N, H, W, C) with C = 1 or 3 — {IMAGE_FIX}")
+        raise InvalidValue(f"{shown}, not images (N, H, W, C) with C = 1 or 3", IMAGE_FIX)
     last, second = array.shape[-1] in (1, 3), array.shape[1] in (1, 3)
     if last and second:
-        raise ValueError(f"{shown}: (N, H, W, C) and (N, C, H, W) both fit — {IMAGE_FIX}")
+        raise InvalidValue(f"{shown}: (N, H, W, C) and (N, C, H, W) both fit", IMAGE_FIX)
     if not (last or second):
-        raise ValueError(f"{shown}, with neither 1 nor 3 channels first or last — {IMAGE_FIX}")
+        raise InvalidValue(f"{shown}, with neither 1 nor 3 channels first or last", IMAGE_FIX)
     if not last:
         array = array.transpose(0, 2, 3, 1)
     if np.issubdtype(array.dtype, np.floating):
-        raise ValueError(f"{shown}: float images could be in 0..1, -1..1 or 0..255 — {FLOAT_FIX}")
+        raise InvalidValue(f"{shown}: float images could be in 0..1, -1..1 or 0..255", FLOAT_FIX)
     if array.dtype != np.uint8:
         if not np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
-            raise ValueError(f"{shown}, not numbers of pixels — {IMAGE_FIX}")
+            raise InvalidValue(f"{shown}, not numbers of pixels", IMAGE_FIX)
         if array.size and (array.min() < 0 or array.max() > 255):
-            raise ValueError(f"{shown}, values beyond 0..255 — {IMAGE_FIX}")
+            raise InvalidValue(f"{shown}, values beyond 0..255", IMAGE_FIX)
     return np.ascontiguousarray(array, dtype=np.uint8), labels

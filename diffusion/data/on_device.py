@@ -172,7 +172,7 @@ class IndexLoader(ResumableLoader):
     """The training loader of the on-device path: `IndexBatch(index, epoch, seed)` in the ResumableSampler's order
     (its state_dict and mid-epoch resume are ResumableLoader's)."""
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator over DataLoader's iterator
         sampler = self.sampler
         seed = sampler.seed if isinstance(sampler, ResumableSampler) else 0  # 0: replaced (overfit_batches)
         for index in super().__iter__():

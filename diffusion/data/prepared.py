@@ -181,13 +181,14 @@ def clear(root: str) -> None:
 # --- Opening a prepared set: everything checked before any time is spent -------------------------------------
 
 
-def open_prepared(root: str, flag: str = "--data.root") -> PreparedSet:
+def open_prepared(root: str, flag: str = "{--root}") -> PreparedSet:
     """The prepared set at `root`, checked: finished, not damaged, of this version; else a UserError naming it."""
     root = str(root)
     if not is_url(root) and not Path(root).expanduser().is_dir():
         raise UserError(
             f"{flag} {root}: no prepared data set there (no such folder)",
-            "prepare one first: python -m diffusion.prepare --config <the recipe> --out " + root,
+            "prepare one first: python -m diffusion.prepare {command:--config} <the recipe> {command:--out} "
+            + root,
         )
     root = root if is_url(root) else str(Path(root).expanduser())
     files = listing(root)
@@ -196,7 +197,7 @@ def open_prepared(root: str, flag: str = "--data.root") -> PreparedSet:
         state = "its prepare was stopped before it finished" if files else "the folder is empty"
         raise UserError(
             f"{flag} {root} is not a prepared data set ({state}: there is no {MANIFEST})",
-            "run python -m diffusion.prepare again with --out " + root + " --overwrite",
+            "run python -m diffusion.prepare again with {command:--out} " + root + " {command:--overwrite}",
         )
     try:
         body = json.loads(raw)
@@ -208,7 +209,7 @@ def open_prepared(root: str, flag: str = "--data.root") -> PreparedSet:
     if not intact:
         raise UserError(
             f"{joined(root, MANIFEST)} is damaged (its checksum does not match)",
-            "prepare the set again with --overwrite",
+            "prepare the set again with {command:--overwrite}",
         )
     if body["format"] > FORMAT_VERSION:
         raise UserError(
@@ -224,7 +225,7 @@ def open_prepared(root: str, flag: str = "--data.root") -> PreparedSet:
 def check_part(prepared: PreparedSet, part: str, files: dict[str, int]) -> None:
     """A part's index is the one prepared (checksum) and every chunk it names is there, whole."""
     index_name = f"{part}/{INDEX}"
-    fix = f"prepare the set again: python -m diffusion.prepare ... --out {prepared.root} --overwrite"
+    fix = f"prepare the set again: python -m diffusion.prepare ... {{command:--out}} {prepared.root} {{command:--overwrite}}"
     if index_name not in files:
         raise UserError(
             f"{joined(prepared.root, index_name)} is missing: the prepared set is incomplete", fix
@@ -317,4 +318,5 @@ class PreparedPart(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Any:
         samples, labels = self.tensors()
         x = to_model_units(samples[index]) if self.prepared.kind == "images" else samples[index]
-        return Batch(x, int(index), int(labels[index]) if self.with_labels else NO_LABEL)
+        # An item: its index and label as ints, collated into the batch's tensors.
+        return Batch(x, int(index), int(labels[index]) if self.with_labels else NO_LABEL)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -106,19 +106,20 @@ def prepare(
     """Write `datamodule`'s data as a prepared set at `out` (a folder or an object-storage URL)."""
     lit = litdata()
     shape = tuple(datamodule.sample_shape)
-    kind = "images" if len(shape) == 3 else "vectors"
+    kind: Literal["images", "vectors"] = "images" if len(shape) == 3 else "vectors"
     if encoding == "auto":
         encoding = "raw" if kind == "vectors" or shape[-1] <= RAW_UP_TO else "png"
     if kind == "vectors" and encoding != "raw":
         raise UserError(
-            f"--encoding {encoding} is for images; vectors are stored as they are", "leave it unset"
+            f"{{command:--encoding}} {encoding} is for images; vectors are stored as they are",
+            "leave it unset",
         )
     there = listing(out)
     if there and not overwrite:
         finished = "a prepared set" if MANIFEST in there else "an unfinished prepare"
         raise UserError(
-            f"--out {out} already holds data ({finished}, {len(there)} files)",
-            "pass --overwrite to replace it, or choose another --out",
+            f"{{command:--out}} {out} already holds data ({finished}, {len(there)} files)",
+            "pass {command:--overwrite} to replace it, or choose another {command:--out}",
         )
     parts = unaugmented_parts(datamodule)
     labelled = datamodule.class_names is not None
@@ -191,7 +192,7 @@ def in_a_process_group_of_its_own(optimize: Any, kwargs: dict[str, Any], errors:
         process.join()
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGKILL)  # type: ignore[arg-type]  # started: it has a pid
         process.join()
     met = sorted(Path(errors).glob("*.pickle"))
     if met:

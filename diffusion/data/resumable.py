@@ -46,8 +46,8 @@ class ResumableSampler(DistributedSampler):
 
     def __init__(self, *args: Any, global_batch: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        whole = len(self.dataset) // global_batch * global_batch if global_batch else 0
-        if whole and global_batch % self.num_replicas == 0:
+        whole = len(self.dataset) // global_batch * global_batch if global_batch else 0  # type: ignore[arg-type]
+        if whole and global_batch % self.num_replicas == 0:  # type: ignore[operator]  # whole: global_batch set
             # DistributedSampler.__iter__ cuts its order at total_size when drop_last is set.
             self.drop_last, self.total_size, self.num_samples = True, whole, whole // self.num_replicas
         self._resume_at: tuple[int, int] | None = None  # (epoch, position) from a checkpoint
@@ -81,7 +81,7 @@ class ResumableLoader(DataLoader):
     _epoch = 0
     _position = 0
 
-    def __iter__(self) -> Iterator[Any]:  # a generator: runs at the first batch, after Lightning's set_epoch
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator: runs at the first batch, after Lightning's set_epoch
         sampler = self.sampler
         if not isinstance(sampler, ResumableSampler):
             yield from super().__iter__()  # the sampler was replaced (overfit_batches): not resumable
@@ -90,7 +90,7 @@ class ResumableLoader(DataLoader):
         if self.generator is not None:
             self.generator.manual_seed(sampler.seed * 1_000_003 + sampler.epoch)
         for batch in super().__iter__():
-            self._position += self.batch_size * sampler.num_replicas
+            self._position += self.batch_size * sampler.num_replicas  # type: ignore[operator]  # batched
             yield batch
 
     def state_dict(self) -> dict[str, int]:

@@ -22,7 +22,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate, get_worker_info
 
 from diffusion.core.guidance import NO_LABEL
 from diffusion.data.batch import Batch, IndexBatch, StoredBatch
@@ -37,12 +37,27 @@ from diffusion.data.on_device import (
 from diffusion.data.prepared import PreparedPart, PreparedSet
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
 from diffusion.data.streaming import StreamLoader
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange, UserError
 
 CACHE_SIZE = re.compile(r"\d+(\.\d+)?\s*[KMGT]?B", re.IGNORECASE)  # litdata's sizes: 500MB, 50GB, 1.5TB
 # Items read at once when a command collects a data set's images (evaluation's reference, the bound's held-out
 # images), not training's batches (--data.batch_size).
 READING_BATCH = 500
+
+
+class FailedItem:
+    """An item a DataLoader worker could not read for a fault of the user's data (a corrupt image): its UserError
+    carried to the main process as data, where `SplitDataModule.on_after_batch_transfer` raises it as itself. A
+    worker's exception reaches the main process only as its type and traceback text, which no code reads."""
+
+    def __init__(self, error: UserError) -> None:
+        self.error = error
+
+
+def collate_or_failed(items: list[Any]) -> Any:
+    """The batch of `items`, or the first FailedItem among them."""
+    failed = next((item for item in items if isinstance(item, FailedItem)), None)
+    return failed if failed is not None else default_collate(items)
 
 
 class IndexedDataset(Dataset):
@@ -57,8 +72,13 @@ class IndexedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, index: int) -> Batch:
-        x = self.base[index]
+    def __getitem__(self, index: int) -> Batch | FailedItem:
+        try:
+            x = self.base[index]
+        except UserError as error:
+            if get_worker_info() is None:
+                raise
+            return FailedItem(error)
         label = NO_LABEL
         if self.with_labels:
             if not isinstance(x, tuple | list) or len(x) < 2:
@@ -103,28 +123,29 @@ class SplitDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if batch_size < 1:
-            raise OutOfRange("batch_size", batch_size, ">= 1", "pass --data.batch_size 1 or more", type(self))
+            raise OutOfRange("batch_size", batch_size, ">= 1", "pass {--batch_size} 1 or more", type(self))
         if num_workers < 0:
             raise OutOfRange(
                 "num_workers", num_workers, ">= 0",
-                "pass --data.num_workers 0 (load in the main process) or a count of worker processes", type(self),
+                "pass {--num_workers} 0 (load in the main process) or a count of worker processes", type(self),
             )  # fmt: skip
         if not 0 <= seed < 2**32:  # numpy's generators take no negative seed
             raise OutOfRange("seed", seed, "in [0, 2**32)", owner=type(self))
         if not 0 <= val_fraction < 1:
             raise OutOfRange(
                 "val_fraction", val_fraction, "in [0, 1)",
-                "pass the share of the data to hold out, e.g. --data.val_fraction 0.05 (0: no validation)", type(self),
+                "pass the share of the data to hold out, e.g. {--val_fraction} 0.05 (0: no validation)", type(self),
             )  # fmt: skip
         if val_from_train is not None and val_from_train < 1:
             raise OutOfRange(
                 "val_from_train", val_from_train, ">= 1 (or None)",
-                "pass a count of training samples, or leave --data.val_from_train unset", type(self),
+                "pass a count of training samples, or leave {--val_from_train} unset", type(self),
             )  # fmt: skip
         if val_from_train is not None and val_fraction > 0:
-            raise ValueError(
-                f"val_from_train={val_from_train} validates on training samples and holds nothing out; "
-                f"set --data.val_fraction 0 (got {val_fraction})"
+            raise InvalidValue(
+                f"val_from_train={val_from_train} validates on training samples and holds nothing out",
+                f"set {{--val_fraction}} 0 (got {val_fraction})",
+                type(self),
             )
         self.val_from_train = val_from_train
         self.batch_size = batch_size
@@ -146,18 +167,20 @@ class SplitDataModule(LightningDataModule):
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         if self.val_from_train is not None:
             if self.val_from_train > n:
-                raise ValueError(
-                    f"val_from_train={self.val_from_train} is more than the {n} training samples — "
-                    f"pass --data.val_from_train {n} or less"
+                raise InvalidValue(
+                    f"val_from_train={self.val_from_train} is more than the {n} training samples",
+                    f"pass {{--val_from_train}} {n} or less",
+                    type(self),
                 )
             self.train_set = Subset(full, list(range(n)))
             self.val_set = Subset(full, perm[: self.val_from_train].sort().values.tolist())
             return
         n_val = max(1, round(n * self.val_fraction)) if self.val_fraction > 0 else 0
         if n - n_val < 1:
-            raise ValueError(
-                f"{n} samples leave none for training with val_fraction={self.val_fraction}; "
-                "add data or set --data.val_fraction 0"
+            raise InvalidValue(
+                f"{n} samples leave none for training with val_fraction={self.val_fraction}",
+                "add data or set {--val_fraction} 0",
+                type(self),
             )
         self.val_set = Subset(full, perm[:n_val].sort().values.tolist()) if n_val else None
         self.train_set = Subset(full, perm[n_val:].sort().values.tolist())
@@ -200,6 +223,7 @@ class SplitDataModule(LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
             drop_last=False,
+            collate_fn=collate_or_failed,
             **kwargs,
         )
 
@@ -266,7 +290,7 @@ class SplitDataModule(LightningDataModule):
             device = torch.device("cuda", torch.cuda.current_device())
         if self.on_device and self._held is not None and self._held.device == device:
             return self._held
-        self._held, reason = None, "--data.on_device false"
+        self._held, reason = None, "on_device=False"
         if self.on_device and self.prepared is not None:  # sized before it is read
             nbytes = self.prepared.counts["train"] * self.prepared.sample_nbytes
             reason = room_for(nbytes, device, in_host_memory=False)
@@ -301,7 +325,10 @@ class SplitDataModule(LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Lightning calls it on every batch once it is on the device: the training loader's `IndexBatch` becomes
-        the `Batch` it names (gathered, flipped, converted there); any other batch is left as it is."""
+        the `Batch` it names (gathered, flipped, converted there); a worker's FailedItem raises its error; any
+        other batch is left as it is."""
+        if isinstance(batch, FailedItem):
+            raise batch.error
         if isinstance(batch, IndexBatch):
             if self._held is None:
                 raise RuntimeError("an IndexBatch reached a DataModule that holds no data on a device")

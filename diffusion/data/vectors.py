@@ -17,7 +17,7 @@ from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.prepared import open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.errors import OutOfRange, UserError
+from diffusion.errors import InvalidValue, OutOfRange, UserError, options_of
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy", "streaming"]
 Normalize = Literal["standardize", "minmax"]
@@ -87,13 +87,15 @@ class VectorDataModule(SplitDataModule):
             max_cache_size=max_cache_size,
         )  # fmt: skip
         if dataset not in get_args(VectorDatasetName):
-            raise ValueError(
-                f"unknown vector dataset {dataset!r}; choose one of {get_args(VectorDatasetName)}"
+            raise InvalidValue(
+                f"unknown vector dataset {dataset!r}", f"choose one of {get_args(VectorDatasetName)}"
             )
         if path is not None and dataset != "streaming":
             dataset = "npy"
         elif dataset == "npy":
-            raise ValueError("dataset 'npy' needs a file — set --data.path to an (N, D) .npy array")
+            raise InvalidValue(
+                "dataset 'npy' needs a file", "set {--path} to an (N, D) .npy array", type(self)
+            )
         if num_samples < 2:
             raise OutOfRange("num_samples", num_samples, ">= 2", owner=type(self))
         if dim < 1:
@@ -101,7 +103,7 @@ class VectorDataModule(SplitDataModule):
         if noise < 0:
             raise OutOfRange("noise", noise, ">= 0", owner=type(self))
         if normalize not in get_args(Normalize):
-            raise ValueError(f"unknown normalize {normalize!r}; choose one of {get_args(Normalize)}")
+            raise InvalidValue(f"unknown normalize {normalize!r}", f"choose one of {get_args(Normalize)}")
         if not feature_std > 0:
             raise OutOfRange("feature_std", feature_std, "> 0", owner=type(self))
         self.dataset = dataset
@@ -116,30 +118,36 @@ class VectorDataModule(SplitDataModule):
         if dataset == "streaming":
             return
         # Vector sets are small: load/generate now, since normalization must be known before setup.
-        data = _load_npy(Path(path)) if dataset == "npy" else self._generate()
+        with options_of(type(self)):
+            data = _load_npy(Path(path)) if dataset == "npy" else self._generate()  # type: ignore[arg-type]  # npy: checked
         self._shift, self._scale = feature_scaling(data, normalize, feature_std)
         self.data = torch.from_numpy(((data - self._shift) / self._scale).astype(np.float32))
-        self.labels = None if labels is None else torch.from_numpy(load_labels(Path(labels), len(data)))
+        with options_of(type(self)):
+            self.labels = None if labels is None else torch.from_numpy(load_labels(Path(labels), len(data)))
 
     def _open_prepared(self, path: str | None, labels: str | None) -> None:
         """A prepared set of vectors at `path` (`python -m diffusion.prepare`): already in model units, labelled
         or not, with its split and normalization."""
         if path is None:
             raise UserError(
-                "--data.dataset streaming needs the prepared set",
-                "point --data.path at the folder or URL it is in",
+                "{--dataset} streaming needs the prepared set",
+                "point {--path} at the folder or URL it is in",
+                type(self),
             )
         if labels is not None:
             raise UserError(
-                "--data.labels does not apply to a prepared set (its labels were stored when it was prepared)",
-                "leave --data.labels unset, or prepare the set again with them",
+                "{--labels} does not apply to a prepared set (its labels were stored when it was prepared)",
+                "leave {--labels} unset, or prepare the set again with them",
+                type(self),
             )
-        self.prepared = open_prepared(path, "--data.path")
+        with options_of(type(self)):
+            self.prepared = open_prepared(path, "{--path}")
         if self.prepared.kind != "vectors":
             raise UserError(
-                f"--data.path {path} holds prepared images, not vectors",
-                f"train it with --data.class_path diffusion.data.ImageDataModule --data.dataset streaming "
-                f"--data.root {path}",
+                f"{{--path}} {path} holds prepared images, not vectors",
+                f"train it with {{--class_path}} diffusion.data.ImageDataModule {{--dataset}} streaming "
+                f"{{--root}} {path}",
+                type(self),
             )
         self.dataset, self.path, self.labels = "streaming", path, None
         self._classes = self.prepared.class_names
@@ -155,7 +163,7 @@ class VectorDataModule(SplitDataModule):
     def class_names(self) -> list[str] | None:
         if self.prepared is not None:
             return self._classes
-        return None if self.labels is None else [str(i) for i in range(self.num_classes)]
+        return None if self.labels is None else [str(i) for i in range(self.num_classes)]  # type: ignore[arg-type]
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -172,7 +180,7 @@ class VectorDataModule(SplitDataModule):
             self._prepared_split(with_labels=self._classes is not None)
         if self.train_set is None:
             if self.labels is None:
-                self._split(IndexedDataset(self.data))
+                self._split(IndexedDataset(self.data))  # type: ignore[arg-type]  # a tensor indexes as a dataset
             else:
                 self._split(IndexedDataset(TensorDataset(self.data, self.labels), with_labels=True))
 
@@ -223,35 +231,37 @@ def _load_npy(path: Path) -> np.ndarray:
         f"pass an (N, D) array of numbers: {save}, as float or int "
         "(a .csv: np.save(path, np.loadtxt(csv, delimiter=',')))"
     )
-    array, _ = read_array(path, "--data.path", fix)
+    array, _ = read_array(path, "{--path}", fix)
     if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
-        raise ValueError(
-            f"--data.path {path} has dtype {array.dtype}, not real numbers — {save}, as float or int: "
-            "array.astype(np.float32)"
+        raise InvalidValue(
+            f"{{--path}} {path} has dtype {array.dtype}, not real numbers",
+            f"{save}, as float or int: array.astype(np.float32)",
         )
     if array.ndim != 2:
-        raise ValueError(
-            f"--data.path {path} has shape {array.shape}, expected (N, D) — "
-            "reshape it, e.g. array.reshape(len(array), -1) for images or array[:, None] for scalars"
+        raise InvalidValue(
+            f"{{--path}} {path} has shape {array.shape}, expected (N, D)",
+            "reshape it, e.g. array.reshape(len(array), -1) for images or array[:, None] for scalars",
         )
     if array.shape[0] < 2 or array.shape[1] < 1:
-        raise ValueError(
-            f"--data.path {path} has shape {array.shape}, too small — save N >= 2 samples of D >= 1 features"
+        raise InvalidValue(
+            f"{{--path}} {path} has shape {array.shape}, too small", "save N >= 2 samples of D >= 1 features"
         )
     data = np.asarray(array, dtype=np.float64)
     with np.errstate(over="ignore"):  # values beyond float32 range become inf: reported just below
         bad_rows = ~np.isfinite(data.astype(np.float32)).all(axis=1)
     if bad_rows.any():
-        raise ValueError(
-            f"--data.path {path} has {int(bad_rows.sum())} rows with NaN/inf values (or values too large for "
-            f"float32), first at row {int(bad_rows.argmax())} — drop or fix them"
+        raise InvalidValue(
+            f"{{--path}} {path} has {int(bad_rows.sum())} rows with NaN/inf values (or values too large for "
+            f"float32), first at row {int(bad_rows.argmax())}",
+            "drop or fix them",
         )
     # Refused rather than warned about: standardized, such data is all zeros, and the model could only learn
     # to return that one point, which needs no training. A constant feature beside others that vary is data
     # (a fixed coordinate): it maps to 0 and trains (`feature_scaling`).
     if (data == data[0]).all():
-        raise ValueError(
-            f"--data.path {path}: its {len(data)} rows are all the same point (zero variance in every feature), "
-            "so there is nothing to learn — pass samples that differ (check that the array was filled)"
+        raise InvalidValue(
+            f"{{--path}} {path}: its {len(data)} rows are all the same point (zero variance in every feature), "
+            "so there is nothing to learn",
+            "pass samples that differ (check that the array was filled)",
         )
     return data

@@ -6,7 +6,8 @@ samples r, r + W, r + 2W, ... (`rank_indices`), each from its own per-sample see
 module, declared), and `gather_in_order` puts the gathered shares back in index order.
 Generation takes its sampler built (`module.sampler(options)`, `diffusion.core.sampling`) and only runs it: each
 batch one call from the commands, `python -m diffusion.sample` -> `generate_in_chunks` -> the sampler's numbered
-steps (`diffusion.core.samplers`); it never goes back to the module for options.
+steps (`diffusion.core.samplers`); it never goes back to the module for options. Only `generate` given no sampler
+asks the module for its own (`module.model_sampling.sampler()`, what the sample command without flags draws with).
 Class labels follow the same rule: sample i has label `labels[i]` (`diffusion.data.labels.class_labels`) on any
 rank.
 Ranks exchange images as uint8 (`render.compact`, a quarter of float32's bytes: 50,000 256x256 RGB images
@@ -28,7 +29,17 @@ from tqdm import tqdm
 
 from diffusion.core.noise import Generators
 from diffusion.core.samplers.contract import Denoiser, Sampler
+from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
+from diffusion.generation.arguments import (
+    check_guidance_fits,
+    check_module,
+    check_sampler_and_switches,
+    checked_counts,
+    checked_labels,
+    own_sampling,
+    sampler_from_deprecated_options,
+)
 from diffusion.generation.render import compact
 
 # Samples drawn at once on each device: a sampling loop's batch (the sample command's --batch_size, the grid and
@@ -43,7 +54,8 @@ CHUNK_BYTES = 64 * 2**20  # samples a rank holds before they are gathered and wr
 class Sampleable(Protocol):
     """What generation needs of a module, and all it uses (`DiffusionModule` is one; tests check that it is):
     each sample's initial noise and generators, the network as samplers see it, an evaluation mode, and the
-    data's shape and units. The sampler comes built, from the caller."""
+    data's shape and units. The sampler comes built, from the caller (`generate` given none draws with a module's
+    own, its `model_sampling`, which a DiffusionModule has and a bare Sampleable need not)."""
 
     sample_shape: tuple[int, ...]
 
@@ -57,6 +69,12 @@ class Sampleable(Protocol):
     def denoiser(self, num_samples: int, labels: torch.Tensor | None = None) -> Denoiser: ...
 
     def evaluating(self) -> AbstractContextManager[None]: ...
+
+
+# What `check_module` looks for: Sampleable's members, read without calling them (isinstance would call them).
+SAMPLEABLE_MEMBERS = sorted(
+    {*Sampleable.__annotations__, *(name for name in vars(Sampleable) if name[0] != "_")}
+)
 
 
 def rank_indices(num_samples: int, rank: int, world_size: int, equal_shares: bool = False) -> torch.Tensor:
@@ -97,7 +115,7 @@ def generate(
     module: Sampleable,
     num_samples: int,
     *,
-    sampler: Sampler,
+    sampler: Sampler | None = None,
     seed: int = 0,
     batch_size: int = SAMPLING_BATCH,
     rank: int = 0,
@@ -105,13 +123,32 @@ def generate(
     progress: bool = False,
     uint8_images: bool = False,
     labels: torch.Tensor | None = None,
+    options: SamplingOptions | None = None,
 ) -> torch.Tensor:
     """This rank's equal share of `num_samples` samples (see `rank_indices`), on the CPU, in model units.
 
+    sampler: a built sampler (`module.sampler(SamplingOptions(...))`); None draws with the module's own, the
+        sampler its checkpoint names (`module.sampler()`, as `python -m diffusion.sample` without flags).
+    labels: the class of each of the `num_samples` samples of a class-conditional model (`class_labels`).
+    options: deprecated, the form before `sampler=` (`module.sampler(options)` is drawn with, and a
+        DeprecationWarning says so).
+
     With world_size 1 that is simply samples 0..num_samples-1. With `uint8_images`, images come back as
     uint8 (N, C, H, W) in 0..255 (`render.compact`), each batch converted as it is drawn, so no more than one
-    batch of float images is ever held; vectors stay float in model units.
+    batch of float images is ever held; vectors stay float in model units. Every argument is checked before any
+    sampling (`generation.arguments`).
     """
+    check_module(module, SAMPLEABLE_MEMBERS)
+    sampler = sampler_from_deprecated_options(module, sampler, options)
+    num_samples, seed, batch_size, rank, world_size = checked_counts(
+        num_samples, seed, batch_size, rank, world_size
+    )
+    check_sampler_and_switches(module, sampler, {"progress": progress, "uint8_images": uint8_images})
+    if sampler is None:  # the checkpoint's own, as the sample command's without flags
+        sampler = own_sampling(module).sampler()  # type: ignore[union-attr]  # checked: it has one
+    else:
+        check_guidance_fits(module, sampler)
+    labels = checked_labels(module, labels, num_samples)
     indices = rank_indices(num_samples, rank, world_size, equal_shares=True)
     batches = generate_batches(
         module, indices, sampler=sampler, seed=seed, batch_size=batch_size, progress=progress, labels=labels

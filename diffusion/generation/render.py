@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch
 from matplotlib.figure import Figure
 from torchvision.utils import make_grid, save_image
 
-from diffusion.errors import UserError
+from diffusion.errors import UserError, WrongType, check_whole_number, naming_a_full_disk
 
 SAMPLES, GRID = "samples.npz", "grid.png"
 MAX_SCATTER = 100_000  # vectors drawn in grid.png: a scatter of more shows no more
@@ -31,8 +32,21 @@ LABEL_CHUNK = 1 << 20
 GB = 1e9
 
 
+def check_samples_and_normalization(x: object, normalization: object) -> None:
+    """Samples as a tensor, and the normalization as the module's (a dict of per-channel `shift` and `scale`)."""
+    if not isinstance(x, torch.Tensor):
+        raise WrongType(
+            "x", x, "a tensor of samples", "pass what generate returns (torch.as_tensor(x) for arrays)"
+        )
+    if not isinstance(normalization, Mapping) or not {"shift", "scale"} <= set(normalization):
+        raise WrongType(
+            "normalization", normalization, "a dict of 'shift' and 'scale'", "pass module.normalization"
+        )
+
+
 def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
     """Map a batch from model units back to data units: (B, C, H, W) per channel, (B, D) per feature."""
+    check_samples_and_normalization(x, normalization)
     if x.ndim < 2:
         raise ValueError(f"expected a batch of shape (B, C, H, W) or (B, D), got shape {tuple(x.shape)}")
     shift = torch.as_tensor(normalization["shift"], dtype=x.dtype, device=x.device)
@@ -48,6 +62,7 @@ def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
 
 def to_uint8(x: torch.Tensor, normalization: dict) -> torch.Tensor:
     """(N, C, H, W) images in model units -> uint8 (N, C, H, W) in 0..255, on x's device."""
+    check_samples_and_normalization(x, normalization)
     if x.ndim != 4:
         raise ValueError(f"expected images of shape (N, C, H, W), got shape {tuple(x.shape)}")
     images = denormalize(x.detach().float(), normalization).clamp(0, 1)
@@ -73,7 +88,19 @@ def rows_by_class(
 ) -> tuple[torch.Tensor, int]:
     """(N, C, H, W) images rearranged into one row per class present (ascending; samples in index order, at
     most `per_class` of each), short rows padded with blank images: (images, images per row)."""
+    if not isinstance(images, torch.Tensor) or images.ndim != 4:
+        raise WrongType(
+            "images", images, "(N, C, H, W) images as a tensor", "pass generate's samples of images"
+        )
+    if per_class is not None:
+        check_whole_number(
+            "per_class", per_class, 1, "pass how many samples of each class a row shows, or None"
+        )
     labels = torch.as_tensor(labels).cpu()
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise WrongType(
+            "labels", labels, "integer class indices", "pass the labels generate was given (ints)"
+        )
     if labels.shape != (len(images),):
         raise ValueError(
             f"need one label per image, got {tuple(labels.shape)} labels for {len(images)} images"
@@ -87,6 +114,14 @@ def rows_by_class(
 def save_image_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None) -> torch.Tensor:
     """Save (N, C, H, W) images in [0, 1] as a grid PNG, `nrow` per row (default near-square); return the grid
     (C, H', W')."""
+    if not isinstance(images, torch.Tensor) or images.ndim != 4:
+        raise WrongType(
+            "images", images, "(N, C, H, W) images as a tensor", "pass images in [0, 1], (N, C, H, W)"
+        )
+    if not isinstance(path, str | os.PathLike):
+        raise WrongType("path", path, "a path", "pass the PNG's path (a str or pathlib.Path)")
+    if nrow is not None:
+        check_whole_number("nrow", nrow, 1, "pass the images per row, or None for a near-square grid")
     nrow = nrow or int(math.ceil(math.sqrt(len(images))))
     grid = make_grid(images.clamp(0, 1), nrow=nrow, padding=1)
     save_image(grid, str(path))
@@ -247,8 +282,9 @@ class SamplesWriter:
         else:
             samples = samples.detach().float().cpu()
             array = denormalize(samples, self.normalization).numpy().astype(np.float32)
-        self.entry.write(np.ascontiguousarray(array).tobytes())
-        self.archive.fp.flush()  # on disk as it comes, not in a buffer
+        with naming_a_full_disk(self.out_dir / SAMPLES):  # the partial folder goes in __exit__
+            self.entry.write(np.ascontiguousarray(array).tobytes())
+            self.archive.fp.flush()  # on disk as it comes, not in a buffer
         kept = sum(len(batch) for batch in self.grid_samples)
         if kept < self.grid_count:
             self.grid_samples.append(samples[: self.grid_count - kept])
@@ -258,6 +294,10 @@ class SamplesWriter:
         """Add the labels, draw the grid, and move both files into OUT; returns OUT/samples.npz."""
         if self.written != self.num_samples:
             raise ValueError(f"{self.written} samples written to a file of {self.num_samples}")
+        with naming_a_full_disk(self.out_dir / SAMPLES):
+            return self._finish()
+
+    def _finish(self) -> Path:
         self.entry.close()
         if self.labels is not None:
             entry = self._open_array("arr_1", np.dtype(np.int64), (self.num_samples,))

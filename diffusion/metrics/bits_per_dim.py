@@ -60,7 +60,9 @@ def image_bounds(
         x0 = images[batch % len(images)].to(device)
         batch_labels = None if labels is None else labels[batch % len(labels)].to(device)
 
-        def model(x_t: torch.Tensor, t: torch.Tensor, batch_labels=batch_labels) -> torch.Tensor:
+        def model(
+            x_t: torch.Tensor, t: torch.Tensor, batch_labels: torch.Tensor | None = batch_labels
+        ) -> torch.Tensor:
             return guided_output(network, x_t, t, batch_labels)  # conditional, unguided: p(x | y)
 
         terms = bound_terms(model, schedule, process, x0, batch, seed=seed, progress=progress)

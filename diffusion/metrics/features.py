@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diffusion.errors import InvalidValue, UserError
+
 Features = Literal["inception", "pixels"]
 
 PIXEL_SIZE = 8  # PixelFeatures pools every image to 8x8 per channel
@@ -89,9 +91,10 @@ class InceptionFeatures(nn.Module):
                 feature_extractor_weights_path=weights_path,
             )
         except OSError as err:  # urllib's URLError is an OSError: no network, or a bad weights_path
-            raise RuntimeError(
-                f"could not load the InceptionV3 weights ({err}). They are downloaded from GitHub on first use; "
-                "offline, pass a local copy (inception_weights / --inception_weights) or use features='pixels'"
+            raise UserError(
+                f"could not load the InceptionV3 weights ({err}); they are downloaded from GitHub on first use",
+                "offline, pass a local copy (inception_weights) or use features='pixels'",
+                InceptionFeatures,
             ) from err
 
     def train(self, mode: bool = True) -> InceptionFeatures:
@@ -113,7 +116,7 @@ class InceptionFeatures(nn.Module):
 
 def check_features(features: str) -> None:
     if features not in get_args(Features):
-        raise ValueError(f"unknown features {features!r}; choose one of {get_args(Features)}")
+        raise InvalidValue(f"unknown features {features!r}", f"choose one of {get_args(Features)}")
 
 
 def distance_name(features: Features) -> str:

@@ -9,11 +9,14 @@ feeds FID, KID and IS together (`diffusion.metrics.sample_quality`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
+from diffusion.errors import OutOfRange, WrongType
 from diffusion.metrics.reference_stats import FeatureStatistics
 
 
@@ -27,10 +30,33 @@ def frechet_distance(
     sigma1^(1/2) sigma2 sigma1^(1/2), so its eigenvalues are real and >= 0 up to rounding; the real part of
     the complex square root drops the rounding's tiny negative ones (singular covariances, e.g. blank pixels).
     """
-    mu1, sigma1, mu2, sigma2 = (x.double() for x in (mu1, sigma1, mu2, sigma2))
+    mu1, sigma1, mu2, sigma2 = checked_statistics(mu1=mu1, sigma1=sigma1, mu2=mu2, sigma2=sigma2)
     eigenvalues = torch.linalg.eigvals(sigma1 @ sigma2)
     trace_sqrt = eigenvalues.sqrt().real.sum()
     return (mu1 - mu2).square().sum() + sigma1.trace() + sigma2.trace() - 2 * trace_sqrt
+
+
+def checked_statistics(**given: object) -> list[torch.Tensor]:
+    """`frechet_distance`'s arguments as float64 tensors (numpy arrays too: a statistics file's `mu` and `sigma`),
+    each mean (D,) and covariance (D, D) of one D, refused by name otherwise."""
+    tensors = {}
+    for name, value in given.items():
+        if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.number):
+            value = torch.from_numpy(value)
+        if not isinstance(value, torch.Tensor) or value.dtype == torch.bool or value.is_complex():
+            raise WrongType(
+                name, value, "a tensor or array of numbers", "pass a mean (D,) and a covariance (D, D)"
+            )
+        tensors[name] = value.double()
+    size = len(tensors["mu1"]) if tensors["mu1"].ndim == 1 else None
+    for name, value in tensors.items():
+        shape = (size,) if name.startswith("mu") else (size, size)
+        if size is None or value.shape != shape:
+            raise OutOfRange(
+                name, f"<shape {tuple(value.shape)}>", f"of shape {shape if size else '(D,)'}",
+                "pass both sets' means (D,) and covariances (D, D) of one feature space",
+            )  # fmt: skip
+    return list(tensors.values())
 
 
 class GivenFeatures(nn.Module):
@@ -54,7 +80,7 @@ class FrechetDistance(FrechetInceptionDistance):
     """
 
     def __init__(
-        self, num_features: int, reference: FeatureStatistics | None = None, **metric_kwargs
+        self, num_features: int, reference: FeatureStatistics | None = None, **metric_kwargs: Any
     ) -> None:
         if reference is not None and reference.size != num_features:
             raise ValueError(f"reference statistics are {reference.size}-d, the features {num_features}-d")
@@ -95,7 +121,7 @@ class FrechetDistance(FrechetInceptionDistance):
     def compute(self) -> torch.Tensor:
         return frechet_distance(*self.reference_statistics(), *self.statistics(real=False))
 
-    def feature_statistics(self, **provenance) -> FeatureStatistics:
+    def feature_statistics(self, **provenance: Any) -> FeatureStatistics:
         """The fed real features' statistics as a `FeatureStatistics` (to save as a reference file);
         ``provenance``: its ``features``, ``num_images`` and ``image_size``."""
         mean, covariance = self.statistics(real=True)

@@ -6,7 +6,7 @@ FID statistics (`diffusion.metrics.reference_stats`) standing in for the referen
 from __future__ import annotations
 
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import numpy as np
 from torch.utils.data import DataLoader, Subset
@@ -16,17 +16,19 @@ from diffusion.data.image_files import find_images
 from diffusion.data.images import MIN_IMAGE_SIZE, ImageDataModule, ImageDatasetName
 from diffusion.data.numpy_files import ARRAY_FILE, read_images
 from diffusion.data.split import READING_BATCH
+from diffusion.errors import InvalidValue
 from diffusion.generation.render import to_uint8_images
 from diffusion.metrics.progress import progress_bar
 from diffusion.metrics.reference_stats import FeatureStatistics, is_statistics_file, load_statistics
 
 
-def load_npz_images(path: str | Path, flag: str = "--samples") -> np.ndarray:
+def load_npz_images(path: str | Path, flag: str = "{command:--samples}") -> np.ndarray:
     """The uint8 (N, H, W, C) images of a samples file (.npz or .npy, by `diffusion.data.numpy_files`'s rule)."""
     images, _ = read_images(path, flag)
     if len(images) < 2:
-        raise ValueError(
-            f"{path} holds {len(images)} image(s) and FID needs at least 2 — sample more (--num_samples)"
+        raise InvalidValue(
+            f"{path} holds {len(images)} image(s) and FID needs at least 2",
+            "sample more ({command:--num_samples})",
         )
     return images
 
@@ -43,38 +45,40 @@ def load_reference(
     images of an .npz, or of a dataset's train split rendered at ``image_size`` (None: the dataset's own; all
     images, or a fixed random ``num_reference`` of them). A folder holding one .npz or .npy stands for it."""
     if Path(reference).is_dir() and reference not in get_args(ImageDatasetName):
-        reference = str(file_in_folder(reference, "--reference", ARRAY_FILE))
+        reference = str(file_in_folder(reference, "{command:--reference}", ARRAY_FILE))
     if is_statistics_file(reference):
         if num_reference is not None:
-            raise ValueError(
-                f"--num_reference picks reference images, and {reference} holds statistics, not images — "
-                "leave --num_reference out"
+            raise InvalidValue(
+                f"{{command:--num_reference}} picks reference images, and {reference} holds statistics, not images",
+                "leave {command:--num_reference} out",
             )
         return load_statistics(reference)
     if reference.endswith((".npz", ".npy")) or Path(reference).is_file():
-        images = load_npz_images(reference, "--reference")
+        images = load_npz_images(reference, "{command:--reference}")
         return images[_subset(len(images), num_reference, seed)]
     if reference not in get_args(ImageDatasetName):
-        raise ValueError(
-            f"--reference {reference!r} is neither an existing .npz file nor a dataset — pass an .npz (images or "
-            f"FID statistics) or one of the datasets {', '.join(get_args(ImageDatasetName))}"
+        raise InvalidValue(
+            f"{{command:--reference}} {reference!r} is neither an existing .npz file nor a dataset",
+            f"pass an .npz (images or "
+            f"FID statistics) or one of the datasets {', '.join(get_args(ImageDatasetName))}",
         )
     if image_size is not None and image_size < MIN_IMAGE_SIZE:  # rendered at the samples' size
-        raise ValueError(
+        raise InvalidValue(
             f"the samples are {image_size}x{image_size}, smaller than the {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE} a "
-            f"dataset reference can be rendered at — compare them with an .npz of {image_size}x{image_size} "
-            "images as --reference"
+            f"dataset reference can be rendered at",
+            f"compare them with an .npz of {image_size}x{image_size} images as {{command:--reference}}",
         )
     if reference == "folder":
-        find_images(data_root, "--data_root")  # the folder's errors, naming evaluate's flag
-    folder_channels = channels if reference == "folder" else None
+        find_images(data_root, "{command:--data_root}")  # the folder's errors, naming evaluate's flag
+    folder_channels: Any = channels if reference == "folder" else None  # 1 or 3: the samples' channels
     data = ImageDataModule(
         reference, root=data_root, image_size=image_size, channels=folder_channels, random_flip=False,
         val_fraction=0.0,
     )  # fmt: skip
     data.prepare_data()  # downloads torchvision datasets on first use
     data.setup("fit")
-    dataset = Subset(data.train_set, _subset(len(data.train_set), num_reference, seed).tolist())
+    train_set: Any = data.train_set  # made by setup
+    dataset = Subset(train_set, _subset(len(train_set), num_reference, seed).tolist())
     parts = []
     with progress_bar(len(dataset), f"reading {reference}") as bar:
         for batch in DataLoader(dataset, batch_size=READING_BATCH, shuffle=False):

@@ -12,11 +12,13 @@ and the score does not depend on a shuffling seed. The logits are those of the T
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange
 
 IS_SPLITS = 10
 
@@ -28,7 +30,9 @@ class InceptionScore(Metric):
     full_state_update = False
     higher_is_better = True
 
-    def __init__(self, splits: int = IS_SPLITS, **metric_kwargs) -> None:
+    logits: list[torch.Tensor]  # the metric's state (add_state), declared for the type checker
+
+    def __init__(self, splits: int = IS_SPLITS, **metric_kwargs: Any) -> None:
         super().__init__(**metric_kwargs)
         if splits < 1:
             raise OutOfRange("splits", splits, ">= 1")
@@ -43,9 +47,10 @@ class InceptionScore(Metric):
 
         logits = dim_zero_cat(self.logits)
         if len(logits) < self.splits:
-            raise ValueError(
+            raise InvalidValue(
                 f"the Inception Score splits the samples into {self.splits} parts, so it needs at least "
-                f"{self.splits} samples, got {len(logits)} — score more samples"
+                f"{self.splits} samples, got {len(logits)}",
+                "score more samples",
             )
         score = isc_features_to_metric(logits.cpu(), splits=self.splits, shuffle=False)
         mean, std = score["inception_score_mean"], score["inception_score_std"]

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from diffusion.data.numpy_files import holds_objects, numpy_file_kind
-from diffusion.errors import UserError
+from diffusion.errors import InvalidValue, MissingFile, UserError, WrongType
 
-WRITE_FIX = "write one with python -m diffusion.evaluate --reference DATASET_OR_NPZ --save_stats FILE.npz"
+WRITE_FIX = "write one with python -m diffusion.evaluate {command:--reference} DATASET_OR_NPZ {command:--save_stats} FILE.npz"
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class FeatureStatistics:
         if self.features is not None and self.features != features:
             raise UserError(
                 f"{name} holds statistics of {self.features} features, not {features}",
-                f"use features {self.features} (--features {self.features}), or write statistics of {features} "
-                "features (--save_stats)",
+                f"use features {self.features} ({{command:--features}} {self.features}), or write statistics of "
+                f"{features} features ({{command:--save_stats}})",
             )
         if self.size != size:
             raise UserError(
@@ -70,8 +70,8 @@ class FeatureStatistics:
             h, w = self.image_size
             raise UserError(
                 f"{name} holds statistics of {h}x{w} images but the samples are {image_size[0]}x{image_size[1]}",
-                "Inception FID compares images of one size: write statistics at the samples' size (--save_stats "
-                "with a dataset name as --reference renders it at that size)",
+                "Inception FID compares images of one size: write statistics at the samples' size "
+                "({command:--save_stats} with a dataset name as {command:--reference} renders it at that size)",
             )
 
 
@@ -91,10 +91,12 @@ def is_statistics_file(path: str | Path) -> bool:
 
 def load_statistics(path: str | Path) -> FeatureStatistics:
     """Read an .npz of FID statistics (``mu``, ``sigma``; see the module docstring), checked."""
+    if not isinstance(path, str | os.PathLike):
+        raise WrongType("path", path, "a path", "pass the statistics file's path (a str or pathlib.Path)")
     path = Path(path)
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"statistics file {path} {what} — {WRITE_FIX}")
+        raise MissingFile(f"statistics file {path} {what}", WRITE_FIX)
     if numpy_file_kind(path) != "npz":
         raise UserError(f"{path} is not an .npz archive of FID statistics", WRITE_FIX)
     try:
@@ -113,9 +115,12 @@ def load_statistics(path: str | Path) -> FeatureStatistics:
             num_images = int(archive["num_images"]) if "num_images" in archive.files else None
             size = tuple(int(s) for s in archive["image_size"]) if "image_size" in archive.files else None
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
-        raise ValueError(f"{path} is truncated or corrupt ({err}) — {WRITE_FIX}") from err
+        raise InvalidValue(f"{path} is truncated or corrupt ({err})", WRITE_FIX) from err
     try:
-        return FeatureStatistics(mu.astype(np.float64), sigma.astype(np.float64), features, num_images, size)
+        return FeatureStatistics(
+            mu.astype(np.float64), sigma.astype(np.float64), features, num_images,
+            size,  # type: ignore[arg-type]  # (H, W) as save_statistics wrote it; its length is not checked
+        )  # fmt: skip
     except ValueError as err:
         raise UserError(f"{path}: {err}", WRITE_FIX) from err
 
@@ -126,15 +131,20 @@ def check_new_statistics_file(path: str | Path, overwrite: bool = False) -> Path
     path = Path(path)
     if path.suffix != ".npz":
         raise UserError(
-            f"--save_stats {path} does not end in .npz", f"pass a name like {path.with_suffix('.npz')}"
+            f"{{command:--save_stats}} {path} does not end in .npz",
+            f"pass a name like {path.with_suffix('.npz')}",
         )
     if path.is_dir():
-        raise UserError(f"--save_stats {path} is a folder", "pass a file name ending in .npz")
+        raise UserError(f"{{command:--save_stats}} {path} is a folder", "pass a file name ending in .npz")
     if path.exists() and not overwrite:
-        raise UserError(f"--save_stats {path} exists", "pass --overwrite to replace it, or another file name")
+        raise UserError(
+            f"{{command:--save_stats}} {path} exists",
+            "pass {command:--overwrite} to replace it, or another file name",
+        )
     if not path.parent.is_dir():
         raise UserError(
-            f"--save_stats {path}: no folder {path.parent}", "create it first, or pass another path"
+            f"{{command:--save_stats}} {path}: no folder {path.parent}",
+            "create it first, or pass another path",
         )
     return path
 
@@ -152,7 +162,8 @@ def save_statistics(path: str | Path, stats: FeatureStatistics) -> Path:
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "xb") as file:  # a file object: np.savez appends no second .npz
-            np.savez(file, mu=stats.mu, sigma=stats.sigma, **extra)
+            # numpy's stub types savez's keyword arrays as its allow_pickle flag.
+            np.savez(file, mu=stats.mu, sigma=stats.sigma, **extra)  # type: ignore[arg-type]
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from torchmetrics import Metric
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange
 from diffusion.metrics.features import Features, check_features, make_feature_extractor
 from diffusion.metrics.fid import FrechetDistance, GivenFeatures
 from diffusion.metrics.inception_score import IS_SPLITS, InceptionScore
@@ -67,22 +67,23 @@ class SampleQuality(nn.Module):
         kid_subsets: int = 100,
         is_splits: int = IS_SPLITS,
         inception_weights: str | None = None,
-        **metric_kwargs,
+        **metric_kwargs: Any,
     ) -> None:
         super().__init__()
         check_features(features)
         unknown = [name for name in metrics if name not in get_args(QualityMetric)]
         if unknown:
-            raise ValueError(f"unknown metrics {unknown}; choose from {get_args(QualityMetric)}")
+            raise InvalidValue(f"unknown metrics {unknown}", f"choose from {get_args(QualityMetric)}")
         if "is" in metrics and features != "inception":
-            raise ValueError(
-                f"the Inception Score needs Inception features (the classifier's logits), not {features} — "
-                "use features='inception' or leave 'is' out"
+            raise InvalidValue(
+                f"the Inception Score needs Inception features (the classifier's logits), not {features}",
+                "use features='inception' or leave 'is' out",
             )
         if "kid" in metrics and reference is not None:
-            raise ValueError(
+            raise InvalidValue(
                 "KID needs the reference images' features, and FID statistics hold only their mean and "
-                "covariance — leave 'kid' out or compare with reference images"
+                "covariance",
+                "leave 'kid' out or compare with reference images",
             )
         if kid_subset_size < 2:
             raise OutOfRange("kid_subset_size", kid_subset_size, ">= 2 (KID's unbiased estimator)")
@@ -127,6 +128,7 @@ class SampleQuality(nn.Module):
         so ranks agree and training randomness is left untouched.
         """
         num_fake = _gathered_sum(self.fid, self.fid.fake_features_num_samples)
+        num_real: int | None
         if self.reference is None:
             num_real = _gathered_sum(self.fid, self.fid.real_features_num_samples)
         else:
@@ -138,7 +140,8 @@ class SampleQuality(nn.Module):
             result["fid"] = float(self.fid.compute())
         if self.kid is not None:
             # KID's subsets are drawn from all gathered features: they cannot outnumber them.
-            self.kid.subset_size = min(self.kid_subset_size, num_real, num_fake)
+            # KID takes no reference statistics: num_real is the gathered count.
+            self.kid.subset_size = min(self.kid_subset_size, num_real, num_fake)  # type: ignore[type-var, assignment]
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 kid_mean, kid_std = self.kid.compute()

@@ -25,7 +25,7 @@ from torch import nn
 from diffusion.errors import UserError
 from diffusion.models.unet import MAX_GROUPS, AttnBlock, ResBlock, UNet
 
-INSTEAD = "export with --format safetensors (this project's own format) instead"
+INSTEAD = "export with {command:--format} safetensors (this project's own format) instead"
 
 
 def check_maps_to_diffusers(unet: nn.Module) -> None:
@@ -69,7 +69,7 @@ def check_maps_to_diffusers(unet: nn.Module) -> None:
 
 def level_widths(unet: UNet) -> list[int]:
     """The width of every level, channels * channel_mult[level] (read off the up path, which always has blocks)."""
-    return [stage.blocks[0].conv1.out_channels for stage in reversed(unet.up)]
+    return [stage.blocks[0].conv1.out_channels for stage in reversed(unet.up)]  # type: ignore[index, union-attr]
 
 
 def diffusers_unet_config(unet: UNet, sample_shape: tuple[int, ...]) -> dict:
@@ -77,7 +77,7 @@ def diffusers_unet_config(unet: UNet, sample_shape: tuple[int, ...]) -> dict:
     (C, H, W)."""
     check_maps_to_diffusers(unet)
     widths = level_widths(unet)
-    attention = [isinstance(stage.attns[0], AttnBlock) for stage in reversed(unet.up)]
+    attention = [isinstance(stage.attns[0], AttnBlock) for stage in reversed(unet.up)]  # type: ignore[index]
     down = ["AttnDownBlock2D" if attn else "DownBlock2D" for attn in attention]
     heads = unet.mid_attn.num_heads
     height, width = sample_shape[-2:]
@@ -86,7 +86,7 @@ def diffusers_unet_config(unet: UNet, sample_shape: tuple[int, ...]) -> dict:
         "in_channels": unet.in_channels,
         "out_channels": unet.conv_out.out_channels,
         "block_out_channels": widths,
-        "layers_per_block": len(unet.down[0].blocks),
+        "layers_per_block": len(unet.down[0].blocks),  # type: ignore[arg-type]
         "down_block_types": down,
         "up_block_types": [block.replace("Down", "Up") for block in reversed(down)],
         "attention_head_dim": None if heads == 1 else unet.mid_attn.proj_out.out_channels // heads,

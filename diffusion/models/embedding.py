@@ -6,7 +6,7 @@ import math
 import torch
 
 from diffusion.core.guidance import NO_LABEL
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange
 
 
 def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -54,7 +54,8 @@ class ClassEmbedding(torch.nn.Embedding):
     def forward(self, y: torch.Tensor | None, batch_size: int | None = None) -> torch.Tensor:
         """y: (B,) int64 labels in 0..num_classes-1 or NO_LABEL (None: all NO_LABEL, B = batch_size) -> (B, dim)."""
         if y is None:
-            y = torch.full((batch_size,), NO_LABEL, dtype=torch.long, device=self.weight.device)
+            # batch_size is given with y None.
+            y = torch.full((batch_size,), NO_LABEL, dtype=torch.long, device=self.weight.device)  # type: ignore[arg-type]
         if y.ndim != 1 or y.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"class labels must be integers of shape (B,), got {y.dtype} {tuple(y.shape)}")
         # Values are checked where labels enter (check_batch, class_labels): here it would cost a device sync
@@ -64,9 +65,9 @@ class ClassEmbedding(torch.nn.Embedding):
 
 def check_unconditional(y: torch.Tensor | None, network: str) -> None:
     if y is not None:
-        raise ValueError(
-            f"{network} got class labels but was built without num_classes: it is unconditional (train with "
-            "--data.conditional true for a class-conditional network)"
+        raise InvalidValue(
+            f"{network} got class labels but was built without num_classes: it is unconditional",
+            "train with {LightningDataModule:--conditional} true for a class-conditional network",
         )
 
 

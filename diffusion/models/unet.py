@@ -5,7 +5,8 @@ Two generalisations: attention levels are given as indices into ``channel_mult``
 resolutions (the network does not need to know the image size), and attention can be multi-head.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange
 from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
 
 MAX_GROUPS = 32
@@ -177,9 +178,10 @@ class UNet(nn.Module):
         attention_levels = tuple(attention_levels)
         for level in checkpoint_levels:
             if not 0 <= level < len(channel_mult):
-                raise ValueError(
-                    f"checkpoint level {level} is out of range: levels are indices into channel_mult="
-                    f"{channel_mult}, allowed 0..{len(channel_mult) - 1}"
+                raise InvalidValue(
+                    f"checkpoint level {level} is out of range: levels are indices into channel_mult={channel_mult}",
+                    f"pass {{--checkpoint_levels}} in 0..{len(channel_mult) - 1}",
+                    type(self),
                 )
         self.checkpoint_levels = frozenset(checkpoint_levels)
         self._validate(
@@ -273,26 +275,27 @@ class UNet(nn.Module):
             raise OutOfRange("num_heads", num_heads, ">= 1", owner=type(self))
         for level in attention_levels:
             if not 0 <= level < len(channel_mult):
-                raise ValueError(
-                    f"attention level {level} is out of range: levels are indices into "
-                    f"channel_mult={channel_mult}, allowed 0..{len(channel_mult) - 1}"
+                raise InvalidValue(
+                    f"attention level {level} is out of range: levels are indices into channel_mult={channel_mult}",
+                    f"pass {{--attention_levels}} in 0..{len(channel_mult) - 1}",
+                    type(self),
                 )
         groups = min(MAX_GROUPS, channels)
         for level, mult in enumerate(channel_mult):
             width = channels * mult
             if width % groups != 0:
-                raise ValueError(
+                raise InvalidValue(
                     f"level {level} has {width} channels (channels={channels} x channel_mult[{level}]={mult}), "
-                    f"not divisible by the {groups} GroupNorm groups; use channels that is a multiple of "
-                    f"{MAX_GROUPS} (or below {MAX_GROUPS})"
+                    f"not divisible by the {groups} GroupNorm groups",
+                    f"use channels that is a multiple of {MAX_GROUPS} (or below {MAX_GROUPS})",
                 )
         # Attention runs at the listed levels and always in the middle (the last level's width).
         for level in {*attention_levels, len(channel_mult) - 1}:
             width = channels * channel_mult[level]
             if width % num_heads != 0:
-                raise ValueError(
-                    f"num_heads={num_heads} does not divide the {width} channels of attention level {level}; "
-                    f"pick num_heads dividing channels={channels}"
+                raise InvalidValue(
+                    f"num_heads={num_heads} does not divide the {width} channels of attention level {level}",
+                    f"pick num_heads dividing channels={channels}",
                 )
 
     def _init_weights(self) -> None:
@@ -315,7 +318,7 @@ class UNet(nn.Module):
                         nn.init.xavier_uniform_(block)
                 else:
                     nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
+                nn.init.zeros_(module.bias)  # type: ignore[arg-type]  # every layer here has a bias
 
     def check_input_shape(self, shape: Sequence[int]) -> None:
         """Raise ValueError unless one sample of `shape` (C, H, W) fits: C = in_channels, H and W divisible
@@ -325,9 +328,10 @@ class UNet(nn.Module):
         factor = 2 ** (self.num_levels - 1)
         height, width = shape[-2:]
         if height % factor != 0 or width % factor != 0:
-            raise ValueError(
+            raise InvalidValue(
                 f"image size {height}x{width} is not divisible by {factor} = 2**(len(channel_mult) - 1) "
-                f"for {self.num_levels} levels; pick an image_size divisible by {factor} or use fewer levels"
+                f"for {self.num_levels} levels",
+                f"pick an image_size divisible by {factor} or use fewer levels",
             )
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -343,6 +347,7 @@ class UNet(nn.Module):
             temb = temb + self.class_embed(y, len(x)).to(temb.dtype)
 
         hs = [self.conv_in(x)]  # skip stack, each (B, C_level, H_level, W_level)
+        stage: Any  # a level's nn.Module: its blocks, attns and resampling, attributes set in __init__
         for level, stage in enumerate(self.down):
             for block, attn in zip(stage.blocks, stage.attns, strict=True):
                 hs.append(self._run(level, _block_then_attention, block, attn, hs[-1], temb))
@@ -362,7 +367,7 @@ class UNet(nn.Module):
     def _middle(self, h: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
         return self.mid_block2(self.mid_attn(self.mid_block1(h, temb)), temb)
 
-    def _run(self, level: int, function, *args: torch.Tensor) -> torch.Tensor:
+    def _run(self, level: int, function: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
         """`function(*args)`, as a checkpointed segment when `level` is checkpointed and gradients are taken."""
         if level in self.checkpoint_levels and self.training and torch.is_grad_enabled():
             return checkpoint(function, *args, use_reentrant=False)

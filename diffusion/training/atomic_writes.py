@@ -6,6 +6,12 @@ which across filesystems is a copy: a kill then leaves a truncated checkpoint un
 file in /tmp. Here `os.replace` (atomic on one filesystem) swaps in a complete file or nothing: a kill or a
 full disk leaves the previous file of that name intact. A kill -9 can still leave `.<name>.<random>.tmp` in
 the checkpoint folder (nowhere else); `remove_leftovers` clears those when the next run starts.
+
+A full disk at any point of a save (opening the temporary file, torch's zip writer, the fsync, the rename) ends in
+`diffusion.errors.DiskFull` naming the folder, with no temporary file left. torch's writer swallows the OSError
+its file's `write` raised and raises a RuntimeError of its own ("unexpected pos"), so the file it is handed records
+that OSError (`RecordingWrites`) and the save raises it instead: the cause is known by its errno, not read from
+torch's words.
 `diffusion.training.callbacks.Checkpoint` installs all of this for every run of the CLI.
 """
 
@@ -13,8 +19,9 @@ import contextlib
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from fsspec.implementations.local import LocalFileSystem
@@ -24,7 +31,14 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.strategies import Strategy
 
+from diffusion.errors import is_disk_full, naming_a_full_disk
+
+T = TypeVar("T")
 LEFTOVERS = ".*.ckpt.*.tmp"  # temporary names never end in .ckpt, so no glob for checkpoints picks them up
+RUN_ON_ANOTHER_DISK = (
+    "free space there, or put the run on another disk (--trainer.logger.init_args.save_dir DIR, or "
+    "--trainer.default_root_dir DIR without a logger); the checkpoint saved before is intact"
+)
 
 
 def temporary_name(path: Path) -> Path:
@@ -37,25 +51,67 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        save_atomically(checkpoint, path)
+        save_atomically(checkpoint, path, RUN_ON_ANOTHER_DISK)
 
 
-def save_atomically(contents: Any, path: _PATH) -> None:
+class RecordingWrites:
+    """The file torch.save writes to, keeping the OSError its `write` raised (`error`): torch's zip writer drops
+    it and raises a RuntimeError that does not say why."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # the rest as the file has it (name, fileno, flush, ...)
+        return getattr(self.file, name)
+
+
+def save_atomically(contents: Any, path: _PATH, full_disk_fix: str | None = None) -> None:
     """`torch.save(contents, path)` through a hidden temporary file in the same folder, fsynced and renamed
-    into place: `path` ends up complete or as it was."""
+    into place: `path` ends up complete or as it was. A full disk raises `DiskFull` (its fix `full_disk_fix`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_name(path)
     try:
-        with open(temporary, "xb") as file:
-            torch.save(contents, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:  # a full disk (OSError ENOSPC), Ctrl+C, ...: no temporary file stays behind
+        with naming_a_full_disk(path, *filter(None, [full_disk_fix])):
+            with open(temporary, "xb") as file:
+                writes = RecordingWrites(file)
+                try:
+                    torch.save(contents, writes)
+                except RuntimeError as error:
+                    if writes.error is None:
+                        raise
+                    raise writes.error from error
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+    except BaseException:  # a full disk, Ctrl+C, ...: no temporary file stays behind
         temporary.unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)  # so that the rename itself survives a power cut
+
+
+def write_atomically(path: _PATH, write: Callable[[Path], T], full_disk_fix: str = RUN_ON_ANOTHER_DISK) -> T:
+    """`write(temporary)` (a hidden name in `path`'s folder that keeps its suffix: image writers choose the format
+    by it), then renamed into place; returns what `write` returned. A full disk raises `DiskFull`, and no
+    temporary file stays behind."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp{path.suffix}")
+    try:
+        with naming_a_full_disk(path, full_disk_fix):
+            written = write(temporary)
+            os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return written
 
 
 def link_atomically(target: _PATH, link: _PATH) -> None:
@@ -66,13 +122,16 @@ def link_atomically(target: _PATH, link: _PATH) -> None:
     if link.is_dir() and not link.is_symlink():
         shutil.rmtree(link)
     try:
-        try:
-            temporary.symlink_to(os.path.relpath(target, link.parent))
-        except OSError:
-            shutil.copyfile(target, temporary)
-            with open(temporary, "rb+") as file:
-                os.fsync(file.fileno())
-        os.replace(temporary, link)
+        with naming_a_full_disk(link, RUN_ON_ANOTHER_DISK):
+            try:
+                temporary.symlink_to(os.path.relpath(target, link.parent))
+            except OSError as error:
+                if is_disk_full(error):
+                    raise
+                shutil.copyfile(target, temporary)
+                with open(temporary, "rb+") as file:
+                    os.fsync(file.fileno())
+            os.replace(temporary, link)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

@@ -19,14 +19,23 @@ import torch
 
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.numpy_files import PICKLED, numpy_file_kind
-from diffusion.errors import UserError
-from diffusion.training.from_diffusers import diffusers_folders, read_init_weights
+from diffusion.errors import MissingFile, UserError
+from diffusion.training.from_diffusers import INIT_FROM, diffusers_folders, read_init_weights
 
 CHECKPOINT = FileKind(
     "checkpoint", ("*.ckpt",), "train.py writes them into runs/<name>/version_N/checkpoints/"
 )
 DAMAGED = "its bytes do not match their checksum (a bad copy or a failing disk)"
 _INTACT: set[tuple[str, int, int]] = set()  # (path, size, mtime) of file versions whose checksums matched
+
+
+class UnreadableCheckpoint(UserError):
+    """A checkpoint (or another file of torch.save) that cannot be read: `<subject> <path> <defect> — <fix>`, its
+    parts kept as fields for a caller that lists such files (`--ckpt_path last` passing over them)."""
+
+    def __init__(self, subject: str, path: str | os.PathLike, defect: str, fix: str) -> None:
+        super().__init__(f"{subject} {path} {defect}", fix)
+        self.subject, self.path, self.defect = subject, Path(path), defect
 
 
 def check_zip_checksums(path: str | os.PathLike, what: str, fix: str) -> None:
@@ -41,9 +50,9 @@ def check_zip_checksums(path: str | os.PathLike, what: str, fix: str) -> None:
         with zipfile.ZipFile(path) as archive:
             bad_entry = archive.testzip()
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
-        raise UserError(f"{what} {path} is damaged: {DAMAGED} ({err})", fix) from err
+        raise UnreadableCheckpoint(what, path, f"is damaged: {DAMAGED} ({err})", fix) from err
     if bad_entry is not None:
-        raise UserError(f"{what} {path} is damaged: {DAMAGED} (in {bad_entry})", fix)
+        raise UnreadableCheckpoint(what, path, f"is damaged: {DAMAGED} (in {bad_entry})", fix)
     _INTACT.add(version)
 
 
@@ -72,43 +81,47 @@ def read_checkpoint(
     path = file_in_folder(path, flag, CHECKPOINT)
     fix = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
     if not path.is_file():
-        raise FileNotFoundError(f"{flag}: no checkpoint at {path} — {fix}")
+        raise MissingFile(f"{flag}: no checkpoint at {path}", fix)
     if path.stat().st_size == 0:
-        raise UserError(f"{flag} {path} is empty (0 bytes)", fix)
+        raise UnreadableCheckpoint(flag, path, "is empty (0 bytes)", fix)
     if not zipfile.is_zipfile(path):
         # torch.save writes zip archives; a truncated one has lost its central directory at the end. Files of
         # another kind are named by their first bytes: unpickling a pickle to see what it holds could run code.
         kind = numpy_file_kind(path)
         if kind == "pickle":
-            raise UserError(
-                f"{flag} {path} {PICKLED} a checkpoint (a zip archive of tensors); it was not read, as "
+            raise UnreadableCheckpoint(
+                flag,
+                path,
+                f"{PICKLED} a checkpoint (a zip archive of tensors); it was not read, as "
                 "unpickling it could run code",
                 f"{fix}; a state_dict you trust: load it and torch.save it again (the zip format)",
             )
         if kind == "npy":
-            raise UserError(f"{flag} {path} is a NumPy array (np.save), not a PyTorch checkpoint", fix)
-        raise UserError(
-            f"{flag} {path} is truncated or not a PyTorch checkpoint (no intact zip archive)", fix
+            raise UnreadableCheckpoint(
+                flag, path, "is a NumPy array (np.save), not a PyTorch checkpoint", fix
+            )
+        raise UnreadableCheckpoint(
+            flag, path, "is truncated or not a PyTorch checkpoint (no intact zip archive)", fix
         )
     if verify:
         check_zip_checksums(path, flag, "pass an intact checkpoint: an earlier one of the run, or a backup")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
-        if "Weights only load failed" in str(err):
-            raise UserError(
-                f"{flag} {path} holds pickled objects other than tensors and plain data, which could run code "
-                "when loaded; it was refused",
-                "load only checkpoints written by this project (or that you trust)",
-            ) from err
-        raise UserError(
-            f"{flag} {path} cannot be read as a checkpoint ({str(err).splitlines()[0]})", fix
+        # An intact zip archive (its CRCs checked above) whose pickle the weights_only unpickler refused: by
+        # what the load asked (weights_only=True), objects other than tensors and plain data.
+        raise UnreadableCheckpoint(
+            flag,
+            path,
+            "holds pickled objects other than tensors and plain data, which could run code "
+            "when loaded; it was refused",
+            "load only checkpoints written by this project (or that you trust)",
         ) from err
     except (EOFError, RuntimeError, OSError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"{flag} {path} cannot be read as a checkpoint ({first_line})", fix) from err
+        raise UnreadableCheckpoint(flag, path, f"cannot be read as a checkpoint ({first_line})", fix) from err
     if not isinstance(checkpoint, dict):
-        raise UserError(f"{flag} {path} holds a {type(checkpoint).__name__}, not a checkpoint", fix)
+        raise UnreadableCheckpoint(flag, path, f"holds a {type(checkpoint).__name__}, not a checkpoint", fix)
     return checkpoint
 
 
@@ -139,13 +152,11 @@ def read_network_weights(
     """Network weights from a checkpoint of this project (its `network.` entries), a plain state_dict, or a
     diffusers DDPMPipeline / UNet2DModel folder (renamed to this project's UNet, checked to have `network`'s
     channels)."""
-    if diffusers_folders(path, "--model.init_from") is not None:
+    if diffusers_folders(path, INIT_FROM) is not None:
         return read_init_weights(path, network)
-    path = file_in_folder(path, "--model.init_from", CHECKPOINT)
+    path = file_in_folder(path, INIT_FROM, CHECKPOINT)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"init_from: no such file {path}; pass a .ckpt of this project or a state_dict"
-        )
+        raise MissingFile(f"init_from: no such file {path}", "pass a .ckpt of this project or a state_dict")
     if zipfile.is_zipfile(path):
         check_zip_checksums(path, "init_from", "pass an intact checkpoint or state_dict")
     state = torch.load(path, map_location="cpu", weights_only=True)

@@ -44,7 +44,7 @@ def check_interval_loss(loss: torch.Tensor, trainer: L.Trainer) -> None:
     weights diverge."""
     if bool(torch.isfinite(loss)) or getattr(trainer.precision_plugin, "scaler", None) is not None:
         return
-    step, every = trainer.global_step + 1, trainer.log_every_n_steps
+    step, every = trainer.global_step + 1, trainer.log_every_n_steps  # type: ignore[attr-defined]  # set at run time
     first = (step - 1) // every * every + 1  # the interval's first step
     steps = f"step {step}" if first == step else f"steps {first}-{step}"
     raise UserError(
@@ -90,13 +90,19 @@ def kept(trainer: L.Trainer) -> str:
 def likely_causes(trainer: L.Trainer) -> str:
     """The fix: the likely causes, the ones this run's settings point to first, and how to go on."""
     lr = trainer.lightning_module.hparams.get("lr")
-    causes = ["lower --model.lr" + (f" (now {lr:g})" if isinstance(lr, float | int) else "")]
+    causes = ["lower {DiffusionModule:--lr}" + (f" (now {lr:g})" if isinstance(lr, float | int) else "")]
     precision = str(trainer.precision)
     if precision.startswith("16"):
-        causes.append(f"train with --precision bf16-mixed or 32 (16-bit values overflow; now {precision})")
+        causes.append(
+            f"train with {{Trainer:--precision}} bf16-mixed or 32 (16-bit values overflow; now {precision})"
+        )
     if not trainer.gradient_clip_val:
-        causes.append("clip gradients (--trainer.gradient_clip_val 1)")
+        causes.append("clip gradients ({Trainer:--gradient_clip_val} 1)")
     causes.append("check the data for extreme values")
     path = last_checkpoint(trainer)
-    again = f"a new run, from the kept weights with --model.init_from {path}" if path else "a new run"
+    again = (
+        f"a new run, from the kept weights with {{DiffusionModule:--init_from}} {path}"
+        if path
+        else "a new run"
+    )
     return f"{', '.join(causes)}, and train {again}"

@@ -33,15 +33,18 @@ from dataclasses import dataclass
 
 import torch
 
+from diffusion.errors import InvalidValue
+
 # gamma = 0 (a plain running mean over the whole run) is the widest profile: sigma_rel = sqrt(1/12).
 MAX_SIGMA_REL = math.sqrt(1 / 12)
 
 
 def check_sigma_rel(sigma_rel: float, name: str = "sigma_rel") -> None:
     if not 0.0 < sigma_rel <= MAX_SIGMA_REL:
-        raise ValueError(
-            f"{name}={sigma_rel} is out of range — pass a value in (0, {MAX_SIGMA_REL:.4f}] (EDM2 tracks 0.05 and "
-            "0.10; the widest profile, a mean over the whole run, has sqrt(1/12))"
+        raise InvalidValue(
+            f"{name}={sigma_rel} is out of range",
+            f"pass a value in (0, {MAX_SIGMA_REL:.4f}] (EDM2 tracks 0.05 and "
+            "0.10; the widest profile, a mean over the whole run, has sqrt(1/12))",
         )
 
 

@@ -21,14 +21,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from diffusion.core.schedule import schedule_betas
-from diffusion.errors import UserError, check_weights_fit
+from diffusion.errors import MissingFile, UserError, check_weights_fit
 from diffusion.models import MLP, UNet
 from diffusion.training.module import DiffusionModule
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 FORMAT, FORMAT_VERSION = "diffusion.export", 1
 NETWORKS: dict[str, type[torch.nn.Module]] = {"UNet": UNet, "MLP": MLP}
-FIX = "pass a folder written by python -m diffusion.export --format safetensors (or its config.json)"
+FIX = (
+    "pass a folder written by python -m diffusion.export {command:--format} safetensors (or its config.json)"
+)
 
 
 def is_export(path: str | os.PathLike) -> bool:
@@ -62,7 +64,7 @@ def write_export(
 
 def float64_betas(module: DiffusionModule) -> torch.Tensor:
     """The module's betas as its schedule computed them, in float64 (its buffers are float32), from its settings."""
-    hparams = module.hparams
+    hparams: Any = module.hparams  # Lightning's AttributeDict: the module's arguments as attributes
     return schedule_betas(
         hparams.beta_schedule, hparams.num_timesteps, hparams.beta_start, hparams.beta_end,
         hparams.get("zero_terminal_snr", False), hparams.get("trained_betas"),
@@ -79,7 +81,7 @@ def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
     path = Path(path).expanduser()
     config_path = path / CONFIG if path.is_dir() else path
     if not config_path.is_file():
-        raise FileNotFoundError(f"no export config at {config_path} — {FIX}")
+        raise MissingFile(f"no export config at {config_path}", FIX)
     try:
         config = json.loads(config_path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -39,6 +39,9 @@ FIX = "pass a DDPMPipeline folder (model_index.json, unet/, scheduler/) or a UNe
 WHOLE = "copy the model's folder again, whole (save_pretrained writes config.json beside the weights)"
 
 
+INIT_FROM = "{DiffusionModule:--init_from}"  # the option these weights are read for
+
+
 @contextmanager
 def about(path: str | os.PathLike, flag: str = "") -> Iterator[None]:
     """A check inside reading the diffusers folder `path` fails with its error said of `flag path`: the problems
@@ -223,7 +226,7 @@ def schedule_settings(scheduler_config: Path | None) -> tuple[dict[str, Any], di
     return settings, sampling
 
 
-def init_settings(path: str | os.PathLike, flag: str = "--model.init_from") -> dict[str, Any] | None:
+def init_settings(path: str | os.PathLike, flag: str = INIT_FROM) -> dict[str, Any] | None:
     """For `--model.init_from FOLDER`: the config values a run fine-tuning that diffusers model must train with
     (its network and schedule, by config key), or None when `path` is not a diffusers folder."""
     folders = diffusers_folders(path, flag)
@@ -242,7 +245,7 @@ def init_settings(path: str | os.PathLike, flag: str = "--model.init_from") -> d
 
 
 def read_init_weights(
-    path: str | os.PathLike, network: torch.nn.Module | None = None, flag: str = "--model.init_from"
+    path: str | os.PathLike, network: torch.nn.Module | None = None, flag: str = INIT_FROM
 ) -> dict[str, torch.Tensor]:
     """The diffusers model's weights under this project's UNet's names (for `--model.init_from FOLDER`); with
     `network`, checked to have its input and output channels (the data's, which fine-tuning cannot change)."""
@@ -255,8 +258,9 @@ def read_init_weights(
             raise UserError(
                 f"it is a diffusers UNet for {theirs[0]}-channel images ({theirs[0]} in, {theirs[1]} out), "
                 f"and this run's network is for {ours[0]}-channel images ({ours[0]} in, {ours[1]} out: the data's "
-                "channels, twice out with --model.variance learned_range)",
-                f"fine-tune it on {theirs[0]}-channel images with --model.variance fixed, or start from a diffusers "
+                "channels, twice out with {DiffusionModule:--variance} learned_range)",
+                f"fine-tune it on {theirs[0]}-channel images with {{DiffusionModule:--variance}} fixed, or start "
+                "from a diffusers "
                 f"model for {ours[0]}-channel images",
             )
         with torch.device("meta"):  # the names and shapes only

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 
 from diffusion.data.file_in_folder import file_in_folder
-from diffusion.errors import UserError, check_choice
+from diffusion.errors import UserError, WrongType, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
 from diffusion.training.checkpoint_files import (
@@ -44,8 +44,18 @@ def load_checkpoint(
     of weights: None returns it, and asking for the other set is an error. Any other folder holding exactly
     one checkpoint stands for it (`diffusion.data.file_in_folder`).
     """
+    if not isinstance(path, str | os.PathLike):
+        raise WrongType("path", path, "a path", "pass the checkpoint's path (a str or pathlib.Path)")
     if weights is not None:
+        if not isinstance(weights, str):
+            raise WrongType(
+                "weights", weights, "'ema' or 'raw'", "pass weights='ema' or weights='raw' (None: ema)"
+            )
         check_choice("weights", weights, Weights)
+    if not isinstance(map_location, str | torch.device):
+        raise WrongType(
+            "map_location", map_location, "a device", "pass 'cpu', 'cuda', 'cuda:1' or a torch.device"
+        )
     kind, path = model_source(path)
     if kind == "diffusers":
         if weights == "raw":
@@ -58,7 +68,7 @@ def load_checkpoint(
         if weights is not None and weights != exported:
             raise UserError(
                 f"{path} holds {exported} weights, not {weights}",
-                f"export the checkpoint again with --weights {weights}, or load it without weights=",
+                f"export the checkpoint again with {{command:--weights}} {weights}, or load it without weights=",
             )
         module = load_export(path, map_location)
         check_finite(module.network.state_dict(), str(path), NOT_FINITE_FIX)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 def is_logging_step(trainer: L.Trainer, step: int) -> bool:
     """Whether optimizer step `step` (1 for the first) is one after which Lightning writes step metrics to its
     loggers: every `log_every_n_steps` steps, and when the run is stopping."""
-    every = trainer.log_every_n_steps
+    every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's logger connector
     return every > 0 and (step % every == 0 or trainer.should_stop)
 
 

@@ -28,7 +28,7 @@ from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import labels_for_sampling
 from diffusion.data.split import describe_batches
-from diffusion.errors import check_weights_fit
+from diffusion.errors import InvalidValue, check_weights_fit, options_of
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.divergence import check_interval_loss, check_weights
@@ -131,26 +131,27 @@ class DiffusionModule(L.LightningModule):
         super().__init__()
         compile_training = compile_training if compile is None else compile  # the old name, as written before
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
-        schedule = NoiseSchedule(
-            beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr, trained_betas
-        )
-        check_training_options(
-            choices=[
-                ("prediction_type", prediction_type, PredictionType),
-                ("loss_weighting", loss_weighting, LossWeighting),
-                ("noise_mode", noise_mode, NoiseMode),
-                ("lr_schedule", lr_schedule, LRSchedule),
-                ("variance", variance, ModelVariance),
-                *([] if isinstance(compile_training, bool)
-                  else [("compile_training", compile_training, CompileWhen)]),
-                *([] if compile_mode is None else [("compile_mode", compile_mode, CompileMode)]),
-            ],
-            lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
-            min_snr_gamma=min_snr_gamma, label_dropout=label_dropout, prediction_type=prediction_type,
-            zero_terminal_snr=schedule.zero_terminal_snr, network_num_classes=getattr(network, "num_classes", None),
-            variance=variance, sample_shape=sample_shape, offset_noise=offset_noise,
-            sampling_variance=(sampling.get("variance") if isinstance(sampling, dict) else sampling.variance),
-        )  # fmt: skip
+        with options_of(type(self)):  # the checks' `{--name}`s are this class's options
+            schedule = NoiseSchedule(
+                beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr, trained_betas
+            )
+            check_training_options(
+                choices=[
+                    ("prediction_type", prediction_type, PredictionType),
+                    ("loss_weighting", loss_weighting, LossWeighting),
+                    ("noise_mode", noise_mode, NoiseMode),
+                    ("lr_schedule", lr_schedule, LRSchedule),
+                    ("variance", variance, ModelVariance),
+                    *([] if isinstance(compile_training, bool)
+                      else [("compile_training", compile_training, CompileWhen)]),
+                    *([] if compile_mode is None else [("compile_mode", compile_mode, CompileMode)]),
+                ],
+                lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
+                min_snr_gamma=min_snr_gamma, label_dropout=label_dropout, prediction_type=prediction_type,
+                zero_terminal_snr=schedule.zero_terminal_snr, network_num_classes=getattr(network, "num_classes", None),
+                variance=variance, sample_shape=sample_shape, offset_noise=offset_noise,
+                sampling_variance=(sampling.get("variance") if isinstance(sampling, dict) else sampling.variance),
+            )  # fmt: skip
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
             # init_from is a one-time source of weights: the checkpoint then holds them itself.
@@ -169,7 +170,7 @@ class DiffusionModule(L.LightningModule):
         # Constants every rank computes alike: DDP need not broadcast them from rank 0 before every forward.
         names = [f"schedule.{name}" for name, _ in self.schedule.named_buffers()]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
-        self.sampling.check_steps_fit(num_timesteps, "--model.sampling.steps")
+        self.sampling.check_steps_fit(num_timesteps, type(self), "sampling.steps")
         self._generator: torch.Generator | None = None
         self._training_graph: Callable | None = None  # the network compiled for training steps (setup)
         self._resumed_states: dict[str, Any] | None = None  # this rank's random states from the checkpoint
@@ -178,8 +179,8 @@ class DiffusionModule(L.LightningModule):
         self._train_loss = IntervalLoss()  # logged at logging steps (diffusion/training/logging_steps.py)
         if init_from is not None:
             weights = read_network_weights(init_from, self.network)
-            fix = "use the --model.network settings of the run that saved them"
-            check_weights_fit(self.network, weights, f"init_from={init_from}", fix)
+            fix = "use the {--network} settings of the run that saved them"
+            check_weights_fit(self.network, weights, f"init_from={init_from}", fix, type(self))
             self.network.load_state_dict(weights)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -204,10 +205,11 @@ class DiffusionModule(L.LightningModule):
         if precision in ("16-true", "bf16-true"):
             # True half precision casts every buffer, and the noise schedule loses the precision its small
             # betas need (Lightning's HalfPrecision calls module.to(dtype)); mixed precision keeps it float32.
-            raise ValueError(
-                f"precision={precision} is not supported: it would cast the noise schedule to half precision; "
-                f"use --precision {precision.replace('-true', '-mixed')} (the network runs in half, the "
-                "schedule and loss stay float32)"
+            raise InvalidValue(
+                f"precision={precision} is not supported: it would cast the noise schedule to half precision",
+                f"use {{--precision}} {precision.replace('-true', '-mixed')} (the network runs in half, the "
+                "schedule and loss stay float32)",
+                L.Trainer,
             )
         use_tf32_on_cuda(self.device)  # Lightning already points self.device at the run's device here
         if self._compile_when_fitting() and stage == "fit" and self._training_graph is None:
@@ -344,9 +346,9 @@ class DiffusionModule(L.LightningModule):
     def normalization(self) -> dict[str, list[float]]:
         """Maps model units to data units (data = model * scale + shift); set from the data by the CLI."""
         if not self.hparams.get("normalization"):
-            raise ValueError(
-                "this model has no normalization, so its samples cannot be turned into data units; build it "
-                "with DiffusionModule(..., normalization=datamodule.normalization) (train.py does)"
+            raise InvalidValue(
+                "this model has no normalization, so its samples cannot be turned into data units",
+                "build it with DiffusionModule(..., normalization=datamodule.normalization) (train.py does)",
             )
         return self.hparams.normalization
 

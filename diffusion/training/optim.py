@@ -11,6 +11,8 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
+from diffusion.errors import InvalidValue
+
 LRSchedule = Literal["constant", "cosine"]
 
 
@@ -37,7 +39,11 @@ def warmup_scheduler(
     the __dict__ of a callable object and writes it back on resume, which would pin the first run's length;
     a partial has none, so a run extended with a larger max_steps decays over its new length."""
     if schedule != "constant" and not math.isfinite(total_steps):
-        raise ValueError(f"lr_schedule={schedule} decays to the run's last step: set trainer.max_steps")
+        raise InvalidValue(
+            f"lr_schedule={schedule} decays to the run's last step, and the run has none",
+            "set {--max_steps}, or train with lr_schedule constant",
+            L.Trainer,
+        )
     total = int(min(total_steps, 2**62))
     factor = functools.partial(lr_factor, schedule=schedule, warmup_steps=warmup_steps, total_steps=total)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -72,7 +78,7 @@ def adam(
     on load, the saved flags would replace the constructor's.
     """
     fused = device.type in ("cpu", "cuda")
-    flags = {"fused": fused, "foreach": None if fused else True}
+    flags: dict[str, Any] = {"fused": fused, "foreach": None if fused else True}
     optimizer = torch.optim.Adam(parameters, lr=lr, betas=betas, weight_decay=weight_decay, **flags)
 
     def keep_implementation(_: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ a negative one turns descent into ascent) are refused here too."""
 import math
 from typing import Any
 
-from diffusion.errors import OutOfRange, check_choice
+from diffusion.errors import InvalidValue, OutOfRange, check_choice
 
 
 def check_training_options(
@@ -18,7 +18,7 @@ def check_training_options(
     for name, value, allowed in choices:
         check_choice(name, value, allowed)
     if not (math.isfinite(lr) and lr > 0):
-        raise OutOfRange("lr", lr, "a finite number > 0", "pass e.g. --model.lr 2e-4 (Ho et al.)")
+        raise OutOfRange("lr", lr, "a finite number > 0", "pass e.g. {--lr} 2e-4 (Ho et al.)")
     if warmup_steps < 0:
         raise OutOfRange("warmup_steps", warmup_steps, ">= 0", "pass 0 for no warmup, or steps > 0")
     if len(adam_betas) != 2 or not all(0 <= beta < 1 for beta in adam_betas):
@@ -26,7 +26,7 @@ def check_training_options(
             "adam_betas",
             list(adam_betas),
             "two numbers in [0, 1)",
-            "pass e.g. --model.adam_betas '[0.9, 0.999]'",
+            "pass e.g. {--adam_betas} '[0.9, 0.999]'",
         )
     if not (math.isfinite(weight_decay) and weight_decay >= 0):
         raise OutOfRange("weight_decay", weight_decay, ">= 0", "pass 0 (the default) for none")
@@ -40,28 +40,30 @@ def check_training_options(
     if not 0.0 <= label_dropout < 1.0:
         raise OutOfRange("label_dropout", label_dropout, "in [0, 1)", "pass e.g. 0.1 (Ho & Salimans)")
     if label_dropout > 0 and network_num_classes is None:
-        raise ValueError(
-            f"label_dropout={label_dropout} needs a class-conditional network — train with "
-            "--data.conditional true (the CLI then sets the network's num_classes)"
+        raise InvalidValue(
+            f"label_dropout={label_dropout} needs a class-conditional network",
+            "train with {LightningDataModule:--conditional} true (the CLI then sets the network's num_classes)",
         )
     if variance == "learned_range" and len(sample_shape) != 3:
-        raise ValueError(
-            "variance='learned_range' is for images: its L_vlb gives probabilities to 8-bit pixels — train "
-            "vectors with --model.variance fixed"
+        raise InvalidValue(
+            "variance='learned_range' is for images: its L_vlb gives probabilities to 8-bit pixels",
+            "train vectors with {--variance} fixed",
         )
     if sampling_variance == "learned_range" and variance != "learned_range":
-        raise ValueError(
-            "--model.sampling.variance learned_range needs a model that learns its variance — train with "
-            "--model.variance learned_range, or sample with fixedlarge or fixedsmall"
+        raise InvalidValue(
+            "{--sampling.variance} learned_range needs a model that learns its variance",
+            "train with {--variance} learned_range, or sample with fixedlarge or fixedsmall",
         )
     if zero_terminal_snr and prediction_type == "eps":
-        raise ValueError(
+        raise InvalidValue(
             "zero_terminal_snr needs v- or x0-prediction: eps-prediction is undefined at alpha_bar_T = 0 (x_T is "
-            "pure noise) — pass --model.prediction_type v (Lin et al. 2024)"
+            "pure noise)",
+            "pass {--prediction_type} v (Lin et al. 2024)",
         )
     if not (math.isfinite(offset_noise) and offset_noise >= 0):
         raise OutOfRange("offset_noise", offset_noise, "a finite number >= 0", "pass e.g. 0.1 (Guttenberg)")
     if offset_noise and len(sample_shape) != 3:
-        raise ValueError(
-            "offset_noise shifts an image's channels: it is for images — train vectors with --model.offset_noise 0"
+        raise InvalidValue(
+            "offset_noise shifts an image's channels: it is for images",
+            "train vectors with {--offset_noise} 0",
         )

@@ -23,7 +23,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.errors import OutOfRange, UserError
+from diffusion.errors import InvalidValue, OutOfRange, UserError
 from diffusion.training.atomic_writes import remove_leftovers, save_atomically
 from diffusion.training.checkpoint_files import check_finite, check_zip_checksums
 from diffusion.training.divergence import check_weights
@@ -110,12 +110,12 @@ class PostHocEMA:
     def __init__(self, sigma_rels: Sequence[float], snapshot_every: int, max_snapshot_gb: float) -> None:
         sigma_rels = [float(s) for s in sigma_rels]
         if not sigma_rels:
-            raise ValueError("ema.sigma_rels is empty — pass at least one, e.g. [0.05, 0.1] (EDM2's)")
+            raise InvalidValue("ema.sigma_rels is empty", "pass at least one, e.g. [0.05, 0.1] (EDM2's)")
         for sigma_rel in sigma_rels:
             check_sigma_rel(sigma_rel, "ema.sigma_rels: sigma_rel")
         if len({snapshot_name(1, s) for s in sigma_rels}) != len(sigma_rels):
-            raise ValueError(
-                f"ema.sigma_rels={sigma_rels} repeats a value — pass distinct ones, e.g. [0.05, 0.1]"
+            raise InvalidValue(
+                f"ema.sigma_rels={sigma_rels} repeats a value", "pass distinct ones, e.g. [0.05, 0.1]"
             )
         if snapshot_every < 1:
             raise OutOfRange("ema.snapshot_every", snapshot_every, ">= 1", "pass a number of steps, e.g. 100")
@@ -151,10 +151,10 @@ class PostHocEMA:
             instants = math.ceil(trainer.max_steps / self.snapshot_every) if trainer.max_steps > 0 else 10
             each = instant // len(self.sigma_rels)
             raise UserError(
-                f"--ema.max_snapshot_gb {self.max_snapshot_gb:g} cannot hold one post-hoc EMA snapshot of each of "
+                f"{{EMA:--max_snapshot_gb}} {self.max_snapshot_gb:g} cannot hold one post-hoc EMA snapshot of each of "
                 f"the {len(self.sigma_rels)} profiles ({len(self.sigma_rels)} x {size(each)})",
-                f"pass --ema.max_snapshot_gb {_round_up(instants * instant / GB)} (a snapshot every "
-                f"{self.snapshot_every} steps) or at least {_round_up(instant / GB)}, or --ema.post_hoc false",
+                f"pass {{EMA:--max_snapshot_gb}} {_round_up(instants * instant / GB)} (a snapshot every "
+                f"{self.snapshot_every} steps) or at least {_round_up(instant / GB)}, or {{EMA:--post_hoc}} false",
             )
         if trainer.is_global_zero and self.folder.is_dir():
             remove_leftovers(self.folder, LEFTOVERS)
@@ -175,7 +175,7 @@ class PostHocEMA:
         rank_zero_info(
             f"post-hoc EMA: profiles sigma_rel {shown}, a snapshot of each every {self.interval} steps{widened} and "
             f"at the last: {count * len(self.sigma_rels)} files, {size(count * instant)} in {self.folder} "
-            f"(--ema.max_snapshot_gb {self.max_snapshot_gb:g}); every checkpoint holds the profiles too "
+            f"(max_snapshot_gb {self.max_snapshot_gb:g}); every checkpoint holds the profiles too "
             f"(+{size(instant)})"
         )
 
@@ -233,9 +233,9 @@ class PostHocEMA:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if [float(s) for s in state["sigma_rels"]] != self.sigma_rels:
-            raise ValueError(
-                f"the checkpoint's post-hoc EMA tracks sigma_rel {state['sigma_rels']}, not {self.sigma_rels} — "
-                f"resume with --ema.sigma_rels {list(state['sigma_rels'])}"
+            raise InvalidValue(
+                f"the checkpoint's post-hoc EMA tracks sigma_rel {state['sigma_rels']}, not {self.sigma_rels}",
+                f"resume with {{EMA:--sigma_rels}} {list(state['sigma_rels'])}",
             )
         self.step, self.profiles, self._targets = int(state["step"]), state["profiles"], None
 
@@ -261,7 +261,7 @@ def check_step(snapshots: list[Snapshot], step: int | None) -> int:
     if not snapshots:
         raise UserError(
             "no post-hoc EMA snapshots to reconstruct from",
-            "train with --ema.post_hoc true (snapshots go to <run>/post_hoc_ema/)",
+            "train with {EMA:--post_hoc} true (snapshots go to <run>/post_hoc_ema/)",
         )
     steps = snapshot_steps(snapshots)
     if step is None:
@@ -270,8 +270,8 @@ def check_step(snapshots: list[Snapshot], step: int | None) -> int:
     if step not in steps:
         shown = ", ".join(map(str, steps[-5:]))
         raise UserError(
-            f"--step {step}: no snapshot was written at that step",
-            f"pick a step with snapshots (the last ones: {shown}), or leave --step out for the newest",
+            f"{{command:--step}} {step}: no snapshot was written at that step",
+            f"pick a step with snapshots (the last ones: {shown}), or leave {{command:--step}} out for the newest",
         )
     return step
 
@@ -279,7 +279,7 @@ def check_step(snapshots: list[Snapshot], step: int | None) -> int:
 def reconstruct(snapshots: list[Snapshot], sigma_rel: float, step: int | None = None) -> Reconstruction:
     """The EMA of relative width `sigma_rel` at `step` (a step with snapshots; default: the newest), from the
     snapshots up to that step, streamed from disk one at a time."""
-    check_sigma_rel(sigma_rel, "--sigma_rel")
+    check_sigma_rel(sigma_rel, "{command:--sigma_rel}")
     step = check_step(snapshots, step)
     used = [snapshot for snapshot in snapshots if snapshot.step <= step]
     solution = solve([s.step for s in used], [s.gamma for s in used], step, gamma_of(sigma_rel))

@@ -19,7 +19,7 @@ def global_random_states(device: torch.device) -> dict[str, Any]:
     version, python_state, gauss_next = random.getstate()
     states = {
         "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),  # type: ignore[attr-defined]
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
         "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64),
                    "gauss_next": gauss_next},

@@ -3,22 +3,35 @@ in ``config.yaml``, its sample grids in ``samples/`` and its post-hoc EMA snapsh
 the folder Lightning's ModelCheckpoint derives from the first logger (TensorBoard's and CSV's ``version_N``, a W&B
 run id, ...), or the Trainer's ``default_root_dir`` without a logger. The only code that knows that layout:
 `run_folder`, `run_folder_of`, `run_checkpoints`, `newest_checkpoint` (what `--ckpt_path last` resumes),
-`newest_checkpoint_of_run` (what `--ckpt_path auto` resumes), `checkpoints_of_run` and `post_hoc_ema_folder`."""
+`newest_checkpoint_of_run` (what `--ckpt_path auto` resumes), `checkpoints_of_run` and `post_hoc_ema_folder`.
 
+A run folder is trained by one job at a time: `training_in` holds an advisory lock (`fcntl.flock`) on
+``<run>/.training.lock`` for the fit, which the kernel lets go when the process ends, even by SIGKILL; a second job
+on the folder is refused (`RunFolderInUse`) before it does any work."""
+
+import contextlib
 import os
 import re
 import shutil
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
 
-from diffusion.errors import UserError
-from diffusion.training.checkpoint_files import check_zip_checksums, read_checkpoint
+from diffusion.errors import MissingFile, UserError
+from diffusion.training.checkpoint_files import UnreadableCheckpoint, check_zip_checksums, read_checkpoint
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, so its run folders go unguarded
+    fcntl = None
 
 NUMBERED_VERSION = re.compile(r"version_(\d+)")
 CHECKPOINTS = "checkpoints"
 POST_HOC_EMA = "post_hoc_ema"
+TRAINING_LOCK = ".training.lock"  # holds "<pid> <host>" of the job training the folder while it runs
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,51 @@ def remove_unused_run_folders(folders: list[Path]) -> None:
             parent.rmdir()
 
 
+class RunFolderInUse(UserError):
+    """Another job is training this run folder: its `folder`, and the `pid` and `host` of that job's rank 0."""
+
+    def __init__(self, folder: Path, pid: str, host: str) -> None:
+        super().__init__(
+            f"{folder} is being trained by another job (pid {pid} on host {host})",
+            "wait for it to end, or pass --trainer.logger.init_args.version NEW for a new run",
+        )
+        self.folder, self.pid, self.host = folder, pid, host
+
+
+@contextlib.contextmanager
+def training_in(folder: Path) -> Iterator[None]:
+    """Hold the run folder's lock while the block trains (rank 0 only: call it there), or raise `RunFolderInUse`.
+
+    The lock file is removed on the way out while still locked; a job that opened it before then finds, once it
+    holds the lock, that the file under the name is another (or none) and tries again on the one there now."""
+    if fcntl is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / TRAINING_LOCK
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the ranks it launches
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 4096).decode(errors="replace").split()
+            os.close(descriptor)
+            pid, host = (holder + ["?", "?"])[:2]
+            raise RunFolderInUse(folder, pid, host) from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
+                break
+        os.close(descriptor)  # the file was removed by the job that held it: lock the one there now
+    try:
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(descriptor)
+
+
 def run_folder_of(checkpoint: str | os.PathLike) -> RunFolder | None:
     """The run a checkpoint belongs to, when it sits at ``<save_dir>/<name>/<version>/checkpoints/``."""
     path = Path(checkpoint).expanduser().absolute()
@@ -125,9 +183,9 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
     """
     runs = run_checkpoints(save_dir, name)
     if not runs:
-        raise FileNotFoundError(
-            f"no checkpoint under {Path(save_dir, name)}/*/checkpoints/: train first "
-            f"(python train.py), or pass the path of a checkpoint"
+        raise MissingFile(
+            f"no checkpoint under {Path(save_dir, name)}/*/checkpoints/",
+            "train first (python train.py), or pass the path of a checkpoint",
         )
     return _newest_intact(*runs[-1], "--ckpt_path last")
 
@@ -143,7 +201,7 @@ def _newest_intact(run: RunFolder, files: list[Path], flag: str) -> ResumePoint:
     readable, skipped = [], []
 
     def passed_over(path: Path, err: Exception) -> None:
-        skipped.append((path, str(err).split(" — ")[0].removeprefix(f"checkpoint {path} ")))
+        skipped.append((path, err.defect if isinstance(err, UnreadableCheckpoint) else str(err)))
 
     for path in files:
         try:  # the step only; the checksums (a read of the whole file) of the newest ones below

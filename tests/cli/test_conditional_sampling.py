@@ -148,11 +148,12 @@ def test_training_grid_has_one_row_per_class(conditional_checkpoint):
 
 
 # ---- unconditional models unchanged ----------------------------------------------------------------------
-def test_unconditional_samples_ignore_guidance_and_old_checkpoints_load(digits_checkpoint, tmp_path):
+def test_unconditional_samples_refuse_guidance_and_old_checkpoints_load(digits_checkpoint, tmp_path):
     module = load_checkpoint(digits_checkpoint)
     reference = module.sample(3, seed=0, options=SamplingOptions(sampler="ddim", steps=3))
-    guided = module.sample(3, seed=0, options=SamplingOptions(sampler="ddim", steps=3, guidance_scale=3.0))
-    torch.testing.assert_close(guided, reference, rtol=0, atol=0)
+    # Guidance of a model without classes would be ignored: refused, in Python as --guidance_scale is.
+    with pytest.raises(ValueError, match=r"^guidance_scale=3.0 must be unset \(or 1\) for an unconditional"):
+        module.sample(3, seed=0, options=SamplingOptions(sampler="ddim", steps=3, guidance_scale=3.0))
     # A checkpoint written before labels existed has none of the new hyperparameters.
     checkpoint = torch.load(digits_checkpoint, weights_only=True)
     hparams = checkpoint["hyper_parameters"]

@@ -5,7 +5,9 @@ from its type: a wrong type and a value out of its range for numbers, a choice t
 does not exist, and for a path a missing file, a folder, an empty file and a file of another kind (a wanted
 folder: missing, a file, an empty folder; an output: a path under a file). A string flag of no known kind gets
 ``nope`` and must refuse it: a new one joins FILE_FLAGS, FOLDER_FLAGS or OUTPUT_FLAGS, or refuses what it cannot
-use. The line must name the flag, and match a row of docs/troubleshooting.md's table of messages.
+use. The line must name the flag, and match a row of docs/troubleshooting.md's table of messages. A value the parser
+itself refuses (a kind in PARSER_KINDS) is also written in a --config file, whose line must be the flag's with
+`--flag value` said as `FILE: flag value`.
 Each command runs in this process, from a good command line plus the one bad flag, through its real entry point;
 a bad value fails before any training, sampling or scoring time is spent. train.py's flags are those its parser
 holds, and the options of each class it can be given for the data and the network (``--data.init_args.*``,
@@ -24,17 +26,22 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import yaml
 from helpers import QUICK, TINY_MLP, TINY_UNET, tiny_run
 from helpers.troubleshooting import matches_a_row
 from helpers.user_errors import run_in_process
-from jsonargparse import ActionYesNo, ArgumentParser
-from jsonargparse._actions import _ActionConfigLoad, _ActionHelpClassPath
-from jsonargparse._link_arguments import ActionLink
+from jsonargparse import ArgumentParser
 from PIL import Image
 
-from diffusion.cli import evaluate, evaluate_nll, export, phema, prepare, sample
+from diffusion.cli import evaluate, evaluate_nll, export, parse_errors, phema, prepare, sample
+from diffusion.cli.jsonargparse_internals import (
+    actions,
+    declared_type,
+    is_jsonargparse_own,
+    loads_a_group_file,
+)
 from diffusion.cli.prepare import TRAINING_SECTIONS
-from diffusion.cli.train import DiffusionCLI, with_default_config
+from diffusion.cli.train import DEFAULT_CONFIG, DiffusionCLI, with_default_config
 from diffusion.cli.train import main as train
 from diffusion.data import ImageDataModule, VectorDataModule
 from diffusion.models import MLP, UNet
@@ -142,17 +149,17 @@ def bad_values(name: str, typehint: object) -> dict[str, str]:
 def flag_cases() -> list:
     cases = []
     for command, (_, build_parser, _) in COMMANDS.items():
-        for action in build_parser()._actions:
+        for action in actions(build_parser()):
             name = action.dest
             # Its --name.help and the values linked from --data, which are not the user's to set.
-            skipped = isinstance(action, (_ActionHelpClassPath, ActionLink)) or name in NOT_CHECKED
+            skipped = is_jsonargparse_own(action) or name in NOT_CHECKED
             skipped = skipped or f"{command}--{name}" in NOT_CHECKED
             if skipped or not action.option_strings:
                 continue
-            if isinstance(action, _ActionConfigLoad):  # --model FILE.yaml: the group's options from a file
+            if loads_a_group_file(action):  # --model FILE.yaml: the group's options from a file
                 cases.append(pytest.param(command, name, "{user}/nope.yaml", id=f"{command}--{name}-missing"))
                 continue
-            typehint = bool if isinstance(action, ActionYesNo) else getattr(action, "_typehint", action.type)
+            typehint = declared_type(action)
             values = bad_values(name, typehint)
             assert values, (
                 f"{command} --{name} ({typehint}): no bad value known; add one or say why in NOT_CHECKED"
@@ -164,13 +171,13 @@ def flag_cases() -> list:
     for chosen, (group, cls, _) in CLASSES.items():
         parser = ArgumentParser()
         parser.add_class_arguments(cls)  # as LightningCLI reads --data / --model.network's init_args
-        for action in parser._actions:
+        for action in actions(parser):
             if not action.option_strings or action.dest == "help":
                 continue
             name = f"{group}.init_args.{action.dest}"
             if name in NOT_CHECKED:
                 continue
-            typehint = getattr(action, "_typehint", action.type)
+            typehint = declared_type(action)
             values = bad_values(name, typehint)
             if "not_a_number" in values and "infinite" not in values:  # an integer
                 values["negative"] = "-3"
@@ -195,18 +202,72 @@ def home(user, tmp_path_factory) -> Path:
     return user
 
 
-@pytest.mark.parametrize(("command", "name", "value"), flag_cases())
-def test_a_bad_value_of_any_flag_is_one_line(command, name, value, home, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["python"])
+# The kinds of bad value the parser itself refuses (the others are refused by the checks after it, which name the
+# flag of the option whatever wrote it).
+# jsonargparse's words for its own structure, which no line shows.
+PARSER_INTERNALS = (
+    "NestedArg",
+    "<class",
+    "Parser key",
+    "typing.",
+    "Unexpected config",
+    "Subtypes",
+    "Namespace(",
+)
+PARSER_KINDS = (
+    "not_a_choice",
+    "not_a_number",
+    "not_a_bool",
+    "not_a_list",
+    "no_such_class",
+    "zero",
+    "one",
+    "missing",
+)
+
+
+def bad_command_line(command: str, name: str, value: str, fill: dict) -> tuple:
+    """(the command's main, its good command line and context, the bad value filled in)."""
     if command in CLASSES:
         main, good = train, CLASSES[command][2]
     else:
         main, _, good = COMMANDS[command]
+    return main, [arg.format(**fill) for arg in [*good, *CONTEXT.get(name, [])]], value.format(**fill)
+
+
+@pytest.mark.parametrize(("command", "name", "value"), flag_cases())
+def test_a_bad_value_of_any_flag_is_one_line(
+    command, name, value, home, tmp_path, capsys, monkeypatch, request
+):
+    monkeypatch.setattr(sys, "argv", ["python"])
+    refusals, what_is_wrong = [], parse_errors.what_is_wrong
+
+    def recorded(*args):  # the parser refused the command line (not a check after it)
+        refusals.append(what_is_wrong(*args))
+        return refusals[-1]
+
+    monkeypatch.setattr(parse_errors, "what_is_wrong", recorded)  # every command's parse, train.py's too
     fill = {"user": home, "bad": home / "bad", "tmp": tmp_path}
-    value = value.format(**fill)
-    args = [arg.format(**fill) for arg in [*good, *CONTEXT.get(name, [])]] + [f"--{name}", value]
-    line = run_in_process(main, args, home, capsys)
+    main, good, value = bad_command_line(command, name, value, fill)
+    if main is train:  # the default recipe first, as without a --config of the user's
+        good = ["--config", str(DEFAULT_CONFIG), *good]
+    line = run_in_process(main, [*good, f"--{name}", value], home, capsys)
     # The flag as written, as its group's shorthand (--model.network.channels) or as train.py's (--devices).
     written = {name, name.replace(".init_args.", "."), name.removeprefix("trainer.")}
     assert any(f"--{flag} " in line or f"--{flag}:" in line for flag in written), line
     assert matches_a_row(line), f"not in docs/troubleshooting.md's table: {line}"
+    assert not any(internal in line for internal in PARSER_INTERNALS), line
+    if not request.node.callspec.id.endswith(PARSER_KINDS) or name in FILE_FLAGS | FOLDER_FLAGS:
+        return
+    # The same value in a config file: where the parser refused it, the same line said of the file and its key; a
+    # check after the parser may say the file too (train.py's refusal of --optimizer does), or the flag.
+    options: object = yaml.safe_load(value)
+    for part in reversed(name.split(".")):
+        options = {part: options}
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(options))
+    refusals.clear()
+    line_of_the_file = run_in_process(main, [*good, "--config", str(config)], home, capsys)
+    said_of_the_file = line.replace(f"--{name} {value}", f"{config}: {name} {value}")
+    assert line_of_the_file == said_of_the_file if refusals else line_of_the_file in (said_of_the_file, line)
+    assert not any(internal in line_of_the_file for internal in PARSER_INTERNALS), line_of_the_file

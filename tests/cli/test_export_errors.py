@@ -14,7 +14,7 @@ TOY2D = "{user}/runs/toy2d/version_0/checkpoints/last.ckpt"
 EXPORT_CASES = {
     "unknown_format": (["--format", "onnx"], r"--format onnx is not one of the choices — choose one of 'safetensors'"),
     "unknown_weights": (["--weights", "best"], r"--weights best is not one of the choices — choose one of 'ema'"),
-    "unknown_flag": (["--steps", "5"], r"unrecognized arguments: --steps 5"),
+    "unknown_flag": (["--steps", "5"], r"--steps is not an option of this command — see --help"),
     "truncated": (["--ckpt", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated or not a PyTorch"),
     "empty": (["--ckpt", "{user}/empty.ckpt"], r"empty.ckpt is empty"),
     "a_folder": (["--ckpt", "{user}/runs/toy2d"], r"toy2d is a folder holding 2 checkpoints \(version_0/checkpoints/last.ckpt, .*\) — pass the one"),

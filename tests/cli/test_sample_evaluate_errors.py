@@ -26,8 +26,14 @@ SAMPLE_CASES = {
         ["--sampler", "ddqm"],
         r"--sampler ddqm is not one of the choices — choose one of 'ddpm'",
     ),
-    "unknown_flag": (["--temperature", "0.5"], r"unrecognized arguments: --temperature 0.5"),
-    "config_typo": (["--config", "{user}/typo.yaml"], r"'trainer.max_step' is not accepted — see --help"),
+    "unknown_flag": (
+        ["--temperature", "0.5"],
+        r"--temperature is not an option of this command — see --help",
+    ),
+    "config_typo": (
+        ["--config", "{user}/typo.yaml"],
+        r"typo.yaml: trainer is not an option of this command — see --help",
+    ),
     "cuda_without_a_gpu": (["--device", "cuda"], r"--device cuda: no CUDA GPU .* — use --device cpu"),
     "not_a_device": (["--device", "tpu9"], r"--device tpu9 is not a device"),
     "truncated": (["--ckpt", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated or not a PyTorch"),

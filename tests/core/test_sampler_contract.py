@@ -36,6 +36,7 @@ from helpers.tiny_sampler import (  # noqa: F401 (_one_thread: autouse)
 )
 from torch import nn
 
+from diffusion.cli.jsonargparse_internals import actions
 from diffusion.cli.sample import build_parser
 from diffusion.core.guidance import NO_LABEL
 from diffusion.core.noise import PerSampleNoise
@@ -101,7 +102,7 @@ def test_the_registry_describes_the_sampler_and_every_layer_offers_its_options(n
     assert sampler.default_steps is None or sampler.default_steps >= 1
     assert sampler() is not None  # every option has a default
     options_fields = {option.name for option in fields(SamplingOptions)}
-    flags = {action.dest for action in build_parser()._actions}
+    flags = {action.dest for action in actions(build_parser())}
     for option in options_of(sampler).values():
         assert option.metadata.get("help"), f"{name}.{option.name} has no help: declare it with option()"
         assert option.name in options_fields and option.name in flags

@@ -104,7 +104,7 @@ def test_a_pickle_is_called_one_wherever_an_array_is_read(tmp_path, capsys):
 
 
 VECTORS_REFUSED = {
-    "empty": (np.zeros((0, 2)), r"--data.path .*empty.npy holds an empty array \(shape \(0, 2\)\)"),
+    "empty": (np.zeros((0, 2)), r"^path .*empty.npy holds an empty array \(shape \(0, 2\)\)"),
     "no_features": (np.zeros((5, 0)), r"holds an empty array \(shape \(5, 0\)\)"),
     "one_point": (
         np.tile([[1.0, 2.0]], (50, 1)),

@@ -171,16 +171,16 @@ def test_mnist_setup_from_local_files(tmp_path):
     "kwargs, match",
     [
         ({"dataset": "imagenet"}, "imagenet.*digits"),
-        ({"image_size": 4}, r"image_size=4 must be >= 8 — pass --data.image_size 8 or more"),
+        ({"image_size": 4}, r"image_size=4 must be >= 8 — pass image_size 8 or more"),
         ({"dataset": "cifar10", "channels": 1}, "channels=1"),
         ({"val_fraction": 1.0}, "val_fraction"),
         (
             {"val_fraction": 1.5},
-            r"val_fraction=1.5 must be in \[0, 1\) — pass .* --data.val_fraction 0.05",
+            r"val_fraction=1.5 must be in \[0, 1\) — pass .* val_fraction 0.05",
         ),
-        ({"num_workers": -1}, r"num_workers=-1 must be >= 0 — pass --data.num_workers 0"),
+        ({"num_workers": -1}, r"num_workers=-1 must be >= 0 — pass num_workers 0"),
         ({"val_from_train": 0, "val_fraction": 0}, r"val_from_train=0 must be >= 1 .* — pass a count"),
-        ({"dataset": "folder"}, "--data.image_size"),
+        ({"dataset": "folder"}, "needs an image size — set image_size"),
     ],
 )
 def test_image_options_rejected(kwargs, match):
@@ -212,9 +212,9 @@ def test_folder_images(tmp_path, channels):
 
 
 def test_folder_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope does not exist — point --data.root at your images"):
+    with pytest.raises(FileNotFoundError, match="nope does not exist — point root at your images"):
         ImageDataModule("folder", root=str(tmp_path / "nope"), image_size=16)
-    with pytest.raises(FileNotFoundError, match=r"\.png.* — put your images there, or point --data.root at"):
+    with pytest.raises(FileNotFoundError, match=r"\.png.* — put your images there, or point root at"):
         ImageDataModule("folder", root=str(tmp_path), image_size=16)
     (tmp_path / "broken.png").write_bytes(b"definitely not a png")
     dm = ImageDataModule("folder", root=str(tmp_path), image_size=16, val_fraction=0)
@@ -325,7 +325,7 @@ def test_npy_missing_or_unreadable(tmp_path):
     (tmp_path / "cut.npy").write_bytes((tmp_path / "cut.npy").read_bytes()[:500])
     with pytest.raises(ValueError, match=r"cut.npy is truncated or corrupt .* — "):
         VectorDataModule(path=str(tmp_path / "cut.npy"))
-    with pytest.raises(ValueError, match="--data.path"):
+    with pytest.raises(ValueError, match="set path to an"):
         VectorDataModule("npy")
 
 

@@ -141,9 +141,9 @@ def test_a_set_whose_prepare_was_stopped_or_that_is_damaged_is_refused_naming_wh
 
 
 def test_a_set_that_does_not_fit_the_run_is_refused_before_training(digits_set, gaussian_set):
-    with pytest.raises(UserError, match="--data.image_size 16 does not fit"):
+    with pytest.raises(UserError, match="^image_size 16 does not fit"):
         ImageDataModule("streaming", root=str(digits_set), image_size=16)
-    with pytest.raises(UserError, match="--data.channels 3 does not fit"):
+    with pytest.raises(UserError, match="^channels 3 does not fit"):
         ImageDataModule("streaming", root=str(digits_set), channels=3)
     with pytest.raises(UserError, match="holds prepared vectors"):
         ImageDataModule("streaming", root=str(gaussian_set))

@@ -38,7 +38,7 @@ def test_autocast_dtype_follows_lightnings_names():
     assert autocast_dtype("bf16-mixed", "cpu") == autocast_dtype("bf16-mixed", "cuda") == torch.bfloat16
     assert autocast_dtype("16-mixed", "cuda") == torch.float16
     assert autocast_dtype("16-mixed", "cpu") == torch.bfloat16  # Lightning's substitute: fp16 AMP needs CUDA
-    with pytest.raises(ValueError, match=r"precision='16-true' is not supported; choose one of \['32'"):
+    with pytest.raises(ValueError, match=r"precision='16-true' is not supported — choose one of \['32'"):
         autocast_dtype("16-true", "cpu")
 
 

@@ -159,7 +159,7 @@ def test_two_processes_killed_and_resumed_train_on_the_loaders_samples_flipped_b
     ("extra", "fits", "path"),
     [
         ([], True, "held on cpu (460.0 kB float32), batched there"),
-        (["--data.init_args.on_device", "false"], True, "per-item DataLoader, 0 worker processes (--data.on_device false)"),
+        (["--data.init_args.on_device", "false"], True, "per-item DataLoader, 0 worker processes (on_device=False)"),
         ([], False, "per-item DataLoader, 0 worker processes (its 460.0 kB would not fit)"),
     ],
     ids=["held", "turned off", "too big"],

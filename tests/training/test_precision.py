@@ -93,7 +93,7 @@ def test_schedule_stays_float32_and_the_loss_is_float32(precision, tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
 def test_true_half_precision_is_rejected_naming_the_mixed_alternative(precision, tmp_path):
-    with pytest.raises(ValueError, match=f"precision={precision} is not supported.*--precision .*-mixed"):
+    with pytest.raises(ValueError, match=f"precision={precision} is not supported.* use precision .*-mixed"):
         fit([*FAST, "--precision", precision, *NO_OUTPUT, "--trainer.default_root_dir", str(tmp_path),
              "--max_steps", "1"], Probe())  # fmt: skip
 

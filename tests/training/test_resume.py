@@ -29,6 +29,7 @@ from helpers.weights import max_abs_diff, network_weights
 
 from diffusion.cli.train import main
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
+from diffusion.errors import DiskFull
 from diffusion.training.atomic_writes import AtomicCheckpointIO
 from diffusion.training.callbacks import Checkpoint
 
@@ -343,9 +344,9 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_leaves_no_temporary_fil
     monkeypatch.setattr(function, failing, half_written_then_full if failing == "save" else fail)
     new = {"state_dict": {"w": torch.randn(10_000)}, "global_step": 2}
     for name in ("last.ckpt", "step=2.ckpt"):  # over an existing checkpoint, and a new name
-        with pytest.raises(OSError) as raised:
+        with pytest.raises(DiskFull) as raised:  # said of the folder (tests/training/test_full_disk.py)
             writer.save_checkpoint(new, folder / name)
-        assert raised.value.errno == errno.ENOSPC
+        assert raised.value.__cause__.errno == errno.ENOSPC and raised.value.folder == folder
     monkeypatch.undo()
     assert sorted(os.listdir(folder)) == ["last.ckpt"]
     assert torch.equal(load(folder / "last.ckpt")["state_dict"]["w"], previous["state_dict"]["w"])
@@ -374,7 +375,7 @@ def test_last_ckpt_as_a_link_is_replaced_in_one_step(tmp_path, monkeypatch, syml
         raise FULL_DISK
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError):
+    with pytest.raises(DiskFull):
         Checkpoint._link_checkpoint(rank_zero, str(folder / "step=2.ckpt"), str(last))
     assert load(last)["global_step"] == 1  # the failed replacement left the previous last.ckpt
     monkeypatch.setattr(os, "replace", replace)

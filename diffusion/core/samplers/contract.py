@@ -45,7 +45,7 @@ from diffusion.core.noise import Generators
 from diffusion.core.samplers.spacing import Spacing, spaced_timesteps
 from diffusion.core.schedule import NoiseSchedule, PredictionType
 from diffusion.core.variance import split_output
-from diffusion.errors import OutOfRange, check_choice
+from diffusion.errors import InvalidValue, OutOfRange, check_choice
 
 SPACING_HELP = (
     "the timesteps visited (diffusion/core/samplers/spacing.py): uniform (both ends), trailing (from T - 1, "
@@ -95,9 +95,10 @@ class Denoiser:
 
     def __post_init__(self) -> None:
         if self.prediction_type == "eps" and self.schedule.zero_terminal_snr:
-            raise ValueError(
-                "eps-prediction is undefined at alpha_bar_T = 0 (zero terminal SNR: x_0 = (x_T - eps) / 0) — "
-                "train with --model.prediction_type v (Lin et al. 2024), or without --model.zero_terminal_snr"
+            raise InvalidValue(
+                "eps-prediction is undefined at alpha_bar_T = 0 (zero terminal SNR: x_0 = (x_T - eps) / 0)",
+                "train with {DiffusionModule:--prediction_type} v (Lin et al. 2024), or without "
+                "{DiffusionModule:--zero_terminal_snr}",
             )
 
     def __call__(
@@ -210,18 +211,20 @@ class Sampler:
         """Refuse in one line what this sampler cannot sample: guidance (of a class-conditional model), a network
         with learned variances, a schedule that ends at alpha_bar_T = 0."""
         if conditional and self.guidance_scale != 1 and not self.takes_guidance:
-            raise ValueError(
+            raise InvalidValue(
                 f"sampler {self.name} does not take classifier-free guidance (guidance_scale="
-                f"{self.guidance_scale:g}) — pass guidance_scale 1, or choose another sampler"
+                f"{self.guidance_scale:g})",
+                "pass guidance_scale 1, or choose another sampler",
             )
         if learned_variance and not self.takes_learned_variance:
-            raise ValueError(
-                f"sampler {self.name} does not take a network with learned variances — choose another sampler"
+            raise InvalidValue(
+                f"sampler {self.name} does not take a network with learned variances",
+                "choose another sampler",
             )
         if not self.takes_zero_terminal_snr and schedule.zero_terminal_snr:
-            raise ValueError(
-                f"sampler {self.name} does not take a schedule with alpha_bar_T = 0 (zero terminal SNR) — "
-                "choose another sampler"
+            raise InvalidValue(
+                f"sampler {self.name} does not take a schedule with alpha_bar_T = 0 (zero terminal SNR)",
+                "choose another sampler",
             )
 
     def predict(self, denoiser: Denoiser, x: torch.Tensor, t: torch.Tensor) -> Prediction:

@@ -14,7 +14,7 @@ from diffusion.core.noise import Generators, randn
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step, check_eta, option, timestep_batch
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.core.variance import VarianceType, reverse_log_variance
-from diffusion.errors import check_choice
+from diffusion.errors import InvalidValue, check_choice
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class DDPM(Sampler):
         "fixedlarge",
         "DDPM's sigma_t^2: fixedlarge = beta_t (Ho et al.'s CIFAR-10 choice), fixedsmall = beta~_t, or "
         "learned_range: the network's own (Nichol & Dhariwal 2021; the default of a model trained with "
-        "--model.variance learned_range)",
+        "variance learned_range)",
     )
 
     def __post_init__(self) -> None:
@@ -43,9 +43,9 @@ class DDPM(Sampler):
     def check_fits(self, schedule: NoiseSchedule, learned_variance: bool, conditional: bool) -> None:
         super().check_fits(schedule, learned_variance, conditional)
         if self.variance == "learned_range" and not learned_variance:
-            raise ValueError(
-                "variance='learned_range' needs a network that learned its variance — train with --model.variance "
-                "learned_range, or sample with fixedlarge or fixedsmall"
+            raise InvalidValue(
+                "variance='learned_range' needs a network that learned its variance",
+                "train with {DiffusionModule:--variance} learned_range, or sample with fixedlarge or fixedsmall",
             )
 
     def __call__(

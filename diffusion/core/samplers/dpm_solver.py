@@ -71,7 +71,7 @@ class DPMSolverPP2M(Sampler):
                 if x0_last is None:
                     d = x0
                 else:
-                    r = h_last / h
+                    r = h_last / h  # type: ignore[operator]  # set with x0_last
                     d = (1 + 1 / (2 * r)) * x0 - (1 / (2 * r)) * x0_last
                 # 3. the exponential-integrator update (Algorithm 2, line 6 / line 3 for the first step).
                 sigma_prev = (1 - alphas_cumprod[t_prev]).sqrt().item()

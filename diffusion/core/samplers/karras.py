@@ -29,7 +29,7 @@ from diffusion.core.samplers.contract import (
     timestep_batch,
 )
 from diffusion.core.samplers.spacing import Spacing, half_log_snr, nearest_timestep
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange
 
 
 class NoiseLevels:
@@ -93,8 +93,9 @@ class Heun(Sampler):
             if not (math.isfinite(value) and value >= 0):
                 raise OutOfRange(name, value, "a finite number >= 0", "pass e.g. 0 (Karras et al.'s)")
         if not self.s_tmax >= self.s_tmin:
-            raise ValueError(
-                f"s_tmax={self.s_tmax} is below s_tmin={self.s_tmin} — pass s_tmax >= s_tmin (default: no bound)"
+            raise InvalidValue(
+                f"s_tmax={self.s_tmax} is below s_tmin={self.s_tmin}",
+                "pass s_tmax >= s_tmin (default: no bound)",
             )
 
     @property

@@ -109,7 +109,7 @@ class EMA(WeightAveraging):
         if self._pairs is None:
             # The Parameter objects, not detached views: the strategy moves the module to its device after
             # setup by swapping each parameter's data, which a cached view would not follow.
-            average = self._average_model.module
+            average = self._average_model.module  # type: ignore[union-attr]  # made in setup
             self._pairs = (
                 list(average.parameters()), list(pl_module.parameters()),
                 list(average.buffers()), list(pl_module.buffers()),
@@ -121,7 +121,7 @@ class EMA(WeightAveraging):
             torch._foreach_lerp_(ema_params, params, 1.0 - self.current_decay(self._num_updates))
         if buffers:
             torch._foreach_copy_(ema_buffers, buffers)
-        self._average_model.n_averaged += 1
+        self._average_model.n_averaged += 1  # type: ignore[union-attr]  # made in setup
         self._num_updates += 1
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -161,7 +161,7 @@ class EMA(WeightAveraging):
             self.post_hoc.load_state_dict(state_dict["post_hoc"])
         else:
             rank_zero_warn(
-                "resuming with --ema.post_hoc true from a checkpoint trained without it: the post-hoc EMA profiles "
+                "resuming with post_hoc=True from a checkpoint trained without it: the post-hoc EMA profiles "
                 "start at this step, so reconstructions take the weights before it as equal to its own"
             )
 

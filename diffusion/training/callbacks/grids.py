@@ -1,6 +1,7 @@
 """Sample grids at the end of validation (PNG, and to TensorBoard, W&B and MLflow), and the every-n-validations
 base."""
 
+import shutil
 from pathlib import Path
 
 import lightning as L
@@ -13,6 +14,7 @@ from diffusion.data.labels import class_labels
 from diffusion.errors import OutOfRange
 from diffusion.generation.ranks import sample_across_ranks
 from diffusion.generation.render import save_preview
+from diffusion.training.atomic_writes import write_atomically
 from diffusion.training.callbacks.run_progress import shows_progress
 from diffusion.training.module import DiffusionModule
 from diffusion.training.run_folders import run_folder
@@ -72,7 +74,7 @@ class SampleGrid(EveryNValidations):
         # A collective under DDP (rank 0 broadcasts it): read here on every rank, never inside the rank-zero-only
         # save, where the other ranks would not join and it would deadlock.
         self._out_dir = run_folder(trainer) / "samples"
-        self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, "--sample_grid.sampling.steps")
+        self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, type(self), "sampling.steps")
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if not self.is_due(trainer):
@@ -98,7 +100,9 @@ class SampleGrid(EveryNValidations):
     ) -> None:
         self._out_dir.mkdir(parents=True, exist_ok=True)
         path = self._out_dir / f"step_{trainer.global_step:07d}.png"
-        grid = save_preview(samples, pl_module.normalization, path, labels)
+        grid = write_atomically(
+            path, lambda into: save_preview(samples, pl_module.normalization, into, labels)
+        )
         for logger in trainer.loggers:
             if hasattr(logger, "log_image"):  # W&B's signature: the saved picture, grid or scatter plot
                 logger.log_image(key="samples", images=[str(path)], step=trainer.global_step)
@@ -106,4 +110,4 @@ class SampleGrid(EveryNValidations):
                 logger.experiment.log_artifact(logger.run_id, str(path), "samples")
             elif grid is not None and hasattr(logger.experiment, "add_image"):  # TensorBoard's SummaryWriter
                 logger.experiment.add_image("samples", grid, global_step=trainer.global_step)
-        (self._out_dir / "latest.png").write_bytes(path.read_bytes())
+        write_atomically(self._out_dir / "latest.png", lambda into: shutil.copyfile(path, into))

@@ -89,7 +89,7 @@ class Preemption:
         # An instance attribute over the loop's method (`uninstall` removes it). After a SIGTERM that came before
         # training, Lightning's handler set its flag: its broadcast is left to stop every rank.
         if not trainer.received_sigterm:
-            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast  # type: ignore[method-assign]
 
     def uninstall(self, trainer: L.Trainer) -> None:
         """Give Lightning's loop its per-batch SIGTERM broadcast back (Lightning restores the handlers itself)."""
@@ -113,7 +113,7 @@ class Preemption:
         steps and the run's last step (`last_step`), the same steps on every rank."""
         if trainer.world_size == 1 or last_step or is_logging_step(trainer, trainer.global_step):
             return True
-        return trainer.log_every_n_steps == 0 and trainer.global_step % UNLOGGED_POLL_EVERY_N_STEPS == 0
+        return trainer.log_every_n_steps == 0  # type: ignore[attr-defined]  # set by Lightning's logger connector and trainer.global_step % UNLOGGED_POLL_EVERY_N_STEPS == 0
 
     def poll(self, trainer: L.Trainer) -> tuple[int | None, bool]:
         """(signal to stop for or None, whether a timed checkpoint is due), the same on every rank.

@@ -10,6 +10,7 @@ minute) and at the end, whatever the logger (TensorBoard is not the only way to 
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from time import monotonic
 from typing import Any
@@ -20,6 +21,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from matplotlib.ticker import LogFormatter
 
+from diffusion.training.atomic_writes import write_atomically
 from diffusion.training.logging_steps import is_logging_step
 from diffusion.training.run_folders import run_folder
 
@@ -68,7 +70,7 @@ class RunProgressBar(TQDMProgressBar):
     def init_validation_tqdm(self) -> Tqdm:
         return self._terminal_only(super().init_validation_tqdm)
 
-    def _terminal_only(self, make_bar) -> Tqdm:
+    def _terminal_only(self, make_bar: Callable[[], Tqdm]) -> Tqdm:
         """Lightning's bar, made disabled when the output is a log file (tqdm draws as it is made)."""
         if self.is_terminal():
             return make_bar()
@@ -130,7 +132,7 @@ def shows_progress(trainer: L.Trainer) -> bool:
     """Whether long validation work (the sample grid, FID's samples) draws bars of its own: on rank zero, while
     the run's progress bar is on and draws to a terminal (a log file gets none)."""
     bar = trainer.progress_bar_callback
-    if not trainer.is_global_zero or bar is None or not bar.is_enabled:
+    if not trainer.is_global_zero or bar is None or not bar.is_enabled:  # type: ignore[attr-defined]  # every bar Lightning makes has it
         return False
     return RunProgressBar.is_terminal() if isinstance(bar, RunProgressBar) else sys.stderr.isatty()
 
@@ -155,7 +157,7 @@ class LossPlot(L.Callback):
     def __init__(self, redraw_every_s: float = 60.0) -> None:
         self.redraw_every_s = redraw_every_s
         self.points: dict[str, list[tuple[int, float]]] = {TRAIN_LOSS: [], VAL_LOSS: []}
-        self._folder = None
+        self._folder: Path | None = None
         self._drawn: tuple[Path, dict[str, list[tuple[int, float]]]] | None = None  # file and points drawn
         self._drawn_at = -math.inf  # when it was last drawn, or training started (monotonic seconds)
 
@@ -221,9 +223,7 @@ class LossPlot(L.Callback):
         axes.grid(alpha=0.3, which="both")
         axes.legend()
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".png.partial")
-        figure.savefig(partial, format="png")
-        partial.replace(path)
+        write_atomically(path, lambda into: figure.savefig(into, format="png"))
 
     def state_dict(self) -> dict[str, Any]:
         return {"points": {name: [list(point) for point in points] for name, points in self.points.items()}}

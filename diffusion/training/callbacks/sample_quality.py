@@ -2,6 +2,8 @@
 statistics), at the end of validation, by the computation of `python -m diffusion.evaluate`
 (`diffusion.metrics.sample_quality`)."""
 
+from typing import Any
+
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -9,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange
 from diffusion.generation.ranks import SAMPLING_BATCH, generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
 from diffusion.metrics.features import Features, check_features, distance_name, feature_size
@@ -75,14 +77,15 @@ class SampleQualityCallback(EveryNValidations):
     ) -> None:
         check_features(features)
         if reference_stats is not None and kid:
-            raise ValueError(
+            raise InvalidValue(
                 "SampleQualityCallback kid=True needs the real images' features, and reference_stats holds only "
-                "their mean and covariance — leave kid unset (or False) with reference_stats, or drop reference_stats"
+                "their mean and covariance",
+                "leave kid unset (or False) with reference_stats, or drop reference_stats",
             )
         if reference_stats is not None and num_real is not None:
-            raise ValueError(
-                "SampleQualityCallback num_real picks real images, and with reference_stats none are read — leave "
-                "num_real out"
+            raise InvalidValue(
+                "SampleQualityCallback num_real picks real images, and with reference_stats none are read",
+                "leave num_real out",
             )
         for name, value, low in [
             ("num_samples", num_samples, 2),
@@ -108,13 +111,12 @@ class SampleQualityCallback(EveryNValidations):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         shape = tuple(getattr(pl_module, "sample_shape", ()))
         if len(shape) != 3:
-            raise ValueError(
+            raise InvalidValue(
                 "SampleQualityCallback needs image data (sample shape (C, H, W)), but the model's sample_shape is "
-                f"{shape}; FID/KID compare images. Remove the callback for vector data."
+                f"{shape}",
+                "FID/KID compare images. Remove the callback for vector data.",
             )
-        self.sampling.check_steps_fit(
-            pl_module.schedule.num_timesteps, "SampleQualityCallback sampling.steps"
-        )
+        self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, type(self), "sampling.steps")  # type: ignore[union-attr, arg-type]
         if self.num_samples < trainer.world_size:
             raise OutOfRange(
                 "num_samples", self.num_samples, f">= the world size {trainer.world_size}",
@@ -139,16 +141,17 @@ class SampleQualityCallback(EveryNValidations):
                 kid_subset_size=self.kid_subset_size, inception_weights=self.inception_weights,
             )  # fmt: skip
 
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:  # type: ignore[override]
         if not self.is_due(trainer):
             return
-        self.quality.to(pl_module.device)  # no-op after the first time; the module moves after setup
+        # self.quality is made in setup.
+        self.quality.to(pl_module.device)  # type: ignore[union-attr]  # no-op after the first time (the module moves after setup)
         if not self._real_fed and self.reference_stats is None:
             self._feed_real(trainer, pl_module)
             self._real_fed = True
         self._feed_generated(trainer, pl_module)
-        result = self.quality.compute(self.seed)
-        self.quality.reset()  # generated features only (the real side stays); also clears the cached values
+        result = self.quality.compute(self.seed)  # type: ignore[union-attr]
+        self.quality.reset()  # type: ignore[union-attr]  # generated features only (the real side stays); also clears the cached values
         self.last = result
         # Every rank computed the same value from the same gathered states; sync_dist averages identical
         # numbers (exact) and spares Lightning's "use sync_dist=True" warning. Logged on every rank so a
@@ -166,7 +169,7 @@ class SampleQualityCallback(EveryNValidations):
         )
 
     def _feed_real(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
-        dataset = _train_dataset(trainer)
+        dataset: Any = _train_dataset(trainer)  # a map-style dataset: it has a length
         num_real = min(self.num_real, len(dataset))
         # A fixed random subset rather than the first items: folders sorted by class would bias those.
         subset = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(self.seed))
@@ -196,21 +199,22 @@ class SampleQualityCallback(EveryNValidations):
 
     def _update(self, images: torch.Tensor, pl_module: DiffusionModule, real: bool) -> None:
         uint8 = to_uint8(images.to(pl_module.device), pl_module.normalization)  # (N, C, H, W)
-        self.quality.update(uint8, real=real)
+        self.quality.update(uint8, real=real)  # type: ignore[union-attr]  # made in setup
 
 
 def _train_dataset(trainer: L.Trainer) -> Dataset:
     """The training set (items ``x`` or ``(x, ...)`` in model units) without random augmentation when the
     datamodule offers it (``unaugmented_train_set``), else the dataset of the training DataLoader."""
-    datamodule = trainer.datamodule
+    datamodule = trainer.datamodule  # type: ignore[attr-defined]  # set at run time by Lightning
     if datamodule is not None and hasattr(datamodule, "unaugmented_train_set"):
         return datamodule.unaugmented_train_set()
     loader = datamodule.train_dataloader() if datamodule is not None else trainer.train_dataloader
     dataset = getattr(loader, "dataset", None)
     if dataset is None or not hasattr(dataset, "__len__"):
-        raise ValueError(
+        raise InvalidValue(
             "SampleQualityCallback takes real images from the training DataLoader's dataset, but got "
-            f"{type(loader).__name__}"
+            f"{type(loader).__name__}",
+            "give it reference_stats (FID statistics) instead, or a data module whose train_dataloader has one",
         )
     return dataset
 

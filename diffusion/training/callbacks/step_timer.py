@@ -20,6 +20,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import nn
 
+from diffusion.errors import InvalidValue
+
 
 class StepTimer(L.Callback):
     """Times `steps` optimizer steps after `warmup_steps` of this fit and reports them once, from rank 0: the
@@ -59,13 +61,13 @@ class StepTimer(L.Callback):
         profile_steps: int = 0,
     ) -> None:
         if warmup_steps < 0 or steps < 1 or profile_steps < 0:
-            raise ValueError(
-                f"StepTimer warmup_steps={warmup_steps}, steps={steps}, profile_steps={profile_steps} — pass "
-                "warmup_steps >= 0, steps >= 1 and profile_steps >= 0"
+            raise InvalidValue(
+                f"StepTimer warmup_steps={warmup_steps}, steps={steps}, profile_steps={profile_steps}",
+                "pass warmup_steps >= 0, steps >= 1 and profile_steps >= 0",
             )
         if peak_tflops is not None and peak_tflops <= 0:
-            raise ValueError(
-                f"StepTimer peak_tflops={peak_tflops} — pass the device's peak in TFLOP/s, e.g. 790"
+            raise InvalidValue(
+                f"StepTimer peak_tflops={peak_tflops}", "pass the device's peak in TFLOP/s, e.g. 790"
             )
         self.warmup_steps, self.steps, self.peak_tflops = warmup_steps, steps, peak_tflops
         self.path, self.label, self.profile_steps = path, label, profile_steps
@@ -129,7 +131,7 @@ class StepTimer(L.Callback):
                 self._profile.start()
                 self._profiled = 1
             else:
-                self._write(self.report)
+                self._write(self.report)  # type: ignore[arg-type]  # _finish made it
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._marks and self.report is None:
@@ -139,7 +141,7 @@ class StepTimer(L.Callback):
         if self.report is None and self._marks:
             self._mark(pl_module.device)  # closes the last step
             self._finish(trainer, pl_module)
-            self._write(self.report)
+            self._write(self.report)  # type: ignore[arg-type]  # _finish made it
         elif self.report is not None and not self._written:
             self._write_with_profile()  # the run ended within the profiled steps
 

@@ -1,0 +1,269 @@
+"""What a command line wrote, as the parser reads it: each flag, and each key of each config file, in order.
+
+A `--config FILE` (or a group's `--model FILE`) is read into the keys it sets (`model.lr`, `data.class_path`,
+`data.init_args.batch_size`, ...), so that a bad value in a file is checked, and said, as the same value written as
+a flag would be (`diffusion.cli.parse_errors`): the line names the file and the key. A file whose own shape is wrong
+(missing, not YAML, empty, a list or a single value where options go) is said as such. Also here: the list flags'
+other forms (`--metrics [fid, kid]`, `--metrics fid,kid`, `--sweep 0.1 0.2`) and `--print_config`, taken out of
+a command line to be honoured once the rest of it parses.
+"""
+
+import functools
+import typing
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, loads_a_group_file
+
+PRINT_CONFIG = "--print_config"
+# Keys of a class's mapping in a config file that are not its arguments (jsonargparse's own).
+_CLASS_KEYS = ("class_path", "init_args", "dict_kwargs", "__path__")
+
+
+@dataclass(frozen=True)
+class Written:
+    """A flag (`--key value ...`: `values` its words) or a config file's key (`values`: its one YAML value)."""
+
+    key: str
+    values: tuple[Any, ...]
+    file: str | None = None  # the config file it was read from; None for a flag
+
+    def shown(self) -> str:
+        """As the user wrote it: `--model.lr abc`, or `run.yaml: model.lr abc`."""
+        if self.file is None:
+            return f"--{self.key} {' '.join(self.values)}".rstrip()
+        return f"{self.file}: {self.key} {as_text(self.values[0])}".rstrip()
+
+
+def as_text(value: Any) -> str:
+    """A YAML value as a flag would give it: `abc`, `[1, 2]`, `{lr: 0.1}`, `true`."""
+    if isinstance(value, str):
+        return value
+    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
+    return text.removesuffix("...").strip()
+
+
+def flags_written(argv: Sequence[str]) -> Iterator[tuple[str, list[str]]]:
+    """(key, its values) for each `--key value ...` or `--key=value` of a command line, in order."""
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        if not arg.startswith("--"):
+            continue
+        key, equals, value = arg[2:].partition("=")
+        if equals:
+            yield key.removesuffix("+"), [value]
+            continue
+        values = []
+        while index < len(argv) and not argv[index].startswith("--"):
+            values.append(argv[index])
+            index += 1
+        yield key.removesuffix("+"), values
+
+
+def everything_written(parser: ArgumentParser, argv: Sequence[str]) -> Iterator[Written]:
+    """Each flag of `argv`; after a config file's flag (`--config FILE`, `--model FILE`), the keys the file sets,
+    if it is a mapping of options (`config_file_problem` says why not)."""
+    for key, values in flags_written(argv):
+        yield Written(key, tuple(values))
+        if values and is_config_file_flag(parser, key):
+            options = read_config_file(values[-1])
+            if isinstance(options, dict):
+                prefix = "" if key == "config" else f"{key}."
+                yield from keys_of_file(parser, options, prefix, values[-1])
+
+
+def is_config_file_flag(parser: ArgumentParser, key: str) -> bool:
+    action = action_of(parser, key)
+    return key == "config" or (action is not None and loads_a_group_file(action))
+
+
+def keys_of_file(parser: ArgumentParser, options: dict, prefix: str, file: str) -> Iterator[Written]:
+    """The keys a config file's mapping sets, as the parser takes them: a group's options one by one, a class's
+    mapping as its class path and its arguments (`data.init_args.batch_size`), any other value whole."""
+    for name, value in options.items():
+        key = f"{prefix}{name}"
+        action = action_of(parser, key)
+        if (
+            isinstance(value, dict)
+            and (action is None or loads_a_group_file(action))
+            and _has_keys_under(parser, key)
+        ):
+            yield from keys_of_file(parser, value, f"{key}.", file)
+        elif isinstance(value, dict) and action is not None and takes_a_class(declared_type(action)):
+            if "class_path" in value:
+                yield Written(key, (value["class_path"],), file)
+            arguments = {k: v for k, v in value.items() if k not in _CLASS_KEYS}  # written without init_args
+            init_args = value.get("init_args")
+            arguments |= init_args if isinstance(init_args, dict) else {}
+            for argument, argument_value in arguments.items():
+                yield Written(f"{key}.init_args.{argument}", (argument_value,), file)
+        else:
+            yield Written(key, (value,), file)
+            if isinstance(value, str) and action is not None and loads_a_group_file(action):
+                options = read_config_file(beside(file, value))  # a group's file named in this one
+                if isinstance(options, dict):
+                    yield from keys_of_file(parser, options, f"{key}.", beside(file, value))
+
+
+def _has_keys_under(parser: ArgumentParser, key: str) -> bool:
+    return any(action.dest.startswith(f"{key}.") for action in actions(parser))
+
+
+def takes_a_class(hint: Any) -> bool:
+    """Whether a value of `hint` may be a class chosen by its path (a data module, a network, a logger)."""
+    if get_origin(hint) is not None:
+        return any(takes_a_class(arg) for arg in get_args(hint))
+    return is_class_choice(hint)
+
+
+def is_class_choice(kind: Any) -> bool:
+    """A base class whose subclasses a flag chooses by class path (a Logger, a LightningDataModule, ...), not a
+    value type (int, str, Path, timedelta, jsonargparse's PositiveInt, typing's Any)."""
+    value_types = ("builtins", "datetime", "pathlib", "jsonargparse.typing", "typing")
+    return isinstance(kind, type) and kind.__module__ not in value_types
+
+
+_UnionType = type(int | None)
+
+
+def beside(config_file: str | None, path: str) -> str:
+    """A relative path written in a config file: as written where that is a file, else beside the config file
+    where that is one."""
+    if config_file is None or Path(path).is_absolute() or Path(path).is_file():
+        return path
+    nearby = Path(config_file).parent / path
+    return str(nearby) if nearby.is_file() else path
+
+
+def config_file_problem(key: str, value: str) -> tuple[str, str] | None:
+    """(what is wrong, fix) with the file a config flag names, as a whole: missing, not YAML, empty, or a list or
+    a single value where a mapping of options goes; None when it is a mapping."""
+    path = Path(value)
+    shown = f"--{key} {value}"
+    if not path.is_file():
+        missing = f"--config: {value}" if key == "config" else shown
+        return f"{missing}: no such config file", "pass a YAML file of these options (see --print_config)"
+    options = read_config_file(value)
+    if isinstance(options, SyntaxError):
+        return f"Problems parsing config {value}: {options.msg}", f"fix the YAML syntax of the --{key} file"
+    if options is None:
+        return (
+            f"{shown}: the config file is empty",
+            "write its options as key: value lines (see --print_config)",
+        )
+    if not isinstance(options, dict):
+        kind = "a list" if isinstance(options, list) else f"a single value ({as_text(options)})"
+        return (
+            f"{shown}: the config file holds {kind}, not options",
+            "write its options as key: value lines (see --print_config)",
+        )
+    return None
+
+
+def read_config_file(value: str) -> Any:
+    """A config file's YAML (a SyntaxError saying where it is not YAML), read once per version of the file: a
+    report looks each chosen class up in it (10 ms of PyYAML a read, a dozen reads a report). None: no such file."""
+    path = Path(value)
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return _read_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_version(path: str, mtime_ns: int, size: int) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        return SyntaxError(f"{getattr(error, 'problem', None) or type(error).__name__}{at}")
+
+
+def yaml_or_none(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+
+
+def without_print_config(argv: Sequence[str]) -> tuple[list[str], str | None]:
+    """`argv` without `--print_config[=flags]`, and that flag (None if absent): it is honoured after the rest of
+    the command line parses (jsonargparse prints at the point it meets it: flags after a `--config` it precedes
+    were left out, and a bad value was printed with exit status 0)."""
+    kept = [arg for arg in argv if arg != PRINT_CONFIG and not arg.startswith(f"{PRINT_CONFIG}=")]
+    requested = [arg for arg in argv if arg not in kept]
+    return kept, (requested[-1] if requested else None)
+
+
+def as_the_parser_takes(parser: ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with each list flag's values in the form its parser takes (`in_list_form`); all else as written."""
+    taken, index = [], 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        taken.append(arg)
+        if not arg.startswith("--") or "=" in arg:
+            continue
+        values = []
+        while index < len(argv) and not argv[index].startswith("--"):
+            values.append(argv[index])
+            index += 1
+        action = action_of(parser, arg[2:])
+        if action is not None and values:
+            values = in_list_form(declared_type(action), action.nargs, values)
+        taken += values
+    return taken
+
+
+def in_list_form(hint: Any, nargs: Any, values: Sequence[str]) -> list[str]:
+    """A list flag's values in the form its parser takes, from any of `a b`, `[a, b]` and `a,b`: separate words
+    for a flag of several values (`nargs`), one YAML list for a flag whose type is a list. Values of other
+    flags, and lists of text (whose items may hold commas), are left as written."""
+    several = nargs in ("+", "*")
+    item = _plain(hint) if several else _list_item(hint)
+    if item is None or item is str:
+        return list(values)
+    words = []
+    for value in values:
+        listed = yaml_or_none(value) if value.lstrip().startswith("[") else None
+        if isinstance(listed, list) and not any(isinstance(v, list | dict) for v in listed):
+            words += [as_text(v) for v in listed]
+        else:
+            words += [word.strip() for word in value.split(",") if word.strip()]
+    if several:
+        return words
+    if len(values) == 1 and yaml_or_none(values[0]) is None:  # null: no list
+        return list(values)
+    return [f"[{', '.join(words)}]"]
+
+
+def _list_item(hint: Any) -> Any:
+    """The item type of a list of plain values (numbers, choices, text), optional or not; None for other types."""
+    kinds = [arg for arg in get_args(hint) if arg is not type(None)] if _is_union(hint) else [hint]
+    if len(kinds) != 1 or get_origin(kinds[0]) not in (list, tuple, Sequence):
+        return None
+    items = [_plain(arg) for arg in get_args(kinds[0]) if arg is not Ellipsis]
+    if not items or None in items:
+        return None
+    return str if str in items else items[0]
+
+
+def _plain(kind: Any) -> Any:
+    """`kind` if it is a number or a choice; str for text; None for anything else."""
+    if get_origin(kind) is Literal:
+        return kind
+    if isinstance(kind, type) and issubclass(kind, str):
+        return str
+    return kind if isinstance(kind, type) and issubclass(kind, int | float) else None
+
+
+def _is_union(hint: Any) -> bool:
+    return get_origin(hint) in (typing.Union, _UnionType)

@@ -1,0 +1,72 @@
+"""The one module that reads jsonargparse's private structure; everything else uses this or its public API.
+
+To say a refused command line from the parser's declared types (`diffusion.cli.parse_errors`), the commands need
+what jsonargparse keeps to itself: a parser's actions, the type an action was declared with, the bounds of a
+restricted number (`PositiveInt`), which actions load a group's options from a file (`--model FILE`) and which are
+jsonargparse's own (a class's `--X.help`, the targets of links). A jsonargparse release may rename any of it: then
+this module alone changes, and `tests/cli/test_jsonargparse_internals.py` says what moved. pyproject's range ends at
+the newest version tested; `.ci/run` also runs the parser's tests on the oldest it admits.
+"""
+
+import operator
+from argparse import Action
+from typing import Any
+
+# The private modules imported whole: a class that moved fails at import, by its name here.
+import jsonargparse._actions as _jsonargparse_actions
+import jsonargparse._link_arguments as _jsonargparse_links
+from jsonargparse import ActionYesNo, ArgumentParser
+
+_COMPARISONS = {operator.gt: ">", operator.ge: ">=", operator.lt: "<", operator.le: "<=", operator.ne: "!="}
+_GROUP_FILE_ACTION = _jsonargparse_actions._ActionConfigLoad
+_CLASS_HELP_ACTION = _jsonargparse_actions._ActionHelpClassPath
+_LINK_ACTION = _jsonargparse_links.ActionLink
+
+
+def actions(parser: ArgumentParser) -> list[Action]:
+    """Every argument `parser` declares (argparse's list, which jsonargparse extends)."""
+    return list(parser._actions)
+
+
+def action_of(parser: ArgumentParser, key: str) -> Action | None:
+    """The action of the flag `--key`, or None where the parser has no such flag."""
+    return parser._option_string_actions.get(f"--{key}")
+
+
+def declared_type(action: Action) -> Any:
+    """The type an argument was declared with: bool for a yes/no flag, the type hint jsonargparse keeps for a typed
+    one (`ActionTypeHint`), else argparse's `type` (None for an untyped flag)."""
+    if isinstance(action, ActionYesNo):
+        return bool
+    return getattr(action, "_typehint", action.type)
+
+
+def loads_a_group_file(action: Action) -> bool:
+    """Whether the flag reads a group's options from a YAML file (`--model FILE`, `--trainer FILE`, ...)."""
+    return isinstance(action, _GROUP_FILE_ACTION)
+
+
+def is_jsonargparse_own(action: Action) -> bool:
+    """A flag jsonargparse adds by itself, not the user's to set: a class's `--X.help`, a link's target."""
+    return isinstance(action, (_CLASS_HELP_ACTION, _LINK_ACTION))
+
+
+def number_bounds(kind: Any) -> list[tuple[str, Any]] | None:
+    """[(">", 0)] for jsonargparse's `PositiveInt` and any restricted number type; None for any other type."""
+    restrictions = getattr(kind, "_restrictions", None) if isinstance(kind, type) else None
+    if not restrictions:
+        return None
+    return [(_COMPARISONS.get(compare, "?"), limit) for compare, limit in restrictions]
+
+
+def drop_print_config_request(parser: ArgumentParser) -> None:
+    """Forget a `--print_config` a parse met and did not honour (it failed after): a parser used again would
+    print at its next parse. jsonargparse keeps the request as an attribute of the parser."""
+    if hasattr(parser, "print_config"):
+        del parser.print_config
+
+
+def is_required(parser: ArgumentParser, action: Action) -> bool:
+    """Whether the flag must be given: argparse's `required`, which jsonargparse before 4.40 kept False, holding
+    the required keys in a set of the parser's own."""
+    return bool(action.required) or action.dest in getattr(parser, "required_args", ())

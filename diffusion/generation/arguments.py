@@ -1,0 +1,150 @@
+"""`generate`'s arguments, checked as the sample command checks its flags: each refused by the name the caller wrote,
+with its fix, before any sampling time is spent; nothing rounded, cycled or ignored without a word (a fraction of a
+sample, fewer labels than samples, guidance asked of a model without classes).
+
+`options=SamplingOptions(...)`, the form before `sampler=` took a built sampler, keeps working for a while with a
+DeprecationWarning that names the new form, and draws the same samples.
+"""
+
+import inspect
+import warnings
+from collections.abc import Iterable
+from os import PathLike
+from typing import Any
+
+import torch
+
+from diffusion.core.samplers.contract import Sampler
+from diffusion.core.sampling import ModelSampling, SamplingOptions, check_options, unconditional_guidance
+from diffusion.errors import OutOfRange, WrongType, check_whole_number
+
+OPTIONS_DEPRECATED = "generate(module, n, options=...) is deprecated; pass sampler=module.sampler(options)"
+
+
+def own_sampling(module: Any) -> ModelSampling | None:
+    """What a module says of its own sampling (a DiffusionModule's `model_sampling`), or None when it says nothing:
+    its default sampler, and whether it has classes."""
+    found = getattr(module, "model_sampling", None)
+    return found if isinstance(found, ModelSampling) else None
+
+
+def check_module(module: Any, members: Iterable[str]) -> None:
+    """A model where `module` goes, one with all of `members` (Sampleable's): a path is the commonest slip (load it
+    first). The members are looked up without running them (a module's `normalization` raises when it has none,
+    which is no reason to call it no model)."""
+    if isinstance(module, str | PathLike):
+        raise WrongType(
+            "module", module, "a model", f"load it first: generate(load_checkpoint({str(module)!r}), ...)"
+        )
+    if not all(_has(module, member) for member in members):
+        raise WrongType(
+            "module", module, "a model (a DiffusionModule, or any Sampleable)",
+            "pass what load_checkpoint returns, or the DiffusionModule being trained",
+        )  # fmt: skip
+
+
+def _has(thing: Any, member: str) -> bool:
+    try:
+        inspect.getattr_static(thing, member)
+    except AttributeError:
+        return False
+    return True
+
+
+def sampler_from_deprecated_options(module: Any, sampler: Sampler | None, options: Any) -> Sampler | None:
+    """The sampler of the deprecated `options=` (with a warning naming the new form), else `sampler` as given."""
+    if options is None:
+        return sampler
+    warnings.warn(OPTIONS_DEPRECATED, DeprecationWarning, stacklevel=3)
+    if sampler is not None:
+        raise TypeError(
+            "generate() got both sampler= and options= — pass sampler= alone: sampler=module.sampler(options)"
+        )
+    check_options(options, "options", "options=SamplingOptions(...)")
+    sampling = own_sampling(module)
+    if sampling is None:
+        raise WrongType("module", module, "a model with its own sampling options", "pass sampler= instead")
+    return sampling.sampler(options)
+
+
+def checked_counts(
+    num_samples: Any, seed: Any, batch_size: Any, rank: Any, world_size: Any
+) -> tuple[int, int, int, int, int]:
+    """`generate`'s counts as ints (a numpy integer too), refused unless each is a whole number in its range."""
+    counts = (
+        check_whole_number(
+            "num_samples", num_samples, 1, "pass how many samples to draw, e.g. generate(module, 64)"
+        ),
+        check_whole_number("seed", seed, fix="pass an int: sample i's noise is a function of (seed, i)"),
+        check_whole_number("batch_size", batch_size, 1, "pass how many samples to draw at once"),
+        check_whole_number("rank", rank, 0, "pass this process's rank, 0..world_size-1"),
+        check_whole_number("world_size", world_size, 1, "pass the number of ranks sampling together"),
+    )
+    if counts[3] >= counts[4]:
+        raise OutOfRange(
+            "rank", rank, f"< world_size={world_size}", "pass this process's rank, 0..world_size-1"
+        )
+    return counts
+
+
+def check_sampler_and_switches(module: Any, sampler: Any, switches: dict[str, Any]) -> None:
+    """A built sampler, or None for a module that names its own; True or False for each switch."""
+    if sampler is None and own_sampling(module) is None:
+        raise WrongType(
+            "sampler", sampler, "a sampler (this module names no sampler of its own)",
+            "pass one: sampler=SAMPLERS['ddim'](steps=50)",
+        )  # fmt: skip
+    if sampler is not None and not isinstance(sampler, Sampler):
+        if isinstance(sampler, SamplingOptions):
+            fix = "build it for the model: sampler=module.sampler(options)"
+        elif isinstance(sampler, str):
+            fix = f"build one: sampler=module.sampler(SamplingOptions(sampler={sampler!r}))"
+        else:
+            fix = "pass module.sampler(SamplingOptions(...)), or leave it unset for the model's own"
+        raise WrongType("sampler", sampler, "a sampler", fix)
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise WrongType(name, value, "True or False", f"pass {name}=True or {name}=False")
+
+
+def check_guidance_fits(module: Any, sampler: Sampler) -> None:
+    """Guidance of a model without classes would be ignored: refused, as the sample command refuses it (in the
+    sampler the caller built; the module's own is its checkpoint's to answer for)."""
+    sampling = own_sampling(module)
+    if sampling is not None and not sampling.conditional and sampler.guidance_scale != 1:
+        raise unconditional_guidance(sampler.guidance_scale)
+
+
+def checked_labels(module: Any, labels: Any, num_samples: int) -> torch.Tensor | None:
+    """The labels as an int64 tensor, one whole number per sample: never truncated from fractions, never cycled
+    when too few; refused for a model without classes. Their range is the module's to check (its `denoiser`)."""
+    if labels is None:
+        return None
+    sampling = own_sampling(module)
+    if sampling is not None and not sampling.conditional:
+        raise OutOfRange(
+            "labels", labels if isinstance(labels, list | tuple) and len(labels) <= 6 else "<labels>",
+            "unset for an unconditional model (it has no classes)",
+            "leave labels unset, or load a class-conditional checkpoint",
+        )  # fmt: skip
+    fix = "pass class_labels(num_samples, module.num_classes), or one int class per sample"
+    if isinstance(labels, str | bytes) or not hasattr(labels, "__len__"):
+        raise WrongType("labels", labels, "a sequence of class numbers", fix)
+    try:
+        tensor = torch.as_tensor(labels)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise WrongType("labels", labels, "a sequence of class numbers", fix) from error
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        if tensor.dtype.is_floating_point and bool((tensor == tensor.round()).all()):
+            raise WrongType("labels", labels, "integers (they are stored as floats)", f"{fix}, as ints")
+        raise OutOfRange("labels", _shown(tensor), "whole numbers (class indices)", fix)
+    if tensor.shape != (num_samples,):
+        raise OutOfRange(
+            "labels", f"<{tuple(tensor.shape)} labels>", f"one label per sample, shape ({num_samples},)", fix
+        )
+    return tensor.long()
+
+
+def _shown(tensor: torch.Tensor) -> str:
+    values = tensor.flatten()[:6].tolist()
+    return f"{values}" if tensor.numel() <= 6 else f"{values[:-1]}, ... ({tensor.numel()} values)"

@@ -1,0 +1,117 @@
+"""One job at a time trains a run folder: a second one started on it (a resume started twice) is refused in one
+line naming the folder and the job training it, before it does any work; once the first has ended, the folder is
+free again (a resume trains on), and a job killed with SIGKILL leaves it free as well (the kernel drops the lock).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import QUICK, TINY_UNET, VALIDATING_EVERY_2, tiny_run, warm
+
+from diffusion.cli.train import main
+from diffusion.training.run_folders import TRAINING_LOCK, RunFolderInUse, training_in
+
+REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+
+
+def files_of(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def held_run(save_dir: Path, started: Path, release: Path) -> subprocess.Popen:
+    """A tiny train.py run, held at step 2 (its checkpoint of step 2 saved) until `release` exists."""
+    hold = {"class_path": "helpers.holding.WaitAt",
+            "init_args": {"step": 2, "started": str(started), "release": str(release)}}  # fmt: skip
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")
+    }
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), environment.get("PYTHONPATH")]))
+    command = [sys.executable, str(REPO / "train.py"), *TINY_UNET, *QUICK, *VALIDATING_EVERY_2,
+               "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.callbacks=" + json.dumps([hold])]  # fmt: skip
+    return warm.popen(
+        command, cwd=save_dir.parent, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail(f"the held run never reached step 2:\n{process.communicate()[0][-4000:]}")
+        time.sleep(0.1)
+
+
+@pytest.mark.multiprocess
+def test_a_second_job_on_a_run_being_trained_is_refused_and_a_resume_after_it_trains_on(tmp_path, capsys):
+    runs, started, release = tmp_path / "runs", tmp_path / "started", tmp_path / "release"
+    first = held_run(runs, started, release)
+    try:
+        wait_for(started, first)
+        (run,) = (runs / "digits").iterdir()
+        before = files_of(run)
+        with pytest.raises(SystemExit) as exited:
+            main([*TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(runs), "--ckpt_path", "last",
+                  "--max_steps", "6"])  # fmt: skip
+        error = capsys.readouterr().err
+        assert files_of(run) == before  # it did nothing there
+    finally:
+        release.touch()
+        output = first.communicate(timeout=120)[0]
+    assert exited.value.code == 2, error[-3000:]
+    assert error.strip().splitlines()[-1] == (
+        f"error: {run} is being trained by another job (pid {first.pid} on host {socket.gethostname()}) — wait for "
+        "it to end, or pass --trainer.logger.init_args.version NEW for a new run"
+    ), error[-3000:]
+    assert first.returncode == 0, output[-4000:]
+    assert not (run / TRAINING_LOCK).exists()
+    resumed = tiny_run(runs, "--ckpt_path", "last", "--max_steps", "6")
+    assert resumed.trainer.global_step == 6
+
+
+def test_the_lock_is_the_kernels_and_goes_with_a_killed_process(tmp_path):
+    """flock's lock belongs to the open file: a holder killed with SIGKILL leaves the folder free at once."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'123 elsewhere'); print('held', flush=True); time.sleep(60)",
+         str(tmp_path / TRAINING_LOCK)], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(RunFolderInUse) as refused, training_in(tmp_path):
+            pass
+        assert (refused.value.folder, refused.value.pid, refused.value.host) == (tmp_path, "123", "elsewhere")
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with training_in(tmp_path):
+        assert (tmp_path / TRAINING_LOCK).read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+    assert not (tmp_path / TRAINING_LOCK).exists()
+
+
+def test_a_lock_file_removed_while_a_job_waited_on_it_is_not_trusted(tmp_path, monkeypatch):
+    """A job that opened the lock file just before its holder removed it locks a file no one else will open: it
+    must lock the one under the name instead."""
+    import fcntl
+
+    locked = []
+    flock = fcntl.flock
+
+    def flock_after_the_holder_left(descriptor: int, operation: int) -> None:
+        if not locked:  # the holder removes its file between this job's open and its lock
+            os.unlink(tmp_path / TRAINING_LOCK)
+        locked.append(os.fstat(descriptor).st_ino)
+        flock(descriptor, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_the_holder_left)
+    with training_in(tmp_path):
+        assert os.stat(tmp_path / TRAINING_LOCK).st_ino == locked[-1] and len(locked) == 2

@@ -1,0 +1,211 @@
+"""The public API checks its arguments as the commands check their flags (tests/cli/test_every_flag.py): every public
+function given the kinds of bad value a flag is given (a fraction, zero, a negative, text where a number goes, the
+wrong kind of object, too few labels, labels out of range, guidance of a model without classes) refuses it with a
+ValueError or a TypeError whose message names the argument as the caller wrote it, before any work; nothing is
+rounded, cycled or ignored without a word. Each error is also a UserError, so a command says it in one line."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from diffusion import (
+    MLP,
+    DiffusionModule,
+    NoiseSchedule,
+    SamplingOptions,
+    UserError,
+    class_labels,
+    denormalize,
+    final_sample,
+    frechet_distance,
+    generate,
+    load_checkpoint,
+    load_statistics,
+    reverse_steps,
+    rows_by_class,
+    save_image_grid,
+    to_uint8,
+)
+from diffusion.errors import OutOfRange, WrongType
+
+NORMALIZATION = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
+IMAGES = torch.zeros(4, 1, 2, 2)
+
+
+def tiny(num_classes: int | None = None) -> DiffusionModule:
+    """A vector model of 20 timesteps whose checkpoint names DDIM-3: seconds of nothing."""
+    torch.manual_seed(0)
+    network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8, num_classes=num_classes)
+    return DiffusionModule(
+        network, sample_shape=(2,), num_timesteps=20, normalization=NORMALIZATION,
+        sampling=SamplingOptions(sampler="ddim", steps=3),
+    )  # fmt: skip
+
+
+UNCONDITIONAL, CONDITIONAL = tiny(), tiny(num_classes=3)
+DDIM = UNCONDITIONAL.sampler(SamplingOptions(sampler="ddim", steps=2))
+GUIDED = CONDITIONAL.sampler(SamplingOptions(guidance_scale=2.0))
+SCHEDULE = NoiseSchedule(num_timesteps=20)
+X_T = torch.zeros(3, 2)
+
+
+class BareModel:
+    """What generation needs of a module (`Sampleable`), and no sampler of its own."""
+
+    sample_shape, normalization = (2,), NORMALIZATION
+    initial_noise, denoiser, evaluating = (UNCONDITIONAL.initial_noise, UNCONDITIONAL.denoiser,
+                                           UNCONDITIONAL.evaluating)  # fmt: skip
+
+
+# (id, the call, the exception type, the argument its message names)
+CASES = [
+    # generate: counts
+    ("generate-fractional", lambda: generate(UNCONDITIONAL, 2.5), ValueError, "num_samples"),
+    ("generate-zero", lambda: generate(UNCONDITIONAL, 0), ValueError, "num_samples"),
+    ("generate-negative", lambda: generate(UNCONDITIONAL, -2), ValueError, "num_samples"),
+    ("generate-text-count", lambda: generate(UNCONDITIONAL, "3"), TypeError, "num_samples"),
+    ("generate-bool-count", lambda: generate(UNCONDITIONAL, True), TypeError, "num_samples"),
+    ("generate-batch-zero", lambda: generate(UNCONDITIONAL, 2, batch_size=0), ValueError, "batch_size"),
+    ("generate-batch-fractional", lambda: generate(UNCONDITIONAL, 2, batch_size=1.5), ValueError, "batch_size"),
+    ("generate-seed-fractional", lambda: generate(UNCONDITIONAL, 2, seed=0.5), ValueError, "seed"),
+    ("generate-seed-text", lambda: generate(UNCONDITIONAL, 2, seed="0"), TypeError, "seed"),
+    ("generate-world-zero", lambda: generate(UNCONDITIONAL, 2, world_size=0), ValueError, "world_size"),
+    ("generate-rank-negative", lambda: generate(UNCONDITIONAL, 2, rank=-1), ValueError, "rank"),
+    ("generate-rank-beyond", lambda: generate(UNCONDITIONAL, 2, rank=2, world_size=2), ValueError, "rank"),
+    ("generate-progress-text", lambda: generate(UNCONDITIONAL, 2, progress="yes"), TypeError, "progress"),
+    ("generate-uint8-number", lambda: generate(UNCONDITIONAL, 2, uint8_images=1), TypeError, "uint8_images"),
+    # generate: the wrong kind of object
+    ("generate-path-as-str", lambda: generate("runs/last.ckpt", 2), TypeError, "module"),
+    ("generate-path", lambda: generate(Path("runs/last.ckpt"), 2), TypeError, "module"),
+    ("generate-no-model", lambda: generate(object(), 2), TypeError, "module"),
+    ("generate-no-sampler-of-its-own", lambda: generate(BareModel(), 2), TypeError, "sampler"),
+    ("generate-options-as-sampler", lambda: generate(UNCONDITIONAL, 2, sampler=SamplingOptions()), TypeError,
+     "sampler"),
+    ("generate-name-as-sampler", lambda: generate(UNCONDITIONAL, 2, sampler="ddim"), TypeError, "sampler"),
+    ("generate-text-as-options", lambda: generate(UNCONDITIONAL, 2, options="ddim"), TypeError, "options"),
+    ("generate-both-forms", lambda: generate(UNCONDITIONAL, 2, sampler=DDIM, options=SamplingOptions()), TypeError,
+     "options"),
+    # generate: labels and guidance
+    ("generate-too-few-labels", lambda: generate(CONDITIONAL, 3, labels=[0, 1]), ValueError, "labels"),
+    ("generate-fractional-labels", lambda: generate(CONDITIONAL, 3, labels=[0.5, 1, 2]), ValueError, "labels"),
+    ("generate-float-labels", lambda: generate(CONDITIONAL, 3, labels=torch.tensor([0.0, 1, 2])), TypeError,
+     "labels"),
+    ("generate-labels-out-of-range", lambda: generate(CONDITIONAL, 3, labels=[0, 1, 7]), ValueError, "labels"),
+    ("generate-labels-as-text", lambda: generate(CONDITIONAL, 3, labels="012"), TypeError, "labels"),
+    ("generate-labels-unconditional", lambda: generate(UNCONDITIONAL, 2, labels=[0, 1]), ValueError, "labels"),
+    ("generate-guidance-unconditional", lambda: generate(UNCONDITIONAL, 2, sampler=GUIDED), ValueError,
+     "guidance_scale"),
+    # DiffusionModule.sampler
+    ("sampler-guidance-unconditional", lambda: UNCONDITIONAL.sampler(SamplingOptions(guidance_scale=2.0)),
+     ValueError, "guidance_scale"),
+    ("sampler-name-as-options", lambda: UNCONDITIONAL.sampler("ddim"), TypeError, "options"),
+    ("sampler-dict-as-options", lambda: UNCONDITIONAL.sampler({"sampler": "ddim"}), TypeError, "options"),
+    ("sampler-sampler-as-options", lambda: UNCONDITIONAL.sampler(DDIM), TypeError, "options"),
+    # SamplingOptions: a sampler's options the model cannot honour, and their types
+    ("options-fractional-steps", lambda: SamplingOptions(sampler="ddim", steps=2.5), ValueError, "steps"),
+    ("options-zero-steps", lambda: SamplingOptions(steps=0), ValueError, "steps"),
+    ("options-text-steps", lambda: SamplingOptions(steps="3"), TypeError, "steps"),
+    ("options-text-eta", lambda: SamplingOptions(eta="0.5"), TypeError, "eta"),
+    ("options-infinite-guidance", lambda: SamplingOptions(guidance_scale=float("inf")), ValueError,
+     "guidance_scale"),
+    ("options-number-as-bool", lambda: SamplingOptions(clip_denoised=1), TypeError, "clip_denoised"),
+    ("options-no-such-sampler", lambda: SamplingOptions(sampler="nope"), ValueError, "sampler"),
+    ("options-number-as-sampler", lambda: SamplingOptions(sampler=3), TypeError, "sampler"),
+    # class_labels
+    ("labels-fractional-count", lambda: class_labels(2.5, 3), ValueError, "num_samples"),
+    ("labels-zero-count", lambda: class_labels(0, 3), ValueError, "num_samples"),
+    ("labels-text-count", lambda: class_labels("4", 3), TypeError, "num_samples"),
+    ("labels-fractional-classes", lambda: class_labels(4, 2.0), ValueError, "num_classes"),
+    ("labels-zero-classes", lambda: class_labels(4, 0), ValueError, "num_classes"),
+    ("labels-fractional-label", lambda: class_labels(4, 3, 2.5), ValueError, "class_label"),
+    ("labels-bool-label", lambda: class_labels(4, 3, True), TypeError, "class_label"),
+    ("labels-label-out-of-range", lambda: class_labels(4, 3, 7), ValueError, "class_label"),
+    ("labels-label-unconditional", lambda: class_labels(4, None, 1), ValueError, "class_label"),
+    ("labels-names-as-text", lambda: class_labels(4, 3, None, "abc"), TypeError, "class_names"),
+    # load_checkpoint
+    ("load-number-as-path", lambda: load_checkpoint(3), TypeError, "path"),
+    ("load-module-as-path", lambda: load_checkpoint(UNCONDITIONAL), TypeError, "path"),
+    ("load-number-as-weights", lambda: load_checkpoint("x.ckpt", weights=1), TypeError, "weights"),
+    ("load-no-such-weights", lambda: load_checkpoint("x.ckpt", weights="best"), ValueError, "weights"),
+    ("load-number-as-device", lambda: load_checkpoint("x.ckpt", map_location=0), TypeError, "map_location"),
+    # reverse_steps and final_sample
+    ("reverse-text-as-model", lambda: reverse_steps("net", SCHEDULE, X_T), TypeError, "model"),
+    ("reverse-no-schedule", lambda: reverse_steps(UNCONDITIONAL.network, None, X_T), TypeError, "schedule"),
+    ("reverse-list-as-noise", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, [0.0]), TypeError, "x_T"),
+    ("reverse-unknown-option", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T, step=2), TypeError,
+     "step"),
+    ("reverse-options-as-sampler", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T,
+                                                         sampler=SamplingOptions()), TypeError, "sampler"),
+    ("reverse-fractional-steps", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T, steps=2.5),
+     ValueError, "steps"),
+    ("reverse-guidance-without-labels", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T,
+                                                              guidance_scale=2.0), ValueError, "guidance_scale"),
+    ("reverse-float-labels", lambda: reverse_steps(CONDITIONAL.network, SCHEDULE, X_T,
+                                                   labels=torch.tensor([0.5, 1, 2])), TypeError, "labels"),
+    ("reverse-too-few-labels", lambda: reverse_steps(CONDITIONAL.network, SCHEDULE, X_T,
+                                                     labels=torch.tensor([0, 1])), ValueError, "labels"),
+    ("final-tensor-as-steps", lambda: final_sample(X_T), TypeError, "steps"),
+    ("final-no-steps", lambda: final_sample(iter([])), TypeError, "steps"),
+    # rendering
+    ("denormalize-array", lambda: denormalize(np.zeros((2, 2)), NORMALIZATION), TypeError, "x"),
+    ("denormalize-no-normalization", lambda: denormalize(X_T, None), TypeError, "normalization"),
+    ("uint8-array", lambda: to_uint8(IMAGES.numpy(), {"shift": [0.5], "scale": [0.5]}), TypeError, "x"),
+    ("uint8-list-normalization", lambda: to_uint8(IMAGES, [0.5, 0.5]), TypeError, "normalization"),
+    ("rows-list-as-images", lambda: rows_by_class([IMAGES], torch.tensor([0, 1, 0, 1])), TypeError, "images"),
+    ("rows-zero-per-class", lambda: rows_by_class(IMAGES, torch.tensor([0, 1, 0, 1]), 0), ValueError,
+     "per_class"),
+    ("rows-fractional-per-class", lambda: rows_by_class(IMAGES, torch.tensor([0, 1, 0, 1]), 1.5), ValueError,
+     "per_class"),
+    ("rows-float-labels", lambda: rows_by_class(IMAGES, torch.tensor([0.0, 1, 0, 1])), TypeError, "labels"),
+    ("grid-zero-per-row", lambda: save_image_grid(IMAGES, "grid.png", nrow=0), ValueError, "nrow"),
+    ("grid-fractional-per-row", lambda: save_image_grid(IMAGES, "grid.png", nrow=2.5), ValueError, "nrow"),
+    ("grid-number-as-path", lambda: save_image_grid(IMAGES, 3), TypeError, "path"),
+    ("grid-array", lambda: save_image_grid(IMAGES.numpy(), "grid.png"), TypeError, "images"),
+    # metrics
+    ("frechet-text", lambda: frechet_distance("a", torch.eye(2), torch.zeros(2), torch.eye(2)), TypeError, "mu1"),
+    ("frechet-shapes", lambda: frechet_distance(torch.zeros(2), torch.eye(2), torch.zeros(2), torch.eye(3)),
+     ValueError, "sigma2"),
+    ("statistics-number-as-path", lambda: load_statistics(3), TypeError, "path"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "argument"), [case[1:] for case in CASES], ids=[c[0] for c in CASES]
+)
+def test_a_bad_argument_is_refused_by_its_name(call, error, argument, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a grid that was not refused would be written here, not in the repo
+    with pytest.raises(error) as raised:
+        call()
+    message = str(raised.value)
+    assert argument in message.split("—")[0], message  # named in what is wrong, not only in the fix
+    assert "—" in message, f"no fix: {message}"
+    assert not list(tmp_path.iterdir()), "refused, yet it wrote something"
+
+
+def test_the_typed_errors_are_user_errors_and_builtin_ones():
+    # A Python caller catches ValueError / TypeError; a command prints any UserError as one line.
+    assert issubclass(WrongType, UserError) and issubclass(WrongType, TypeError)
+    assert issubclass(OutOfRange, UserError) and issubclass(OutOfRange, ValueError)
+    with pytest.raises(UserError, match=r"^num_samples=2.5 must be a whole number >= 1 — "):
+        generate(UNCONDITIONAL, 2.5)
+    with pytest.raises(UserError, match=r"^module='runs/last.ckpt' is a str, not a model — load it first"):
+        generate("runs/last.ckpt", 2)
+
+
+def test_good_arguments_of_other_integer_types_are_taken_as_they_are():
+    # A numpy integer is a whole number: taken, not refused (nor converted through a float).
+    by_numpy = generate(UNCONDITIONAL, np.int64(3), sampler=DDIM, seed=np.int32(1), batch_size=np.int64(2))
+    torch.testing.assert_close(by_numpy, generate(UNCONDITIONAL, 3, sampler=DDIM, seed=1, batch_size=2))
+    labels = generate(CONDITIONAL, 3, sampler=GUIDED, labels=np.array([0, 1, 2]))
+    assert labels.shape == (3, 2)
+    assert class_labels(3, np.int64(3), np.int64(2)).tolist() == [2, 2, 2]
+    torch.testing.assert_close(
+        generate(BareModel(), 2, sampler=DDIM), generate(UNCONDITIONAL, 2, sampler=DDIM)
+    )
+    # Guidance 1 is no guidance: an unconditional model takes it, as it takes none.
+    plain = UNCONDITIONAL.sampler(SamplingOptions(sampler="ddim", steps=2, guidance_scale=1.0))
+    torch.testing.assert_close(
+        generate(UNCONDITIONAL, 2, sampler=plain), generate(UNCONDITIONAL, 2, sampler=DDIM)
+    )

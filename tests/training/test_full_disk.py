@@ -1,0 +1,187 @@
+"""A full disk at any point of a save is one line naming the folder (exit status 2), and leaves the file saved
+before byte for byte, with no temporary file beside it.
+
+Faked (helpers/full_disk.py: writes refused with ENOSPC after some bytes, as a real disk refuses them) at each point
+of the writers: opening the file, its first bytes, the middle, the fsync, the rename; and once on a real full disk,
+a 64 KiB tmpfs in a mount namespace of its own (`unshare -rm`, skipped where user namespaces are off), where torch's
+zip writer raises its own RuntimeError ("unexpected pos") for the OSError it was given.
+"""
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import QUICK, VALIDATING_EVERY_2, tiny_run
+from helpers.full_disk import full_open, no_space
+
+from diffusion.errors import FREE_SPACE, DiskFull, naming_a_full_disk
+from diffusion.generation.render import SamplesWriter
+from diffusion.training import atomic_writes
+from diffusion.training.atomic_writes import save_atomically, write_atomically
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def saved_before(folder: Path) -> tuple[Path, bytes]:
+    path = folder / "last.ckpt"
+    save_atomically({"step": 1, "weights": torch.arange(10.0)}, path)
+    return path, path.read_bytes()
+
+
+def assert_intact(path: Path, before: bytes) -> None:
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary file left
+
+
+@pytest.mark.parametrize("room", [0, 1, 1000], ids=["opening", "first byte", "mid-file"])
+def test_a_checkpoint_save_on_a_full_disk_names_the_folder_and_leaves_the_last_one(
+    room, tmp_path, monkeypatch
+):
+    path, before = saved_before(tmp_path)
+    monkeypatch.setattr(atomic_writes, "open", full_open(room), raising=False)
+    with pytest.raises(DiskFull) as raised:
+        save_atomically({"step": 2, "weights": torch.randn(5000)}, path, "free space")
+    assert str(raised.value) == f"no space left on the disk of {tmp_path} while saving last.ckpt — free space"
+    assert_intact(path, before)
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_a_full_disk_at_the_fsync_or_the_rename_is_named_the_same(failing, tmp_path, monkeypatch):
+    path, before = saved_before(tmp_path)
+
+    def refused(*args, **kwargs):
+        raise no_space()
+
+    monkeypatch.setattr(os, failing, refused)
+    with pytest.raises(DiskFull, match=f"disk of {tmp_path} while saving last.ckpt"):
+        save_atomically({"step": 2}, path)
+    monkeypatch.undo()
+    assert_intact(path, before)
+
+
+def test_other_errors_pass_as_they_are(tmp_path, monkeypatch):
+    def refused(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", refused)
+    with pytest.raises(OSError) as raised:
+        save_atomically({"step": 2}, tmp_path / "last.ckpt")
+    assert not isinstance(raised.value, DiskFull) and raised.value.errno == errno.EIO
+
+
+def test_an_image_written_on_a_full_disk_leaves_the_one_before(tmp_path):
+    path = tmp_path / "latest.png"
+    path.write_bytes(b"the grid before")
+
+    def half_a_png(into: Path) -> None:
+        into.write_bytes(b"\x89PNG")
+        raise no_space(into)
+
+    with pytest.raises(DiskFull, match=f"disk of {tmp_path} while saving latest.png"):
+        write_atomically(path, half_a_png)
+    assert_intact(path, b"the grid before")
+
+
+def test_samples_written_on_a_full_disk_leave_no_partial_folder(tmp_path, monkeypatch):
+    out = tmp_path / "samples"
+    writer = SamplesWriter(out, 8, (1, 4, 4), {"shift": [0.5], "scale": [0.5]})
+    with pytest.raises(DiskFull, match=f"disk of {out} while saving samples.npz"), writer:
+        monkeypatch.setattr(writer.entry, "write", lambda data: (_ for _ in ()).throw(no_space()))
+        writer.write(torch.zeros(8, 1, 4, 4))
+    assert not out.exists()
+
+
+def test_naming_a_full_disk_knows_a_quota_too(tmp_path):
+    with pytest.raises(DiskFull), naming_a_full_disk(tmp_path / "x"):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+
+def test_a_run_whose_disk_fills_at_a_checkpoint_ends_in_one_line_and_keeps_the_one_before(tmp_path, capsys):
+    """last.ckpt of step 2 stays as it was when the save of step 4 finds the disk full; exit status 2."""
+    run = tmp_path / "runs" / "digits" / "version_0"
+    reference = tmp_path / "last_of_step_2.ckpt"
+    full = {"class_path": "helpers.full_disk.FullDiskAt", "init_args": {
+        "step": 3, "watch": str(run / "checkpoints" / "last.ckpt"), "reference": str(reference)}}  # fmt: skip
+    try:
+        with pytest.raises(SystemExit) as exited:
+            tiny_run(
+                tmp_path / "runs", *QUICK, *VALIDATING_EVERY_2, "--trainer.callbacks=" + json.dumps([full])
+            )
+    finally:
+        if hasattr(atomic_writes, "open"):
+            del atomic_writes.open
+    error = capsys.readouterr().err
+    assert exited.value.code == 2, error[-3000:]
+    lines = [line for line in error.splitlines() if line.startswith("error:")]
+    assert lines == [
+        f"error: no space left on the disk of {run / 'checkpoints'} while saving step=4.ckpt — "
+        + atomic_writes.RUN_ON_ANOTHER_DISK
+    ], error[-3000:]
+    assert "Traceback" not in error
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == reference.read_bytes()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step=2.ckpt"]
+
+
+REAL_FULL_DISK = """
+import sys, torch
+from pathlib import Path
+from diffusion.errors import DiskFull
+from diffusion.training.atomic_writes import save_atomically, write_atomically
+from diffusion.generation.render import save_preview
+disk = Path(sys.argv[1])
+save_atomically({"w": torch.zeros(10)}, disk / "last.ckpt")
+for name, write in [
+    ("last.ckpt", lambda: save_atomically({"w": torch.randn(40000)}, disk / "last.ckpt")),
+    ("grid.png", lambda: write_atomically(disk / "grid.png", lambda into: save_preview(
+        torch.rand(64, 3, 64, 64) * 2 - 1, {"shift": [0.5] * 3, "scale": [0.5] * 3}, into))),
+]:
+    try:
+        write()
+        print(name, "written")
+    except DiskFull as error:
+        print(error)
+print(sorted(p.name for p in disk.iterdir()), torch.load(disk / "last.ckpt")["w"].abs().sum().item())
+"""
+
+
+def test_on_a_real_full_disk_torchs_own_error_is_named_as_a_full_disk(tmp_path):
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "fill.py"
+    script.write_text(textwrap.dedent(REAL_FULL_DISK))
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    command = f"mount -t tmpfs -o size=64k tmpfs {disk} && exec {sys.executable} {script} {disk}"
+    result = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        f"no space left on the disk of {disk} while saving last.ckpt — {FREE_SPACE}",
+        f"no space left on the disk of {disk} while saving grid.png — {atomic_writes.RUN_ON_ANOTHER_DISK}",
+        "['last.ckpt'] 0.0",
+    ], result.stdout + result.stderr[-3000:]
+
+
+def test_a_full_disk_in_a_write_of_lightnings_is_named_too(tmp_path, capsys):
+    hparams = tmp_path / "runs" / "digits" / "version_0" / "hparams.yaml"
+    full = {"class_path": "helpers.full_disk.FullDiskOutsideTheProject", "init_args": {"path": str(hparams)}}
+    with pytest.raises(SystemExit) as exited:
+        tiny_run(tmp_path / "runs", "--trainer.callbacks=" + json.dumps([full]))
+    error = capsys.readouterr().err
+    assert exited.value.code == 2, error[-3000:]
+    assert error.strip().splitlines()[-1] == (
+        f"error: no space left on the disk of {hparams.parent} while saving hparams.yaml — "
+        + atomic_writes.RUN_ON_ANOTHER_DISK
+    ), error[-3000:]
