@@ -288,9 +288,9 @@ def check_reverse_steps_arguments(
 ) -> None:
     """`reverse_steps`' arguments, each refused by name before the first step: the kinds of its model, schedule
     and x_T, its options' names, its labels (one whole number per sample) and guidance without labels."""
-    if not isinstance(model, nn.Module):
+    if not callable(model):  # a network, or any callable model(x, t[, y]) (a wrapped or guided one)
         raise WrongType(
-            "model", model, "a network (torch.nn.Module)", "pass the network itself, e.g. module.network"
+            "model", model, "a network, model(x, t)", "pass the network itself, e.g. module.network"
         )
     if not isinstance(schedule, NoiseSchedule):
         raise WrongType("schedule", schedule, "a NoiseSchedule", "pass the model's, e.g. module.schedule")

@@ -352,6 +352,10 @@ class SplitDataModule(LightningDataModule):
             self.setup("validate")
         if self.val_set is None:
             return []  # val_fraction=0: Lightning then skips validation
+        if isinstance(self.val_set.dataset, PreparedPart):
+            # Read whole here, once: the loading processes share it. Each reading it itself raced the others on one
+            # cache folder (litdata: "doesn't contain any index.json") and held a copy of its own.
+            self.val_set.dataset.tensors()
         # Its own generator: creating an iterator draws the worker seed from it, not from the global RNG that
         # dropout uses, so validating at other steps (or an extra time, where a run stops) leaves training as is.
         return self._loader(self.val_set, shuffle=False, generator=torch.Generator())

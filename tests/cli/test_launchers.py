@@ -21,6 +21,7 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
 from diffusion.cli.train import DiffusionCLI, with_default_config
+from diffusion.errors import UserError
 
 REPO = Path(__file__).parents[2]
 TRAIN = str(REPO / "train.py")
@@ -110,7 +111,7 @@ def test_devices_not_matching_torchrun_processes_fail_at_startup(devices, monkey
     # 3 would fail only at fit time, after data and model are built.
     for name, value in TORCHRUN_ENV.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match="Pass --devices 2 --num_nodes 1"):
+    with pytest.raises(UserError, match="Pass --devices 2 --num_nodes 1"):
         DiffusionCLI([*FAST, "--devices", devices, "--trainer.logger", "false"])
 
 

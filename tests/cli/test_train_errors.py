@@ -381,7 +381,7 @@ def test_real_commands_print_one_line_and_no_traceback(user, tmp_path):
     debug = run_command(
         ["-m", "diffusion.sample", "--ckpt", str(user / "random.ckpt")], tmp_path, DIFFUSION_DEBUG="1"
     )
-    assert debug.returncode == 1 and "Traceback" in debug.stderr and "UserError" in debug.stderr
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "UnreadableCheckpoint" in debug.stderr
 
 
 def test_without_the_default_recipe_no_arguments_stop_with_one_line(tmp_path):
