@@ -21,6 +21,7 @@ from diffusion import (
     final_sample,
     frechet_distance,
     generate,
+    latest_checkpoint,
     load_checkpoint,
     load_statistics,
     reverse_steps,
@@ -125,6 +126,8 @@ CASES = [
     ("labels-label-unconditional", lambda: class_labels(4, None, 1), ValueError, "class_label"),
     ("labels-names-as-text", lambda: class_labels(4, 3, None, "abc"), TypeError, "class_names"),
     # load_checkpoint
+    ("latest-number-as-folder", lambda: latest_checkpoint(3, "digits"), TypeError, "save_dir"),
+    ("latest-number-as-name", lambda: latest_checkpoint("runs", 7), TypeError, "name"),
     ("load-number-as-path", lambda: load_checkpoint(3), TypeError, "path"),
     ("load-module-as-path", lambda: load_checkpoint(UNCONDITIONAL), TypeError, "path"),
     ("load-number-as-weights", lambda: load_checkpoint("x.ckpt", weights=1), TypeError, "weights"),

@@ -28,7 +28,7 @@ from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
 from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
-from diffusion.errors import UserError
+from diffusion.errors import UserError, naming_a_full_disk
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
 from diffusion.training.loading import load_checkpoint
@@ -84,14 +84,20 @@ def main(argv: list[str] | None = None) -> Path:
         # A run without EMA keeps its raw weights under "state_dict", which both choices load.
         weights = "ema" if args.weights == "ema" and "current_model_state" in checkpoint else "raw"
         out = Path(args.out).expanduser()
+        made_out = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         try:
-            if args.format == "diffusers":
-                save_pipeline(module, staged)
-            else:
-                write_export(module, network, staged, weights)
-            move_into(staged, out)
+            with naming_a_full_disk(out / "the export", "free space there, or pass another --out"):
+                if args.format == "diffusers":
+                    save_pipeline(module, staged)
+                else:
+                    write_export(module, network, staged, weights)
+                move_into(staged, out)
+        except BaseException:
+            if made_out and not any(out.iterdir()):
+                out.rmdir()  # a failed export leaves no folder of its own behind
+            raise
         finally:
             shutil.rmtree(staged, ignore_errors=True)
         print(f"wrote the {weights} weights of {args.ckpt} to {out} ({args.format})")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from diffusion.data.numpy_files import holds_objects, numpy_file_kind
-from diffusion.errors import InvalidValue, MissingFile, UserError, WrongType
+from diffusion.errors import InvalidValue, MissingFile, UserError, WrongType, naming_a_full_disk
 
 WRITE_FIX = "write one with python -m diffusion.evaluate {command:--reference} DATASET_OR_NPZ {command:--save_stats} FILE.npz"
 
@@ -161,12 +161,13 @@ def save_statistics(path: str | Path, stats: FeatureStatistics) -> Path:
     }  # fmt: skip
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(temporary, "xb") as file:  # a file object: np.savez appends no second .npz
+        with naming_a_full_disk(path), open(temporary, "xb") as file:  # a file object: np.savez adds no .npz
             # numpy's stub types savez's keyword arrays as its allow_pickle flag.
             np.savez(file, mu=stats.mu, sigma=stats.sigma, **extra)  # type: ignore[arg-type]
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temporary, path)
+        with naming_a_full_disk(path):
+            os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import lightning as L
 
-from diffusion.errors import MissingFile, UserError
+from diffusion.errors import MissingFile, UserError, WrongType
 from diffusion.training.checkpoint_files import UnreadableCheckpoint, check_zip_checksums, read_checkpoint
 
 try:
@@ -226,6 +226,10 @@ def _newest_intact(run: RunFolder, files: list[Path], flag: str) -> ResumePoint:
 
 def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
     """The newest run's newest intact checkpoint (see `newest_checkpoint`)."""
+    if not isinstance(save_dir, str | os.PathLike):
+        raise WrongType("save_dir", save_dir, "a folder (str or Path)", "pass the runs' folder, e.g. 'runs'")
+    if not isinstance(name, str) or not name:
+        raise WrongType("name", name, "a run name (str)", "pass the run's name, e.g. 'digits'")
     return newest_checkpoint(save_dir, name).path
 
 

@@ -18,20 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import TINY_MLP, warm
+from helpers import two_cpu_ranks_on_vectors, warm
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 
-BASE = [
-    "--config", str(REPO / "configs" / "toy2d.yaml"), *TINY_MLP, "--seed_everything", "0",
-    "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "4", "--data.init_args.num_samples", "60",
-    "--data.init_args.val_fraction", "0.2", "--data.init_args.batch_size", "8",
-    "--max_steps", "40", "--model.warmup_steps", "1", "--trainer.val_check_interval", "20",
-    "--sample_grid.num_samples", "4", "--sample_grid.sampling.steps", "2",
-    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
-]  # fmt: skip
+BASE = two_cpu_ranks_on_vectors(max_steps=40, val_check_interval=20)
 # The watch beats every second; the rest is a loaded machine's slack, far from the 600-s timeout.
 WITHIN_S = 15
 

@@ -37,6 +37,19 @@ def run_planted(target: str, name: str, error: str, command: str, argv: list[str
     )
 
 
+def planted_in_the_loss(error: str, tmp_path):
+    """train.py with `error` raised by the loss of every training step: deep inside Lightning's loop, nothing of
+    the user's input."""
+    return run_planted(
+        "diffusion.training.module",
+        "diffusion_loss",
+        error,
+        "diffusion.cli.train",
+        train_argv(tmp_path),
+        tmp_path,
+    )
+
+
 def train_argv(save_dir) -> list[str]:
     return [*TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(save_dir)]
 
@@ -63,15 +76,7 @@ def says_it_is_a_bug(stderr: str, planted: str) -> bool:
     ],
 )
 def test_a_library_error_deep_in_training_is_a_bug_with_its_traceback(error, planted, tmp_path):
-    # The loss of every training step: deep inside Lightning's loop, nothing of the user's input.
-    result = run_planted(
-        "diffusion.training.module",
-        "diffusion_loss",
-        error,
-        "diffusion.cli.train",
-        train_argv(tmp_path),
-        tmp_path,
-    )
+    result = planted_in_the_loss(error, tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert says_it_is_a_bug(result.stderr, planted), result.stderr[-3000:]
 
@@ -110,14 +115,7 @@ def test_a_user_error_from_the_same_place_is_still_one_line(user, tmp_path):
 
 def test_lightning_refusing_the_trainers_settings_during_fit_is_the_users(tmp_path):
     error = '__import__("lightning.fabric.utilities.exceptions", fromlist=["x"]).MisconfigurationException("planted")'
-    result = run_planted(
-        "diffusion.training.module",
-        "diffusion_loss",
-        error,
-        "diffusion.cli.train",
-        train_argv(tmp_path),
-        tmp_path,
-    )
+    result = planted_in_the_loss(error, tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     assert error_line(result.stderr).startswith(
         "error: the Trainer refused these settings: planted — change the"

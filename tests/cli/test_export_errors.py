@@ -55,3 +55,23 @@ def test_diffusers_missing_says_to_install_it(user, capsys, monkeypatch):
         r"--format diffusers needs the diffusers package, which is not installed — pip install diffusers",
         line,
     )
+
+
+def test_a_full_disk_while_exporting_is_one_line_naming_the_folder_and_leaves_nothing(
+    user, capsys, monkeypatch
+):
+    import errno
+
+    from diffusion.training import exported
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(exported, "save_file", full)
+    line = run_in_process(export.main, export_args([], user), user, capsys)
+    assert re.fullmatch(
+        r"error: no space left on the disk of .*new while saving the export — free space there, or pass another "
+        r"--out",
+        line,
+    ), line
+    assert not (user / "new").exists() and not list(user.glob(".new.*"))  # nothing left (run_in_process too)

@@ -208,14 +208,19 @@ def refused(argv: list[str]) -> str:
     return line
 
 
-@pytest.mark.parametrize("reworded", [False, True], ids=["jsonargparse_words", "reworded"])
-@pytest.mark.parametrize(("flags", "expected"), CASES.values(), ids=CASES.keys())
-def test_a_bad_value_in_a_config_file_is_said_as_the_flag_with_the_file(
-    flags, expected, reworded, tmp_path, monkeypatch
-):
-    if reworded:
+@pytest.fixture(params=[False, True], ids=["jsonargparse_words", "reworded"])
+def in_a_folder_with_either_words(request, tmp_path, monkeypatch) -> None:
+    """In tmp_path, once with jsonargparse's own refusals and once with nonsense in their place: the lines must
+    come from the declared types, not from its words."""
+    if request.param:
         monkeypatch.setattr(ArgumentParser, "error", refused_with_nonsense)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.parametrize(("flags", "expected"), CASES.values(), ids=CASES.keys())
+def test_a_bad_value_in_a_config_file_is_said_as_the_flag_with_the_file(
+    flags, expected, in_a_folder_with_either_words
+):
     [(key, values)] = flags_written(flags)
     value = [yaml.safe_load(word) for word in values] if len(values) > 1 else yaml.safe_load(values[0])
     Path("run.yaml").write_text(yaml.safe_dump({key: value}))
@@ -247,14 +252,10 @@ FILE_CASES = {  # id: (the file's text, the line)
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("reworded", [False, True], ids=["jsonargparse_words", "reworded"])
 @pytest.mark.parametrize(("text", "expected"), FILE_CASES.values(), ids=FILE_CASES.keys())
 def test_a_config_file_of_the_wrong_shape_or_key_is_said_as_such(
-    text, expected, reworded, tmp_path, monkeypatch
+    text, expected, in_a_folder_with_either_words
 ):
-    if reworded:
-        monkeypatch.setattr(ArgumentParser, "error", refused_with_nonsense)
-    monkeypatch.chdir(tmp_path)
     Path("run.yaml").write_text(text)
     assert refused(["--out", "samples", "--config", "run.yaml"]) == expected
 

@@ -27,6 +27,22 @@ QUICK = [
 VALIDATING_EVERY_2 = ["--trainer.val_check_interval", "2"]
 
 
+def two_cpu_ranks_on_vectors(max_steps: int, val_check_interval: int) -> list[str]:
+    """train.py's flags for a DDP run of 2 gloo ranks on 60 4-d Gaussian vectors with a tiny MLP: seconds a step
+    pair, the whole launcher and process group as users have them."""
+    repo = Path(__file__).resolve().parents[2]
+    return [
+        "--config", str(repo / "configs" / "toy2d.yaml"), *TINY_MLP, "--seed_everything", "0",
+        "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "4", "--data.init_args.num_samples", "60",
+        "--data.init_args.val_fraction", "0.2", "--data.init_args.batch_size", "8",
+        "--max_steps", str(max_steps), "--model.warmup_steps", "1",
+        "--trainer.val_check_interval", str(val_check_interval),
+        "--sample_grid.num_samples", "4", "--sample_grid.sampling.steps", "2",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
+    ]  # fmt: skip
+
+
 def tiny_run(save_dir: Path, *extra: str):
     """Train a tiny digits model into save_dir/<name>/version_N and return the CLI object."""
     return main([*TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(save_dir), *extra])

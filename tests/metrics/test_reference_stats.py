@@ -11,6 +11,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from diffusion.cli import evaluate
+from diffusion.errors import DiskFull
 from diffusion.metrics import reference_stats
 from diffusion.metrics.fid import frechet_distance
 from diffusion.metrics.reference_stats import FeatureStatistics, load_statistics, save_statistics
@@ -99,7 +100,9 @@ def test_a_failed_write_leaves_the_previous_statistics_file(tmp_path, monkeypatc
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(reference_stats.np, "savez", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(
+        DiskFull, match=r"no space left on the disk of .* while saving stats.npz — free space"
+    ):
         save_statistics(path, FeatureStatistics(np.ones(3), 2 * np.eye(3)))
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["stats.npz"]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_MLP, warm
+from helpers import two_cpu_ranks_on_vectors, warm
 
 from diffusion.data.batch import Batch
 from diffusion.models import MLP
@@ -30,15 +30,7 @@ from diffusion.training.module import DiffusionModule
 REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]
 
-BASE = [
-    "--config", str(REPO / "configs" / "toy2d.yaml"), *TINY_MLP, "--seed_everything", "0",
-    "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "4", "--data.init_args.num_samples", "60",
-    "--data.init_args.val_fraction", "0.2", "--data.init_args.batch_size", "8",
-    "--max_steps", "6", "--model.warmup_steps", "1", "--trainer.val_check_interval", "2",
-    "--sample_grid.num_samples", "4", "--sample_grid.sampling.steps", "2",
-    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
-]  # fmt: skip
+BASE = two_cpu_ranks_on_vectors(max_steps=6, val_check_interval=2)
 
 
 # ---- (a) the loss is the mean over the batch -------------------------------------------------------------
