@@ -130,8 +130,9 @@ def labels_for_sampling(labels, num_classes: int | None, num_samples: int) -> to
     if labels is None:
         return None
     if num_classes is None:
-        raise ValueError(
-            "this model is unconditional (trained without --data.conditional): it takes no labels"
+        raise InvalidValue(
+            "labels were given, but this model is unconditional (trained without {LightningDataModule:--conditional})",
+            "leave labels out (None), or use a model trained with class labels",
         )
     labels = torch.as_tensor(labels)
     if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:

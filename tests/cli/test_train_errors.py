@@ -97,7 +97,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         ["--model.num_timesteps", "100", "--model.sampling.steps", "200"],
         r"--model.sampling.steps 200 is more steps than the schedule's num_timesteps=100",
     ),
-    "save_top_k_below_minus_1": (["--checkpoint.save_top_k", "-2"], r"save_top_k -2 is out of range — pass"),
+    "save_top_k_below_minus_1": (
+        ["--checkpoint.save_top_k", "-2"],
+        r"--checkpoint.save_top_k -2 is out of range — pass",
+    ),
     "every_n_train_steps_negative": (
         ["--checkpoint.every_n_train_steps", "-1"],
         r"every_n_train_steps -1 is out",

@@ -10,27 +10,32 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.errors import UserError
+from diffusion.errors import InvalidValue
 from diffusion.training import atomic_writes as checkpoint_io
 from diffusion.training.callbacks.preemption import Preempted, Preemption, requeue_slurm_job
 
 
 def check_checkpoint_options(options: dict[str, Any]) -> None:
-    """ModelCheckpoint's own checks name no fix; these say what to pass (flags as the CLI spells them)."""
+    """ModelCheckpoint's own checks name no fix; these say what to pass (each option said as its caller wrote it:
+    a parameter, or train.py's `--checkpoint.*` flag)."""
     save_top_k, every_n_train_steps = options.get("save_top_k", 1), options.get("every_n_train_steps")
     if save_top_k < -1:
-        raise UserError(
-            f"--checkpoint.save_top_k {save_top_k} is out of range",
+        raise InvalidValue(
+            f"{{--save_top_k}} {save_top_k} is out of range",
             "pass an integer >= -1 (-1 keeps every checkpoint, 0 none)",
+            owner=Checkpoint,
         )
     if every_n_train_steps is not None and every_n_train_steps < 0:
-        raise UserError(
-            f"--checkpoint.every_n_train_steps {every_n_train_steps} is out of range",
+        raise InvalidValue(
+            f"{{--every_n_train_steps}} {every_n_train_steps} is out of range",
             "pass an integer >= 0 (0: no saves by step count)",
+            owner=Checkpoint,
         )
     if options.get("mode", "min") not in ("min", "max"):
-        raise UserError(
-            f"--checkpoint.mode {options['mode']} is not min or max", "pass min (e.g. for val/loss) or max"
+        raise InvalidValue(
+            f"{{--mode}} {options['mode']} is not min or max",
+            "pass min (e.g. for val/loss) or max",
+            owner=Checkpoint,
         )
 
 
