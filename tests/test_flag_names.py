@@ -19,8 +19,6 @@ FLAG = re.compile(r"(?<![\w{:-])--[A-Za-z][\w.-]*")
 # Files other work was changing when the rest moved to placeholders, and the flags they still spell: none may be
 # added, and each goes when its file moves too.
 NOT_YET = {
-    "diffusion/generation/ranks.py": {"--precision", "--sampler"},
-    "diffusion/generation/render.py": {"--out", "--num_samples"},
     "diffusion/training/atomic_writes.py": {"--trainer.logger.init_args.save_dir", "--trainer.default_root_dir"},
     "diffusion/training/callbacks/checkpoint.py": {"--ckpt_path"},
     "diffusion/training/callbacks/heartbeat.py": {"--ckpt_path", "--ddp_timeout"},

@@ -205,8 +205,8 @@ def generate_in_chunks(
                 raise UserError(
                     f"sampling produced values that are not finite (NaN or infinity) among samples {first} to "
                     f"{min(first + len(local) * world_size, num_samples) - 1}; nothing was written",
-                    "sample at --precision 32 (16-bit can overflow), with another --sampler, or from an earlier "
-                    "checkpoint",
+                    "sample at {command:--precision} 32 (16-bit can overflow), with another {command:--sampler}, "
+                    "or from an earlier checkpoint",
                 )
             count = min(len(local) * world_size, num_samples - first)
             if all_gather is None:

@@ -192,7 +192,6 @@ def check_room_for_samples(
     num_samples: int,
     sample_shape: tuple[int, ...],
     conditional: bool,
-    flag: str = "--out",
 ) -> None:
     """Raise UserError unless the disk holding `out_dir` (or its nearest existing parent) has room for the
     samples file: refused before any sampling time is spent, in the bytes it would need."""
@@ -201,9 +200,9 @@ def check_room_for_samples(
     free = shutil.disk_usage(existing).free
     if needed > free:
         raise UserError(
-            f"--num_samples {num_samples}: the samples would take {size_in_words(needed)} and {flag} {out_dir} has "
-            f"{size_in_words(free)} free",
-            "sample fewer (--num_samples), or write to a disk with room (--out)",
+            f"{{command:--num_samples}} {num_samples}: the samples would take {size_in_words(needed)} and "
+            f"{{command:--out}} {out_dir} has {size_in_words(free)} free",
+            "sample fewer ({command:--num_samples}), or write to a disk with room ({command:--out})",
         )
 
 
