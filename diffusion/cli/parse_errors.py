@@ -208,7 +208,8 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
         )
     cls, name = chosen
     try:
-        parameters = inspect.signature(cls.__init__).parameters.values()
+        # The class's own __init__ (mypy: "unsound on an instance"; `cls` is the class the group chose).
+        parameters = inspect.signature(cls.__init__).parameters.values()  # type: ignore[misc]
     except (TypeError, ValueError):  # no signature to read: no telling
         return None
     if any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
@@ -223,7 +224,7 @@ def _class_argument_hint(parser: ArgumentParser, written: list[Written], key: st
     if chosen is None:
         return None
     try:
-        return get_type_hints(chosen[0].__init__).get(chosen[1])
+        return get_type_hints(chosen[0].__init__).get(chosen[1])  # type: ignore[misc]  # the class's own
     except Exception:  # a forward reference the hints cannot resolve: no type to say it from
         return None
 

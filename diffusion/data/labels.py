@@ -6,6 +6,7 @@ dropped for classifier-free guidance, and the unconditional half of a guided for
 """
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,9 +32,9 @@ def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]
             f"image(s) lie directly in {root}, e.g. {loose[0].name}",
             "move them into a class folder",
         )
-    names = sorted(set(folders))
+    names = sorted({folder for folder in folders if folder is not None})  # none is None past the check above
     index = {name: i for i, name in enumerate(names)}
-    return [index[folder] for folder in folders], names
+    return [index[folder] for folder in folders if folder is not None], names
 
 
 def load_labels(path: Path, num_samples: int) -> np.ndarray:
@@ -124,7 +125,7 @@ def check_labels(labels: torch.Tensor, num_classes: int, what: str) -> None:
         )  # fmt: skip
 
 
-def labels_for_sampling(labels, num_classes: int | None, num_samples: int) -> torch.Tensor | None:
+def labels_for_sampling(labels: Any, num_classes: int | None, num_samples: int) -> torch.Tensor | None:
     """The labels of `num_samples` samples to draw, checked once (not at every step), as an int64 tensor; None
     samples without labels. Raises ValueError for labels given to an unconditional model (num_classes None)."""
     if labels is None:

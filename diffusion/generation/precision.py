@@ -3,7 +3,7 @@ sample CLI) while the sampler's arithmetic stays float32."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import lightning as L
 import torch
@@ -53,7 +53,9 @@ def network_precision(module: L.LightningModule, precision: str) -> Iterator[Non
     if dtype is None:
         yield
         return
-    network = module.network
+    network = cast(
+        nn.Module, module.network
+    )  # a DiffusionModule's network (nn.Module's __getattr__ says Tensor too)
     module.network = AutocastNetwork(network, module.device.type, dtype)
     try:
         yield

@@ -19,9 +19,9 @@ sampler's arithmetic stays float32.
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import lightning as L
 import torch
@@ -94,7 +94,7 @@ def generate_batches(
     batch_size: int = SAMPLING_BATCH,
     progress: bool = False,
     labels: torch.Tensor | None = None,
-) -> Iterator[torch.Tensor]:
+) -> Generator[torch.Tensor, None, None]:
     """Samples with the given indices in model units, `batch_size` at a time, on the module's device: `sampler`
     (e.g. `module.sampler(options)`) run on the module's network in eval mode.
 
@@ -242,9 +242,11 @@ def sample_across_ranks(
     every rank: images as uint8 (N, C, H, W) (`render.compact`), vectors as float in model units
     (`render.save_preview` takes both). `progress`: a bar over the sampler's steps (rank zero's is enough)."""
     world = module.trainer.world_size
-    local = generate(module, num_samples, sampler=sampler, seed=seed, batch_size=num_samples,
+    # The DiffusionModule (this layer names it by the Sampleable protocol, not by its class in training/).
+    local = generate(cast(Sampleable, module), num_samples, sampler=sampler, seed=seed, batch_size=num_samples,
                      rank=module.global_rank, world_size=world, uint8_images=True,
                      labels=labels, progress=progress)  # fmt: skip
     if world == 1:
         return local
-    return gather_in_order(local.to(module.device), num_samples, module.all_gather)
+    gather = cast(Callable[[torch.Tensor], torch.Tensor], module.all_gather)  # of one tensor: one tensor
+    return gather_in_order(local.to(module.device), num_samples, gather)

@@ -18,6 +18,8 @@ import shutil
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from types import TracebackType
+from typing import IO
 
 import numpy as np
 import torch
@@ -228,12 +230,16 @@ class SamplesWriter:
         self.out_dir, self.num_samples, self.normalization = Path(out_dir), num_samples, normalization
         self.images = len(sample_shape) == 3
         self.labels = None if labels is None else torch.as_tensor(labels).cpu().long()
-        several_classes = self.labels is not None and len(self.labels.unique()) > 1
-        classes = len(self.labels.unique()) if several_classes else 1
+        classes = 1 if self.labels is None else len(self.labels.unique())
+        several_classes = self.labels is not None and classes > 1
         self.per_class = max(1, round(grid_size / classes)) if several_classes else None
         # The grid's samples: the first of them (enough for `per_class` of each class); vectors: a scatter of
         # the first MAX_SCATTER.
-        self.grid_count = self.per_class * len(self.labels) if several_classes else grid_size
+        self.grid_count = (
+            self.per_class * len(self.labels)
+            if self.per_class is not None and self.labels is not None
+            else grid_size
+        )
         if not self.images:
             self.grid_count = MAX_SCATTER
         self.grid_samples: list[torch.Tensor] = []
@@ -248,7 +254,7 @@ class SamplesWriter:
         shape = (num_samples, *in_file)
         self.entry = self._open_array("arr_0", np.dtype(np.uint8 if self.images else np.float32), shape)
 
-    def _open_array(self, name: str, dtype: np.dtype, shape: tuple[int, ...]):
+    def _open_array(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> IO[bytes]:
         """An .npy entry of the archive, its header written, to which the array's bytes are then written in order
         (the layout np.savez writes; zipfile records each entry's CRC-32, which np.load checks)."""
         entry = self.archive.open(f"{name}.npy", "w", force_zip64=True)
@@ -259,7 +265,12 @@ class SamplesWriter:
     def __enter__(self) -> "SamplesWriter":
         return self
 
-    def __exit__(self, error_type, error, traceback) -> None:
+    def __exit__(
+        self,
+        error_type: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if error_type is not None:
             with contextlib.suppress(Exception):  # the error that ended the block is the one to report
                 self.entry.close()
@@ -283,6 +294,7 @@ class SamplesWriter:
             array = denormalize(samples, self.normalization).numpy().astype(np.float32)
         with naming_a_full_disk(self.out_dir / SAMPLES):  # the partial folder goes in __exit__
             self.entry.write(np.ascontiguousarray(array).tobytes())
+            assert self.archive.fp is not None  # open until __exit__
             self.archive.fp.flush()  # on disk as it comes, not in a buffer
         kept = sum(len(batch) for batch in self.grid_samples)
         if kept < self.grid_count:

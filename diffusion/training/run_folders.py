@@ -17,12 +17,14 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import lightning as L
 
 from diffusion.errors import MissingFile, UserError, WrongType
 from diffusion.training.checkpoint_files import UnreadableCheckpoint, check_zip_checksums, read_checkpoint
 
+fcntl: ModuleType | None
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks, so its run folders go unguarded
