@@ -144,6 +144,19 @@ class SamplingOptions:
                 owner,
             )
 
+    def check_guidance_fits(
+        self, conditional: bool, owner: type | None = None, name: str = "guidance_scale"
+    ) -> None:
+        """Guidance asked of a model without classes, refused when a run starts rather than at its first sample
+        grid; `owner`'s option `name` holds it (a module's `sampling`: 'sampling.guidance_scale')."""
+        if self.guidance_scale not in (None, 1) and not conditional:
+            raise InvalidValue(
+                f"{{--{name}}} {self.guidance_scale:g} asks for classifier-free guidance, but the model is "
+                "unconditional (it has no classes to guide towards)",
+                "leave it unset (or 1), or train a class-conditional model",
+                owner,
+            )
+
     def over(self, base: "SamplingOptions | None") -> "SamplingOptions":
         """These options on top of `base`: a field set here wins, an unset one comes from `base`."""
         if base is None:

@@ -171,6 +171,7 @@ class DiffusionModule(L.LightningModule):
         names = [f"schedule.{name}" for name, _ in self.schedule.named_buffers()]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
         self.sampling.check_steps_fit(num_timesteps, type(self), "sampling.steps")
+        self.sampling.check_guidance_fits(self.num_classes is not None, type(self), "sampling.guidance_scale")
         self._generator: torch.Generator | None = None
         self._training_graph: Callable | None = None  # the network compiled for training steps (setup)
         self._resumed_states: dict[str, Any] | None = None  # this rank's random states from the checkpoint

@@ -93,6 +93,15 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         ["--sample_grid.sampling.steps", "5000"],
         r"--sample_grid.sampling.steps 5000 is more steps than the schedule's num_timesteps=1000 — pass at most",
     ),
+    # Guidance of an unconditional model was refused only at the first sample grid, after training.
+    "grid_guidance_of_an_unconditional_model": (
+        ["--sample_grid.sampling.guidance_scale", "3"],
+        r"--sample_grid.sampling.guidance_scale 3 asks for classifier-free guidance, but the model is unconditional",
+    ),
+    "model_guidance_of_an_unconditional_model": (
+        ["--model.sampling.guidance_scale", "2.5"],
+        r"--model.sampling.guidance_scale 2.5 asks for classifier-free guidance, but the model is unconditional",
+    ),
     "model_steps_beyond_the_schedule": (
         ["--model.num_timesteps", "100", "--model.sampling.steps", "200"],
         r"--model.sampling.steps 200 is more steps than the schedule's num_timesteps=100",

@@ -75,6 +75,8 @@ class SampleGrid(EveryNValidations):
         # save, where the other ranks would not join and it would deadlock.
         self._out_dir = run_folder(trainer) / "samples"
         self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, type(self), "sampling.steps")
+        conditional = getattr(pl_module, "num_classes", None) is not None
+        self.sampling.check_guidance_fits(conditional, type(self), "sampling.guidance_scale")
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
         if not self.is_due(trainer):
