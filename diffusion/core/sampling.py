@@ -151,8 +151,8 @@ class SamplingOptions:
         grid; `owner`'s option `name` holds it (a module's `sampling`: 'sampling.guidance_scale')."""
         if self.guidance_scale not in (None, 1) and not conditional:
             raise InvalidValue(
-                f"{{--{name}}} {self.guidance_scale:g} asks for classifier-free guidance, but the model is "
-                "unconditional (it has no classes to guide towards)",
+                f"{{--{name}}} {self.guidance_scale:g} asks for classifier-free guidance, "
+                "but the model is unconditional (it has no classes to guide towards)",
                 "leave it unset (or 1), or train a class-conditional model",
                 owner,
             )
