@@ -29,6 +29,10 @@ def main() -> None:
         relay.connect(address)
     except OSError:
         os.execv(interpreter, [interpreter, *args])
+    # Held until the command's pid is known and the handlers pass them on: the command may be up (and its caller
+    # signalling) before this process reads its pid, and a SIGINT then ended this process alone, leaving the
+    # command running with the caller's pipe open (a test's communicate() waited for its timeout).
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)
     request = json.dumps({"args": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     socket.send_fds(relay, [struct.pack("!I", len(request))], [1, 2])
     relay.sendall(request)
@@ -36,6 +40,7 @@ def main() -> None:
     reply = json.loads(replies.readline() or '{"cold": "the relay ended"}')
     if "cold" in reply:
         relay.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)  # an exec'd process inherits the mask
         os.execv(interpreter, [interpreter, *args])
     command = reply["pid"]
 
@@ -45,6 +50,7 @@ def main() -> None:
 
     for number in PASSED_ON:
         signal.signal(number, pass_on)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)  # any that came meanwhile are passed on now
     line = replies.readline()
     if not line:
         sys.exit(f"warm_client: the relay ended before the command {args[:3]}")
