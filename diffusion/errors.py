@@ -37,6 +37,14 @@ def parameter_name(owner: type | str | None, name: str) -> str:
     return f"--{name}" if owner == COMMAND else name
 
 
+def said(
+    text: str, flag: Callable[[type | str | None, str], str] = parameter_name, owner: type | None = None
+) -> str:
+    """`text` with each placeholder said as `flag(owner, name)` says it: for a line printed outside a UserError
+    (a log line, a SystemExit's message), whose `{command:--flag}` is the running command's flag either way."""
+    return OPTION.sub(lambda match: flag(match[1] or owner, match[2]), text)
+
+
 class UserError(Exception):
     """A mistake in what the user gave, and its fix: reported as `<problem> — <fix>`; `owner`, the class whose
     options its `{--name}` placeholders are."""
@@ -48,9 +56,7 @@ class UserError(Exception):
     def said(self, flag: Callable[[type | str | None, str], str]) -> str:
         """`<problem> — <fix>`, each `{--name}` said as `flag(owner, name)` says it (the owner named in the
         placeholder, `{ClassName:--name}`, by its name)."""
-        return OPTION.sub(
-            lambda match: flag(match[1] or self.owner, match[2]), f"{self.problem} — {self.fix}"
-        )
+        return said(f"{self.problem} — {self.fix}", flag, self.owner)
 
     def about(self, subject: str) -> "UserError":
         """The same error said of `subject`, what the user gave that led to it (a flag and a path): `<subject>:

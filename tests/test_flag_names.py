@@ -16,14 +16,6 @@ from diffusion.errors import COMMAND, UserError
 PACKAGE = Path(__file__).resolve().parents[1] / "diffusion"
 # A flag as a command line spells it; `{--name}` and `{Owner:--name}` are placeholders, said by the commands.
 FLAG = re.compile(r"(?<![\w{:-])--[A-Za-z][\w.-]*")
-# Files other work was changing when the rest moved to placeholders, and the flags they still spell: none may be
-# added, and each goes when its file moves too.
-NOT_YET = {
-    "diffusion/training/atomic_writes.py": {"--trainer.logger.init_args.save_dir", "--trainer.default_root_dir"},
-    "diffusion/training/callbacks/checkpoint.py": {"--ckpt_path"},
-    "diffusion/training/callbacks/heartbeat.py": {"--ckpt_path", "--ddp_timeout"},
-    "diffusion/training/run_folders.py": {"--ckpt_path", "--trainer.logger.init_args.version"},
-}  # fmt: skip
 
 
 def docstrings(tree: ast.AST) -> set[int]:
@@ -55,10 +47,7 @@ def test_no_flag_is_spelled_below_the_commands():
         name = str(path.relative_to(PACKAGE.parent))
         if PACKAGE / "cli" in path.parents:
             continue
-        allowed = NOT_YET.get(name, set())
-        found += [
-            f"{name}:{line}: {flag}" for line, flag in flag_literals(path.read_text()) if flag not in allowed
-        ]
+        found += [f"{name}:{line}: {flag}" for line, flag in flag_literals(path.read_text())]
     assert not found, (
         "flags spelled below diffusion/cli/ (name the option by owner and parameter):\n" + "\n".join(found)
     )

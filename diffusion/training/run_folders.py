@@ -106,7 +106,7 @@ class RunFolderInUse(UserError):
     def __init__(self, folder: Path, pid: str, host: str) -> None:
         super().__init__(
             f"{folder} is being trained by another job (pid {pid} on host {host})",
-            "wait for it to end, or pass --trainer.logger.init_args.version NEW for a new run",
+            "wait for it to end, or pass {Trainer:--logger.init_args.version} NEW for a new run",
         )
         self.folder, self.pid, self.host = folder, pid, host
 
@@ -189,14 +189,14 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
             f"no checkpoint under {Path(save_dir, name)}/*/checkpoints/",
             "train first (python train.py), or pass the path of a checkpoint",
         )
-    return _newest_intact(*runs[-1], "--ckpt_path last")
+    return _newest_intact(*runs[-1], "{command:--ckpt_path} last")
 
 
 def newest_checkpoint_of_run(run: RunFolder) -> ResumePoint | None:
     """The newest intact checkpoint of this one run folder, as `newest_checkpoint` chooses it; None when the run
     holds no checkpoint file (not yet saved), an error when it holds only unreadable ones."""
     files = checkpoint_files(run.path / CHECKPOINTS)
-    return _newest_intact(run, files, "--ckpt_path auto") if files else None
+    return _newest_intact(run, files, "{command:--ckpt_path} auto") if files else None
 
 
 def _newest_intact(run: RunFolder, files: list[Path], flag: str) -> ResumePoint:
@@ -222,7 +222,7 @@ def _newest_intact(run: RunFolder, files: list[Path], flag: str) -> ResumePoint:
     reasons = "; ".join(f"{path.name} {why}" for path, why in skipped)
     raise UserError(
         f"{flag}: no intact checkpoint in {files[0].parent} ({reasons})",
-        "pass the path of an intact checkpoint (a backup), or start a new run without --ckpt_path",
+        "pass the path of an intact checkpoint (a backup), or start a new run without {command:--ckpt_path}",
     )
 
 

@@ -27,6 +27,11 @@ from diffusion.training import atomic_writes
 from diffusion.training.atomic_writes import save_atomically, write_atomically
 
 REPO = Path(__file__).resolve().parents[2]
+# atomic_writes.RUN_ON_ANOTHER_DISK as a command says it: its placeholders turned into train.py's flags
+RUN_ON_ANOTHER_DISK = (
+    "free space there, or put the run on another disk (--trainer.logger.init_args.save_dir DIR, or "
+    "--trainer.default_root_dir DIR without a logger); the checkpoint saved before is intact"
+)
 
 
 def saved_before(folder: Path) -> tuple[Path, bytes]:
@@ -122,7 +127,7 @@ def test_a_run_whose_disk_fills_at_a_checkpoint_ends_in_one_line_and_keeps_the_o
     lines = [line for line in error.splitlines() if line.startswith("error:")]
     assert lines == [
         f"error: no space left on the disk of {run / 'checkpoints'} while saving step=4.ckpt — "
-        + atomic_writes.RUN_ON_ANOTHER_DISK
+        + RUN_ON_ANOTHER_DISK
     ], error[-3000:]
     assert "Traceback" not in error
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == reference.read_bytes()
@@ -132,6 +137,7 @@ def test_a_run_whose_disk_fills_at_a_checkpoint_ends_in_one_line_and_keeps_the_o
 REAL_FULL_DISK = """
 import sys, torch
 from pathlib import Path
+from diffusion.cli.flag_names import flag_text
 from diffusion.errors import DiskFull
 from diffusion.training.atomic_writes import save_atomically, write_atomically
 from diffusion.generation.render import save_preview
@@ -146,7 +152,7 @@ for name, write in [
         write()
         print(name, "written")
     except DiskFull as error:
-        print(error)
+        print(error.said(flag_text))  # as a command says it
 print(sorted(p.name for p in disk.iterdir()), torch.load(disk / "last.ckpt")["w"].abs().sum().item())
 """
 
@@ -169,7 +175,7 @@ def test_on_a_real_full_disk_torchs_own_error_is_named_as_a_full_disk(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [
         f"no space left on the disk of {disk} while saving last.ckpt — {FREE_SPACE}",
-        f"no space left on the disk of {disk} while saving grid.png — {atomic_writes.RUN_ON_ANOTHER_DISK}",
+        f"no space left on the disk of {disk} while saving grid.png — {RUN_ON_ANOTHER_DISK}",
         "['last.ckpt'] 0.0",
     ], result.stdout + result.stderr[-3000:]
 
@@ -183,5 +189,5 @@ def test_a_full_disk_in_a_write_of_lightnings_is_named_too(tmp_path, capsys):
     assert exited.value.code == 2, error[-3000:]
     assert error.strip().splitlines()[-1] == (
         f"error: no space left on the disk of {hparams.parent} while saving hparams.yaml — "
-        + atomic_writes.RUN_ON_ANOTHER_DISK
+        + RUN_ON_ANOTHER_DISK
     ), error[-3000:]

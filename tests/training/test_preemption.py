@@ -34,6 +34,7 @@ def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exact
     tmp_path,
     reference,  # noqa: F811 (the fixture imported above)
     signal_name,
+    caplog,
 ):
     """The signal arrives in the middle of step 5 (`helpers.guarantees.SignalAt`, in this process as a scheduler
     would send it); no step checkpoint is due (every 100 steps), so the only checkpoint of step 5 is the
@@ -53,6 +54,8 @@ def test_a_preempted_run_saves_its_current_step_exits_non_zero_and_resumes_exact
     last = checkpoints(tmp_path) / "last.ckpt"
     preempted_at = load(last)
     assert preempted_at["global_step"] == KILL_STEP + 1 and KILL_STEP + 1 < MAX_STEPS
+    said = f"{signal_name} received: saved the checkpoint of step {KILL_STEP + 1} ({last}); resume with --ckpt_path last"
+    assert said in caplog.messages, caplog.messages
     main(args(tmp_path, *ONE_PROCESS, "--ckpt_path", "last"))
     assert_same_final_weights(final_checkpoint(tmp_path), reference("fast"), preempted_at)
 

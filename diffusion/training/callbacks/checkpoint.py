@@ -10,7 +10,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.errors import InvalidValue
+from diffusion.errors import InvalidValue, said
 from diffusion.training import atomic_writes as checkpoint_io
 from diffusion.training.callbacks.preemption import Preempted, Preemption, requeue_slurm_job
 
@@ -111,8 +111,10 @@ class Checkpoint(ModelCheckpoint):
         if signum:
             name = signal.Signals(signum).name
             rank_zero_info(
-                f"{name} received: saved the checkpoint of step {trainer.global_step} "
-                f"({self.last_model_path or self.best_model_path}); resume with --ckpt_path last"
+                said(
+                    f"{name} received: saved the checkpoint of step {trainer.global_step} "
+                    f"({self.last_model_path or self.best_model_path}); resume with {{command:--ckpt_path}} last"
+                )
             )
             requeue_slurm_job(trainer, signum)
             raise Preempted(128 + signum)

@@ -37,13 +37,15 @@ import lightning as L
 import torch.distributed as dist
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
+from diffusion.errors import said
+
 try:
     import fcntl
 except ImportError:  # Windows: no pidfds either (os.pidfd_open is Linux's), so no peer is watched
     fcntl = None
 
 DEFAULT_DDP_TIMEOUT_S = 600.0  # 10 minutes; Lightning's and torch's default is 30
-RESUME = "its log above says why; resume with --ckpt_path last"
+RESUME = "its log above says why; resume with {command:--ckpt_path} last"
 # Linux's PIDFD_GET_INFO ioctl (6.15+) on struct pidfd_info's first 64 bytes: the mask at 0, the exit status at 60.
 PIDFD_GET_INFO, PIDFD_INFO_EXIT = (3 << 30) | (64 << 16) | (0xFF << 8) | 11, 1 << 3
 
@@ -53,7 +55,7 @@ class RankLost(SystemExit):
     printed by Python as it exits with status 1, without a traceback (not a user error, nor a bug of this one)."""
 
     def __init__(self, problem: str, fix: str = RESUME) -> None:
-        super().__init__(f"error: {problem} — {fix}")
+        super().__init__(said(f"error: {problem} — {fix}"))
         self.problem, self.fix = problem, fix
 
 
@@ -312,6 +314,6 @@ class Heartbeat(L.Callback):
             return None
         ranks = ", ".join(map(str, silent))
         return RankStoppedAnswering(
-            f"rank {ranks} stopped answering: no reply within --ddp_timeout {self.timeout_s:g} s; the job was ended",
-            "resume with --ckpt_path last",
+            f"rank {ranks} stopped answering: no reply within {{command:--ddp_timeout}} {self.timeout_s:g} s; the job was ended",
+            "resume with {command:--ckpt_path} last",
         )
