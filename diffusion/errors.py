@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from numbers import Integral
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, TypeGuard, get_args
 
 # `{--batch_size}`: an option of the error's owner, in a message; `{DiffusionModule:--variance}`: of that class
 OPTION = re.compile(r"\{(?:([A-Za-z_]\w*):)?--([A-Za-z_][\w.]*)\}")
@@ -192,7 +192,7 @@ FREE_SPACE = (
 )
 
 
-def is_disk_full(error: BaseException) -> bool:
+def is_disk_full(error: BaseException) -> TypeGuard[OSError]:
     """The OS refused a write for want of room (by errno: the same on every platform's message)."""
     return isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS
 

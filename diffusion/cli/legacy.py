@@ -9,6 +9,7 @@ imports the same classes under either name; configs written from now on name the
 
 import importlib
 import sys
+from typing import Any
 
 MOVED_MODULES = {
     "diffusion.vectors": "diffusion.data.vectors",
@@ -35,7 +36,7 @@ def same_class(saved_path: str, current_path: str) -> bool:
         return False
 
 
-def class_at(path: str) -> object:
+def class_at(path: str) -> Any:
     """The class (or any object) a class path names: `diffusion.data.ImageDataModule`."""
     module, name = path.rsplit(".", 1)
     return getattr(importlib.import_module(module), name)

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> str:
                 "--data.dataset streaming is a prepared set already", "name the source it was prepared from"
             )
         # --data's class path names a class.
-        if issubclass(class_at(data.class_path), ImageDataModule) and dataset in LABELLED_SOURCES:  # type: ignore[arg-type]
+        if issubclass(class_at(data.class_path), ImageDataModule) and dataset in LABELLED_SOURCES:
             data.init_args.conditional = True
         datamodule = parser.instantiate_classes(args).data
         source = data.init_args.get("root") if dataset == "folder" else data.init_args.get("path") or dataset

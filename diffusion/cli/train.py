@@ -11,8 +11,6 @@ checkpoint to resume or start from: `diffusion.cli.train_checks`), and a user er
 (`diffusion.errors`).
 """
 
-import contextlib
-import signal
 import sys
 import weakref
 from collections.abc import Callable
@@ -20,16 +18,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from jsonargparse import SUPPRESS, Namespace
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, cpu_mixed_precision_note
 from diffusion.cli.jsonargparse_internals import drop_print_config_request
 from diffusion.cli.legacy import accept_moved_class_paths, class_at
-from diffusion.cli.parse_errors import parsed_command_line
+from diffusion.cli.parse_errors import CommandLine, parsed_command_line
 from diffusion.cli.process_group import closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.resume import check_same_training_settings, resolve_resume
@@ -58,15 +55,19 @@ from diffusion.cli.trainer_options import (
     expand_shorthands,
     runs_on_cpu,
 )
-from diffusion.errors import DiskFull, UserError, is_disk_full
-from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, write_atomically
+from diffusion.cli.training_run import (
+    SaveConfigToRunFolder,
+    callbacks_of,
+    fit,
+    log_learning_rate,
+    refused_by_the_trainer,
+    use_run_progress,
+)
+from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
-from diffusion.training.callbacks.preemption import Preempted
-from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
 from diffusion.training.loading import model_source
 from diffusion.training.module import DiffusionModule
-from diffusion.training.run_folders import new_run_folders, remove_unused_run_folders, run_folder, training_in
 
 # LightningCLI's optimizer flags, not offered (DiffusionModule.configure_optimizers), and the flags that do their work.
 # Options renamed, old name -> new: a command line giving both with different values is refused (both would load).
@@ -75,32 +76,6 @@ NOT_OFFERED = {
     "optimizer": "--model.lr, --model.adam_betas and --model.weight_decay",
     "lr_scheduler": "--model.warmup_steps and --model.lr_schedule (constant or cosine)",
 }
-
-
-class SaveConfigToRunFolder(SaveConfigCallback):
-    """Saves the config into the run's folder whatever the logger. Lightning saves it into `trainer.log_dir`, which for
-    W&B and other loggers is their save_dir, shared by every run. `ckpt_path`: the value saved for --ckpt_path
-    (`auto` as written, where the config holds the checkpoint it resolved to)."""
-
-    def __init__(self, *args: Any, ckpt_path: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.ckpt_path = ckpt_path
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._folder = run_folder(trainer)  # a collective under DDP: here, on every rank
-        super().setup(trainer, pl_module, stage)
-
-    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:  # on rank 0
-        self._folder.mkdir(parents=True, exist_ok=True)
-        path = str(self._folder / self.config_filename)
-        config = self.config.clone()
-        config.ckpt_path = self.ckpt_path or config.ckpt_path
-        write_atomically(
-            path,
-            lambda into: self.parser.save(
-                config, str(into), skip_none=False, overwrite=self.overwrite, multifile=self.multifile
-            ),
-        )
 
 
 class DiffusionCLI(LightningCLI):
@@ -118,7 +93,7 @@ class DiffusionCLI(LightningCLI):
     _built_parsers: ClassVar[dict[str, tuple[LightningArgumentParser, list[weakref.ref]]]] = {}
 
     def __init__(
-        self, args: list[str] | None = None, parser_kwargs: dict[str, Any] | None = None, **kwargs
+        self, args: list[str] | None = None, parser_kwargs: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         if args is None:  # from the command line: LightningCLI reads sys.argv itself
             sys.argv[1:] = expand_shorthands(sys.argv[1:])
@@ -131,6 +106,7 @@ class DiffusionCLI(LightningCLI):
             f"A user error ends in one line; --debug (or {DEBUG_VARIABLE}=1) shows its traceback."
         )
         self._resume_checkpoint: dict[str, Any] | None = None
+        self._command_line: CommandLine | None = None
         accept_moved_class_paths()  # configs written before the layered package name the old modules
         super().__init__(
             DiffusionModule,
@@ -212,7 +188,7 @@ class DiffusionCLI(LightningCLI):
             apply_on="instantiate",
         )  # fmt: skip
 
-    def _network_settings_from_the_data(self) -> dict[str, Callable[[LightningDataModule], Any]]:
+    def _network_settings_from_the_data(self) -> dict[str, Callable[[Any], Any]]:
         """The network's input channels; its class embedding, sized by class-conditional data (--data.conditional
         true, --data.labels; other data: None, unconditional); its output channels, 2C for a model that learns its
         variance (--model.variance learned_range: the prediction, then the variance's v), else None (its input's).
@@ -220,8 +196,11 @@ class DiffusionCLI(LightningCLI):
 
         parser_user = self._parser_user  # not `self`: the parser's links outlive the CLI that built it
 
-        def output_channels(data: LightningDataModule) -> int | None:
-            learned = parser_user[0]().config.get("model.variance") == "learned_range"
+        # `data`: the data module built, any of the project's (they have `sample_shape`, which Lightning's lacks)
+        def output_channels(data: Any) -> int | None:
+            cli = parser_user[0]()
+            assert cli is not None, "the links run while their CLI instantiates its classes"
+            learned = cli.config.get("model.variance") == "learned_range"
             return 2 * data.sample_shape[0] if learned else None
 
         return {
@@ -230,7 +209,7 @@ class DiffusionCLI(LightningCLI):
             "out_channels": output_channels,
         }
 
-    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         command_line = None
         if isinstance(args, dict | Namespace):  # a config given as an object, not a command line
             super().parse_arguments(parser, args)
@@ -257,8 +236,9 @@ class DiffusionCLI(LightningCLI):
         check_logger_installed(self.config.trainer)
         allow_mlflow_file_store(self.config.trainer)
         check_logger_folders(self.config.trainer)
-        if command_line:
-            command_line.print_config_if_asked()  # what runs: the whole command line, checked
+        # --print_config: printed once the classes are built and checked (after_instantiate_classes), as the run
+        # would find them: the checkpoint to resume, the image size against the network, the output folders.
+        self._command_line = command_line
 
     def before_instantiate_classes(self) -> None:
         config = self.config
@@ -312,7 +292,7 @@ class DiffusionCLI(LightningCLI):
         if timeout <= 0:
             raise UserError(f"--ddp_timeout {timeout:g} is out of range", "pass seconds > 0, e.g. 600")
         self.heartbeat = Heartbeat(timeout)
-        self.trainer.callbacks.append(self.heartbeat)
+        callbacks_of(self.trainer).append(self.heartbeat)
         chosen = [
             str(c.get("class_path", ""))
             for c in self.config.trainer.get("callbacks") or []
@@ -332,41 +312,13 @@ class DiffusionCLI(LightningCLI):
             )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath)
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
-
-
-def refused_by_the_trainer(error: MisconfigurationException) -> UserError:
-    """Lightning refused the Trainer's settings (the user's flags), in its own words, quoted."""
-    return UserError(
-        f"the Trainer refused these settings: {error}", "change the --trainer flags it names (see --help)"
-    )
+        if self._command_line is not None:
+            self._command_line.print_config_if_asked()  # what runs: the whole command line, checked
 
 
 def plain_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
     """jsonargparse's instantiator in its simplest form: the class called with its arguments."""
     return cls(*args, **kwargs)
-
-
-def log_learning_rate(trainer: Trainer) -> None:
-    """The learning rate (warmup, then the schedule) logged as train/lr beside train/loss, at the logging steps:
-    Lightning's LearningRateMonitor reads the optimizer's rate, a host number, only when the loggers write
-    (unless the user chose a monitor of their own; a run without a logger has nowhere to log it)."""
-    if trainer.loggers and not any(isinstance(c, LearningRateMonitor) for c in trainer.callbacks):
-        trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))
-
-
-def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:
-    """One progress bar over the run in place of Lightning's default bar per epoch (unless the user chose a
-    bar: `keep_bar`), and the loss plot in the run folder."""
-    callbacks = trainer.callbacks
-    for index, callback in enumerate(callbacks):
-        if type(callback) is TQDMProgressBar and not keep_bar:
-            callbacks[index] = RunProgressBar()
-    # Before the checkpoint callbacks (Lightning puts them last): a checkpoint saved at a validation then
-    # holds that validation's loss.
-    first_checkpoint = next(
-        (i for i, c in enumerate(callbacks) if isinstance(c, ModelCheckpoint)), len(callbacks)
-    )
-    callbacks.insert(first_checkpoint, LossPlot())
 
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
@@ -387,42 +339,6 @@ def with_default_config(args: list[str]) -> list[str]:
             "pass --config PATH/TO/configs/digits.yaml (from the project's source) or another recipe",
         )
     return ["--config", str(DEFAULT_CONFIG), *args]
-
-
-def fit(cli: DiffusionCLI) -> None:
-    created = new_run_folders(cli.trainer)
-    # Rank 0 holds the run folder for the fit: a second job on it (a resume started twice) is refused here.
-    with training_in(run_folder(cli.trainer)) if cli.trainer.is_global_zero else contextlib.nullcontext():
-        fit_in_run_folder(cli, created)
-
-
-def fit_in_run_folder(cli: DiffusionCLI, created: list[Path]) -> None:
-    try:
-        cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
-    except BaseException as error:
-        # A collective that timed out: name the rank that stopped answering (before the others are ended).
-        explained = cli.heartbeat.explain(error)
-        # Lightning ends the other local ranks only on Ctrl+C. After any other error on rank 0 they would wait
-        # in a collective until the process-group timeout, or not notice at all outside a collective.
-        # (Not after a preemption: every rank stops at the same step on its own, once the checkpoint is saved.)
-        kill = getattr(cli.trainer.strategy.launcher, "kill", None)
-        if kill is not None and not isinstance(error, SIGTERMException):
-            kill(signal.SIGKILL)
-        if cli.trainer.global_step == 0:
-            remove_unused_run_folders(created)
-        if explained is not None:
-            raise explained from error
-        if isinstance(error, MisconfigurationException):
-            raise refused_by_the_trainer(error) from error
-        if is_disk_full(error):  # a write of Lightning's or a logger's (the project's own raise DiskFull)
-            folder, name = Path(cli.trainer.default_root_dir), "the run's files"
-            if error.filename:
-                folder, name = Path(error.filename).parent, Path(error.filename).name
-            raise DiskFull(folder, name, RUN_ON_ANOTHER_DISK) from error
-        if isinstance(error, SIGTERMException) and not error.code:
-            # Lightning's own SIGTERM path (a signal before training started) exits with status 0.
-            raise Preempted(128 + signal.SIGTERM) from error
-        raise
 
 
 def main(args: list[str] | None = None) -> DiffusionCLI:

@@ -14,7 +14,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from diffusion.cli.flag_names import flag_text
 from diffusion.cli.flags import check_writable_folder
 from diffusion.cli.legacy import class_at, same_class
-from diffusion.errors import OPTION, OutOfRange, UserError, WeightsDoNotFit, check_weights_fit
+from diffusion.cli.training_run import callbacks_of
+from diffusion.errors import OutOfRange, UserError, WeightsDoNotFit, check_weights_fit, said
 from diffusion.models import UNet
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
@@ -104,11 +105,11 @@ def check_monitored_metric(trainer: Trainer, monitor: str | None) -> None:
     """--checkpoint.monitor names a metric the run logs: Lightning finds out only at the first validation, when
     the training before it is lost. A callback from outside this project may log more, so with one the check
     is left to Lightning."""
-    modules = [type(callback).__module__ for callback in trainer.callbacks]
+    modules = [type(callback).__module__ for callback in callbacks_of(trainer)]
     if monitor is None or any(not name.startswith(("diffusion.", "lightning.")) for name in modules):
         return
     logged = {TRAIN_LOSS, VAL_LOSS, "step", "epoch"}  # Lightning adds step and epoch
-    for callback in trainer.callbacks:
+    for callback in callbacks_of(trainer):
         if isinstance(callback, SampleQualityCallback):
             logged |= {FID, KID} if callback.kid else {FID}
     if monitor not in logged:
@@ -171,24 +172,23 @@ def check_torchrun_restarts() -> None:
         )
 
 
-def naming_the_flag(error: BaseException, groups: dict[object, str]) -> UserError | None:
+def naming_the_flag(error: BaseException, groups: dict[type, str]) -> UserError | None:
     """A range check (`OutOfRange`) of a class the CLI built from a group of flags (`groups`: that class -> the
     group, 'data' or 'model.network'), said of the flag the user wrote: '--data.batch_size 0 is out of range (must
     be >= 1) — <the check's fix>'. None for any other error, and for a check of one of the class's parts (a
     ResBlock's channels are no flag of the user's). jsonargparse may wrap the class's error (a union of types):
     the chain of causes is searched, by type."""
-    while error is not None:
-        if isinstance(error, OutOfRange):
-            group = groups.get(error.owner)
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OutOfRange):
+            group = groups.get(cause.owner) if cause.owner is not None else None
             if group is None:
                 return None
-            fix = OPTION.sub(
-                lambda option, owner=error.owner: flag_text(option[1] or owner, option[2], groups), error.fix
-            )
             return UserError(
-                f"--{group}.{error.name} {error.value} is out of range (must be {error.requirement})", fix
+                f"--{group}.{cause.name} {cause.value} is out of range (must be {cause.requirement})",
+                said(cause.fix, lambda owner, name: flag_text(owner, name, groups), cause.owner),
             )
-        error = error.__cause__ or error.__context__
+        cause = cause.__cause__ or cause.__context__
     return None
 
 
@@ -234,7 +234,7 @@ def check_settings_from_the_data(written: dict[str, Any], derived: dict[str, Any
             )
 
 
-def take_diffusers_settings(config) -> None:
+def take_diffusers_settings(config: Any) -> None:
     """--model.init_from a diffusers folder: train its network and schedule (read from its configs, whatever the
     recipe says)."""
     settings = init_settings(config.model.init_from, "--model.init_from")

@@ -32,17 +32,13 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import lightning as L
 import torch.distributed as dist
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
 from diffusion.errors import said
-
-try:
-    import fcntl
-except ImportError:  # Windows: no pidfds either (os.pidfd_open is Linux's), so no peer is watched
-    fcntl = None
 
 DEFAULT_DDP_TIMEOUT_S = 600.0  # 10 minutes; Lightning's and torch's default is 30
 RESUME = "its log above says why; resume with {command:--ckpt_path} last"
@@ -69,13 +65,14 @@ class RankDied(RankLost):
 
 def is_collective_failure(error: BaseException) -> bool:
     """A distributed error (timeout, closed connection) anywhere in the exception's chain."""
-    while error is not None:
-        text = str(error)
-        if isinstance(error, dist.DistError) or any(
+    cause: BaseException | None = error
+    while cause is not None:
+        text = str(cause)
+        if isinstance(cause, dist.DistError) or any(
             word in text for word in ("Gloo", "gloo", "NCCL", "imed out")
         ):
             return True
-        error = error.__cause__ or error.__context__
+        cause = cause.__cause__ or cause.__context__
     return False
 
 
@@ -114,6 +111,8 @@ class Peer:
         return None
 
     def _reaped_exit(self) -> int | None:
+        import fcntl  # here, not at the top: Windows has none, and no pidfd either (no Peer is made there)
+
         info = bytearray(64)
         struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
         with contextlib.suppress(OSError):  # a kernel before 6.15 has no PIDFD_GET_INFO
@@ -173,20 +172,23 @@ class Heartbeat(L.Callback):
         sleep), as this callback's watch says which rank died and ends the job itself."""
         for thread in threading.enumerate():
             if isinstance(thread, _ChildProcessObserver):
-                thread._run = lambda: True
+                cast(Any, thread)._run = lambda: True  # the private flag its loop reads
 
     def _watch_peers(self) -> None:
         """The other ranks on this machine (read once every rank has written itself into the store)."""
-        host = socket.gethostname()
+        host, store = socket.gethostname(), self._store
+        assert store is not None, "set in setup, before the thread starts"
         for rank in range(self._world_size):
             if rank == self._rank:
                 continue
-            pid, _, peer_host = self._store.get(f"process/{rank}").decode().partition(" ")
+            pid, _, peer_host = store.get(f"process/{rank}").decode().partition(" ")
             if peer_host == host and hasattr(os, "pidfd_open"):
                 with contextlib.suppress(OSError):  # gone already: the store's answers or a collective tell
                     self._peers.append(Peer(rank, int(pid)))
 
     def _beat(self) -> None:
+        store = self._store
+        assert store is not None, "set in setup, before the thread starts"
         with contextlib.suppress(Exception):  # the store gone before every rank wrote itself in
             self._watch_peers()
         while not self._stop.is_set():
@@ -197,7 +199,7 @@ class Heartbeat(L.Callback):
                 self._end_now(*died)
                 return
             try:
-                self._store.add(f"heartbeat/{self._rank}", 1)
+                store.add(f"heartbeat/{self._rank}", 1)
             except (
                 Exception
             ):  # the store is gone (rank 0 ended or stopped): the peers' exits or `explain` say
@@ -276,10 +278,12 @@ class Heartbeat(L.Callback):
     def _store_closed(self) -> bool:
         """Rank 0's store refused at once (its connection closed: rank 0's process is gone), rather than not
         answering within the wait (a stopped rank 0)."""
-        started = time.monotonic()
+        started, store = time.monotonic(), self._store
+        if store is None:  # no store: no rank 0 to have lost
+            return False
         try:
-            self._store.set_timeout(timedelta(seconds=max(3 * self.interval, 2.0)))
-            self._store.add(f"heartbeat/{self._rank}", 0)
+            store.set_timeout(timedelta(seconds=max(3 * self.interval, 2.0)))
+            store.add(f"heartbeat/{self._rank}", 0)
         except Exception:
             return time.monotonic() - started < max(3 * self.interval, 2.0) / 2
         return False

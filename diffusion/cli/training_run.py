@@ -1,0 +1,121 @@
+"""The fit of a training run, once train.py's CLI has built its classes: the run folder it trains in (held by one
+job at a time), the config saved there, the callbacks train.py adds (one progress bar over the run, the loss
+plot, the learning rate logged), and what an error during the fit means (a rank lost, a full disk, a setting the
+Trainer refused, a preemption): said as the user's, or passed on as a bug.
+"""
+
+import contextlib
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+
+from diffusion.errors import DiskFull, UserError, is_disk_full
+from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, write_atomically
+from diffusion.training.callbacks.preemption import Preempted
+from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
+from diffusion.training.run_folders import new_run_folders, remove_unused_run_folders, run_folder, training_in
+
+if TYPE_CHECKING:  # the CLI that calls `fit` (train.py imports this module)
+    from diffusion.cli.train import DiffusionCLI
+
+
+class SaveConfigToRunFolder(SaveConfigCallback):
+    """Saves the config into the run's folder whatever the logger. Lightning saves it into `trainer.log_dir`, which for
+    W&B and other loggers is their save_dir, shared by every run. `ckpt_path`: the value saved for --ckpt_path
+    (`auto` as written, where the config holds the checkpoint it resolved to)."""
+
+    def __init__(self, *args: Any, ckpt_path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ckpt_path = ckpt_path
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._folder = run_folder(trainer)  # a collective under DDP: here, on every rank
+        super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:  # on rank 0
+        self._folder.mkdir(parents=True, exist_ok=True)
+        path = str(self._folder / self.config_filename)
+        config = self.config.clone()
+        config.ckpt_path = self.ckpt_path or config.ckpt_path
+        write_atomically(
+            path,
+            lambda into: self.parser.save(
+                config, str(into), skip_none=False, overwrite=self.overwrite, multifile=self.multifile
+            ),
+        )
+
+
+def refused_by_the_trainer(error: MisconfigurationException) -> UserError:
+    """Lightning refused the Trainer's settings (the user's flags), in its own words, quoted."""
+    return UserError(
+        f"the Trainer refused these settings: {error}", "change the --trainer flags it names (see --help)"
+    )
+
+
+def callbacks_of(trainer: Trainer) -> list[Callback]:
+    """The Trainer's callbacks, a list Lightning sets at run time (the class declares no attribute to type)."""
+    return cast(Any, trainer).callbacks
+
+
+def log_learning_rate(trainer: Trainer) -> None:
+    """The learning rate (warmup, then the schedule) logged as train/lr beside train/loss, at the logging steps:
+    Lightning's LearningRateMonitor reads the optimizer's rate, a host number, only when the loggers write
+    (unless the user chose a monitor of their own; a run without a logger has nowhere to log it)."""
+    if trainer.loggers and not any(isinstance(c, LearningRateMonitor) for c in callbacks_of(trainer)):
+        callbacks_of(trainer).append(LearningRateMonitor(logging_interval="step"))
+
+
+def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:
+    """One progress bar over the run in place of Lightning's default bar per epoch (unless the user chose a
+    bar: `keep_bar`), and the loss plot in the run folder."""
+    callbacks = callbacks_of(trainer)
+    for index, callback in enumerate(callbacks):
+        if type(callback) is TQDMProgressBar and not keep_bar:
+            callbacks[index] = RunProgressBar()
+    # Before the checkpoint callbacks (Lightning puts them last): a checkpoint saved at a validation then
+    # holds that validation's loss.
+    first_checkpoint = next(
+        (i for i, c in enumerate(callbacks) if isinstance(c, ModelCheckpoint)), len(callbacks)
+    )
+    callbacks.insert(first_checkpoint, LossPlot())
+
+
+def fit(cli: "DiffusionCLI") -> None:
+    created = new_run_folders(cli.trainer)
+    # Rank 0 holds the run folder for the fit: a second job on it (a resume started twice) is refused here.
+    with training_in(run_folder(cli.trainer)) if cli.trainer.is_global_zero else contextlib.nullcontext():
+        fit_in_run_folder(cli, created)
+
+
+def fit_in_run_folder(cli: "DiffusionCLI", created: list[Path]) -> None:
+    try:
+        cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    except BaseException as error:
+        # A collective that timed out: name the rank that stopped answering (before the others are ended).
+        explained = cli.heartbeat.explain(error)
+        # Lightning ends the other local ranks only on Ctrl+C. After any other error on rank 0 they would wait
+        # in a collective until the process-group timeout, or not notice at all outside a collective.
+        # (Not after a preemption: every rank stops at the same step on its own, once the checkpoint is saved.)
+        kill = getattr(cli.trainer.strategy.launcher, "kill", None)
+        if kill is not None and not isinstance(error, SIGTERMException):
+            kill(signal.SIGKILL)
+        if cli.trainer.global_step == 0:
+            remove_unused_run_folders(created)
+        if explained is not None:
+            raise explained from error
+        if isinstance(error, MisconfigurationException):
+            raise refused_by_the_trainer(error) from error
+        if is_disk_full(error):  # a write of Lightning's or a logger's (the project's own raise DiskFull)
+            folder, name = Path(cli.trainer.default_root_dir), "the run's files"
+            if error.filename:
+                folder, name = Path(error.filename).parent, Path(error.filename).name
+            raise DiskFull(folder, name, RUN_ON_ANOTHER_DISK) from error
+        if isinstance(error, SIGTERMException) and not error.code:
+            # Lightning's own SIGTERM path (a signal before training started) exits with status 0.
+            raise Preempted(128 + signal.SIGTERM) from error
+        raise
