@@ -10,7 +10,7 @@ a command line to be honoured once the rest of it parses.
 
 import functools
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -38,6 +38,32 @@ class Written:
         if self.file is None:
             return f"--{self.key} {' '.join(self.values)}".rstrip()
         return f"{self.file}: {self.key} {as_text(self.values[0])}".rstrip()
+
+
+# How a check after the parse says the option it refuses: (key, value) -> `--data.batch_size 0` or, where a config
+# file set it, `run.yaml: data.batch_size 0` (`where_written`).
+SayOption = Callable[[str, Any], str]
+
+
+def as_flag(key: str, value: Any) -> str:
+    """An option's value as a flag gives it: `--data.batch_size 0` (a class's argument without `init_args`)."""
+    return f"--{_plain_key(key)} {value}"
+
+
+def where_written(written: Sequence[Written]) -> SayOption:
+    """Says an option as the command line gave it its value: with the config file and key where a file set it
+    last, else as its flag (a flag after the file wins, as in the parse; an option nobody wrote, a default)."""
+
+    def said(key: str, value: Any) -> str:
+        plain = _plain_key(key)
+        last = next((item for item in reversed(written) if _plain_key(item.key) == plain), None)
+        return f"{last.file}: {plain} {value}" if last is not None and last.file else as_flag(plain, value)
+
+    return said
+
+
+def _plain_key(key: str) -> str:
+    return key.replace(".init_args.", ".")
 
 
 def as_text(value: Any) -> str:

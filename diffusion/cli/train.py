@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from diffusion.cli.command_line import SayOption, as_flag, where_written
 from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, cpu_mixed_precision_note
 from diffusion.cli.jsonargparse_internals import drop_print_config_request
 from diffusion.cli.legacy import accept_moved_class_paths, class_at
@@ -107,6 +108,7 @@ class DiffusionCLI(LightningCLI):
         )
         self._resume_checkpoint: dict[str, Any] | None = None
         self._command_line: CommandLine | None = None
+        self._said: SayOption = as_flag
         accept_moved_class_paths()  # configs written before the layered package name the old modules
         super().__init__(
             DiffusionModule,
@@ -217,6 +219,8 @@ class DiffusionCLI(LightningCLI):
             command_line = parsed_command_line(parser, args, RENAMED_OPTIONS)
             self.config = command_line.config
         self._settings_written = settings_written(self.config, parser.get_defaults())
+        # A check below names an option as the user gave it: a flag, or a config file's key.
+        self._said = where_written(command_line.written) if command_line else as_flag
         for name, instead in NOT_OFFERED.items():
             if self.config.get(name) is not None:
                 written = command_line.written if command_line else []
@@ -227,7 +231,7 @@ class DiffusionCLI(LightningCLI):
                     f"set them with {instead}",
                 )
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
-        check_trainer_option_ranges(self.config)
+        check_trainer_option_ranges(self.config, self._said)
         check_hardware_flags(self.config.trainer)
         check_torchrun_restarts()  # before a restart would hang
         note = drop_ddp_on_one_device(self.config.trainer)
@@ -271,7 +275,9 @@ class DiffusionCLI(LightningCLI):
             raise refused_by_the_trainer(error) from error
         except ValueError as error:  # a data module's or network's own range check: name the flag
             chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
-            named = naming_the_flag(error, {class_at(path): group for group, path in chosen.items()})
+            named = naming_the_flag(
+                error, {class_at(path): group for group, path in chosen.items()}, self._said
+            )
             if named is None:
                 raise
             raise named from error
@@ -286,7 +292,7 @@ class DiffusionCLI(LightningCLI):
         derived = {
             name: compute(self.datamodule) for name, compute in self._network_settings_from_the_data().items()
         }
-        check_settings_from_the_data(self._settings_written, derived)
+        check_settings_from_the_data(self._settings_written, derived, self._said)
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
         timeout = self.config.ddp_timeout
         if timeout <= 0:

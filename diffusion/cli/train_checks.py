@@ -11,6 +11,7 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
+from diffusion.cli.command_line import SayOption, as_flag
 from diffusion.cli.flag_names import flag_text
 from diffusion.cli.flags import check_writable_folder
 from diffusion.cli.legacy import class_at, same_class
@@ -172,7 +173,9 @@ def check_torchrun_restarts() -> None:
         )
 
 
-def naming_the_flag(error: BaseException, groups: dict[type, str]) -> UserError | None:
+def naming_the_flag(
+    error: BaseException, groups: dict[type, str], say: SayOption = as_flag
+) -> UserError | None:
     """A range check (`OutOfRange`) of a class the CLI built from a group of flags (`groups`: that class -> the
     group, 'data' or 'model.network'), said of the flag the user wrote: '--data.batch_size 0 is out of range (must
     be >= 1) — <the check's fix>'. None for any other error, and for a check of one of the class's parts (a
@@ -185,7 +188,7 @@ def naming_the_flag(error: BaseException, groups: dict[type, str]) -> UserError 
             if group is None:
                 return None
             return UserError(
-                f"--{group}.{cause.name} {cause.value} is out of range (must be {cause.requirement})",
+                f"{say(f'{group}.{cause.name}', cause.value)} is out of range (must be {cause.requirement})",
                 said(cause.fix, lambda owner, name: flag_text(owner, name, groups), cause.owner),
             )
         cause = cause.__cause__ or cause.__context__
@@ -222,14 +225,16 @@ def settings_written(config: Any, defaults: Any) -> dict[str, Any]:
     }
 
 
-def check_settings_from_the_data(written: dict[str, Any], derived: dict[str, Any]) -> None:
+def check_settings_from_the_data(
+    written: dict[str, Any], derived: dict[str, Any], say: SayOption = as_flag
+) -> None:
     """The network settings train.py links from the data were not written as something else: the link would
     replace the user's value without a word."""
     for name, value in written.items():
         if value != derived[name]:
             shown = "unset" if derived[name] is None else derived[name]
             raise UserError(
-                f"--model.network.{name} {value}: the data sets it ({shown} here: {DATA_SETS[name]})",
+                f"{say(f'model.network.{name}', value)}: the data sets it ({shown} here: {DATA_SETS[name]})",
                 f"leave --model.network.{name} out",
             )
 

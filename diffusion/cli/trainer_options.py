@@ -14,6 +14,7 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
+from diffusion.cli.command_line import SayOption, as_flag
 from diffusion.cli.flags import check_writable_folder
 from diffusion.errors import UserError
 
@@ -71,40 +72,47 @@ TRAINER_OPTION_RANGES = [
 ]  # fmt: skip
 
 
-def check_trainer_option_ranges(config: Namespace) -> None:
-    """Raise UserError naming the flag for the first value outside its range (keys a config lacks pass)."""
+def check_trainer_option_ranges(config: Namespace, say: SayOption = as_flag) -> None:
+    """Raise UserError naming the option (`say`: its flag, or its config file's key) for the first value outside
+    its range (keys a config lacks pass)."""
     for key, valid, allowed in TRAINER_OPTION_RANGES:
         value = config.get(key)
         if value is not None and isinstance(value, int | float) and not valid(value):
-            raise UserError(f"--{key} {value} is out of range", f"pass {allowed}")
+            raise UserError(f"{say(key, value)} is out of range", f"pass {allowed}")
     clip_algorithms = tuple(GradClipAlgorithmType.supported_types())  # Lightning reads them in any case
     _check_name(
         "trainer.gradient_clip_algorithm",
         config.get("trainer.gradient_clip_algorithm"),
         clip_algorithms,
         True,
+        say,
     )
     interval, duration = config.get("trainer.val_check_interval"), config.get("trainer.max_time")
     if isinstance(interval, str) and not re.fullmatch(TIME, interval.strip()):
         raise UserError(
-            f"--trainer.val_check_interval {interval} is not a number of steps, a fraction of an epoch or a time",
+            f"{say('trainer.val_check_interval', interval)} is not a number of steps, a fraction of an epoch or a "
+            "time",
             "pass steps >= 1 (e.g. 600), a fraction of an epoch in (0, 1], or a time as DD:HH:MM:SS",
         )
     if isinstance(duration, str) and not re.fullmatch(TIME, duration.strip()):
-        raise UserError(f"--trainer.max_time {duration} is not a time", "pass DD:HH:MM:SS, e.g. 00:12:00:00")
+        raise UserError(
+            f"{say('trainer.max_time', duration)} is not a time", "pass DD:HH:MM:SS, e.g. 00:12:00:00"
+        )
     profiler = config.get("trainer.profiler")
     if isinstance(profiler, str) and profiler.lower() not in PROFILER_NAMES:  # Lightning's words name no flag
         raise UserError(
-            f"--trainer.profiler {profiler} is not a profiler",
+            f"{say('trainer.profiler', profiler)} is not a profiler",
             f"choose one of {', '.join(PROFILER_NAMES)}, or pass a profiler's class path",
         )
 
 
-def _check_name(flag: str, written: Any, names: tuple[str, ...], any_case: bool = False) -> None:
+def _check_name(
+    key: str, written: Any, names: tuple[str, ...], any_case: bool = False, say: SayOption = as_flag
+) -> None:
     """A name Lightning takes from a few (as written, or `any_case`); its own refusal names no flag. A class
     instead of a name passes."""
     if isinstance(written, str) and (written.lower() if any_case else written) not in names:
-        raise UserError(f"--{flag} {written} is not one of the choices", f"choose one of {', '.join(names)}")
+        raise UserError(f"{say(key, written)} is not one of the choices", f"choose one of {', '.join(names)}")
 
 
 def _device_indices(value: Any) -> bool:

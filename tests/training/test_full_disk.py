@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import QUICK, VALIDATING_EVERY_2, tiny_run
+from helpers import QUICK, VALIDATING_EVERY_2, tiny_run, two_cpu_ranks_on_vectors
 from helpers.full_disk import full_open, no_space
 
 from diffusion.errors import FREE_SPACE, DiskFull, naming_a_full_disk
@@ -191,3 +191,34 @@ def test_a_full_disk_in_a_write_of_lightnings_is_named_too(tmp_path, capsys):
         f"error: no space left on the disk of {hparams.parent} while saving hparams.yaml — "
         + RUN_ON_ANOTHER_DISK
     ), error[-3000:]
+
+
+def test_under_ddp_a_full_disk_at_a_checkpoint_ends_the_job_in_one_line(tmp_path):
+    """Two gloo ranks under train.py's own launcher (rank 0 starts rank 1): rank 0's save of step 4 finds the disk
+    full. The job ends with status 2 and rank 0's one line, no rank prints a traceback or stays behind, and the
+    checkpoint of step 2 is intact."""
+    run = tmp_path / "runs" / "toy2d" / "version_0"
+    reference = tmp_path / "last_of_step_2.ckpt"
+    full = {"class_path": "helpers.full_disk.FullDiskAt", "init_args": {
+        "step": 3, "watch": str(run / "checkpoints" / "last.ckpt"), "reference": str(reference)}}  # fmt: skip
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")
+    }
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO / "tests"), environment.get("PYTHONPATH")])
+    )
+    environment["OMP_NUM_THREADS"] = "1"
+    command = [sys.executable, str(REPO / "train.py"), *two_cpu_ranks_on_vectors(max_steps=8, val_check_interval=2),
+               "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+               "--trainer.callbacks=" + json.dumps([full])]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert [line for line in output.splitlines() if line.startswith("error:")] == [
+        f"error: no space left on the disk of {run / 'checkpoints'} while saving step=4.ckpt — {RUN_ON_ANOTHER_DISK}"
+    ], output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == reference.read_bytes()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step=2.ckpt"]
