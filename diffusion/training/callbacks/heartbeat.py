@@ -36,7 +36,7 @@ from typing import Any, cast
 
 import lightning as L
 import torch.distributed as dist
-from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.fabric.strategies.launchers import subprocess_script
 
 from diffusion.errors import said
 
@@ -170,8 +170,10 @@ class Heartbeat(L.Callback):
         """Lightning's launcher watches the ranks it started every 5 s and SIGKILLs everything, rank 0 included,
         with no word on the console, when one exits non-zero: its thread is told it is done (after its current
         sleep), as this callback's watch says which rank died and ends the job itself."""
+        # Private in Lightning: a release without it leaves its watch on (the job still ends, without the line).
+        observer = getattr(subprocess_script, "_ChildProcessObserver", None)
         for thread in threading.enumerate():
-            if isinstance(thread, _ChildProcessObserver):
+            if observer is not None and isinstance(thread, observer):
                 cast(Any, thread)._run = lambda: True  # the private flag its loop reads
 
     def _watch_peers(self) -> None:
