@@ -7,21 +7,35 @@ Trainer refused, a preemption): said as the user's, or passed on as a bug.
 import contextlib
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from jsonargparse import Namespace
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from diffusion.errors import DiskFull, UserError, is_disk_full
 from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, write_atomically
+from diffusion.training.callbacks.heartbeat import Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
 from diffusion.training.run_folders import new_run_folders, remove_unused_run_folders, run_folder, training_in
 
-if TYPE_CHECKING:  # the CLI that calls `fit` (train.py imports this module)
-    from diffusion.cli.train import DiffusionCLI
+
+class BuiltRun(Protocol):
+    """What `fit` reads of train.py's CLI once it has built its classes (that CLI imports this module)."""
+
+    @property
+    def trainer(self) -> Trainer: ...
+    @property
+    def model(self) -> LightningModule: ...
+    @property
+    def datamodule(self) -> LightningDataModule: ...
+    @property
+    def config(self) -> Namespace: ...
+    @property
+    def heartbeat(self) -> Heartbeat: ...
 
 
 class SaveConfigToRunFolder(SaveConfigCallback):
@@ -85,14 +99,14 @@ def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:
     callbacks.insert(first_checkpoint, LossPlot())
 
 
-def fit(cli: "DiffusionCLI") -> None:
+def fit(cli: BuiltRun) -> None:
     created = new_run_folders(cli.trainer)
     # Rank 0 holds the run folder for the fit: a second job on it (a resume started twice) is refused here.
     with training_in(run_folder(cli.trainer)) if cli.trainer.is_global_zero else contextlib.nullcontext():
         fit_in_run_folder(cli, created)
 
 
-def fit_in_run_folder(cli: "DiffusionCLI", created: list[Path]) -> None:
+def fit_in_run_folder(cli: BuiltRun, created: list[Path]) -> None:
     try:
         cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=cli.config.ckpt_path)
     except BaseException as error:

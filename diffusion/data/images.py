@@ -8,7 +8,7 @@ maps model units back to data units, ``data = model * 0.5 + 0.5`` per channel.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 from urllib.error import URLError
 
 import torch
@@ -20,7 +20,7 @@ from diffusion.data.image_files import ImageFiles, find_images, read_image
 from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
-from diffusion.data.prepared import open_prepared
+from diffusion.data.prepared import PreparedSet, open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
 from diffusion.errors import InvalidValue, MissingFile, OutOfRange, UserError, options_of
 
@@ -52,8 +52,12 @@ TORCHVISION = {
         ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"], random_flip=True,
     ),
 }  # fmt: skip
-# The bundled digits, the torchvision entries and an image folder: the choices of --data.dataset.
-ImageDatasetName = Literal[("digits", *TORCHVISION, "folder", "streaming")]
+# The bundled digits, the torchvision entries and an image folder: the choices of --data.dataset (the parser reads
+# them here). A type checker reads no Literal built from TORCHVISION's keys: to it, a name is a str.
+if TYPE_CHECKING:
+    ImageDatasetName = str
+else:
+    ImageDatasetName = Literal[("digits", *TORCHVISION, "folder", "streaming")]
 
 
 class ImageDataModule(SplitDataModule):
@@ -121,6 +125,7 @@ class ImageDataModule(SplitDataModule):
             raise InvalidValue(f"unknown image dataset {dataset!r}", f"choose one of {names}")
         if channels is not None and channels not in (1, 3):
             raise OutOfRange("channels", channels, "1 or 3", owner=type(self))
+        native_channels: int
         if dataset == "folder":
             if image_size is None:
                 raise InvalidValue(
@@ -129,8 +134,8 @@ class ImageDataModule(SplitDataModule):
             native_channels = channels or 3
         elif dataset == "streaming":
             with options_of(type(self)):
-                self.prepared = open_prepared(root)
-            image_size, native_channels = self._fit_prepared(image_size, channels, conditional)
+                self.prepared = prepared = open_prepared(root)
+            image_size, native_channels = self._fit_prepared(prepared, image_size, channels, conditional)
         else:
             entry = TORCHVISION.get(dataset)
             native_channels, native_size = (entry.channels, entry.size) if entry else (1, 8)
@@ -158,24 +163,22 @@ class ImageDataModule(SplitDataModule):
         self.random_flip = flipped if random_flip is None else random_flip
         self.verify = verify
         with options_of(type(self)):
-            self._files = find_images(root) if dataset == "folder" else None
+            self._files = files = find_images(root) if dataset == "folder" else None
         self.conditional = conditional
-        self._labels = None
-        self._class_names = (
-            DIGIT_NAMES if dataset == "digits" else getattr(TORCHVISION.get(dataset), "class_names", None)
-        )
+        self._labels: list[int] | None = None
+        entry = TORCHVISION.get(dataset)
+        self._class_names = DIGIT_NAMES if dataset == "digits" else entry.class_names if entry else None
         if self.prepared is not None:
             self._class_names = self.prepared.class_names
-        if conditional and dataset == "folder":
+        if conditional and files is not None:  # a folder's
             with options_of(type(self)):
-                self._labels, self._class_names = folder_classes(Path(root).expanduser(), self._files)
+                self._labels, self._class_names = folder_classes(Path(root).expanduser(), files)
         self._check_streaming_options()
 
     def _fit_prepared(
-        self, image_size: int | None, channels: int | None, conditional: bool
+        self, prepared: PreparedSet, image_size: int | None, channels: int | None, conditional: bool
     ) -> tuple[int, int]:
-        """(image_size, channels) of the prepared set, refused where they are not what the run asks for."""
-        prepared = self.prepared
+        """(image_size, channels) of the `prepared` set, refused where they are not what the run asks for."""
         if prepared.kind != "images":
             raise UserError(
                 f"{{--root}} {prepared.root} holds prepared vectors, not images",
@@ -206,12 +209,20 @@ class ImageDataModule(SplitDataModule):
     @property
     def num_classes(self) -> int | None:
         """Classes of a conditional run (the network's `num_classes`); None when training is unconditional."""
-        return len(self._class_names) if self.conditional else None
+        return len(self._conditional_names) if self.conditional else None
 
     @property
     def class_names(self) -> list[str] | None:
         """Names of classes 0..num_classes-1 (stored in the checkpoint); None when training is unconditional."""
-        return list(self._class_names) if self.conditional else None
+        return list(self._conditional_names) if self.conditional else None
+
+    @property
+    def _conditional_names(self) -> list[str]:
+        """The class names of a conditional run: `__init__` refuses conditional training without them (a prepared
+        set with no labels), every other dataset has them, so None here is a bug of ours."""
+        if self._class_names is None:
+            raise RuntimeError(f"conditional training on {self.dataset!r} has no class names")
+        return self._class_names
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -245,21 +256,22 @@ class ImageDataModule(SplitDataModule):
         """The training split's images without random augmentation (no flips), same items and indices: the
         real images that FID statistics are computed from (the training set as stored, as in Ho et al.)."""
         self.setup("fit")
+        train_set = self._training_set
         if not self.random_flip or self.prepared is not None:  # a prepared set's items are not flipped
-            return self.train_set
+            return train_set
         full = self._full_dataset(random_flip=False)
-        return Subset(full, self.train_set.indices) if isinstance(self.train_set, Subset) else full
+        return Subset(full, train_set.indices) if isinstance(train_set, Subset) else full
 
     def _held_samples(self) -> HeldSamples | None:
         # The arrays the per-image path reads its items from: the bundled digits' tensor (model units already)
         # or torchvision's in-memory uint8 arrays (MNIST's (N, H, W) tensor, CIFAR-10's (N, H, W, C) array).
         if self.prepared is not None:
             return self._prepared_held(self.conditional, self.random_flip)
-        base = getattr(self.train_set.dataset, "base", None)
+        base = getattr(self._training_split.dataset, "base", None)
         if self.dataset == "digits" and isinstance(base, TensorDataset):
             labels = base.tensors[1] if self.conditional else None
             return HeldSamples(base.tensors[0], labels, self.random_flip, uint8_images=False)
-        if self.dataset not in TORCHVISION or not hasattr(base, "data"):
+        if self.dataset not in TORCHVISION or base is None or not hasattr(base, "data"):
             return None
         stored = torch.as_tensor(base.data)
         images = stored.unsqueeze(1) if stored.ndim == 3 else stored.permute(0, 3, 1, 2)  # (N, C, H, W)
@@ -279,7 +291,9 @@ class ImageDataModule(SplitDataModule):
                 TensorDataset(*tensors), v2.RandomHorizontalFlip() if random_flip else None, labelled
             )
         if self.dataset == "folder":
-            mode = "RGB" if self.channels == 3 else "L"
+            if self._files is None:
+                raise RuntimeError("dataset 'folder' without its files: __init__ finds them")
+            mode: Literal["RGB", "L"] = "RGB" if self.channels == 3 else "L"
             return IndexedDataset(
                 ImageFiles(self._files, mode, self._transform(random_flip), self._labels),
                 None,

@@ -14,9 +14,9 @@ by a DataLoader (and its ``num_workers`` worker processes).
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -64,13 +64,15 @@ class IndexedDataset(Dataset):
     """Wraps any dataset so that items become ``Batch(x, index, label)``: from a tuple item (x, label, ...) it keeps
     x, and the label too when ``with_labels`` (otherwise the label is NO_LABEL)."""
 
-    def __init__(self, base: Dataset, transform=None, with_labels: bool = False) -> None:
+    def __init__(
+        self, base: Dataset, transform: Callable[[Any], Any] | None = None, with_labels: bool = False
+    ) -> None:
         self.base = base
         self.transform = transform
         self.with_labels = with_labels
 
     def __len__(self) -> int:
-        return len(self.base)
+        return len(cast(Sized, self.base))  # torch's Dataset declares no __len__; every map-style one has it
 
     def __getitem__(self, index: int) -> Batch | FailedItem:
         try:
@@ -88,7 +90,8 @@ class IndexedDataset(Dataset):
             x = x[0]
         if self.transform is not None:
             x = self.transform(x)
-        return Batch(x, int(index), label)
+        # An item's index is an int, which default_collate stacks into the (B,) tensor that Batch declares.
+        return Batch(x, cast(torch.Tensor, int(index)), label)
 
 
 class SplitDataModule(LightningDataModule):
@@ -161,8 +164,29 @@ class SplitDataModule(LightningDataModule):
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
         self._data_path = "not chosen yet: no training loader built"
 
+    # The state below is None until made (train_set by setup; prepared for a prepared set alone): read where it is
+    # None, it is a bug of ours, not the user's.
+    @property
+    def _training_set(self) -> Dataset:
+        if self.train_set is None:
+            raise RuntimeError(f"{type(self).__name__}.train_set is read before setup() made it")
+        return self.train_set
+
+    @property
+    def _training_split(self) -> Subset:
+        """The held paths index the full dataset through the split's indices (`_hold_on` holds a Subset's alone)."""
+        if not isinstance(self._training_set, Subset):
+            raise RuntimeError(f"{type(self).__name__}.train_set is no Subset, yet its data is held")
+        return self._training_set
+
+    @property
+    def _prepared_set(self) -> PreparedSet:
+        if self.prepared is None:
+            raise RuntimeError(f"{type(self).__name__} reads a prepared set on a path that has none")
+        return self.prepared
+
     def _split(self, full: Dataset) -> None:
-        n = len(full)
+        n = len(cast(Sized, full))  # as IndexedDataset's
         # A fixed generator: the same seed gives the same split on every rank and every run.
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         if self.val_from_train is not None:
@@ -204,18 +228,22 @@ class SplitDataModule(LightningDataModule):
 
     def _prepared_split(self, with_labels: bool) -> None:
         """The prepared set's own parts as the training and validation sets (its split was made by prepare)."""
-        train = PreparedPart(self.prepared, "train", with_labels, self.cache_dir)
+        prepared = self._prepared_set
+        train = PreparedPart(prepared, "train", with_labels, self.cache_dir)
         self.train_set = Subset(train, list(range(len(train))))
-        if "val" in self.prepared.counts:
-            val = PreparedPart(self.prepared, "val", with_labels, self.cache_dir)
+        if "val" in prepared.counts:
+            val = PreparedPart(prepared, "val", with_labels, self.cache_dir)
             self.val_set = Subset(val, list(range(len(val))))
 
     def _prepared_held(self, with_labels: bool, random_flip: bool) -> HeldSamples:
-        samples, labels = self.train_set.dataset.tensors()
-        images = self.prepared.kind == "images"
+        part = self._training_split.dataset
+        if not isinstance(part, PreparedPart):
+            raise RuntimeError(f"{type(self).__name__}'s training split is not of its prepared set")
+        samples, labels = part.tensors()
+        images = self._prepared_set.kind == "images"
         return HeldSamples(samples, labels if with_labels else None, random_flip, uint8_images=images)
 
-    def _loader(self, dataset: Dataset, loader: type[DataLoader] = DataLoader, **kwargs) -> DataLoader:
+    def _loader(self, dataset: Dataset, loader: type[DataLoader] = DataLoader, **kwargs: Any) -> DataLoader:
         return loader(
             dataset,
             batch_size=self.batch_size,
@@ -227,16 +255,15 @@ class SplitDataModule(LightningDataModule):
             **kwargs,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | StreamLoader:
         root = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
         return self._train_loader(root if root is not None else torch.device("cpu"))
 
-    def _train_loader(self, device: torch.device) -> DataLoader:
+    def _train_loader(self, device: torch.device) -> DataLoader | StreamLoader:
         if self.train_set is None:
             self.setup("fit")
-        trainer = self.trainer
-        distributed = trainer is not None and trainer.world_size > 1
-        world = trainer.world_size if distributed else 1
+        train_set, trainer = self._training_set, self.trainer
+        world = trainer.world_size if trainer is not None else 1
         accumulate = getattr(trainer, "accumulate_grad_batches", 1) if trainer is not None else 1
         # The DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) Lightning would inject under DDP, built
         # here for every world size: with one replica it yields the very permutation DDP splits across ranks
@@ -244,9 +271,9 @@ class SplitDataModule(LightningDataModule):
         # mid-epoch at the next batch (diffusion.data.resumable). Lightning sees a DistributedSampler, injects none,
         # and calls set_epoch on it every epoch. Each epoch is cut to whole optimizer steps (global_batch).
         sampler = ResumableSampler(
-            self.train_set,
+            train_set,
             num_replicas=world,
-            rank=trainer.global_rank if distributed else 0,
+            rank=trainer.global_rank if trainer is not None and world > 1 else 0,
             shuffle=True,
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
             drop_last=False,
@@ -255,12 +282,13 @@ class SplitDataModule(LightningDataModule):
         if self._hold_on(device) is None and self.prepared is not None:
             return self._stream_loader(device, world, accumulate)
         if self._hold_on(device) is None:
-            return self._loader(self.train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
+            return self._loader(train_set, ResumableLoader, sampler=sampler, generator=torch.Generator())
         return IndexLoader(
-            TrainingIndices(self.train_set.indices),
+            TrainingIndices(torch.as_tensor(self._training_split.indices)),
             batch_size=self.batch_size,
             sampler=sampler,
-            collate_fn=keep_tensor,
+            # TrainingIndices.__getitems__ gives it the batch as one tensor, not the list DataLoader declares.
+            collate_fn=cast(Callable[[list[Any]], Any], keep_tensor),
             pin_memory=device.type == "cuda",
             generator=torch.Generator(),
         )
@@ -268,12 +296,12 @@ class SplitDataModule(LightningDataModule):
     def _stream_loader(self, device: torch.device, world: int, accumulate: int) -> StreamLoader:
         trainer = self.trainer
         loader = StreamLoader(
-            self.prepared,
+            self._prepared_set,
             self.batch_size,
             self.num_workers,
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
             world_size=world,
-            rank=trainer.global_rank if world > 1 else 0,
+            rank=trainer.global_rank if trainer is not None and world > 1 else 0,
             num_nodes=getattr(trainer, "num_nodes", 1) if trainer is not None else 1,
             accumulate=accumulate,
             cache_dir=self.cache_dir,
@@ -290,7 +318,8 @@ class SplitDataModule(LightningDataModule):
             device = torch.device("cuda", torch.cuda.current_device())
         if self.on_device and self._held is not None and self._held.device == device:
             return self._held
-        self._held, reason = None, "on_device=False"
+        self._held, held = None, None
+        reason: str | None = "on_device=False"
         if self.on_device and self.prepared is not None:  # sized before it is read
             nbytes = self.prepared.counts["train"] * self.prepared.sample_nbytes
             reason = room_for(nbytes, device, in_host_memory=False)
@@ -299,7 +328,7 @@ class SplitDataModule(LightningDataModule):
         if self.on_device and reason is None:
             held = self._held_samples() if isinstance(self.train_set, Subset) else None
             reason = self._not_held_reason() if held is None else room_for(held.nbytes, device)
-        if reason is None:
+        if held is not None and reason is None:  # read and room for it
             self._held = held.to(device)
             self._data_path = f"held {self._held.describe()}"
         else:
@@ -334,8 +363,9 @@ class SplitDataModule(LightningDataModule):
                 raise RuntimeError("an IndexBatch reached a DataModule that holds no data on a device")
             return self._held.batch(batch.index, batch.epoch, batch.seed)
         if isinstance(batch, StoredBatch):
-            labels = batch.label if self.class_names is not None else None
-            images = self.prepared.kind == "images"
+            # A subclass's own names (those of a conditional run); the base class declares none.
+            labels = batch.label if getattr(self, "class_names", None) is not None else None
+            images = self._prepared_set.kind == "images"
             flips = images and bool(getattr(self, "random_flip", False))
             return as_batch(batch.samples, batch.index, labels, images, flips, batch.epoch, batch.seed)
         return batch
@@ -352,7 +382,7 @@ class SplitDataModule(LightningDataModule):
             self.setup("validate")
         if self.val_set is None:
             return []  # val_fraction=0: Lightning then skips validation
-        if isinstance(self.val_set.dataset, PreparedPart):
+        if isinstance(self.val_set, Subset) and isinstance(self.val_set.dataset, PreparedPart):
             # Read whole here, once: the loading processes share it. Each reading it itself raced the others on one
             # cache folder (litdata: "doesn't contain any index.json") and held a copy of its own.
             self.val_set.dataset.tensors()
@@ -374,9 +404,10 @@ def describe_batches(trainer: L.Trainer) -> str:
     loader = trainer.train_dataloader
     dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
     samples = getattr(loader, "num_samples", None)  # a streamed set's, all ranks together
-    if samples is None and (batch_size is None or not hasattr(dataset, "__len__")):  # an iterable dataset
+    if samples is None and isinstance(dataset, Sized):
+        samples = len(dataset)
+    if batch_size is None or samples is None:  # an iterable dataset
         return f"{world} processes x {accumulate} accumulation"
-    samples = len(dataset) if samples is None else samples
     batches = trainer.num_training_batches
     steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
     line = (
