@@ -15,10 +15,13 @@ from helpers.troubleshooting import PLACEHOLDER, table_messages
 from diffusion.cli import evaluate_nll
 from diffusion.cli.evaluate import build_parser as evaluate_parser
 from diffusion.cli.export import build_parser as export_parser
+from diffusion.cli.flag_names import flag_text
 from diffusion.cli.phema import build_parser as phema_parser
 from diffusion.cli.prepare import build_parser as prepare_parser
 from diffusion.cli.sample import build_parser as sample_parser
+from diffusion.cli.train import DiffusionCLI
 from diffusion.cli.train import main as train
+from diffusion.errors import OPTION
 
 REPO = Path(__file__).resolve().parents[1]
 PARSERS = {
@@ -135,6 +138,13 @@ def test_every_documented_command_parses(document, argv, capsys, monkeypatch):
     monkeypatch.chdir(REPO)  # commands are written for the project's folder (configs/...)
     program, args = argv[0], argv[1:]
     if program == "train.py":
+        # The parse alone: the checks of the built run need the files and devices a command names, which this
+        # machine lacks (tests/test_documented_commands.py runs those it can).
+        monkeypatch.setattr(DiffusionCLI, "before_instantiate_classes", lambda cli: None)
+        monkeypatch.setattr(DiffusionCLI, "instantiate_classes", lambda cli: None)
+        monkeypatch.setattr(
+            DiffusionCLI, "after_instantiate_classes", lambda cli: cli._command_line.print_config_if_asked()
+        )
         with pytest.raises(SystemExit) as exit_info:
             train([*args, "--print_config"])
         assert exit_info.value.code == 0, capsys.readouterr().err
@@ -173,6 +183,8 @@ def test_every_message_of_the_troubleshooting_table_is_in_the_code():
     # Lightning's own words for its Trainer's options are rows too: they are held against its source.
     files = [*(REPO / "diffusion").rglob("*.py"), *Path(lightning.pytorch.__file__).parent.rglob("*.py")]
     source = " ".join(" ".join(path.read_text().split()) for path in files)
+    # A placeholder naming its class (`{command:--ckpt_path}`, `{Trainer:--default_root_dir}`) as commands say it.
+    source = OPTION.sub(lambda match: flag_text(match[1], match[2]) if match[1] else match[0], source)
     missing = {}
     for message in table_messages():
         parts = PLACEHOLDER.split(message.removeprefix("error: "))

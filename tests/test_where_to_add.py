@@ -1,7 +1,8 @@
 """docs/layout.md's "Where do I add" steps for a dataset and a network, followed as the doc writes them, then
 trained: a reader who does what it says gets a run, not a traceback.
 
-- a torchvision dataset: one entry in `TORCHVISION` (`data/images.py`), nothing else;
+- a torchvision dataset: one entry in `TORCHVISION` (`data/images.py`; its name in `ImageDatasetName` is for
+  the command line, test_image_data holds the two equal);
 - any other data: a `SplitDataModule` subclass, named by class path (`--data my_module.Class`);
 - a network: a module mapping `model(x_t, t[, labels])` to x_t's shape, taking the settings the data decides
   (`in_channels`, `num_classes`, `out_channels`), named by class path (`--model.network my_module.Class`).

@@ -6,7 +6,7 @@ FID statistics (`diffusion.metrics.reference_stats`) standing in for the referen
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import numpy as np
 from torch.utils.data import DataLoader, Subset
@@ -71,8 +71,9 @@ def load_reference(
     if reference == "folder":
         find_images(data_root, "{command:--data_root}")  # the folder's errors, naming evaluate's flag
     folder_channels: Any = channels if reference == "folder" else None  # 1 or 3: the samples' channels
+    name = cast(ImageDatasetName, reference)  # one of get_args(ImageDatasetName): checked above
     data = ImageDataModule(
-        reference, root=data_root, image_size=image_size, channels=folder_channels, random_flip=False,
+        name, root=data_root, image_size=image_size, channels=folder_channels, random_flip=False,
         val_fraction=0.0,
     )  # fmt: skip
     data.prepare_data()  # downloads torchvision datasets on first use

@@ -2,33 +2,26 @@
 stderr with exit status 2 and no traceback, before training or sampling time is spent; nothing the user had
 (checkpoints, samples, run folders) changes, and a run that fails before its first step leaves no folder.
 
-Here train.py's errors and what all commands share; the sample and evaluate CLIs' are in
-tests/cli/test_sample_evaluate_errors.py. Most cases call `main([...])` in-process (seconds each); a few run the
-real commands in a subprocess to prove the no-traceback contract end to end. `DIFFUSION_DEBUG=1` / `--debug`
-bring the traceback back.
+Here train.py's errors; the sample and evaluate CLIs' are in tests/cli/test_sample_evaluate_errors.py, and what all
+commands share (the real commands in a subprocess, the no-traceback contract end to end; `DIFFUSION_DEBUG=1` /
+`--debug` bring the traceback back) in tests/cli/test_one_line_errors.py. The cases call `main([...])` in-process
+(seconds each).
 """
 
 import importlib.util
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import warm
-from helpers.user_errors import REPO, error_line, run_in_process, snapshot, train_args
+from helpers.user_errors import error_line, run_in_process, train_args
 from PIL import Image
 from torch import nn
 
-from diffusion.cli import sample
-from diffusion.cli.reporting import one_line, reporting_user_errors
 from diffusion.cli.train import main as train
 from diffusion.cli.train_checks import check_settings_from_the_data, naming_the_flag
-from diffusion.errors import OutOfRange, UserError, WeightsDoNotFit, check_weights_fit
+from diffusion.errors import OutOfRange
 from diffusion.training.loading import load_checkpoint
 
 FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "--data.image_size", "8",
@@ -310,17 +303,20 @@ def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(us
     written.write_text("model:\n  network:\n    init_args:\n      in_channels: 3\n")
     flags = ["--config", "{configs}/digits.yaml", "--config", str(written)]
     line = run_in_process(train, train_args(flags, user, user / "runs"), user, capsys)
-    assert "--model.network.in_channels 3: the data sets it (1 here" in line
+    assert f"{written}: model.network.in_channels 3: the data sets it (1 here" in line  # the file that set it
     # Read by the parser, so in every form it reads: a group's own config file, and JSON on the command line.
     group_file = tmp_path / "unet.yaml"
     group_file.write_text("class_path: diffusion.models.UNet\ninit_args:\n  in_channels: 3\n")
     as_json = (
         '{{"class_path": "diffusion.models.UNet", "init_args": {{"num_classes": 10}}}}'  # train_args formats
     )
-    for network, said in [(str(group_file), "in_channels 3"), (as_json, "num_classes 10")]:
+    for network, said in [
+        (str(group_file), "--model.network.in_channels 3"),  # a class's own file: said as its flag
+        (as_json, "--model.network.num_classes 10"),
+    ]:
         flags = ["--config", "{configs}/digits.yaml", "--model.network", network]
         line = run_in_process(train, train_args(flags, user, user / "runs"), user, capsys)
-        assert f"--model.network.{said}: the data sets it" in line
+        assert f"{said}: the data sets it" in line
     # A value equal to the data's is no mistake (a config of an earlier version).
     check_settings_from_the_data(
         {"in_channels": 1}, {"in_channels": 1, "num_classes": None, "out_channels": None}
@@ -345,73 +341,6 @@ def test_a_corrupt_image_met_in_training_names_it_and_keeps_the_last_checkpoint(
     assert re.search(r"cannot read image .*3\.png", error_line(capsys.readouterr().err))
     assert load_checkpoint(last).sample_shape == (3, 8, 8)  # still a good checkpoint
     assert torch.load(last, weights_only=True)["global_step"] >= steps
-
-
-def test_debug_lets_the_exception_through(user, monkeypatch):
-    args = ["--ckpt", str(user / "truncated.ckpt"), "--out", str(user / "new")]
-    with pytest.raises(UserError, match="truncated"):
-        sample.main([*args, "--debug"])
-    monkeypatch.setenv("DIFFUSION_DEBUG", "1")
-    with pytest.raises(UserError, match="truncated"):
-        sample.main(args)
-
-
-def test_a_bug_keeps_its_traceback_and_messages_become_one_line():
-    with pytest.raises(TypeError), reporting_user_errors([]):
-        raise TypeError("a bug in the code, not in the input")
-    # Weights that do not fit a network are said from their keys, checked before torch's load_state_dict.
-    layer = nn.Linear(2, 2)
-    with pytest.raises(WeightsDoNotFit) as error:
-        check_weights_fit(
-            layer, {"weight": torch.zeros(3, 2), "extra": torch.zeros(1)}, "w.pt", "use its own"
-        )
-    assert one_line(error.value) == (
-        "w.pt: these weights do not fit Linear (1 missing keys (e.g. bias), 1 unexpected keys (e.g. extra), "
-        "1 of another shape (e.g. weight)) — use its own"
-    )
-    check_weights_fit(layer, layer.state_dict(), "w.pt", "use its own")  # weights that fit pass
-    # torch's own report is no user error: nothing reads its words any more.
-    with pytest.raises(RuntimeError), reporting_user_errors([]):
-        layer.load_state_dict({"weight": torch.zeros(3, 2)})
-
-
-def run_command(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return warm.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
-    )  # fmt: skip
-
-
-def test_real_commands_print_one_line_and_no_traceback(user, tmp_path):
-    before = snapshot(user)
-    result = run_command(["-m", "diffusion.sample", "--ckpt", str(user / "random.ckpt")], tmp_path)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert re.search(r"^error: --ckpt .*random.ckpt is truncated", error_line(result.stderr))
-    result = run_command([str(REPO / "train.py"), "--accumulate_grad_batches", "0"], tmp_path)
-    assert result.returncode == 2 and "accumulate_grad_batches 0" in error_line(result.stderr)
-    assert list(tmp_path.iterdir()) == [] and snapshot(user) == before  # no runs/, no samples/
-    debug = run_command(
-        ["-m", "diffusion.sample", "--ckpt", str(user / "random.ckpt")], tmp_path, DIFFUSION_DEBUG="1"
-    )
-    assert debug.returncode == 1 and "Traceback" in debug.stderr and "UnreadableCheckpoint" in debug.stderr
-
-
-def test_without_the_default_recipe_no_arguments_stop_with_one_line(tmp_path):
-    # The package installed without the project's configs/ folder: never train the code defaults instead.
-    shutil.copytree(
-        REPO / "diffusion", tmp_path / "site" / "diffusion", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    work = tmp_path / "work"
-    work.mkdir()
-    result = subprocess.run(
-        [sys.executable, "-c", "from diffusion.cli.train import main; main()"], cwd=work, capture_output=True, text=True,
-        timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-    )  # fmt: skip
-    assert result.returncode == 2
-    assert re.search(
-        r"default recipe .*configs/digits.yaml is missing.* — pass --config", error_line(result.stderr)
-    )
-    assert list(work.iterdir()) == []
 
 
 def test_help_offers_no_optimizer_flags_of_lightningcli(capsys):

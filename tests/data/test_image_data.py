@@ -2,6 +2,7 @@
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import get_args
 from urllib.error import URLError
 
 import numpy as np
@@ -15,7 +16,7 @@ from torchvision import datasets
 
 from diffusion.cli.reporting import is_user_error
 from diffusion.data.batch import Batch, check_batch
-from diffusion.data.images import ImageDataModule
+from diffusion.data.images import TORCHVISION, ImageDataModule, ImageDatasetName
 from diffusion.data.vectors import VectorDataModule
 from diffusion.generation.render import denormalize, to_uint8_images
 
@@ -136,6 +137,11 @@ def test_torchvision_shapes_known_without_download(tmp_path):
     cifar = ImageDataModule("cifar10", root=root)
     assert cifar.sample_shape == (3, 32, 32) and cifar.random_flip
     assert cifar.normalization == {"shift": [0.5] * 3, "scale": [0.5] * 3}
+
+
+def test_the_dataset_names_are_the_torchvision_entries():
+    # ImageDatasetName is written out for the type checker: a TORCHVISION entry needs its name there too.
+    assert get_args(ImageDatasetName) == ("digits", *TORCHVISION, "folder", "streaming")
 
 
 def _write_fake_mnist(root, n=6):

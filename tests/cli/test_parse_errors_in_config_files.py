@@ -1,0 +1,107 @@
+"""A bad value written in a --config file gives the line the same flag gets on the command line
+(test_parse_errors.py's cases), said of the file and its key; a file of the wrong shape or key is said as such, a
+group's own file as the group's keys, and a file edited between two reports as it is now.
+"""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.parse_errors import CASES, refused, refused_with_nonsense
+from jsonargparse import ArgumentParser
+
+from diffusion.cli.command_line import as_text
+from diffusion.cli.parse_errors import flags_written
+
+
+@pytest.fixture(params=[False, True], ids=["jsonargparse_words", "reworded"])
+def in_a_folder_with_either_words(request, tmp_path, monkeypatch) -> None:
+    """In tmp_path, once with jsonargparse's own refusals and once with nonsense in their place: the lines must
+    come from the declared types, not from its words."""
+    if request.param:
+        monkeypatch.setattr(ArgumentParser, "error", refused_with_nonsense)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.parametrize(("flags", "expected"), CASES.values(), ids=CASES.keys())
+def test_a_bad_value_in_a_config_file_is_said_as_the_flag_with_the_file(
+    flags, expected, in_a_folder_with_either_words
+):
+    [(key, values)] = flags_written(flags)
+    value = [yaml.safe_load(word) for word in values] if len(values) > 1 else yaml.safe_load(values[0])
+    Path("run.yaml").write_text(yaml.safe_dump({key: value}))
+    line = refused(["--out", "samples", "--config", "run.yaml"])
+    assert line == expected.replace(f"--{key} {' '.join(values)}", f"run.yaml: {key} {as_text(value)}")
+
+
+FILE_CASES = {  # id: (the file's text, the line)
+    "a_list": ("- lr\n- 0.1\n", "--config run.yaml: the config file holds a list, not options — write its options "
+                                "as key: value lines (see --print_config)"),
+    "a_single_value": ("0.1\n", "--config run.yaml: the config file holds a single value (0.1), not options — "
+                                "write its options as key: value lines (see --print_config)"),
+    "empty": ("", "--config run.yaml: the config file is empty — write its options as key: value lines (see "
+                  "--print_config)"),
+    "not_yaml": ("lr: [1\n", "Problems parsing config run.yaml: expected ',' or ']', but got '<stream end>' at line "
+                             "2, column 1 — fix the YAML syntax of the --config file"),
+    "an_unknown_key": ("lrr: 0.1\n", "run.yaml: lrr is not an option of this command — see --help for the options "
+                                     "(--print_config for a full config)"),
+    "an_unknown_key_of_a_group": ("optimizer:\n  lrr: 0.1\n", "run.yaml: optimizer.lrr is not an option of this "
+                                  "command — see --help for the options (--print_config for a full config)"),
+    "a_name_where_a_group_goes": ("optimizer: adam\n", "run.yaml: optimizer adam: no such config file — pass a YAML "
+                                  "file of these options (see --print_config)"),
+    "a_value_of_a_group": ("optimizer:\n  schedule: linear\n", "run.yaml: optimizer.schedule linear is not one of "
+                           "the choices — choose one of 'constant', 'cosine'"),
+    "a_list_written_as_one_value": ("metrics: fid\n", "run.yaml: metrics fid is not a list — write a list in "
+                                    "brackets, e.g. [fid]"),
+    "a_class_of_another_kind": ("data: diffusion.UNet\n", "run.yaml: data diffusion.UNet: UNet is not a "
+                                "LightningDataModule — pass the class path of a LightningDataModule (see --help)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), FILE_CASES.values(), ids=FILE_CASES.keys())
+def test_a_config_file_of_the_wrong_shape_or_key_is_said_as_such(
+    text, expected, in_a_folder_with_either_words
+):
+    Path("run.yaml").write_text(text)
+    assert refused(["--out", "samples", "--config", "run.yaml"]) == expected
+
+
+def test_a_group_file_is_read_as_the_groups_keys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("optimizer.yaml").write_text("lr: fast\n")
+    assert refused(["--out", "s", "--optimizer", "optimizer.yaml"]) == (
+        "optimizer.yaml: optimizer.lr fast is not a valid float — pass a value of that type (see --help)"
+    )
+
+
+def test_a_group_file_named_in_a_config_file_is_read_beside_it(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "run.yaml").write_text("optimizer: optimizer.yaml\n")
+    (tmp_path / "configs" / "optimizer.yaml").write_text("lr: fast\n")
+    monkeypatch.chdir(tmp_path)
+    assert refused(["--out", "s", "--config", "configs/run.yaml"]) == (
+        "configs/optimizer.yaml: optimizer.lr fast is not a valid float — pass a value of that type (see --help)"
+    )
+
+
+def test_a_config_file_edited_between_two_reports_is_read_anew(tmp_path, monkeypatch, capsys):
+    """The report reads a --config file once per version of it (diffusion/cli/parse_errors.py: by mtime and size):
+    a notebook that fixes its config and runs again is told about the file as it is now."""
+    from diffusion.cli.train import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", "run.yaml", "--model.network.init_args.hidden_dim", "abc", "--trainer.logger", "false"]  # fmt: skip
+    lines = []
+    for network in ("diffusion.models.MLP", "diffusion.models.UNet"):
+        (tmp_path / "run.yaml").write_text(f"model:\n  network:\n    class_path: {network}\n")
+        with pytest.raises(SystemExit):
+            main(argv)
+        lines.append(capsys.readouterr().err.strip().splitlines()[-1])
+    # The MLP's hidden_dim is an int; the UNet has none.
+    assert lines[0].endswith(
+        "--model.network.init_args.hidden_dim abc is not a valid int — pass a value of that type (see --help)"
+    )
+    assert lines[1].endswith(
+        "--model.network.init_args.hidden_dim is not an option of UNet — see --help for the options (--print_config "
+        "for a full config)"
+    )

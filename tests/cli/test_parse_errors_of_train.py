@@ -1,0 +1,125 @@
+"""train.py (LightningCLI) says a refused command line as the other commands do (test_parse_errors.py), through
+its own parse: a bad value of its config file with the file, `--print_config` of the whole command line, an option
+under its old and its new name, a withdrawn flag, and the forms users write a list flag in.
+"""
+
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+from helpers.parse_errors import INTERNALS
+
+
+def train_line(argv: list[str], capsys) -> str:
+    """train.py's one line for `argv`; a command line it let through fails at once instead of training."""
+    from diffusion.cli import train
+
+    took_it = AssertionError("train.py took the command line")
+    with mock.patch.object(train, "fit", side_effect=took_it), pytest.raises(SystemExit) as exited:
+        train.main([*argv, "--trainer.logger", "false"])
+    assert exited.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert not any(internal in line for internal in INTERNALS), line
+    return line.removeprefix("error: ")
+
+
+def test_train_says_a_bad_value_of_its_config_file_with_the_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text("model:\n  lr: [1, 2]\n  network:\n    init_args:\n      channels: many\n")
+    assert train_line(["--config", "run.yaml"], capsys) == (
+        "run.yaml: model.lr [1, 2] is not a valid float — pass a value of that type (see --help)"
+    )
+
+
+def test_train_prints_the_config_of_the_whole_command_line(tmp_path, monkeypatch, capsys):
+    from diffusion.cli.train import DEFAULT_CONFIG, main
+
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text("model:\n  lr: 0.5\n")
+    argv = ["--config", str(DEFAULT_CONFIG), "--print_config", "--config", "run.yaml", "--model.lr", "0.25"]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["lr"] == 0.25
+    assert train_line(["--print_config", "--model.lr", "abc"], capsys) == (
+        "--model.lr abc is not a valid float — pass a value of that type (see --help)"
+    )
+
+
+def test_train_refuses_an_option_under_its_old_and_new_name_with_different_values(
+    tmp_path, monkeypatch, capsys
+):
+    from diffusion.cli.train import DiffusionCLI
+
+    monkeypatch.chdir(tmp_path)
+    # A config saved since the rename holds both names, the old one null: not given, nothing to refuse.
+    Path("saved.yaml").write_text("model:\n  compile: null\n  compile_training: false\n")
+    with pytest.raises(SystemExit):
+        DiffusionCLI(["--config", "saved.yaml", "--print_config", "--model.compile_training", "true"])
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["compile_training"] is True
+    Path("old.yaml").write_text("model:\n  compile: true\n")
+    assert train_line(["--config", "old.yaml", "--model.compile_training", "false"], capsys) == (
+        "old.yaml: model.compile true and --model.compile_training false set one option (model.compile is the old "
+        "name of model.compile_training) to different values — give it once, by its new name (--model.compile_training)"
+    )
+
+
+def test_train_says_a_withdrawn_flag_as_written(capsys):
+    assert train_line(["--optimizer.lr", "0.1"], capsys).startswith(
+        "--optimizer.lr 0.1: train.py takes no --optimizer; the model configures its own Adam"
+    )
+
+
+@pytest.mark.parametrize("form", [["0.5", "0.9"], ["0.5,0.9"], ["[0.5, 0.9]"]])
+def test_train_takes_a_list_flag_in_the_forms_users_write(form, capsys):
+    from diffusion.cli.train import DiffusionCLI
+
+    with pytest.raises(SystemExit):  # parsed, then printed
+        DiffusionCLI(["--print_config", "--model.adam_betas", *form, "--trainer.logger", "false"])
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["adam_betas"] == [0.5, 0.9]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--data.image_size", "9"],  # against the network: checked once both are built
+        ["--ckpt_path", "missing.ckpt"],  # the checkpoint to resume
+        ["--checkpoint.dirpath", "a_file/ckpts"],  # an output folder under a file
+    ],
+    ids=["image_size", "resume", "output_folder"],
+)
+def test_print_config_refuses_what_the_built_run_would_refuse(flags, tmp_path, monkeypatch, capsys):
+    """Checks made once the classes are built run under --print_config too: no config printed for a run that
+    would stop, and the same line."""
+    monkeypatch.chdir(tmp_path)
+    Path("a_file").write_text("")
+    refused = train_line(flags, capsys)
+    assert train_line(["--print_config", *flags], capsys) == refused
+
+
+@pytest.mark.parametrize(
+    "file, refused",
+    [
+        ("data:\n  init_args:\n    batch_size: 0\n", "data.batch_size 0 is out of range (must be >= 1)"),
+        ("data:\n  batch_size: 0\n", "data.batch_size 0 is out of range (must be >= 1)"),  # no init_args
+        ("trainer:\n  accumulate_grad_batches: 0\n", "trainer.accumulate_grad_batches 0 is out of range"),
+        (
+            "model:\n  network:\n    init_args:\n      in_channels: 5\n",
+            "model.network.in_channels 5: the data sets it",
+        ),
+    ],
+    ids=["class_range", "class_range_without_init_args", "trainer_range", "set_by_the_data"],
+)
+def test_a_check_after_the_parse_names_the_config_file_that_set_the_value(
+    file, refused, tmp_path, monkeypatch, capsys
+):
+    """The checks made once the command line has parsed (a class's range, the Trainer's, the settings the data
+    decides) say a value a config file gave as that file's key, as the parse's own refusals do; a flag given after
+    the file wins, and is named."""
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text(file)
+    assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: {refused}")
+    key, value = refused.split(" ")[:2]
+    flag_after = ["--config", "run.yaml", f"--{key}", value.removesuffix(":")]
+    assert train_line(flag_after, capsys).startswith(f"--{refused}")
