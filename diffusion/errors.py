@@ -206,13 +206,29 @@ class DiskFull(UserError):
         self.folder, self.name = folder, name
 
 
+REFUSED_WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)  # no permission; an immutable file; read-only
+MAKE_WRITABLE = "make that folder writable for this user, or write to another folder; the files written there before are intact"
+
+
+class CannotWrite(UserError):
+    """A folder that refuses a write (no permission, a read-only disk, an immutable folder): `cannot write <name>
+    into <folder> (<the system's reason>) — <fix>`. It carries `folder` and `name`, as DiskFull does."""
+
+    def __init__(self, folder: Path, name: str, reason: str, fix: str = MAKE_WRITABLE) -> None:
+        super().__init__(f"cannot write {name} into {folder} ({reason})", fix)
+        self.folder, self.name = folder, name
+
+
 @contextmanager
 def naming_a_full_disk(path: str | Path, fix: str = FREE_SPACE) -> Iterator[None]:
-    """A full disk (OSError ENOSPC or EDQUOT) while the block writes `path` becomes `DiskFull` naming its folder;
-    any other error passes as it is."""
+    """A full disk (OSError ENOSPC or EDQUOT) while the block writes `path` becomes `DiskFull` naming its folder,
+    and a folder that refuses the write (EACCES, EPERM, EROFS) `CannotWrite`; any other error passes as it is."""
     try:
         yield
     except OSError as error:
-        if not is_disk_full(error):
-            raise
-        raise DiskFull(Path(path).parent, Path(path).name, fix) from error
+        if is_disk_full(error):
+            raise DiskFull(Path(path).parent, Path(path).name, fix) from error
+        if error.errno in REFUSED_WRITE_ERRNOS:
+            reason = error.strerror or type(error).__name__
+            raise CannotWrite(Path(path).parent, Path(path).name, reason) from error
+        raise

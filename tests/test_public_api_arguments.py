@@ -104,6 +104,14 @@ CASES = [
     ("sampler-name-as-options", lambda: UNCONDITIONAL.sampler("ddim"), TypeError, "options"),
     ("sampler-dict-as-options", lambda: UNCONDITIONAL.sampler({"sampler": "ddim"}), TypeError, "options"),
     ("sampler-sampler-as-options", lambda: UNCONDITIONAL.sampler(DDIM), TypeError, "options"),
+    # DiffusionModule.sample: its count, as generate's
+    ("sample-fractional", lambda: UNCONDITIONAL.sample(2.5), ValueError, "num_samples"),
+    ("sample-integral-float", lambda: UNCONDITIONAL.sample(3.0), ValueError, "num_samples"),
+    ("sample-zero", lambda: UNCONDITIONAL.sample(0), ValueError, "num_samples"),
+    ("sample-negative", lambda: UNCONDITIONAL.sample(-2), ValueError, "num_samples"),
+    ("sample-bool-count", lambda: UNCONDITIONAL.sample(True), TypeError, "num_samples"),
+    ("sample-text-count", lambda: UNCONDITIONAL.sample("3"), TypeError, "num_samples"),
+    ("sample-tensor-count", lambda: UNCONDITIONAL.sample(torch.tensor(3)), TypeError, "num_samples"),
     # SamplingOptions: a sampler's options the model cannot honour, and their types
     ("options-fractional-steps", lambda: SamplingOptions(sampler="ddim", steps=2.5), ValueError, "steps"),
     ("options-zero-steps", lambda: SamplingOptions(steps=0), ValueError, "steps"),
@@ -201,6 +209,7 @@ def test_good_arguments_of_other_integer_types_are_taken_as_they_are():
     # A numpy integer is a whole number: taken, not refused (nor converted through a float).
     by_numpy = generate(UNCONDITIONAL, np.int64(3), sampler=DDIM, seed=np.int32(1), batch_size=np.int64(2))
     torch.testing.assert_close(by_numpy, generate(UNCONDITIONAL, 3, sampler=DDIM, seed=1, batch_size=2))
+    torch.testing.assert_close(UNCONDITIONAL.sample(np.int64(2), seed=1), UNCONDITIONAL.sample(2, seed=1))
     labels = generate(CONDITIONAL, 3, sampler=GUIDED, labels=np.array([0, 1, 2]))
     assert labels.shape == (3, 2)
     assert class_labels(3, np.int64(3), np.int64(2)).tolist() == [2, 2, 2]

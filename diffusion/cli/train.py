@@ -316,7 +316,7 @@ class DiffusionCLI(LightningCLI):
             check_same_training_settings(
                 self.config.ckpt_path, self.parser.dump(self.config, skip_none=False)
             )
-        check_output_folders(self.trainer, self.config.checkpoint.dirpath)
+        check_output_folders(self.trainer, self.config.checkpoint.dirpath, self.config.ckpt_path)
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)
         if self._command_line is not None:
             self._command_line.print_config_if_asked()  # what runs: the whole command line, checked

@@ -5,6 +5,7 @@ own settings taken with its weights), the output folders, and the world size und
 
 import inspect
 import os
+import tempfile
 from typing import Any
 
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
@@ -16,13 +17,20 @@ from diffusion.cli.flag_names import flag_text
 from diffusion.cli.flags import check_writable_folder
 from diffusion.cli.legacy import class_at, same_class
 from diffusion.cli.training_run import callbacks_of
-from diffusion.errors import OutOfRange, UserError, WeightsDoNotFit, check_weights_fit, said
+from diffusion.errors import (
+    OutOfRange,
+    UserError,
+    WeightsDoNotFit,
+    check_weights_fit,
+    naming_a_full_disk,
+    said,
+)
 from diffusion.models import UNet
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.from_diffusers import init_settings
 from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
-from diffusion.training.run_folders import run_folder_of
+from diffusion.training.run_folders import CHECKPOINTS, run_folder_of
 
 
 def check_init_from(path: str, network_class: str) -> None:
@@ -121,8 +129,11 @@ def check_monitored_metric(trainer: Trainer, monitor: str | None) -> None:
         )
 
 
-def check_output_folders(trainer: Trainer, checkpoint_dirpath: str | None) -> None:
-    """The run folder and the checkpoint folder can be written, before any training time is spent."""
+def check_output_folders(
+    trainer: Trainer, checkpoint_dirpath: str | None, resumed: str | None = None
+) -> None:
+    """The run folder and the checkpoint folder can be written, before any training time is spent: the runs'
+    folder, and a resumed run's own folders (`resumed`: its checkpoint), which exist and may refuse writes."""
     save_dir = getattr(trainer.logger, "save_dir", None)
     if save_dir:
         check_writable_folder(save_dir, "--trainer.logger.init_args.save_dir")
@@ -130,6 +141,11 @@ def check_output_folders(trainer: Trainer, checkpoint_dirpath: str | None) -> No
         check_writable_folder(trainer.default_root_dir, "--trainer.default_root_dir")
     if checkpoint_dirpath:
         check_writable_folder(checkpoint_dirpath, "--checkpoint.dirpath")
+    run = run_folder_of(resumed) if resumed else None
+    for folder in [run.path, run.path / CHECKPOINTS] if run is not None else []:
+        if folder.is_dir():  # a probe file, as the run's own writes would be (root passes os.access)
+            with naming_a_full_disk(folder / "the resumed run's files"), tempfile.TemporaryFile(dir=folder):
+                pass
 
 
 def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:

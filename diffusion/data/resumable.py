@@ -10,6 +10,9 @@ the state of a *stateful* training DataLoader. The rest of what decides the next
   global RNGs that dropout and data augmentation draw from. Only rank 0 writes the checkpoint, so every rank's
   states are gathered into it while it is saved (`gather_from_ranks`).
 
+`describe_batches` is the line a run starts with: its global batch, and how `ResumableSampler` cuts each epoch
+into whole global batches.
+
 A resume is also refused when it would change what the run trains (`check_same_training_settings`: the
 checkpoint's optimizer state, EMA and data order belong to the run's own settings).
 
@@ -24,9 +27,11 @@ skipped or seen twice. Later epochs are whole.
 """
 
 import itertools
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sized
 from typing import Any
 
+import lightning as L
 from torch.utils.data import DataLoader, DistributedSampler
 
 
@@ -99,3 +104,36 @@ class ResumableLoader(DataLoader):
     def load_state_dict(self, state: dict[str, int]) -> None:
         if isinstance(self.sampler, ResumableSampler):
             self.sampler.resume_at(int(state["epoch"]), int(state["position"]))
+
+
+def describe_batches(trainer: L.Trainer) -> str:
+    """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch', and
+    on a second line how batches are made: 'training data: held on cuda:0: ...' (`SplitDataModule.data_path`).
+
+    Each epoch is cut to whole global batches (`ResumableSampler`): S = N // G, and the N - S x G samples left
+    over sit out that epoch (others the next). A dataset smaller than one global batch is kept whole:
+    DistributedSampler pads it to ceil(N / (B x W)) batches per rank, and Lightning steps the optimizer every
+    A batches and at the end of the epoch.
+    """
+    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches  # world = devices x nodes
+    loader = trainer.train_dataloader
+    dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
+    samples = getattr(loader, "num_samples", None)  # a streamed set's, all ranks together
+    if samples is None and isinstance(dataset, Sized):
+        samples = len(dataset)
+    if batch_size is None or samples is None:  # an iterable dataset
+        return f"{world} processes x {accumulate} accumulation"
+    batches = trainer.num_training_batches
+    steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
+    line = (
+        f"{samples} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
+        f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
+    )
+    sampler = getattr(loader, "sampler", None)
+    left_over = samples - sampler.total_size if isinstance(sampler, ResumableSampler) else 0
+    if left_over > 0:
+        line += f" (a random {left_over} sit out each epoch: steps of whole global batches)"
+    elif samples < batch_size * world * accumulate:
+        line += " (fewer samples than one global batch: each epoch is one smaller step)"
+    data_path = getattr(getattr(trainer, "datamodule", None), "data_path", None)
+    return line if data_path is None else f"{line}\ntraining data: {data_path}"

@@ -11,14 +11,12 @@ training device (`diffusion.data.on_device`) unless ``on_device`` is False; othe
 by a DataLoader (and its ``num_workers`` worker processes).
 """
 
-import math
 import os
 import re
 from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any, cast
 
-import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import LightningDataModule
@@ -389,36 +387,3 @@ class SplitDataModule(LightningDataModule):
         # Its own generator: creating an iterator draws the worker seed from it, not from the global RNG that
         # dropout uses, so validating at other steps (or an extra time, where a run stops) leaves training as is.
         return self._loader(self.val_set, shuffle=False, generator=torch.Generator())
-
-
-def describe_batches(trainer: L.Trainer) -> str:
-    """'N samples, B per device x W processes x A accumulation = global batch G, S optimizer steps per epoch', and
-    on a second line how batches are made: 'training data: held on cuda:0: ...' (`SplitDataModule.data_path`).
-
-    Each epoch is cut to whole global batches (`ResumableSampler`): S = N // G, and the N - S x G samples left
-    over sit out that epoch (others the next). A dataset smaller than one global batch is kept whole:
-    DistributedSampler pads it to ceil(N / (B x W)) batches per rank, and Lightning steps the optimizer every
-    A batches and at the end of the epoch.
-    """
-    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches  # world = devices x nodes
-    loader = trainer.train_dataloader
-    dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
-    samples = getattr(loader, "num_samples", None)  # a streamed set's, all ranks together
-    if samples is None and isinstance(dataset, Sized):
-        samples = len(dataset)
-    if batch_size is None or samples is None:  # an iterable dataset
-        return f"{world} processes x {accumulate} accumulation"
-    batches = trainer.num_training_batches
-    steps = "?" if math.isinf(batches) else str(math.ceil(batches / accumulate))
-    line = (
-        f"{samples} samples, {batch_size} per device x {world} processes x {accumulate} accumulation "
-        f"= global batch {batch_size * world * accumulate}, {steps} optimizer steps per epoch"
-    )
-    sampler = getattr(loader, "sampler", None)
-    left_over = samples - sampler.total_size if isinstance(sampler, ResumableSampler) else 0
-    if left_over > 0:
-        line += f" (a random {left_over} sit out each epoch: steps of whole global batches)"
-    elif samples < batch_size * world * accumulate:
-        line += " (fewer samples than one global batch: each epoch is one smaller step)"
-    data_path = getattr(getattr(trainer, "datamodule", None), "data_path", None)
-    return line if data_path is None else f"{line}\ntraining data: {data_path}"

@@ -1,33 +1,30 @@
 """DiffusionModule: a DDPM (Ho et al. 2020) as a LightningModule, composing a network and a NoiseSchedule.
 
 The Trainer owns everything distributed (DDP, samplers, gradient sync, accumulation, precision, rank-zero
-checkpointing); this file owns only the diffusion objective, the optimizer and sampling.
+checkpointing); this file owns only the diffusion objective, the optimizer and the training hooks. Sampling is
+its base's, `SamplingModule` (diffusion/training/sampling_module.py).
 """
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.types import LRSchedulerConfigType, OptimizerLRSchedulerConfig
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from diffusion.core import noise as counter_noise
 from diffusion.core.compiling import CompileMode, compile_graph, mode_for
 from diffusion.core.guidance import call_network
-from diffusion.core.noise import Generators, randn
-from diffusion.core.samplers.contract import Denoiser, Sampler, Step
-from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final_sample
+from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
-from diffusion.data.labels import labels_for_sampling
-from diffusion.data.split import describe_batches
+from diffusion.data.resumable import describe_batches
 from diffusion.errors import InvalidValue, check_weights_fit, options_of
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
@@ -42,16 +39,16 @@ from diffusion.training.random_states import (
     restore_global_random_states,
     resumed_states,
 )
+from diffusion.training.sampling_module import SamplingModule
 
 NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/loss.py
 # compile_training: True, False, or "cuda" (compiled where it pays: on a CUDA device)
 CompileWhen = Literal["cuda"]
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkpoint can monitor them)
 LEARNING_RATE = "train/lr"  # its learning rate, as LearningRateMonitor logs it
-LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
 
 
-class DiffusionModule(L.LightningModule):
+class DiffusionModule(SamplingModule):
     """Trains `network` to predict the noise (or x_0, or v) added by the forward process.
 
     Args:
@@ -189,16 +186,11 @@ class DiffusionModule(L.LightningModule):
             return self._training_graph(x_t, t, labels)
         return call_network(self.network, x_t, t, labels)
 
-    @property
-    def num_classes(self) -> int | None:
-        """Classes of a class-conditional network, None for an unconditional one."""
-        return getattr(self.network, "num_classes", None)
-
     # ---- training -------------------------------------------------------------------------------------
     @property
     def _noise_seed(self) -> int:
-        if self.hparams.noise_seed is not None:
-            return self.hparams.noise_seed
+        if self.hparams["noise_seed"] is not None:
+            return self.hparams["noise_seed"]
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def setup(self, stage: str) -> None:
@@ -217,12 +209,12 @@ class DiffusionModule(L.LightningModule):
             # After the EMA callback's setup has copied the module: its copy stays a plain module. A function of
             # the network rather than the network compiled in place: evaluation keeps calling the eager network.
             self._training_graph = compile_graph(
-                partial(call_network, self.network), mode_for(self.device, self.hparams.compile_mode),
-                channels_last=self.hparams.compile_channels_last,
+                partial(call_network, self.network), mode_for(self.device, self.hparams["compile_mode"]),
+                channels_last=self.hparams["compile_channels_last"],
             )  # fmt: skip
 
     def _compile_when_fitting(self) -> bool:
-        when = self.hparams.compile_training
+        when = self.hparams["compile_training"]
         return when is True or (when == "cuda" and self.device.type == "cuda")
 
     def on_fit_start(self) -> None:
@@ -277,7 +269,8 @@ class DiffusionModule(L.LightningModule):
         """Noise like x0 and timesteps (B,) for one batch, from the rank's generator or per sample."""
         generator = None if per_sample else self._generator
         return objective.noise_and_timesteps(
-            x0, indices, step, self.schedule.num_timesteps, self._noise_seed, generator, self.hparams.offset_noise,
+            x0, indices, step, self.schedule.num_timesteps, self._noise_seed, generator,
+            self.hparams["offset_noise"],
         )  # fmt: skip
 
     def drop_labels(
@@ -286,7 +279,7 @@ class DiffusionModule(L.LightningModule):
         """Labels with each replaced by NO_LABEL with probability label_dropout (like the noise, per sample)."""
         generator = None if per_sample else self._generator
         return objective.drop_labels(
-            labels, indices, step, self.hparams.label_dropout, self._noise_seed, generator
+            labels, indices, step, self.hparams["label_dropout"], self._noise_seed, generator
         )
 
     def per_sample_loss(
@@ -296,13 +289,19 @@ class DiffusionModule(L.LightningModule):
         x_t = self.schedule.q_sample(x0, t, noise)
         return diffusion_loss(
             self.schedule, self.forward(x_t, t, labels), x0, x_t, t, noise,
-            prediction_type=self.hparams.prediction_type, loss_weighting=self.hparams.loss_weighting,
-            min_snr_gamma=self.hparams.min_snr_gamma, variance=self.hparams.variance,
+            prediction_type=self.hparams["prediction_type"], loss_weighting=self.hparams["loss_weighting"],
+            min_snr_gamma=self.hparams["min_snr_gamma"], variance=self.hparams["variance"],
         )  # fmt: skip
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+    def _checked(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The batch's samples, indices and labels, checked (check_batch): the labels a tensor for a
+        class-conditional model and None for an unconditional one, which Batch's type cannot say."""
         x0, indices, labels = check_batch(batch, self.num_classes)
-        per_sample = self.hparams.noise_mode == "per_sample"
+        return x0, indices, cast(torch.Tensor | None, labels)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        x0, indices, labels = self._checked(batch)
+        per_sample = self.hparams["noise_mode"] == "per_sample"
         noise, t = self.draw_noise_and_timesteps(x0, indices, self.global_step, per_sample)
         if labels is not None:
             labels = self.drop_labels(labels, indices, self.global_step, per_sample)
@@ -319,21 +318,23 @@ class DiffusionModule(L.LightningModule):
             self.trainer.progress_bar_metrics[TRAIN_LOSS] = loss.item()
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        x0, indices, labels = check_batch(batch, self.num_classes)
+        x0, indices, labels = self._checked(batch)
         # Fixed noise per validation sample (step 0), so val/loss is comparable across epochs and world sizes.
         # Labels are kept: a conditional model's val/loss is its conditional loss.
         noise, t = self.draw_noise_and_timesteps(x0, indices, step=0, per_sample=True)
         self.log(VAL_LOSS, self.per_sample_loss(x0, noise, t, labels).mean(), prog_bar=True, sync_dist=True)
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         optimizer = adam(
-            self.parameters(), self.device, lr=self.hparams.lr, betas=self.hparams.adam_betas,
-            weight_decay=self.hparams.weight_decay,
+            self.parameters(), self.device, lr=self.hparams["lr"], betas=self.hparams["adam_betas"],
+            weight_decay=self.hparams["weight_decay"],
         )  # fmt: skip
         total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
-        scheduler = warmup_scheduler(optimizer, self.hparams.lr_schedule, self.hparams.warmup_steps, total)
+        scheduler = warmup_scheduler(
+            optimizer, self.hparams["lr_schedule"], self.hparams["warmup_steps"], total
+        )
         # The name LearningRateMonitor logs the rate under (train.py adds one, logging at the logging steps).
-        schedule = {"scheduler": scheduler, "interval": "step", "name": LEARNING_RATE}
+        schedule: LRSchedulerConfigType = {"scheduler": scheduler, "interval": "step", "name": LEARNING_RATE}
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def configure_gradient_clipping(
@@ -341,92 +342,6 @@ class DiffusionModule(L.LightningModule):
         gradient_clip_algorithm: str | None = None,
     ) -> None:  # fmt: skip
         clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)  # fused too (optim.py)
-
-    # ---- sampling -------------------------------------------------------------------------------------
-    @property
-    def normalization(self) -> dict[str, list[float]]:
-        """Maps model units to data units (data = model * scale + shift); set from the data by the CLI."""
-        if not self.hparams.get("normalization"):
-            raise InvalidValue(
-                "this model has no normalization, so its samples cannot be turned into data units",
-                "build it with DiffusionModule(..., normalization=datamodule.normalization) (train.py does)",
-            )
-        return self.hparams.normalization
-
-    def initial_noise(
-        self, num_samples: int, seed: int | None = None, indices: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, Generators]:
-        """x_T (num_samples, *sample_shape) and the generator(s) the reverse process draws from.
-
-        With `seed`, the noise of sample i is a function of (seed, i) for i in `indices` (default
-        0..num_samples-1; counter-based, diffusion/core/noise.py), so any split of N samples into batches, ranks
-        or devices gives the same N samples. Without, the global RNG.
-        """
-        generator = None
-        if seed is not None:
-            indices = torch.arange(num_samples) if indices is None else indices
-            if len(indices) != num_samples:
-                raise ValueError(f"got {len(indices)} indices for num_samples={num_samples}")
-            generator = counter_noise.PerSampleNoise(seed, indices, step=0)
-        return randn((num_samples, *self.sample_shape), generator, self.device), generator
-
-    @property
-    def model_sampling(self) -> ModelSampling:
-        """What this model adds to a user's sampling options: its defaults (its `sampling`, then the learned
-        variance of a model that learned it, unless told otherwise) and what a sampler must fit."""
-        learned = self.hparams.variance == "learned_range"
-        return ModelSampling(
-            (self.sampling, LEARNED_VARIANCE if learned else DEFER),
-            self.schedule,
-            learned,
-            self.num_classes is not None,
-        )
-
-    def sampler(self, options: SamplingOptions | None = None) -> Sampler:
-        """The sampler `options` ask for: fields set there override this model's defaults field by field; built
-        once, checked against this model (`model_sampling`)."""
-        return self.model_sampling.sampler(options)
-
-    def denoiser(self, num_samples: int, labels: torch.Tensor | None = None) -> Denoiser:
-        """The network as samplers see it, for `num_samples` samples of these `labels` (B,): the class of each
-        sample of a class-conditional model (NO_LABEL: none); None samples a conditional model unconditionally."""
-        return Denoiser(
-            self.network, self.schedule, self.hparams.prediction_type,
-            learned_variance=self.hparams.variance == "learned_range",
-            labels=self._to_device(labels_for_sampling(labels, self.num_classes, num_samples)),
-        )  # fmt: skip
-
-    def _to_device(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
-        return None if tensor is None else tensor.to(self.device)
-
-    @contextmanager
-    def evaluating(self) -> Iterator[None]:
-        """Eval mode within the block, the module's own mode after it."""
-        was_training = self.training
-        self.eval()
-        try:
-            yield
-        finally:
-            self.train(was_training)
-
-    def trajectory(
-        self, x_T: torch.Tensor, generator: Generators = None, options: SamplingOptions | None = None,
-        progress: bool = False, labels: torch.Tensor | None = None,
-    ) -> Iterator[Step]:  # fmt: skip
-        """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step, by
-        `self.sampler(options)` for `self.denoiser(len(x_T), labels)`, guided by `guidance_scale`."""
-        sampler = self.sampler(options)
-        denoiser = self.denoiser(len(x_T), labels)
-        with self.evaluating():
-            yield from sampler(denoiser, x_T, generator, progress)
-
-    def sample(
-        self, num_samples: int, *, seed: int | None = None, indices: torch.Tensor | None = None,
-        options: SamplingOptions | None = None, progress: bool = False, labels: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
-        """Draw samples in model units, shape (num_samples, *sample_shape); see `initial_noise`, `trajectory`."""
-        x_T, generator = self.initial_noise(num_samples, seed, indices)
-        return final_sample(self.trajectory(x_T, generator, options, progress, labels))
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._trainer is not None:  # fitting: this rank's random states (on_fit_start, on_train_start)

@@ -21,7 +21,7 @@ from types import ModuleType
 
 import lightning as L
 
-from diffusion.errors import MissingFile, UserError, WrongType
+from diffusion.errors import MissingFile, UserError, WrongType, naming_a_full_disk
 from diffusion.training.checkpoint_files import UnreadableCheckpoint, check_zip_checksums, read_checkpoint
 
 fcntl: ModuleType | None
@@ -120,8 +120,10 @@ def training_in(folder: Path) -> Iterator[None]:
     if fcntl is None:
         yield
         return
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / TRAINING_LOCK
+    with naming_a_full_disk(path):  # a folder that refuses it: CannotWrite
+        folder.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
     while True:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the ranks it launches
         try:

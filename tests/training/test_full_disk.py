@@ -7,6 +7,7 @@ a 64 KiB tmpfs in a mount namespace of its own (`unshare -rm`, skipped where use
 zip writer raises its own RuntimeError ("unexpected pos") for the OSError it was given.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ import torch
 from helpers import QUICK, VALIDATING_EVERY_2, tiny_run, two_cpu_ranks_on_vectors
 from helpers.full_disk import full_open, no_space
 
-from diffusion.errors import FREE_SPACE, DiskFull, naming_a_full_disk
+from diffusion.errors import FREE_SPACE, MAKE_WRITABLE, CannotWrite, DiskFull, naming_a_full_disk
 from diffusion.generation.render import SamplesWriter
 from diffusion.training import atomic_writes
 from diffusion.training.atomic_writes import save_atomically, write_atomically
@@ -222,3 +224,48 @@ def test_under_ddp_a_full_disk_at_a_checkpoint_ends_the_job_in_one_line(tmp_path
     assert "Traceback" not in output, output[-3000:]
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == reference.read_bytes()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step=2.ckpt"]
+
+
+@contextlib.contextmanager
+def immutable(folder: Path) -> Iterator[None]:
+    """`folder` refuses every write, as `chattr +i` makes it (even for root, as tests here run): skipped where the
+    file system or the process cannot set the flag."""
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("refusing", ["checkpoints", "run"])
+def test_a_resumed_run_whose_folder_refuses_writes_is_refused_before_training(refusing, tmp_path, capsys):
+    """Its checkpoints (or the run folder's lock) would fail only after training, the steps lost: refused at
+    start, one line naming the folder, nothing written."""
+    tiny_run(tmp_path / "runs", *QUICK)
+    run = tmp_path / "runs" / "digits" / "version_0"
+    folder = run / "checkpoints" if refusing == "checkpoints" else run
+    before = (run / "checkpoints" / "last.ckpt").read_bytes()
+    with immutable(folder), pytest.raises(SystemExit) as exited:
+        tiny_run(tmp_path / "runs", *QUICK, "--ckpt_path", "last", "--max_steps", "6")
+    error = capsys.readouterr().err
+    assert exited.value.code == 2, error[-3000:]
+    assert error.strip().splitlines()[-1] == (
+        f"error: cannot write the resumed run's files into {folder} (Operation not permitted) — {MAKE_WRITABLE}"
+    ), error[-3000:]
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == before
+
+
+def test_a_checkpoint_folder_that_refuses_a_save_is_named_and_keeps_the_one_before(tmp_path, monkeypatch):
+    """A folder that turns read-only while the run trains: the save is one line naming it, no traceback."""
+    path, before = saved_before(tmp_path)
+    refused = OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(
+        atomic_writes, "open", lambda *args, **kwargs: (_ for _ in ()).throw(refused), raising=False
+    )
+    with pytest.raises(
+        CannotWrite, match=f"cannot write last.ckpt into {tmp_path} \\(Read-only file system\\)"
+    ):
+        save_atomically({"w": torch.zeros(3)}, path, atomic_writes.RUN_ON_ANOTHER_DISK)
+    assert_intact(path, before)

@@ -3,10 +3,11 @@ base."""
 
 import shutil
 from pathlib import Path
+from typing import Any, cast
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.core.sampling import DEFER, SamplingOptions
@@ -74,23 +75,25 @@ class SampleGrid(EveryNValidations):
         # A collective under DDP (rank 0 broadcasts it): read here on every rank, never inside the rank-zero-only
         # save, where the other ranks would not join and it would deadlock.
         self._out_dir = run_folder(trainer) / "samples"
-        self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, type(self), "sampling.steps")
+        module = cast(DiffusionModule, pl_module)  # the module this callback trains with
+        self.sampling.check_steps_fit(module.schedule.num_timesteps, type(self), "sampling.steps")
         conditional = getattr(pl_module, "num_classes", None) is not None
         self.sampling.check_guidance_fits(conditional, type(self), "sampling.guidance_scale")
 
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.is_due(trainer):
             return
-        labels = class_labels(self.num_samples, pl_module.num_classes)
+        module = cast(DiffusionModule, pl_module)  # the module this callback trains with
+        labels = class_labels(self.num_samples, module.num_classes)
         samples = sample_across_ranks(
-            pl_module,
+            module,
             self.num_samples,
             self.seed,
-            pl_module.sampler(self.sampling),
+            module.sampler(self.sampling),
             labels,
             progress=shows_progress(trainer),
         )  # ~20 s on a CPU: not a frozen bar
-        self._save(trainer, pl_module, samples, labels)
+        self._save(trainer, module, samples, labels)
 
     @rank_zero_only
     def _save(
@@ -100,8 +103,10 @@ class SampleGrid(EveryNValidations):
         samples: torch.Tensor,
         labels: torch.Tensor | None,
     ) -> None:
-        self._out_dir.mkdir(parents=True, exist_ok=True)
-        path = self._out_dir / f"step_{trainer.global_step:07d}.png"
+        out_dir = self._out_dir
+        assert out_dir is not None  # set in setup, which runs before any validation
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"step_{trainer.global_step:07d}.png"
         grid = write_atomically(
             path, lambda into: save_preview(samples, pl_module.normalization, into, labels)
         )
@@ -110,6 +115,12 @@ class SampleGrid(EveryNValidations):
                 logger.log_image(key="samples", images=[str(path)], step=trainer.global_step)
             elif isinstance(logger, MLFlowLogger):  # MLflow keeps pictures as the run's artifacts
                 logger.experiment.log_artifact(logger.run_id, str(path), "samples")
-            elif grid is not None and hasattr(logger.experiment, "add_image"):  # TensorBoard's SummaryWriter
-                logger.experiment.add_image("samples", grid, global_step=trainer.global_step)
-        write_atomically(self._out_dir / "latest.png", lambda into: shutil.copyfile(path, into))
+            elif grid is not None and hasattr(_experiment(logger), "add_image"):  # TensorBoard's writer
+                _experiment(logger).add_image("samples", grid, global_step=trainer.global_step)
+        write_atomically(out_dir / "latest.png", lambda into: shutil.copyfile(path, into))
+
+
+def _experiment(logger: Logger) -> Any:
+    """The logger's own client (TensorBoard's SummaryWriter, ...): every Lightning logger has one, as
+    `experiment`, which their base class does not declare."""
+    return cast(Any, logger).experiment

@@ -1,0 +1,126 @@
+"""SamplingModule: the sampling side of `DiffusionModule` (diffusion/training/module.py), the network and its
+NoiseSchedule as samplers see them: each sample's initial noise, the model's own sampler, the denoiser, the
+reverse process and its samples. What generation reads of a module (`diffusion.generation.ranks.Sampleable`)
+lives here; the training objective, the optimizer and the training hooks are module.py's.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import lightning as L
+import torch
+from torch import nn
+
+from diffusion.core import noise as counter_noise
+from diffusion.core.noise import Generators, randn
+from diffusion.core.samplers.contract import Denoiser, Sampler, Step
+from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final_sample
+from diffusion.core.schedule import NoiseSchedule
+from diffusion.data.labels import labels_for_sampling
+from diffusion.errors import InvalidValue, check_whole_number
+
+LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
+
+
+class SamplingModule(L.LightningModule):
+    """Sampling from a trained network: the base of `DiffusionModule`, whose `__init__` sets what this reads
+    (the attributes below, and the hyperparameters `normalization`, `prediction_type` and `variance`)."""
+
+    network: nn.Module
+    schedule: NoiseSchedule
+    sample_shape: tuple[int, ...]
+    sampling: SamplingOptions  # this model's defaults for `sample()`, the callbacks and the sample CLI
+
+    @property
+    def num_classes(self) -> int | None:
+        """Classes of a class-conditional network, None for an unconditional one."""
+        return getattr(self.network, "num_classes", None)
+
+    @property
+    def normalization(self) -> dict[str, list[float]]:
+        """Maps model units to data units (data = model * scale + shift); set from the data by the CLI."""
+        if not self.hparams.get("normalization"):
+            raise InvalidValue(
+                "this model has no normalization, so its samples cannot be turned into data units",
+                "build it with DiffusionModule(..., normalization=datamodule.normalization) (train.py does)",
+            )
+        return self.hparams["normalization"]
+
+    def initial_noise(
+        self, num_samples: int, seed: int | None = None, indices: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Generators]:
+        """x_T (num_samples, *sample_shape) and the generator(s) the reverse process draws from.
+
+        With `seed`, the noise of sample i is a function of (seed, i) for i in `indices` (default
+        0..num_samples-1; counter-based, diffusion/core/noise.py), so any split of N samples into batches, ranks
+        or devices gives the same N samples. Without, the global RNG.
+        """
+        generator = None
+        if seed is not None:
+            indices = torch.arange(num_samples) if indices is None else indices
+            if len(indices) != num_samples:
+                raise ValueError(f"got {len(indices)} indices for num_samples={num_samples}")
+            generator = counter_noise.PerSampleNoise(seed, indices, step=0)
+        return randn((num_samples, *self.sample_shape), generator, self.device), generator
+
+    @property
+    def model_sampling(self) -> ModelSampling:
+        """What this model adds to a user's sampling options: its defaults (its `sampling`, then the learned
+        variance of a model that learned it, unless told otherwise) and what a sampler must fit."""
+        learned = self.hparams["variance"] == "learned_range"
+        return ModelSampling(
+            (self.sampling, LEARNED_VARIANCE if learned else DEFER),
+            self.schedule,
+            learned,
+            self.num_classes is not None,
+        )
+
+    def sampler(self, options: SamplingOptions | None = None) -> Sampler:
+        """The sampler `options` ask for: fields set there override this model's defaults field by field; built
+        once, checked against this model (`model_sampling`)."""
+        return self.model_sampling.sampler(options)
+
+    def denoiser(self, num_samples: int, labels: torch.Tensor | None = None) -> Denoiser:
+        """The network as samplers see it, for `num_samples` samples of these `labels` (B,): the class of each
+        sample of a class-conditional model (NO_LABEL: none); None samples a conditional model unconditionally."""
+        return Denoiser(
+            self.network, self.schedule, self.hparams["prediction_type"],
+            learned_variance=self.hparams["variance"] == "learned_range",
+            labels=self._to_device(labels_for_sampling(labels, self.num_classes, num_samples)),
+        )  # fmt: skip
+
+    def _to_device(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to(self.device)
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Eval mode within the block, the module's own mode after it."""
+        was_training = self.training
+        self.eval()
+        try:
+            yield
+        finally:
+            self.train(was_training)
+
+    def trajectory(
+        self, x_T: torch.Tensor, generator: Generators = None, options: SamplingOptions | None = None,
+        progress: bool = False, labels: torch.Tensor | None = None,
+    ) -> Iterator[Step]:  # fmt: skip
+        """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step, by
+        `self.sampler(options)` for `self.denoiser(len(x_T), labels)`, guided by `guidance_scale`."""
+        sampler = self.sampler(options)
+        denoiser = self.denoiser(len(x_T), labels)
+        with self.evaluating():
+            yield from sampler(denoiser, x_T, generator, progress)
+
+    def sample(
+        self, num_samples: int, *, seed: int | None = None, indices: torch.Tensor | None = None,
+        options: SamplingOptions | None = None, progress: bool = False, labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Draw samples in model units, shape (num_samples, *sample_shape); see `initial_noise`, `trajectory`.
+        `num_samples` is refused unless a whole number >= 1, as `generate` refuses it."""
+        num_samples = check_whole_number(
+            "num_samples", num_samples, 1, "pass how many samples to draw, e.g. module.sample(64)"
+        )
+        x_T, generator = self.initial_noise(num_samples, seed, indices)
+        return final_sample(self.trajectory(x_T, generator, options, progress, labels))
