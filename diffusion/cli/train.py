@@ -273,11 +273,10 @@ class DiffusionCLI(LightningCLI):
             super().instantiate_classes()
         except MisconfigurationException as error:
             raise refused_by_the_trainer(error) from error
-        except ValueError as error:  # a data module's or network's own range check: name the flag
+        except ValueError as error:  # a class's own range check: name the flag
             chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
-            named = naming_the_flag(
-                error, {class_at(path): group for group, path in chosen.items()}, self._said
-            )
+            groups = {class_at(path): group for group, path in chosen.items()}
+            named = naming_the_flag(error, groups, self._said, self.config)
             if named is None:
                 raise
             raise named from error

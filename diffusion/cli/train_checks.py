@@ -8,12 +8,13 @@ import os
 import tempfile
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from diffusion.cli.command_line import SayOption, as_flag
-from diffusion.cli.flag_names import flag_text
+from diffusion.cli.flag_names import flag_text, prefix_of
 from diffusion.cli.flags import check_writable_folder
 from diffusion.cli.legacy import class_at, same_class
 from diffusion.cli.training_run import callbacks_of
@@ -190,25 +191,41 @@ def check_torchrun_restarts() -> None:
 
 
 def naming_the_flag(
-    error: BaseException, groups: dict[type, str], say: SayOption = as_flag
+    error: BaseException, groups: dict[type, str], say: SayOption = as_flag, config: Namespace | None = None
 ) -> UserError | None:
-    """A range check (`OutOfRange`) of a class the CLI built from a group of flags (`groups`: that class -> the
-    group, 'data' or 'model.network'), said of the flag the user wrote: '--data.batch_size 0 is out of range (must
-    be >= 1) — <the check's fix>'. None for any other error, and for a check of one of the class's parts (a
-    ResBlock's channels are no flag of the user's). jsonargparse may wrap the class's error (a union of types):
-    the chain of causes is searched, by type."""
+    """A range check (`OutOfRange`) of a class the CLI built, said of the option the user wrote: '--data.batch_size
+    0 is out of range (must be >= 1) — <the check's fix>'. The option is the owner's (its group: `groups`, the
+    data module and network chosen, then flag_names' table), or, for a check that names no owner (a sampler's
+    `eta`, in `--model.sampling` or `--sample_grid.sampling`), the one option of `config` of that name holding
+    that value. None for any other error, and for a check of one of the class's parts (a ResBlock's channels are
+    no flag of the user's). jsonargparse may wrap the class's error (a union of types): the chain of causes is
+    searched, by type."""
     cause: BaseException | None = error
     while cause is not None:
         if isinstance(cause, OutOfRange):
-            group = groups.get(cause.owner) if cause.owner is not None else None
-            if group is None:
+            key = _option_checked(cause, groups, config)
+            if key is None:
                 return None
             return UserError(
-                f"{say(f'{group}.{cause.name}', cause.value)} is out of range (must be {cause.requirement})",
+                f"{say(key, cause.value)} is out of range (must be {cause.requirement})",
                 said(cause.fix, lambda owner, name: flag_text(owner, name, groups), cause.owner),
             )
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def _option_checked(error: OutOfRange, groups: dict[type, str], config: Namespace | None) -> str | None:
+    group = prefix_of(error.owner, groups) if error.owner is not None else None
+    if group:
+        return f"{group}.{error.name}"
+    if error.owner is not None or config is None:  # a class's part, no option of the user's
+        return None
+    holding = [
+        key
+        for key, value in config.items()
+        if f".{key.replace('.init_args.', '.')}".endswith(f".{error.name}") and value == error.value
+    ]
+    return holding[0] if holding else None
 
 
 DATA_SETS = {  # the network settings train.py takes from the data, and from what

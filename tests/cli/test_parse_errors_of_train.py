@@ -108,14 +108,19 @@ def test_print_config_refuses_what_the_built_run_would_refuse(flags, tmp_path, m
             "model:\n  network:\n    init_args:\n      in_channels: 5\n",
             "model.network.in_channels 5: the data sets it",
         ),
+        ("model:\n  lr: -0.001\n", "model.lr -0.001 is out of range (must be a finite number > 0)"),
+        ("ema:\n  decay: 1.5\n", "ema.decay 1.5 is out of range (must be in (0, 1))"),
+        # A sampler's check names no owner: the option holding the value is found, here not --sample_grid's.
+        ("model:\n  sampling:\n    sampler: ddim\n    eta: 7\n", "model.sampling.eta 7.0 is out of range"),
     ],
-    ids=["class_range", "class_range_without_init_args", "trainer_range", "set_by_the_data"],
-)
+    ids=["class_range", "class_range_without_init_args", "trainer_range", "set_by_the_data", "module_range",
+         "ema_range", "sampler_range"],
+)  # fmt: skip
 def test_a_check_after_the_parse_names_the_config_file_that_set_the_value(
     file, refused, tmp_path, monkeypatch, capsys
 ):
     """The checks made once the command line has parsed (a class's range, the Trainer's, the settings the data
-    decides) say a value a config file gave as that file's key, as the parse's own refusals do; a flag given after
+    decides, a sampler's) say a value a config file gave as that file's key, as the parse's own refusals do; a flag given after
     the file wins, and is named."""
     monkeypatch.chdir(tmp_path)
     Path("run.yaml").write_text(file)
@@ -123,3 +128,6 @@ def test_a_check_after_the_parse_names_the_config_file_that_set_the_value(
     key, value = refused.split(" ")[:2]
     flag_after = ["--config", "run.yaml", f"--{key}", value.removesuffix(":")]
     assert train_line(flag_after, capsys).startswith(f"--{refused}")
+    if "eta" in key:  # and the sample grid's own sampling options, as flags
+        grid = ["--sample_grid.sampling.sampler", "ddim", "--sample_grid.sampling.eta", "7"]
+        assert train_line(grid, capsys).startswith("--sample_grid.sampling.eta 7.0 is out of range")

@@ -52,13 +52,22 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     ),
     "accumulate_0": (["--accumulate_grad_batches", "0"], r"accumulate_grad_batches 0 is out of range"),
     "val_check_interval_0": (["--trainer.val_check_interval", "0"], r"val_check_interval 0 is out of range"),
-    "sample_grid_steps_0": (["--sample_grid.sampling.steps", "0"], r"steps=0 must be >= 1"),
-    "model_sampling_steps_0": (["--model.sampling.steps", "0"], r"steps=0 must be >= 1 — pass a step count"),
-    "sample_grid_num_samples_0": (["--sample_grid.num_samples", "0"], r"num_samples=0 must be >= 1 — pass"),
+    "sample_grid_steps_0": (
+        ["--sample_grid.sampling.steps", "0"],
+        r"--sample_grid.sampling.steps 0 is out of range \(must be >= 1\)",
+    ),
+    "model_sampling_steps_0": (
+        ["--model.sampling.steps", "0"],
+        r"--model.sampling.steps 0 is out of range \(must be >= 1\) — pass a step",
+    ),
+    "sample_grid_num_samples_0": (
+        ["--sample_grid.num_samples", "0"],
+        r"--sample_grid.num_samples 0 is out of range \(must be >= 1\) — pass",
+    ),
     # The recipe's sampler (dpmpp_2m_sde) has no eta and ignores it: a sampler that has one.
     "eta_2": (
         ["--model.sampling.sampler", "ddim", "--model.sampling.eta", "2"],
-        r"eta=2.0 must be in \[0, 1\]",
+        r"--model.sampling.eta 2.0 is out of range \(must be in \[0, 1\]\)",
     ),
     "lr_not_a_number": (["--model.lr", "abc"], r"--model.lr abc is not a valid float"),
     # LightningCLI's optimizer flags would replace the module's Adam, warmup and schedule: not offered.
@@ -67,13 +76,22 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"--optimizer torch.optim.SGD: train.py takes no --optimizer; .* — set them with --model.lr",
     ),
     "lr_scheduler_flag": (["--lr_scheduler", "StepLR"], r"--lr_scheduler StepLR: .* --model.lr_schedule"),
-    "lr_negative": (["--model.lr", "-1"], r"lr=-1.0 must be a finite number > 0 — pass"),
-    "adam_betas_above_1": (["--model.adam_betas", "[1.5, 0.999]"], r"adam_betas=\[1.5, 0.999\] must be two"),
-    "weight_decay_negative": (["--model.weight_decay", "-1"], r"weight_decay=-1.0 must be >= 0 — pass 0"),
+    "lr_negative": (
+        ["--model.lr", "-1"],
+        r"--model.lr -1.0 is out of range \(must be a finite number > 0\) — pass",
+    ),
+    "adam_betas_above_1": (
+        ["--model.adam_betas", "[1.5, 0.999]"],
+        r"--model.adam_betas \[1.5, 0.999\] is out of range \(must be two",
+    ),
+    "weight_decay_negative": (
+        ["--model.weight_decay", "-1"],
+        r"--model.weight_decay -1.0 is out of range \(must be >= 0\) — pass 0",
+    ),
     # A min-SNR weight <= 0 zeroes the loss (0) or trains by gradient ascent (< 0).
     "min_snr_gamma_negative": (
         ["--model.loss_weighting", "min_snr", "--model.min_snr_gamma", "-5"],
-        r"min_snr_gamma=-5.0 must be > 0 .* — pass e.g. 5",
+        r"--model.min_snr_gamma -5.0 is out of range \(must be > 0 .* — pass e.g. 5",
     ),
     "num_timesteps_1": (["--model.num_timesteps", "1"], r"num_timesteps=1 is too few — pass an integer >= 2"),
     # Lin et al. 2024 train zero terminal SNR with v: eps-prediction is undefined at alpha_bar_T = 0.
@@ -172,10 +190,33 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"image folder .*nope does not exist",
     ),
     "image_size_vs_unet": (["--data.image_size", "9"], r"image size 9x9 is not divisible by 2"),
-    "guidance_negative": (["--model.sampling.guidance_scale", "-1"], r"guidance_scale=-1.0 must be a finite"),
+    # A network for the other kind of data failed at the first step, with a traceback.
+    "mlp_for_images": (
+        ["--model.network", "diffusion.MLP"],
+        r"MLP is for vectors of shape \(1,\), and the data's samples have shape \(1, 8, 8\) \(images\) — train "
+        r"images with a UNet \(--model.network diffusion.models.UNet\)$",
+    ),
+    "unet_for_vectors": (
+        [
+            "--config",
+            "{configs}/toy2d.yaml",
+            "--model.network",
+            "diffusion.UNet",
+            "--model.network.init_args.channels",
+            "8",
+            "--trainer.max_steps",
+            "1",
+        ],
+        r"UNet is for images of shape \(2, H, W\), and the data's samples have shape \(2,\) \(vectors\) — train "
+        r"vectors with an MLP \(--model.network diffusion.models.MLP\)$",
+    ),  # fmt: skip
+    "guidance_negative": (
+        ["--model.sampling.guidance_scale", "-1"],
+        r"--model.sampling.guidance_scale -1.0 is out of range \(must be a finite",
+    ),
     "label_dropout_1": (
         ["--data.conditional", "true", "--model.label_dropout", "1"],
-        r"label_dropout=1.0 must be",
+        r"--model.label_dropout 1.0 is out of range \(must be",
     ),
     "label_dropout_unconditional": (["--model.label_dropout", "0.1"], r"needs a class-conditional network"),
     "conditional_loose_images": (
