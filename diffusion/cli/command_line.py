@@ -10,7 +10,7 @@ a command line to be honoured once the rest of it parses.
 
 import functools
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -47,7 +47,7 @@ SayOption = Callable[[str, Any], str]
 
 def as_flag(key: str, value: Any) -> str:
     """An option's value as a flag gives it: `--data.batch_size 0` (a class's argument without `init_args`)."""
-    return f"--{_plain_key(key)} {value}"
+    return f"--{plain_key(key)} {value}"
 
 
 def where_written(written: Sequence[Written]) -> SayOption:
@@ -55,14 +55,15 @@ def where_written(written: Sequence[Written]) -> SayOption:
     last, else as its flag (a flag after the file wins, as in the parse; an option nobody wrote, a default)."""
 
     def said(key: str, value: Any) -> str:
-        plain = _plain_key(key)
-        last = next((item for item in reversed(written) if _plain_key(item.key) == plain), None)
+        plain = plain_key(key)
+        last = next((item for item in reversed(written) if plain_key(item.key) == plain), None)
         return f"{last.file}: {plain} {value}" if last is not None and last.file else as_flag(plain, value)
 
     return said
 
 
-def _plain_key(key: str) -> str:
+def plain_key(key: str) -> str:
+    """A class's argument as a flag spells it: `data.batch_size` for the parser's `data.init_args.batch_size`."""
     return key.replace(".init_args.", ".")
 
 
@@ -173,10 +174,14 @@ def config_file_problem(key: str, value: str) -> tuple[str, str] | None:
     a single value where a mapping of options goes; None when it is a mapping."""
     path = Path(value)
     shown = f"--{key} {value}"
+    if path.is_dir():
+        return f"{shown} is a folder, not a config file", "pass a YAML file of these options (see --print_config)"
     if not path.is_file():
         missing = f"--config: {value}" if key == "config" else shown
         return f"{missing}: no such config file", "pass a YAML file of these options (see --print_config)"
     options = read_config_file(value)
+    if isinstance(options, KeyGivenTwice):
+        return f"{shown}: {options.msg}", "keep one of them (YAML would take the last without a word)"
     if isinstance(options, SyntaxError):
         return f"Problems parsing config {value}: {options.msg}", f"fix the YAML syntax of the --{key} file"
     if options is None:
@@ -203,10 +208,30 @@ def read_config_file(value: str) -> Any:
     return _read_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
 
 
+class KeyGivenTwice(SyntaxError):
+    """A config file giving one key twice in a mapping, which YAML reads as the last, silently."""
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            if isinstance(key, Hashable) and key in lines:
+                raise KeyGivenTwice(f"{key} is given twice (lines {lines[key]} and {line})")
+            if isinstance(key, Hashable):
+                lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
 @functools.lru_cache(maxsize=16)
 def _read_version(path: str, mtime_ns: int, size: int) -> Any:
     try:
-        return yaml.safe_load(Path(path).read_text())
+        return yaml.load(Path(path).read_text(), Loader=_UniqueKeys)
+    except KeyGivenTwice as error:
+        return error
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""

@@ -40,6 +40,7 @@ from diffusion.cli.command_line import (
     in_list_form,
     is_class_choice,
     is_config_file_flag,
+    plain_key,
     takes_a_class,
     without_print_config,
     yaml_or_none,
@@ -109,12 +110,17 @@ def parsed_command_line(
         parser, written, config, list(everything_written(parser, written)), print_request
     )
     check_one_name_each(command_line.written, config, renamed or {})
+    for item in command_line.written:  # a file the parser read as meant may still say a key twice
+        if item.file is None and item.values and is_config_file_flag(parser, item.key):
+            found = config_file_problem(item.key, str(item.values[-1]))
+            if found is not None:
+                raise BadCommandLine(*found)
     return command_line
 
 
 def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: Mapping[str, str]) -> None:
     """Refuse an option given under its old name (a key of `renamed`) and its new one with different values."""
-    last = {_plain_key(item.key): item for item in written}
+    last = {plain_key(item.key): item for item in written}
     for old, new in renamed.items():
         # A config saved since the rename holds the old name as null: not given.
         if old in last and new in last and config.get(old) is not None and config.get(old) != config.get(new):
@@ -125,10 +131,6 @@ def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: 
             )
 
 
-def _plain_key(key: str) -> str:
-    return key.replace(".init_args.", ".")
-
-
 def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException) -> tuple[str, str]:
     """(what is wrong, how to fix it) for a command line `parser` refused with `error`."""
     written = []
@@ -137,11 +139,11 @@ def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException)
         found = _bad_item(parser, written, item)
         if found:
             return found
-    keys = {_plain_key(item.key) for item in written}
+    keys = {plain_key(item.key) for item in written}
     for action in actions(parser):
         if (
             is_required(parser, action)
-            and _plain_key(action.dest) not in keys
+            and plain_key(action.dest) not in keys
             and _default(parser, action.dest) is None
         ):
             flag = action.option_strings[-1]

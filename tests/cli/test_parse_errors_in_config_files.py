@@ -55,6 +55,12 @@ FILE_CASES = {  # id: (the file's text, the line)
                                     "brackets, e.g. [fid]"),
     "a_class_of_another_kind": ("data: diffusion.UNet\n", "run.yaml: data diffusion.UNet: UNet is not a "
                                 "LightningDataModule — pass the class path of a LightningDataModule (see --help)"),
+    # YAML takes the last of two, silently; the parser never sees the first.
+    "a_key_given_twice": ("lr: 0.1\nsteps: 2\nlr: 0.5\n", "--config run.yaml: lr is given twice (lines 1 and 3) — "
+                          "keep one of them (YAML would take the last without a word)"),
+    "a_nested_key_given_twice": ("optimizer:\n  schedule: cosine\n  schedule: constant\n", "--config run.yaml: "
+                                 "schedule is given twice (lines 2 and 3) — keep one of them (YAML would take the "
+                                 "last without a word)"),
 }  # fmt: skip
 
 
@@ -64,6 +70,14 @@ def test_a_config_file_of_the_wrong_shape_or_key_is_said_as_such(
 ):
     Path("run.yaml").write_text(text)
     assert refused(["--out", "samples", "--config", "run.yaml"]) == expected
+
+
+def test_a_folder_given_as_the_config_file_is_said_as_a_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("runs").mkdir()
+    assert refused(["--out", "samples", "--config", "runs"]) == (
+        "--config runs is a folder, not a config file — pass a YAML file of these options (see --print_config)"
+    )
 
 
 def test_a_group_file_is_read_as_the_groups_keys(tmp_path, monkeypatch):
