@@ -187,7 +187,7 @@ def given_model(path: str, flag: str = "--ckpt") -> tuple[str, dict]:
 
 
 def requested_labels(
-    hparams: dict, num_samples: int, class_label: str | None, guidance: bool
+    hparams: dict, num_samples: int, class_label: int | str | None, guidance: bool
 ) -> torch.Tensor | None:
     """The label of every sample (`diffusion.data.labels.class_labels`) from a checkpoint's hyperparameters, checked
     before any sampling time is spent; None for an unconditional checkpoint, which takes neither a class nor
@@ -199,4 +199,5 @@ def requested_labels(
             f"{flag}: this checkpoint is unconditional (trained without --data.conditional)",
             "sample it without --class_label and --guidance_scale, or pass a class-conditional checkpoint",
         )
-    return class_labels(num_samples, num_classes, class_label, hparams.get("class_names"))
+    label = None if class_label is None else str(class_label)  # an index as a config file writes it: 3
+    return class_labels(num_samples, num_classes, label, hparams.get("class_names"))

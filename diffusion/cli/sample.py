@@ -47,6 +47,7 @@ from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
+from diffusion.generation.arguments import checked_seed
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
 from diffusion.generation.render import SamplesWriter, check_room_for_samples
@@ -71,7 +72,7 @@ def build_parser() -> ArgumentParser:
     )  # fmt: skip
     add_sampling_arguments(parser)
     parser.add_argument(
-        "--class_label", type=str | None, default=None,
+        "--class_label", type=int | str | None, default=None,  # an int too: a config file's `class_label: 3`
         help="class-conditional checkpoints: a class (index or name) or 'all' (default): classes in turn",
     )  # fmt: skip
     parser.add_argument(
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv), closing_process_group():
         args = parse_command_line(build_parser(), argv)
+        checked_seed(args.seed)  # before the checkpoint is read and the ranks started
         options = SamplingOptions.taken_from(args)
         device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)

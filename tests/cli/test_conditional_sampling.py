@@ -76,6 +76,15 @@ def test_sample_cli_writes_one_class_and_its_labels(conditional_checkpoint, tmp_
         assert grid.height == 10 * 9 + 1
 
 
+def test_a_class_label_written_in_a_config_file_is_the_flags(conditional_checkpoint, tmp_path):
+    """`class_label: 3` in a --config file is YAML's int 3: taken as `--class_label 3` (it was a union report)."""
+    config = tmp_path / "sample.yaml"
+    config.write_text("class_label: 3\n")
+    path = sample_main(["--ckpt", str(conditional_checkpoint), "--out", str(tmp_path / "three"), *SAMPLE,
+                        "--config", str(config)])  # fmt: skip
+    assert np.load(path)["arr_1"].tolist() == [3, 3, 3, 3]
+
+
 @pytest.mark.multiprocess
 def test_two_processes_write_the_labels_and_samples_of_one(conditional_checkpoint, tmp_path):
     # 5 samples over 2 ranks in batches of 2: rank 1 draws samples 1, 3 and a padding sample 5, dropped.
