@@ -175,7 +175,10 @@ def config_file_problem(key: str, value: str) -> tuple[str, str] | None:
     path = Path(value)
     shown = f"--{key} {value}"
     if path.is_dir():
-        return f"{shown} is a folder, not a config file", "pass a YAML file of these options (see --print_config)"
+        return (
+            f"{shown} is a folder, not a config file",
+            "pass a YAML file of these options (see --print_config)",
+        )
     if not path.is_file():
         missing = f"--config: {value}" if key == "config" else shown
         return f"{missing}: no such config file", "pass a YAML file of these options (see --print_config)"

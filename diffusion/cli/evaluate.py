@@ -32,7 +32,7 @@ from collections.abc import Callable
 from jsonargparse import ArgumentParser, Namespace
 
 from diffusion.cli import evaluate_nll, evaluate_quality
-from diffusion.cli.flags import add_flags, command_parser, resolve_device
+from diffusion.cli.flags import add_flags, check_seed_flag, command_parser, resolve_device
 from diffusion.cli.parse_errors import parse_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.errors import UserError
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return evaluate_nll.main(argv)
     with reporting_user_errors(argv):
         args = parse_command_line(build_parser(), argv)
+        check_seed_flag(args.seed)
         device, _ = resolve_device(args.device, "auto")
         results: dict[str, float] = {}
         ran = False

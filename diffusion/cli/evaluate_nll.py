@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from diffusion.cli.flags import (
     add_flags,
+    check_seed_flag,
     command_parser,
     given_model,
     resolve_device,
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """`python -m diffusion.evaluate --nll --ckpt CKPT [flags]`: print and return the bits/dim of the images."""
     with reporting_user_errors(argv), closing_process_group():
         args = parse_command_line(build_parser(), argv)
+        check_seed_flag(args.seed)
         device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)
         args.ckpt, hparams = given_model(args.ckpt)

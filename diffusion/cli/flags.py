@@ -24,7 +24,8 @@ from jsonargparse.typing import PositiveInt
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
-from diffusion.errors import CallerError, UserError
+from diffusion.errors import CallerError, OutOfRange, UserError
+from diffusion.generation.arguments import checked_seed
 from diffusion.generation.ranks import SAMPLING_BATCH
 from diffusion.training.checkpoint_files import CHECKPOINT
 from diffusion.training.loading import Weights, model_hyperparameters, model_source
@@ -201,3 +202,17 @@ def requested_labels(
         )
     label = None if class_label is None else str(class_label)  # an index as a config file writes it: 3
     return class_labels(num_samples, num_classes, label, hparams.get("class_names"))
+
+
+def out_of_range(error: OutOfRange, shown: str, fix: str | None = None) -> UserError:
+    """A range check said of the option as the user wrote it (`shown`: `--seed -1`, `run.yaml: data.batch_size
+    0`), with the check's own requirement and fix (`fix`: that fix with its options said as flags)."""
+    return UserError(f"{shown} is out of range (must be {error.requirement})", fix or error.fix)
+
+
+def check_seed_flag(seed: Any) -> None:
+    """--seed is one torch takes as it is (`checked_seed`: a larger or negative one wraps to another seed)."""
+    try:
+        checked_seed(seed)
+    except OutOfRange as error:
+        raise out_of_range(error, f"--seed {seed}") from error

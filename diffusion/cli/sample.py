@@ -35,6 +35,7 @@ from jsonargparse.typing import PositiveInt
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
+    check_seed_flag,
     check_writable_folder,
     command_parser,
     cpu_mixed_precision_note,
@@ -47,7 +48,6 @@ from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
-from diffusion.generation.arguments import checked_seed
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
 from diffusion.generation.render import SamplesWriter, check_room_for_samples
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv), closing_process_group():
         args = parse_command_line(build_parser(), argv)
-        checked_seed(args.seed)  # before the checkpoint is read and the ranks started
+        check_seed_flag(args.seed)  # before the checkpoint is read and the ranks started
         options = SamplingOptions.taken_from(args)
         device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)

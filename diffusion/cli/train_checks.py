@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from diffusion.cli.command_line import SayOption, as_flag
 from diffusion.cli.flag_names import flag_text, prefix_of
-from diffusion.cli.flags import check_writable_folder
+from diffusion.cli.flags import check_writable_folder, out_of_range
 from diffusion.cli.legacy import class_at, same_class
 from diffusion.cli.training_run import callbacks_of
 from diffusion.errors import (
@@ -206,10 +206,8 @@ def naming_the_flag(
             key = _option_checked(cause, groups, config)
             if key is None:
                 return None
-            return UserError(
-                f"{say(key, cause.value)} is out of range (must be {cause.requirement})",
-                said(cause.fix, lambda owner, name: flag_text(owner, name, groups), cause.owner),
-            )
+            fix = said(cause.fix, lambda owner, name: flag_text(owner, name, groups), cause.owner)
+            return out_of_range(cause, say(key, cause.value), fix)
         cause = cause.__cause__ or cause.__context__
     return None
 

@@ -16,7 +16,7 @@ import torch
 
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.sampling import ModelSampling, SamplingOptions, check_options, unconditional_guidance
-from diffusion.errors import OutOfRange, WrongType, check_whole_number
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_whole_number
 
 OPTIONS_DEPRECATED = "generate(module, n, options=...) is deprecated; pass sampler=module.sampler(options)"
 
@@ -67,6 +67,19 @@ def sampler_from_deprecated_options(module: Any, sampler: Sampler | None, option
     return sampling.sampler(options)
 
 
+SEED_LIMIT = 2**64  # torch takes a seed modulo 2**64 (-1 is 2**64 - 1), and so does the counter-based noise
+
+
+def checked_seed(seed: Any) -> int:
+    """`seed` as an int, refused unless a whole number in [0, 2**64): torch and the per-sample noise take a seed
+    modulo 2**64, so a larger one (or a negative one) would draw the samples of another seed without a word."""
+    fix = f"pass a seed from 0 to {SEED_LIMIT - 1}: sample i's noise is a function of (seed, i)"
+    number = check_whole_number("seed", seed, fix=fix)
+    if not 0 <= number < SEED_LIMIT:
+        raise OutOfRange("seed", seed, "a whole number in [0, 2**64 - 1]", fix)
+    return number
+
+
 def checked_counts(
     num_samples: Any, seed: Any, batch_size: Any, rank: Any, world_size: Any
 ) -> tuple[int, int, int, int, int]:
@@ -75,7 +88,7 @@ def checked_counts(
         check_whole_number(
             "num_samples", num_samples, 1, "pass how many samples to draw, e.g. generate(module, 64)"
         ),
-        check_whole_number("seed", seed, fix="pass an int: sample i's noise is a function of (seed, i)"),
+        checked_seed(seed),
         check_whole_number("batch_size", batch_size, 1, "pass how many samples to draw at once"),
         check_whole_number("rank", rank, 0, "pass this process's rank, 0..world_size-1"),
         check_whole_number("world_size", world_size, 1, "pass the number of ranks sampling together"),
@@ -134,6 +147,13 @@ def checked_labels(module: Any, labels: Any, num_samples: int) -> torch.Tensor |
         tensor = torch.as_tensor(labels)
     except (TypeError, ValueError, RuntimeError) as error:
         raise WrongType("labels", labels, "a sequence of class numbers", fix) from error
+    try:  # read here, on the CPU: a tensor on the meta device has a shape and no values
+        tensor = tensor.cpu()
+    except (RuntimeError, NotImplementedError) as error:
+        raise InvalidValue(
+            f"labels is a tensor on the {tensor.device} device, whose values cannot be read",
+            f"{fix}, on the CPU",
+        ) from error
     if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
         if tensor.dtype.is_floating_point and bool((tensor == tensor.round()).all()):
             raise WrongType("labels", labels, "integers (they are stored as floats)", f"{fix}, as ints")

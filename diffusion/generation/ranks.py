@@ -37,6 +37,7 @@ from diffusion.generation.arguments import (
     check_sampler_and_switches,
     checked_counts,
     checked_labels,
+    checked_seed,
     own_sampling,
     sampler_from_deprecated_options,
 )
@@ -179,6 +180,7 @@ def generate_in_chunks(
 
     Raises UserError, on every rank, as soon as a chunk holds a value that is not finite (NaN or infinity).
     """
+    seed = checked_seed(seed)
     per_rank = math.ceil(num_samples / world_size)
     indices = range(rank, per_rank * world_size, world_size)  # `rank_indices` with equal shares, never built
     sample_bytes = math.prod(module.sample_shape) * (1 if len(module.sample_shape) == 3 else 4)

@@ -19,14 +19,14 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 from torchvision.utils import make_grid, save_image
 
-from diffusion.errors import UserError, WrongType, check_whole_number, naming_a_full_disk
+from diffusion.errors import InvalidValue, UserError, WrongType, check_whole_number, naming_a_full_disk
 
 SAMPLES, GRID = "samples.npz", "grid.png"
 MAX_SCATTER = 100_000  # vectors drawn in grid.png: a scatter of more shows no more
@@ -85,15 +85,22 @@ def to_uint8_images(x: torch.Tensor, normalization: dict) -> np.ndarray:
     return to_uint8(x, normalization).permute(0, 2, 3, 1).cpu().numpy()
 
 
+def check_images(images: Any, fix: str) -> None:
+    """`images` is a tensor of (N, C, H, W) images: WrongType for anything else, InvalidValue naming the shape of a
+    tensor of another rank (one image (C, H, W) is a batch of one as `images[None]`)."""
+    if not isinstance(images, torch.Tensor):
+        raise WrongType("images", images, "(N, C, H, W) images as a tensor", fix)
+    if images.ndim != 4:
+        one = "; one image (C, H, W) is images[None]" if images.ndim == 3 else ""
+        raise InvalidValue(f"images has shape {tuple(images.shape)}, not (N, C, H, W)", f"{fix}{one}")
+
+
 def rows_by_class(
     images: torch.Tensor, labels: torch.Tensor, per_class: int | None = None
 ) -> tuple[torch.Tensor, int]:
     """(N, C, H, W) images rearranged into one row per class present (ascending; samples in index order, at
     most `per_class` of each), short rows padded with blank images: (images, images per row)."""
-    if not isinstance(images, torch.Tensor) or images.ndim != 4:
-        raise WrongType(
-            "images", images, "(N, C, H, W) images as a tensor", "pass generate's samples of images"
-        )
+    check_images(images, "pass generate's samples of images")
     if per_class is not None:
         check_whole_number(
             "per_class", per_class, 1, "pass how many samples of each class a row shows, or None"
@@ -116,10 +123,7 @@ def rows_by_class(
 def save_image_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None) -> torch.Tensor:
     """Save (N, C, H, W) images in [0, 1] as a grid PNG, `nrow` per row (default near-square); return the grid
     (C, H', W')."""
-    if not isinstance(images, torch.Tensor) or images.ndim != 4:
-        raise WrongType(
-            "images", images, "(N, C, H, W) images as a tensor", "pass images in [0, 1], (N, C, H, W)"
-        )
+    check_images(images, "pass images in [0, 1], (N, C, H, W)")
     if not isinstance(path, str | os.PathLike):
         raise WrongType("path", path, "a path", "pass the PNG's path (a str or pathlib.Path)")
     if nrow is not None:

@@ -1,9 +1,12 @@
 """A residual MLP that predicts the noise for vector data (toy 2-D sets, ``.npy`` features)."""
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange
+from diffusion.models.checks import CLASSES, check_vector_shape, fraction, optional_whole, whole
 from diffusion.models.embedding import (
     ClassEmbedding,
     check_unconditional,
@@ -61,22 +64,18 @@ class MLP(nn.Module):
         out_channels: int | None = None,
     ) -> None:
         super().__init__()
-        out_channels = in_channels if out_channels is None else out_channels
-        for name, value in (
-            ("in_channels", in_channels),
-            ("hidden_dim", hidden_dim),
-            ("out_channels", out_channels),
-        ):
-            if value < 1:
-                raise OutOfRange(name, value, ">= 1", owner=type(self))
-        if num_blocks < 0:
-            raise OutOfRange("num_blocks", num_blocks, ">= 0", owner=type(self))
-        if time_embed_dim < 2:
-            raise OutOfRange("time_embed_dim", time_embed_dim, ">= 2", owner=type(self))
-        if not 0.0 <= dropout < 1.0:
-            raise OutOfRange("dropout", dropout, "in [0, 1)", owner=type(self))
-        if not 0 <= fourier_frequencies <= 24:  # beyond 24 octaves float32 sin(pi 2^k x) is noise
-            raise OutOfRange("fourier_frequencies", fourier_frequencies, "in [0, 24]", owner=type(self))
+        owner = type(self)
+        in_channels = whole(owner, "in_channels", in_channels, 1)
+        hidden_dim = whole(owner, "hidden_dim", hidden_dim, 1)
+        out_channels = in_channels if out_channels is None else whole(owner, "out_channels", out_channels, 1)
+        num_blocks = whole(owner, "num_blocks", num_blocks, 0)
+        time_embed_dim = whole(owner, "time_embed_dim", time_embed_dim, 2)
+        dropout = fraction(owner, "dropout", dropout)
+        # Beyond 24 octaves float32 sin(pi 2^k x) is noise.
+        fourier_frequencies = whole(owner, "fourier_frequencies", fourier_frequencies, 0, "in [0, 24]")
+        if fourier_frequencies > 24:
+            raise OutOfRange("fourier_frequencies", fourier_frequencies, "in [0, 24]", owner=owner)
+        num_classes = optional_whole(owner, "num_classes", num_classes, 1, CLASSES)
         self.fourier_frequencies = fourier_frequencies
         self.in_channels = in_channels
         self.time_embed_dim = time_embed_dim
@@ -98,11 +97,21 @@ class MLP(nn.Module):
         if num_classes is not None:  # created last: an unconditional network draws its init exactly as before
             self.class_embed = ClassEmbedding(num_classes, hidden_dim)
 
+    def check_input_shape(self, shape: Sequence[int]) -> None:
+        """Raise InvalidValue unless one sample of `shape` fits: a vector (D,) of D = in_channels features. Called
+        by the CLI before training, and on every forward."""
+        check_vector_shape(type(self), shape, self.in_channels)
+
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, D) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only with
         num_classes) -> predicted noise (B, D), or (B, out_channels)."""
-        if x.ndim != 2 or x.shape[1] != self.in_channels:
-            raise ValueError(f"MLP expects x of shape (B, {self.in_channels}), got {tuple(x.shape)}")
+        if x.ndim != 2:
+            raise InvalidValue(
+                f"MLP takes x of shape (B, {self.in_channels}), a batch of vectors, and got {tuple(x.shape)}",
+                "pass a batch of vectors (B, D); a batch of images (B, C, H, W) needs a UNet",
+                type(self),
+            )
+        self.check_input_shape(x.shape[1:])
         temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim).to(x.dtype))  # (B, hidden)
         if self.num_classes is None:
             check_unconditional(y, "MLP")

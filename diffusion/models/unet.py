@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from diffusion.errors import InvalidValue, OutOfRange
+from diffusion.models.checks import CLASSES, check_image_shape, fraction, optional_whole, whole, whole_numbers
 from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
 
 MAX_GROUPS = 32
@@ -174,22 +175,16 @@ class UNet(nn.Module):
         checkpoint_levels: Sequence[int] = (),
     ) -> None:
         super().__init__()
-        channel_mult = tuple(channel_mult)
-        attention_levels = tuple(attention_levels)
-        for level in checkpoint_levels:
-            if not 0 <= level < len(channel_mult):
-                raise InvalidValue(
-                    f"checkpoint level {level} is out of range: levels are indices into channel_mult={channel_mult}",
-                    f"pass {{--checkpoint_levels}} in 0..{len(channel_mult) - 1}",
-                    type(self),
-                )
+        (in_channels, channels, channel_mult, num_res_blocks, attention_levels, dropout, num_heads,
+         checkpoint_levels) = self._checked(
+            in_channels, channels, channel_mult, num_res_blocks, attention_levels, dropout, num_heads,
+            checkpoint_levels,
+        )  # fmt: skip
         self.checkpoint_levels = frozenset(checkpoint_levels)
-        self._validate(
-            in_channels, channels, channel_mult, num_res_blocks, attention_levels, dropout, num_heads
-        )
-        out_channels = in_channels if out_channels is None else out_channels
-        if out_channels < 1:
-            raise OutOfRange("out_channels", out_channels, ">= 1", owner=type(self))
+        self._validate(channels, channel_mult, attention_levels, num_heads)
+        owner = type(self)
+        out_channels = in_channels if out_channels is None else whole(owner, "out_channels", out_channels, 1)
+        num_classes = optional_whole(owner, "num_classes", num_classes, 1, CLASSES)
         self.in_channels = in_channels
         self.channels = channels
         self.num_levels = len(channel_mult)
@@ -249,37 +244,53 @@ class UNet(nn.Module):
         if num_classes is not None:  # created last: an unconditional network draws its init exactly as before
             self.class_embed = ClassEmbedding(num_classes, temb_ch)
 
-    def _validate(
+    def _checked(
         self,
-        in_channels: int,
-        channels: int,
-        channel_mult: tuple[int, ...],
-        num_res_blocks: int,
-        attention_levels: tuple[int, ...],
-        dropout: float,
-        num_heads: int,
-    ) -> None:
-        if in_channels < 1:
-            raise OutOfRange("in_channels", in_channels, ">= 1", owner=type(self))
-        if channels < 1:
-            raise OutOfRange("channels", channels, ">= 1", owner=type(self))
-        if not channel_mult or any(m < 1 for m in channel_mult):
-            raise OutOfRange(
-                "channel_mult", list(channel_mult), "a non-empty list of positive ints", owner=type(self)
-            )
-        if num_res_blocks < 0:
-            raise OutOfRange("num_res_blocks", num_res_blocks, ">= 0", owner=type(self))
-        if not 0.0 <= dropout < 1.0:
-            raise OutOfRange("dropout", dropout, "in [0, 1)", owner=type(self))
-        if num_heads < 1:
-            raise OutOfRange("num_heads", num_heads, ">= 1", owner=type(self))
-        for level in attention_levels:
+        in_channels: Any,
+        channels: Any,
+        channel_mult: Any,
+        num_res_blocks: Any,
+        attention_levels: Any,
+        dropout: Any,
+        num_heads: Any,
+        checkpoint_levels: Any,
+    ) -> tuple[int, int, tuple[int, ...], int, tuple[int, ...], float, int, tuple[int, ...]]:
+        """The arguments as the numbers they must be, each refused by its name (WrongType, OutOfRange) otherwise."""
+        owner = type(self)
+        channel_mult = whole_numbers(
+            owner, "channel_mult", channel_mult, 1, "a non-empty list of positive ints", "[1, 2, 2]"
+        )
+        if not channel_mult:
+            raise OutOfRange("channel_mult", [], "a non-empty list of positive ints", owner=owner)
+        levels = f"whole numbers in 0..{len(channel_mult) - 1} (indices into channel_mult)"
+        return (
+            whole(owner, "in_channels", in_channels, 1),
+            whole(owner, "channels", channels, 1),
+            channel_mult,
+            whole(owner, "num_res_blocks", num_res_blocks, 0),
+            self._levels("attention_levels", attention_levels, channel_mult, levels),
+            fraction(owner, "dropout", dropout),
+            whole(owner, "num_heads", num_heads, 1),
+            self._levels("checkpoint_levels", checkpoint_levels, channel_mult, levels),
+        )
+
+    def _levels(
+        self, name: str, levels: Any, channel_mult: tuple[int, ...], requirement: str
+    ) -> tuple[int, ...]:
+        checked = whole_numbers(type(self), name, levels, 0, requirement, "[1]")
+        for level in checked:
             if not 0 <= level < len(channel_mult):
                 raise InvalidValue(
-                    f"attention level {level} is out of range: levels are indices into channel_mult={channel_mult}",
-                    f"pass {{--attention_levels}} in 0..{len(channel_mult) - 1}",
+                    f"{name.removesuffix('s').replace('_', ' ')} {level} is out of range: levels are indices into "
+                    f"channel_mult={channel_mult}",
+                    f"pass {{--{name}}} in 0..{len(channel_mult) - 1}",
                     type(self),
                 )
+        return checked
+
+    def _validate(
+        self, channels: int, channel_mult: tuple[int, ...], attention_levels: tuple[int, ...], num_heads: int
+    ) -> None:
         groups = min(MAX_GROUPS, channels)
         for level, mult in enumerate(channel_mult):
             width = channels * mult
@@ -294,8 +305,9 @@ class UNet(nn.Module):
             width = channels * channel_mult[level]
             if width % num_heads != 0:
                 raise InvalidValue(
-                    f"num_heads={num_heads} does not divide the {width} channels of attention level {level}",
-                    f"pick num_heads dividing channels={channels}",
+                    f"{{--num_heads}} {num_heads} does not divide the {width} channels of attention level {level}",
+                    f"pick a {{--num_heads}} that divides {{--channels}} ({channels})",
+                    type(self),
                 )
 
     def _init_weights(self) -> None:
@@ -321,10 +333,9 @@ class UNet(nn.Module):
                 nn.init.zeros_(module.bias)  # type: ignore[arg-type]  # every layer here has a bias
 
     def check_input_shape(self, shape: Sequence[int]) -> None:
-        """Raise ValueError unless one sample of `shape` (C, H, W) fits: C = in_channels, H and W divisible
+        """Raise InvalidValue unless one sample of `shape` (C, H, W) fits: C = in_channels, H and W divisible
         by 2**(levels - 1). Called by the CLI before training, and on every forward."""
-        if len(shape) != 3 or shape[0] != self.in_channels:
-            raise ValueError(f"UNet expects samples of shape ({self.in_channels}, H, W), got {tuple(shape)}")
+        check_image_shape(type(self), shape, self.in_channels)
         factor = 2 ** (self.num_levels - 1)
         height, width = shape[-2:]
         if height % factor != 0 or width % factor != 0:
@@ -338,7 +349,11 @@ class UNet(nn.Module):
         """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only
         with num_classes) -> predicted noise (B, C_out, H, W)."""
         if x.ndim != 4:
-            raise ValueError(f"UNet expects x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+            raise InvalidValue(
+                f"UNet takes x of shape (B, {self.in_channels}, H, W), a batch of images, and got {tuple(x.shape)}",
+                "pass a batch of images (B, C, H, W); a batch of vectors (B, D) needs an MLP",
+                type(self),
+            )
         self.check_input_shape(x.shape[1:])
         temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
         if self.num_classes is None:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 
 from diffusion.data.file_in_folder import file_in_folder
-from diffusion.errors import UserError, WrongType, check_choice
+from diffusion.errors import InvalidValue, UserError, WrongType, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
 from diffusion.training.checkpoint_files import (
@@ -56,6 +56,7 @@ def load_checkpoint(
         raise WrongType(
             "map_location", map_location, "a device", "pass 'cpu', 'cuda', 'cuda:1' or a torch.device"
         )
+    check_device_available(map_location)
     kind, path = model_source(path)
     if kind == "diffusers":
         if weights == "raw":
@@ -80,6 +81,31 @@ def load_checkpoint(
         module.load_state_dict(checkpoint["current_model_state"])
     check_finite(module.network.state_dict(), f"{path} ({weights or 'ema'} weights)", NOT_FINITE_FIX)
     return module.eval()
+
+
+def check_device_available(map_location: str | torch.device) -> None:
+    """`map_location` names a device this machine has: refused by its name (InvalidValue) before the file is read,
+    where torch's failure to move a tensor there would read as a file it cannot load."""
+    fix = "pass map_location='cpu' (or a device this machine has), and move the model later with .to(device)"
+    try:
+        device = torch.device(map_location)
+    except (RuntimeError, ValueError) as error:
+        raise InvalidValue(f"map_location={map_location!r} is not a device", fix) from error
+    if device.type in ("cpu", "meta"):
+        return
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu: each says what it sees
+    is_available = getattr(backend, "is_available", None)
+    if is_available is None or not is_available():
+        raise InvalidValue(
+            f"map_location={str(map_location)!r}: torch sees no {device.type} device on this machine", fix
+        )
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        raise InvalidValue(
+            f"map_location={str(map_location)!r}: this machine has {count()} {device.type} device(s), "
+            f"{device.type}:0 to {device.type}:{count() - 1}",
+            fix,
+        )
 
 
 def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[ModelKind, Path]:

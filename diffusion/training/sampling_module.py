@@ -18,6 +18,7 @@ from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
 from diffusion.errors import InvalidValue, check_whole_number
+from diffusion.generation.arguments import checked_seed
 
 LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
 
@@ -57,6 +58,8 @@ class SamplingModule(L.LightningModule):
         """
         generator = None
         if seed is not None:
+            # torch would take a larger or a negative one modulo 2**64: another seed's samples, without a word
+            seed = checked_seed(seed)
             indices = torch.arange(num_samples) if indices is None else indices
             if len(indices) != num_samples:
                 raise ValueError(f"got {len(indices)} indices for num_samples={num_samples}")

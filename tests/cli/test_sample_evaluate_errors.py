@@ -54,6 +54,17 @@ SAMPLE_CASES = {
         r"guidance_scale=-1.0 must be a finite number >= 0 — pass 0 for unconditional",
     ),
     "guidance_infinite": (["--guidance_scale", "inf"], r"--guidance_scale inf is not a valid float"),
+    # torch takes seeds modulo 2**64: 2**70 drew seed 0's samples, and -1 those of 2**64 - 1.
+    "seed_beyond_2_64": (
+        ["--seed", "1180591620717411303424"],
+        r"^error: --seed 1180591620717411303424 is out of range \(must be a whole number in \[0, 2\*\*64 - 1\]\) — "
+        r"pass a seed from 0 to "
+        r"18446744073709551615",
+    ),
+    "seed_negative": (
+        ["--seed", "-1"],
+        r"^error: --seed -1 is out of range \(must be a whole number in \[0, 2\*\*64",
+    ),
     "class_of_an_unconditional_model": (
         ["--class_label", "3"],
         r"--class_label: this checkpoint is unconditional .* — sample it without --class_label",
@@ -82,6 +93,10 @@ def test_sample_reports_a_bad_input_in_one_line(flags, expected, user, capsys, m
 
 
 EVALUATE_CASES = {
+    "seed_negative": (
+        ["--seed", "-1"],
+        r"^error: --seed -1 is out of range \(must be a whole number in \[0, 2\*\*64",
+    ),
     "missing_samples": (
         ["--samples", "{user}/nope.npz"],
         r"--samples .*nope.npz does not exist — save uint8",

@@ -42,6 +42,11 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"--data.batch_size 0 is out of range \(must be >= 1\) — pass --data.batch_size 1",
     ),
     # The network's own checks, said of the flag: their OutOfRange names the UNet as its owner.
+    "num_heads_not_dividing": (
+        ["--model.network.num_heads", "3"],
+        r"--model.network.num_heads 3 does not divide the \d+ channels of attention level \d — pick a "
+        r"--model.network.num_heads that divides --model.network.channels \(8\)$",
+    ),
     "network_channels_0": (
         ["--model.network.channels", "0"],
         r"--model.network.channels 0 is out of range \(must be >= 1\) — pass a value >= 1$",

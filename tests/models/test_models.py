@@ -194,7 +194,7 @@ def test_unet_rejects_channels_indivisible_by_groups() -> None:
 
 
 def test_unet_rejects_heads_that_do_not_divide_channels() -> None:
-    with pytest.raises(ValueError, match=r"num_heads=3"):
+    with pytest.raises(ValueError, match=r"num_heads 3 does not divide the 64 channels"):
         UNet(channels=32, num_heads=3)
 
 

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
 from diffusion.errors import InvalidValue, OutOfRange
+from diffusion.generation.arguments import checked_seed
 from diffusion.generation.ranks import SAMPLING_BATCH, generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
 from diffusion.metrics.features import Features, check_features, distance_name, feature_size
@@ -97,7 +98,7 @@ class SampleQualityCallback(EveryNValidations):
         self.num_samples = num_samples
         self.features = features
         self.sampling = sampling
-        self.seed = seed
+        self.seed = checked_seed(seed)  # of the samples, the real subset and KID's subsets
         self.kid = kid if kid is not None else reference_stats is None
         self.kid_subset_size = kid_subset_size
         self.num_real = num_real or num_samples

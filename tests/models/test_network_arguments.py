@@ -1,0 +1,131 @@
+"""The networks refuse a constructor argument that is not the number it must be, and data of a shape they do not
+take, with the project's user errors of their own options (`owner`): never torch's TypeError from inside a layer,
+nor a rounded count."""
+
+import numpy as np
+import pytest
+import torch
+
+from diffusion.errors import InvalidValue, OutOfRange, WrongType
+from diffusion.models import MLP, UNet
+
+TINY = {"channels": 8, "channel_mult": (1, 2), "num_res_blocks": 1, "attention_levels": (1,)}
+
+BAD_ARGUMENTS = [  # (network, arguments, error type, the line's start)
+    (UNet, {"channels": 8.0}, OutOfRange, r"channels=8.0 must be a whole number — pass channels as an int"),
+    (UNet, {"channels": "8"}, WrongType, r"channels='8' is a str, not a whole number"),
+    (UNet, {"channels": True}, WrongType, r"channels=True is a bool, not a whole number"),
+    (
+        UNet,
+        {**TINY, "channel_mult": (1, "2")},
+        WrongType,
+        r"channel_mult\[1\]='2' is a str, not a whole number",
+    ),
+    (
+        UNet,
+        {**TINY, "channel_mult": (1, 2.5)},
+        OutOfRange,
+        r"channel_mult=\[1, 2.5\] must be a non-empty list",
+    ),
+    (UNet, {**TINY, "channel_mult": 2}, WrongType, r"channel_mult=2 is an int, not a sequence of ints"),
+    (UNet, {**TINY, "num_res_blocks": 1.5}, OutOfRange, r"num_res_blocks=1.5 must be a whole number"),
+    (UNet, {**TINY, "num_heads": "2"}, WrongType, r"num_heads='2' is a str, not a whole number"),
+    (UNet, {**TINY, "in_channels": 3.0}, OutOfRange, r"in_channels=3.0 must be a whole number"),
+    (UNet, {**TINY, "out_channels": 2.0}, OutOfRange, r"out_channels=2.0 must be a whole number"),
+    (UNet, {**TINY, "num_classes": 2.5}, OutOfRange, r"num_classes=2.5 must be a whole number"),
+    (UNet, {**TINY, "num_classes": 0}, OutOfRange, r"num_classes=0 must be >= 1 \(or None"),
+    (UNet, {**TINY, "dropout": "0.1"}, WrongType, r"dropout='0.1' is a str, not a number in \[0, 1\)"),
+    (
+        UNet,
+        {**TINY, "attention_levels": (1.5,)},
+        OutOfRange,
+        r"attention_levels=\[1.5\] must be whole numbers in 0",
+    ),
+    (UNet, {**TINY, "checkpoint_levels": ("0",)}, WrongType, r"checkpoint_levels\[0\]='0' is a str"),
+    (MLP, {"hidden_dim": 8.0}, OutOfRange, r"hidden_dim=8.0 must be a whole number"),
+    (MLP, {"in_channels": "2"}, WrongType, r"in_channels='2' is a str, not a whole number"),
+    (MLP, {"num_blocks": 2.5}, OutOfRange, r"num_blocks=2.5 must be a whole number"),
+    (MLP, {"time_embed_dim": 64.0}, OutOfRange, r"time_embed_dim=64.0 must be a whole number"),
+    (MLP, {"fourier_frequencies": 2.5}, OutOfRange, r"fourier_frequencies=2.5 must be a whole number"),
+    (MLP, {"out_channels": "2"}, WrongType, r"out_channels='2' is a str"),
+    (MLP, {"num_classes": 1.5}, OutOfRange, r"num_classes=1.5 must be a whole number"),
+    (MLP, {"dropout": None}, WrongType, r"dropout=None is a NoneType, not a number in \[0, 1\)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("network", "arguments", "error", "expected"),
+    BAD_ARGUMENTS,
+    ids=[
+        f"{network.__name__}-{list(arguments)[-1]}-{list(arguments.values())[-1]}"
+        for network, arguments, *_ in BAD_ARGUMENTS
+    ],
+)
+def test_a_network_refuses_an_argument_that_is_not_its_number_by_its_name(
+    network, arguments, error, expected
+):
+    with pytest.raises(error, match=f"^{expected}") as raised:
+        network(**arguments)
+    assert raised.value.owner is network  # train.py says it of the flag the user wrote
+
+
+def test_a_numpy_integer_is_taken_as_the_int_it_is():
+    network = UNet(**{**TINY, "channels": np.int64(8), "channel_mult": np.array([1, 2])})
+    assert type(network.channels) is int and network.num_levels == 2
+    assert MLP(in_channels=np.int32(3), hidden_dim=np.int64(16)).in_channels == 3
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ((2,), r"^UNet is for images of shape \(1, H, W\), and the data's samples have shape \(2,\) \(vectors\) — "
+               r"train vectors with an MLP \(network diffusion\.models\.MLP\)$"),
+        ((3, 8, 8), r"^UNet is for images of 1 channel, and the data's samples have 3 \(shape \(3, 8, 8\)\) — build "
+                    r"it with in_channels 3"),
+        ((1, 8), r"^UNet is for images of shape \(1, H, W\), and the data's samples have shape \(1, 8\) — "),
+    ],
+)  # fmt: skip
+def test_the_unet_refuses_samples_that_are_not_its_images_saying_which_network_fits(shape, expected):
+    network = UNet(**TINY)
+    with pytest.raises(InvalidValue, match=expected) as raised:
+        network.check_input_shape(shape)
+    assert raised.value.owner is UNet
+    network.check_input_shape((1, 8, 8))  # its own images pass
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ((1, 8, 8), r"^MLP is for vectors of shape \(2,\), and the data's samples have shape \(1, 8, 8\) \(images\) "
+                    r"— train images with a UNet \(network diffusion\.models\.UNet\)$"),
+        ((3,), r"^MLP is for vectors of 2 features, and the data's samples have 3 — build it with in_channels 3"),
+        ((2, 2), r"^MLP is for vectors of shape \(2,\), and the data's samples have shape \(2, 2\) — "),
+    ],
+)  # fmt: skip
+def test_the_mlp_refuses_samples_that_are_not_its_vectors_saying_which_network_fits(shape, expected):
+    network = MLP(in_channels=2, hidden_dim=16, num_blocks=1)
+    with pytest.raises(InvalidValue, match=expected) as raised:
+        network.check_input_shape(shape)
+    assert raised.value.owner is MLP
+    network.check_input_shape((2,))  # its own vectors pass
+
+
+def test_a_forward_of_the_other_kind_of_data_is_refused_as_a_user_error():
+    t = torch.zeros(4, dtype=torch.long)
+    unet, mlp = UNet(**TINY), MLP(in_channels=2, hidden_dim=16, num_blocks=1)
+    with pytest.raises(
+        InvalidValue, match=r"^UNet takes x of shape \(B, 1, H, W\), a batch of images, and got "
+    ):
+        unet(torch.zeros(4, 2), t)
+    with pytest.raises(
+        InvalidValue, match=r"^MLP takes x of shape \(B, 2\), a batch of vectors, and got \(4, 1, 8"
+    ):
+        mlp(torch.zeros(4, 1, 8, 8), t)
+    with pytest.raises(
+        InvalidValue, match=r"^MLP is for vectors of 2 features, and the data's samples have 3"
+    ):
+        mlp(torch.zeros(4, 3), t)
+    with pytest.raises(
+        InvalidValue, match=r"^UNet is for images of 1 channel, and the data's samples have 3"
+    ):
+        unet(torch.zeros(4, 3, 8, 8), t)

@@ -1,0 +1,34 @@
+"""`load_checkpoint` refuses a `map_location` this machine has no device for by that argument, before it reads the
+file: torch's failure to move a tensor there is no defect of the checkpoint."""
+
+import pytest
+import torch
+
+from diffusion.errors import InvalidValue
+from diffusion.training.checkpoint_files import UnreadableCheckpoint
+from diffusion.training.loading import load_checkpoint
+
+
+@pytest.mark.parametrize(
+    ("map_location", "gpus", "expected"),
+    [
+        ("cuda:7", 0, r"^map_location='cuda:7': torch sees no cuda device on this machine — pass map_location='cpu'"),
+        ("cuda", 0, r"^map_location='cuda': torch sees no cuda device on this machine"),
+        (torch.device("cuda", 7), 2, r"^map_location='cuda:7': this machine has 2 cuda device\(s\), cuda:0 to cuda:1"),
+        ("tpu9", 0, r"^map_location='tpu9' is not a device — pass map_location='cpu'"),
+    ],
+)  # fmt: skip
+def test_a_device_the_machine_lacks_is_said_of_map_location_not_of_the_file(
+    toy2d_checkpoint, monkeypatch, map_location, gpus, expected
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)  # the same answer on machines with GPUs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(InvalidValue, match=expected) as raised:
+        load_checkpoint(toy2d_checkpoint, map_location=map_location)
+    assert not isinstance(raised.value, UnreadableCheckpoint)
+    assert str(toy2d_checkpoint) not in str(raised.value)  # the file is not blamed
+
+
+def test_the_cpu_loads_as_before(toy2d_checkpoint):
+    assert next(load_checkpoint(toy2d_checkpoint, map_location="cpu").parameters()).device.type == "cpu"
+    assert next(load_checkpoint(toy2d_checkpoint, map_location=torch.device("cpu")).parameters()).is_cpu
