@@ -112,6 +112,14 @@ CASES = [
     ("sample-bool-count", lambda: UNCONDITIONAL.sample(True), TypeError, "num_samples"),
     ("sample-text-count", lambda: UNCONDITIONAL.sample("3"), TypeError, "num_samples"),
     ("sample-tensor-count", lambda: UNCONDITIONAL.sample(torch.tensor(3)), TypeError, "num_samples"),
+    # its indices: a fraction was truncated (sample 0.5 drawn as sample 0)
+    ("sample-fractional-indices", lambda: UNCONDITIONAL.sample(2, seed=0, indices=torch.tensor([0.5, 1.7])),
+     ValueError, "indices"),
+    ("sample-indices-per-sample", lambda: UNCONDITIONAL.sample(4, seed=0, indices=torch.arange(3)), ValueError,
+     "indices"),
+    ("sample-list-indices", lambda: UNCONDITIONAL.sample(2, seed=0, indices=[0, 1]), TypeError, "indices"),
+    # DiffusionModule itself: a network's name where the network goes failed at the first sample
+    ("module-name-as-network", lambda: DiffusionModule("UNet", sample_shape=(2,)), TypeError, "network"),
     # SamplingOptions: a sampler's options the model cannot honour, and their types
     ("options-fractional-steps", lambda: SamplingOptions(sampler="ddim", steps=2.5), ValueError, "steps"),
     ("options-zero-steps", lambda: SamplingOptions(steps=0), ValueError, "steps"),

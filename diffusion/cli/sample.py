@@ -43,7 +43,7 @@ from diffusion.cli.flags import (
     requested_labels,
     resolve_device,
 )
-from diffusion.cli.parse_errors import parse_command_line
+from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.sampling import SamplingOptions
@@ -95,7 +95,8 @@ def check_precision(precision: str) -> None:
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv), closing_process_group():
-        args = parse_command_line(build_parser(), argv)
+        command_line = parsed_command_line(build_parser(), argv)
+        args = command_line.config
         check_seed_flag(args.seed)  # before the checkpoint is read and the ranks started
         options = SamplingOptions.taken_from(args)
         device: str | torch.device
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> Path:
         )
         sample_shape = tuple(hparams.get("sample_shape") or DEFAULT_SAMPLE_SHAPE)
         check_room_for_samples(args.out, args.num_samples, sample_shape, labels is not None)
+        command_line.print_config_if_asked()  # once the command's checks have passed: what would run
         fabric, rank, world_size, device = launch_ranks(
             args.devices, args.num_nodes, accelerator, device, argv, "diffusion.sample"
         )

@@ -25,7 +25,7 @@ from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.resumable import describe_batches
-from diffusion.errors import InvalidValue, check_weights_fit, options_of
+from diffusion.errors import InvalidValue, WrongType, check_weights_fit, options_of
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.divergence import check_interval_loss, check_weights
@@ -126,6 +126,13 @@ class DiffusionModule(SamplingModule):
         offset_noise: float = 0.0,
     ) -> None:
         super().__init__()
+        if not isinstance(network, torch.nn.Module):  # a name or a class would fail at the first step
+            raise WrongType(
+                "network",
+                network,
+                "a network (a torch.nn.Module)",
+                "pass one built, e.g. UNet(in_channels=1)",
+            )
         compile_training = compile_training if compile is None else compile  # the old name, as written before
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
         with options_of(type(self)):  # the checks' `{--name}`s are this class's options

@@ -17,7 +17,7 @@ from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final_sample
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
-from diffusion.errors import InvalidValue, check_whole_number
+from diffusion.errors import InvalidValue, WrongType, check_whole_number
 from diffusion.generation.arguments import checked_seed
 
 LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
@@ -61,8 +61,18 @@ class SamplingModule(L.LightningModule):
             # torch would take a larger or a negative one modulo 2**64: another seed's samples, without a word
             seed = checked_seed(seed)
             indices = torch.arange(num_samples) if indices is None else indices
-            if len(indices) != num_samples:
-                raise ValueError(f"got {len(indices)} indices for num_samples={num_samples}")
+            if not isinstance(indices, torch.Tensor):
+                raise WrongType("indices", indices, "a tensor", "pass torch.arange(n) or a slice of it")
+            if indices.is_floating_point() or indices.is_complex():
+                raise InvalidValue(
+                    f"indices of dtype {indices.dtype} would be truncated (sample 0.5 drawn as sample 0)",
+                    "pass whole-number indices, e.g. torch.arange(n) or a slice of it",
+                )
+            if indices.shape != (num_samples,):
+                raise InvalidValue(
+                    f"indices has shape {tuple(indices.shape)}, not ({num_samples},) for num_samples={num_samples}",
+                    "pass one index per sample (the noise of sample i is a function of (seed, i))",
+                )
             generator = counter_noise.PerSampleNoise(seed, indices, step=0)
         return randn((num_samples, *self.sample_shape), generator, self.device), generator
 

@@ -131,12 +131,26 @@ def test_print_config_gives_a_config_file_that_repeats_the_run(
     sample_digits, digits_checkpoint, tmp_path, capsys
 ):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--ckpt", str(digits_checkpoint), *BASE, "--print_config"])
+        main(["--ckpt", str(digits_checkpoint), *BASE, "--out", str(tmp_path / "printed"), "--print_config"])
     assert exit_info.value.code == 0
     config = tmp_path / "sample.yaml"
     config.write_text(capsys.readouterr().out)
     path = main(["--config", str(config), "--out", str(tmp_path / "out")])
     np.testing.assert_array_equal(np.load(path)["arr_0"], sample_digits()[0])
+
+
+def test_print_config_refuses_what_the_command_refuses(digits_checkpoint, tmp_path, capsys):
+    """Printed only once the command's own checks pass (the checkpoint, --out, the labels): no config of a
+    command that would stop."""
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "samples.npz").write_bytes(b"the user's")
+    missing_checkpoint = ["--ckpt", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "new")]
+    samples_there = ["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "taken")]
+    for flags in (missing_checkpoint, samples_there):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--print_config", *flags])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().out == ""
 
 
 def test_a_bare_sample_command_on_the_default_recipes_checkpoint_draws_its_best_sampler_per_cost(
