@@ -257,6 +257,18 @@ def without_print_config(argv: Sequence[str]) -> tuple[list[str], str | None]:
     return kept, (requested[-1] if requested else None)
 
 
+def print_config_problem(argv: Sequence[str]) -> tuple[str, str] | None:
+    """(what is wrong, fix) for `--print_config skip_default`: its options go after an '=' (else the word is
+    read as a value of the flag before it)."""
+    for arg, after in zip(argv, [*argv[1:], None], strict=True):
+        if arg == PRINT_CONFIG and after is not None and not after.startswith("-"):
+            return (
+                f"{PRINT_CONFIG} {after}: {PRINT_CONFIG} takes its options after an '='",
+                f"write {PRINT_CONFIG}={after} (skip_default, skip_null or comments, comma-separated)",
+            )
+    return None
+
+
 def as_the_parser_takes(parser: ArgumentParser, argv: list[str]) -> list[str]:
     """`argv` with each list flag's values in the form its parser takes (`in_list_form`); all else as written."""
     taken, index = [], 0

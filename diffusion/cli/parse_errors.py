@@ -41,6 +41,7 @@ from diffusion.cli.command_line import (
     is_class_choice,
     is_config_file_flag,
     plain_key,
+    print_config_problem,
     takes_a_class,
     without_print_config,
     yaml_or_none,
@@ -101,7 +102,10 @@ def parsed_command_line(
     """`argv` (sys.argv's by default) parsed without its `--print_config`, its list flags in the form the parser
     takes; a refusal raises `BadCommandLine`, and so does an option given under its old name (a key of `renamed`)
     and its new one with different values."""
-    written, print_request = without_print_config(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if (problem := print_config_problem(argv)) is not None:
+        raise BadCommandLine(*problem)
+    written, print_request = without_print_config(argv)
     try:
         config = parser.parse_args(as_the_parser_takes(parser, written))
     except ArgumentError as error:
@@ -348,20 +352,26 @@ def _said_of(shown: str, hint: Any, values: list[str], several: bool = False) ->
 
 
 def _class_said(shown: str, classes: list[type], value: str, only_classes: bool) -> tuple[str, str] | None:
-    """A class path that imports nothing, or a class of another kind than the flag takes; None otherwise."""
-    written = yaml_or_none(value) if value.lstrip().startswith("{") else value
-    path = written.get("class_path") if isinstance(written, dict) else written
-    if not isinstance(path, str) or not path or ("." not in path and not only_classes):
-        return None
-    found = _imported(path)
-    if isinstance(found, str):
-        return (
-            f"{shown}: no such class ({found})",
-            "pass the class path of a class that exists, as module.Class (see --help for the accepted classes)",
-        )
-    if isinstance(found, type) and not issubclass(found, tuple(classes)):
-        kinds = " or ".join(cls.__name__ for cls in classes)
-        return f"{shown}: {found.__name__} is not a {kinds}", f"pass the class path of a {kinds} (see --help)"
+    """A class path that imports nothing, or a class of another kind than the flag takes (of each item of a list
+    of classes: `--trainer.callbacks '[{class_path: ...}]'`); None otherwise."""
+    written = yaml_or_none(value) if value.lstrip().startswith(("{", "[")) else value
+    for item in written if isinstance(written, list) else [written]:
+        path = item.get("class_path") if isinstance(item, dict) else item
+        if not isinstance(path, str) or not path or ("." not in path and not only_classes):
+            continue
+        found = _imported(path)
+        if isinstance(found, str):
+            return (
+                f"{shown}: no such class ({found})",
+                "pass the class path of a class that exists, as module.Class (see --help for the accepted "
+                "classes)",
+            )
+        if isinstance(found, type) and not issubclass(found, tuple(classes)):
+            kinds = " or ".join(cls.__name__ for cls in classes)
+            return (
+                f"{shown}: {found.__name__} is not a {kinds}",
+                f"pass the class path of a {kinds} (see --help)",
+            )
     return None
 
 

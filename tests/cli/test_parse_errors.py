@@ -128,10 +128,19 @@ def test_print_config_prints_the_whole_command_line_wherever_it_is(where, tmp_pa
             ["--lr", "0.5"],
             "--out is required — pass --out VALUE (see --help)",
         ),  # jsonargparse printed it, exit 0
+        (
+            [
+                "--out",
+                "s",
+            ],  # its options written as a value: taken as --config's by train.py, which has one first
+            "--print_config skip_default: --print_config takes its options after an '=' — write "
+            "--print_config=skip_default (skip_default, skip_null or comments, comma-separated)",
+        ),
     ],
 )
 def test_print_config_refuses_what_the_command_refuses(flags, expected, capsys):
-    assert refused(["--print_config", *flags]) == expected
+    options = ["skip_default"] if "skip_default" in expected else []
+    assert refused(["--print_config", *options, *flags]) == expected
     assert capsys.readouterr().out == ""
 
 

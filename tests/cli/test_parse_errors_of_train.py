@@ -131,3 +131,21 @@ def test_a_check_after_the_parse_names_the_config_file_that_set_the_value(
     if "eta" in key:  # and the sample grid's own sampling options, as flags
         grid = ["--sample_grid.sampling.sampler", "ddim", "--sample_grid.sampling.eta", "7"]
         assert train_line(grid, capsys).startswith("--sample_grid.sampling.eta 7.0 is out of range")
+
+
+def test_a_list_of_classes_is_checked_item_by_item(tmp_path, monkeypatch, capsys):
+    """A class path inside a list (`--trainer.callbacks`, from a file too) is looked up as itself: the whole list
+    read as one class path said `No module named '[{class_path: lightning'`."""
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text(
+        "trainer:\n  callbacks:\n  - class_path: lightning.pytorch.callbacks.NotACallback\n"
+    )
+    assert train_line(["--config", "run.yaml"], capsys) == (
+        "run.yaml: trainer.callbacks [{class_path: lightning.pytorch.callbacks.NotACallback}]: no such class "
+        "(module 'lightning.pytorch.callbacks' has no attribute 'NotACallback') — pass the class path of a class "
+        "that exists, as module.Class (see --help for the accepted classes)"
+    )
+    assert train_line(["--trainer.callbacks", "[{class_path: diffusion.UNet}]"], capsys) == (
+        "--trainer.callbacks [{class_path: diffusion.UNet}]: UNet is not a Callback — pass the class path of a "
+        "Callback (see --help)"
+    )
