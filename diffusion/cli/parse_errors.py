@@ -160,6 +160,15 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     action = action_of(parser, item.key)
     if is_config_file_flag(parser, item.key) and item.values:
         value = item.values[-1]
+        required = [
+            a.dest for a in actions(parser) if a.dest.startswith(f"{item.key}.") and is_required(parser, a)
+        ]
+        if value is None and required:  # `model: null` drops the group, and its required options with it
+            shown = item.shown() if item.file else f"--{item.key} null"
+            return (
+                f"{shown}: this group cannot be null (it needs {required[0]})",
+                "remove the line, or write its options under it",
+            )
         inline = isinstance(value, dict | None) and item.key != "config"
         if inline or isinstance(yaml_or_none(str(value)), dict):
             return None  # options written inline: --model '{lr: 1e-3}', or a mapping under the key in a file

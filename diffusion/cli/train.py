@@ -73,6 +73,7 @@ from diffusion.training.module import DiffusionModule
 # LightningCLI's optimizer flags, not offered (DiffusionModule.configure_optimizers), and the flags that do their work.
 # Options renamed, old name -> new: a command line giving both with different values is refused (both would load).
 RENAMED_OPTIONS = {"model.compile": "model.compile_training"}
+CLASS_GROUPS = ("checkpoint", "ema", "sample_grid")  # the callbacks built from a group of flags (below)
 NOT_OFFERED = {
     "optimizer": "--model.lr, --model.adam_betas and --model.weight_decay",
     "lr_scheduler": "--model.warmup_steps and --model.lr_schedule (constant or cosine)",
@@ -229,6 +230,12 @@ class DiffusionCLI(LightningCLI):
                     f"{given[-1]}: train.py takes no --{name}; the model configures its own Adam "
                     "(fused where it can be), warmup and learning-rate schedule",
                     f"set them with {instead}",
+                )
+        for group in CLASS_GROUPS:  # `ema: null` in a file: Lightning's instantiation ends in a TypeError
+            if group in self.config and self.config[group] is None:
+                raise UserError(
+                    f"{self._said(group, 'null')}: this group cannot be null",
+                    "remove the line, or write its options under it",
                 )
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config, self._said)

@@ -149,3 +149,15 @@ def test_a_list_of_classes_is_checked_item_by_item(tmp_path, monkeypatch, capsys
         "--trainer.callbacks [{class_path: diffusion.UNet}]: UNet is not a Callback — pass the class path of a "
         "Callback (see --help)"
     )
+
+
+@pytest.mark.parametrize("group", ["model", "ema", "checkpoint", "sample_grid"])
+def test_a_group_written_null_in_a_config_file_is_said_as_such(group, tmp_path, monkeypatch, capsys):
+    """`model: null` was the parser's 'the following arguments are required: model.network'; `ema: null` a
+    TypeError from deep in the instantiation."""
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text(f"{group}: null\n")
+    needs = " (it needs model.network)" if group == "model" else ""
+    assert train_line(["--config", "run.yaml"], capsys) == (
+        f"run.yaml: {group} null: this group cannot be null{needs} — remove the line, or write its options under it"
+    )
