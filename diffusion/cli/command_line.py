@@ -55,11 +55,16 @@ def where_written(written: Sequence[Written]) -> SayOption:
     last, else as its flag (a flag after the file wins, as in the parse; an option nobody wrote, a default)."""
 
     def said(key: str, value: Any) -> str:
-        plain = plain_key(key)
-        last = next((item for item in reversed(written) if plain_key(item.key) == plain), None)
-        return f"{last.file}: {plain} {value}" if last is not None and last.file else as_flag(plain, value)
+        return f"{written_as(written, key)} {value}"
 
     return said
+
+
+def written_as(written: Sequence[Written], key: str) -> str:
+    """An option as the command line gave it: `--ckpt`, or `run.yaml: ckpt` where a config file set it last."""
+    plain = plain_key(key)
+    last = next((item for item in reversed(written) if plain_key(item.key) == plain), None)
+    return f"{last.file}: {plain}" if last is not None and last.file else f"--{plain}"
 
 
 def plain_key(key: str) -> str:

@@ -32,6 +32,7 @@ import torch
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt
 
+from diffusion.cli.command_line import written_as
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
@@ -103,11 +104,11 @@ def main(argv: list[str] | None = None) -> Path:
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)
         path = Path(args.out) / "samples.npz"
-        check_writable_folder(args.out, "--out")
+        check_writable_folder(args.out, written_as(command_line.written, "out"))
         for written in (path, path.with_name("grid.png")):  # what this command writes: keep the user's
             if written.exists() and not args.overwrite:
                 raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
-        args.ckpt, hparams = given_model(args.ckpt)
+        args.ckpt, hparams = given_model(args.ckpt, written_as(command_line.written, "ckpt"))
         num_classes = hparams["network"].get("init_args", {}).get("num_classes")
         # Labels repeat with the classes (`class_labels`): those of the first num_classes samples stand for all.
         labels = requested_labels(

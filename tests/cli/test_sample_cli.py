@@ -203,3 +203,14 @@ def test_from_the_sampler_flag_to_the_samplers_steps_is_three_files_one_way(
     assert built[0] == [*own_checks, "core/sampling.py", "cli/sample.py"]
     assert built[-1] == [*own_checks, "core/sampling.py", "cli/sample.py"]
     assert stepped[0] == [sampler_file, "generation/ranks.py", "cli/sample.py"]
+
+
+def test_a_checkpoint_named_in_a_config_file_is_said_with_the_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sample.yaml").write_text("ckpt: nothere.ckpt\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", "sample.yaml", "--out", "out"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: sample.yaml: ckpt: no checkpoint at nothere.ckpt — "
+    )
