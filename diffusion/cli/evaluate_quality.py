@@ -125,6 +125,8 @@ def run(args: Namespace, device: str) -> dict[str, float] | None:
         )
         values.update(quality.compute(args.seed))
     lines = describe(args, samples, reference) + result_lines(values, notes, args.features)
+    if "fid" in values and samples is not None:
+        lines += too_few_for_a_covariance(samples, reference, feature_size(args.features, samples.shape[-1]))
     if saved is not None:
         lines.append(f"wrote the FID statistics of {args.reference} ({args.features} features) to {saved}")
     print("\n".join(lines))
@@ -246,6 +248,21 @@ def build_quality(
         raise UserError(
             f"--inception_weights {weights} is not a readable PyTorch weights file ({reason})", fix
         ) from err
+
+
+def too_few_for_a_covariance(
+    samples: np.ndarray, reference: np.ndarray | FeatureStatistics | None, size: int
+) -> list[str]:
+    """A note when a set has no more images than the features have dimensions: its covariance is singular, and
+    the distance mostly the noise of its estimate (the figure would be taken at face value)."""
+    counts = [len(samples)] + ([len(reference)] if isinstance(reference, np.ndarray) else [])
+    if min(counts) > size:
+        return []
+    return [
+        f"note: {min(counts)} images for {size}-d features: their covariance is singular, so this distance is "
+        f"mostly the noise of its estimate — compare more than {size} images of each (an FID is taken on 10,000 "
+        "or 50,000)"
+    ]
 
 
 def result_lines(values: dict[str, float], notes: dict[str, str], features: Features) -> list[str]:

@@ -254,6 +254,11 @@ def test_evaluate_cli_on_npz_files_and_a_dataset_name(tmp_path, digit_halves, ca
     assert result["fid"] == pytest.approx(16.31, abs=0.05) and math.isfinite(result["kid_mean"])
     out = capsys.readouterr().out
     assert "FD of pixels (not an FID): 16.3" in out and "FID:" not in out  # a pixel FD is never called FID
+    assert "note:" not in out  # about 900 images each for 64-d features: enough for their covariances
+    few = tmp_path / "few.npz"
+    np.savez(few, digit_halves[0][:40].permute(0, 2, 3, 1).numpy())
+    evaluate_cli.main(["--samples", str(few), "--reference", str(second), "--features", "pixels"])
+    assert "note: 40 images for 64-d features: their covariance is singular" in capsys.readouterr().out
     # A dataset name: the whole digits train split (1797 images) rendered at the samples' 16x16.
     result = evaluate_cli.main(["--samples", str(first), "--reference", "digits", "--features", "pixels"])
     assert result["num_real"] == 1797 and 0 < result["fid"] < 16.31
