@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_vector_model
 
 from diffusion import (
-    MLP,
     DiffusionModule,
     NoiseSchedule,
     SamplingOptions,
@@ -36,13 +36,7 @@ IMAGES = torch.zeros(4, 1, 2, 2)
 
 
 def tiny(num_classes: int | None = None) -> DiffusionModule:
-    """A vector model of 20 timesteps whose checkpoint names DDIM-3: seconds of nothing."""
-    torch.manual_seed(0)
-    network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8, num_classes=num_classes)
-    return DiffusionModule(
-        network, sample_shape=(2,), num_timesteps=20, normalization=NORMALIZATION,
-        sampling=SamplingOptions(sampler="ddim", steps=3),
-    )  # fmt: skip
+    return tiny_vector_model(num_classes, steps=3)
 
 
 UNCONDITIONAL, CONDITIONAL = tiny(), tiny(num_classes=3)

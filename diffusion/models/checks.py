@@ -5,7 +5,7 @@ refuse it), and nothing reaches torch's layers to fail there with torch's words.
 
 from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, Literal
 
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_whole_number, options_of
 
@@ -63,43 +63,27 @@ def fraction(owner: type, name: str, value: Any) -> float:
     return number
 
 
-def check_vector_shape(owner: type, shape: Sequence[int], width: int) -> None:
-    """One sample of `shape` is a vector of `width` features (D,), or InvalidValue saying which network fits."""
-    shape = tuple(shape)
-    name = owner.__name__
-    if len(shape) != 1:
+def check_sample_shape(
+    owner: type, shape: Sequence[int], kind: Literal["vectors", "images"], width: int
+) -> None:
+    """One sample of `shape` is of `kind`, `width` its features (D,) or channels (C, H, W); else InvalidValue
+    saying which network fits (a network for the other kind of data failed at the first step)."""
+    shape, name = tuple(shape), owner.__name__
+    rank, other, other_rank = (1, "images", 3) if kind == "vectors" else (3, "vectors", 1)
+    if len(shape) != rank:
+        theirs = len(shape) == other_rank
         raise InvalidValue(
-            f"{name} is for vectors of shape ({width},), and the data's samples have shape {shape}"
-            + (" (images)" if len(shape) == 3 else ""),
-            f"train {'images' if len(shape) == 3 else 'this data'} with "
-            + (NETWORK_FOR["images"] if len(shape) == 3 else "a network for its shape"),
+            f"{name} is for {kind} of shape {(width,) if rank == 1 else f'({width}, H, W)'}, and the data's "
+            f"samples have shape {shape}" + (f" ({other})" if theirs else ""),
+            f"train {other if theirs else 'this data'} with "
+            + (NETWORK_FOR[other] if theirs else "a network for its shape"),
             owner,
         )
     if shape[0] != width:
+        unit = "features" if rank == 1 else f"channel{'s' * (width != 1)}"
         raise InvalidValue(
-            f"{name} is for vectors of {width} features, and the data's samples have {shape[0]}",
-            f"build it with {{--in_channels}} {shape[0]} (train.py sets it from the data)",
-            owner,
-        )
-
-
-def check_image_shape(owner: type, shape: Sequence[int], channels: int) -> None:
-    """One sample of `shape` is an image of `channels` channels (C, H, W), or InvalidValue saying which network
-    fits."""
-    shape = tuple(shape)
-    name = owner.__name__
-    if len(shape) != 3:
-        raise InvalidValue(
-            f"{name} is for images of shape ({channels}, H, W), and the data's samples have shape {shape}"
-            + (" (vectors)" if len(shape) == 1 else ""),
-            f"train {'vectors' if len(shape) == 1 else 'this data'} with "
-            + (NETWORK_FOR["vectors"] if len(shape) == 1 else "a network for its shape"),
-            owner,
-        )
-    if shape[0] != channels:
-        raise InvalidValue(
-            f"{name} is for images of {channels} channel{'s' * (channels != 1)}, and the data's samples have "
-            f"{shape[0]} (shape {shape})",
+            f"{name} is for {kind} of {width} {unit}, and the data's samples have {shape[0]}"
+            + ("" if rank == 1 else f" (shape {shape})"),
             f"build it with {{--in_channels}} {shape[0]} (train.py sets it from the data)",
             owner,
         )

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from diffusion.errors import InvalidValue, OutOfRange
-from diffusion.models.checks import CLASSES, check_vector_shape, fraction, optional_whole, whole
+from diffusion.models.checks import CLASSES, check_sample_shape, fraction, optional_whole, whole
 from diffusion.models.embedding import (
     ClassEmbedding,
     check_unconditional,
@@ -100,7 +100,7 @@ class MLP(nn.Module):
     def check_input_shape(self, shape: Sequence[int]) -> None:
         """Raise InvalidValue unless one sample of `shape` fits: a vector (D,) of D = in_channels features. Called
         by the CLI before training, and on every forward."""
-        check_vector_shape(type(self), shape, self.in_channels)
+        check_sample_shape(type(self), shape, "vectors", self.in_channels)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, D) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only with

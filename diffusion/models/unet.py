@@ -15,7 +15,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from diffusion.errors import InvalidValue, OutOfRange
-from diffusion.models.checks import CLASSES, check_image_shape, fraction, optional_whole, whole, whole_numbers
+from diffusion.models.checks import (
+    CLASSES,
+    check_sample_shape,
+    fraction,
+    optional_whole,
+    whole,
+    whole_numbers,
+)
 from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
 
 MAX_GROUPS = 32
@@ -335,7 +342,7 @@ class UNet(nn.Module):
     def check_input_shape(self, shape: Sequence[int]) -> None:
         """Raise InvalidValue unless one sample of `shape` (C, H, W) fits: C = in_channels, H and W divisible
         by 2**(levels - 1). Called by the CLI before training, and on every forward."""
-        check_image_shape(type(self), shape, self.in_channels)
+        check_sample_shape(type(self), shape, "images", self.in_channels)
         factor = 2 ** (self.num_levels - 1)
         height, width = shape[-2:]
         if height % factor != 0 or width % factor != 0:

@@ -4,25 +4,17 @@ tests/test_public_api_arguments.py.)"""
 
 import pytest
 import torch
+from helpers import tiny_vector_model
 
-from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import InvalidValue, OutOfRange
 from diffusion.generation.arguments import SEED_LIMIT
 from diffusion.generation.ranks import generate, generate_in_chunks
 from diffusion.generation.render import rows_by_class, save_image_grid
-from diffusion.models import MLP
 from diffusion.training.module import DiffusionModule
-
-NORMALIZATION = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
 
 
 def tiny(num_classes: int | None = None) -> DiffusionModule:
-    torch.manual_seed(0)
-    network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8, num_classes=num_classes)
-    return DiffusionModule(
-        network, sample_shape=(2,), num_timesteps=20, normalization=NORMALIZATION,
-        sampling=SamplingOptions(sampler="ddim", steps=2),
-    )  # fmt: skip
+    return tiny_vector_model(num_classes, steps=2)
 
 
 SEED_RANGE = r"must be a whole number in \[0, 2\*\*64 - 1\] — pass a seed from 0 to 18446744073709551615"

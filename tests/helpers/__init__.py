@@ -2,7 +2,12 @@
 
 from pathlib import Path
 
+import torch
+
 from diffusion.cli.train import main
+from diffusion.core.sampling import SamplingOptions
+from diffusion.models import MLP
+from diffusion.training.module import DiffusionModule
 
 # A UNet of ~40k parameters and a few steps: seconds on a CPU, but the whole pipeline (config, data,
 # Trainer, EMA, checkpointing, sample grid) runs as it does for users.
@@ -61,3 +66,14 @@ def counting_backend(graphs: list, options: list | None = None) -> object:
         return graph.forward
 
     return backend
+
+
+def tiny_vector_model(num_classes: int | None = None, steps: int = 3) -> DiffusionModule:
+    """A 2-d vector model of 20 timesteps whose own sampler is DDIM-`steps`: seconds of nothing, for tests of
+    what the public functions take (the same weights at each call: seed 0)."""
+    torch.manual_seed(0)
+    network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8, num_classes=num_classes)
+    return DiffusionModule(
+        network, sample_shape=(2,), num_timesteps=20, normalization={"shift": [0.0, 0.0], "scale": [1.0, 1.0]},
+        sampling=SamplingOptions(sampler="ddim", steps=steps),
+    )  # fmt: skip
