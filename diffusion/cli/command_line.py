@@ -5,12 +5,14 @@ A `--config FILE` (or a group's `--model FILE`) is read into the keys it sets (`
 a flag would be (`diffusion.cli.parse_errors`): the line names the file and the key. A file whose own shape is wrong
 (missing, not YAML, empty, a list or a single value where options go) is said as such. Also here: the list flags'
 other forms (`--metrics [fid, kid]`, `--metrics fid,kid`, `--sweep 0.1 0.2`) and `--print_config`, taken out of
-a command line to be honoured once the rest of it parses.
+a command line to be honoured once the rest of it parses; how an option is said once parsed (`where_written`:
+its flag, or the file and key that set it); and how a declared type is said (`kind_name`, `alternatives`).
 """
 
 import functools
+import types
 import typing
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -18,7 +20,13 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from jsonargparse import ArgumentParser
 
-from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, loads_a_group_file
+from diffusion.cli.jsonargparse_internals import (
+    action_of,
+    actions,
+    declared_type,
+    loads_a_group_file,
+    number_bounds,
+)
 
 PRINT_CONFIG = "--print_config"
 # Keys of a class's mapping in a config file that are not its arguments (jsonargparse's own).
@@ -338,3 +346,32 @@ def _plain(kind: Any) -> Any:
 
 def _is_union(hint: Any) -> bool:
     return get_origin(hint) in (typing.Union, _UnionType)
+
+
+def kind_name(kind: Any) -> str:
+    """int, float, bool, list (a list, tuple or Sequence), timedelta, ...: how a type is said."""
+    base = builtin_base(kind) if number_bounds(kind) else (get_origin(kind) or kind)
+    items = get_args(kind)
+    if base is tuple and items and Ellipsis not in items:  # tuple[float, float]: so many items
+        return f"list of {len(items)} {' and '.join(dict.fromkeys(kind_name(item) for item in items))}s"
+    return "list" if base in (list, tuple, Sequence, Iterable) else getattr(base, "__name__", str(base))
+
+
+def alternatives(hint: Any) -> list[Any]:
+    """The members of a union (nested unions flattened); a type that is no union, alone."""
+    if get_origin(hint) in (typing.Union, types.UnionType):
+        return [member for arg in get_args(hint) for member in alternatives(arg)]
+    return [hint]
+
+
+def builtin_base(kind: type) -> type:
+    """int for jsonargparse's PositiveInt, ...: the built-in type a restricted number extends."""
+    return next(base for base in kind.__mro__ if base.__module__ == "builtins")
+
+
+def parses_as(base: type, text: str) -> bool:
+    try:
+        base(text)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -31,15 +31,19 @@ from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from diffusion.cli.command_line import (
     Written,
+    alternatives,
     as_text,
     as_the_parser_takes,
     beside,
+    builtin_base,
     config_file_problem,
     everything_written,
     flags_written,
     in_list_form,
     is_class_choice,
     is_config_file_flag,
+    kind_name,
+    parses_as,
     plain_key,
     print_config_problem,
     takes_a_class,
@@ -325,7 +329,7 @@ def _fits_text(hint: Any, values: tuple[str, ...], nargs: Any) -> bool:
 def _said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> tuple[str, str]:
     """What does not fit in `values` of type `hint`, said from the type: choices, bounds, class path or kind.
     `several`: a flag of several values (`--metrics fid kid`)."""
-    kinds = [kind for kind in _alternatives(hint) if kind is not type(None)]
+    kinds = [kind for kind in alternatives(hint) if kind is not type(None)]
     if kinds and all(get_origin(kind) is list for kind in kinds):  # --metrics fid kid: say it of the items
         items = functools.reduce(operator.or_, (get_args(kind)[0] for kind in kinds))
         return _said_of(shown, items, values, several=True)
@@ -346,12 +350,12 @@ def _said_of(shown: str, hint: Any, values: list[str], several: bool = False) ->
         return found
     for kind in kinds:
         bounds = number_bounds(kind)  # jsonargparse.typing's restricted numbers
-        if bounds and _parses_as(_builtin_base(kind), values[-1]):
+        if bounds and parses_as(builtin_base(kind), values[-1]):
             return (
                 f"{shown} is out of range",
                 f"pass a value {' and '.join(f'{op} {limit}' for op, limit in bounds)}",
             )
-    names = list(dict.fromkeys(_kind_name(kind) for kind in kinds or [hint]))
+    names = list(dict.fromkeys(kind_name(kind) for kind in kinds or [hint]))
     if names == ["bool"]:
         return f"{shown} is not a valid bool", "pass true or false"
     what = f"{shown} is not a valid {' or '.join(names)}"
@@ -382,32 +386,3 @@ def _class_said(shown: str, classes: list[type], value: str, only_classes: bool)
                 f"pass the class path of a {kinds} (see --help)",
             )
     return None
-
-
-def _kind_name(kind: Any) -> str:
-    """int, float, bool, list (a list, tuple or Sequence), timedelta, ...: how a type is said."""
-    base = _builtin_base(kind) if number_bounds(kind) else (get_origin(kind) or kind)
-    items = get_args(kind)
-    if base is tuple and items and Ellipsis not in items:  # tuple[float, float]: so many items
-        return f"list of {len(items)} {' and '.join(dict.fromkeys(_kind_name(item) for item in items))}s"
-    return "list" if base in (list, tuple, Sequence, Iterable) else getattr(base, "__name__", str(base))
-
-
-def _alternatives(hint: Any) -> list[Any]:
-    """The members of a union (nested unions flattened); a type that is no union, alone."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        return [member for arg in get_args(hint) for member in _alternatives(arg)]
-    return [hint]
-
-
-def _builtin_base(kind: type) -> type:
-    """int for jsonargparse's PositiveInt, ...: the built-in type a restricted number extends."""
-    return next(base for base in kind.__mro__ if base.__module__ == "builtins")
-
-
-def _parses_as(base: type, text: str) -> bool:
-    try:
-        base(text)
-    except (TypeError, ValueError):
-        return False
-    return True
