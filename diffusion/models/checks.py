@@ -71,10 +71,10 @@ def check_sample_shape(
     shape, name = tuple(shape), owner.__name__
     rank, other, other_rank = (1, "images", 3) if kind == "vectors" else (3, "vectors", 1)
     if len(shape) != rank:
-        theirs = len(shape) == other_rank
+        theirs, takes = len(shape) == other_rank, (width,) if rank == 1 else f"({width}, H, W)"
         raise InvalidValue(
-            f"{name} is for {kind} of shape {(width,) if rank == 1 else f'({width}, H, W)'}, and the data's "
-            f"samples have shape {shape}" + (f" ({other})" if theirs else ""),
+            f"{name} is for {kind} of shape {takes}, and the data's samples have shape {shape}"
+            + (f" ({other})" if theirs else ""),
             f"train {other if theirs else 'this data'} with "
             + (NETWORK_FOR[other] if theirs else "a network for its shape"),
             owner,
