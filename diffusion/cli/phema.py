@@ -256,7 +256,11 @@ def main(argv: list[str] | None = None) -> Path | None:
                 "snapshots; the weights are an approximation of that EMA",
                 file=sys.stderr,
             )
-        save_atomically(with_weights(read_checkpoint(base, "--ckpt"), chosen, base), args.out)
+        save_atomically(
+            with_weights(read_checkpoint(base, "--ckpt"), chosen, base),
+            args.out,
+            "free space there, or pass another --out",
+        )
         print(
             f"wrote {args.out}: the EMA of sigma_rel {chosen.sigma_rel:g} at step {chosen.step}, from "
             f"{len(chosen.snapshots)} snapshots (profile fit error {100 * chosen.solution.relative_error:.2f}%) "

@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from diffusion.errors import InvalidValue, OutOfRange, UserError
-from diffusion.training.atomic_writes import remove_leftovers, save_atomically
+from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, remove_leftovers, save_atomically
 from diffusion.training.checkpoint_files import check_finite, check_zip_checksums
 from diffusion.training.divergence import check_weights
 from diffusion.training.ema_profiles import Solution, check_sigma_rel, combine, gamma_of, solve, update_weight
@@ -226,7 +226,7 @@ class PostHocEMA:
         for sigma_rel, gamma, profile in zip(self.sigma_rels, self.gammas, self.profiles, strict=True):
             weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in profile.items()}
             contents = snapshot_contents(self.step, sigma_rel, gamma, weights)
-            save_atomically(contents, self.folder / snapshot_name(self.step, sigma_rel))
+            save_atomically(contents, self.folder / snapshot_name(self.step, sigma_rel), RUN_ON_ANOTHER_DISK)
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "sigma_rels": list(self.sigma_rels), "profiles": self.profiles}

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import QUICK, TINY_UNET, tiny_run
+from helpers.full_disk import full_open
 from helpers.user_errors import REPO, fill, run_in_process, train_args
 
 from diffusion.cli import phema, sample
 from diffusion.cli.train import main as train
+from diffusion.training import atomic_writes
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.post_hoc_ema import find_snapshots, read_weights
 
@@ -170,3 +172,16 @@ def test_train_refuses_a_snapshot_budget_below_one_snapshot_of_each_profile(home
         r"\(2 x [\d.]+ MB\) — pass --ema.max_snapshot_gb [\d.e-]+ \(a snapshot every 100 steps\)",
         line,
     )
+
+
+def test_a_full_disk_at_the_written_checkpoint_names_it_and_the_fix(run, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "phema.ckpt"
+    monkeypatch.setattr(atomic_writes, "open", full_open(1000), raising=False)
+    with pytest.raises(SystemExit) as exited:
+        phema.main(["--run", str(run), "--sigma_rel", "0.05", "--out", str(out)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: no space left on the disk of {tmp_path} while saving phema.ckpt — free space there, or pass "
+        "another --out"
+    )
+    assert not out.exists() and not list(tmp_path.iterdir())
