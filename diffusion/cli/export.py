@@ -25,7 +25,7 @@ from typing import Literal
 from jsonargparse import ArgumentParser
 
 from diffusion.cli.flags import add_flags, check_writable_folder, command_parser, given_checkpoint
-from diffusion.cli.parse_errors import parse_command_line
+from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
 from diffusion.errors import UserError, naming_a_full_disk
@@ -71,7 +71,8 @@ def move_into(staged: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.export [flags]`: write the export into OUT and return OUT."""
     with reporting_user_errors(argv):
-        args = parse_command_line(build_parser(), argv)
+        command_line = parsed_command_line(build_parser(), argv)
+        args = command_line.config
         check_out(args.out, args.overwrite)
         args.ckpt = given_checkpoint(args.ckpt)
         checkpoint = read_checkpoint(args.ckpt, "--ckpt")
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> Path:
         module = load_checkpoint(args.ckpt, weights=args.weights)
         if args.format == "diffusers":
             check_pipeline_fits(module)  # refused before anything is written
+        command_line.print_config_if_asked()  # once the checks have passed: what would run
         # A run without EMA keeps its raw weights under "state_dict", which both choices load.
         weights = "ema" if args.weights == "ema" and "current_model_state" in checkpoint else "raw"
         out = Path(args.out).expanduser()

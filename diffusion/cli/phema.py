@@ -37,7 +37,7 @@ from diffusion.cli.flags import (
     requested_labels,
     resolve_device,
 )
-from diffusion.cli.parse_errors import parse_command_line
+from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
@@ -219,7 +219,8 @@ def sweep(
 def main(argv: list[str] | None = None) -> Path | None:
     """`python -m diffusion.phema [flags]`: write OUT (and return its path), or print a --sweep's table."""
     with reporting_user_errors(argv):
-        args = parse_command_line(build_parser(), argv)
+        command_line = parsed_command_line(build_parser(), argv)
+        args = command_line.config
         if (args.sigma_rel is None) == (args.sweep is None):
             raise UserError(
                 "pass one of --sigma_rel and --sweep",
@@ -243,6 +244,7 @@ def main(argv: list[str] | None = None) -> Path | None:
             )
         step = check_step(snapshots, args.step)
         base = base_checkpoint(run, step, args.ckpt)
+        command_line.print_config_if_asked()  # once the checks have passed: what would run
         if args.sweep is not None:
             chosen = sweep(args, run, base, snapshots, step)
         else:

@@ -40,6 +40,15 @@ def test_export_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
     assert re.search(expected, run_in_process(export.main, export_args(flags, user), user, capsys))
 
 
+@pytest.mark.parametrize("case", ["missing", "out_not_empty", "a_vector_model_to_diffusers"])
+def test_print_config_refuses_what_export_refuses(case, user, capsys):
+    """Printed once export's own checks pass: no config of an export that would stop (it printed, exit 0)."""
+    flags, expected = EXPORT_CASES[case]
+    assert re.search(
+        expected, run_in_process(export.main, ["--print_config", *export_args(flags, user)], user, capsys)
+    )
+
+
 @pytest.mark.parametrize("missing", ["--ckpt", "--format", "--out"])
 def test_export_names_a_missing_required_flag(missing, user, capsys):
     args = export_args([], user)

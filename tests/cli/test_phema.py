@@ -164,6 +164,15 @@ def test_phema_reports_a_bad_input_in_one_line(flags, expected, home, capsys):
     assert re.search(expected, run_in_process(phema.main, fill(flags, home), home, capsys))
 
 
+@pytest.mark.parametrize("case", ["run_without_snapshots", "out_exists", "step_without_snapshots"])
+def test_print_config_refuses_what_phema_refuses(case, home, capsys):
+    """Printed once phema's own checks pass: no config of a command that would stop (it printed, exit 0)."""
+    flags, expected = PHEMA_CASES[case]
+    assert re.search(
+        expected, run_in_process(phema.main, fill(["--print_config", *flags], home), home, capsys)
+    )
+
+
 def test_train_refuses_a_snapshot_budget_below_one_snapshot_of_each_profile(home, capsys):
     flags = ["--ema.post_hoc", "true", "--ema.max_snapshot_gb", "1e-5"]
     line = run_in_process(train, train_args(flags, home, home / "runs"), home, capsys)
