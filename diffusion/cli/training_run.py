@@ -20,7 +20,14 @@ from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, write_atomical
 from diffusion.training.callbacks.heartbeat import Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
-from diffusion.training.run_folders import new_run_folders, remove_unused_run_folders, run_folder, training_in
+from diffusion.training.run_folders import (
+    CHECKPOINTS,
+    checkpoint_files,
+    new_run_folders,
+    remove_unused_run_folders,
+    run_folder,
+    training_in,
+)
 
 
 class BuiltRun(Protocol):
@@ -100,10 +107,26 @@ def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:
 
 
 def fit(cli: BuiltRun) -> None:
+    if cli.config.ckpt_path is None:  # a new run: its checkpoints go where no run's are
+        check_nothing_overwritten(run_folder(cli.trainer), cli.config.checkpoint.dirpath)
     created = new_run_folders(cli.trainer)
     # Rank 0 holds the run folder for the fit: a second job on it (a resume started twice) is refused here.
     with training_in(run_folder(cli.trainer)) if cli.trainer.is_global_zero else contextlib.nullcontext():
         fit_in_run_folder(cli, created)
+
+
+def check_nothing_overwritten(folder: Path, checkpoint_dirpath: str | None) -> None:
+    """A new run writes its checkpoints into a folder that holds none: Lightning would replace another run's
+    last.ckpt without a word (a run version named again, or --checkpoint.dirpath into another run's folder)."""
+    checkpoints = Path(checkpoint_dirpath) if checkpoint_dirpath else folder / CHECKPOINTS
+    found = checkpoint_files(checkpoints) if checkpoints.is_dir() else []
+    if found:
+        names = ", ".join(path.name for path in found[:3]) + (", ..." if len(found) > 3 else "")
+        raise UserError(
+            f"{checkpoints} holds another run's checkpoints ({names}), which this new run would write over",
+            "resume that run with --ckpt_path last (or a checkpoint's path), or start a new one elsewhere: leave "
+            "out --trainer.logger.init_args.version (a new version_N), or pass an empty --checkpoint.dirpath",
+        )
 
 
 def fit_in_run_folder(cli: BuiltRun, created: list[Path]) -> None:

@@ -115,3 +115,21 @@ def test_a_lock_file_removed_while_a_job_waited_on_it_is_not_trusted(tmp_path, m
     monkeypatch.setattr(fcntl, "flock", flock_after_the_holder_left)
     with training_in(tmp_path):
         assert os.stat(tmp_path / TRAINING_LOCK).st_ino == locked[-1] and len(locked) == 2
+
+
+def test_a_new_run_does_not_write_over_another_runs_checkpoints(tmp_path, capsys):
+    """A run version named again, or --checkpoint.dirpath into another run, replaced that run's last.ckpt (an
+    outside round lost a 400-step run so): refused, the run as it was; resuming it stays the way on."""
+    tiny_run(tmp_path / "runs", *QUICK)
+    checkpoints = tmp_path / "runs" / "digits" / "version_0" / "checkpoints"
+    before = {path.name: path.read_bytes() for path in checkpoints.iterdir()}
+    for again in (["--trainer.logger.init_args.version", "0"], ["--checkpoint.dirpath", str(checkpoints)]):
+        save_dir = tmp_path / ("runs" if "version" in again[0] else "elsewhere")
+        with pytest.raises(SystemExit) as exited:
+            tiny_run(save_dir, *QUICK, *again)
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+            f"error: {checkpoints} holds another run's checkpoints (last.ckpt, step=4.ckpt), which this new run "
+            "would write over — resume that run with --ckpt_path last"
+        )
+    assert {path.name: path.read_bytes() for path in checkpoints.iterdir()} == before
