@@ -231,8 +231,11 @@ class DiffusionCLI(LightningCLI):
                     "(fused where it can be), warmup and learning-rate schedule",
                     f"set them with {instead}",
                 )
-        for group in CLASS_GROUPS:  # `ema: null` in a file: Lightning's instantiation ends in a TypeError
-            if group in self.config and self.config[group] is None:
+        # `ema: null` in a file: Lightning's instantiation ends in a TypeError; `model: null` with a network flag
+        # after it parses, into a model without its other options.
+        nulled = [item.key for item in command_line.written if item.values == (None,)] if command_line else []
+        for group in ("model", "data", *CLASS_GROUPS):
+            if group in nulled or (group in self.config and self.config[group] is None):
                 raise UserError(
                     f"{self._said(group, 'null')}: this group cannot be null",
                     "remove the line, or write its options under it",

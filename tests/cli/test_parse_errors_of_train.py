@@ -161,3 +161,8 @@ def test_a_group_written_null_in_a_config_file_is_said_as_such(group, tmp_path, 
     assert train_line(["--config", "run.yaml"], capsys) == (
         f"run.yaml: {group} null: this group cannot be null{needs} — remove the line, or write its options under it"
     )
+    # With a flag of the group after it, the parse passes (a model without its other options: an AttributeError)
+    flag = ["--model.network.init_args.channels", "8"] if group == "model" else []
+    assert train_line(["--config", "run.yaml", *flag], capsys).startswith(
+        f"run.yaml: {group} null: this group"
+    )
