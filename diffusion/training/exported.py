@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from diffusion.core.schedule import schedule_betas
 from diffusion.errors import MissingFile, UserError, check_weights_fit
@@ -53,7 +53,10 @@ def write_export(
         "network": {"class_path": f"diffusion.models.{name}", "init_args": network["init_args"]},
     }
     state = {key: value.detach().cpu().contiguous() for key, value in module.network.state_dict().items()}
-    save_file(state, folder / WEIGHTS, metadata={"format": "pt"})
+    # Serialized here and written by Python: safetensors' own writer says a full disk as a SafetensorError, which
+    # names no errno; a Python write raises the OSError that the export's caller names as a full disk.
+    with open(folder / WEIGHTS, "wb") as file:
+        file.write(save(state, metadata={"format": "pt"}))
     config = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "weights": weights,
         "hyper_parameters": hparams, "betas": float64_betas(module).tolist(),

@@ -5,6 +5,7 @@ import re
 import sys
 
 import pytest
+from helpers.full_disk import full_open
 from helpers.user_errors import fill, run_in_process
 
 from diffusion.cli import export
@@ -69,14 +70,9 @@ def test_diffusers_missing_says_to_install_it(user, capsys, monkeypatch):
 def test_a_full_disk_while_exporting_is_one_line_naming_the_folder_and_leaves_nothing(
     user, capsys, monkeypatch
 ):
-    import errno
-
     from diffusion.training import exported
 
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(exported, "save_file", full)
+    monkeypatch.setattr(exported, "open", full_open(1000), raising=False)  # the weights' file fills the disk
     line = run_in_process(export.main, export_args([], user), user, capsys)
     assert re.fullmatch(
         r"error: no space left on the disk of .*new while saving the export — free space there, or pass another "

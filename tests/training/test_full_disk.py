@@ -137,18 +137,32 @@ def test_a_run_whose_disk_fills_at_a_checkpoint_ends_in_one_line_and_keeps_the_o
 
 
 REAL_FULL_DISK = """
-import sys, torch
+import shutil, sys, torch
 from pathlib import Path
 from diffusion.cli.flag_names import flag_text
 from diffusion.errors import DiskFull
 from diffusion.training.atomic_writes import save_atomically, write_atomically
 from diffusion.generation.render import save_preview
+from diffusion.errors import naming_a_full_disk
+from diffusion.models import MLP
+from diffusion.training.exported import write_export
+from diffusion.training.module import DiffusionModule
 disk = Path(sys.argv[1])
+module = DiffusionModule(MLP(in_channels=2, hidden_dim=128, num_blocks=2), sample_shape=(2,))
+network = {"class_path": "diffusion.models.MLP", "init_args": {"in_channels": 2, "hidden_dim": 128, "num_blocks": 2}}
+def export():  # as the export command writes one: safetensors' own writer said a full disk as a SafetensorError
+    (disk / "export").mkdir()
+    try:
+        with naming_a_full_disk(disk / "the export"):
+            write_export(module, network, disk / "export", "raw")
+    finally:
+        shutil.rmtree(disk / "export")
 save_atomically({"w": torch.zeros(10)}, disk / "last.ckpt")
 for name, write in [
     ("last.ckpt", lambda: save_atomically({"w": torch.randn(40000)}, disk / "last.ckpt")),
     ("grid.png", lambda: write_atomically(disk / "grid.png", lambda into: save_preview(
         torch.rand(64, 3, 64, 64) * 2 - 1, {"shift": [0.5] * 3, "scale": [0.5] * 3}, into))),
+    ("the export", export),
 ]:
     try:
         write()
@@ -178,6 +192,7 @@ def test_on_a_real_full_disk_torchs_own_error_is_named_as_a_full_disk(tmp_path):
     assert result.stdout.splitlines() == [
         f"no space left on the disk of {disk} while saving last.ckpt — {FREE_SPACE}",
         f"no space left on the disk of {disk} while saving grid.png — {RUN_ON_ANOTHER_DISK}",
+        f"no space left on the disk of {disk} while saving the export — {FREE_SPACE}",
         "['last.ckpt'] 0.0",
     ], result.stdout + result.stderr[-3000:]
 
