@@ -13,9 +13,11 @@ from helpers import tiny_vector_model
 
 from diffusion import (
     DiffusionModule,
+    ImageDataModule,
     NoiseSchedule,
     SamplingOptions,
     UserError,
+    VectorDataModule,
     class_labels,
     denormalize,
     final_sample,
@@ -112,6 +114,10 @@ CASES = [
     ("sample-indices-per-sample", lambda: UNCONDITIONAL.sample(4, seed=0, indices=torch.arange(3)), ValueError,
      "indices"),
     ("sample-list-indices", lambda: UNCONDITIONAL.sample(2, seed=0, indices=[0, 1]), TypeError, "indices"),
+    # the constructors' counts: torch's own words (linspace) or a comparison of a str with an int
+    ("schedule-fractional-steps", lambda: NoiseSchedule(num_timesteps=10.5), ValueError, "num_timesteps"),
+    ("images-text-size", lambda: ImageDataModule(image_size="8"), TypeError, "image_size"),
+    ("vectors-bool-batch", lambda: VectorDataModule(batch_size=True), TypeError, "batch_size"),
     # DiffusionModule itself: a network's name where the network goes failed at the first sample
     ("module-name-as-network", lambda: DiffusionModule("UNet", sample_shape=(2,)), TypeError, "network"),
     # SamplingOptions: a sampler's options the model cannot honour, and their types

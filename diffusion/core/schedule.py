@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from diffusion.errors import InvalidValue, UserError, check_choice
+from diffusion.errors import InvalidValue, UserError, check_choice, check_whole_number
 
 BetaSchedule = Literal["linear", "cosine", "sigmoid", "trained"]
 PredictionType = Literal["eps", "x0", "v"]
@@ -47,6 +47,9 @@ def make_betas(
             "timestep), or another "
             "beta_schedule without them",
         )
+    num_timesteps = check_whole_number(
+        "num_timesteps", num_timesteps, fix="pass an integer >= 2 (Ho et al. use 1000)"
+    )
     if num_timesteps < 2:  # one step cannot go from data to noise (a linear schedule's beta would be 0.1)
         raise InvalidValue(
             f"num_timesteps={num_timesteps} is too few", "pass an integer >= 2 (Ho et al. use 1000)"

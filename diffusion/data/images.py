@@ -22,7 +22,7 @@ from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
 from diffusion.data.prepared import PreparedSet, open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.errors import InvalidValue, MissingFile, OutOfRange, UserError, options_of
+from diffusion.errors import InvalidValue, MissingFile, OutOfRange, UserError, check_whole_number, options_of
 
 MIN_IMAGE_SIZE = 8
 
@@ -144,6 +144,7 @@ class ImageDataModule(SplitDataModule):
                     type(self),
                 )
             image_size = native_size if image_size is None else image_size
+        image_size = check_whole_number("image_size", image_size, fix=f"pass an int >= {MIN_IMAGE_SIZE}")
         if image_size < MIN_IMAGE_SIZE:
             raise OutOfRange(
                 "image_size",

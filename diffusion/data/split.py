@@ -35,7 +35,7 @@ from diffusion.data.on_device import (
 from diffusion.data.prepared import PreparedPart, PreparedSet
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
 from diffusion.data.streaming import StreamLoader
-from diffusion.errors import InvalidValue, OutOfRange, UserError
+from diffusion.errors import InvalidValue, OutOfRange, UserError, check_whole_number
 
 CACHE_SIZE = re.compile(r"\d+(\.\d+)?\s*[KMGT]?B", re.IGNORECASE)  # litdata's sizes: 500MB, 50GB, 1.5TB
 # Items read at once when a command collects a data set's images (evaluation's reference, the bound's held-out
@@ -123,6 +123,7 @@ class SplitDataModule(LightningDataModule):
         max_cache_size: str | None = None,
     ) -> None:
         super().__init__()
+        batch_size = check_whole_number("batch_size", batch_size, fix="pass an int >= 1")
         if batch_size < 1:
             raise OutOfRange("batch_size", batch_size, ">= 1", "pass {--batch_size} 1 or more", type(self))
         if num_workers < 0:
