@@ -38,7 +38,7 @@ def parameter_name(owner: type | str | None, name: str) -> str:
 
 
 def said(
-    text: str, flag: Callable[[type | str | None, str], str] = parameter_name, owner: type | None = None
+    text: str, flag: Callable[[type | str | None, str], str] = parameter_name, owner: type | str | None = None
 ) -> str:
     """`text` with each placeholder said as `flag(owner, name)` says it: for a line printed outside a UserError
     (a log line, a SystemExit's message), whose `{command:--flag}` is the running command's flag either way."""
@@ -49,7 +49,8 @@ class UserError(Exception):
     """A mistake in what the user gave, and its fix: reported as `<problem> — <fix>`; `owner`, the class whose
     options its `{--name}` placeholders are."""
 
-    def __init__(self, problem: str, fix: str, owner: type | None = None) -> None:
+    def __init__(self, problem: str, fix: str, owner: type | str | None = None) -> None:
+        # `owner`: a class, or COMMAND for the running command's own flags (`{--steps}` said as `--steps`)
         self.problem, self.fix, self.owner = problem, fix, owner
         super().__init__(self.said(parameter_name))
 

@@ -48,7 +48,7 @@ from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.sampling import SamplingOptions
-from diffusion.errors import UserError
+from diffusion.errors import COMMAND, UserError
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
 from diffusion.generation.render import SamplesWriter, check_room_for_samples
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> Path:
         )
         sample_shape = tuple(hparams.get("sample_shape") or DEFAULT_SAMPLE_SHAPE)
         check_room_for_samples(args.out, args.num_samples, sample_shape, labels is not None)
+        # --steps beyond the checkpoint's schedule: refused here, before --print_config and the ranks start
+        options.check_steps_fit(int(hparams.get("num_timesteps", 1000)), COMMAND, "steps")
         command_line.print_config_if_asked()  # once the command's checks have passed: what would run
         fabric, rank, world_size, device = launch_ranks(
             args.devices, args.num_nodes, accelerator, device, argv, "diffusion.sample"

@@ -146,7 +146,8 @@ def test_print_config_refuses_what_the_command_refuses(digits_checkpoint, tmp_pa
     (tmp_path / "taken" / "samples.npz").write_bytes(b"the user's")
     missing_checkpoint = ["--ckpt", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "new")]
     samples_there = ["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "taken")]
-    for flags in (missing_checkpoint, samples_there):
+    too_many_steps = ["--ckpt", str(digits_checkpoint), "--out", str(tmp_path / "new"), "--steps", "5000"]
+    for flags in (missing_checkpoint, samples_there, too_many_steps):
         with pytest.raises(SystemExit) as exit_info:
             main(["--print_config", *flags])
         assert exit_info.value.code == 2
@@ -211,6 +212,9 @@ def test_a_checkpoint_named_in_a_config_file_is_said_with_the_file(tmp_path, mon
     with pytest.raises(SystemExit) as exit_info:
         main(["--config", "sample.yaml", "--out", "out"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        "error: sample.yaml: ckpt: no checkpoint at nothere.ckpt — "
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("error: sample.yaml: ckpt: no checkpoint at nothere.ckpt — ")
     )
