@@ -113,6 +113,8 @@ CASES = [
      ValueError, "indices"),
     ("sample-indices-per-sample", lambda: UNCONDITIONAL.sample(4, seed=0, indices=torch.arange(3)), ValueError,
      "indices"),
+    ("sample-indices-without-seed", lambda: UNCONDITIONAL.sample(2, indices=torch.arange(2)), ValueError,
+     "indices"),
     ("sample-list-indices", lambda: UNCONDITIONAL.sample(2, seed=0, indices=[0, 1]), TypeError, "indices"),
     # the constructors' counts: torch's own words (linspace) or a comparison of a str with an int
     ("schedule-fractional-steps", lambda: NoiseSchedule(num_timesteps=10.5), ValueError, "num_timesteps"),

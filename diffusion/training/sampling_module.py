@@ -57,6 +57,11 @@ class SamplingModule(L.LightningModule):
         or devices gives the same N samples. Without, the global RNG.
         """
         generator = None
+        if seed is None and indices is not None:  # they would choose nothing: the global RNG draws the noise
+            raise InvalidValue(
+                "indices without a seed choose nothing (the noise then comes from the global random generator)",
+                "pass seed= too (sample i's noise is a function of (seed, i)), or leave indices out",
+            )
         if seed is not None:
             # torch would take a larger or a negative one modulo 2**64: another seed's samples, without a word
             seed = checked_seed(seed)
