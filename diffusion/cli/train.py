@@ -41,6 +41,7 @@ from diffusion.cli.train_checks import (
     check_torchrun_restarts,
     check_torchrun_world_size,
     naming_the_flag,
+    said_as_written,
     settings_written,
     take_diffusers_settings,
 )
@@ -287,6 +288,10 @@ class DiffusionCLI(LightningCLI):
             chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
             groups = {class_at(path): group for group, path in chosen.items()}
             named = naming_the_flag(error, groups, self._said, self.config)
+            # Another check of the class's: its options as written, a flag or a file's key.
+            if named is None and isinstance(error, UserError):
+                written = self._command_line.written if self._command_line else []
+                named = said_as_written(error, groups, written)
             if named is None:
                 raise
             raise named from error

@@ -6,6 +6,7 @@ own settings taken with its weights), the output folders, and the world size und
 import inspect
 import os
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 from jsonargparse import Namespace
@@ -13,7 +14,7 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.cli.command_line import SayOption, as_flag
+from diffusion.cli.command_line import SayOption, Written, as_flag, written_as
 from diffusion.cli.flag_names import flag_text, prefix_of
 from diffusion.cli.flags import check_writable_folder, out_of_range
 from diffusion.cli.legacy import class_at, same_class
@@ -210,6 +211,19 @@ def naming_the_flag(
             return out_of_range(cause, say(key, cause.value), fix)
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def said_as_written(error: UserError, groups: dict[type, str], written: Sequence[Written]) -> UserError:
+    """A class's own check (not a range: `naming_the_flag`) with the options of what is wrong said as the user gave
+    them, a flag or a config file's key (`run.yaml: model.sampling.steps 5000 is more steps ...`); its fix's as
+    flags."""
+
+    def as_given(owner: type | str | None, name: str) -> str:
+        flag = flag_text(owner, name, groups)
+        return written_as(written, flag[2:]) if flag.startswith("--") else flag
+
+    fix = said(error.fix, lambda owner, name: flag_text(owner, name, groups), error.owner)
+    return UserError(said(error.problem, as_given, error.owner), fix)
 
 
 def _option_checked(error: OutOfRange, groups: dict[type, str], config: Namespace | None) -> str | None:

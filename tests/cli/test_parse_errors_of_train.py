@@ -112,9 +112,12 @@ def test_print_config_refuses_what_the_built_run_would_refuse(flags, tmp_path, m
         ("ema:\n  decay: 1.5\n", "ema.decay 1.5 is out of range (must be in (0, 1))"),
         # A sampler's check names no owner: the option holding the value is found, here not --sample_grid's.
         ("model:\n  sampling:\n    sampler: ddim\n    eta: 7\n", "model.sampling.eta 7.0 is out of range"),
+        # A class's own check of other kinds: what is wrong said as written, its fix as flags.
+        ("model:\n  sampling:\n    steps: 5000\n", "model.sampling.steps 5000 is more steps than the schedule's"),
+        ("model:\n  network:\n    init_args:\n      num_heads: 3\n", "model.network.num_heads 3 does not divide"),
     ],
     ids=["class_range", "class_range_without_init_args", "trainer_range", "set_by_the_data", "module_range",
-         "ema_range", "sampler_range"],
+         "ema_range", "sampler_range", "module_check", "network_check"],
 )  # fmt: skip
 def test_a_check_after_the_parse_names_the_config_file_that_set_the_value(
     file, refused, tmp_path, monkeypatch, capsys
