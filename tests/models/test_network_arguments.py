@@ -110,22 +110,16 @@ def test_the_mlp_refuses_samples_that_are_not_its_vectors_saying_which_network_f
     network.check_input_shape((2,))  # its own vectors pass
 
 
-def test_a_forward_of_the_other_kind_of_data_is_refused_as_a_user_error():
-    t = torch.zeros(4, dtype=torch.long)
-    unet, mlp = UNet(**TINY), MLP(in_channels=2, hidden_dim=16, num_blocks=1)
-    with pytest.raises(
-        InvalidValue, match=r"^UNet takes x of shape \(B, 1, H, W\), a batch of images, and got "
-    ):
-        unet(torch.zeros(4, 2), t)
-    with pytest.raises(
-        InvalidValue, match=r"^MLP takes x of shape \(B, 2\), a batch of vectors, and got \(4, 1, 8"
-    ):
-        mlp(torch.zeros(4, 1, 8, 8), t)
-    with pytest.raises(
-        InvalidValue, match=r"^MLP is for vectors of 2 features, and the data's samples have 3"
-    ):
-        mlp(torch.zeros(4, 3), t)
-    with pytest.raises(
-        InvalidValue, match=r"^UNet is for images of 1 channel, and the data's samples have 3"
-    ):
-        unet(torch.zeros(4, 3, 8, 8), t)
+@pytest.mark.parametrize(
+    ("network", "x", "expected"),
+    [
+        ("unet", (4, 2), r"^UNet takes x of shape \(B, 1, H, W\), a batch of images, and got "),
+        ("mlp", (4, 1, 8, 8), r"^MLP takes x of shape \(B, 2\), a batch of vectors, and got \(4, 1, 8"),
+        ("mlp", (4, 3), r"^MLP is for vectors of 2 features, and the data's samples have 3"),
+        ("unet", (4, 3, 8, 8), r"^UNet is for images of 1 channel, and the data's samples have 3"),
+    ],
+)
+def test_a_forward_of_the_other_kind_of_data_is_refused_as_a_user_error(network, x, expected):
+    networks = {"unet": lambda: UNet(**TINY), "mlp": lambda: MLP(in_channels=2, hidden_dim=16, num_blocks=1)}
+    with pytest.raises(InvalidValue, match=expected):
+        networks[network]()(torch.zeros(x), torch.zeros(4, dtype=torch.long))
