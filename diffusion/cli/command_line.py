@@ -282,8 +282,12 @@ def print_config_problem(argv: Sequence[str]) -> tuple[str, str] | None:
     return None
 
 
-def as_the_parser_takes(parser: ArgumentParser, argv: list[str]) -> list[str]:
-    """`argv` with each list flag's values in the form its parser takes (`in_list_form`); all else as written."""
+def as_the_parser_takes(
+    parser: ArgumentParser, argv: list[str], class_hint: Callable[[str], Any] = lambda key: None
+) -> list[str]:
+    """`argv` with each list flag's values in the form its parser takes (`in_list_form`); all else as written.
+    `class_hint(key)`: the type of an argument of a class a group flag chose (`--model.network.init_args.
+    channel_mult 1 2`), which the parser knows only once it reads the class."""
     taken, index = [], 0
     while index < len(argv):
         arg = argv[index]
@@ -298,6 +302,8 @@ def as_the_parser_takes(parser: ArgumentParser, argv: list[str]) -> list[str]:
         action = action_of(parser, arg[2:])
         if action is not None and values:
             values = in_list_form(declared_type(action), action.nargs, values)
+        elif values and (hint := class_hint(arg[2:])) is not None:
+            values = in_list_form(hint, None, values)
         taken += values
     return taken
 

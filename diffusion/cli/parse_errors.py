@@ -23,7 +23,7 @@ import operator
 import sys
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -92,11 +92,15 @@ class CommandLine:
     written: list[Written]
     print_request: str | None
 
+    def class_hint(self, key: str) -> Any:
+        return _class_argument_hint(self.parser, self.written, key)
+
     def print_config_if_asked(self) -> None:
         """Print the config as jsonargparse prints it (parsing the command line again, the request last) and exit
         0, if `--print_config` was given."""
         if self.print_request:
-            self.parser.parse_args([*as_the_parser_takes(self.parser, self.argv), self.print_request])
+            taken = as_the_parser_takes(self.parser, self.argv, self.class_hint)
+            self.parser.parse_args([*taken, self.print_request])
             raise AssertionError(f"{self.print_request} printed nothing")  # jsonargparse exits after printing
 
 
@@ -111,7 +115,7 @@ def parsed_command_line(
         raise BadCommandLine(*problem)
     written, print_request = without_print_config(argv)
     try:
-        config = parser.parse_args(as_the_parser_takes(parser, written))
+        config = parser.parse_args(as_the_parser_takes(parser, written, class_hint_in(parser, written)))
     except ArgumentError as error:
         raise BadCommandLine(*what_is_wrong(parser, written, error)) from error
     command_line = CommandLine(
@@ -234,6 +238,12 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
     if any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return f"{where} is not an option of {cls.__name__}", _FLAG_HELP
+
+
+def class_hint_in(parser: ArgumentParser, argv: list[str]) -> Callable[[str], Any]:
+    """The type of an argument of the class a group flag of `argv` chose, by its key (`_class_argument_hint`)."""
+    written = list(everything_written(parser, argv))
+    return lambda key: _class_argument_hint(parser, written, key)
 
 
 def _class_argument_hint(parser: ArgumentParser, written: list[Written], key: str) -> Any:

@@ -80,6 +80,19 @@ def test_train_takes_a_list_flag_in_the_forms_users_write(form, capsys):
     assert yaml.safe_load(capsys.readouterr().out)["model"]["adam_betas"] == [0.5, 0.9]
 
 
+@pytest.mark.parametrize("form", [["1", "2"], ["1,2"], ["[1, 2]"]])
+def test_a_list_argument_of_a_chosen_class_takes_the_same_forms(form, capsys):
+    """The parser knows its type only from the class: `1 2` was said in its internals ("Expected a <class
+    'collections.abc.Sequence'>")."""
+    from diffusion.cli.train import DiffusionCLI
+
+    with pytest.raises(SystemExit):
+        DiffusionCLI(
+            ["--print_config", "--model.network.init_args.channel_mult", *form, "--trainer.logger", "false"]
+        )
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["network"]["init_args"]["channel_mult"] == [1, 2]
+
+
 @pytest.mark.parametrize(
     "flags",
     [
