@@ -2,24 +2,22 @@
 
 A `--config FILE` (or a group's `--model FILE`) is read into the keys it sets (`model.lr`, `data.class_path`,
 `data.init_args.batch_size`, ...), so that a bad value in a file is checked, and said, as the same value written as
-a flag would be (`diffusion.cli.parse_errors`): the line names the file and the key. A file whose own shape is wrong
-(missing, not YAML, empty, a list or a single value where options go) is said as such. Also here: the list flags'
+a flag would be (`diffusion.cli.parse_errors`): the line names the file and the key (the file's own shape:
+`diffusion.cli.config_files`). Also here: the list flags'
 other forms (`--metrics [fid, kid]`, `--metrics fid,kid`, `--sweep 0.1 0.2`) and `--print_config`, taken out of
 a command line to be honoured once the rest of it parses; how an option is said once parsed (`where_written`:
 its flag, or the file and key that set it); and how a declared type is said (`kind_name`, `alternatives`).
 """
 
-import functools
 import types
 import typing
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 
+from diffusion.cli.config_files import as_text, beside, read_config_file, yaml_or_none
 from diffusion.cli.jsonargparse_internals import (
     action_of,
     actions,
@@ -27,6 +25,7 @@ from diffusion.cli.jsonargparse_internals import (
     loads_a_group_file,
     number_bounds,
 )
+from diffusion.errors import UserError
 
 PRINT_CONFIG = "--print_config"
 # Keys of a class's mapping in a config file that are not its arguments (jsonargparse's own).
@@ -78,14 +77,6 @@ def written_as(written: Sequence[Written], key: str) -> str:
 def plain_key(key: str) -> str:
     """A class's argument as a flag spells it: `data.batch_size` for the parser's `data.init_args.batch_size`."""
     return key.replace(".init_args.", ".")
-
-
-def as_text(value: Any) -> str:
-    """A YAML value as a flag would give it: `abc`, `[1, 2]`, `{lr: 0.1}`, `true`."""
-    if isinstance(value, str):
-        return value
-    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
-    return text.removesuffix("...").strip()
 
 
 def flags_written(argv: Sequence[str]) -> Iterator[tuple[str, list[str]]]:
@@ -171,94 +162,6 @@ def is_class_choice(kind: Any) -> bool:
 
 
 _UnionType = type(int | None)
-
-
-def beside(config_file: str | None, path: str) -> str:
-    """A relative path written in a config file: as written where that is a file, else beside the config file
-    where that is one."""
-    if config_file is None or Path(path).is_absolute() or Path(path).is_file():
-        return path
-    nearby = Path(config_file).parent / path
-    return str(nearby) if nearby.is_file() else path
-
-
-def config_file_problem(key: str, value: str) -> tuple[str, str] | None:
-    """(what is wrong, fix) with the file a config flag names, as a whole: missing, not YAML, empty, or a list or
-    a single value where a mapping of options goes; None when it is a mapping."""
-    path = Path(value)
-    shown = f"--{key} {value}"
-    if path.is_dir():
-        return (
-            f"{shown} is a folder, not a config file",
-            "pass a YAML file of these options (see --print_config)",
-        )
-    if not path.is_file():
-        missing = f"--config: {value}" if key == "config" else shown
-        return f"{missing}: no such config file", "pass a YAML file of these options (see --print_config)"
-    options = read_config_file(value)
-    if isinstance(options, KeyGivenTwice):
-        return f"{shown}: {options.msg}", "keep one of them (YAML would take the last without a word)"
-    if isinstance(options, SyntaxError):
-        return f"Problems parsing config {value}: {options.msg}", f"fix the YAML syntax of the --{key} file"
-    if options is None:
-        return (
-            f"{shown}: the config file is empty",
-            "write its options as key: value lines (see --print_config)",
-        )
-    if not isinstance(options, dict):
-        kind = "a list" if isinstance(options, list) else f"a single value ({as_text(options)})"
-        return (
-            f"{shown}: the config file holds {kind}, not options",
-            "write its options as key: value lines (see --print_config)",
-        )
-    return None
-
-
-def read_config_file(value: str) -> Any:
-    """A config file's YAML (a SyntaxError saying where it is not YAML), read once per version of the file: a
-    report looks each chosen class up in it (10 ms of PyYAML a read, a dozen reads a report). None: no such file."""
-    path = Path(value)
-    if not path.is_file():
-        return None
-    stat = path.stat()
-    return _read_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-
-
-class KeyGivenTwice(SyntaxError):
-    """A config file giving one key twice in a mapping, which YAML reads as the last, silently."""
-
-
-class _UniqueKeys(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        lines: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-            if isinstance(key, Hashable) and key in lines:
-                raise KeyGivenTwice(f"{key} is given twice (lines {lines[key]} and {line})")
-            if isinstance(key, Hashable):
-                lines[key] = line
-        return super().construct_mapping(node, deep)
-
-
-@functools.lru_cache(maxsize=16)
-def _read_version(path: str, mtime_ns: int, size: int) -> Any:
-    try:
-        return yaml.load(Path(path).read_text(), Loader=_UniqueKeys)
-    except KeyGivenTwice as error:
-        return error
-    except yaml.YAMLError as error:
-        where = getattr(error, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        return SyntaxError(f"{getattr(error, 'problem', None) or type(error).__name__}{at}")
-
-
-def yaml_or_none(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None
 
 
 def without_print_config(argv: Sequence[str]) -> tuple[list[str], str | None]:
@@ -381,3 +284,27 @@ def parses_as(base: type, text: str) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def takes_a_collection(hint: Any) -> bool:
+    """Whether a list or a mapping can be a value of `hint` (a list type, a class given as a mapping, Any)."""
+    return any(
+        kind is Any
+        or (get_origin(kind) or kind) in (list, tuple, dict, Sequence, Iterable, Mapping)
+        or is_class_choice(kind)
+        or takes_a_class(kind)
+        for kind in alternatives(hint)
+    )
+
+
+def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: Mapping[str, str]) -> None:
+    """Refuse an option given under its old name (a key of `renamed`) and its new one with different values."""
+    last = {plain_key(item.key): item for item in written}
+    for old, new in renamed.items():
+        # A config saved since the rename holds the old name as null: not given.
+        if old in last and new in last and config.get(old) is not None and config.get(old) != config.get(new):
+            raise UserError(
+                f"{last[old].shown()} and {last[new].shown()} set one option ({old} is the old name of {new}) "
+                "to different values",
+                f"give it once, by its new name (--{new})",
+            )

@@ -23,7 +23,7 @@ import operator
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -32,11 +32,9 @@ from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from diffusion.cli.command_line import (
     Written,
     alternatives,
-    as_text,
     as_the_parser_takes,
-    beside,
     builtin_base,
-    config_file_problem,
+    check_one_name_each,
     everything_written,
     flags_written,
     in_list_form,
@@ -47,9 +45,10 @@ from diffusion.cli.command_line import (
     plain_key,
     print_config_problem,
     takes_a_class,
+    takes_a_collection,
     without_print_config,
-    yaml_or_none,
 )
+from diffusion.cli.config_files import as_text, beside, config_file_problem, yaml_or_none
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, number_bounds
 from diffusion.cli.legacy import class_at
 from diffusion.errors import UserError
@@ -130,19 +129,6 @@ def parsed_command_line(
     return command_line
 
 
-def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: Mapping[str, str]) -> None:
-    """Refuse an option given under its old name (a key of `renamed`) and its new one with different values."""
-    last = {plain_key(item.key): item for item in written}
-    for old, new in renamed.items():
-        # A config saved since the rename holds the old name as null: not given.
-        if old in last and new in last and config.get(old) is not None and config.get(old) != config.get(new):
-            raise UserError(
-                f"{last[old].shown()} and {last[new].shown()} set one option ({old} is the old name of {new}) "
-                "to different values",
-                f"give it once, by its new name (--{new})",
-            )
-
-
 def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException) -> tuple[str, str]:
     """(what is wrong, how to fix it) for a command line `parser` refused with `error`."""
     written = []
@@ -205,7 +191,15 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
         ):  # one item: the list's brackets missing
             return f"{item.shown()} is not a list", f"write a list in brackets, e.g. [{values[0]}]"
     else:
-        values = [as_text(item.values[0])]
+        value = item.values[0]
+        values = [as_text(value)]
+        # A list or a mapping whose text passes as a str (`samples: [a.npz]`): the parser refused it in its words.
+        if isinstance(value, list | dict) and not takes_a_collection(hint) and _fits(hint, values, nargs):
+            names = " or ".join(
+                dict.fromkeys(kind_name(kind) for kind in alternatives(hint) if kind is not type(None))
+            )
+            kind = "a list" if isinstance(value, list) else "a mapping"
+            return f"{item.shown()} is {kind}, not a {names}", "write one value (see --help)"
     if _fits(hint, values, nargs):
         return None
     return _said_of(item.shown(), hint, values, several=nargs in ("+", "*"))

@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> Path | None:
             raise UserError("--sigma_rel needs --out", "pass the checkpoint to write: --out phema.ckpt")
         if args.sweep is not None and not args.sweep:
             raise UserError("--sweep [] is empty", 'pass the sigma_rel values to score, e.g. "[0.05, 0.1]"')
+        if args.sweep is not None and len(set(args.sweep)) != len(args.sweep):  # each would be scored again
+            raise UserError(f"--sweep {args.sweep} repeats a value", 'pass distinct ones, e.g. "[0.05, 0.1]"')
         for sigma_rel in [args.sigma_rel] if args.sweep is None else args.sweep:
             check_sigma_rel(sigma_rel, "--sigma_rel" if args.sweep is None else "--sweep: sigma_rel")
         check_out(args.out, args.overwrite)

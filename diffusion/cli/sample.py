@@ -47,7 +47,8 @@ from diffusion.cli.flags import (
 from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.core.sampling import SamplingOptions
+from diffusion.core.samplers.contract import Sampler
+from diffusion.core.sampling import OPTION_OWNERS, SamplingOptions
 from diffusion.errors import COMMAND, UserError
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
@@ -93,6 +94,18 @@ def check_precision(precision: str) -> None:
         )
 
 
+def unused_options(sampler: Sampler, given: set[str]) -> str | None:
+    """What the user gave that the chosen sampler has no option for (`--eta` of ddpm): said, not dropped silently."""
+    unused = [name for name in OPTION_OWNERS if name in given and type(sampler) not in OPTION_OWNERS[name]]
+    if not unused:
+        return None
+    takers = {name: ", ".join(owner.name for owner in OPTION_OWNERS[name]) for name in unused}
+    return "; ".join(
+        f"--{name} is no option of the {sampler.name} sampler: not used ({takers[name]} take it)"
+        for name in unused
+    )
+
+
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
     with reporting_user_errors(argv), closing_process_group():
@@ -131,6 +144,9 @@ def main(argv: list[str] | None = None) -> Path:
                 print(f"note: {note}", file=sys.stderr)
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
         sampler = module.model_sampling.sampler(options)  # the flags over the checkpoint's defaults, once
+        note = unused_options(sampler, {item.key for item in command_line.written if item.values != (None,)})
+        if note and rank == 0:
+            print(f"note: {note}", file=sys.stderr)
         all_gather = None if fabric is None else (lambda tensor: fabric.all_gather(tensor.to(fabric.device)))
         with network_precision(module, args.precision), ExitStack() as stack:
             writer = None

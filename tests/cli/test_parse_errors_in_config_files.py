@@ -10,7 +10,7 @@ import yaml
 from helpers.parse_errors import CASES, refused, refused_with_nonsense
 from jsonargparse import ArgumentParser
 
-from diffusion.cli.command_line import as_text
+from diffusion.cli.config_files import as_text
 from diffusion.cli.parse_errors import flags_written
 
 
@@ -55,6 +55,9 @@ FILE_CASES = {  # id: (the file's text, the line)
                                     "brackets, e.g. [fid]"),
     "a_class_of_another_kind": ("data: diffusion.UNet\n", "run.yaml: data diffusion.UNet: UNet is not a "
                                 "LightningDataModule — pass the class path of a LightningDataModule (see --help)"),
+    # A list where one text goes: its text passed as a str, and the parser's union report was the line.
+    "a_list_where_one_value_goes": ("out: [a, b]\n", "run.yaml: out [a, b] is a list, not a str — write one value "
+                                    "(see --help)"),
     # YAML takes the last of two, silently; the parser never sees the first.
     "a_key_given_twice": ("lr: 0.1\nsteps: 2\nlr: 0.5\n", "--config run.yaml: lr is given twice (lines 1 and 3) — "
                           "keep one of them (YAML would take the last without a word)"),

@@ -131,6 +131,10 @@ PHEMA_CASES = {  # id: (flags, what the line must say)
     ),
     "sweep_sigma_rel_0": ([*RUN, "--sweep", "[0.1, 0]"], r"--sweep: sigma_rel=0.0 is out of range"),
     "sweep_empty": ([*RUN, "--sweep", "[]"], r"--sweep \[\] is empty"),
+    "sweep_repeated": (
+        [*RUN, "--sweep", "[0.1, 0.1]"],
+        r"--sweep \[0.1, 0.1\] repeats a value — pass distinct ones",
+    ),
     "out_exists": (
         [*RUN, "--sigma_rel", "0.1", "--out", "{user}/mine.ckpt"],
         r"--out .*mine.ckpt exists — pass --overwrite",

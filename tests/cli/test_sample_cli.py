@@ -218,3 +218,23 @@ def test_a_checkpoint_named_in_a_config_file_is_said_with_the_file(tmp_path, mon
         .splitlines()[-1]
         .startswith("error: sample.yaml: ckpt: no checkpoint at nothere.ckpt — ")
     )
+
+
+def test_an_option_the_chosen_sampler_does_not_take_is_said_not_dropped(digits_checkpoint, tmp_path, capsys):
+    main(["--ckpt", str(digits_checkpoint), *override(BASE, sampler="ddpm", steps="2"), "--eta", "0.5",
+          "--out", str(tmp_path / "out")])  # fmt: skip
+    assert "note: --eta is no option of the ddpm sampler: not used (ddim, euler_ancestral take it)" in (
+        capsys.readouterr().err
+    )
+    main(
+        [
+            "--ckpt",
+            str(digits_checkpoint),
+            *override(BASE, steps="2"),
+            "--eta",
+            "0.5",
+            "--out",
+            str(tmp_path / "b"),
+        ]
+    )
+    assert "note:" not in capsys.readouterr().err  # ddim takes eta

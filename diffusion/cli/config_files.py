@@ -1,0 +1,108 @@
+"""A config file as the commands read it (`--config FILE`, a group's `--model FILE`, a file named in another): its
+YAML read once per version of the file, a key given twice refused (YAML would keep the last without a word), its
+own shape said (missing, a folder, not YAML, empty, a list or a single value where options go), and a path written
+in it found beside it.
+"""
+
+import functools
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def as_text(value: Any) -> str:
+    """A YAML value as a flag would give it: `abc`, `[1, 2]`, `{lr: 0.1}`, `true`."""
+    if isinstance(value, str):
+        return value
+    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
+    return text.removesuffix("...").strip()
+
+
+def beside(config_file: str | None, path: str) -> str:
+    """A relative path written in a config file: as written where that is a file, else beside the config file
+    where that is one."""
+    if config_file is None or Path(path).is_absolute() or Path(path).is_file():
+        return path
+    nearby = Path(config_file).parent / path
+    return str(nearby) if nearby.is_file() else path
+
+
+def config_file_problem(key: str, value: str) -> tuple[str, str] | None:
+    """(what is wrong, fix) with the file a config flag names, as a whole: missing, not YAML, empty, or a list or
+    a single value where a mapping of options goes; None when it is a mapping."""
+    path = Path(value)
+    shown = f"--{key} {value}"
+    if path.is_dir():
+        return (
+            f"{shown} is a folder, not a config file",
+            "pass a YAML file of these options (see --print_config)",
+        )
+    if not path.is_file():
+        missing = f"--config: {value}" if key == "config" else shown
+        return f"{missing}: no such config file", "pass a YAML file of these options (see --print_config)"
+    options = read_config_file(value)
+    if isinstance(options, KeyGivenTwice):
+        return f"{shown}: {options.msg}", "keep one of them (YAML would take the last without a word)"
+    if isinstance(options, SyntaxError):
+        return f"Problems parsing config {value}: {options.msg}", f"fix the YAML syntax of the --{key} file"
+    if options is None:
+        return (
+            f"{shown}: the config file is empty",
+            "write its options as key: value lines (see --print_config)",
+        )
+    if not isinstance(options, dict):
+        kind = "a list" if isinstance(options, list) else f"a single value ({as_text(options)})"
+        return (
+            f"{shown}: the config file holds {kind}, not options",
+            "write its options as key: value lines (see --print_config)",
+        )
+    return None
+
+
+def read_config_file(value: str) -> Any:
+    """A config file's YAML (a SyntaxError saying where it is not YAML), read once per version of the file: a
+    report looks each chosen class up in it (10 ms of PyYAML a read, a dozen reads a report). None: no such file."""
+    path = Path(value)
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return _read_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+class KeyGivenTwice(SyntaxError):
+    """A config file giving one key twice in a mapping, which YAML reads as the last, silently."""
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            if isinstance(key, Hashable) and key in lines:
+                raise KeyGivenTwice(f"{key} is given twice (lines {lines[key]} and {line})")
+            if isinstance(key, Hashable):
+                lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_version(path: str, mtime_ns: int, size: int) -> Any:
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_UniqueKeys)
+    except KeyGivenTwice as error:
+        return error
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        return SyntaxError(f"{getattr(error, 'problem', None) or type(error).__name__}{at}")
+
+
+def yaml_or_none(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
