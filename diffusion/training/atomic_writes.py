@@ -37,7 +37,7 @@ T = TypeVar("T")
 LEFTOVERS = ".*.ckpt.*.tmp"  # temporary names never end in .ckpt, so no glob for checkpoints picks them up
 RUN_ON_ANOTHER_DISK = (
     "free space there, or put the run on another disk ({Trainer:--logger.init_args.save_dir} DIR, or "
-    "{Trainer:--default_root_dir} DIR without a logger); the checkpoint saved before is intact"
+    "{Trainer:--default_root_dir} DIR without a logger); any checkpoint saved before is intact"
 )
 
 

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 # atomic_writes.RUN_ON_ANOTHER_DISK as a command says it: its placeholders turned into train.py's flags
 RUN_ON_ANOTHER_DISK = (
     "free space there, or put the run on another disk (--trainer.logger.init_args.save_dir DIR, or "
-    "--trainer.default_root_dir DIR without a logger); the checkpoint saved before is intact"
+    "--trainer.default_root_dir DIR without a logger); any checkpoint saved before is intact"
 )
 
 
