@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
 from typing import Any, Literal
 
+import torch
+
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_whole_number, options_of
 
 CLASSES = ">= 1 (or None for an unconditional network)"  # a network's num_classes, as ClassEmbedding says it
@@ -85,6 +87,23 @@ def check_sample_shape(
             f"{name} is for {kind} of {width} {unit}, and the data's samples have {shape[0]}"
             + ("" if rank == 1 else f" (shape {shape})"),
             f"build it with {{--in_channels}} {shape[0]} (train.py sets it from the data)",
+            owner,
+        )
+
+
+def check_batch_rank(owner: type, x: torch.Tensor, kind: Literal["vectors", "images"], width: int) -> None:
+    """`x` is a batch of `kind` (B, D) or (B, C, H, W), or InvalidValue saying which network takes the other kind
+    (a forward's first check; the sample's own shape is `check_input_shape`'s)."""
+    forms = {
+        "vectors": (2, f"(B, {width})", "(B, D)", "an MLP"),
+        "images": (4, f"(B, {width}, H, W)", "(B, C, H, W)", "a UNet"),
+    }
+    rank, takes, form, _ = forms[kind]
+    other = "images" if kind == "vectors" else "vectors"
+    if x.ndim != rank:
+        raise InvalidValue(
+            f"{owner.__name__} takes x of shape {takes}, a batch of {kind}, and got {tuple(x.shape)}",
+            f"pass a batch of {kind} {form}; a batch of {other} {forms[other][2]} needs {forms[other][3]}",
             owner,
         )
 

@@ -5,8 +5,15 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from diffusion.errors import InvalidValue, OutOfRange
-from diffusion.models.checks import CLASSES, check_sample_shape, fraction, optional_whole, whole
+from diffusion.errors import OutOfRange
+from diffusion.models.checks import (
+    CLASSES,
+    check_batch_rank,
+    check_sample_shape,
+    fraction,
+    optional_whole,
+    whole,
+)
 from diffusion.models.embedding import (
     ClassEmbedding,
     check_unconditional,
@@ -105,12 +112,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, D) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only with
         num_classes) -> predicted noise (B, D), or (B, out_channels)."""
-        if x.ndim != 2:
-            raise InvalidValue(
-                f"MLP takes x of shape (B, {self.in_channels}), a batch of vectors, and got {tuple(x.shape)}",
-                "pass a batch of vectors (B, D); a batch of images (B, C, H, W) needs a UNet",
-                type(self),
-            )
+        check_batch_rank(type(self), x, "vectors", self.in_channels)
         self.check_input_shape(x.shape[1:])
         temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim).to(x.dtype))  # (B, hidden)
         if self.num_classes is None:

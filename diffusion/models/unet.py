@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from diffusion.errors import InvalidValue, OutOfRange
 from diffusion.models.checks import (
     CLASSES,
+    check_batch_rank,
     check_sample_shape,
     fraction,
     optional_whole,
@@ -355,12 +356,7 @@ class UNet(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only
         with num_classes) -> predicted noise (B, C_out, H, W)."""
-        if x.ndim != 4:
-            raise InvalidValue(
-                f"UNet takes x of shape (B, {self.in_channels}, H, W), a batch of images, and got {tuple(x.shape)}",
-                "pass a batch of images (B, C, H, W); a batch of vectors (B, D) needs an MLP",
-                type(self),
-            )
+        check_batch_rank(type(self), x, "images", self.in_channels)
         self.check_input_shape(x.shape[1:])
         temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
         if self.num_classes is None:
