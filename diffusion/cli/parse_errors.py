@@ -23,7 +23,7 @@ import operator
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -113,13 +113,15 @@ def parsed_command_line(
     if (problem := print_config_problem(argv)) is not None:
         raise BadCommandLine(*problem)
     written, print_request = without_print_config(argv)
+    items = list(
+        everything_written(parser, written)
+    )  # read once: the list forms' class hints, then the checks
     try:
-        config = parser.parse_args(as_the_parser_takes(parser, written, class_hint_in(parser, written)))
+        taken = as_the_parser_takes(parser, written, lambda key: _class_argument_hint(parser, items, key))
+        config = parser.parse_args(taken)
     except ArgumentError as error:
         raise BadCommandLine(*what_is_wrong(parser, written, error)) from error
-    command_line = CommandLine(
-        parser, written, config, list(everything_written(parser, written)), print_request
-    )
+    command_line = CommandLine(parser, written, config, items, print_request)
     check_one_name_each(command_line.written, config, renamed or {})
     for item in command_line.written:  # a file the parser read as meant may still say a key twice
         if item.file is None and item.values and is_config_file_flag(parser, item.key):
@@ -232,12 +234,6 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
     if any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return f"{where} is not an option of {cls.__name__}", _FLAG_HELP
-
-
-def class_hint_in(parser: ArgumentParser, argv: list[str]) -> Callable[[str], Any]:
-    """The type of an argument of the class a group flag of `argv` chose, by its key (`_class_argument_hint`)."""
-    written = list(everything_written(parser, argv))
-    return lambda key: _class_argument_hint(parser, written, key)
 
 
 def _class_argument_hint(parser: ArgumentParser, written: list[Written], key: str) -> Any:
