@@ -207,8 +207,7 @@ def naming_the_flag(
             key = _option_checked(cause, groups, config)
             if key is None:
                 return None
-            fix = said(cause.fix, lambda owner, name: flag_text(owner, name, groups), cause.owner)
-            return out_of_range(cause, say(key, cause.value), fix)
+            return out_of_range(cause, say(key, cause.value), fix_as_flags(cause, groups))
         cause = cause.__cause__ or cause.__context__
     return None
 
@@ -222,8 +221,12 @@ def said_as_written(error: UserError, groups: dict[type, str], written: Sequence
         flag = flag_text(owner, name, groups)
         return written_as(written, flag[2:]) if flag.startswith("--") else flag
 
-    fix = said(error.fix, lambda owner, name: flag_text(owner, name, groups), error.owner)
-    return UserError(said(error.problem, as_given, error.owner), fix)
+    return UserError(said(error.problem, as_given, error.owner), fix_as_flags(error, groups))
+
+
+def fix_as_flags(error: UserError, groups: dict[type, str]) -> str:
+    """The error's fix with its options said as flags (a fix is something to type, whatever set the value)."""
+    return said(error.fix, lambda owner, name: flag_text(owner, name, groups), error.owner)
 
 
 def _option_checked(error: OutOfRange, groups: dict[type, str], config: Namespace | None) -> str | None:
