@@ -109,7 +109,10 @@ class OutOfRange(UserError, ValueError):
         self, name: str, value: Any, requirement: str, fix: str | None = None, owner: type | None = None
     ) -> None:
         self.name, self.value, self.requirement = name, value, requirement
-        super().__init__(f"{name}={value} must be {requirement}", fix or f"pass a value {requirement}", owner)
+        # `pass a value >= 1`, `pass a list of positive ints` (a requirement that says a kind says the value)
+        named = requirement.startswith(("a ", "an "))
+        fix = fix or (f"pass {requirement}" if named else f"pass a value {requirement}")
+        super().__init__(f"{name}={value} must be {requirement}", fix, owner)
 
 
 class WeightsDoNotFit(UserError, RuntimeError):

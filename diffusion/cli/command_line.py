@@ -9,9 +9,11 @@ a command line to be honoured once the rest of it parses; how an option is said 
 its flag, or the file and key that set it); and how a declared type is said (`kind_name`, `alternatives`).
 """
 
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
@@ -69,9 +71,60 @@ def where_written(written: Sequence[Written]) -> SayOption:
 
 def written_as(written: Sequence[Written], key: str) -> str:
     """An option as the command line gave it: `--ckpt`, or `run.yaml: ckpt` where a config file set it last."""
+    last = _last_written(written, key)
+    return f"{last.file}: {plain_key(key)}" if last is not None and last.file else f"--{plain_key(key)}"
+
+
+# What the running command's command line wrote, once it parsed (`remember_written`): the one place every command
+# reports a user error from (`diffusion.cli.reporting`) says a flag that a config file set as that file's key
+# (`said_as_written`), without each command's checks after the parse being handed the command line.
+_WRITTEN: ContextVar[tuple[Written, ...]] = ContextVar("written", default=())
+# `--sigma_rel`, `--sigma_rel=2.0`, `--data.image_size` in a line (not a word's inner dashes)
+_FLAG_IN_TEXT = re.compile(r"(?<![\w-])--([A-Za-z_][\w.]*\w)(=?)")
+
+
+def remember_written(written: Sequence[Written]) -> None:
+    """What the command line being run wrote: its errors' flags are said as it gave them (`said_as_written`)."""
+    _WRITTEN.set(tuple(written))
+
+
+def said_as_written(text: str, written: Sequence[Written] | None = None) -> str:
+    """`text` (a check's problem) with each `--flag` that says the value a config file gave it (`--run DIR ...`,
+    `--sigma_rel=2.0`, `--class_label: ...`, `(--data.image_size)`) said as that file's key, `run.yaml: run DIR`;
+    a flag the user typed, one nobody wrote, and a flag merely named (`pass one of --sigma_rel and --sweep`) as
+    they are. `written`: the running command line's (`remember_written`) by default."""
+    written = _WRITTEN.get() if written is None else written
+
+    def as_given(match: re.Match) -> str:
+        last = _last_written(written, match[1])
+        if last is None or last.file is None or not _says_its_value(text[match.end(1) :], last.values[0]):
+            return match[0]
+        return f"{last.file}: {plain_key(last.key)}" + (" " if match[2] else "")  # `=2.0` said ` 2.0`
+
+    return _FLAG_IN_TEXT.sub(as_given, text)
+
+
+def _last_written(written: Sequence[Written], key: str) -> Written | None:
+    """The last flag or file's key that set `key`; train.py's shorthands (`--devices`) are the Trainer's options."""
     plain = plain_key(key)
-    last = next((item for item in reversed(written) if plain_key(item.key) == plain), None)
-    return f"{last.file}: {plain}" if last is not None and last.file else f"--{plain}"
+    keys = (plain, f"trainer.{plain}")
+    return next((item for item in reversed(written) if plain_key(item.key) in keys), None)
+
+
+def _says_its_value(after: str, value: Any) -> bool:
+    """Whether the text after a flag goes on with its value: `=2.0`, `: ...`, `)`, or ` <the value>`."""
+    if after[:1] in ("=", ":", ")"):
+        return True
+    if not after.startswith(" "):
+        return False
+    given = as_text(value)
+    if after[1:].startswith(given):
+        return True
+    word = after[1:].split(" ", 1)[0].rstrip(",;:")
+    try:
+        return float(word) == float(given)
+    except ValueError:
+        return False
 
 
 def plain_key(key: str) -> str:

@@ -21,26 +21,26 @@ def as_text(value: Any) -> str:
 
 
 def beside(config_file: str | None, path: str) -> str:
-    """A relative path written in a config file: as written where that is a file, else beside the config file
-    where that is one."""
-    if config_file is None or Path(path).is_absolute() or Path(path).is_file():
+    """A relative path written in a config file, as the parser reads it: from that file's folder (not from the
+    working directory); a path given as a flag (`config_file` None), or an absolute one, as written."""
+    if config_file is None or Path(path).is_absolute():
         return path
-    nearby = Path(config_file).parent / path
-    return str(nearby) if nearby.is_file() else path
+    return str(Path(config_file).parent / path)
 
 
-def config_file_problem(key: str, value: str) -> tuple[str, str] | None:
+def config_file_problem(key: str, value: str, shown: str | None = None) -> tuple[str, str] | None:
     """(what is wrong, fix) with the file a config flag names, as a whole: missing, not YAML, empty, or a list or
-    a single value where a mapping of options goes; None when it is a mapping."""
+    a single value where a mapping of options goes; None when it is a mapping. `shown`: how the line says the
+    option (default `--key value`)."""
     path = Path(value)
-    shown = f"--{key} {value}"
+    shown = shown or f"--{key} {value}"
     if path.is_dir():
         return (
             f"{shown} is a folder, not a config file",
             "pass a YAML file of these options (see --print_config)",
         )
     if not path.is_file():
-        missing = f"--config: {value}" if key == "config" else shown
+        missing = f"--config: {value}" if shown == f"--config {value}" else shown
         return f"{missing}: no such config file", "pass a YAML file of these options (see --print_config)"
     options = read_config_file(value)
     if isinstance(options, KeyGivenTwice):

@@ -33,15 +33,18 @@ from jsonargparse import ArgumentParser, Namespace
 
 from diffusion.cli import evaluate_nll, evaluate_quality
 from diffusion.cli.flags import add_flags, check_seed_flag, command_parser, resolve_device
-from diffusion.cli.parse_errors import parse_command_line
+from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.errors import UserError
 from diffusion.metrics.sample_quality import FEATURE_BATCH
 
-# A metric family: the flags it adds, and what it runs given the parsed flags and the device, returning its
-# values (None when its flags did not ask for it). Each lives in its own module of diffusion/cli/ and computes
+# A metric family: the flags it adds, and what it runs given the parsed flags, the device and what to call once its
+# inputs are checked (--print_config), returning its values (None when its flags did not ask for it). Each lives in its own module of diffusion/cli/ and computes
 # through diffusion/metrics/; a new family is one more entry here.
-Family = tuple[Callable[[ArgumentParser], None], Callable[[Namespace, str], "dict[str, float] | None"]]
+Family = tuple[
+    Callable[[ArgumentParser], None],
+    Callable[[Namespace, str, Callable[[], None]], "dict[str, float] | None"],
+]
 FAMILIES: list[Family] = [
     (evaluate_quality.add_arguments, evaluate_quality.run),  # FID, KID, IS; FID statistics
 ]
@@ -65,13 +68,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if evaluate_nll.requested(argv):
         return evaluate_nll.main(argv)
     with reporting_user_errors(argv):
-        args = parse_command_line(build_parser(), argv)
+        command_line = parsed_command_line(build_parser(), argv)
+        args = command_line.config
         check_seed_flag(args.seed)
         device, _ = resolve_device(args.device, "auto")
         results: dict[str, float] = {}
         ran = False
         for _, run in FAMILIES:
-            values = run(args, device)
+            values = run(args, device, command_line.print_config_if_asked)
             if values is not None:
                 results.update(values)
                 ran = True

@@ -39,7 +39,7 @@ from diffusion.cli.flags import (
     resolve_device,
 )
 from diffusion.cli.legacy import accept_moved_class_paths
-from diffusion.cli.parse_errors import parse_command_line
+from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.guidance import guided_output
@@ -194,7 +194,8 @@ def npz_images(path: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.T
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """`python -m diffusion.evaluate --nll --ckpt CKPT [flags]`: print and return the bits/dim of the images."""
     with reporting_user_errors(argv), closing_process_group():
-        args = parse_command_line(build_parser(), argv)
+        command_line = parsed_command_line(build_parser(), argv)
+        args = command_line.config
         check_seed_flag(args.seed)
         device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             else labels
         )
         labels = None if labels is None else labels[: args.num_images]
+        command_line.print_config_if_asked()  # once the checkpoint and the images are read: what would run
         fabric, rank, world_size, device = launch_ranks(
             args.devices, args.num_nodes, accelerator, device, argv, "diffusion.evaluate --nll"
         )

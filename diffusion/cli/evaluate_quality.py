@@ -7,6 +7,7 @@ callback runs during training.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
 
@@ -67,9 +68,10 @@ def add_arguments(parser: ArgumentParser) -> None:
     add_flags(parser, "overwrite", overwrite={"help": "replace an existing --save_stats file"})
 
 
-def run(args: Namespace, device: str) -> dict[str, float] | None:
+def run(args: Namespace, device: str, checked: Callable[[], None] = lambda: None) -> dict[str, float] | None:
     """FID, KID and IS of --samples (those --metrics asks for) and --save_stats, printed; None when neither
-    --samples nor --save_stats is given."""
+    --samples nor --save_stats is given. `checked` is called once the inputs are read and checked, before the
+    features are computed (the command's --print_config: what would run)."""
     if args.samples is None and args.save_stats is None:
         return None
     if args.save_stats is not None:
@@ -105,6 +107,7 @@ def run(args: Namespace, device: str) -> dict[str, float] | None:
     else:
         metrics, notes = choose_metrics(args.metrics, args.features, args.reference, reference, samples)
     check_comparable(samples, reference, args.features, args.reference)
+    checked()
     images = samples if samples is not None else reference
     # One of them is an array: load_samples_and_reference reads the reference as images when there are no samples.
     quality = build_quality(args, metrics, images.shape[-1], reference)  # type: ignore[union-attr]

@@ -12,7 +12,8 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -216,3 +217,14 @@ def check_seed_flag(seed: Any) -> None:
         checked_seed(seed)
     except OutOfRange as error:
         raise out_of_range(error, f"--seed {seed}") from error
+
+
+@contextmanager
+def ranges_said_as_flags() -> Iterator[None]:
+    """A range check (OutOfRange) in the block said of the command's flag of the parameter's name: `--eta -1.0 is
+    out of range (must be in [0, 1])` (the check's own words name a parameter: `eta=-1.0 must be ...`). A context,
+    not a wrapper: the sampling walk stays three files (tests/cli/test_sample_cli.py)."""
+    try:
+        yield
+    except OutOfRange as error:
+        raise out_of_range(error, f"--{error.name} {error.value}") from error

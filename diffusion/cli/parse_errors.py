@@ -25,6 +25,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
@@ -44,6 +45,7 @@ from diffusion.cli.command_line import (
     parses_as,
     plain_key,
     print_config_problem,
+    remember_written,
     takes_a_class,
     takes_a_collection,
     without_print_config,
@@ -128,6 +130,7 @@ def parsed_command_line(
             found = config_file_problem(item.key, str(item.values[-1]))
             if found is not None:
                 raise BadCommandLine(*found)
+    remember_written(command_line.written)  # the command's later checks said as the user gave their options
     return command_line
 
 
@@ -168,9 +171,14 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
         inline = isinstance(value, dict | None) and item.key != "config"
         if inline or isinstance(yaml_or_none(str(value)), dict):
             return None  # options written inline: --model '{lr: 1e-3}', or a mapping under the key in a file
-        found = config_file_problem(item.key, beside(item.file, str(value)))
-        if found and item.file is not None:
-            return f"{item.file}: {found[0].removeprefix('--')}", found[1]
+        if item.file is None:
+            return config_file_problem(item.key, str(value))
+        path = beside(item.file, str(value))  # a file named in a file: read from that file's folder
+        shown = item.shown() + ("" if path == str(value) else f" (read from its folder: {path})")
+        found = config_file_problem(item.key, path, shown)
+        if found and path != str(value) and not Path(path).exists():
+            folder = Path(item.file).parent
+            return found[0], f"write its path from {folder}/, the folder of {item.file}, or an absolute path"
         return found
     if action is None and (unknown := _not_an_option(parser, written, item)):
         return unknown
@@ -202,6 +210,10 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
             )
             kind = "a list" if isinstance(value, list) else "a mapping"
             return f"{item.shown()} is {kind}, not a {names}", "write one value (see --help)"
+        # `sweep: 0.1` where a list goes: its brackets missing
+        unlisted = not isinstance(value, list | dict) and not _fits(hint, values, nargs)
+        if unlisted and _fits(hint, [f"[{values[0]}]"], nargs):
+            return f"{item.shown()} is not a list", f"write a list in brackets, e.g. [{values[0]}]"
     if _fits(hint, values, nargs):
         return None
     return _said_of(item.shown(), hint, values, several=nargs in ("+", "*"))

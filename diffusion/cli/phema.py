@@ -34,6 +34,7 @@ from diffusion.cli.flags import (
     check_writable_folder,
     command_parser,
     given_checkpoint,
+    ranges_said_as_flags,
     requested_labels,
     resolve_device,
 )
@@ -164,7 +165,8 @@ def sweep(
         raise UserError(
             f"--sweep scores images, and {base} samples vectors", "use --sigma_rel and score them yourself"
         )
-    options = SamplingOptions.taken_from(args)
+    with ranges_said_as_flags():
+        options = SamplingOptions.taken_from(args)
     labels = requested_labels(hparams, args.num_samples, None, options.guidance_scale is not None)
     device, _ = resolve_device(args.device, "auto")
     module = load_checkpoint(base, weights="ema", map_location=device)
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> Path | None:
             raise UserError(f"--sweep {args.sweep} repeats a value", 'pass distinct ones, e.g. "[0.05, 0.1]"')
         for sigma_rel in [args.sigma_rel] if args.sweep is None else args.sweep:
             check_sigma_rel(sigma_rel, "--sigma_rel" if args.sweep is None else "--sweep: sigma_rel")
+        with ranges_said_as_flags():  # checked before --print_config (a --sweep samples with them)
+            SamplingOptions.taken_from(args)
         check_out(args.out, args.overwrite)
         run = Path(args.run)
         if not run.is_dir():

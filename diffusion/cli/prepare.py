@@ -23,8 +23,9 @@ from jsonargparse.typing import PositiveInt
 
 from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
 from diffusion.cli.legacy import class_at
-from diffusion.cli.parse_errors import parse_command_line
+from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
+from diffusion.cli.train_checks import class_error_as_written
 from diffusion.data import ImageDataModule, VectorDataModule
 from diffusion.data.prepared import Encoding, is_url
 from diffusion.data.preparing import prepare
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> str:
     """`python -m diffusion.prepare [flags]`: write the prepared set, return where it is."""
     with reporting_user_errors(argv):
         parser = build_parser()
-        args = parse_command_line(parser, argv)
+        command_line = parsed_command_line(parser, argv)
+        args = command_line.config
         if not is_url(args.out):
             check_writable_folder(args.out, "--out")
         data = args.data
@@ -87,9 +89,16 @@ def main(argv: list[str] | None = None) -> str:
                 "--data.dataset streaming is a prepared set already", "name the source it was prepared from"
             )
         # --data's class path names a class.
-        if issubclass(class_at(data.class_path), ImageDataModule) and dataset in LABELLED_SOURCES:
+        data_class = class_at(data.class_path)
+        if issubclass(data_class, ImageDataModule) and dataset in LABELLED_SOURCES:
             data.init_args.conditional = True
-        datamodule = parser.instantiate_classes(args).data
+        try:
+            datamodule = parser.instantiate_classes(args).data
+        except ValueError as error:  # the data module's own checks: said of its options as the user gave them
+            named = class_error_as_written(error, {data_class: "data"}, command_line.written, args)
+            if named is None:
+                raise
+            raise named from error
         source = data.init_args.get("root") if dataset == "folder" else data.init_args.get("path") or dataset
         prepared = prepare(
             datamodule,
@@ -99,6 +108,7 @@ def main(argv: list[str] | None = None) -> str:
             args.num_workers,
             args.overwrite,
             source=str(source),
+            checked=command_line.print_config_if_asked,  # once the data is read: what would run
         )
         print(f"wrote {prepared.describe()}", file=sys.stderr)
         return prepared.root

@@ -24,9 +24,10 @@ from typing import NoReturn
 import torch
 from jsonargparse import ArgumentError
 
+from diffusion.cli.command_line import remember_written, said_as_written
 from diffusion.cli.flag_names import flag_text
 from diffusion.cli.flags import debug_requested
-from diffusion.errors import CallerError, Interrupted, UserError
+from diffusion.errors import CallerError, Interrupted, UserError, said
 
 USER_ERROR_EXIT_STATUS = 2  # argparse's status for a bad command line; here for every user error
 BUG = (
@@ -52,6 +53,7 @@ def is_bug(error: BaseException) -> bool:
 def reporting_user_errors(argv: Sequence[str] | None = None) -> Iterator[None]:
     """Around a command's main: a user error (see USER_ERRORS) becomes one line and exit 2; any other exception
     a line saying it is a bug, then its traceback (exit 1); SIGINT and SIGTERM one line and exit 130 / 143."""
+    remember_written(())  # a command run before in this process wrote its own
     try:
         with stopping_on_signals():
             yield
@@ -71,6 +73,8 @@ def reporting_user_errors(argv: Sequence[str] | None = None) -> Iterator[None]:
         if is_bug(error):
             print(BUG, file=sys.stderr, flush=True)  # then Python prints the traceback, exit status 1
         raise
+    finally:
+        remember_written(())
 
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -126,10 +130,11 @@ def report(error: BaseException) -> NoReturn:
 
 
 def one_line(error: BaseException) -> str:
-    """The error's message on one line: a UserError's options said as the flags the user wrote
-    (`diffusion.cli.flag_names`); the parser's refusal with where to look; anything else as it is."""
-    if isinstance(error, UserError):
-        text = error.said(flag_text)
+    """The error's message on one line: a UserError's options said as the user wrote them, a flag
+    (`diffusion.cli.flag_names`) or a config file's key (`said_as_written`); the parser's refusal with where to look; anything else as it is."""
+    if isinstance(error, UserError):  # a flag a config file set said as that file's key
+        problem = said_as_written(said(error.problem, flag_text, error.owner))
+        text = f"{problem} — {said(error.fix, flag_text, error.owner)}"
     elif isinstance(
         error, torch.cuda.OutOfMemoryError
     ):  # torch's report runs to a paragraph: said by its type

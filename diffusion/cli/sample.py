@@ -41,6 +41,7 @@ from diffusion.cli.flags import (
     command_parser,
     cpu_mixed_precision_note,
     given_model,
+    ranges_said_as_flags,
     requested_labels,
     resolve_device,
 )
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> Path:
         command_line = parsed_command_line(build_parser(), argv)
         args = command_line.config
         check_seed_flag(args.seed)  # before the checkpoint is read and the ranks started
-        options = SamplingOptions.taken_from(args)
+        with ranges_said_as_flags():
+            options = SamplingOptions.taken_from(args)
         device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)

@@ -40,8 +40,7 @@ from diffusion.cli.train_checks import (
     check_steps_left,
     check_torchrun_restarts,
     check_torchrun_world_size,
-    naming_the_flag,
-    said_as_written,
+    class_error_as_written,
     settings_written,
     take_diffusers_settings,
 )
@@ -287,11 +286,8 @@ class DiffusionCLI(LightningCLI):
         except ValueError as error:  # a class's own range check: name the flag
             chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
             groups = {class_at(path): group for group, path in chosen.items()}
-            named = naming_the_flag(error, groups, self._said, self.config)
-            # Another check of the class's: its options as written, a flag or a file's key.
-            if named is None and isinstance(error, UserError):
-                written = self._command_line.written if self._command_line else []
-                named = said_as_written(error, groups, written)
+            written = self._command_line.written if self._command_line else []
+            named = class_error_as_written(error, groups, written, self.config)
             if named is None:
                 raise
             raise named from error

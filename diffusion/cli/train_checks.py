@@ -14,7 +14,7 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.cli.command_line import SayOption, Written, as_flag, written_as
+from diffusion.cli.command_line import SayOption, Written, as_flag, where_written, written_as
 from diffusion.cli.flag_names import flag_text, prefix_of
 from diffusion.cli.flags import check_writable_folder, out_of_range
 from diffusion.cli.legacy import class_at, same_class
@@ -222,6 +222,17 @@ def said_as_written(error: UserError, groups: dict[type, str], written: Sequence
         return written_as(written, flag[2:]) if flag.startswith("--") else flag
 
     return UserError(said(error.problem, as_given, error.owner), fix_as_flags(error, groups))
+
+
+def class_error_as_written(
+    error: BaseException, groups: dict[type, str], written: Sequence[Written], config: Namespace
+) -> UserError | None:
+    """An error a class the command built from its flags raised, said of the options as the user gave them: a
+    range check by `naming_the_flag`, another check of the class's by `said_as_written`; None for any other."""
+    named = naming_the_flag(error, groups, where_written(written), config)
+    if named is None and isinstance(error, UserError):
+        named = said_as_written(error, groups, written)
+    return named
 
 
 def fix_as_flags(error: UserError, groups: dict[type, str]) -> str:

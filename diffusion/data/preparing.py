@@ -12,7 +12,9 @@ that training refuses and that a new prepare replaces only when asked to (`overw
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -21,6 +23,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,8 +48,10 @@ from diffusion.data.prepared import (
     sha256,
     write_bytes,
 )
-from diffusion.errors import UserError
+from diffusion.errors import DiskFull, UserError
 
+_DISK_FULL_EXIT = 28  # the optimizing process's exit status for a full disk (ENOSPC's number)
+PREPARE_ON_ANOTHER_DISK = "free space there, or pass another {command:--out}; what this prepare wrote is removed, nothing else touched"
 CHUNK_BYTES = "64MB"  # litdata's default size: a few hundred MB of cache per loading process
 
 
@@ -64,8 +69,15 @@ class SampleWriter:
     def __init__(self, source: Dataset, kind: str, encoding: str, labelled: bool, errors: str) -> None:
         self.source, self.kind, self.encoding, self.labelled = source, kind, encoding, labelled
         self.errors = errors
+        self._worker: int | None = None  # the process whose exit is seen to (`_end_helper_processes`)
 
     def __call__(self, entry: tuple[int, int]) -> dict[str, Any]:
+        if self._worker != os.getpid():  # the first item in this worker process
+            self._worker = os.getpid()
+            # Before the worker's exit joins its children (`_exit_function` runs finalizers of priority >= 0
+            # first): a litdata worker that failed (a full disk, a corrupt image) leaves its remover process waiting
+            # on a queue nobody closes, and its exit would wait for it for ever (it did with --num_workers 1).
+            multiprocessing.util.Finalize(None, _end_helper_processes, exitpriority=100)
         try:
             return self._item(*entry)
         except (ValueError, OSError, UserError) as err:
@@ -80,6 +92,12 @@ class SampleWriter:
             sample = item.x.numpy().astype(np.float32)
         label = int(item.label) if self.labelled and int(item.label) != NO_LABEL else NO_LABEL_STORED
         return {"index": position, "sample": sample, "label": label}
+
+
+def _end_helper_processes() -> None:
+    """Terminate the processes a litdata worker started and left running (none after a prepare that succeeded)."""
+    for helper in multiprocessing.active_children():
+        helper.terminate()
 
 
 def unaugmented_parts(datamodule: Any) -> dict[str, Subset]:
@@ -102,8 +120,11 @@ def prepare(
     num_workers: int | None = None,
     overwrite: bool = False,
     source: str = "",
+    checked: Callable[[], None] = lambda: None,
 ) -> PreparedSet:
-    """Write `datamodule`'s data as a prepared set at `out` (a folder or an object-storage URL)."""
+    """Write `datamodule`'s data as a prepared set at `out` (a folder or an object-storage URL). `checked` is
+    called once everything is checked and the data read, before anything is written (the command's
+    `--print_config`, which prints what would run)."""
     lit = litdata()
     shape = tuple(datamodule.sample_shape)
     kind: Literal["images", "vectors"] = "images" if len(shape) == 3 else "vectors"
@@ -123,6 +144,7 @@ def prepare(
         )
     parts = unaugmented_parts(datamodule)
     labelled = datamodule.class_names is not None
+    checked()
     clear(out)  # never a mix of old and new chunks
     workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
     try:
@@ -197,6 +219,8 @@ def in_a_process_group_of_its_own(optimize: Any, kwargs: dict[str, Any], errors:
     met = sorted(Path(errors).glob("*.pickle"))
     if met:
         raise pickle.loads(met[0].read_bytes())
+    if process.exitcode == _DISK_FULL_EXIT:
+        raise DiskFull(Path(kwargs["output_dir"]), "the prepared set's chunks", PREPARE_ON_ANOTHER_DISK)
     if process.exitcode != 0:
         raise RuntimeError(
             f"litdata.optimize failed (its process's exit status {process.exitcode}; its report above)"
@@ -211,12 +235,25 @@ def _optimizing(optimize: Any, kwargs: dict[str, Any], errors: str) -> None:
     torch.set_num_threads(1)
     try:
         optimize(**kwargs)
-    except Exception:
-        if not any(
+    except Exception as error:
+        full = _says_the_disk_is_full(error)  # said by the parent: a full disk may not take even a report
+        if not full and not any(
             Path(errors).glob("*.pickle")
-        ):  # a bug: its report; a user's error is raised by the parent
+        ):  # a bug: its report; a user's error: the parent's
             traceback.print_exc()
-        sys.exit(1)
+        sys.stderr.flush()
+        # Not sys.exit: a process that exits so joins its children first, and a litdata worker left waiting on its
+        # queue (one worker on a full disk) would hold the prepare for ever; the parent kills the group.
+        os._exit(_DISK_FULL_EXIT if full else 1)
+
+
+def _says_the_disk_is_full(error: BaseException) -> bool:
+    """A full disk met by one of litdata's workers: litdata passes on a worker's error as the text of its
+    traceback, in a RuntimeError of its own, so the OSError's errno is read from that text."""
+    full = [f"[Errno {code}] {os.strerror(code)}" for code in (errno.ENOSPC, errno.EDQUOT)]
+    return any(text in str(error) for text in full) or (
+        isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    )
 
 
 def _ending_with_parent(parent: int) -> None:

@@ -7,6 +7,8 @@ DeprecationWarning that names the new form, and draws the same samples.
 """
 
 import inspect
+import math
+import os
 import warnings
 from collections.abc import Iterable
 from os import PathLike
@@ -98,6 +100,36 @@ def checked_counts(
             "rank", rank, f"< world_size={world_size}", "pass this process's rank, 0..world_size-1"
         )
     return counts
+
+
+GIB = 2**30
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the system does not say (no `os.sysconf`)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_result_fits_memory(
+    num_samples: int, world_size: int, sample_shape: tuple[int, ...], uint8_images: bool
+) -> None:
+    """`generate` returns this rank's share in one tensor: refused, before any sampling, when that tensor alone
+    would take more than the machine's memory (uint8 images 1 byte a value, anything else float32's 4), which
+    would end in torch's allocation error after the time spent sampling, or in the indices' before any."""
+    total = machine_memory()
+    per_rank = math.ceil(num_samples / world_size)
+    needed = per_rank * math.prod(sample_shape) * (1 if uint8_images and len(sample_shape) == 3 else 4)
+    if total is not None and needed > total:
+        share = "" if world_size == 1 else f" (this rank's {per_rank} of {world_size} ranks' shares)"
+        raise InvalidValue(
+            f"num_samples={num_samples}: generate returns the samples{share} in one tensor of "
+            f"{needed / GIB:,.1f} GiB, more than this machine's {total / GIB:,.1f} GiB of memory",
+            "draw them a chunk at a time with generate_in_chunks(module, num_samples, sampler=...) (what the "
+            "sample command does), or pass fewer num_samples",
+        )
 
 
 def check_sampler_and_switches(module: Any, sampler: Any, switches: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ sampler's arithmetic stays float32.
 """
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager
@@ -34,6 +35,7 @@ from diffusion.errors import UserError
 from diffusion.generation.arguments import (
     check_guidance_fits,
     check_module,
+    check_result_fits_memory,
     check_sampler_and_switches,
     checked_counts,
     checked_labels,
@@ -136,8 +138,10 @@ def generate(
 
     With world_size 1 that is simply samples 0..num_samples-1. With `uint8_images`, images come back as
     uint8 (N, C, H, W) in 0..255 (`render.compact`), each batch converted as it is drawn, so no more than one
-    batch of float images is ever held; vectors stay float in model units. Every argument is checked before any
-    sampling (`generation.arguments`).
+    batch of float images is ever held; vectors stay float in model units (images holding NaN or infinity are
+    then refused: `render.NonFiniteSamples`). Every argument is checked before any sampling
+    (`generation.arguments`), `num_samples` also against the machine's memory, which must hold the result
+    (`generate_in_chunks` streams more).
     """
     check_module(module, SAMPLEABLE_MEMBERS)
     sampler = sampler_from_deprecated_options(module, sampler, options)
@@ -145,6 +149,7 @@ def generate(
         num_samples, seed, batch_size, rank, world_size
     )
     check_sampler_and_switches(module, sampler, {"progress": progress, "uint8_images": uint8_images})
+    check_result_fits_memory(num_samples, world_size, tuple(module.sample_shape), uint8_images)
     if sampler is None:  # the checkpoint's own, as the sample command's without flags
         sampler = own_sampling(module).sampler()  # type: ignore[union-attr]  # checked: it has one
     else:
@@ -192,8 +197,11 @@ def generate_in_chunks(
     finite, done = True, 0
     try:
         for batch in batches:
-            finite = finite and bool(torch.isfinite(batch).all())
-            pending.append(compact(batch, module.normalization).cpu())
+            batch_finite = bool(torch.isfinite(batch).all())
+            finite = finite and batch_finite
+            # A batch refused at the chunk's end is made finite meanwhile (`compact` would refuse it on this rank
+            # alone): every rank reaches the chunk's all_gather, and all stop together.
+            pending.append(compact(batch if batch_finite else batch.nan_to_num(), module.normalization).cpu())
             done += len(batch)
             if done % chunk and done < per_rank:
                 continue
@@ -244,11 +252,31 @@ def sample_across_ranks(
     every rank: images as uint8 (N, C, H, W) (`render.compact`), vectors as float in model units
     (`render.save_preview` takes both). `progress`: a bar over the sampler's steps (rank zero's is enough)."""
     world = module.trainer.world_size
-    # The DiffusionModule (this layer names it by the Sampleable protocol, not by its class in training/).
-    local = generate(cast(Sampleable, module), num_samples, sampler=sampler, seed=seed, batch_size=num_samples,
-                     rank=module.global_rank, world_size=world, uint8_images=True,
-                     labels=labels, progress=progress)  # fmt: skip
+    # The DiffusionModule (this layer names it by the Sampleable protocol, not by its class in training/). One
+    # batch: its floats are held anyway; made uint8 here, after `drawn_anyway`, to be gathered.
+    sampleable = cast(Sampleable, module)
+    local = generate(sampleable, num_samples, sampler=sampler, seed=seed, batch_size=num_samples,
+                     rank=module.global_rank, world_size=world, labels=labels, progress=progress)  # fmt: skip
+    local = compact(drawn_anyway(local, "a sample grid"), sampleable.normalization)
     if world == 1:
         return local
     gather = cast(Callable[[torch.Tensor], torch.Tensor], module.all_gather)  # of one tensor: one tensor
     return gather_in_order(local.to(module.device), num_samples, gather)
+
+
+def drawn_anyway(samples: torch.Tensor, what: str) -> torch.Tensor:
+    """During training (a sample grid, a quality metric's samples): samples holding NaN or infinity, with a warning
+    saying how many, made finite (NaN as 0, infinity as the largest float; clamped as pixels) rather than refused
+    (`render.check_finite`): a preview is not worth ending a run for, and under DDP the rank that refused alone
+    would leave the others waiting at the next collective. The weights' own NaN stops the run (checked before
+    every validation)."""
+    finite = torch.isfinite(samples)
+    if bool(finite.all()):
+        return samples
+    count = int((~finite).flatten(1).any(1).sum())
+    warnings.warn(
+        f"{count} of the {len(samples)} samples of {what} hold values that are not finite (NaN or infinity), drawn "
+        "clamped: the weights are finite, so a sampler's or 16-bit overflow is likely (sample in 32-bit precision)",
+        stacklevel=2,
+    )
+    return samples.nan_to_num()

@@ -9,6 +9,9 @@ grids show one row per class.
 
 Images may also arrive as uint8 (N, C, H, W) in 0..255 (`compact`): what ranks gather when they sample
 together, a quarter of float32's bytes. `write_samples` and `save_preview` take either form.
+
+Samples holding NaN or infinity (a model whose weights diverged) are refused where they would become pixels or
+file values (`check_finite`: in `to_uint8`, and in `SamplesWriter` for vectors), never drawn as black.
 """
 
 import contextlib
@@ -62,11 +65,38 @@ def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
     return x * scale.view(view) + shift.view(view)
 
 
+class NonFiniteSamples(InvalidValue):
+    """Samples holding NaN or infinity (`check_finite`): a model whose weights diverged, or whose activations
+    overflowed. `count` of the `total` samples hold such a value."""
+
+    def __init__(self, count: int, total: int) -> None:
+        super().__init__(
+            f"{count} of the {total} samples hold values that are not finite (NaN or infinity), which have no "
+            "pixels or data values",
+            "the model's weights produce samples that are not finite: sample its other weights "
+            "(load_checkpoint(path, weights='ema' or 'raw')) or an earlier checkpoint, and check the training's "
+            "loss for divergence",
+        )
+        self.count, self.total = count, total
+
+
+def check_finite(samples: torch.Tensor) -> None:
+    """Raise NonFiniteSamples unless every value of `samples` (N, ...) is finite: NaN would otherwise become black
+    pixels (clamped, then rounded) or NaN rows of samples.npz without a word. One reduction and one read of its
+    flag; the samples are counted only for the refusal. Integer samples (uint8 images) are finite."""
+    if not samples.is_floating_point() or bool(torch.isfinite(samples).all()):
+        return
+    count = int((~torch.isfinite(samples.detach())).flatten(1).any(1).sum()) if samples.ndim > 1 else 1
+    raise NonFiniteSamples(count, len(samples) if samples.ndim else 1)
+
+
 def to_uint8(x: torch.Tensor, normalization: dict) -> torch.Tensor:
-    """(N, C, H, W) images in model units -> uint8 (N, C, H, W) in 0..255, on x's device."""
+    """(N, C, H, W) images in model units -> uint8 (N, C, H, W) in 0..255, on x's device. Samples holding NaN or
+    infinity are refused (NonFiniteSamples, an InvalidValue), not turned into black pixels."""
     check_samples_and_normalization(x, normalization)
     if x.ndim != 4:
         raise ValueError(f"expected images of shape (N, C, H, W), got shape {tuple(x.shape)}")
+    check_finite(x)
     images = denormalize(x.detach().float(), normalization).clamp(0, 1)
     return images.mul(255).round().to(torch.uint8)
 
@@ -287,13 +317,15 @@ class SamplesWriter:
                 folder.rmdir()
 
     def write(self, samples: torch.Tensor) -> None:
-        """The next samples in index order: model units, or images already uint8 (`compact`)."""
+        """The next samples in index order: model units, or images already uint8 (`compact`). Samples holding NaN
+        or infinity are refused (NonFiniteSamples), images and vectors alike, before any of them is written."""
         if self.written + len(samples) > self.num_samples:
             raise ValueError(f"{self.written + len(samples)} samples written to a file of {self.num_samples}")
         if self.images:
             samples = compact(samples, self.normalization).cpu()
             array = samples.permute(0, 2, 3, 1).numpy()
         else:
+            check_finite(samples)  # images are checked in `compact`, as they are turned into pixels
             samples = samples.detach().float().cpu()
             array = denormalize(samples, self.normalization).numpy().astype(np.float32)
         with naming_a_full_disk(self.out_dir / SAMPLES):  # the partial folder goes in __exit__

@@ -348,9 +348,11 @@ class UNet(nn.Module):
         height, width = shape[-2:]
         if height % factor != 0 or width % factor != 0:
             raise InvalidValue(
-                f"image size {height}x{width} is not divisible by {factor} = 2**(len(channel_mult) - 1) "
-                f"for {self.num_levels} levels",
-                f"pick an image_size divisible by {factor} or use fewer levels",
+                f"image size {height}x{width} ({{LightningDataModule:--image_size}}) is not divisible by {factor} "
+                f"= 2**(levels - 1) for the {self.num_levels} levels of {{--channel_mult}}",
+                f"pick an image size divisible by {factor} ({{LightningDataModule:--image_size}}), or fewer "
+                "levels in {--channel_mult}",
+                type(self),
             )
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:

@@ -41,7 +41,7 @@ def check_training_options(
         raise OutOfRange("label_dropout", label_dropout, "in [0, 1)", "pass e.g. 0.1 (Ho & Salimans)")
     if label_dropout > 0 and network_num_classes is None:
         raise InvalidValue(
-            f"label_dropout={label_dropout} needs a class-conditional network",
+            f"{{--label_dropout}} {label_dropout} needs a class-conditional network",
             "train with {LightningDataModule:--conditional} true (the CLI then sets the network's num_classes)",
         )
     if variance == "learned_range" and len(sample_shape) != 3:

@@ -122,7 +122,10 @@ def test_unconditional_checkpoints_write_no_arr_1(digits_checkpoint, tmp_path):
             r"class_label='10' is not a class of this model — use 0..9, 'all' or a name in",
         ),
         (["--class_label", "cow"], r"class_label='cow' is not a class of this model"),
-        (["--guidance_scale", "-0.5"], r"guidance_scale=-0.5 must be a finite number >= 0 — pass 0 for"),
+        (
+            ["--guidance_scale", "-0.5"],
+            r"--guidance_scale -0.5 is out of range \(must be a finite number >= 0\) — pass 0 for",
+        ),
     ],
     ids=["class_10", "unknown_name", "negative_guidance"],
 )

@@ -34,6 +34,7 @@ from jsonargparse import ArgumentParser
 from PIL import Image
 
 from diffusion.cli import evaluate, evaluate_nll, export, parse_errors, phema, prepare, sample
+from diffusion.cli.command_line import plain_key
 from diffusion.cli.jsonargparse_internals import (
     actions,
     declared_type,
@@ -260,7 +261,7 @@ def test_a_bad_value_of_any_flag_is_one_line(
     if not request.node.callspec.id.endswith(PARSER_KINDS) or name in FILE_FLAGS | FOLDER_FLAGS:
         return
     # The same value in a config file: where the parser refused it, the same line said of the file and its key; a
-    # check after the parser may say the file too (train.py's refusal of --optimizer does), or the flag.
+    # check after the parser says it of the file and its key too (the flag said as the key).
     options: object = yaml.safe_load(value)
     for part in reversed(name.split(".")):
         options = {part: options}
@@ -269,5 +270,14 @@ def test_a_bad_value_of_any_flag_is_one_line(
     refusals.clear()
     line_of_the_file = run_in_process(main, [*good, "--config", str(config)], home, capsys)
     said_of_the_file = line.replace(f"--{name} {value}", f"{config}: {name} {value}")
-    assert line_of_the_file == said_of_the_file if refusals else line_of_the_file in (said_of_the_file, line)
+    # A check after the parse: the flag said as the file's key where the line goes on with its value.
+    checked_after = [said_of_the_file] + [
+        line.replace(f"--{flag}", f"{config}: {key}", 1)
+        for flag in written
+        for key in (name, plain_key(name))
+    ]
+    assert line_of_the_file == said_of_the_file if refusals else line_of_the_file in checked_after, (
+        line_of_the_file
+    )
+    assert refusals or str(config) in line_of_the_file, line_of_the_file
     assert not any(internal in line_of_the_file for internal in PARSER_INTERNALS), line_of_the_file

@@ -53,6 +53,9 @@ FILE_CASES = {  # id: (the file's text, the line)
                            "the choices — choose one of 'constant', 'cosine'"),
     "a_list_written_as_one_value": ("metrics: fid\n", "run.yaml: metrics fid is not a list — write a list in "
                                     "brackets, e.g. [fid]"),
+    # A list type (not a flag of several values): its one item was said "not a valid float"
+    "a_list_type_written_as_one_value": ("sweep: 0.1\n", "run.yaml: sweep 0.1 is not a list — write a list in "
+                                         "brackets, e.g. [0.1]"),
     "a_class_of_another_kind": ("data: diffusion.UNet\n", "run.yaml: data diffusion.UNet: UNet is not a "
                                 "LightningDataModule — pass the class path of a LightningDataModule (see --help)"),
     # A list where one text goes: its text passed as a str, and the parser's union report was the line.
@@ -121,4 +124,20 @@ def test_a_config_file_edited_between_two_reports_is_read_anew(tmp_path, monkeyp
     assert lines[1].endswith(
         "--model.network.init_args.hidden_dim is not an option of UNet — see --help for the options (--print_config "
         "for a full config)"
+    )
+
+
+def test_a_group_file_named_in_a_config_file_from_the_working_directory_is_said_where_it_was_looked_for(
+    tmp_path, monkeypatch
+):
+    """The parser reads a path in a config file from that file's folder: `optimizer: configs/optimizer.yaml` in
+    configs/run.yaml is configs/configs/optimizer.yaml, even where the path as written is a file from the working
+    directory (the parser's own words were the line)."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "run.yaml").write_text("optimizer: configs/optimizer.yaml\n")
+    (tmp_path / "configs" / "optimizer.yaml").write_text("lr: 0.1\n")
+    monkeypatch.chdir(tmp_path)
+    assert refused(["--out", "s", "--config", "configs/run.yaml"]) == (
+        "configs/run.yaml: optimizer configs/optimizer.yaml (read from its folder: configs/configs/optimizer.yaml): "
+        "no such config file — write its path from configs/, the folder of configs/run.yaml, or an absolute path"
     )

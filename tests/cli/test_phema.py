@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import QUICK, TINY_UNET, tiny_run
 from helpers.full_disk import full_open
-from helpers.user_errors import REPO, fill, run_in_process, train_args
+from helpers.user_errors import REPO, fill, in_a_config_file, run_in_process, train_args
 
 from diffusion.cli import phema, sample
 from diffusion.cli.train import main as train
@@ -166,6 +166,26 @@ PHEMA_CASES = {  # id: (flags, what the line must say)
 @pytest.mark.parametrize(("flags", "expected"), PHEMA_CASES.values(), ids=PHEMA_CASES.keys())
 def test_phema_reports_a_bad_input_in_one_line(flags, expected, home, capsys):
     assert re.search(expected, run_in_process(phema.main, fill(flags, home), home, capsys))
+
+
+IN_A_CONFIG_FILE = {  # id of a case of PHEMA_CASES, its flags written in a file: what the line must say
+    "sigma_rel_too_large": r"^error: \S*run.yaml: sigma_rel 0.5 is out of range — pass a value in",
+    "sweep_repeated": r"^error: \S*run.yaml: sweep \[0.1, 0.1\] repeats a value — pass distinct ones",
+    "run_missing": r"^error: \S*run.yaml: run \S*nope is not a folder — pass a run folder",
+    "run_without_snapshots": r"^error: \S*run.yaml: run \S*version_0 holds no post-hoc EMA snapshots .* — train with "
+    r"--ema.post_hoc true",
+    "step_without_snapshots": r"^error: \S*run.yaml: step 3: no snapshot was written at that step",
+    "out_exists": r"^error: \S*run.yaml: out \S*mine.ckpt exists — pass --overwrite",
+    "both": r"^error: pass one of --sigma_rel and --sweep — ",  # flags named, not a value of the file's
+}
+
+
+@pytest.mark.parametrize(("case", "expected"), IN_A_CONFIG_FILE.items(), ids=IN_A_CONFIG_FILE.keys())
+def test_a_bad_value_in_a_config_file_is_said_as_the_files_key(case, expected, home, capsys):
+    """phema's checks after the parse name what the user wrote: a value a --config file gave, by the file and
+    its key (they named the flag: `--sigma_rel=0.5` for a file's `sigma_rel: 0.5`)."""
+    config = in_a_config_file(fill(PHEMA_CASES[case][0], home), home)
+    assert re.search(expected, run_in_process(phema.main, config, home, capsys))
 
 
 @pytest.mark.parametrize("case", ["run_without_snapshots", "out_exists", "step_without_snapshots"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.user_errors import fill, run_in_process
+from helpers.user_errors import fill, in_a_config_file, run_in_process
 from torchvision import datasets
 
 from diffusion.cli import evaluate, sample
@@ -18,9 +18,15 @@ SAMPLE_CASES = {
     "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),
     "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
     "devices_0": (["--devices", "0"], r"--devices 0 is out of range"),
-    "steps_0": (["--steps", "0"], r"steps=0 must be >= 1 — pass a step count, or leave it unset"),
-    "eta_negative": (["--eta", "-1"], r"eta=-1.0 must be in \[0, 1\] — pass 0 for deterministic DDIM"),
-    "eta_100": (["--eta", "100"], r"eta=100.0 must be in \[0, 1\]"),
+    "steps_0": (
+        ["--steps", "0"],
+        r"^error: --steps 0 is out of range \(must be >= 1\) — pass a step count, or leave it unset",
+    ),
+    "eta_negative": (
+        ["--eta", "-1"],
+        r"^error: --eta -1.0 is out of range \(must be in \[0, 1\]\) — pass 0 for deterministic DDIM",
+    ),
+    "eta_100": (["--eta", "100"], r"^error: --eta 100.0 is out of range \(must be in \[0, 1\]\)"),
     "steps_beyond_the_schedule": (
         ["--steps", "5000"],
         r"--steps 5000 is more steps than the schedule's num_timesteps=1000 — pass at most 1000",
@@ -54,7 +60,7 @@ SAMPLE_CASES = {
     "grid_exists": (["--out", "{user}/grid_only"], r"grid.png exists — pass --overwrite"),
     "guidance_negative": (
         ["--guidance_scale", "-1"],
-        r"guidance_scale=-1.0 must be a finite number >= 0 — pass 0 for unconditional",
+        r"^error: --guidance_scale -1.0 is out of range \(must be a finite number >= 0\) — pass 0 for unconditional",
     ),
     "guidance_infinite": (["--guidance_scale", "inf"], r"--guidance_scale inf is not a valid float"),
     # torch takes seeds modulo 2**64: 2**70 drew seed 0's samples, and -1 those of 2**64 - 1.
@@ -92,6 +98,29 @@ def test_sample_reports_a_bad_input_in_one_line(flags, expected, user, capsys, m
     good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
     args = ["--ckpt", str(good), "--out", str(user / "new"), "--sampler", "ddim", "--steps", "2", "--num_samples",
             "2", *fill(flags, user)]  # fmt: skip
+    assert re.search(expected, run_in_process(sample.main, args, user, capsys))
+
+
+SAMPLE_IN_A_CONFIG_FILE = {  # id of a case of SAMPLE_CASES, its flags written in a file: what the line must say
+    "eta_negative": r"^error: \S*run.yaml: eta -1.0 is out of range \(must be in \[0, 1\]\) — pass 0",
+    "steps_beyond_the_schedule": r"^error: \S*run.yaml: steps 5000 is more steps than the schedule's",
+    "class_of_an_unconditional_model": r"^error: \S*run.yaml: class_label: this checkpoint is unconditional .* — "
+    r"sample it without --class_label",
+    "out_is_a_file": r"^error: \S*run.yaml: out \S*a_file is a file, not a folder",
+    "missing": r"^error: \S*run.yaml: ckpt: no checkpoint at \S*nope.ckpt",
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"), SAMPLE_IN_A_CONFIG_FILE.items(), ids=SAMPLE_IN_A_CONFIG_FILE.keys()
+)
+def test_sample_says_a_bad_value_of_a_config_file_by_the_files_key(case, expected, user, capsys, monkeypatch):
+    """The checks after the parse name what the user wrote: a value a --config file gave (after the flags, so it
+    is the one taken), by the file and its key."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    args = ["--ckpt", str(good), "--out", str(user / "new"), "--sampler", "ddim", "--steps", "2", "--num_samples",
+            "2", *in_a_config_file(fill(SAMPLE_CASES[case][0], user), user)]  # fmt: skip
     assert re.search(expected, run_in_process(sample.main, args, user, capsys))
 
 
@@ -206,6 +235,15 @@ def test_evaluate_reports_a_bad_input_in_one_line(flags, expected, user, capsys)
     samples = str(user / "samples" / "samples.npz")
     args = ["--samples", samples, "--reference", samples, "--features", "pixels", *fill(flags, user)]
     assert re.search(expected, run_in_process(evaluate.main, args, user, capsys))
+
+
+@pytest.mark.parametrize("case", ["missing_samples", "missing_reference", "folder_without_data_root"])
+def test_print_config_refuses_what_evaluate_refuses(case, user, capsys):
+    """Printed once the inputs are read and checked: no config of a command that would stop (it printed, exit 0)."""
+    flags, expected = EVALUATE_CASES[case]
+    samples = str(user / "samples" / "samples.npz")
+    args = ["--samples", samples, "--reference", samples, "--features", "pixels", *fill(flags, user)]
+    assert re.search(expected, run_in_process(evaluate.main, [*args, "--print_config"], user, capsys))
 
 
 def test_evaluate_tiny_samples_against_a_dataset_name_their_size(tmp_path, capsys):

@@ -194,7 +194,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         [*FOLDER[:3], "{user}/nope", *FOLDER[4:]],
         r"image folder .*nope does not exist",
     ),
-    "image_size_vs_unet": (["--data.image_size", "9"], r"image size 9x9 is not divisible by 2"),
+    "image_size_vs_unet": (
+        ["--data.image_size", "9"],
+        r"image size 9x9 \(--data.image_size\) is not divisible by 2 .* levels of --model.network.channel_mult",
+    ),
     # A network for the other kind of data failed at the first step, with a traceback.
     "mlp_for_images": (
         ["--model.network", "diffusion.MLP"],

@@ -4,7 +4,9 @@ running a command that must fail with one line and leave that folder unchanged."
 from pathlib import Path
 
 import pytest
+import yaml
 
+from diffusion.cli.parse_errors import flags_written
 from helpers import QUICK, TINY_MLP, TINY_UNET
 
 REPO = Path(__file__).parents[2]
@@ -33,6 +35,16 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int] | str]:
 
 def fill(flags: list[str], user: Path) -> list[str]:
     return [flag.format(user=user, configs=CONFIGS) for flag in flags]
+
+
+def in_a_config_file(flags: list[str], folder: Path, name: str = "run.yaml") -> list[str]:
+    """`--config FILE` for a file in `folder` that sets what `flags` set (each value read as YAML, as the parser
+    reads a flag's)."""
+    options = {}
+    for key, values in flags_written(flags):
+        options[key] = yaml.safe_load(values[0]) if len(values) == 1 else [yaml.safe_load(v) for v in values]
+    (folder / name).write_text(yaml.safe_dump(options))
+    return ["--config", str(folder / name)]
 
 
 def train_args(flags: list[str], user: Path, save_dir: Path) -> list[str]:

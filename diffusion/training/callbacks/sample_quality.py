@@ -13,7 +13,7 @@ from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.data.labels import class_labels
 from diffusion.errors import InvalidValue, OutOfRange
 from diffusion.generation.arguments import checked_seed
-from diffusion.generation.ranks import SAMPLING_BATCH, generate_batches, rank_indices
+from diffusion.generation.ranks import SAMPLING_BATCH, drawn_anyway, generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
 from diffusion.metrics.features import Features, check_features, distance_name, feature_size
 from diffusion.metrics.reference_stats import load_statistics
@@ -201,7 +201,8 @@ class SampleQualityCallback(EveryNValidations):
             self._update(samples, pl_module, real=False)
 
     def _update(self, images: torch.Tensor, pl_module: DiffusionModule, real: bool) -> None:
-        uint8 = to_uint8(images.to(pl_module.device), pl_module.normalization)  # (N, C, H, W)
+        finite = images if real else drawn_anyway(images, "the quality metrics")
+        uint8 = to_uint8(finite.to(pl_module.device), pl_module.normalization)  # (N, C, H, W)
         self.quality.update(uint8, real=real)  # type: ignore[union-attr]  # made in setup
 
 

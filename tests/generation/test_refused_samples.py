@@ -1,0 +1,129 @@
+"""Samples generation refuses rather than turn into something that looks like a result: NaN or infinite samples
+(a model whose weights diverged) that would become black pixels or NaN rows of samples.npz, and a count whose
+samples `generate` could not hold in memory, refused before any sampling rather than by torch's allocation error."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import tiny_vector_model
+
+from diffusion.errors import InvalidValue, UserError
+from diffusion.generation import arguments
+from diffusion.generation.arguments import check_result_fits_memory
+from diffusion.generation.ranks import drawn_anyway, generate, generate_in_chunks, sample_across_ranks
+from diffusion.generation.render import SamplesWriter, compact, to_uint8, to_uint8_images, write_samples
+from diffusion.models import UNet
+from diffusion.training.module import DiffusionModule
+
+NORMALIZATION = {"shift": [0.5], "scale": [0.5]}
+NOT_FINITE = r"^2 of the 5 samples hold values that are not finite \(NaN or infinity\), which have no pixels"
+FIX = r" — the model's weights produce samples that are not finite: sample its other weights"
+
+
+def images_with(*bad: float) -> torch.Tensor:
+    """Five 1x4x4 images in model units, the first values of samples 1 and 3 (and more of sample 3) `bad`."""
+    images = torch.linspace(-1, 1, 5 * 16).reshape(5, 1, 4, 4)
+    images[1, 0, 0, 0] = bad[0]
+    images[3, 0, 2, :] = bad[-1]
+    return images
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("bad", [(NAN,), (INF, -INF), (NAN, INF)])
+def test_images_that_are_not_finite_are_refused_not_turned_into_black_pixels(bad):
+    # NaN clamped then rounded was 0: a diverged model's samples came out black without a word.
+    images = images_with(*bad)
+    for convert in (to_uint8, compact, to_uint8_images):
+        with pytest.raises(InvalidValue, match=NOT_FINITE + ".*" + FIX) as refused:
+            convert(images, NORMALIZATION)
+        assert isinstance(refused.value, ValueError)  # for Python callers that catch one
+    with pytest.raises(InvalidValue, match=NOT_FINITE):
+        to_uint8(images.half(), NORMALIZATION)  # in any float dtype
+
+
+def test_finite_images_and_uint8_ones_still_convert():
+    images = images_with(1.0)
+    uint8 = to_uint8(images, NORMALIZATION)
+    assert uint8.dtype == torch.uint8 and int(uint8.min()) == 0 and int(uint8.max()) == 255
+    assert torch.equal(compact(uint8, NORMALIZATION), uint8)  # uint8 images are finite: passed as they are
+
+
+def test_samples_that_are_not_finite_are_written_to_no_file(tmp_path):
+    vectors = torch.randn(5, 2)
+    vectors[[0, 4], 1] = NAN
+    shift_scale = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
+    with pytest.raises(InvalidValue, match=NOT_FINITE.replace("which have no pixels", "")):
+        write_samples(vectors, shift_scale, tmp_path / "vectors")  # before: float32 NaN rows in samples.npz
+    with pytest.raises(InvalidValue, match=NOT_FINITE):
+        write_samples(images_with(NAN), NORMALIZATION, tmp_path / "images")
+    assert not any(tmp_path.iterdir())  # the folders made for them removed again
+    # A chunk refused after others were written leaves nothing either.
+    writer = SamplesWriter(tmp_path / "chunks", 4, (2,), shift_scale)
+    with pytest.raises(InvalidValue, match=r"^1 of the 2 samples"), writer:
+        writer.write(torch.zeros(2, 2))
+        writer.write(torch.tensor([[0.0, 0.0], [INF, 1.0]]))
+    assert not any(tmp_path.iterdir())
+
+
+def tiny_image_model() -> DiffusionModule:
+    torch.manual_seed(0)
+    network = UNet(in_channels=1, channels=8, channel_mult=[1], num_res_blocks=1, attention_levels=[])
+    return DiffusionModule(network, sample_shape=(1, 8, 8), num_timesteps=10, normalization=NORMALIZATION)
+
+
+def test_streamed_images_that_are_not_finite_stop_with_the_ranks_own_line():
+    # `generate_in_chunks` (the sample command's) converts each batch to uint8 as it comes, and stops only at the
+    # chunk's end, where every rank learns of it: the conversion must not refuse the batch first, on one rank.
+    module = tiny_image_model()
+    module.network.register_forward_hook(lambda network, inputs, output: output * NAN)
+    sampler = module.sampler()
+    stopped = r"^sampling produced values that are not finite .* among samples 0 to 2; nothing was written"
+    with pytest.raises(UserError, match=stopped):
+        list(generate_in_chunks(module, 3, sampler=sampler, batch_size=2))
+    with pytest.raises(InvalidValue, match=r"^2 of the 2 samples hold values that are not finite"):
+        generate(module, 3, sampler=sampler, batch_size=2, uint8_images=True)
+
+
+def test_a_training_time_grid_of_samples_that_are_not_finite_is_drawn_with_a_warning_not_refused():
+    # Refused, it ended the training (and under DDP the rank that refused alone left the others waiting): a grid is
+    # a preview; the weights' own NaN stops a run before every validation.
+    module = tiny_image_model()
+    module.network.register_forward_hook(lambda network, inputs, output: output * NAN)
+    module.trainer = SimpleNamespace(world_size=1, global_rank=0)
+    with pytest.warns(
+        UserWarning, match=r"^3 of the 3 samples of a sample grid hold values that are not finite"
+    ):
+        grid = sample_across_ranks(module, 3, 0, module.sampler())
+    assert grid.dtype == torch.uint8 and grid.shape == (3, 1, 8, 8)
+    with pytest.warns(UserWarning, match=r"^1 of the 2 samples of the quality metrics"):
+        drawn = drawn_anyway(torch.tensor([[0.5, 1.0], [NAN, -INF]]), "the quality metrics")
+    assert torch.equal(drawn[0], torch.tensor([0.5, 1.0])) and bool(torch.isfinite(drawn).all())
+
+
+def test_a_count_whose_samples_memory_cannot_hold_is_refused_before_any_sampling(monkeypatch):
+    module = tiny_vector_model()
+    sampled = []
+    monkeypatch.setattr(module, "initial_noise", lambda *args: sampled.append(args))
+    # 2**40 samples: torch's allocation error (of the indices, or of the result after the sampling's time).
+    with pytest.raises(InvalidValue, match=r"^num_samples=1099511627776: generate returns the samples in one "
+                       r"tensor of 8,192.0 GiB, more than this machine's [\d,.]+ GiB of memory — draw them a "
+                       r"chunk at a time with generate_in_chunks") as refused:  # fmt: skip
+        generate(module, 2**40)
+    assert isinstance(refused.value, ValueError) and not sampled
+    # What each rank holds: its share. uint8 images 1 byte a value, float32 4.
+    monkeypatch.setattr(arguments, "machine_memory", lambda: 1000)
+    with pytest.raises(InvalidValue, match=r"^num_samples=251: .* \(this rank's 126 of 2 ranks' shares\)"):
+        generate(module, 251, rank=1, world_size=2)  # 126 x 2 x 4 bytes
+    check_result_fits_memory(250, 2, (2,), uint8_images=False)  # 125 x 2 x 4 bytes: 1000
+    check_result_fits_memory(1000, 1, (1, 1, 1), uint8_images=True)
+    with pytest.raises(InvalidValue, match=r"^num_samples=1000: "):
+        check_result_fits_memory(1000, 1, (1, 1, 1), uint8_images=False)
+
+
+def test_sane_counts_are_not_refused():
+    check_result_fits_memory(10**6, 1, (1, 8, 8), uint8_images=True)  # a million digits: 64 MB
+    check_result_fits_memory(50_000, 1, (3, 32, 32), uint8_images=False)  # CIFAR-10's size as float: 614 MB
+    assert generate(tiny_vector_model(), 3).shape == (3, 2)
