@@ -161,6 +161,13 @@ def everything_written(parser: ArgumentParser, argv: Sequence[str]) -> Iterator[
             if isinstance(options, dict):
                 prefix = "" if key == "config" else f"{key}."
                 yield from keys_of_file(parser, options, prefix, values[-1])
+        elif (
+            values and (action := action_of(parser, key)) is not None and takes_a_class(declared_type(action))
+        ):
+            # A class chosen by a file (`--data data.yaml`), or by its name
+            options = read_config_file(values[-1])
+            if isinstance(options, dict):
+                yield from keys_of_file(parser, {key: options}, "", values[-1])
 
 
 def is_config_file_flag(parser: ArgumentParser, key: str) -> bool:
@@ -177,7 +184,7 @@ def keys_of_file(parser: ArgumentParser, options: dict, prefix: str, file: str) 
         if (
             isinstance(value, dict)
             and (action is None or loads_a_group_file(action))
-            and _has_keys_under(parser, key)
+            and has_keys_under(parser, key)
         ):
             yield from keys_of_file(parser, value, f"{key}.", file)
         elif isinstance(value, dict) and action is not None and takes_a_class(declared_type(action)):
@@ -186,6 +193,8 @@ def keys_of_file(parser: ArgumentParser, options: dict, prefix: str, file: str) 
             arguments = {k: v for k, v in value.items() if k not in _CLASS_KEYS}  # written without init_args
             init_args = value.get("init_args")
             arguments |= init_args if isinstance(init_args, dict) else {}
+            if init_args is not None and not isinstance(init_args, dict):  # its arguments not as a mapping
+                yield Written(f"{key}.init_args", (init_args,), file)
             for argument, argument_value in arguments.items():
                 yield Written(f"{key}.init_args.{argument}", (argument_value,), file)
         else:
@@ -196,7 +205,7 @@ def keys_of_file(parser: ArgumentParser, options: dict, prefix: str, file: str) 
                     yield from keys_of_file(parser, options, f"{key}.", beside(file, value))
 
 
-def _has_keys_under(parser: ArgumentParser, key: str) -> bool:
+def has_keys_under(parser: ArgumentParser, key: str) -> bool:
     return any(action.dest.startswith(f"{key}.") for action in actions(parser))
 
 

@@ -45,6 +45,11 @@ def config_file_problem(key: str, value: str, shown: str | None = None) -> tuple
     options = read_config_file(value)
     if isinstance(options, KeyGivenTwice):
         return f"{shown}: {options.msg}", "keep one of them (YAML would take the last without a word)"
+    if isinstance(options, NotText):
+        return (
+            f"{shown}: the config file is not text (a checkpoint, an image, ...?)",
+            "pass a YAML file of these options (see --print_config)",
+        )
     if isinstance(options, SyntaxError):
         return f"Problems parsing config {value}: {options.msg}", f"fix the YAML syntax of the --{key} file"
     if options is None:
@@ -75,6 +80,10 @@ class KeyGivenTwice(SyntaxError):
     """A config file giving one key twice in a mapping, which YAML reads as the last, silently."""
 
 
+class NotText(SyntaxError):
+    """A config file that is no text at all (a checkpoint given as --config)."""
+
+
 class _UniqueKeys(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping."""
 
@@ -93,6 +102,8 @@ class _UniqueKeys(yaml.SafeLoader):
 def _read_version(path: str, mtime_ns: int, size: int) -> Any:
     try:
         return yaml.load(Path(path).read_text(), Loader=_UniqueKeys)
+    except UnicodeDecodeError:  # a checkpoint, an image, random bytes
+        return NotText("the file is not text")
     except KeyGivenTwice as error:
         return error
     except yaml.YAMLError as error:

@@ -38,6 +38,7 @@ from diffusion.cli.command_line import (
     check_one_name_each,
     everything_written,
     flags_written,
+    has_keys_under,
     in_list_form,
     is_class_choice,
     is_config_file_flag,
@@ -121,7 +122,7 @@ def parsed_command_line(
     try:
         taken = as_the_parser_takes(parser, written, lambda key: _class_argument_hint(parser, items, key))
         config = parser.parse_args(taken)
-    except ArgumentError as error:
+    except (ArgumentError, UnicodeDecodeError) as error:  # the parser reads a config file that is not text so
         raise BadCommandLine(*what_is_wrong(parser, written, error)) from error
     command_line = CommandLine(parser, written, config, items, print_request)
     check_one_name_each(command_line.written, config, renamed or {})
@@ -130,6 +131,8 @@ def parsed_command_line(
             found = config_file_problem(item.key, str(item.values[-1]))
             if found is not None:
                 raise BadCommandLine(*found)
+        if item.file is not None and (found := _taken_but_unusable(parser, command_line.written, item)):
+            raise BadCommandLine(*found)
     remember_written(command_line.written)  # the command's later checks said as the user gave their options
     return command_line
 
@@ -156,6 +159,11 @@ def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException)
 
 def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> tuple[str, str] | None:
     """What is wrong with one flag or key, said from its declared type; None if it fits (or has no type)."""
+    if item.file is not None and item.key.endswith(".init_args") and not isinstance(item.values[0], dict):
+        return (
+            f"{item.shown()}: init_args holds the arguments of the class, by name",
+            "write them under it as name: value lines (e.g. channels: 64)",
+        )
     action = action_of(parser, item.key)
     if is_config_file_flag(parser, item.key) and item.values:
         value = item.values[-1]
@@ -210,6 +218,9 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
             )
             kind = "a list" if isinstance(value, list) else "a mapping"
             return f"{item.shown()} is {kind}, not a {names}", "write one value (see --help)"
+        # `precision: 8` (YAML's int) where only text goes: the parser's words were the line
+        if isinstance(value, int | float) and all(kind is str for kind in alternatives(hint)):
+            return f"{item.shown()} is a number, not text", f"write it in quotes: '{as_text(value)}'"
         # `sweep: 0.1` where a list goes: its brackets missing
         unlisted = not isinstance(value, list | dict) and not _fits(hint, values, nargs)
         if unlisted and _fits(hint, [f"[{values[0]}]"], nargs):
@@ -217,6 +228,42 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     if _fits(hint, values, nargs):
         return None
     return _said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
+
+
+def _taken_but_unusable(
+    parser: ArgumentParser, written: list[Written], item: Written
+) -> tuple[str, str] | None:
+    """A config file's value the parser let through that the command cannot use: a group written as one number
+    (`trainer: 5`: an AttributeError in the command), or `key: null` (or a bare `key:`) for an option whose type
+    takes no null (a TypeError deep in the command's work)."""
+    value = item.values[0] if item.values else None
+    group = is_config_file_flag(parser, item.key) or has_keys_under(parser, item.key)
+    if group and not isinstance(value, dict | str | None):
+        return (
+            f"{item.shown()}: {plain_key(item.key)} is a group of options, not one value",
+            "write its options under it as name: value lines, or the path of a YAML file of them",
+        )
+    if item.values != (None,) or group:
+        return None  # a group's null: `_bad_item`
+    action = action_of(parser, item.key)
+    hint = declared_type(action) if action is not None else _class_argument_hint(parser, written, item.key)
+    kinds = [] if hint is None else alternatives(hint)
+    default = _default(parser, item.key) if action is not None else None
+    if (
+        not kinds
+        or any(kind in (type(None), Any) for kind in kinds)
+        or (action is not None and default is None)
+    ):
+        return None  # null taken, or the default itself (`--metrics`' None: every metric)
+    said = [
+        f"one of {', '.join(map(str, get_args(kind)))}"
+        if get_origin(kind) is Literal
+        else f"a {kind_name(kind)}"
+        for kind in kinds
+    ]
+    unset = "remove the line" + ("" if default is None else f" for the default ({as_text(default)})")
+    takes = " or ".join(dict.fromkeys(said)).replace("a int", "an int")
+    return f"{item.shown()}: this option takes {takes}, not null", f"{unset}, or write a value"
 
 
 def _no_group_takes(parser: ArgumentParser, key: str) -> bool:
@@ -368,6 +415,9 @@ def _said_of(shown: str, hint: Any, values: list[str], several: bool = False) ->
                 f"pass a value {' and '.join(f'{op} {limit}' for op, limit in bounds)}",
             )
     names = list(dict.fromkeys(kind_name(kind) for kind in kinds or [hint]))
+    not_finite = values[-1].strip().lower().lstrip("+-") in ("nan", "inf", "infinity", ".nan", ".inf")
+    if "float" in names and not_finite:  # a float, but one the parser (and every such option) refuses
+        return f"{shown}: NaN and infinity are no values of this option", "pass a finite number (see --help)"
     if names == ["bool"]:
         return f"{shown} is not a valid bool", "pass true or false"
     what = f"{shown} is not a valid {' or '.join(names)}"

@@ -4,6 +4,7 @@ with the flag), the network settings the data decides, the weights to start from
 own settings taken with its weights), the output folders, and the world size under torchrun."""
 
 import inspect
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityC
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.from_diffusers import init_settings
 from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
-from diffusion.training.run_folders import CHECKPOINTS, run_folder_of
+from diffusion.training.run_folders import run_folder_of
 
 
 def check_init_from(path: str, network_class: str) -> None:
@@ -144,7 +145,10 @@ def check_output_folders(
     if checkpoint_dirpath:
         check_writable_folder(checkpoint_dirpath, "--checkpoint.dirpath")
     run = run_folder_of(resumed) if resumed else None
-    for folder in [run.path, run.path / CHECKPOINTS] if run is not None else []:
+    # The run folder and each folder of it (checkpoints/, samples/, post_hoc_ema/, ...: all the run's own writes)
+    run_path = run.path if run is not None and run.path.is_dir() else None
+    own = [run_path, *sorted(p for p in run_path.iterdir() if p.is_dir())] if run_path is not None else []
+    for folder in own:
         if folder.is_dir():  # a probe file, as the run's own writes would be (root passes os.access)
             with naming_a_full_disk(folder / "the resumed run's files"), tempfile.TemporaryFile(dir=folder):
                 pass
@@ -249,9 +253,17 @@ def _option_checked(error: OutOfRange, groups: dict[type, str], config: Namespac
     holding = [
         key
         for key, value in config.items()
-        if f".{key.replace('.init_args.', '.')}".endswith(f".{error.name}") and value == error.value
+        if f".{key.replace('.init_args.', '.')}".endswith(f".{error.name}") and _same(value, error.value)
     ]
     return holding[0] if holding else None
+
+
+def _same(value: Any, checked: Any) -> bool:
+    """The value an option holds is the one a check refused (NaN, which equals nothing, included)."""
+    nan = (
+        isinstance(value, float) and isinstance(checked, float) and math.isnan(value) and math.isnan(checked)
+    )
+    return nan or value == checked
 
 
 DATA_SETS = {  # the network settings train.py takes from the data, and from what

@@ -68,6 +68,9 @@ TRAINER_OPTION_RANGES = [
     ("trainer.log_every_n_steps", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.num_nodes", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.gradient_clip_val", lambda v: v >= 0, "a number >= 0 (0 turns clipping off)"),
+    ("trainer.check_val_every_n_epoch", lambda v: v >= 1, "an integer >= 1, or null to validate by steps alone"),
+    # Lightning takes 0 as "train nothing": the run ended at once, exit status 0, no checkpoint, no word.
+    ("trainer.limit_train_batches", _steps_or_epoch_fraction, "batches >= 1, or a fraction of an epoch in (0, 1]"),
     ("seed_everything", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32), or true for a random seed"),
 ]  # fmt: skip
 

@@ -56,6 +56,18 @@ FILE_CASES = {  # id: (the file's text, the line)
     # A list type (not a flag of several values): its one item was said "not a valid float"
     "a_list_type_written_as_one_value": ("sweep: 0.1\n", "run.yaml: sweep 0.1 is not a list — write a list in "
                                          "brackets, e.g. [0.1]"),
+    # The parser let these through, and the command met them deep in its work (a TypeError, an AttributeError).
+    "a_null_where_no_null_goes": ("lr: null\n", "run.yaml: lr null: this option takes a float, not null — remove "
+                                  "the line for the default (0.001), or write a value"),
+    "a_group_as_one_value": ("optimizer: 5\n", "run.yaml: optimizer 5: optimizer is a group of options, not one "
+                             "value — write its options under it as name: value lines, or the path of a YAML file "
+                             "of them"),
+    "a_number_where_text_goes": ("out: 8\n", "run.yaml: out 8 is a number, not text — write it in quotes: '8'"),
+    "init_args_as_a_list": ("data:\n  class_path: diffusion.data.ImageDataModule\n  init_args: [8]\n",
+                            "run.yaml: data.init_args [8]: init_args holds the arguments of the class, by name — "
+                            "write them under it as name: value lines (e.g. channels: 64)"),
+    "not_text": ("\udcb4\udc80 binary", "--config run.yaml: the config file is not text (a checkpoint, an image, "
+                                        "...?) — pass a YAML file of these options (see --print_config)"),
     "a_class_of_another_kind": ("data: diffusion.UNet\n", "run.yaml: data diffusion.UNet: UNet is not a "
                                 "LightningDataModule — pass the class path of a LightningDataModule (see --help)"),
     # A list where one text goes: its text passed as a str, and the parser's union report was the line.
@@ -74,7 +86,7 @@ FILE_CASES = {  # id: (the file's text, the line)
 def test_a_config_file_of_the_wrong_shape_or_key_is_said_as_such(
     text, expected, in_a_folder_with_either_words
 ):
-    Path("run.yaml").write_text(text)
+    Path("run.yaml").write_bytes(text.encode("utf-8", "surrogateescape"))  # bytes that are no UTF-8 too
     assert refused(["--out", "samples", "--config", "run.yaml"]) == expected
 
 

@@ -128,9 +128,16 @@ def test_print_config_refuses_what_the_built_run_would_refuse(flags, tmp_path, m
         # A class's own check of other kinds: what is wrong said as written, its fix as flags.
         ("model:\n  sampling:\n    steps: 5000\n", "model.sampling.steps 5000 is more steps than the schedule's"),
         ("model:\n  network:\n    init_args:\n      num_heads: 3\n", "model.network.num_heads 3 does not divide"),
+        # Lightning took 0 as "train nothing": exit status 0, no checkpoint, no word; and 0 epochs a modulo by 0.
+        ("trainer:\n  limit_train_batches: 0\n", "trainer.limit_train_batches 0.0 is out of range"),
+        ("trainer:\n  check_val_every_n_epoch: 0\n", "trainer.check_val_every_n_epoch 0 is out of range"),
+        # A check with the option's placeholder (not a range): the flag said as the file's key where every
+        # command reports.
+        ("model:\n  label_dropout: 0.1\n", "model.label_dropout 0.1 needs a class-conditional network"),
     ],
     ids=["class_range", "class_range_without_init_args", "trainer_range", "set_by_the_data", "module_range",
-         "ema_range", "sampler_range", "module_check", "network_check"],
+         "ema_range", "sampler_range", "module_check", "network_check", "limit_train_batches_0",
+         "check_val_every_n_epoch_0", "reported_check"],
 )  # fmt: skip
 def test_a_check_after_the_parse_names_the_config_file_that_set_the_value(
     file, refused, tmp_path, monkeypatch, capsys
@@ -182,3 +189,39 @@ def test_a_group_written_null_in_a_config_file_is_said_as_such(group, tmp_path, 
     assert train_line(["--config", "run.yaml", *flag], capsys).startswith(
         f"run.yaml: {group} null: this group"
     )
+
+
+@pytest.mark.parametrize(
+    "file, refused",
+    [
+        ("trainer: 5\n", "trainer 5: trainer is a group of options, not one value — write its options under it"),
+        ("ema:\n  decay: null\n", "ema.decay null: this option takes a float, not null — remove the line for the "
+                                  "default (0.9999), or write a value"),
+        ("model:\n  network:\n    init_args: [8]\n", "model.network.init_args [8]: init_args holds the arguments "
+                                                      "of the class, by name"),
+        # NaN equals nothing: the option holding it was not found, and the line named none (as a flag the parser
+        # refuses it).
+        ("model:\n  sampling:\n    sampler: ddim\n    eta: .nan\n", "model.sampling.eta nan is out of range"),
+    ],
+    ids=["a_group_as_one_value", "a_null_where_none_goes", "init_args_as_a_list", "nan"],
+)  # fmt: skip
+def test_what_the_parser_lets_through_from_a_file_is_refused_naming_the_key(
+    file, refused, tmp_path, monkeypatch, capsys
+):
+    """A config file's values the parser takes but the command cannot use ended in a traceback deep in the run
+    (an AttributeError, a TypeError) or in the parser's own words."""
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text(file)
+    assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: {refused}")
+
+
+def test_a_group_file_given_as_a_flag_is_said_as_that_files_key(tmp_path, monkeypatch, capsys):
+    """`--data data.yaml` chooses the data module from a file: its values are the file's, as a --config's are."""
+    monkeypatch.chdir(tmp_path)
+    Path("data.yaml").write_text("init_args:\n  batch_size: 0\n")
+    Path("net.yaml").write_text("class_path: diffusion.UNet\ninit_args:\n  channels: 0\n")
+    assert train_line(["--data", "data.yaml"], capsys).startswith(
+        "data.yaml: data.batch_size 0 is out of range"
+    )
+    line = train_line(["--model.network", "net.yaml"], capsys)
+    assert line.startswith("net.yaml: model.network.channels 0 is out of range"), line

@@ -58,6 +58,8 @@ CASES = {  # id: (flags, the whole line but "error: ")
     "bound_of_a_type_made_here": (["--subset=1"], "--subset 1 is out of range — pass a value >= 2"),
     "restricted_not_a_number": (["--num_samples", "many"], "--num_samples many is not a valid int — pass a value of that type (see --help)"),
     "kind": (["--lr", "abc"], "--lr abc is not a valid float — pass a value of that type (see --help)"),
+    # A float, but none the parser takes: it was said "not a valid float"
+    "not_finite": (["--lr", "nan"], "--lr nan: NaN and infinity are no values of this option — pass a finite number (see --help)"),
     "bool": (["--overwrite", "maybe"], "--overwrite maybe is not a valid bool — pass true or false"),
     "so_many_items": (
         ["--betas", "[1, 2, 3]"],
