@@ -20,6 +20,7 @@ import datetime
 import functools
 import inspect
 import operator
+import os
 import sys
 import types
 import typing
@@ -31,6 +32,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from diffusion.cli.command_line import (
+    PRINT_CONFIG,
     Written,
     alternatives,
     as_the_parser_takes,
@@ -102,7 +104,18 @@ class CommandLine:
         0, if `--print_config` was given."""
         if self.print_request:
             taken = as_the_parser_takes(self.parser, self.argv, self.class_hint)
-            self.parser.parse_args([*taken, self.print_request])
+            try:
+                self.parser.parse_args([*taken, self.print_request])
+            except OSError as error:  # stdout refused the config: a full disk, a closed pipe, /dev/full
+                reason = error.strerror or type(error).__name__
+                if (
+                    sys.stdout is sys.__stdout__
+                ):  # its unflushed rest would fail again at exit, with a traceback
+                    sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # the process's stdout until it ends
+                raise UserError(
+                    f"{PRINT_CONFIG}: the config could not be written to the standard output ({reason})",
+                    "write it where there is room: redirect the output to a file on another disk",
+                ) from error
             raise AssertionError(f"{self.print_request} printed nothing")  # jsonargparse exits after printing
 
 

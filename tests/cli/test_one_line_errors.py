@@ -88,3 +88,20 @@ def test_without_the_default_recipe_no_arguments_stop_with_one_line(tmp_path):
         r"default recipe .*configs/digits.yaml is missing.* — pass --config", error_line(result.stderr)
     )
     assert list(work.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_config_printed_where_there_is_no_room_is_one_line(tmp_path):
+    """`--print_config > /dev/full` (a full disk under the output): jsonargparse's write failed with a traceback."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "diffusion.prepare", "--out", str(tmp_path / "set"), "--print_config"],
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=300, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr) == (
+        "error: --print_config: the config could not be written to the standard output (No space left on device) "
+        "— write it where there is room: redirect the output to a file on another disk"
+    )
+    assert not (tmp_path / "set").exists()
