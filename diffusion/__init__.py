@@ -34,8 +34,8 @@ _PUBLIC = {
     "UserError": "diffusion.errors",
     "generate": "diffusion.generation.ranks",
     "denormalize": "diffusion.generation.render",
-    "rows_by_class": "diffusion.generation.render",
-    "save_image_grid": "diffusion.generation.render",
+    "rows_by_class": "diffusion.generation.image_grid",
+    "save_image_grid": "diffusion.generation.image_grid",
     "to_uint8": "diffusion.generation.render",
     "BitsPerDim": "diffusion.metrics.bits_per_dim",
     "frechet_distance": "diffusion.metrics.fid",
@@ -70,10 +70,10 @@ if TYPE_CHECKING:
     from diffusion.data import VectorDataModule as VectorDataModule
     from diffusion.data.labels import class_labels as class_labels
     from diffusion.errors import UserError as UserError
+    from diffusion.generation.image_grid import rows_by_class as rows_by_class
+    from diffusion.generation.image_grid import save_image_grid as save_image_grid
     from diffusion.generation.ranks import generate as generate
     from diffusion.generation.render import denormalize as denormalize
-    from diffusion.generation.render import rows_by_class as rows_by_class
-    from diffusion.generation.render import save_image_grid as save_image_grid
     from diffusion.generation.render import to_uint8 as to_uint8
     from diffusion.metrics.bits_per_dim import BitsPerDim as BitsPerDim
     from diffusion.metrics.fid import frechet_distance as frechet_distance

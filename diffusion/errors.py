@@ -18,10 +18,11 @@ of another class is `{ClassName:--name}`, by the class's name where this layer c
 """
 
 import errno
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from numbers import Integral
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, TypeGuard, get_args
 
@@ -188,6 +189,47 @@ def check_whole_number(name: str, value: Any, minimum: int | None = None, fix: s
     if isinstance(value, float) or (minimum is not None and value < minimum):
         raise OutOfRange(name, value, requirement, fix)
     return int(value)
+
+
+def check_bool(name: str, value: Any, fix: str | None = None) -> bool:
+    """`value` if it is a bool; refused otherwise (WrongType), since any text, even "no", or a number is truthy or
+    falsy without meaning either."""
+    if not isinstance(value, bool):
+        raise WrongType(name, value, "True or False", fix or f"pass {name}=True or {name}=False")
+    return value
+
+
+def check_real(name: str, value: Any, fix: str | None = None) -> float:
+    """`value` as a float, refused (WrongType) unless it is a real number: never a bool, whose True would count as
+    1.0, nor text. Its range is the caller's to check."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise WrongType(name, value, "a number", fix or f"pass {name} as a float")
+    return float(value)
+
+
+GIB = 2**30
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the system does not say (no `os.sysconf`)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits_memory(
+    name: str, value: Any, needed: int, what: str, fix: str, owner: type | None = None
+) -> None:
+    """Refuse (OutOfRange of `name`) a size whose tensors (`what`, `needed` bytes) could not be held in this
+    machine's memory at all: said before torch's allocation error, or the kernel's OOM kill, ends the process."""
+    total = machine_memory()
+    if total is not None and needed > total:
+        requirement = (
+            f"small enough for this machine's {total / GIB:,.1f} GiB of memory: {what} would take "
+            f"{needed / GIB:,.1f} GiB"
+        )
+        raise OutOfRange(name, value, requirement, fix, owner)
 
 
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left; the user's quota used up

@@ -12,6 +12,7 @@ import torch
 from helpers import tiny_vector_model
 
 from diffusion import (
+    MLP,
     DiffusionModule,
     ImageDataModule,
     NoiseSchedule,
@@ -44,7 +45,7 @@ def tiny(num_classes: int | None = None) -> DiffusionModule:
 UNCONDITIONAL, CONDITIONAL = tiny(), tiny(num_classes=3)
 DDIM = UNCONDITIONAL.sampler(SamplingOptions(sampler="ddim", steps=2))
 GUIDED = CONDITIONAL.sampler(SamplingOptions(guidance_scale=2.0))
-SCHEDULE = NoiseSchedule(num_timesteps=20)
+SCHEDULE = NoiseSchedule("cosine", num_timesteps=20)
 X_T = torch.zeros(3, 2)
 
 
@@ -122,6 +123,13 @@ CASES = [
     ("vectors-bool-batch", lambda: VectorDataModule(batch_size=True), TypeError, "batch_size"),
     # DiffusionModule itself: a network's name where the network goes failed at the first sample
     ("module-name-as-network", lambda: DiffusionModule("UNet", sample_shape=(2,)), TypeError, "network"),
+    # truthy text or a bool where a bool or a number goes: "no" rescaled the schedule, lr=True trained at 1.0
+    ("schedule-text-as-bool", lambda: NoiseSchedule(zero_terminal_snr="no"), TypeError, "zero_terminal_snr"),
+    ("module-bool-as-lr", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,), lr=True), TypeError,
+     "lr"),
+    # linear betas that would reach 1 were clipped at 0.999; sizes no memory holds ended in torch's allocation error
+    ("schedule-huge", lambda: NoiseSchedule(num_timesteps=2**40), ValueError, "num_timesteps"),
+    ("mlp-huge", lambda: MLP(hidden_dim=2**40), ValueError, "hidden_dim"),
     # SamplingOptions: a sampler's options the model cannot honour, and their types
     ("options-fractional-steps", lambda: SamplingOptions(sampler="ddim", steps=2.5), ValueError, "steps"),
     ("options-zero-steps", lambda: SamplingOptions(steps=0), ValueError, "steps"),
@@ -151,6 +159,8 @@ CASES = [
     ("load-number-as-weights", lambda: load_checkpoint("x.ckpt", weights=1), TypeError, "weights"),
     ("load-no-such-weights", lambda: load_checkpoint("x.ckpt", weights="best"), ValueError, "weights"),
     ("load-number-as-device", lambda: load_checkpoint("x.ckpt", map_location=0), TypeError, "map_location"),
+    ("load-meta-device", lambda: load_checkpoint("x.ckpt", map_location="meta"), ValueError, "map_location"),
+    ("load-empty-path", lambda: load_checkpoint(""), ValueError, "path"),
     # reverse_steps and final_sample
     ("reverse-text-as-model", lambda: reverse_steps("net", SCHEDULE, X_T), TypeError, "model"),
     ("reverse-no-schedule", lambda: reverse_steps(UNCONDITIONAL.network, None, X_T), TypeError, "schedule"),
@@ -184,10 +194,21 @@ CASES = [
     ("grid-fractional-per-row", lambda: save_image_grid(IMAGES, "grid.png", nrow=2.5), ValueError, "nrow"),
     ("grid-number-as-path", lambda: save_image_grid(IMAGES, 3), TypeError, "path"),
     ("grid-array", lambda: save_image_grid(IMAGES.numpy(), "grid.png"), TypeError, "images"),
+    ("grid-model-units", lambda: save_image_grid(IMAGES - 1, "grid.png"), ValueError, "images"),
+    ("grid-nan", lambda: save_image_grid(torch.full((4, 1, 2, 2), float("nan")), "grid.png"), ValueError, "images"),
+    ("grid-two-channels", lambda: save_image_grid(torch.zeros(4, 2, 2, 2), "grid.png"), ValueError, "images"),
+    ("grid-no-images", lambda: save_image_grid(torch.zeros(0, 1, 2, 2), "grid.png"), ValueError, "images"),
+    ("grid-text-file", lambda: save_image_grid(IMAGES, "grid.txt"), ValueError, "path"),
+    ("grid-empty-path", lambda: save_image_grid(IMAGES, ""), ValueError, "path"),
+    ("uint8-meta", lambda: to_uint8(IMAGES.to("meta"), {"shift": [0.5], "scale": [0.5]}), ValueError, "x"),
     # metrics
     ("frechet-text", lambda: frechet_distance("a", torch.eye(2), torch.zeros(2), torch.eye(2)), TypeError, "mu1"),
     ("frechet-shapes", lambda: frechet_distance(torch.zeros(2), torch.eye(2), torch.zeros(2), torch.eye(3)),
      ValueError, "sigma2"),
+    ("frechet-nan-mean", lambda: frechet_distance(torch.full((2,), float("nan")), torch.eye(2), torch.zeros(2),
+                                                  torch.eye(2)), ValueError, "mu1"),
+    ("frechet-negative-covariance", lambda: frechet_distance(torch.zeros(2), -torch.eye(2), torch.zeros(2),
+                                                             torch.eye(2)), ValueError, "sigma1"),
     ("statistics-number-as-path", lambda: load_statistics(3), TypeError, "path"),
 ]  # fmt: skip
 

@@ -15,7 +15,7 @@ import numpy as np
 from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import restricted_number_type
 
-from diffusion.cli.flags import add_flags
+from diffusion.cli.flags import add_flags, check_paths_given
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.images import ImageDatasetName
 from diffusion.errors import MissingFile, UserError
@@ -68,10 +68,21 @@ def add_arguments(parser: ArgumentParser) -> None:
     add_flags(parser, "overwrite", overwrite={"help": "replace an existing --save_stats file"})
 
 
+def check_reference_count(reference: object, num_reference: int | None, name: str) -> None:
+    """--num_reference N of a reference holding fewer images was all of them, without a word (statistics saved
+    for "N" stood for fewer): refused, once the reference is read and before any feature is computed."""
+    if num_reference is not None and isinstance(reference, np.ndarray) and len(reference) < num_reference:
+        raise UserError(
+            f"--num_reference {num_reference}: the reference {name} holds only {len(reference)} images",
+            f"pass --num_reference {len(reference)} or fewer, or leave it out for all of them",
+        )
+
+
 def run(args: Namespace, device: str, checked: Callable[[], None] = lambda: None) -> dict[str, float] | None:
     """FID, KID and IS of --samples (those --metrics asks for) and --save_stats, printed; None when neither
     --samples nor --save_stats is given. `checked` is called once the inputs are read and checked, before the
     features are computed (the command's --print_config: what would run)."""
+    check_paths_given(args, "samples", "reference", "save_stats", "data_root", "inception_weights")
     if args.samples is None and args.save_stats is None:
         return None
     if args.save_stats is not None:
@@ -95,6 +106,7 @@ def run(args: Namespace, device: str, checked: Callable[[], None] = lambda: None
         reference = load_reference(
             args.reference, size, channels, args.data_root, args.num_reference, args.seed
         )
+        check_reference_count(reference, args.num_reference, args.reference)
     if isinstance(reference, FeatureStatistics) and args.save_stats is not None:
         raise UserError(
             f"--reference {args.reference} holds FID statistics already, and --save_stats writes those of images",

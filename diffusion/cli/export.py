@@ -60,6 +60,13 @@ def check_out(out: str, overwrite: bool) -> None:
         )
 
 
+def weights_written(asked: str | None, checkpoint: dict) -> str:
+    """Which weights `load_checkpoint(weights=asked)` loaded, as the export records them: the EMA ones unless the
+    raw ones were asked for (None asks for the EMA, as load_checkpoint reads it); a run without EMA keeps only raw
+    weights, under "state_dict", which every choice loads."""
+    return "raw" if asked == "raw" or "current_model_state" not in checkpoint else "ema"
+
+
 def move_into(staged: Path, out: Path) -> None:
     """Move every file of `staged` to the same place under `out`, replacing files of the same name."""
     for source in sorted(p for p in staged.rglob("*") if p.is_file()):
@@ -83,8 +90,7 @@ def main(argv: list[str] | None = None) -> Path:
         if args.format == "diffusers":
             check_pipeline_fits(module)  # refused before anything is written
         command_line.print_config_if_asked()  # once the checks have passed: what would run
-        # A run without EMA keeps its raw weights under "state_dict", which both choices load.
-        weights = "ema" if args.weights == "ema" and "current_model_state" in checkpoint else "raw"
+        weights = weights_written(args.weights, checkpoint)
         out = Path(args.out).expanduser()
         made_out = not out.exists()
         out.mkdir(parents=True, exist_ok=True)

@@ -136,11 +136,31 @@ def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:
     return device, "cuda" if device.startswith("cuda") else "cpu"
 
 
+EMPTY_PATH_FIX = (
+    "pass a path (an unset shell variable or a blank value in a config file gives an empty one, which would "
+    "mean the current folder)"
+)
+
+
+def check_path_given(path: str | os.PathLike | None, flag: str) -> None:
+    """Raise UserError for an empty (or blank) path: pathlib reads `""` as the current folder, so `--out ""`
+    wrote there and `--ckpt ""` took the checkpoint it found there. None (an optional path left out) passes."""
+    if path is not None and not str(path).strip():
+        raise UserError(f'{flag} "{path}" is an empty path', EMPTY_PATH_FIX)
+
+
+def check_paths_given(args: Any, *names: str) -> None:
+    """`check_path_given` for each of a command's path flags `names` (`out`, `ckpt`, ...), as `--name`."""
+    for name in names:
+        check_path_given(getattr(args, name), f"--{name}")
+
+
 def check_writable_folder(path: str | os.PathLike, flag: str) -> None:
     """Raise UserError unless `path` is a folder this process can write into, or could create.
 
     Nothing is created: the nearest existing ancestor is tested by writing a temporary file there.
     """
+    check_path_given(path, flag)
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path} is a file, not a folder", "pass a folder (it is created if missing)")
@@ -178,12 +198,14 @@ def cpu_mixed_precision_note(precision: str, training: bool) -> str | None:
 
 def given_checkpoint(path: str, flag: str = "--ckpt") -> str:
     """The checkpoint file a flag names: a folder holding exactly one stands for it (`file_in_folder`)."""
+    check_path_given(path, flag)
     return str(file_in_folder(path, flag, CHECKPOINT))
 
 
 def given_model(path: str, flag: str = "--ckpt") -> tuple[str, dict]:
     """The model a flag names (a checkpoint, a folder holding one, an export or a diffusers folder: `model_source`)
     and its hyperparameters, read and checked before any time is spent."""
+    check_path_given(path, flag)
     _, resolved = model_source(path, flag)
     return str(resolved), model_hyperparameters(resolved, flag)
 

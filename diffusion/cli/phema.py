@@ -31,6 +31,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
+    check_paths_given,
     check_writable_folder,
     command_parser,
     given_checkpoint,
@@ -54,6 +55,7 @@ from diffusion.training.post_hoc_ema import Reconstruction, Snapshot, check_step
 from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder
 
 POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
+MIN_SAMPLES = 2  # an FD's covariance of the samples needs two
 
 
 def build_parser() -> ArgumentParser:
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> Path | None:
     with reporting_user_errors(argv):
         command_line = parsed_command_line(build_parser(), argv)
         args = command_line.config
+        check_paths_given(args, "run", "out", "ckpt", "reference", "data_root")
         if (args.sigma_rel is None) == (args.sweep is None):
             raise UserError(
                 "pass one of --sigma_rel and --sweep",
@@ -234,6 +237,12 @@ def main(argv: list[str] | None = None) -> Path | None:
             raise UserError("--sweep [] is empty", 'pass the sigma_rel values to score, e.g. "[0.05, 0.1]"')
         if args.sweep is not None and len(set(args.sweep)) != len(args.sweep):  # each would be scored again
             raise UserError(f"--sweep {args.sweep} repeats a value", 'pass distinct ones, e.g. "[0.05, 0.1]"')
+        if args.sweep is not None and args.num_samples < MIN_SAMPLES:  # found only once every row was sampled
+            raise UserError(
+                f"--num_samples {args.num_samples}: a --sweep scores each row by its FD, which needs at least "
+                f"{MIN_SAMPLES} samples",
+                f"pass --num_samples {MIN_SAMPLES} or more (a few hundred, for scores that tell the rows apart)",
+            )
         for sigma_rel in [args.sigma_rel] if args.sweep is None else args.sweep:
             check_sigma_rel(sigma_rel, "--sigma_rel" if args.sweep is None else "--sweep: sigma_rel")
         with ranges_said_as_flags():  # checked before --print_config (a --sweep samples with them)

@@ -11,8 +11,10 @@ held on the device where it fits, streamed otherwise.
 
 --encoding raw stores pixels as they are (decoded for free; the default up to 64 px), png losslessly compressed (the
 default above), jpeg smaller still and lossy. The same source, --seed and --num_workers give the same chunks. An --out
-that holds anything is refused unless --overwrite, which replaces it whole; a prepare stopped on the way leaves no
-prepared.json, so training refuses that set. A user error ends in one line on stderr and exit status 2.
+that holds a prepared set (or what a stopped prepare left) is refused unless --overwrite, which replaces it; one that
+holds other files, or is, holds or lies inside the data it prepares, is refused whatever the flags. A prepare stopped
+on the way leaves no prepared.json, so training refuses that set. A user error ends in one line on stderr and exit
+status 2.
 """
 
 import sys
@@ -28,7 +30,7 @@ from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.train_checks import class_error_as_written
 from diffusion.data import ImageDataModule, VectorDataModule
 from diffusion.data.prepared import Encoding, is_url
-from diffusion.data.preparing import prepare
+from diffusion.data.preparing import named_out, prepare
 from diffusion.errors import UserError
 
 # The sections of a train.py config that are not data: a recipe's --config is read whole, these left alone.
@@ -62,7 +64,7 @@ def build_parser() -> ArgumentParser:
     add_flags(
         parser, "seed", "overwrite",
         seed={"help": "the seed of the shuffle before the set is cut into chunks"},
-        overwrite={"help": "replace whatever --out holds (an earlier or unfinished prepare)"},
+        overwrite={"help": "replace the prepared set --out holds (or an unfinished prepare's files), nothing else"},
     )  # fmt: skip
     parser.add_argument(
         "--num_workers", type=PositiveInt | None, default=None,
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> str:
         parser = build_parser()
         command_line = parsed_command_line(parser, argv)
         args = command_line.config
+        named_out(args.out)  # before anything is read: "" would be the current folder
         if not is_url(args.out):
             check_writable_folder(args.out, "--out")
         data = args.data
@@ -92,9 +95,13 @@ def main(argv: list[str] | None = None) -> str:
         data_class = class_at(data.class_path)
         if issubclass(data_class, ImageDataModule) and dataset in LABELLED_SOURCES:
             data.init_args.conditional = True
+        # Built here, not by the parser: a check of the second class of --data's union was lost in its report.
         try:
-            datamodule = parser.instantiate_classes(args).data
-        except ValueError as error:  # the data module's own checks: said of its options as the user gave them
+            datamodule = data_class(**data.init_args.as_dict())
+        except (
+            ValueError,
+            UserError,
+        ) as error:  # the data module's own checks: said of its options as written
             named = class_error_as_written(error, {data_class: "data"}, command_line.written, args)
             if named is None:
                 raise

@@ -18,9 +18,10 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.cli.legacy import same_class
 from diffusion.data.file_in_folder import file_in_folder
-from diffusion.errors import UserError
+from diffusion.errors import MissingFile, UserError
 from diffusion.training.checkpoint_files import CHECKPOINT, check_finite, read_checkpoint
 from diffusion.training.run_folders import (
+    CHECKPOINTS,
     ResumePoint,
     RunFolder,
     newest_checkpoint,
@@ -174,6 +175,11 @@ def job_checkpoint(config: Namespace, init_args: Any, layout: RunLayout) -> Resu
     job whose last rank stopped after the final save has finished."""
     run = job_run(init_args, layout)
     point = newest_checkpoint_of_run(run)
+    links = broken_links([run.path / CHECKPOINTS])
+    if point is None and links:  # not a run that has no checkpoint yet: its checkpoint is gone
+        raise broken_link(links[-1], f"--ckpt_path {AUTO}: ")
+    if point is not None:
+        _note_broken_links(AUTO, links, point)
     if point is None:
         _note(f"--ckpt_path auto: no checkpoint in {run.path} yet: this job's run starts there")
         return None
@@ -190,6 +196,31 @@ def _note(text: str) -> None:
     """One line on stderr, from rank 0 (every rank resolves the run alike)."""
     if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets the rank on the function
         print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+def broken_links(folders: Any) -> list[Path]:
+    """The checkpoint names in `folders` that are symbolic links to nothing (a `last.ckpt` whose target was moved
+    or deleted): no checkpoint file to the finders, which pass them over without a word."""
+    return sorted(
+        p for folder in folders for p in Path(folder).glob("*.ckpt") if p.is_symlink() and not p.exists()
+    )
+
+
+def broken_link(link: Path, said: str) -> UserError:
+    """`<said><link> is a broken link (to <target> ...)`: `said` names what found it (`--ckpt_path last: `)."""
+    return UserError(
+        f"{said}{link} is a broken link (to {os.readlink(link)}, which does not exist)",
+        "restore the checkpoint it points to, point the link at one that exists, or pass the path of a checkpoint",
+    )
+
+
+def _note_broken_links(given: str, links: list[Path], point: ResumePoint) -> None:
+    if links and rank_zero_only.rank == 0:  # type: ignore[attr-defined]
+        shown = ", ".join(f"{link} (to {os.readlink(link)})" for link in links)
+        print(
+            f"warning: --ckpt_path {given}: passed over broken links {shown}; resuming from {point.path}",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
 
 
 def resolve_resume(config: Namespace) -> tuple[dict[str, Any] | None, dict[str, str]]:
@@ -214,7 +245,15 @@ def resolve_resume(config: Namespace) -> tuple[dict[str, Any] | None, dict[str, 
                 config.ckpt_path = None
                 return None, saving
         else:
-            point = newest_checkpoint(*layout.runs(init_args))
+            save_dir, name = layout.runs(init_args)
+            links = broken_links(Path(save_dir, name).glob("*/checkpoints"))
+            try:
+                point = newest_checkpoint(save_dir, name)
+            except MissingFile as error:  # said as "train first" where a broken link is what is there
+                if links:
+                    raise broken_link(links[-1], f"--ckpt_path {LAST}: ") from error
+                raise
+            _note_broken_links(LAST, links, point)
         if point.skipped and rank_zero_only.rank == 0:  # type: ignore[attr-defined]
             passed = ", ".join(f"{path.name} ({why})" for path, why in point.skipped)
             print(
@@ -223,6 +262,9 @@ def resolve_resume(config: Namespace) -> tuple[dict[str, Any] | None, dict[str, 
                 file=sys.stderr, flush=True,
             )  # fmt: skip
         config.ckpt_path = str(point.path)
+    given = Path(config.ckpt_path).expanduser()
+    if given.is_symlink() and not given.exists():  # said as "no checkpoint at" by file_in_folder
+        raise broken_link(Path(config.ckpt_path), "--ckpt_path ")
     config.ckpt_path = str(file_in_folder(config.ckpt_path, "--ckpt_path", CHECKPOINT))
     checkpoint = read_checkpoint(config.ckpt_path, "--ckpt_path")
     check_finite(

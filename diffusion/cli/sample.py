@@ -79,7 +79,7 @@ def build_parser() -> ArgumentParser:
         help="class-conditional checkpoints: a class (index or name) or 'all' (default): classes in turn",
     )  # fmt: skip
     parser.add_argument(
-        "--precision", type=str, default="32",
+        "--precision", type=int | str, default="32",  # an int too: a config file's `precision: 32`
         help="32 (or 32-true), 16-mixed or bf16-mixed: the network under autocast, the sampler in "
         "float32. For CUDA GPUs, bf16-mixed on Ampere and newer; on a CPU both run the network in bf16, "
         "which is fast only with bf16 instructions (AVX512-BF16, AMX)",
@@ -87,8 +87,8 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def check_precision(precision: str) -> None:
-    if precision not in get_args(Precision):
+def check_precision(precision: int | str) -> None:
+    if str(precision) not in get_args(Precision):
         raise UserError(
             f"--precision {precision} is not supported for sampling",
             "choose 32, 16-mixed or bf16-mixed (true half precision would round the noise schedule)",
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> Path:
         device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)
+        args.precision = str(args.precision)  # `precision: 32` in a file is YAML's int
         path = Path(args.out) / "samples.npz"
         check_writable_folder(args.out, written_as(command_line.written, "out"))
         for written in (path, path.with_name("grid.png")):  # what this command writes: keep the user's

@@ -12,10 +12,12 @@ diffusers is an optional dependency: imported here, when a command asks for this
 """
 
 import os
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+from safetensors.torch import save
 
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
@@ -31,6 +33,7 @@ from diffusion.training.module import DiffusionModule
 PREDICTION_TYPES = {"eps": "epsilon", "x0": "sample", "v": "v_prediction"}
 VARIANCE_TYPES = {"fixedlarge": "fixed_large", "fixedsmall": "fixed_small"}
 PIPELINE_NORMALIZATION = (0.5, 0.5)  # DDPMPipeline's (shift, scale): images = x / 2 + 0.5
+SAFETENSORS_WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"  # a diffusers model's weights, one shard
 
 
 def import_diffusers() -> ModuleType:
@@ -87,8 +90,9 @@ def ddpm_scheduler_config(module: DiffusionModule, scheduler_class: type) -> dic
         if torch.allclose(theirs, betas, rtol=1e-6, atol=0):
             return {**config, **named}
     # Clipped at 0.999 (a linear schedule with T <= 20), rescaled to zero terminal SNR, or a schedule diffusers does
-    # not name: the betas themselves, in float64 (DDPMScheduler reads them as float32, as our buffers hold them, and
-    # this project's reader keeps the digits of 1 - beta near 1). beta_start and beta_end only document the ends.
+    # not name (sigmoid, trained): the betas themselves, in float64 (DDPMScheduler reads them as float32, as our
+    # buffers hold them, and this project's reader keeps the digits of 1 - beta near 1). beta_start and beta_end
+    # only document the ends.
     exact = float64_betas(module)
     return {
         **config,
@@ -99,11 +103,24 @@ def ddpm_scheduler_config(module: DiffusionModule, scheduler_class: type) -> dic
 
 
 def save_pipeline(module: DiffusionModule, folder: str | os.PathLike) -> None:
-    """Write `module` as a DDPMPipeline into `folder` (`save_pretrained`): refused in one line unless it maps."""
+    """Write `module` as a DDPMPipeline into `folder`, the files `save_pretrained` writes (model_index.json,
+    scheduler/scheduler_config.json, unet/config.json, unet/diffusion_pytorch_model.safetensors): refused in one
+    line unless it maps.
+
+    Each file is written by Python, not by `save_pretrained`: diffusers writes the weights with safetensors' own
+    writer, which says a full disk as a SafetensorError naming no errno, where a Python write raises the OSError
+    that the export command names as a full disk (as `diffusion.training.exported.write_export` does)."""
     diffusers = import_diffusers()
     check_pipeline_fits(module)
     network: Any = module.network  # a UNet: check_pipeline_fits refuses any other network
     unet = diffusers.UNet2DModel(**diffusers_unet_config(network, module.sample_shape))
     unet.load_state_dict(diffusers_unet_weights(network))  # strict: every weight has its place
     scheduler = diffusers.DDPMScheduler(**ddpm_scheduler_config(module, diffusers.DDPMScheduler))
-    diffusers.DDPMPipeline(unet=unet, scheduler=scheduler).save_pretrained(folder)
+    pipeline = diffusers.DDPMPipeline(unet=unet, scheduler=scheduler)
+    folder = Path(folder)
+    pipeline.save_config(folder)  # model_index.json: which class each part is
+    scheduler.save_pretrained(folder / "scheduler")  # a config file alone
+    unet.save_config(folder / "unet")
+    weights = {name: value.detach().cpu().contiguous() for name, value in unet.state_dict().items()}
+    with open(folder / "unet" / SAFETENSORS_WEIGHTS_NAME, "wb") as file:
+        file.write(save(weights, metadata={"format": "pt"}))  # save_pretrained's one shard, its metadata

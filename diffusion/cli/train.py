@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from diffusion.cli.command_line import SayOption, as_flag, where_written
-from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, cpu_mixed_precision_note
+from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, check_path_given, cpu_mixed_precision_note
 from diffusion.cli.jsonargparse_internals import drop_print_config_request
 from diffusion.cli.legacy import accept_moved_class_paths, class_at
 from diffusion.cli.parse_errors import CommandLine, parsed_command_line
@@ -256,6 +256,7 @@ class DiffusionCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config
+        check_path_given(config.ckpt_path, "--ckpt_path")  # "" would start a new run without a word
         if config.ckpt_path:
             self._resume_checkpoint, saving = resolve_resume(config)
             self.save_config_kwargs.update(saving)

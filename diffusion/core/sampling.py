@@ -134,7 +134,9 @@ class SamplingOptions:
         """The options among `values` (a command's parsed flags, which hold other keys too), checked."""
         return cls(**{f.name: values[f.name] for f in fields(cls)})
 
-    def check_steps_fit(self, num_timesteps: int, owner: type | str | None = None, name: str = "steps") -> None:
+    def check_steps_fit(
+        self, num_timesteps: int, owner: type | str | None = None, name: str = "steps"
+    ) -> None:
         """Steps beyond the schedule, refused when a run starts rather than at its first validation; `owner`'s
         option `name` holds these options (a module's `sampling`: name 'sampling.steps')."""
         if self.steps is not None and self.steps > num_timesteps:

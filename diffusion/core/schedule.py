@@ -5,23 +5,35 @@ checkpoints and never loses precision under mixed-precision training (buffers ar
 """
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import nn
 
-from diffusion.errors import InvalidValue, UserError, check_choice, check_whole_number
+from diffusion.errors import (
+    OutOfRange,
+    UserError,
+    check_bool,
+    check_choice,
+    check_fits_memory,
+    check_real,
+    check_whole_number,
+)
 
 BetaSchedule = Literal["linear", "cosine", "sigmoid", "trained"]
 PredictionType = Literal["eps", "x0", "v"]
+BETA_START, BETA_END = 1e-4, 0.02  # a linear schedule's betas at T = 1000 (Ho et al.)
+# What a schedule holds per timestep: seven float32 buffers and the float64 values they are computed from.
+SCHEDULE_BYTES_PER_STEP = 7 * 4 + 10 * 8
 
 
 def make_betas(
     schedule: BetaSchedule,
     num_timesteps: int,
-    beta_start: float = 1e-4,
-    beta_end: float = 0.02,
+    beta_start: float = BETA_START,
+    beta_end: float = BETA_END,
     trained_betas: Sequence[float] | None = None,
 ) -> torch.Tensor:
     """Return float64 betas of shape (num_timesteps,).
@@ -30,7 +42,8 @@ def make_betas(
         T = 1000 and are scaled by 1000 / T for other T, as in improved-diffusion (Nichol & Dhariwal 2021,
         ``get_named_beta_schedule``), so that alphas_cumprod at T stays near 4e-5 and x_T near N(0, I) for
         any T (unscaled, T = 100 would end at alphas_cumprod 0.36). Betas are clipped at 0.999, as the
-        cosine's, which the defaults reach only for T <= 20.
+        cosine's, which the defaults reach only for T <= 20: said in a warning (`clipped_linear_betas`), since
+        the schedule is then not the one asked for (kept, not refused: checkpoints of such schedules load).
     cosine: Nichol & Dhariwal 2021, alphas_cumprod = cos^2(((t/T + s) / (1 + s)) * pi/2), s = 0.008,
         betas clipped at 0.999.
     sigmoid: Jabri et al. 2022 (RIN), alphas_cumprod follows a reversed sigmoid of t/T mapped to [-3, 3],
@@ -41,29 +54,36 @@ def make_betas(
     check_choice("beta_schedule", schedule, BetaSchedule)
     if (schedule == "trained") != (trained_betas is not None):
         raise UserError(
-            f"beta_schedule={schedule!r} "
-            + ("needs trained_betas" if trained_betas is None else "takes no trained_betas"),
-            "pass {DiffusionModule:--beta_schedule} trained with {DiffusionModule:--trained_betas} (one beta per "
-            "timestep), or another "
+            f"{{--beta_schedule}} {schedule} "
+            + ("needs {--trained_betas}" if trained_betas is None else "takes no {--trained_betas}"),
+            "pass {--beta_schedule} trained with {--trained_betas} (one beta per timestep), or another "
             "beta_schedule without them",
         )
     num_timesteps = check_whole_number(
-        "num_timesteps", num_timesteps, fix="pass an integer >= 2 (Ho et al. use 1000)"
-    )
-    if num_timesteps < 2:  # one step cannot go from data to noise (a linear schedule's beta would be 0.1)
-        raise InvalidValue(
-            f"num_timesteps={num_timesteps} is too few", "pass an integer >= 2 (Ho et al. use 1000)"
-        )
+        "num_timesteps", num_timesteps, 2, "pass an integer >= 2 (Ho et al. use 1000)"
+    )  # one step cannot go from data to noise (a linear schedule's beta would be 0.1)
+    check_fits_memory(
+        "num_timesteps", num_timesteps, num_timesteps * SCHEDULE_BYTES_PER_STEP, "the schedule's tensors",
+        "pass fewer timesteps (Ho et al. use 1000)",
+    )  # fmt: skip
     if trained_betas is not None:
         return checked_betas(trained_betas, num_timesteps)
     if schedule == "linear":
-        if not 0 < beta_start < beta_end < 1:
-            raise InvalidValue(
-                f"beta_start={beta_start}, beta_end={beta_end} are not 0 < beta_start < beta_end < 1",
-                "pass values in that order (Ho et al.: 1e-4 and 0.02)",
+        beta_start = check_real("beta_start", beta_start)
+        beta_end = check_real("beta_end", beta_end)
+        if not 0 < beta_start < 1:
+            raise OutOfRange("beta_start", beta_start, "in (0, 1)", "pass e.g. 1e-4 (Ho et al.)")
+        if not beta_start < beta_end < 1:
+            raise OutOfRange(
+                "beta_end",
+                beta_end,
+                f"in (beta_start, 1) = ({beta_start:g}, 1)",
+                "pass e.g. 0.02 (Ho et al.)",
             )
         scale = 1000 / num_timesteps
         betas = torch.linspace(scale * beta_start, scale * beta_end, num_timesteps, dtype=torch.float64)
+        if (note := clipped_linear_betas(betas, beta_end)) is not None:
+            warnings.warn(note, stacklevel=2)
         return betas.clamp(max=0.999)
     steps = torch.arange(num_timesteps + 1, dtype=torch.float64) / num_timesteps  # t/T for t = 0..T
     if schedule == "cosine":
@@ -78,11 +98,50 @@ def make_betas(
     return betas.clamp(0, 0.999)
 
 
+def scaled_beta_end(num_timesteps: int, beta_end: float) -> float:
+    """The last beta of a linear schedule over `num_timesteps`: `beta_end` scaled by 1000 / T (`make_betas`)."""
+    return 1000 / num_timesteps * beta_end
+
+
+def clipped_linear_betas(betas: torch.Tensor, beta_end: float) -> str | None:
+    """A note when a linear schedule's scaled betas reach 0.999 and are clipped there (a short run's T: alpha_bar
+    would reach 0 partway through), with the fewest timesteps that clip none."""
+    clipped = int((betas > 0.999).sum())
+    if clipped == 0:
+        return None
+    num_timesteps = len(betas)
+    fewest = max(2, math.floor(1000 * beta_end / 0.999))
+    while scaled_beta_end(fewest, beta_end) > 0.999:
+        fewest += 1
+    return (
+        f"linear betas over num_timesteps={num_timesteps} end at {scaled_beta_end(num_timesteps, beta_end):g} "
+        f"(beta_end={beta_end:g} scaled by 1000/num_timesteps): the last {clipped} are clipped at 0.999, a "
+        f"schedule other than the linear one; pass num_timesteps {fewest} or more, a smaller beta_end, or "
+        "beta_schedule cosine"
+    )
+
+
+def unused_beta_range(beta_schedule: str, beta_start: float, beta_end: float) -> str | None:
+    """A note when beta_start or beta_end differ from their defaults for a schedule that takes none (cosine,
+    sigmoid, trained): they would be ignored without a word."""
+    given = [
+        f"{name}={value}"
+        for name, value, default in (("beta_start", beta_start, BETA_START), ("beta_end", beta_end, BETA_END))
+        if value != default
+    ]
+    if beta_schedule == "linear" or not given:
+        return None
+    return (
+        f"{' and '.join(given)} not used: beta_schedule={beta_schedule!r} takes no beta_start or beta_end (only "
+        "'linear' does)"
+    )
+
+
 def schedule_betas(
     beta_schedule: BetaSchedule = "linear",
     num_timesteps: int = 1000,
-    beta_start: float = 1e-4,
-    beta_end: float = 0.02,
+    beta_start: float = BETA_START,
+    beta_end: float = BETA_END,
     zero_terminal_snr: bool = False,
     trained_betas: Sequence[float] | None = None,
 ) -> torch.Tensor:
@@ -173,17 +232,21 @@ class NoiseSchedule(nn.Module):
         self,
         beta_schedule: BetaSchedule = "linear",
         num_timesteps: int = 1000,
-        beta_start: float = 1e-4,
-        beta_end: float = 0.02,
+        beta_start: float = BETA_START,
+        beta_end: float = BETA_END,
         zero_terminal_snr: bool = False,
         trained_betas: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
+        zero_terminal_snr = check_bool("zero_terminal_snr", zero_terminal_snr)
         self.beta_schedule = beta_schedule
         self.num_timesteps = num_timesteps
         betas = schedule_betas(
             beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr, trained_betas
         )
+        note = unused_beta_range(beta_schedule, beta_start, beta_end)
+        if note is not None:  # a warning, not an error: the schedule built is the one its name says
+            warnings.warn(note, stacklevel=2)
         alphas = 1.0 - betas
         alphas_cumprod = torch.cumprod(alphas, dim=0)
         self.zero_terminal_snr = bool(alphas_cumprod[-1] == 0)  # rescaled, or trained betas ending at 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
-from diffusion.errors import UserError
+from diffusion.errors import UserError, WrongType
 
 SEARCH_DEPTH = 4  # <save_dir>/<name>/<version>/checkpoints/last.ckpt from <save_dir>
 SHOWN = 5  # files listed in a refusal before "and N more"
@@ -71,3 +71,10 @@ def file_in_folder(path: str | os.PathLike, flag: str, kind: FileKind) -> Path:
         f"{flag} {path} is a folder holding {len(found)} {kind.name}s ({shown}{more})",
         f"pass the one you mean as {flag} {found[0]} (or another of them)",
     )
+
+
+def check_path_argument(name: str, value: object, what: str, fix: str, optional: bool = True) -> None:
+    """Refuse an argument that names a file or folder (`what`: "an (N, D) .npy file") given as something else,
+    the array itself most likely; None too, unless `optional`."""
+    if not isinstance(value, str | os.PathLike) and not (optional and value is None):
+        raise WrongType(name, value, f"the path of {what}", fix)

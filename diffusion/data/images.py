@@ -16,6 +16,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from diffusion.data.file_in_folder import check_path_argument
 from diffusion.data.image_files import ImageFiles, find_images, read_image
 from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import folder_classes
@@ -118,6 +119,8 @@ class ImageDataModule(SplitDataModule):
         super().__init__(
             batch_size, num_workers, val_fraction, seed, val_from_train, on_device, cache_dir, max_cache_size
         )
+        fix = "pass the path of the folder (its images, the download, the prepared set)"
+        check_path_argument("root", root, "a folder", fix, optional=False)
         names = ("digits", *TORCHVISION, "folder", "streaming")  # the entries of now, not of import time
         if dataset not in names:
             raise InvalidValue(f"unknown image dataset {dataset!r}", f"choose one of {names}")
@@ -222,6 +225,17 @@ class ImageDataModule(SplitDataModule):
         if self._class_names is None:
             raise RuntimeError(f"conditional training on {self.dataset!r} has no class names")
         return self._class_names
+
+    @property
+    def source_paths(self) -> list[tuple[str, str, str]]:
+        """What the data is read from, as (option, its value, the folder read): the image folder, a prepared set,
+        or a torchvision set's own folder under ``root`` (beside which other sets may lie); none for the digits.
+        A prepare writes neither into nor over them (`diffusion.data.preparing`)."""
+        entry = TORCHVISION.get(self.dataset)
+        if entry is not None:  # CIFAR-10's batches folder (its archive beside), MNIST's MNIST/
+            folder = getattr(entry.dataset, "base_folder", None) or entry.local_files[0].split("/")[0]
+            return [("root", self.root, str(Path(self.root, folder)))]
+        return [] if self.dataset == "digits" else [("root", self.root, self.root)]
 
     @property
     def sample_shape(self) -> tuple[int, ...]:

@@ -17,6 +17,9 @@ from diffusion.data.numpy_files import read_array
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_whole_number
 
 LABELS_FILE = FileKind("labels file", ("*.npy",), "np.save(path, labels.astype(np.int64)) writes one")
+# As many classes as this are taken whatever the sample count (a few samples of many classes).
+FEW_CLASSES = 1024
+MAX_CLASSES = 2**20  # the network holds a row of weights per class: a million rows is already gigabytes
 
 
 def folder_classes(root: Path, files: list[Path]) -> tuple[list[int], list[str]]:
@@ -60,7 +63,20 @@ def load_labels(path: Path, num_samples: int) -> np.ndarray:
             f"{{--labels}} {path} has negative labels (min {labels.min()})",
             "classes are 0..K-1",
         )
+    top, most = int(labels.max()), most_classes(num_samples)
+    if top >= most:  # IDs used as labels: a class embedding of as many rows would not fit any memory
+        raise InvalidValue(
+            f"{{--labels}} {path} holds the label {top}: classes are numbered 0..K-1, and {top + 1:,} "
+            f"classes are too many for {num_samples:,} samples (at most {most:,})",
+            "number the classes 0..K-1 (np.unique(labels, return_inverse=True)[1] does), or pass this data's labels",
+        )
     return labels.astype(np.int64)
+
+
+def most_classes(num_samples: int) -> int:
+    """The most classes labels of `num_samples` samples may number: one per sample (a class with no sample cannot
+    be learned), at least FEW_CLASSES, at most MAX_CLASSES."""
+    return min(MAX_CLASSES, max(num_samples, FEW_CLASSES))
 
 
 def class_labels(

@@ -19,11 +19,12 @@ litdata is the `scale` extra's: imported only when a prepared set is used.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import pickle
-import shutil
+import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -43,6 +44,11 @@ MANIFEST = "prepared.json"
 INDEX = "index.json"  # litdata's, in each part
 FORMAT_VERSION = 1
 PARTS = ("train", "val")
+# The files a prepare writes: the manifest (and its write in progress), and in each part litdata's chunks and
+# indexes (its workers' `0.index.json` and the merge's `index.json.tmp` on the way).
+PREPARED_FILE = re.compile(
+    rf"{re.escape(MANIFEST)}(\.partial)?|({'|'.join(PARTS)})/(chunk-[\w.-]+\.bin|(\d+[.-])?{re.escape(INDEX)}(\.tmp)?)"
+)
 NO_LABEL_STORED = -1
 Encoding = Literal["auto", "raw", "png", "jpeg"]
 RAW_UP_TO = 64  # "auto": raw pixels up to 64 px (12 kB an RGB image, decoded for free), PNG above
@@ -168,14 +174,76 @@ def listing(root: str) -> dict[str, int]:
     return {p.relative_to(base).as_posix(): p.stat().st_size for p in base.rglob("*") if p.is_file()}
 
 
-def clear(root: str) -> None:
-    """Remove everything under `root` (a prepare asked to replace what is there)."""
+def written_by_a_prepare(name: str) -> bool:
+    """Whether `name` (relative to a prepared set's root) is a file a prepare writes: what `--overwrite` may
+    replace and a failed prepare removes, never a file of the user's."""
+    return PREPARED_FILE.fullmatch(name) is not None
+
+
+def not_prepared(root: str, listed: dict[str, int] | None = None) -> list[str]:
+    """What `root` holds that no prepare writes, sorted: its files and folders (`a.txt`, `photos/`; in a part,
+    `train/notes.txt`). Empty for a prepared set, an unfinished prepare, an empty folder or none. `listed`: the
+    store's listing of a URL, where it was read already."""
     if is_url(root):
-        names = list(listing(root))
+        names = listing(root) if listed is None else listed
+        return sorted({_entry_of(name) for name in names if not written_by_a_prepare(name)})
+    base, found = Path(root), []
+    if not base.is_dir():
+        return []
+    for entry in base.iterdir():
+        if entry.name in PARTS and entry.is_dir() and not entry.is_symlink():
+            found += [
+                f"{entry.name}/{_shown(inner)}" for inner in entry.iterdir() if not _prepares(inner, base)
+            ]
+        elif not _prepares(entry, base):
+            found.append(_shown(entry))
+    return sorted(found)
+
+
+def _prepares(entry: Path, base: Path) -> bool:
+    """A file (not a link) of the name a prepare writes."""
+    return (
+        entry.is_file()
+        and not entry.is_symlink()
+        and written_by_a_prepare(entry.relative_to(base).as_posix())
+    )
+
+
+def _shown(entry: Path) -> str:
+    return entry.name + ("/" if entry.is_dir() else "")
+
+
+def _entry_of(name: str) -> str:
+    """A store's file name as the entry of the root (or of a part) that holds it: `photos/cat.jpg` -> `photos/`."""
+    first, _, rest = name.partition("/")
+    if first in PARTS and rest:
+        inner, _, deeper = rest.partition("/")
+        return f"{first}/{inner}" + ("/" if deeper else "")
+    return first + ("/" if rest else "")
+
+
+def clear(root: str) -> None:
+    """Remove the files a prepare writes under `root` (`written_by_a_prepare`), and its part folders once empty:
+    a set a prepare was asked to replace, or what a prepare that failed wrote. Nothing else is touched."""
+    if is_url(root):
+        names = [name for name in listing(root) if written_by_a_prepare(name)]
         if names:
             in_object_storage("delete", root, names)
-    elif Path(root).is_dir():
-        shutil.rmtree(root)
+        return
+    base = Path(root)
+    if not base.is_dir():
+        return
+    for part in PARTS:
+        folder = base / part
+        if folder.is_dir() and not folder.is_symlink():
+            for entry in folder.iterdir():
+                if _prepares(entry, base):
+                    entry.unlink()
+            with contextlib.suppress(OSError):  # not empty: something of the user's is left there
+                folder.rmdir()
+    for entry in base.iterdir():
+        if _prepares(entry, base):
+            entry.unlink()
 
 
 # --- Opening a prepared set: everything checked before any time is spent -------------------------------------

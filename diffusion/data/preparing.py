@@ -41,17 +41,20 @@ from diffusion.data.prepared import (
     PreparedSet,
     clear,
     encoded_sample,
+    is_url,
     joined,
     listing,
     litdata,
+    not_prepared,
     read_bytes,
     sha256,
     write_bytes,
 )
-from diffusion.errors import DiskFull, UserError
+from diffusion.errors import DiskFull, InvalidValue, UserError, WrongType
 
 _DISK_FULL_EXIT = 28  # the optimizing process's exit status for a full disk (ENOSPC's number)
 PREPARE_ON_ANOTHER_DISK = "free space there, or pass another {command:--out}; what this prepare wrote is removed, nothing else touched"
+SHOWN = 4  # the user's files a refused --out names
 CHUNK_BYTES = "64MB"  # litdata's default size: a few hundred MB of cache per loading process
 
 
@@ -135,7 +138,17 @@ def prepare(
             f"{{command:--encoding}} {encoding} is for images; vectors are stored as they are",
             "leave it unset",
         )
-    there = listing(out)
+    out = named_out(out)
+    check_apart_from_the_data(out, getattr(datamodule, "source_paths", []))
+    there = listing(out) if is_url(out) else None  # a store's: one listing; a folder's: looked at first
+    others = not_prepared(out, there)
+    if others:  # the user's own files: never replaced, whatever the flags
+        shown = ", ".join(others[:SHOWN]) + (", ..." if len(others) > SHOWN else "")
+        raise InvalidValue(
+            f"{{command:--out}} {out} holds files that are not a prepared set ({shown})",
+            "choose another {command:--out}, or empty it yourself",
+        )
+    there = listing(out) if there is None else there
     if there and not overwrite:
         finished = "a prepared set" if MANIFEST in there else "an unfinished prepare"
         raise UserError(
@@ -145,13 +158,17 @@ def prepare(
     parts = unaugmented_parts(datamodule)
     labelled = datamodule.class_names is not None
     checked()
+    made = [] if is_url(out) else [p for p in (Path(out), *Path(out).absolute().parents) if not p.exists()]
     clear(out)  # never a mix of old and new chunks
     workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
     try:
         with tempfile.TemporaryDirectory() as errors:
             counts = write_parts(lit, parts, out, (kind, encoding, labelled), seed, workers, errors)
     except BaseException:
-        clear(out)  # a prepare that did not finish leaves nothing (training would refuse it anyway)
+        clear(out)  # what this prepare wrote, and the folders it made (training would refuse the set anyway)
+        for folder in made:
+            with contextlib.suppress(OSError):  # one that holds something else stays
+                folder.rmdir()
         raise
     prepared = PreparedSet(
         root=out,
@@ -168,6 +185,54 @@ def prepare(
     )
     write_bytes(out, MANIFEST, prepared.to_json())  # last: the set is finished
     return prepared
+
+
+def named_out(out: Any) -> str:
+    """`out` as text, refused where it names no folder (`""` would be the current one)."""
+    if isinstance(out, os.PathLike):
+        out = os.fspath(out)
+    if not isinstance(out, str):
+        raise WrongType(
+            "out", out, "a folder's path or a URL", "pass where to write the prepared set, as a str"
+        )
+    if not out.strip():
+        raise InvalidValue(
+            f"{{command:--out}} {out!r} names no folder",
+            "pass the folder (or s3://, gs://, az:// URL) to write the prepared set into",
+        )
+    return out
+
+
+def check_apart_from_the_data(out: str, sources: list[tuple[str, str, str]]) -> None:
+    """Refuse an `out` that is, lies inside or holds what the data is read from: `sources`, the data module's
+    `source_paths` ((option, its value, the file or folder read)): a prepare replaces what its folder holds, and
+    writes its chunks among the user's data where it lies inside it."""
+    if is_url(out):
+        return
+    target = Path(out).resolve()
+    for name, value, path in sources:
+        if is_url(str(path)):
+            continue
+        data = Path(path).expanduser().resolve()
+        relation = (
+            "is" if target == data else "lies inside" if data in target.parents else "holds"
+            if target in data.parents else None
+        )  # fmt: skip
+        if relation is None:
+            continue
+        at = "" if Path(path) == Path(value) else f", at {path}"
+        given = Path(path) if Path(path).name not in ("", ".", "..") else data
+        beside: Path | None = None  # none where the data is the whole file system
+        if at:  # a folder under the option's (a torchvision set's under --data.root): another one there
+            beside = Path(value, "prepared")
+        elif given.name:
+            beside = given.with_name(f"{given.stem if data.is_file() else given.name}_prepared")
+        raise InvalidValue(
+            f"{{command:--out}} {out} {relation} the data it would prepare "
+            f"({{LightningDataModule:--{name}}} {value}{at})",
+            "choose an {command:--out} that neither is, holds nor lies inside the data"
+            + (f", e.g. {{command:--out}} {beside}" if beside else ""),
+        )
 
 
 def write_parts(

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from diffusion.data.file_in_folder import check_path_argument
 from diffusion.data.labels import load_labels
 from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
@@ -86,6 +87,9 @@ class VectorDataModule(SplitDataModule):
             batch_size, num_workers, val_fraction, seed, on_device=on_device, cache_dir=cache_dir,
             max_cache_size=max_cache_size,
         )  # fmt: skip
+        save = "save the array with np.save('{}.npy', array) and pass that file's path as a str"
+        check_path_argument("path", path, "an (N, D) .npy file", save.format("points"))
+        check_path_argument("labels", labels, "a .npy file of N class labels", save.format("labels"))
         if dataset not in get_args(VectorDatasetName):
             raise InvalidValue(
                 f"unknown vector dataset {dataset!r}", f"choose one of {get_args(VectorDatasetName)}"
@@ -112,6 +116,7 @@ class VectorDataModule(SplitDataModule):
         self.dim = dim
         self.noise = noise
         self.normalize, self.feature_std = normalize, feature_std
+        self._labels_file = labels
         if dataset == "streaming":
             self._open_prepared(path, labels)
         self._check_streaming_options()
@@ -164,6 +169,13 @@ class VectorDataModule(SplitDataModule):
         if self.prepared is not None:
             return self._classes
         return None if self.labels is None else [str(i) for i in range(self.num_classes)]  # type: ignore[arg-type]
+
+    @property
+    def source_paths(self) -> list[tuple[str, str, str]]:
+        """The files the data is read from, as (option, its value, the file read): `path` and `labels` (none for
+        the generated sets). A prepare writes neither into nor over them (`diffusion.data.preparing`)."""
+        named = [("path", self.path), ("labels", self._labels_file)]
+        return [(name, str(value), str(value)) for name, value in named if value is not None]
 
     @property
     def sample_shape(self) -> tuple[int, ...]:

@@ -10,6 +10,9 @@ grids show one row per class.
 Images may also arrive as uint8 (N, C, H, W) in 0..255 (`compact`): what ranks gather when they sample
 together, a quarter of float32's bytes. `write_samples` and `save_preview` take either form.
 
+A grid of images in pixel units (float in [0, 1], uint8) is drawn by `diffusion.generation.image_grid`
+(`save_image_grid`, `rows_by_class`), which `save_preview` uses and this module passes on to its deep path.
+
 Samples holding NaN or infinity (a model whose weights diverged) are refused where they would become pixels or
 file values (`check_finite`: in `to_uint8`, and in `SamplesWriter` for vectors), never drawn as black.
 """
@@ -22,14 +25,14 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from torchvision.utils import make_grid, save_image
 
-from diffusion.errors import InvalidValue, UserError, WrongType, check_whole_number, naming_a_full_disk
+from diffusion.errors import InvalidValue, UserError, WrongType, naming_a_full_disk
+from diffusion.generation.image_grid import rows_by_class, save_image_grid
 
 SAMPLES, GRID = "samples.npz", "grid.png"
 MAX_SCATTER = 100_000  # vectors drawn in grid.png: a scatter of more shows no more
@@ -96,6 +99,10 @@ def to_uint8(x: torch.Tensor, normalization: dict) -> torch.Tensor:
     check_samples_and_normalization(x, normalization)
     if x.ndim != 4:
         raise ValueError(f"expected images of shape (N, C, H, W), got shape {tuple(x.shape)}")
+    if x.is_meta:  # its values, which become the pixels, are nowhere: say so, not torch's failed read
+        raise InvalidValue(
+            "x is a tensor on the meta device, whose values cannot be read", "pass samples that hold values"
+        )
     check_finite(x)
     images = denormalize(x.detach().float(), normalization).clamp(0, 1)
     return images.mul(255).round().to(torch.uint8)
@@ -113,55 +120,6 @@ def compact(samples: torch.Tensor, normalization: dict) -> torch.Tensor:
 def to_uint8_images(x: torch.Tensor, normalization: dict) -> np.ndarray:
     """(N, C, H, W) in model units -> numpy uint8 (N, H, W, C), the layout of `samples.npz`."""
     return to_uint8(x, normalization).permute(0, 2, 3, 1).cpu().numpy()
-
-
-def check_images(images: Any, fix: str) -> None:
-    """`images` is a tensor of (N, C, H, W) images: WrongType for anything else, InvalidValue naming the shape of a
-    tensor of another rank (one image (C, H, W) is a batch of one as `images[None]`)."""
-    if not isinstance(images, torch.Tensor):
-        raise WrongType("images", images, "(N, C, H, W) images as a tensor", fix)
-    if images.ndim != 4:
-        one = "; one image (C, H, W) is images[None]" if images.ndim == 3 else ""
-        raise InvalidValue(f"images has shape {tuple(images.shape)}, not (N, C, H, W)", f"{fix}{one}")
-
-
-def rows_by_class(
-    images: torch.Tensor, labels: torch.Tensor, per_class: int | None = None
-) -> tuple[torch.Tensor, int]:
-    """(N, C, H, W) images rearranged into one row per class present (ascending; samples in index order, at
-    most `per_class` of each), short rows padded with blank images: (images, images per row)."""
-    check_images(images, "pass generate's samples of images")
-    if per_class is not None:
-        check_whole_number(
-            "per_class", per_class, 1, "pass how many samples of each class a row shows, or None"
-        )
-    labels = torch.as_tensor(labels).cpu()
-    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise WrongType(
-            "labels", labels, "integer class indices", "pass the labels generate was given (ints)"
-        )
-    if labels.shape != (len(images),):
-        raise ValueError(
-            f"need one label per image, got {tuple(labels.shape)} labels for {len(images)} images"
-        )
-    rows = [images[labels == c][:per_class] for c in labels.unique(sorted=True)]
-    width = max(len(row) for row in rows)
-    blank = images.new_zeros((1, *images.shape[1:]))
-    return torch.cat([torch.cat([row, blank.expand(width - len(row), -1, -1, -1)]) for row in rows]), width
-
-
-def save_image_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None) -> torch.Tensor:
-    """Save (N, C, H, W) images in [0, 1] as a grid PNG, `nrow` per row (default near-square); return the grid
-    (C, H', W')."""
-    check_images(images, "pass images in [0, 1], (N, C, H, W)")
-    if not isinstance(path, str | os.PathLike):
-        raise WrongType("path", path, "a path", "pass the PNG's path (a str or pathlib.Path)")
-    if nrow is not None:
-        check_whole_number("nrow", nrow, 1, "pass the images per row, or None for a near-square grid")
-    nrow = nrow or int(math.ceil(math.sqrt(len(images))))
-    grid = make_grid(images.clamp(0, 1), nrow=nrow, padding=1)
-    save_image(grid, str(path))
-    return grid
 
 
 def save_scatter(

@@ -16,8 +16,11 @@ import torch
 from torch import nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-from diffusion.errors import OutOfRange, WrongType
+from diffusion.errors import InvalidValue, OutOfRange, WrongType
 from diffusion.metrics.reference_stats import FeatureStatistics
+
+ROUNDING = 1e-5  # of a covariance's norm: how far below zero its eigenvalues may come out of rounding alone
+TINY = 1e-300  # the least shift: an all-zero covariance (features that never vary) is one
 
 
 def frechet_distance(
@@ -31,14 +34,24 @@ def frechet_distance(
     the complex square root drops the rounding's tiny negative ones (singular covariances, e.g. blank pixels).
     """
     mu1, sigma1, mu2, sigma2 = checked_statistics(mu1=mu1, sigma1=sigma1, mu2=mu2, sigma2=sigma2)
+    return distance(mu1, sigma1, mu2, sigma2)
+
+
+def distance(
+    mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor, sigma2: torch.Tensor
+) -> torch.Tensor:
+    """The formula, on checked float64 statistics."""
     eigenvalues = torch.linalg.eigvals(sigma1 @ sigma2)
     trace_sqrt = eigenvalues.sqrt().real.sum()
     return (mu1 - mu2).square().sum() + sigma1.trace() + sigma2.trace() - 2 * trace_sqrt
 
 
-def checked_statistics(**given: object) -> list[torch.Tensor]:
+def checked_statistics(values: bool = True, **given: object) -> list[torch.Tensor]:
     """`frechet_distance`'s arguments as float64 tensors (numpy arrays too: a statistics file's `mu` and `sigma`),
-    each mean (D,) and covariance (D, D) of one D, refused by name otherwise."""
+    each mean (D,) and covariance (D, D) of one D, refused by name otherwise; with `values`, finite and each sigma
+    a covariance (`check_covariance`). `FrechetDistance` leaves the values unchecked, as they are its own: its
+    covariances of summed outer products are covariances by construction, and for near-identical features their
+    cancellation's rounding may be all there is of them, which no tolerance relative to their size would take."""
     tensors = {}
     for name, value in given.items():
         if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.number):
@@ -56,7 +69,38 @@ def checked_statistics(**given: object) -> list[torch.Tensor]:
                 name, f"<shape {tuple(value.shape)}>", f"of shape {shape if size else '(D,)'}",
                 "pass both sets' means (D,) and covariances (D, D) of one feature space",
             )  # fmt: skip
+    for name, value in tensors.items() if values else ():
+        if not bool(torch.isfinite(value).all()):
+            raise InvalidValue(
+                f"{name} holds values that are not finite (NaN or infinity)",
+                "pass the statistics of features that are all finite (samples of a model that diverged have none)",
+            )
+        if name.startswith("sigma"):
+            check_covariance(name, value)
     return list(tensors.values())
+
+
+def check_covariance(name: str, sigma: torch.Tensor) -> None:
+    """Refuse (InvalidValue) a finite (D, D) `sigma` that is no covariance: not symmetric, or with a negative
+    eigenvalue, each beyond rounding (ROUNDING of its Frobenius norm, which bounds every eigenvalue; a singular
+    covariance's zero eigenvalues come out a rounding below zero). The formula would give such a matrix a number,
+    even 0 (a perfect score) for sigma1 = -I against I. A Cholesky factorization of sigma shifted by the tolerance
+    decides it: a fraction of the cost of the eigenvalues the formula computes."""
+    fix = f"pass {name} as a covariance: symmetric and positive semi-definite (e.g. torch.cov(features.T))"
+    tolerance = ROUNDING * float(torch.linalg.matrix_norm(sigma))
+    asymmetry = float((sigma - sigma.T).abs().max())
+    if asymmetry > tolerance:
+        raise InvalidValue(
+            f"{name} is not symmetric (entries differ from their mirror by up to {asymmetry:.3g})", fix
+        )
+    identity = torch.eye(len(sigma), dtype=sigma.dtype, device=sigma.device)
+    if int(torch.linalg.cholesky_ex(sigma + max(tolerance, TINY) * identity).info) != 0:
+        smallest = float(torch.linalg.eigvalsh(sigma)[0])
+        raise InvalidValue(
+            f"{name} is not a covariance: it has a negative eigenvalue ({smallest:.3g}), not positive "
+            "semi-definite",
+            fix,
+        )
 
 
 class GivenFeatures(nn.Module):
@@ -119,7 +163,8 @@ class FrechetDistance(FrechetInceptionDistance):
         )
 
     def compute(self) -> torch.Tensor:
-        return frechet_distance(*self.reference_statistics(), *self.statistics(real=False))
+        (mu1, sigma1), (mu2, sigma2) = self.reference_statistics(), self.statistics(real=False)
+        return distance(*checked_statistics(False, mu1=mu1, sigma1=sigma1, mu2=mu2, sigma2=sigma2))
 
     def feature_statistics(self, **provenance: Any) -> FeatureStatistics:
         """The fed real features' statistics as a `FeatureStatistics` (to save as a reference file);

@@ -9,7 +9,14 @@ from typing import Any, Literal
 
 import torch
 
-from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_whole_number, options_of
+from diffusion.errors import (
+    InvalidValue,
+    OutOfRange,
+    WrongType,
+    check_fits_memory,
+    check_whole_number,
+    options_of,
+)
 
 CLASSES = ">= 1 (or None for an unconditional network)"  # a network's num_classes, as ClassEmbedding says it
 # Which network fits which data: the fix of a network given data of the other kind.
@@ -65,6 +72,14 @@ def fraction(owner: type, name: str, value: Any) -> float:
     return number
 
 
+def check_weights_fit_memory(owner: type, name: str, value: int, weights: int, what: str = "its") -> None:
+    """Refuse (OutOfRange of `owner`'s option `name`, the size that sets it) a network whose float32 `weights`
+    (a count, or a lower bound of it: `what` says which) no memory of this machine holds, before torch's
+    allocation error (or an overflow of its storage size) from inside a layer."""
+    with options_of(owner):
+        check_fits_memory(name, value, 4 * weights, f"{what} {weights:,} weights", f"pass a smaller {name}")
+
+
 def check_sample_shape(
     owner: type, shape: Sequence[int], kind: Literal["vectors", "images"], width: int
 ) -> None:
@@ -87,6 +102,20 @@ def check_sample_shape(
             f"{name} is for {kind} of {width} {unit}, and the data's samples have {shape[0]}"
             + ("" if rank == 1 else f" (shape {shape})"),
             f"build it with {{--in_channels}} {shape[0]} (train.py sets it from the data)",
+            owner,
+        )
+
+
+def check_size_divisible(owner: type, shape: Sequence[int], num_levels: int) -> None:
+    """A UNet's image size (H, W of `shape`) divisible by 2**(levels - 1), each level halving it: InvalidValue."""
+    factor = 2 ** (num_levels - 1)
+    height, width = shape[-2:]
+    if height % factor != 0 or width % factor != 0:
+        raise InvalidValue(
+            f"image size {height}x{width} ({{LightningDataModule:--image_size}}) is not divisible by {factor} "
+            f"= 2**(levels - 1) for the {num_levels} levels of {{--channel_mult}}",
+            f"pick an image size divisible by {factor} ({{LightningDataModule:--image_size}}), or fewer "
+            "levels in {--channel_mult}",
             owner,
         )
 

@@ -10,6 +10,7 @@ from diffusion.models.checks import (
     CLASSES,
     check_batch_rank,
     check_sample_shape,
+    check_weights_fit_memory,
     fraction,
     optional_whole,
     whole,
@@ -83,6 +84,13 @@ class MLP(nn.Module):
         if fourier_frequencies > 24:
             raise OutOfRange("fourier_frequencies", fourier_frequencies, "in [0, 24]", owner=owner)
         num_classes = optional_whole(owner, "num_classes", num_classes, 1, CLASSES)
+        inputs = (
+            in_channels * (1 + 2 * fourier_frequencies) + time_embed_dim + out_channels + (num_classes or 0)
+        )
+        parameters = hidden_dim * hidden_dim * (1 + 3 * num_blocks) + hidden_dim * (
+            inputs + 8 + 5 * num_blocks
+        )
+        check_weights_fit_memory(owner, "hidden_dim", hidden_dim, parameters)
         self.fourier_frequencies = fourier_frequencies
         self.in_channels = in_channels
         self.time_embed_dim = time_embed_dim

@@ -19,6 +19,8 @@ from diffusion.models.checks import (
     CLASSES,
     check_batch_rank,
     check_sample_shape,
+    check_size_divisible,
+    check_weights_fit_memory,
     fraction,
     optional_whole,
     whole,
@@ -191,6 +193,10 @@ class UNet(nn.Module):
         self.checkpoint_levels = frozenset(checkpoint_levels)
         self._validate(channels, channel_mult, attention_levels, num_heads)
         owner = type(self)
+        # At least its middle's 2 residual blocks: four 3x3 convolutions of the widest level
+        check_weights_fit_memory(
+            owner, "channels", channels, 36 * (channels * max(channel_mult)) ** 2, "at least"
+        )
         out_channels = in_channels if out_channels is None else whole(owner, "out_channels", out_channels, 1)
         num_classes = optional_whole(owner, "num_classes", num_classes, 1, CLASSES)
         self.in_channels = in_channels
@@ -289,8 +295,8 @@ class UNet(nn.Module):
         for level in checked:
             if not 0 <= level < len(channel_mult):
                 raise InvalidValue(
-                    f"{name.removesuffix('s').replace('_', ' ')} {level} is out of range: levels are indices into "
-                    f"channel_mult={channel_mult}",
+                    f"{{--{name}}} {list(checked)}: level {level} is out of range (levels are indices into "
+                    f"{{--channel_mult}} {list(channel_mult)})",
                     f"pass {{--{name}}} in 0..{len(channel_mult) - 1}",
                     type(self),
                 )
@@ -344,16 +350,7 @@ class UNet(nn.Module):
         """Raise InvalidValue unless one sample of `shape` (C, H, W) fits: C = in_channels, H and W divisible
         by 2**(levels - 1). Called by the CLI before training, and on every forward."""
         check_sample_shape(type(self), shape, "images", self.in_channels)
-        factor = 2 ** (self.num_levels - 1)
-        height, width = shape[-2:]
-        if height % factor != 0 or width % factor != 0:
-            raise InvalidValue(
-                f"image size {height}x{width} ({{LightningDataModule:--image_size}}) is not divisible by {factor} "
-                f"= 2**(levels - 1) for the {self.num_levels} levels of {{--channel_mult}}",
-                f"pick an image size divisible by {factor} ({{LightningDataModule:--image_size}}), or fewer "
-                "levels in {--channel_mult}",
-                type(self),
-            )
+        check_size_divisible(type(self), shape, self.num_levels)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only

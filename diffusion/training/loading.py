@@ -46,6 +46,11 @@ def load_checkpoint(
     """
     if not isinstance(path, str | os.PathLike):
         raise WrongType("path", path, "a path", "pass the checkpoint's path (a str or pathlib.Path)")
+    if isinstance(path, str) and not path:  # not the current folder, as Path("") would read it
+        raise InvalidValue(
+            "path is empty",
+            "pass the checkpoint's path (an unset variable or a blank line may have given '')",
+        )
     if weights is not None:
         if not isinstance(weights, str):
             raise WrongType(
@@ -91,7 +96,13 @@ def check_device_available(map_location: str | torch.device) -> None:
         device = torch.device(map_location)
     except (RuntimeError, ValueError) as error:
         raise InvalidValue(f"map_location={map_location!r} is not a device", fix) from error
-    if device.type in ("cpu", "meta"):
+    if device.type == "meta":  # its tensors have shapes and no values: the weights would be read into nothing
+        raise InvalidValue(
+            f"map_location={str(map_location)!r}: a tensor on the meta device holds no values, so the weights "
+            "cannot be loaded onto it",
+            fix,
+        )
+    if device.type == "cpu":
         return
     backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu: each says what it sees
     is_available = getattr(backend, "is_available", None)

@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import LRSchedulerConfigType, OptimizerLRSchedulerConfig
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -25,14 +25,14 @@ from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.resumable import describe_batches
-from diffusion.errors import InvalidValue, WrongType, check_weights_fit, options_of
+from diffusion.errors import InvalidValue, WrongType, check_bool, check_weights_fit, options_of, said
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.divergence import check_interval_loss, check_weights
 from diffusion.training.logging_steps import IntervalLoss
 from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
 from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
-from diffusion.training.options import check_training_options
+from diffusion.training.options import check_training_options, unused_training_options
 from diffusion.training.random_states import (
     gather_from_ranks,
     global_random_states,
@@ -136,6 +136,7 @@ class DiffusionModule(SamplingModule):
         compile_training = compile_training if compile is None else compile  # the old name, as written before
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
         with options_of(type(self)):  # the checks' `{--name}`s are this class's options
+            check_bool("compile_channels_last", compile_channels_last)
             schedule = NoiseSchedule(
                 beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr, trained_betas
             )
@@ -164,6 +165,12 @@ class DiffusionModule(SamplingModule):
         # load_from_checkpoint hands back to this __init__.
         self.sampling = SamplingOptions(**sampling) if isinstance(sampling, dict) else sampling
         self.hparams["sampling"] = asdict(self.sampling)
+        # Said each time it is built (a checkpoint loaded too): what it holds is still not used.
+        for note in unused_training_options(
+            loss_weighting=loss_weighting, min_snr_gamma=min_snr_gamma, compile_training=compile_training,
+            compile_mode=compile_mode, sampling=self.sampling,
+        ):  # fmt: skip
+            rank_zero_warn(said(note, owner=type(self)))
         if isinstance(self.hparams.get("network"), nn.Module):
             # Built in Python rather than by the CLI: only the CLI records the network's config, so such a
             # checkpoint is loaded with `load_from_checkpoint(path, network=...)`.

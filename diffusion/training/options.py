@@ -6,7 +6,16 @@ a negative one turns descent into ascent) are refused here too."""
 import math
 from typing import Any
 
-from diffusion.errors import InvalidValue, OutOfRange, check_choice
+from diffusion.core.sampling import DEFAULT_SAMPLER, OPTION_OWNERS, SAMPLERS, SamplingOptions
+from diffusion.errors import (
+    InvalidValue,
+    OutOfRange,
+    check_choice,
+    check_real,
+    check_whole_number,
+)
+
+MIN_SNR_GAMMA = 5.0  # DiffusionModule's default (Hang et al. 2023)
 
 
 def check_training_options(
@@ -17,6 +26,17 @@ def check_training_options(
 ) -> None:  # fmt: skip
     for name, value, allowed in choices:
         check_choice(name, value, allowed)
+    for name, value in (
+        ("lr", lr),
+        ("weight_decay", weight_decay),
+        ("min_snr_gamma", min_snr_gamma),
+        ("label_dropout", label_dropout),
+        ("offset_noise", offset_noise),
+    ):
+        check_real(name, value)  # not True for 1.0, nor text
+    check_whole_number("warmup_steps", warmup_steps)
+    for beta in adam_betas:
+        check_real("adam_betas", beta, "pass e.g. {--adam_betas} '[0.9, 0.999]'")
     if not (math.isfinite(lr) and lr > 0):
         raise OutOfRange("lr", lr, "a finite number > 0", "pass e.g. {--lr} 2e-4 (Ho et al.)")
     if warmup_steps < 0:
@@ -67,3 +87,33 @@ def check_training_options(
             "offset_noise shifts an image's channels: it is for images",
             "train vectors with {--offset_noise} 0",
         )
+
+
+def unused_training_options(
+    *, loss_weighting: str, min_snr_gamma: float, compile_training: bool | str, compile_mode: str | None,
+    sampling: SamplingOptions,
+) -> list[str]:  # fmt: skip
+    """Notes on options given that nothing uses, because the option that would use them is not set (a warning,
+    not an error: the run is still the one asked for, less the option): min_snr_gamma without min-SNR weighting,
+    compile_mode without compiling, a sampling option the model's sampler does not have. An option whose default
+    is a value rather than None counts as given when it differs from that default."""
+    notes = []
+    if loss_weighting != "min_snr" and min_snr_gamma != MIN_SNR_GAMMA:
+        notes.append(
+            f"min_snr_gamma={min_snr_gamma} is not used: loss_weighting={loss_weighting!r} — pass "
+            "{--loss_weighting} min_snr to weight the loss by it"
+        )
+    if compile_mode is not None and compile_training is False:
+        notes.append(
+            f"compile_mode={compile_mode!r} is not used: the training step is not compiled — pass "
+            "{--compile_training} true (or cuda) to compile it"
+        )
+    sampler = SAMPLERS[sampling.sampler or DEFAULT_SAMPLER]
+    for name, value in sampling.as_kwargs().items():
+        if name in OPTION_OWNERS and sampler not in OPTION_OWNERS[name]:
+            takers = ", ".join(owner.name for owner in OPTION_OWNERS[name])
+            notes.append(
+                f"sampling.{name}={value} is no option of the {sampler.name} sampler: not used by this model's "
+                f"sampling ({takers} take it, as the default of a command that samples with one)"
+            )
+    return notes

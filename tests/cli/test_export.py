@@ -27,7 +27,10 @@ def checkpoint(tmp_path_factory) -> Path:
     """A tiny digits run with T = 10, its EMA and raw weights then replaced by random ones (different for each): a
     few training steps leave the zero-initialised layers near zero, and random weights make every layer count."""
     save_dir = tmp_path_factory.mktemp("runs")
-    tiny_run(save_dir, "--model.num_timesteps", str(T), "--model.sampling.steps", "5")
+    # beta_end 0.005: linear betas scaled by 1000 / T end at 0.5 (the default 0.02 would reach 1, refused)
+    tiny_run(
+        save_dir, "--model.num_timesteps", str(T), "--model.beta_end", "0.005", "--model.sampling.steps", "5"
+    )
     path = save_dir / "digits" / "version_0" / "checkpoints" / "last.ckpt"
     state = torch.load(path, weights_only=True)
     generator = torch.Generator().manual_seed(0)

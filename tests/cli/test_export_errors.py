@@ -24,6 +24,8 @@ EXPORT_CASES = {
     "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),
     "out_under_a_file": (["--out", "{user}/a_file/export"], r"a_file is a file, not a folder"),
     "out_not_empty": (["--out", "{user}/samples"], r"--out .*samples is not empty — pass --overwrite"),
+    "out_empty": (["--out", ""], r'^error: --out "" is an empty path — pass a path'),  # was the working folder
+    "ckpt_empty": (["--ckpt", ""], r'^error: --ckpt "" is an empty path — pass a path'),
     "a_vector_model_to_diffusers": (
         ["--ckpt", TOY2D, "--format", "diffusers"],
         r"a MLP network has no diffusers UNet2DModel counterpart .* — export with --format safetensors",
@@ -80,3 +82,47 @@ def test_a_full_disk_while_exporting_is_one_line_naming_the_folder_and_leaves_no
         line,
     ), line
     assert not (user / "new").exists() and not list(user.glob(".new.*"))  # nothing left (run_in_process too)
+
+
+def test_weights_null_in_a_config_file_is_refused_as_the_flag_is(user, capsys):
+    """`weights: null` (a blank line of --print_config's) exported the EMA weights labelled "raw": refused in one
+    line naming the file's key, as `--weights null` is."""
+    (user / "export.yaml").write_text("weights: null\n")
+    args = [*export_args([], user), "--config", str(user / "export.yaml")]
+    line = run_in_process(export.main, args, user, capsys)
+    assert re.search(r"export.yaml: weights null: this option takes .*, not null — remove the line", line), (
+        line
+    )
+    (user / "export.yaml").unlink()
+
+
+@pytest.mark.parametrize(
+    ("asked", "has_ema", "recorded"),
+    [
+        ("ema", True, "ema"),
+        (None, True, "ema"),
+        ("raw", True, "raw"),
+        ("ema", False, "raw"),
+        (None, False, "raw"),
+    ],
+)
+def test_the_export_records_the_weights_load_checkpoint_loaded(asked, has_ema, recorded):
+    """None loads the EMA weights (load_checkpoint's default): recorded as "ema", never as "raw"."""
+    checkpoint = {"state_dict": {}, **({"current_model_state": {}} if has_ema else {})}
+    assert export.weights_written(asked, checkpoint) == recorded
+
+
+def test_a_full_disk_while_exporting_for_diffusers_is_one_line_naming_the_folder(user, capsys, monkeypatch):
+    """The pipeline's weights are written by Python (safetensors' own writer said a full disk as a SafetensorError,
+    a bug's traceback; the real full disk: tests/training/test_full_disk.py)."""
+    pytest.importorskip("diffusers")  # an optional extra
+    from diffusion.cli import to_diffusers
+
+    monkeypatch.setattr(to_diffusers, "open", full_open(1000), raising=False)  # the weights fill the disk
+    line = run_in_process(export.main, export_args(["--format", "diffusers"], user), user, capsys)
+    assert re.fullmatch(
+        r"error: no space left on the disk of .*new while saving the export — free space there, or pass another "
+        r"--out",
+        line,
+    ), line
+    assert not (user / "new").exists() and not list(user.glob(".new.*"))

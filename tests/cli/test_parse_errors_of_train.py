@@ -9,6 +9,10 @@ from unittest import mock
 import pytest
 import yaml
 from helpers.parse_errors import INTERNALS
+from helpers.user_errors import run_in_process, train_args
+
+from diffusion.cli.train import main as train
+from diffusion.cli.train_checks import check_settings_from_the_data
 
 
 def train_line(argv: list[str], capsys) -> str:
@@ -225,3 +229,28 @@ def test_a_group_file_given_as_a_flag_is_said_as_that_files_key(tmp_path, monkey
     )
     line = train_line(["--model.network", "net.yaml"], capsys)
     assert line.startswith("net.yaml: model.network.channels 0 is out of range"), line
+
+
+def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(user, tmp_path, capsys):
+    written = tmp_path / "network.yaml"
+    written.write_text("model:\n  network:\n    init_args:\n      in_channels: 3\n")
+    flags = ["--config", "{configs}/digits.yaml", "--config", str(written)]
+    line = run_in_process(train, train_args(flags, user, user / "runs"), user, capsys)
+    assert f"{written}: model.network.in_channels 3: the data sets it (1 here" in line  # the file that set it
+    # Read by the parser, so in every form it reads: a group's own config file, and JSON on the command line.
+    group_file = tmp_path / "unet.yaml"
+    group_file.write_text("class_path: diffusion.models.UNet\ninit_args:\n  in_channels: 3\n")
+    as_json = (
+        '{{"class_path": "diffusion.models.UNet", "init_args": {{"num_classes": 10}}}}'  # train_args formats
+    )
+    for network, said in [
+        (str(group_file), f"{group_file}: model.network.in_channels 3"),  # a class's own file: its key
+        (as_json, "--model.network.num_classes 10"),
+    ]:
+        flags = ["--config", "{configs}/digits.yaml", "--model.network", network]
+        line = run_in_process(train, train_args(flags, user, user / "runs"), user, capsys)
+        assert f"{said}: the data sets it" in line
+    # A value equal to the data's is no mistake (a config of an earlier version).
+    check_settings_from_the_data(
+        {"in_channels": 1}, {"in_channels": 1, "num_classes": None, "out_channels": None}
+    )

@@ -160,6 +160,21 @@ PHEMA_CASES = {  # id: (flags, what the line must say)
         [*RUN, "--sigma_rel", "0.1", "--out", "{user}/x.ckpt", "--ckpt", "{user}/nope.ckpt"],
         r"no checkpoint at .*nope.ckpt",
     ),
+    # FD's covariance needs 2 samples: a bug's traceback once every row was sampled.
+    "sweep_of_one_sample": (
+        [*RUN, "--sweep", "[0.1, 0.05]", "--num_samples", "1"],
+        r"^error: --num_samples 1: a --sweep scores each row by its FD, which needs at least 2 samples — pass "
+        r"--num_samples 2 or more",
+    ),
+    # An empty path (an unset shell variable) meant the working folder.
+    "run_empty": (
+        ["--run", "", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
+        r'^error: --run "" is an empty path — pass a path',
+    ),
+    "out_empty": (
+        [*RUN, "--sigma_rel", "0.1", "--out", ""],
+        r'^error: --out "" is an empty path — pass a path',
+    ),
 }
 
 
@@ -177,6 +192,7 @@ IN_A_CONFIG_FILE = {  # id of a case of PHEMA_CASES, its flags written in a file
     "step_without_snapshots": r"^error: \S*run.yaml: step 3: no snapshot was written at that step",
     "out_exists": r"^error: \S*run.yaml: out \S*mine.ckpt exists — pass --overwrite",
     "both": r"^error: pass one of --sigma_rel and --sweep — ",  # flags named, not a value of the file's
+    "sweep_of_one_sample": r"^error: \S*run.yaml: num_samples 1: a --sweep scores each row by its FD",
 }
 
 

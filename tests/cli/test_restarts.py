@@ -275,3 +275,24 @@ def test_a_torchrun_job_restarted_after_a_rank_was_killed_ends_with_the_weights_
         assert max_abs_diff(weights[kind], expected[kind]) == 0, kind
         # The steps after the resumed checkpoint moved the weights: equality is not for free.
         assert max_abs_diff(resumed_from[kind], expected[kind]) > 1e-4, kind
+
+
+def test_auto_refuses_a_jobs_run_whose_only_checkpoint_is_a_broken_link(finished, job, tmp_path, capsys):
+    """A run whose last.ckpt links to a file that is gone was taken for a run not saved yet, and started over in its
+    folder: refused, naming the link and where it points."""
+    save_dir = tmp_path / "runs"
+    shutil.copytree(finished, save_dir)
+    folder = save_dir / "run" / "slurm-123" / "checkpoints"
+    for path in folder.glob("*.ckpt"):
+        path.unlink()
+    (folder / "last.ckpt").symlink_to(tmp_path / "moved.ckpt")
+    job(SLURM_JOB_ID="123")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        train(save_dir, "--max_steps", "6")
+    line = error_line(capsys.readouterr().err)
+    assert exited.value.code == 2 and line.startswith(
+        f"error: --ckpt_path auto: {folder / 'last.ckpt'} is a broken link (to {tmp_path / 'moved.ckpt'}, which "
+        "does not exist) — restore the checkpoint"
+    ), line
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]  # nothing started there

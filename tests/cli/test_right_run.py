@@ -16,6 +16,7 @@ import torch
 import yaml
 from helpers import QUICK, TINY_MLP
 from helpers.damage import flip_byte_inside_largest_entry
+from helpers.user_errors import error_line
 
 from diffusion.cli.train import main
 from diffusion.training.run_folders import newest_checkpoint
@@ -150,3 +151,45 @@ def test_last_resumes_the_newest_step_after_a_checkpoint_flag_changed(runs):
     assert torch.load(folder / "last-v1.ckpt", weights_only=True)["global_step"] == 8
     cli = train(runs, "--ckpt_path", "last", "--max_steps", "10")
     assert Path(cli.config.ckpt_path).name == "last-v1.ckpt" and cli.trainer.global_step == 10
+
+
+def broken_last(runs: Path, keep_others: bool) -> Path:
+    """The run's last.ckpt made a link to a file that was moved away (and its other checkpoints removed, unless
+    `keep_others`)."""
+    folder = runs / "run/version_0/checkpoints"
+    for path in folder.glob("*.ckpt"):
+        if path.name == "last.ckpt" or not keep_others:
+            path.unlink()
+    (folder / "last.ckpt").symlink_to(runs / "moved" / "last.ckpt")
+    return folder / "last.ckpt"
+
+
+@pytest.mark.parametrize("given", ["last", "path"])
+def test_a_broken_last_link_is_named_not_said_as_no_checkpoint(given, runs, capsys):
+    """`--ckpt_path last` said "no checkpoint under runs/run/*/checkpoints/ — train first", and a path "no
+    checkpoint at": the link and where it points are named."""
+    link = broken_last(runs, keep_others=False)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        train(runs, "--ckpt_path", "last" if given == "last" else str(link), "--max_steps", "6")
+    line = error_line(capsys.readouterr().err)
+    assert exited.value.code == 2
+    said = "--ckpt_path last: " if given == "last" else "--ckpt_path "
+    assert line == (
+        f"error: {said}{link} is a broken link (to {runs / 'moved' / 'last.ckpt'}, which does not exist) — restore "
+        "the checkpoint it points to, point the link at one that exists, or pass the path of a checkpoint"
+    ), line
+
+
+def test_a_broken_last_link_beside_an_intact_checkpoint_is_passed_over_with_one_warning_line(runs, capsys):
+    broken_last(runs, keep_others=True)
+    capsys.readouterr()
+    cli = train(runs, "--ckpt_path", "last", "--max_steps", "6")
+    warnings = [
+        line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --ckpt_path")
+    ]
+    assert len(warnings) == 1 and re.search(
+        r"passed over broken links .*last\.ckpt \(to .*moved/last\.ckpt\); resuming from .*step=4\.ckpt",
+        warnings[0],
+    ), warnings
+    assert Path(cli.config.ckpt_path).name == "step=4.ckpt" and cli.trainer.global_step == 6

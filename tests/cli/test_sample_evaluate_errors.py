@@ -62,7 +62,10 @@ SAMPLE_CASES = {
         ["--guidance_scale", "-1"],
         r"^error: --guidance_scale -1.0 is out of range \(must be a finite number >= 0\) — pass 0 for unconditional",
     ),
-    "guidance_infinite": (["--guidance_scale", "inf"], r"--guidance_scale inf is not a valid float"),
+    "guidance_infinite": (
+        ["--guidance_scale", "inf"],
+        r"^error: --guidance_scale inf: NaN and infinity are no values of this option — pass a finite number",
+    ),
     # torch takes seeds modulo 2**64: 2**70 drew seed 0's samples, and -1 those of 2**64 - 1.
     "seed_beyond_2_64": (
         ["--seed", "1180591620717411303424"],
@@ -216,6 +219,11 @@ EVALUATE_CASES = {
         r"FID and KID compare the samples with a --reference, and none is given — pass --reference",
     ),
     "nothing_to_evaluate": (["--samples", "null"], r"nothing to evaluate — pass --samples samples.npz"),
+    # All 4 images were taken for 100, without a word (and --save_stats saved them as if of 100).
+    "num_reference_beyond_the_reference": (
+        ["--num_reference", "100"],
+        r"--num_reference 100: the reference .*samples.npz holds only 4 images — pass --num_reference 4 or fewer",
+    ),
 }
 
 
@@ -274,3 +282,38 @@ def test_existing_samples_are_replaced_only_with_overwrite(user, tmp_path):
     path = sample.main(["--ckpt", str(good), "--out", str(out), "--sampler", "ddim", "--steps", "2",
                         "--num_samples", "3", "--device", "cpu", "--overwrite"])  # fmt: skip
     assert np.load(path)["arr_0"].shape == (3, 8, 8, 1)  # the user's 4 blank images replaced
+
+
+GOOD_SAMPLE = ["--sampler", "ddim", "--steps", "2", "--num_samples", "2"]
+
+
+@pytest.mark.parametrize("flag", ["--out", "--ckpt"])
+def test_sample_refuses_an_empty_path(flag, user, tmp_path, capsys, monkeypatch):
+    """`--out ""` (an unset shell variable) wrote into the working folder, `--ckpt ""` sampled a checkpoint found
+    there: refused, naming the flag. Run in the user's folder, which run_in_process checks is left unchanged."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(user)
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    args = ["--ckpt", str(good), "--out", str(tmp_path / "new"), *GOOD_SAMPLE, flag, ""]
+    line = run_in_process(sample.main, args, user, capsys)
+    assert re.fullmatch(
+        rf'error: {flag} "" is an empty path — pass a path \(an unset shell variable .*', line
+    )
+
+
+def test_sample_refuses_an_empty_path_of_a_config_file_by_its_key(user, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(user)
+    (tmp_path / "run.yaml").write_text('out: ""\n')
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    args = ["--ckpt", str(good), *GOOD_SAMPLE, "--config", str(tmp_path / "run.yaml")]
+    line = run_in_process(sample.main, args, user, capsys)
+    assert re.match(r'error: \S*run.yaml: out "" is an empty path — pass a path', line), line
+
+
+@pytest.mark.parametrize("flag", ["--samples", "--reference", "--save_stats", "--data_root"])
+def test_evaluate_refuses_an_empty_path(flag, user, capsys, monkeypatch):
+    monkeypatch.chdir(user)
+    samples = str(user / "samples" / "samples.npz")
+    args = ["--samples", samples, "--reference", "digits", "--features", "pixels", flag, ""]
+    line = run_in_process(evaluate.main, args, user, capsys)
+    assert re.fullmatch(rf'error: {flag} "" is an empty path — pass a path .*', line), line

@@ -25,8 +25,15 @@ from diffusion.training.module import DiffusionModule
 IMAGES = {"shift": [0.5], "scale": [0.5]}
 
 
-def module(beta_schedule="linear", num_timesteps=10, prediction_type="eps", **sampling) -> DiffusionModule:
-    """A tiny image model with random weights everywhere, so every layer shapes the samples."""
+def clipped_linear(T: int) -> list[float]:
+    """The linear betas of T <= 20 steps as this project clips them at 0.999 (with a warning), given as a "trained"
+    schedule: betas no named schedule of diffusers' has (its trained_betas)."""
+    return torch.linspace(1e-4 * 1000 / T, 0.02 * 1000 / T, T, dtype=torch.float64).clamp(max=0.999).tolist()
+
+
+def module(beta_schedule="trained", num_timesteps=10, prediction_type="eps", **sampling) -> DiffusionModule:
+    """A tiny image model with random weights everywhere, so every layer shapes the samples; the "trained" schedule
+    is `clipped_linear`'s."""
     torch.manual_seed(0)
     network = UNet(in_channels=1, channels=8, channel_mult=(1, 2), num_res_blocks=1)
     with torch.no_grad():
@@ -35,13 +42,14 @@ def module(beta_schedule="linear", num_timesteps=10, prediction_type="eps", **sa
     return DiffusionModule(
         network, sample_shape=(1, 8, 8), normalization=IMAGES, beta_schedule=beta_schedule,
         num_timesteps=num_timesteps, prediction_type=prediction_type, sampling=SamplingOptions(**sampling),
+        trained_betas=clipped_linear(num_timesteps) if beta_schedule == "trained" else None,
     ).eval()  # fmt: skip
 
 
 SCHEDULES = {
     "linear_1000": ("linear", 1000, "linear"),
     "linear_50": ("linear", 50, "linear"),  # betas scaled by 1000 / T
-    "linear_20_clipped_at_0.999": ("linear", 20, None),
+    "trained_20_clipped_linear": ("trained", 20, None),
     "cosine_20": ("cosine", 20, "squaredcos_cap_v2"),
     "cosine_1000": ("cosine", 1000, "squaredcos_cap_v2"),
     "sigmoid_30": ("sigmoid", 30, None),
@@ -74,12 +82,12 @@ def our_images(model: DiffusionModule, n: int, seed: int, steps: int) -> torch.T
     return (samples * 0.5 + 0.5).clamp(0, 1)
 
 
-CASES = {  # T = 10 unless given: a linear schedule then clips its betas (trained_betas)
+CASES = {  # T = 10 and the clipped linear betas (trained_betas) unless given
     "eps_fixedlarge_clipped": ({}, 10),
     "eps_fixedsmall": ({"variance": "fixedsmall"}, 10),
     "v_unclipped": ({"prediction_type": "v", "clip_denoised": False}, 10),
     "x0_cosine": ({"prediction_type": "x0", "beta_schedule": "cosine"}, 10),
-    "named_linear_respaced": ({"num_timesteps": 50}, 5),
+    "named_linear_respaced": ({"beta_schedule": "linear", "num_timesteps": 50}, 5),
     "sigmoid_fixedsmall_respaced": ({"beta_schedule": "sigmoid", "variance": "fixedsmall"}, 4),
 }
 
@@ -141,15 +149,17 @@ def trained(path: Path, variance: str = "fixed", **settings) -> Path:
     return save_checkpoint(model, {"class_path": UNET, "init_args": init_args}, path)
 
 
-# beta_schedule, T, prediction: every named schedule at T = 1000 and at a few steps (a linear one with T <= 20 clips
-# its betas at 0.999: trained_betas), zero terminal SNR (trained_betas ending at 1), learned variances (diffusers:
+CLIPPED_20 = clipped_linear(20)
+# beta_schedule, T, prediction: every named schedule at T = 1000 and at a few steps (the clipped linear betas of
+# T = 20: trained_betas), zero terminal SNR (trained_betas ending at 1), learned variances (diffusers:
 # refused), and the "trained" schedule a re-import gives, itself exported again (betas that even decrease).
 ROUND_TRIPS = {
     "linear_1000_eps": {"beta_schedule": "linear", "num_timesteps": 1000},
-    "linear_20_eps_clipped": {"beta_schedule": "linear", "num_timesteps": 20},
+    "trained_20_eps_clipped_linear": {"beta_schedule": "trained", "num_timesteps": 20, "trained_betas": CLIPPED_20},
     "linear_50_x0_fixedsmall": {"num_timesteps": 50, "prediction_type": "x0", "sampling": {"variance": "fixedsmall"}},
     "linear_1000_v_zero_snr": {"num_timesteps": 1000, "prediction_type": "v", "zero_terminal_snr": True},
-    "linear_20_v_learned": {"num_timesteps": 20, "prediction_type": "v", "variance": "learned_range"},
+    "trained_20_v_learned": {"beta_schedule": "trained", "num_timesteps": 20, "trained_betas": CLIPPED_20,
+                             "prediction_type": "v", "variance": "learned_range"},
     "cosine_1000_v": {"beta_schedule": "cosine", "num_timesteps": 1000, "prediction_type": "v"},
     "cosine_20_eps_learned": {"beta_schedule": "cosine", "num_timesteps": 20, "variance": "learned_range"},
     "cosine_20_x0_zero_snr": {"beta_schedule": "cosine", "num_timesteps": 20, "prediction_type": "x0",
@@ -216,8 +226,11 @@ def test_an_export_loads_back_as_the_model_it_was_in_both_formats(settings, tmp_
 
 
 def test_the_sample_command_samples_a_diffusers_export_as_its_checkpoint(tmp_path):
-    """`python -m diffusion.sample --ckpt EXPORT` of a run with 20 timesteps (its betas clipped: trained_betas)."""
-    checkpoint = trained(tmp_path / "model.ckpt", num_timesteps=20)
+    """`python -m diffusion.sample --ckpt EXPORT` of a run with 20 timesteps (the clipped linear betas:
+    trained_betas)."""
+    checkpoint = trained(
+        tmp_path / "model.ckpt", beta_schedule="trained", num_timesteps=20, trained_betas=CLIPPED_20
+    )
     out = export.main(
         ["--ckpt", str(checkpoint), "--format", "diffusers", "--out", str(tmp_path / "pipeline")]
     )
@@ -248,7 +261,10 @@ BAD_BETAS = {  # trained_betas (of a T = 20 export) -> what the line says, the b
 
 @pytest.mark.parametrize(("change", "message"), BAD_BETAS.values(), ids=BAD_BETAS.keys())
 def test_trained_betas_that_are_no_schedule_are_refused_in_one_short_line(change, message, tmp_path):
-    out = export.main(["--ckpt", str(trained(tmp_path / "model.ckpt", num_timesteps=20)), "--format", "diffusers",
+    model = trained(
+        tmp_path / "model.ckpt", beta_schedule="trained", num_timesteps=20, trained_betas=CLIPPED_20
+    )
+    out = export.main(["--ckpt", str(model), "--format", "diffusers",
                        "--out", str(tmp_path / "pipeline")])  # fmt: skip
     betas = json.loads((out / "scheduler" / "scheduler_config.json").read_text())["trained_betas"]
     edit_scheduler(out, trained_betas=change(betas))
@@ -257,3 +273,30 @@ def test_trained_betas_that_are_no_schedule_are_refused_in_one_short_line(change
     line = str(error.value)
     assert line.startswith(f"{out}: its scheduler/scheduler_config.json: ") and "\n" not in line
     assert len(line) - len(str(out)) < 250, line  # 20 betas would take 400 characters
+
+
+def test_the_pipeline_is_written_as_save_pretrained_writes_it(tmp_path):
+    """save_pipeline writes each file itself (a full disk is then an OSError the export names, where safetensors'
+    own writer raised a SafetensorError): the same files as diffusers' save_pretrained, the weights byte for byte,
+    and the pipeline loads back from them."""
+    model = module("linear", 50)
+    save_pipeline(model, tmp_path / "ours")
+    pipe = DDPMPipeline.from_pretrained(tmp_path / "ours")
+    pipe.save_pretrained(tmp_path / "theirs")
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    ours, theirs = files(tmp_path / "ours"), files(tmp_path / "theirs")
+    assert ours.keys() == theirs.keys() == {
+        "model_index.json", "scheduler/scheduler_config.json", "unet/config.json",
+        "unet/diffusion_pytorch_model.safetensors",
+    }  # fmt: skip
+    for name in ours:
+        if name.endswith(".json"):
+            loaded_from = {"_name_or_path": str(tmp_path / "ours")}  # what from_pretrained adds
+            assert {**json.loads(ours[name]), **loaded_from} == {**json.loads(theirs[name]), **loaded_from}, (
+                name
+            )
+        else:
+            assert ours[name] == theirs[name], name

@@ -267,7 +267,7 @@ class Refusing(DDIM):
 
 
 def test_what_a_sampler_does_not_take_is_refused_in_one_line():
-    schedule = NoiseSchedule(num_timesteps=10)
+    schedule = NoiseSchedule("cosine", num_timesteps=10)  # linear betas reach 1 at T <= 20
     with pytest.raises(ValueError, match=r"^sampler refusing does not take classifier-free guidance .* — "):
         Refusing(guidance_scale=2.0).check_fits(schedule, False, True)
     with pytest.raises(
@@ -277,7 +277,7 @@ def test_what_a_sampler_does_not_take_is_refused_in_one_line():
     with pytest.raises(
         ValueError, match=r"^sampler refusing does not take a schedule with alpha_bar_T = 0 .* — "
     ):
-        Refusing().check_fits(NoiseSchedule(num_timesteps=10, zero_terminal_snr=True), False, False)
+        Refusing().check_fits(NoiseSchedule("cosine", num_timesteps=10, zero_terminal_snr=True), False, False)
     Refusing(guidance_scale=2.0).check_fits(
         schedule, False, False
     )  # guidance of an unconditional model: unused

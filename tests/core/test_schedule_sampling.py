@@ -45,9 +45,8 @@ def test_linear_betas_are_scaled_by_1000_over_T_so_x_T_stays_near_pure_noise():
         full.alphas_cumprod[-1].log().item(), rel=0.1
     )
     assert short.alphas_cumprod[49].item() == pytest.approx(full.alphas_cumprod[499].item(), rel=0.2)
-    # Betas stay below 1 when the scaling would reach it (T = 20: beta_end 0.02 * 50 = 1).
-    assert NoiseSchedule(num_timesteps=20).betas.max().item() == pytest.approx(0.999)
-    assert NoiseSchedule(num_timesteps=20).alphas_cumprod[-1] > 0
+    # Where the scaling would reach 1 (T = 20: beta_end 0.02 * 50 = 1) the schedule is refused, not clipped.
+    assert NoiseSchedule(num_timesteps=21).betas[-1].item() == pytest.approx(0.02 * 1000 / 21)
 
 
 def test_cosine_and_sigmoid_golden_values():
@@ -67,7 +66,7 @@ def test_bad_schedule_options_are_rejected_with_the_allowed_values():
         make_betas("quadratic", 1000)
     with pytest.raises(ValueError, match="num_timesteps=0"):
         NoiseSchedule(num_timesteps=0)
-    with pytest.raises(ValueError, match="beta_start < beta_end"):
+    with pytest.raises(ValueError, match=r"beta_end=0.0001 must be in \(beta_start, 1\)"):
         NoiseSchedule(beta_start=0.02, beta_end=1e-4)
 
 
@@ -206,7 +205,7 @@ def test_oracle_network_gives_zero_loss_and_exact_x0():
 
 
 def test_per_sample_generators_make_samples_independent_of_batching():
-    schedule = NoiseSchedule(num_timesteps=20)
+    schedule = NoiseSchedule("cosine", num_timesteps=20)
     gens = lambda ids: [torch.Generator().manual_seed(i) for i in ids]  # noqa: E731
     all_at_once = sample(Dummy(), schedule, (6, 2), gens(range(6)))
     in_two = torch.cat([sample(Dummy(), schedule, (3, 2), gens(ids)) for ids in (range(3), range(3, 6))])

@@ -185,7 +185,7 @@ def test_kl_terms_of_an_exact_model_are_zero():
 
 
 def test_terms_depend_only_on_the_sample_and_its_index_not_its_batch():
-    x0, schedule, process = eight_bit_images(4), NoiseSchedule(num_timesteps=20), ReverseProcess()
+    x0, schedule, process = eight_bit_images(4), NoiseSchedule("cosine", num_timesteps=20), ReverseProcess()
     whole = bound_terms(Dummy(), schedule, process, x0, torch.arange(4), seed=3)
     halves = [
         bound_terms(Dummy(), schedule, process, x0[i::2], torch.arange(4)[i::2], seed=3) for i in (0, 1)

@@ -58,7 +58,7 @@ def test_at_alpha_bar_0_x_t_is_the_noise_and_v_or_x0_predictions_give_x0(predict
 
 
 def test_eps_prediction_is_refused_in_one_line_at_zero_terminal_snr():
-    schedule = NoiseSchedule(num_timesteps=10, zero_terminal_snr=True)
+    schedule = NoiseSchedule("cosine", num_timesteps=10, zero_terminal_snr=True)
     model = torch.nn.Linear(4, 4)
     with pytest.raises(ValueError, match=r"^eps-prediction is undefined at alpha_bar_T = 0 .* — train with"):
         reverse_steps(lambda x, t: model(x), schedule, torch.zeros(2, 4), sampler="ddim", steps=2)

@@ -350,3 +350,9 @@ def test_batches_are_typed_and_a_foreign_batch_is_refused_with_a_clear_error(dig
     assert check_batch(Batch(images, labels)).x is images
     with pytest.raises(TypeError, match=r"Batch\(x, index\), got tuple.*IndexedDataset"):
         check_batch((images, labels))
+
+
+@pytest.mark.parametrize("root", [np.zeros((4, 8, 8, 3), np.uint8), None])
+def test_a_root_that_is_no_path_is_refused_naming_it(root):
+    with pytest.raises(TypeError, match="^root=.* not the path of a folder — pass the path of the folder"):
+        ImageDataModule("folder", root=root, image_size=8)

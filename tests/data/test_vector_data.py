@@ -67,3 +67,29 @@ def test_toy_data_is_standardized_and_deterministic():
     dm = VectorDataModule("swiss_roll", num_samples=2000)
     assert torch.equal(dm.data, VectorDataModule("swiss_roll", num_samples=2000).data)
     assert dm.normalize == "standardize" and dm.data.abs().max() < 4 * dm.feature_std
+
+
+def test_labels_that_number_far_more_classes_than_samples_are_refused_naming_the_label(tmp_path):
+    """A label of 2**40 (IDs used as labels) made a class embedding of 2**40 rows: a 70 TB allocation."""
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(100, 2)))
+    labels = np.arange(100) % 3
+    for top, taken in ((1023, True), (1024, False), (2**40, False)):
+        labels[-1] = top
+        np.save(tmp_path / "y.npy", labels)
+        make = lambda: VectorDataModule(path=str(tmp_path / "x.npy"), labels=str(tmp_path / "y.npy"))  # noqa: E731
+        if taken:  # a few samples of many classes: up to 1024 whatever the sample count
+            assert make().num_classes == 1024
+            continue
+        with pytest.raises(ValueError, match=f"labels {tmp_path / 'y.npy'} holds the label {top}: .* too many for 100 "
+                           "samples \\(at most 1,024\\) — number the classes 0..K-1"):  # fmt: skip
+            make()
+
+
+@pytest.mark.parametrize("name", ["path", "labels"])
+def test_an_array_where_its_file_goes_is_refused_naming_the_argument(name, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((10, 2)) + np.arange(10)[:, None])
+    given = {"path": str(tmp_path / "x.npy"), name: np.zeros((10, 2))}
+    with pytest.raises(
+        TypeError, match=f"^{name}=<ndarray> is a ndarray, not the path of .* — save the array with np.save"
+    ):
+        VectorDataModule(**given)

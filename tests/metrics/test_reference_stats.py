@@ -43,6 +43,44 @@ def test_frechet_distance_is_the_scipy_formula():
     assert float(got) == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("argument", "value", "expected"),
+    [
+        ("mu1", torch.tensor([float("nan"), 0.0, 0.0]), r"^mu1 holds values that are not finite \(NaN or infinity\) — "),
+        ("sigma2", torch.eye(3).index_fill(0, torch.tensor([1]), float("inf")), r"^sigma2 holds values that are not "),
+        ("sigma1", -torch.eye(3), r"^sigma1 is not a covariance: it has a negative eigenvalue \(-1\), not positive "
+                                  r"semi-definite — pass sigma1 as a covariance: symmetric and positive semi-definite"),
+        ("sigma2", torch.diag(torch.tensor([1.0, 1.0, -1e-3])), r"^sigma2 is not a covariance: .*\(-0.001\)"),
+        ("sigma1", torch.tensor([[1.0, 0.5, 0], [0, 1, 0], [0, 0, 1]]), r"^sigma1 is not symmetric \(entries differ "
+                                                                        r"from their mirror by up to 0.5\) — "),
+    ],
+)  # fmt: skip
+def test_statistics_that_are_not_finite_or_not_a_covariance_are_refused_by_their_name(
+    argument, value, expected
+):
+    # A NaN mean gave NaN, and sigma1 = -I against I gave 0.0: a perfect score.
+    statistics = {
+        "mu1": torch.zeros(3),
+        "sigma1": torch.eye(3),
+        "mu2": torch.zeros(3),
+        "sigma2": torch.eye(3),
+    }
+    with pytest.raises(ValueError, match=expected):
+        frechet_distance(**{**statistics, argument: value})
+
+
+def test_covariances_singular_or_rounded_to_float32_are_taken():
+    # Fewer features than dimensions, and a constant one (blank pixels): eigenvalues of 0 that rounding puts a
+    # hair below it; the same matrices stored as float32. Both are covariances.
+    features = torch.rand(50, 200, dtype=torch.float64)
+    features[:, :20] = 0.7
+    sigma, mu = torch.cov(features.T), features.mean(0)
+    assert float(torch.linalg.eigvalsh(sigma)[0]) < 0  # rounding's negative eigenvalue, which is taken
+    for stored in (sigma, sigma.float()):
+        assert float(frechet_distance(mu, stored, mu, stored)) == pytest.approx(0.0, abs=1e-3)
+    assert float(frechet_distance(torch.zeros(2), torch.zeros(2, 2), torch.ones(2), torch.zeros(2, 2))) == 2.0
+
+
 def test_saved_statistics_give_the_fid_of_the_images_they_were_made_from(digit_files, tmp_path, capsys):
     folder, features = digit_files
     stats = tmp_path / "reference_stats.npz"

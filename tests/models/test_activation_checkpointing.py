@@ -51,5 +51,5 @@ def test_evaluation_and_no_grad_do_not_checkpoint(monkeypatch):
 
 
 def test_a_checkpoint_level_out_of_range_is_refused():
-    with pytest.raises(ValueError, match="checkpoint level 2 is out of range"):
+    with pytest.raises(ValueError, match=r"checkpoint_levels \[2\]: level 2 is out of range"):
         UNet(**CONFIG, checkpoint_levels=[2])

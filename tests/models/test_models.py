@@ -184,7 +184,9 @@ def test_mlp_rejects_bad_fourier_frequencies(frequencies: int) -> None:
 
 
 def test_unet_rejects_attention_level_out_of_range() -> None:
-    with pytest.raises(ValueError, match=r"attention level 3 .*attention_levels in 0\.\.2"):
+    with pytest.raises(
+        ValueError, match=r"attention_levels \[3\]: level 3 is out of range .*attention_levels in 0\.\.2"
+    ):
         UNet(channels=32, channel_mult=(1, 2, 2), attention_levels=(3,))
 
 

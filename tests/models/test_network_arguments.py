@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import diffusion.errors
 from diffusion.errors import InvalidValue, OutOfRange, WrongType
 from diffusion.models import MLP, UNet
 
@@ -123,3 +124,29 @@ def test_a_forward_of_the_other_kind_of_data_is_refused_as_a_user_error(network,
     networks = {"unet": lambda: UNet(**TINY), "mlp": lambda: MLP(in_channels=2, hidden_dim=16, num_blocks=1)}
     with pytest.raises(InvalidValue, match=expected):
         networks[network]()(torch.zeros(x), torch.zeros(4, dtype=torch.long))
+
+
+def test_an_mlp_no_memory_holds_is_refused_before_allocating(monkeypatch):
+    # torch's "can't allocate memory ... 562949953421312 bytes" before, from inside nn.Linear
+    with pytest.raises(
+        OutOfRange, match=r"^hidden_dim=1099511627776 must be small enough for this machine's"
+    ) as error:
+        MLP(hidden_dim=2**40)
+    assert error.value.owner is MLP
+    monkeypatch.setattr(diffusion.errors, "machine_memory", lambda: 4 * 900_000)
+    MLP()  # 892,162 float32 weights: 3.6 MB
+    with pytest.raises(OutOfRange, match=r"its [\d,]+ weights would take"):
+        MLP(num_blocks=5)
+
+
+def test_a_unet_no_memory_holds_is_refused_before_allocating(monkeypatch):
+    # torch's "Storage size calculation overflowed" (2**40) or "can't allocate memory" (2**16) before
+    with pytest.raises(
+        OutOfRange, match=r"^channels=1099511627776 must be small enough .* at least [\d,]+ weights"
+    ):
+        UNet(channels=2**40)
+    monkeypatch.setattr(diffusion.errors, "machine_memory", lambda: 10**6)
+    UNet(**TINY)  # 64,193 weights: 0.26 MB
+    with pytest.raises(OutOfRange, match=r"^channels=64 must be small enough") as error:
+        UNet(**{**TINY, "channels": 64})
+    assert error.value.owner is UNet

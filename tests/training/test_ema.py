@@ -188,7 +188,7 @@ def test_ema_keeps_the_schedule_buffers_up_to_rounding(four_steps):
 def tiny_module() -> DiffusionModule:
     torch.manual_seed(0)
     network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, time_embed_dim=8)
-    return DiffusionModule(network, sample_shape=(2,), num_timesteps=10)
+    return DiffusionModule(network, sample_shape=(2,), beta_schedule="cosine", num_timesteps=10)
 
 
 @pytest.mark.parametrize("warmup", [True, False])

@@ -254,13 +254,14 @@ def immutable(folder: Path) -> Iterator[None]:
         subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
-@pytest.mark.parametrize("refusing", ["checkpoints", "run"])
+@pytest.mark.parametrize("refusing", ["checkpoints", "run", "samples"])
 def test_a_resumed_run_whose_folder_refuses_writes_is_refused_before_training(refusing, tmp_path, capsys):
-    """Its checkpoints (or the run folder's lock) would fail only after training, the steps lost: refused at
-    start, one line naming the folder, nothing written."""
+    """Its checkpoints, sample grids (post-hoc EMA snapshots alike) or the run folder's lock would fail only after
+    training, the steps lost: refused at start, one line naming the folder, nothing written."""
     tiny_run(tmp_path / "runs", *QUICK)
     run = tmp_path / "runs" / "digits" / "version_0"
-    folder = run / "checkpoints" if refusing == "checkpoints" else run
+    folder = run if refusing == "run" else run / refusing
+    assert folder.is_dir()
     before = (run / "checkpoints" / "last.ckpt").read_bytes()
     with immutable(folder), pytest.raises(SystemExit) as exited:
         tiny_run(tmp_path / "runs", *QUICK, "--ckpt_path", "last", "--max_steps", "6")
@@ -284,3 +285,28 @@ def test_a_checkpoint_folder_that_refuses_a_save_is_named_and_keeps_the_one_befo
     ):
         save_atomically({"w": torch.zeros(3)}, path, atomic_writes.RUN_ON_ANOTHER_DISK)
     assert_intact(path, before)
+
+
+def test_a_diffusers_export_onto_a_real_full_disk_is_one_line_naming_the_folder(digits_checkpoint, tmp_path):
+    """diffusers' save_pretrained wrote the weights with safetensors' own writer, whose SafetensorError names no
+    errno (a bug's traceback); the export writes them by Python, as it does the safetensors format's."""
+    pytest.importorskip("diffusers")  # an optional extra: pip install -e '.[dev]'
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    export = f"{sys.executable} -m diffusion.export --ckpt {digits_checkpoint} --format diffusers --out {disk}/expd"
+    # 16 KiB: room for the three JSON files (a 4 KiB page each), not for the weights
+    command = f"mount -t tmpfs -o size=16k tmpfs {disk} && {export}; echo exit $?; ls -A {disk}"
+    result = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.stdout.splitlines() == ["exit 2"], result.stdout + result.stderr[-3000:]  # and nothing left
+    assert result.stderr.splitlines()[-1] == (
+        f"error: no space left on the disk of {disk / 'expd'} while saving the export — free space there, or pass "
+        "another --out"
+    ), result.stderr[-3000:]

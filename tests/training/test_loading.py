@@ -1,5 +1,6 @@
-"""`load_checkpoint` refuses a `map_location` this machine has no device for by that argument, before it reads the
-file: torch's failure to move a tensor there is no defect of the checkpoint."""
+"""`load_checkpoint` refuses a `map_location` this machine has no device for (or the meta device, which holds no
+values) by that argument, before it reads the file: torch's failure to move a tensor there is no defect of the
+checkpoint. An empty path is refused, not read as the current folder."""
 
 import pytest
 import torch
@@ -32,3 +33,20 @@ def test_a_device_the_machine_lacks_is_said_of_map_location_not_of_the_file(
 def test_the_cpu_loads_as_before(toy2d_checkpoint):
     assert next(load_checkpoint(toy2d_checkpoint, map_location="cpu").parameters()).device.type == "cpu"
     assert next(load_checkpoint(toy2d_checkpoint, map_location=torch.device("cpu")).parameters()).is_cpu
+
+
+def test_the_meta_device_is_refused_by_map_location_not_by_torch(toy2d_checkpoint):
+    # Its tensors have no values: torch raised "Error(s) in loading state_dict" after reading the file.
+    with pytest.raises(
+        InvalidValue, match=r"^map_location='meta': a tensor on the meta device holds no values, so "
+    ):
+        load_checkpoint(toy2d_checkpoint, map_location="meta")
+    with pytest.raises(InvalidValue, match=r"^map_location='meta'"):
+        load_checkpoint(toy2d_checkpoint, map_location=torch.device("meta"))
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(toy2d_checkpoint, monkeypatch):
+    # "" was Path(""), the current folder: the one checkpoint there was loaded without a word.
+    monkeypatch.chdir(toy2d_checkpoint.parent)
+    with pytest.raises(InvalidValue, match=r"^path is empty — pass the checkpoint's path"):
+        load_checkpoint("")

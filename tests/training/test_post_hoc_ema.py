@@ -232,7 +232,7 @@ def test_a_reconstructed_ema_matches_that_ema_tracked_directly(longer, sigma_rel
 def tiny_module(dtype: torch.dtype = torch.float32) -> DiffusionModule:
     torch.manual_seed(0)
     network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, time_embed_dim=8)
-    return DiffusionModule(network, sample_shape=(2,), num_timesteps=10).to(dtype)
+    return DiffusionModule(network, sample_shape=(2,), beta_schedule="cosine", num_timesteps=10).to(dtype)
 
 
 def fake_trainer(tmp_path, max_steps: int = 20) -> SimpleNamespace:

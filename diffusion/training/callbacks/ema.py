@@ -8,8 +8,15 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_warn
 
-from diffusion.errors import OutOfRange
+from diffusion.errors import OutOfRange, check_bool, check_real, options_of
 from diffusion.training.post_hoc_ema import PostHocEMA
+
+# The post-hoc EMA's options, as EMA's defaults: one that differs without post_hoc is said not to be used.
+POST_HOC_DEFAULTS: dict[str, object] = {
+    "sigma_rels": (0.05, 0.10),
+    "snapshot_every": 100,
+    "max_snapshot_gb": 2.0,
+}
 
 
 class EMA(WeightAveraging):
@@ -58,12 +65,16 @@ class EMA(WeightAveraging):
         snapshot_every: int = 100,
         max_snapshot_gb: float = 2.0,
     ) -> None:
-        if not 0.0 < decay < 1.0:
-            raise OutOfRange("decay", decay, "in (0, 1)", "pass e.g. 0.9999 (Ho et al.)")
-        if update_every_n_steps < 1:
-            raise OutOfRange(
-                "update_every_n_steps", update_every_n_steps, ">= 1", "pass 1 to update every step"
-            )
+        with options_of(type(self)):  # a command says them as its flags (--ema.decay)
+            check_real("decay", decay)
+            check_bool("warmup", warmup)
+            check_bool("post_hoc", post_hoc)
+            if not 0.0 < decay < 1.0:
+                raise OutOfRange("decay", decay, "in (0, 1)", "pass e.g. 0.9999 (Ho et al.)")
+            if update_every_n_steps < 1:
+                raise OutOfRange(
+                    "update_every_n_steps", update_every_n_steps, ">= 1", "pass 1 to update every step"
+                )
         self.decay = decay
         self.warmup = warmup
         self.update_every_n_steps = update_every_n_steps
@@ -72,6 +83,16 @@ class EMA(WeightAveraging):
         # (EMA params, params, EMA buffers, buffers), collected at the first update
         self._pairs: tuple[list[torch.Tensor], ...] | None = None
         self.post_hoc = PostHocEMA(sigma_rels, snapshot_every, max_snapshot_gb) if post_hoc else None
+        if not post_hoc:
+            rels = tuple(sigma_rels) if isinstance(sigma_rels, list | tuple) else sigma_rels
+            given = {"sigma_rels": rels, "snapshot_every": snapshot_every,
+                     "max_snapshot_gb": max_snapshot_gb}  # fmt: skip
+            unused = [f"{name}={value}" for name, value in given.items() if value != POST_HOC_DEFAULTS[name]]
+            if unused:
+                rank_zero_warn(
+                    f"{', '.join(unused)} not used: options of the post-hoc EMA, which is off (post_hoc="
+                    "False) — pass post_hoc=True to track its profiles and write their snapshots"
+                )
         super().__init__(use_buffers=False)
 
     def current_decay(self, num_updates: int) -> float:

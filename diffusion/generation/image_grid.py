@@ -1,0 +1,156 @@
+"""Images as a grid picture: `save_image_grid` (and `rows_by_class`, one row per class), for images already in
+pixel units, float in [0, 1] or uint8 in 0..255. Samples in model units become those by
+`diffusion.generation.render` (`to_uint8`, `denormalize`), which draws its own previews through here.
+
+What cannot become the picture the caller meant is refused by the argument's name, never drawn otherwise: values
+outside [0, 1] (model units -1..1, or 0..255 in a float tensor; clamped they would turn every negative value
+black), values that are not finite (NaN would become black pixels), channels other than 1 or 3 (2 would be
+written as gray + alpha), no images at all, and a path whose suffix names no format this writes.
+"""
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torchvision.utils import make_grid
+
+from diffusion.errors import InvalidValue, MissingFile, WrongType, check_whole_number
+
+FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG"}  # suffix -> PIL's format
+HALF_A_LEVEL = (
+    0.5 / 255
+)  # a float this far outside [0, 1] still rounds to pixel 0 or 255: rounding, not a range
+TAKES = "float images in [0, 1] or uint8 images in 0..255"
+FROM_SAMPLES = (
+    "pass to_uint8(samples, module.normalization) (model units -> uint8 pixels, as the README does), or "
+    "denormalize(samples, module.normalization) for images in [0, 1]"
+)
+
+
+def check_images(images: Any, fix: str) -> None:
+    """`images` is a tensor of (N, C, H, W) images: WrongType for anything else, InvalidValue naming the shape of a
+    tensor of another rank (one image (C, H, W) is a batch of one as `images[None]`)."""
+    if not isinstance(images, torch.Tensor):
+        raise WrongType("images", images, "(N, C, H, W) images as a tensor", fix)
+    if images.ndim != 4:
+        one = "; one image (C, H, W) is images[None]" if images.ndim == 3 else ""
+        raise InvalidValue(f"images has shape {tuple(images.shape)}, not (N, C, H, W)", f"{fix}{one}")
+
+
+def rows_by_class(
+    images: torch.Tensor, labels: torch.Tensor, per_class: int | None = None
+) -> tuple[torch.Tensor, int]:
+    """(N, C, H, W) images rearranged into one row per class present (ascending; samples in index order, at
+    most `per_class` of each), short rows padded with blank images: (images, images per row)."""
+    check_images(images, "pass generate's samples of images")
+    if per_class is not None:
+        check_whole_number(
+            "per_class", per_class, 1, "pass how many samples of each class a row shows, or None"
+        )
+    labels = torch.as_tensor(labels).cpu()
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise WrongType(
+            "labels", labels, "integer class indices", "pass the labels generate was given (ints)"
+        )
+    if labels.shape != (len(images),):
+        raise ValueError(
+            f"need one label per image, got {tuple(labels.shape)} labels for {len(images)} images"
+        )
+    rows = [images[labels == c][:per_class] for c in labels.unique(sorted=True)]
+    width = max(len(row) for row in rows)
+    blank = images.new_zeros((1, *images.shape[1:]))
+    return torch.cat([torch.cat([row, blank.expand(width - len(row), -1, -1, -1)]) for row in rows]), width
+
+
+def check_pixels(images: torch.Tensor) -> None:
+    """`images` (N, C, H, W) are pictures `save_image_grid` can draw as they are: some, of 1 or 3 channels, uint8
+    or float in [0, 1] (up to half a pixel level) with every value finite; InvalidValue naming `images` else."""
+    shape = tuple(images.shape)
+    if images.is_meta:
+        raise InvalidValue(
+            "images is a tensor on the meta device, whose values cannot be read",
+            "pass images that hold values",
+        )
+    if images.numel() == 0:
+        raise InvalidValue(f"images has shape {shape}, which holds no pixels", "pass at least one image")
+    if images.shape[1] not in (1, 3):
+        raise InvalidValue(
+            f"images has {images.shape[1]} channels (shape {shape}), not 1 (gray) or 3 (RGB)",
+            "pass gray or RGB images (of RGBA, images[:, :3]; one channel of several, images[:, i : i + 1])",
+        )
+    if images.dtype == torch.uint8:
+        return
+    if not images.is_floating_point():
+        raise InvalidValue(
+            f"images are {images.dtype} values, not {TAKES}",
+            "pass pixels 0..255 as images.to(torch.uint8), or values in [0, 1] as images.float()",
+        )
+    finite = torch.isfinite(images).flatten(1).all(1)
+    if not bool(finite.all()):
+        raise InvalidValue(
+            f"images holds values that are not finite (NaN or infinity), which have no pixels, in "
+            f"{int((~finite).sum())} of its {len(images)} images",
+            "pass finite images; samples that are not finite come from weights that diverged: sample the "
+            "checkpoint's other weights (load_checkpoint(path, weights='ema' or 'raw')) or an earlier one",
+        )
+    low, high = (float(value) for value in torch.aminmax(images.detach()))
+    if low >= -HALF_A_LEVEL and high <= 1 + HALF_A_LEVEL:
+        return
+    problem = f"images holds values from {low:.4g} to {high:.4g}, outside [0, 1] ({TAKES} are drawn)"
+    if low < -HALF_A_LEVEL:  # generate's samples as they come: -1..1
+        problem += ": negative values look like samples in model units (-1..1)"
+        fix = FROM_SAMPLES
+    elif high > 2:
+        problem += ": values above 1 look like pixels 0..255 in a float tensor"
+        fix = "pass them as images.round().to(torch.uint8), or as images / 255"
+    else:
+        fix = f"{FROM_SAMPLES}; to cut off what lies beyond, pass images.clamp(0, 1)"
+    raise InvalidValue(problem, fix)
+
+
+def check_picture_path(path: Any) -> Path:
+    """`path` as a Path to a picture in an existing folder whose suffix names a format `FORMATS` holds."""
+    if not isinstance(path, str | os.PathLike):
+        raise WrongType("path", path, "a path", "pass the picture's path (a str or pathlib.Path)")
+    formats = "end it in .png (lossless) or .jpg"
+    if isinstance(path, str) and not path:
+        raise InvalidValue("path is empty", f"pass the picture's path; {formats}")
+    picture = Path(path)
+    if picture.suffix.lower() not in FORMATS:
+        ends = f"ends in {picture.suffix}" if picture.suffix else "has no suffix"
+        raise InvalidValue(f"path={str(path)!r} {ends}, which names no picture format this writes", formats)
+    if not picture.parent.is_dir():
+        raise MissingFile(
+            f"path={str(path)!r}: the folder {picture.parent} does not exist",
+            "make the folder first, or pass a path in a folder that exists",
+        )
+    return picture
+
+
+def save_image_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None) -> torch.Tensor:
+    """Save (N, C, H, W) images, 1 (gray) or 3 (RGB) channels, as a grid picture, `nrow` per row (default
+    near-square); return the grid (C, H', W') in the images' dtype.
+
+    The images are pixels: float in [0, 1] (`denormalize(samples, module.normalization)` of an image model) or
+    uint8 in 0..255 (`to_uint8(samples, module.normalization)`). The format is `path`'s suffix: .png, or .jpg
+    (.jpeg). Samples in model units (-1..1), values that are not finite, other channel counts and other suffixes
+    are refused by the argument's name (a ValueError; a folder that is not there, FileNotFoundError), not drawn as
+    something else."""
+    check_images(images, f"pass {TAKES}, (N, C, H, W)")
+    picture = check_picture_path(path)
+    if nrow is not None:
+        check_whole_number("nrow", nrow, 1, "pass the images per row, or None for a near-square grid")
+    check_pixels(images)
+    images = images.detach()
+    grid = make_grid(images, nrow=nrow or int(math.ceil(math.sqrt(len(images)))), padding=1)
+    # Rounded as torchvision's save_image rounds; clamped only within HALF_A_LEVEL, which rounds to 0 or 255 anyway.
+    pixels = (
+        grid if grid.dtype == torch.uint8 else grid.float().mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
+    )
+    Image.fromarray(pixels.permute(1, 2, 0).cpu().numpy()).save(
+        picture, format=FORMATS[picture.suffix.lower()]
+    )
+    return grid

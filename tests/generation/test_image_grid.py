@@ -1,0 +1,89 @@
+"""`save_image_grid` draws pixels as they are, float in [0, 1] or uint8 in 0..255 (what `to_uint8`, the README's step,
+returns), and refuses by the argument's name what it would otherwise draw as another picture or fail on with a
+library's words: samples in model units (every negative value black), 0..255 in a float tensor (only 0 and 255), NaN
+(black), 2 channels (gray + alpha), no images, a path that names no picture format. (The other argument checks of the
+public API: tests/test_public_api_arguments.py.)"""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from diffusion import denormalize, save_image_grid, to_uint8
+from diffusion.errors import InvalidValue
+from diffusion.generation.image_grid import HALF_A_LEVEL
+
+NORMALIZATION = {"shift": [0.5], "scale": [0.5]}
+SAMPLES = torch.linspace(-1, 1, 4 * 64).reshape(4, 1, 8, 8)  # generate's: model units
+
+
+def pixels(path) -> np.ndarray:
+    return np.asarray(Image.open(path))
+
+
+def test_uint8_images_are_drawn_as_the_same_pixels_as_their_floats(tmp_path):
+    # to_uint8's output raised torch's "result type Float can't be cast to the desired output type Byte".
+    uint8 = to_uint8(SAMPLES, NORMALIZATION)
+    grid = save_image_grid(uint8, tmp_path / "uint8.png", nrow=2)
+    assert grid.dtype == torch.uint8 and grid.shape == (3, 19, 19)
+    save_image_grid(uint8.float() / 255, tmp_path / "float.png", nrow=2)
+    save_image_grid(denormalize(SAMPLES, NORMALIZATION), tmp_path / "data.png", nrow=2)
+    drawn = pixels(tmp_path / "uint8.png")
+    assert np.array_equal(drawn, pixels(tmp_path / "float.png"))
+    assert np.array_equal(drawn, pixels(tmp_path / "data.png"))
+    assert np.array_equal(drawn[1:9, 1:9, 0], uint8[0, 0].numpy())  # the first image, inside the padding
+    assert len(np.unique(drawn)) > 200  # the gray levels, not only black and white
+
+
+def test_a_rounding_beyond_0_and_1_is_drawn_and_a_jpeg_is_written_by_its_suffix(tmp_path):
+    images = torch.tensor([-0.99 * HALF_A_LEVEL, 1 + 0.99 * HALF_A_LEVEL]).view(2, 1, 1, 1).expand(2, 3, 4, 4)
+    save_image_grid(images, tmp_path / "grid.JPG")
+    assert Image.open(tmp_path / "grid.JPG").format == "JPEG"
+    save_image_grid(images, tmp_path / "grid.png", nrow=2)
+    assert pixels(tmp_path / "grid.png")[1, 1].tolist() == [0, 0, 0]
+    assert pixels(tmp_path / "grid.png")[1, 6].tolist() == [255, 255, 255]
+
+
+@pytest.mark.parametrize(
+    ("images", "expected"),
+    [
+        (SAMPLES, r"^images holds values from -1 to 1, outside \[0, 1\] .*: negative values look like samples in "
+                  r"model units \(-1\.\.1\) — pass to_uint8\(samples, module.normalization\)"),
+        (SAMPLES * 0.5 + 0.5 + 0.01, r"^images holds values from 0.01 to 1.01, outside \[0, 1\] .* — pass to_uint8"
+                                     r".*images.clamp\(0, 1\)"),
+        ((SAMPLES * 0.5 + 0.5) * 255, r"^images holds values from 0 to 255, .*: values above 1 look like pixels "
+                                      r"0\.\.255 in a float tensor — pass them as images.round\(\).to\(torch.uint8\)"),
+        (SAMPLES.clone().index_fill_(0, torch.tensor([1, 3]), float("nan")),
+         r"^images holds values that are not finite \(NaN or infinity\), which have no pixels, in 2 of its 4 images"),
+        (torch.rand(4, 2, 8, 8), r"^images has 2 channels \(shape \(4, 2, 8, 8\)\), not 1 \(gray\) or 3 \(RGB\) — "),
+        (torch.rand(4, 4, 8, 8), r"^images has 4 channels .* images\[:, :3\]"),
+        (torch.zeros(0, 1, 8, 8), r"^images has shape \(0, 1, 8, 8\), which holds no pixels — pass at least one"),
+        (torch.zeros(2, 1, 8, 8, dtype=torch.int64), r"^images are torch.int64 values, not float images in \[0, 1\] "
+                                                     r"or uint8 images in 0..255 — "),
+        (torch.zeros(2, 1, 8, 8, device="meta"), r"^images is a tensor on the meta device, whose values cannot be "),
+    ],
+    ids=["model-units", "beyond-rounding", "float-0-255", "nan", "two-channels", "rgba", "empty", "int64", "meta"],
+)  # fmt: skip
+def test_images_it_would_draw_as_another_picture_are_refused_by_their_name(images, expected, tmp_path):
+    # Each was drawn (clamped: black for every negative value, only 0 and 255, NaN black; 2 channels as gray +
+    # alpha), or failed in torchvision (an empty batch: ZeroDivisionError).
+    with pytest.raises(InvalidValue, match=expected):
+        save_image_grid(images, tmp_path / "grid.png")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("grid.txt", r"^path='.*grid.txt' ends in .txt, which names no picture format this writes — end it in .png"),
+        ("grid", r"^path='.*grid' has no suffix, which names no picture format this writes — end it in .png"),
+        ("", r"^path is empty — pass the picture's path; end it in .png \(lossless\) or .jpg"),
+        ("missing/grid.png", r"^path='.*missing/grid.png': the folder .*missing does not exist — make the folder"),
+    ],
+)  # fmt: skip
+def test_a_path_it_cannot_write_a_picture_to_is_refused_by_its_name(path, expected, tmp_path, monkeypatch):
+    # PIL said "unknown file extension: .txt" (and of "" the same), naming neither the argument nor the formats.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError if path != "missing/grid.png" else FileNotFoundError, match=expected):
+        save_image_grid(torch.rand(2, 1, 4, 4), str(tmp_path / path) if path else path)
+    assert not list(tmp_path.iterdir())
