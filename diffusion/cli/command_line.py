@@ -9,6 +9,7 @@ a command line to be honoured once the rest of it parses; how an option is said 
 its flag, or the file and key that set it); and how a declared type is said (`kind_name`, `alternatives`).
 """
 
+import math
 import re
 import types
 import typing
@@ -122,9 +123,10 @@ def _says_its_value(after: str, value: Any) -> bool:
         return True
     word = after[1:].split(" ", 1)[0].rstrip(",;:")
     try:
-        return float(word) == float(given)
-    except ValueError:
+        said, number = float(word), float(value if isinstance(value, int | float) else given)
+    except (TypeError, ValueError):
         return False
+    return said == number or (math.isnan(said) and math.isnan(number))  # NaN equals nothing, itself included
 
 
 def plain_key(key: str) -> str:

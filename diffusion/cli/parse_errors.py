@@ -68,6 +68,7 @@ __all__ = [
     "what_is_wrong",
 ]
 
+NOT_FINITE_WORDS = ("nan", "inf", "infinity", ".nan", ".inf")
 _FLAG_HELP = "see --help for the options (--print_config for a full config)"
 # Kinds whose written form a user cannot guess.
 _FORMAT_OF = {"timedelta": "h:m:s, e.g. 0:30:00", "list": "a list in brackets, e.g. [1, 2]"}
@@ -428,7 +429,9 @@ def _said_of(shown: str, hint: Any, values: list[str], several: bool = False) ->
                 f"pass a value {' and '.join(f'{op} {limit}' for op, limit in bounds)}",
             )
     names = list(dict.fromkeys(kind_name(kind) for kind in kinds or [hint]))
-    not_finite = values[-1].strip().lower().lstrip("+-") in ("nan", "inf", "infinity", ".nan", ".inf")
+    listed = yaml_or_none(values[-1]) if values[-1].lstrip().startswith("[") else None
+    words = [str(item) for item in listed] if isinstance(listed, list) else list(values)  # `[0.1, nan]` too
+    not_finite = any(word.strip().lower().lstrip("+-") in NOT_FINITE_WORDS for word in words)
     if "float" in names and not_finite:  # a float, but one the parser (and every such option) refuses
         return f"{shown}: NaN and infinity are no values of this option", "pass a finite number (see --help)"
     if names == ["bool"]:

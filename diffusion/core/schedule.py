@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from diffusion.errors import (
+    InvalidValue,
     OutOfRange,
     UserError,
     check_bool,
@@ -53,9 +54,10 @@ def make_betas(
     """
     check_choice("beta_schedule", schedule, BetaSchedule)
     if (schedule == "trained") != (trained_betas is not None):
-        raise UserError(
-            f"{{--beta_schedule}} {schedule} "
-            + ("needs {--trained_betas}" if trained_betas is None else "takes no {--trained_betas}"),
+        raise InvalidValue(
+            f"{{--beta_schedule}} {schedule} needs {{--trained_betas}}"
+            if trained_betas is None
+            else f"{{--trained_betas}}: {{--beta_schedule}} {schedule} takes none",
             "pass {--beta_schedule} trained with {--trained_betas} (one beta per timestep), or another "
             "beta_schedule without them",
         )

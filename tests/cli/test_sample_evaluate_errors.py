@@ -127,6 +127,16 @@ def test_sample_says_a_bad_value_of_a_config_file_by_the_files_key(case, expecte
     assert re.search(expected, run_in_process(sample.main, args, user, capsys))
 
 
+def test_sample_says_a_nan_of_a_config_file_by_the_files_key(user, capsys, monkeypatch):
+    # YAML's .nan passes the parser, and the range check's line named the flag: NaN equals no value it was matched to
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (user / "run.yaml").write_text("sampler: ddim\neta: .nan\n")
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    args = ["--ckpt", str(good), "--out", str(user / "new"), "--config", str(user / "run.yaml")]
+    line = run_in_process(sample.main, args, user, capsys)
+    assert line.startswith(f"error: {user / 'run.yaml'}: eta nan is out of range (must be in [0, 1])"), line
+
+
 EVALUATE_CASES = {
     "seed_negative": (
         ["--seed", "-1"],

@@ -60,6 +60,7 @@ CASES = {  # id: (flags, the whole line but "error: ")
     "kind": (["--lr", "abc"], "--lr abc is not a valid float — pass a value of that type (see --help)"),
     # A float, but none the parser takes: it was said "not a valid float"
     "not_finite": (["--lr", "nan"], "--lr nan: NaN and infinity are no values of this option — pass a finite number (see --help)"),
+    "not_finite_in_a_list": (["--sweep", "[0.1, nan]"], "--sweep [0.1, nan]: NaN and infinity are no values of this option — pass a finite number (see --help)"),
     "bool": (["--overwrite", "maybe"], "--overwrite maybe is not a valid bool — pass true or false"),
     "so_many_items": (
         ["--betas", "[1, 2, 3]"],

@@ -52,8 +52,9 @@ def test_trained_betas_without_their_schedule_are_said_as_the_modules_flags():
     with pytest.raises(UserError) as error:
         module(trained_betas=[0.1, 0.2])
     assert error.value.said(flag_text).startswith(
-        "--model.beta_schedule linear takes no --model.trained_betas — pass --model.beta_schedule trained"
+        "--model.trained_betas: --model.beta_schedule linear takes none — pass --model.beta_schedule trained"
     )
+    assert isinstance(error.value, ValueError)  # an InvalidValue, as the schedule's other checks
 
 
 def test_a_schedule_no_memory_holds_is_refused_before_the_process_is_killed(monkeypatch):
