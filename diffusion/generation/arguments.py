@@ -8,7 +8,6 @@ DeprecationWarning that names the new form, and draws the same samples.
 
 import inspect
 import math
-import os
 import warnings
 from collections.abc import Iterable
 from os import PathLike
@@ -18,7 +17,7 @@ import torch
 
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.sampling import ModelSampling, SamplingOptions, check_options, unconditional_guidance
-from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_whole_number
+from diffusion.errors import GIB, InvalidValue, OutOfRange, WrongType, check_whole_number, machine_memory
 
 OPTIONS_DEPRECATED = "generate(module, n, options=...) is deprecated; pass sampler=module.sampler(options)"
 
@@ -100,17 +99,6 @@ def checked_counts(
             "rank", rank, f"< world_size={world_size}", "pass this process's rank, 0..world_size-1"
         )
     return counts
-
-
-GIB = 2**30
-
-
-def machine_memory() -> int | None:
-    """This machine's physical memory in bytes, or None where the system does not say (no `os.sysconf`)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def check_result_fits_memory(

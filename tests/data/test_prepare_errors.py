@@ -4,14 +4,11 @@ inside the data, or holds files of the user's, is refused whatever the flags (no
 and a disk that fills while litdata writes the chunks is one line naming the folder, whatever the number of writing
 processes, with nothing left behind (the prepare's other refusals: test_prepared_sets.py)."""
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.full_disk import on_a_small_disk
 from helpers.user_errors import error_line, in_a_config_file
 from PIL import Image
 
@@ -207,19 +204,9 @@ def test_on_a_real_full_disk_the_prepare_is_one_line_naming_the_folder_and_leave
     """A 64 KiB tmpfs (a mount namespace of its own: `unshare -rm`) cannot hold the digits' chunks. litdata passes
     a worker's OSError on as text (a bug line before); with one writing process it also never returned (the
     worker's exit waited for its remover process)."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
-    if probe.returncode != 0:
-        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
     disk = tmp_path / "disk"
-    disk.mkdir()
-    prepare_command = f"{sys.executable} -m diffusion.prepare --out {disk}/set --num_workers {workers}"
-    command = f"mount -t tmpfs -o size=64k tmpfs {disk} && {prepare_command}; echo exit $?; ls -A {disk}"
-    result = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    prepare_command = f"{{python}} -m diffusion.prepare --out {disk}/set --num_workers {workers}"
+    result = on_a_small_disk(disk, "64k", f"{prepare_command}; echo exit $?; ls -A {disk}", tmp_path)
     assert error_line(result.stderr) == (
         f"error: no space left on the disk of {disk}/set/train while saving the prepared set's chunks — "
         + said(PREPARE_ON_ANOTHER_DISK)

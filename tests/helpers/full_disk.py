@@ -3,15 +3,19 @@
 
 `FullDiskAt` makes the checkpoint writer's disk full at a step of a `train.py` run (by class path:
 `helpers.full_disk.FullDiskAt`); tests/training/test_full_disk.py also hands `full_open` to the writers directly.
+`on_a_small_disk` runs a command with a real, small disk: a tmpfs in a mount namespace of its own.
 """
 
 import errno
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytest
 
 from diffusion.training import atomic_writes
 
@@ -85,3 +89,22 @@ class FullDiskOutsideTheProject(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         raise no_space(self.path)
+
+
+def on_a_small_disk(
+    disk: Path, size: str, command: str, cwd: Path, timeout: int = 120
+) -> subprocess.CompletedProcess:
+    """`command` (a shell line; `{python}` is this interpreter) run where `disk`, a new folder, is a tmpfs of `size`
+    (`64k`) in a mount namespace of its own (`unshare -rm`, as root of it): skipped where there is no `unshare` or
+    user namespaces are off. The project is on the command's PYTHONPATH."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    disk.mkdir()
+    line = f"mount -t tmpfs -o size={size} tmpfs {disk} && {command.format(python=sys.executable)}"
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", line], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )  # fmt: skip

@@ -11,7 +11,6 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import QUICK, VALIDATING_EVERY_2, tiny_run, two_cpu_ranks_on_vectors
-from helpers.full_disk import full_open, no_space
+from helpers.full_disk import full_open, no_space, on_a_small_disk
 
 from diffusion.errors import FREE_SPACE, MAKE_WRITABLE, CannotWrite, DiskFull, naming_a_full_disk
 from diffusion.generation.render import SamplesWriter
@@ -174,20 +173,10 @@ print(sorted(p.name for p in disk.iterdir()), torch.load(disk / "last.ckpt")["w"
 
 
 def test_on_a_real_full_disk_torchs_own_error_is_named_as_a_full_disk(tmp_path):
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
-    disk = tmp_path / "disk"
-    disk.mkdir()
     script = tmp_path / "fill.py"
     script.write_text(textwrap.dedent(REAL_FULL_DISK))
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
-    if probe.returncode != 0:
-        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
-    command = f"mount -t tmpfs -o size=64k tmpfs {disk} && exec {sys.executable} {script} {disk}"
-    result = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    disk = tmp_path / "disk"
+    result = on_a_small_disk(disk, "64k", f"exec {{python}} {script} {disk}", REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [
         f"no space left on the disk of {disk} while saving last.ckpt — {FREE_SPACE}",
@@ -291,20 +280,10 @@ def test_a_diffusers_export_onto_a_real_full_disk_is_one_line_naming_the_folder(
     """diffusers' save_pretrained wrote the weights with safetensors' own writer, whose SafetensorError names no
     errno (a bug's traceback); the export writes them by Python, as it does the safetensors format's."""
     pytest.importorskip("diffusers")  # an optional extra: pip install -e '.[dev]'
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
-    if probe.returncode != 0:
-        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
     disk = tmp_path / "disk"
-    disk.mkdir()
-    export = f"{sys.executable} -m diffusion.export --ckpt {digits_checkpoint} --format diffusers --out {disk}/expd"
+    export = f"{{python}} -m diffusion.export --ckpt {digits_checkpoint} --format diffusers --out {disk}/expd"
     # 16 KiB: room for the three JSON files (a 4 KiB page each), not for the weights
-    command = f"mount -t tmpfs -o size=16k tmpfs {disk} && {export}; echo exit $?; ls -A {disk}"
-    result = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True, timeout=300, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    result = on_a_small_disk(disk, "16k", f"{export}; echo exit $?; ls -A {disk}", REPO, timeout=300)
     assert result.stdout.splitlines() == ["exit 2"], result.stdout + result.stderr[-3000:]  # and nothing left
     assert result.stderr.splitlines()[-1] == (
         f"error: no space left on the disk of {disk / 'expd'} while saving the export — free space there, or pass "
