@@ -9,6 +9,7 @@
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +105,16 @@ def on_a_small_disk(
         pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
     disk.mkdir()
     line = f"mount -t tmpfs -o size={size} tmpfs {disk} && {command.format(python=sys.executable)}"
-    return subprocess.run(
-        ["unshare", "-rm", "sh", "-c", line], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    process = subprocess.Popen(
+        ["unshare", "-rm", "sh", "-c", line], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, start_new_session=True,
     )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except (
+        subprocess.TimeoutExpired
+    ):  # a command that hangs: all its processes go (subprocess.run's kill left
+        os.killpg(process.pid, signal.SIGKILL)  # the command's own children running after the test)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
