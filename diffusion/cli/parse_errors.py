@@ -16,14 +16,9 @@ it was written, and an option given under its old name and its new one with diff
 (`check_one_name_each`).
 """
 
-import datetime
-import functools
 import inspect
-import operator
 import os
 import sys
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,16 +31,13 @@ from diffusion.cli.command_line import (
     Written,
     alternatives,
     as_the_parser_takes,
-    builtin_base,
     check_one_name_each,
     everything_written,
     flags_written,
     has_keys_under,
     in_list_form,
-    is_class_choice,
     is_config_file_flag,
     kind_name,
-    parses_as,
     plain_key,
     print_config_problem,
     remember_written,
@@ -54,8 +46,8 @@ from diffusion.cli.command_line import (
     without_print_config,
 )
 from diffusion.cli.config_files import as_text, beside, config_file_problem, yaml_or_none
-from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, number_bounds
-from diffusion.cli.legacy import class_at
+from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required
+from diffusion.cli.type_fits import fits, imported, said_of
 from diffusion.errors import UserError
 
 __all__ = [
@@ -68,10 +60,7 @@ __all__ = [
     "what_is_wrong",
 ]
 
-NOT_FINITE_WORDS = ("nan", "inf", "infinity", ".nan", ".inf")
 _FLAG_HELP = "see --help for the options (--print_config for a full config)"
-# Kinds whose written form a user cannot guess.
-_FORMAT_OF = {"timedelta": "h:m:s, e.g. 0:30:00", "list": "a list in brackets, e.g. [1, 2]"}
 
 
 class BadCommandLine(UserError):
@@ -218,7 +207,7 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     elif nargs in ("+", "*"):  # several values: in a file, a list
         listed = item.values[0] if isinstance(item.values[0], list) else [item.values[0]]
         values = [as_text(value) for value in listed]
-        if listed is not item.values[0] and _fits(
+        if listed is not item.values[0] and fits(
             hint, values, nargs
         ):  # one item: the list's brackets missing
             return f"{item.shown()} is not a list", f"write a list in brackets, e.g. [{values[0]}]"
@@ -226,7 +215,7 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
         value = item.values[0]
         values = [as_text(value)]
         # A list or a mapping whose text passes as a str (`samples: [a.npz]`): the parser refused it in its words.
-        if isinstance(value, list | dict) and not takes_a_collection(hint) and _fits(hint, values, nargs):
+        if isinstance(value, list | dict) and not takes_a_collection(hint) and fits(hint, values, nargs):
             names = " or ".join(
                 dict.fromkeys(kind_name(kind) for kind in alternatives(hint) if kind is not type(None))
             )
@@ -236,12 +225,12 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
         if isinstance(value, int | float) and all(kind is str for kind in alternatives(hint)):
             return f"{item.shown()} is a number, not text", f"write it in quotes: '{as_text(value)}'"
         # `sweep: 0.1` where a list goes: its brackets missing
-        unlisted = not isinstance(value, list | dict) and not _fits(hint, values, nargs)
-        if unlisted and _fits(hint, [f"[{values[0]}]"], nargs):
+        unlisted = not isinstance(value, list | dict) and not fits(hint, values, nargs)
+        if unlisted and fits(hint, [f"[{values[0]}]"], nargs):
             return f"{item.shown()} is not a list", f"write a list in brackets, e.g. [{values[0]}]"
-    if _fits(hint, values, nargs):
+    if fits(hint, values, nargs):
         return None
-    return _said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
+    return said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
 
 
 def _taken_but_unusable(
@@ -329,7 +318,7 @@ def _chosen_class(parser: ArgumentParser, written: list[Written], key: str) -> t
         if action_of(parser, group) is None:
             continue
         class_path = _chosen_class_path(parser, written, group)
-        cls = _imported(class_path) if class_path and len(rest) == 1 else None
+        cls = imported(class_path) if class_path and len(rest) == 1 else None
         return (cls, rest[0]) if isinstance(cls, type) else None
     return None
 
@@ -357,110 +346,3 @@ def _default(parser: ArgumentParser, dest: str) -> Any:
         return parser.get_default(dest)
     except KeyError:  # no default (argparse's SUPPRESS)
         return None
-
-
-def _imported(class_path: str) -> Any:
-    """The class `class_path` names (a bare name: the package's public one), or why it imports none (a str)."""
-    try:
-        return class_at(class_path if "." in class_path else f"diffusion.{class_path}")
-    except (ImportError, AttributeError, ValueError) as error:
-        return str(error)
-
-
-def _fits(hint: Any, values: list[str], nargs: Any) -> bool:
-    """Whether `values` parse as `hint` alone: a parser with this one argument, as the command's declares it."""
-    fits = _fits_text if _reads_only_the_text(hint) else _fits_text.__wrapped__
-    return fits(hint, tuple(values), nargs)
-
-
-def _reads_only_the_text(hint: Any) -> bool:
-    """Whether checking a value of `hint` depends on nothing but the value (numbers, bools, strings, choices,
-    durations and lists of them), not on files or importable classes: the answer may be kept."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is Literal:
-        return True
-    if args:
-        container = origin in (typing.Union, types.UnionType, list, tuple, dict, Sequence)
-        return container and all(_reads_only_the_text(arg) for arg in args if arg is not Ellipsis)
-    restricted = number_bounds(hint) is not None  # jsonargparse's PositiveInt & co.
-    return restricted or hint in (int, float, bool, str, type(None), datetime.timedelta)
-
-
-@functools.lru_cache(maxsize=1024)
-def _fits_text(hint: Any, values: tuple[str, ...], nargs: Any) -> bool:
-    """`_fits`, kept for types `_reads_only_the_text`: a report checks each flag before the bad one with a
-    parser of its own (5 ms each)."""
-    probe = ArgumentParser(exit_on_error=False)
-    probe.add_argument("--value", type=hint, nargs=nargs)
-    try:
-        probe.parse_args(["--value", *values])
-    except ArgumentError:
-        return False
-    return True
-
-
-def _said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> tuple[str, str]:
-    """What does not fit in `values` of type `hint`, said from the type: choices, bounds, class path or kind.
-    `several`: a flag of several values (`--metrics fid kid`)."""
-    kinds = [kind for kind in alternatives(hint) if kind is not type(None)]
-    if kinds and all(get_origin(kind) is list for kind in kinds):  # --metrics fid kid: say it of the items
-        items = functools.reduce(operator.or_, (get_args(kind)[0] for kind in kinds))
-        return _said_of(shown, items, values, several=True)
-    if kinds and all(get_origin(kind) is Literal for kind in kinds):
-        by_text: dict[str, Any] = {}  # 64 and '64' (--precision): once, as first declared
-        for choice in (choice for kind in kinds for choice in get_args(kind)):
-            by_text.setdefault(str(choice), choice)
-        fix = f"choose one of {', '.join(map(repr, by_text.values()))}"
-        if several and len(by_text) > 1:
-            a, b = list(by_text)[:2]
-            fix += f"; several as {a} {b}, [{a}, {b}] or {a},{b}"
-        return f"{shown} is not one of the choices", fix
-    classes = [kind for kind in kinds if is_class_choice(kind)]
-    found = (
-        _class_said(shown, classes, values[-1], only_classes=len(classes) == len(kinds)) if classes else None
-    )
-    if found:
-        return found
-    for kind in kinds:
-        bounds = number_bounds(kind)  # jsonargparse.typing's restricted numbers
-        if bounds and parses_as(builtin_base(kind), values[-1]):
-            return (
-                f"{shown} is out of range",
-                f"pass a value {' and '.join(f'{op} {limit}' for op, limit in bounds)}",
-            )
-    names = list(dict.fromkeys(kind_name(kind) for kind in kinds or [hint]))
-    listed = yaml_or_none(values[-1]) if values[-1].lstrip().startswith("[") else None
-    words = [str(item) for item in listed] if isinstance(listed, list) else list(values)  # `[0.1, nan]` too
-    not_finite = any(word.strip().lower().lstrip("+-") in NOT_FINITE_WORDS for word in words)
-    if "float" in names and not_finite:  # a float, but one the parser (and every such option) refuses
-        return f"{shown}: NaN and infinity are no values of this option", "pass a finite number (see --help)"
-    if names == ["bool"]:
-        return f"{shown} is not a valid bool", "pass true or false"
-    what = f"{shown} is not a valid {' or '.join(names)}"
-    fix = "pass a value of that type" if len(names) == 1 else "pass a value of one of these types"
-    formats = [_FORMAT_OF[name.split()[0]] for name in names if name.split()[0] in _FORMAT_OF]
-    return what, f"{fix}: {'; '.join(formats)}" if formats else f"{fix} (see --help)"
-
-
-def _class_said(shown: str, classes: list[type], value: str, only_classes: bool) -> tuple[str, str] | None:
-    """A class path that imports nothing, or a class of another kind than the flag takes (of each item of a list
-    of classes: `--trainer.callbacks '[{class_path: ...}]'`); None otherwise."""
-    written = yaml_or_none(value) if value.lstrip().startswith(("{", "[")) else value
-    for item in written if isinstance(written, list) else [written]:
-        path = item.get("class_path") if isinstance(item, dict) else item
-        if not isinstance(path, str) or not path or ("." not in path and not only_classes):
-            continue
-        found = _imported(path)
-        if isinstance(found, str):
-            return (
-                f"{shown}: no such class ({found})",
-                "pass the class path of a class that exists, as module.Class (see --help for the accepted "
-                "classes)",
-            )
-        if isinstance(found, type) and not issubclass(found, tuple(classes)):
-            kinds = " or ".join(cls.__name__ for cls in classes)
-            return (
-                f"{shown}: {found.__name__} is not a {kinds}",
-                f"pass the class path of a {kinds} (see --help)",
-            )
-    return None
