@@ -5,6 +5,7 @@ in it found beside it.
 """
 
 import functools
+import re
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ def config_file_problem(key: str, value: str, shown: str | None = None) -> tuple
         missing = f"--config: {value}" if shown == f"--config {value}" else shown
         return f"{missing}: no such config file", "pass a YAML file of these options (see --print_config)"
     options = read_config_file(value)
+    if isinstance(options, OctalNumber):
+        return f"{shown}: {options.msg}", "write it without the leading zero (in quotes, for text)"
     if isinstance(options, KeyGivenTwice):
         return f"{shown}: {options.msg}", "keep one of them (YAML would take the last without a word)"
     if isinstance(options, NotText):
@@ -84,8 +87,22 @@ class NotText(SyntaxError):
     """A config file that is no text at all (a checkpoint given as --config)."""
 
 
+class OctalNumber(SyntaxError):
+    """An int written with a leading zero (`max_steps: 0100`), which YAML 1.1 reads as octal (64), silently."""
+
+
 class _UniqueKeys(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+    """PyYAML's safe loader, refusing a key given twice in one mapping, and an int with a leading zero."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        value = super().construct_yaml_int(node)
+        written = str(node.value).replace("_", "")
+        if re.fullmatch(r"[-+]?0[0-9]+", written) and value != int(written, 10):  # 007 is 7 either way
+            raise OctalNumber(
+                f"{node.value} at line {node.start_mark.line + 1} is an octal number to YAML ({value}), not "
+                f"{int(written, 10)}"
+            )
+        return value
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         lines: dict[Any, int] = {}
@@ -98,13 +115,16 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_UniqueKeys.add_constructor("tag:yaml.org,2002:int", _UniqueKeys.construct_yaml_int)
+
+
 @functools.lru_cache(maxsize=16)
 def _read_version(path: str, mtime_ns: int, size: int) -> Any:
     try:
         return yaml.load(Path(path).read_text(), Loader=_UniqueKeys)
     except UnicodeDecodeError:  # a checkpoint, an image, random bytes
         return NotText("the file is not text")
-    except KeyGivenTwice as error:
+    except (KeyGivenTwice, OctalNumber) as error:
         return error
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)

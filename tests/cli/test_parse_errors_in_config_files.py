@@ -68,6 +68,9 @@ FILE_CASES = {  # id: (the file's text, the line)
                             "write them under it as name: value lines (e.g. channels: 64)"),
     "not_text": ("\udcb4\udc80 binary", "--config run.yaml: the config file is not text (a checkpoint, an image, "
                                         "...?) — pass a YAML file of these options (see --print_config)"),
+    # YAML 1.1 reads a leading zero as octal: `num_samples: 010` sampled 8, silently
+    "an_octal_number": ("lr: 0.1\nnum_samples: 010\n", "--config run.yaml: 010 at line 2 is an octal number to YAML "
+                        "(8), not 10 — write it without the leading zero (in quotes, for text)"),
     "a_class_of_another_kind": ("data: diffusion.UNet\n", "run.yaml: data diffusion.UNet: UNet is not a "
                                 "LightningDataModule — pass the class path of a LightningDataModule (see --help)"),
     # A list where one text goes: its text passed as a str, and the parser's union report was the line.
