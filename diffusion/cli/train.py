@@ -234,7 +234,8 @@ class DiffusionCLI(LightningCLI):
         # `ema: null` in a file: Lightning's instantiation ends in a TypeError; `model: null` with a network flag
         # after it parses, into a model without its other options.
         nulled = [item.key for item in command_line.written if item.values == (None,)] if command_line else []
-        for group in ("model", "data", *CLASS_GROUPS):
+        # `trainer: null` failed in the Trainer's checks, `model: {sampling: null}` in the instantiation
+        for group in ("model", "data", "trainer", "model.sampling", *CLASS_GROUPS):
             if group in nulled or (group in self.config and self.config[group] is None):
                 raise UserError(
                     f"{self._said(group, 'null')}: this group cannot be null",

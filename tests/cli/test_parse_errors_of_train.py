@@ -206,10 +206,14 @@ def test_a_group_written_null_in_a_config_file_is_said_as_such(group, tmp_path, 
         # NaN equals nothing: the option holding it was not found, and the line named none (as a flag the parser
         # refuses it).
         ("model:\n  sampling:\n    sampler: ddim\n    eta: .nan\n", "model.sampling.eta nan is out of range"),
+        # Round 4's G7 and G8: a TypeError in LightningCLI's instantiation, an AttributeError in the Trainer's checks
+        ("trainer: null\n", "trainer null: this group cannot be null — remove the line"),
+        ("model:\n  sampling: null\n", "model.sampling null: this group cannot be null — remove the line"),
         # The option written, not only the one it clashes with (said a default the user never wrote)
         ("model:\n  trained_betas: [0.1, 0.2]\n", "model.trained_betas: --model.beta_schedule linear takes none"),
     ],
-    ids=["a_group_as_one_value", "a_null_where_none_goes", "init_args_as_a_list", "nan", "trained_betas"],
+    ids=["a_group_as_one_value", "a_null_where_none_goes", "init_args_as_a_list", "nan", "trainer_null",
+         "sampling_null", "trained_betas"],
 )  # fmt: skip
 def test_what_the_parser_lets_through_from_a_file_is_refused_naming_the_key(
     file, refused, tmp_path, monkeypatch, capsys
