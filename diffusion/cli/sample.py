@@ -50,7 +50,7 @@ from diffusion.cli.process_group import closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.sampling import OPTION_OWNERS, SamplingOptions
-from diffusion.errors import COMMAND, UserError
+from diffusion.errors import COMMAND, UserError, naming_a_full_disk
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
 from diffusion.generation.render import SamplesWriter, check_room_for_samples
@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> Path:
         for written in (path, path.with_name("grid.png")):  # what this command writes: keep the user's
             if written.exists() and not args.overwrite:
                 raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
+            # One that refuses a write (`chattr +i`) failed after sampling, the grid already replaced
+            if written.is_file():
+                with naming_a_full_disk(written), open(written, "r+b"):
+                    pass
         args.ckpt, hparams = given_model(args.ckpt, written_as(command_line.written, "ckpt"))
         num_classes = hparams["network"].get("init_args", {}).get("num_classes")
         # Labels repeat with the classes (`class_labels`): those of the first num_classes samples stand for all.

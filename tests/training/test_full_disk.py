@@ -289,3 +289,29 @@ def test_a_diffusers_export_onto_a_real_full_disk_is_one_line_naming_the_folder(
         f"error: no space left on the disk of {disk / 'expd'} while saving the export — free space there, or pass "
         "another --out"
     ), result.stderr[-3000:]
+
+
+def test_sample_over_a_file_that_refuses_writes_is_refused_before_sampling(
+    digits_checkpoint, tmp_path, capsys
+):
+    """Round 4's G1: with --overwrite, an immutable samples.npz failed after sampling, the grid already replaced by
+    the new one, and the line said the files before were intact."""
+    from diffusion.cli import sample
+
+    out = tmp_path / "out"
+
+    def args(num_samples: int) -> list[str]:
+        return ["--ckpt", str(digits_checkpoint), "--num_samples", str(num_samples), "--steps", "2", "--sampler",
+                "ddim", "--out", str(out), "--device", "cpu"]  # fmt: skip
+
+    sample.main(args(2))
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    capsys.readouterr()
+    with immutable(out / "samples.npz"), pytest.raises(SystemExit) as exited:
+        sample.main([*args(4), "--overwrite"])
+    error = capsys.readouterr().err
+    assert exited.value.code == 2, error[-3000:]
+    assert error.strip().splitlines()[-1] == (
+        f"error: cannot write samples.npz into {out} (Operation not permitted) — {MAKE_WRITABLE}"
+    ), error[-3000:]
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
