@@ -55,6 +55,13 @@ def fake_checkpoint(path: Path, step: int) -> None:
     torch.save({"global_step": step, "state_dict": {}}, path)
 
 
+def resumed_with_warnings(runs: Path, capsys) -> tuple:
+    """The run resumed with `--ckpt_path last` to step 6, and its `warning: --ckpt_path` lines."""
+    cli = train(runs, "--ckpt_path", "last", "--max_steps", "6")
+    err = capsys.readouterr().err
+    return cli, [line for line in err.splitlines() if line.startswith("warning: --ckpt_path")]
+
+
 def test_the_newest_step_of_the_newest_run_wins_and_unreadable_files_are_passed_over(tmp_path):
     run = tmp_path / "run"
     fake_checkpoint(run / "version_0/checkpoints/last.ckpt", 100)  # an older run, further on
@@ -74,10 +81,7 @@ def test_an_unreadable_newest_checkpoint_is_passed_over_with_one_warning_line(ru
     last = runs / "run/version_0/checkpoints/last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # truncated (a copy cut short)
     capsys.readouterr()
-    cli = train(runs, "--ckpt_path", "last", "--max_steps", "6")
-    warnings = [
-        line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --ckpt_path")
-    ]
+    cli, warnings = resumed_with_warnings(runs, capsys)
     assert len(warnings) == 1 and re.search(
         r"last\.ckpt \(is truncated.*resuming from step=4\.ckpt \(step 4\)", warnings[0]
     )
@@ -88,10 +92,7 @@ def test_a_damaged_newest_checkpoint_is_passed_over_naming_the_newest_intact_one
     last = runs / "run/version_0/checkpoints/last.ckpt"
     flip_byte_inside_largest_entry(last)  # a byte changed inside a tensor: torch.load alone would not notice
     capsys.readouterr()
-    cli = train(runs, "--ckpt_path", "last", "--max_steps", "6")
-    warnings = [
-        line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --ckpt_path")
-    ]
+    cli, warnings = resumed_with_warnings(runs, capsys)
     assert len(warnings) == 1 and re.search(
         r"last\.ckpt \(is damaged: its bytes do not match their checksum.*resuming from step=4\.ckpt \(step 4\)",
         warnings[0],
@@ -184,10 +185,7 @@ def test_a_broken_last_link_is_named_not_said_as_no_checkpoint(given, runs, caps
 def test_a_broken_last_link_beside_an_intact_checkpoint_is_passed_over_with_one_warning_line(runs, capsys):
     broken_last(runs, keep_others=True)
     capsys.readouterr()
-    cli = train(runs, "--ckpt_path", "last", "--max_steps", "6")
-    warnings = [
-        line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --ckpt_path")
-    ]
+    cli, warnings = resumed_with_warnings(runs, capsys)
     assert len(warnings) == 1 and re.search(
         r"passed over broken links .*last\.ckpt \(to .*moved/last\.ckpt\); resuming from .*step=4\.ckpt",
         warnings[0],
