@@ -55,6 +55,8 @@ from diffusion.cli.trainer_options import (
     drop_ddp_on_one_device,
     expand_shorthands,
     runs_on_cpu,
+    validation_off_note,
+    warmup_note,
 )
 from diffusion.cli.training_run import (
     SaveConfigToRunFolder,
@@ -243,6 +245,9 @@ class DiffusionCLI(LightningCLI):
                 )
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config, self._said)
+        for warning in (validation_off_note(self.config, self._said), warmup_note(self.config, self._said)):
+            if warning:
+                rank_zero_warn(warning)
         check_hardware_flags(self.config.trainer)
         check_torchrun_restarts()  # before a restart would hang
         note = drop_ddp_on_one_device(self.config.trainer)

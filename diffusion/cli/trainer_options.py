@@ -1,6 +1,8 @@
 """The options of the run that Lightning owns, in one place: the Trainer's defaults (Ho et al.'s and this
-project's conventions), the shorthands (`--devices 4` for `--trainer.devices 4`), and their checks (ranges, and
-devices/accelerator/strategy against this machine), made before LightningCLI seeds or builds anything."""
+project's conventions), the shorthands (`--devices 4` for `--trainer.devices 4`), and their checks (ranges, a
+minimum past its maximum, and devices/accelerator/strategy against this machine), made before LightningCLI seeds or
+builds anything; and the warnings for settings the run takes but would drop without a word (validation off, a
+warmup longer than the run)."""
 
 import importlib.util
 import os
@@ -107,6 +109,55 @@ def check_trainer_option_ranges(config: Namespace, say: SayOption = as_flag) -> 
             f"{say('trainer.profiler', profiler)} is not a profiler",
             f"choose one of {', '.join(PROFILER_NAMES)}, or pass a profiler's class path",
         )
+    _check_least_against_most(config, say)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_least_against_most(config: Namespace, say: SayOption) -> None:
+    """min_steps (min_epochs) no more than max_steps (max_epochs): Lightning stops at the maximum, and the minimum
+    it could never reach would be dropped without a word (-1, or no maximum, has no limit to pass)."""
+    for unit in ("steps", "epochs"):
+        least, most = config.get(f"trainer.min_{unit}"), config.get(f"trainer.max_{unit}")
+        if _count(least) and _count(most) and most != -1 and least > most:
+            stated = f"{say(f'trainer.min_{unit}', least)} is more than {say(f'trainer.max_{unit}', most)}"
+            raise UserError(
+                f"{stated}: the run stops at the maximum, so the minimum would never be reached",
+                f"lower the minimum to {most} or less (or leave it out), or raise the maximum to {least} or more",
+            )
+
+
+def validation_off_note(config: Namespace, say: SayOption = as_flag) -> str | None:
+    """limit_val_batches 0 (or 0.0), Lightning's way to turn validation off, which a run may want (a speed test,
+    a smoke test): what the run will then not do, said once, since validation is what draws the sample grids,
+    plots val/loss and saves the step checkpoints."""
+    value = config.get("trainer.limit_val_batches")
+    if not isinstance(value, int | float) or isinstance(value, bool) or value != 0:
+        return None
+    return (
+        f"{say('trainer.limit_val_batches', f'{value:g}')} turns validation off: this run draws no sample grids "
+        "(samples/step_*.png), plots no val/loss and saves no checkpoint at validations, "
+        "only last.ckpt (at the end and every --checkpoint.every_n_minutes) — "
+        "leave --trainer.limit_val_batches out to validate every --trainer.val_check_interval steps, "
+        "or pass --checkpoint.every_n_train_steps N for a checkpoint every N steps"
+    )
+
+
+def warmup_note(config: Namespace, say: SayOption = as_flag) -> str | None:
+    """The model's learning-rate warmup longer than the run (max_steps, when it has one): the rate rises all run
+    long and never reaches the one set. A warning, not a refusal: a short test run, or a run to be resumed with
+    a larger max_steps, may mean it."""
+    warmup, steps = config.get("model.warmup_steps"), config.get("trainer.max_steps")
+    if not (_count(warmup) and _count(steps)) or steps < 1 or warmup <= steps:
+        return None
+    stated = f"{say('model.warmup_steps', warmup)} is more than {say('trainer.max_steps', steps)}"
+    return (
+        f"{stated}: the learning rate is still warming up when the run ends, "
+        f"and never reaches --model.lr (at most {steps}/{warmup} of it) — "
+        f"pass --model.warmup_steps {steps} or less, unless this run is a short test or is to be resumed longer"
+    )
 
 
 def _check_name(

@@ -1,0 +1,101 @@
+"""The Trainer's options against each other and against the model's: a minimum the run's maximum would never let
+it reach (min_steps > max_steps, min_epochs > max_epochs) is refused in one line naming both, as given (flag or
+config file key); validation turned off (limit_val_batches 0) and a warmup longer than the run are legitimate
+(a speed test, a short test run) but said once in a warning, since Lightning would drop them without a word."""
+
+import re
+import warnings
+
+import pytest
+from helpers import TINY_UNET
+from helpers.user_errors import in_a_config_file, run_in_process, train_args
+from jsonargparse import Namespace
+
+from diffusion.cli.train import DiffusionCLI
+from diffusion.cli.train import main as train
+from diffusion.cli.trainer_options import check_trainer_option_ranges, validation_off_note, warmup_note
+
+NO_LOGGER = ["--trainer.logger", "false"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--trainer.min_steps", "10", "--max_steps", "2"],
+         r"^error: --trainer.min_steps 10 is more than --trainer.max_steps 2: the run stops at the maximum, so the "
+         r"minimum would never be reached — lower the minimum to 2 or less \(or leave it out\), or raise the "
+         r"maximum to 10 or more$"),
+        (["--trainer.min_epochs", "3", "--max_epochs", "2"],
+         r"^error: --trainer.min_epochs 3 is more than --trainer.max_epochs 2: the run stops at the maximum"),
+    ],
+)  # fmt: skip
+def test_a_minimum_past_the_maximum_is_refused_naming_both(flags, expected, tmp_path, capsys):
+    # Lightning stopped at max_steps 2, exit 0, and min_steps 10 did nothing.
+    line = run_in_process(train, train_args(flags, tmp_path, tmp_path / "runs"), tmp_path, capsys)
+    assert re.search(expected, line), line
+
+
+def test_a_minimum_from_a_config_file_is_said_as_its_key(tmp_path, capsys):
+    config = in_a_config_file(["--trainer.min_steps", "10"], tmp_path)
+    args = train_args([*config, "--max_steps", "2"], tmp_path, tmp_path / "runs")
+    line = run_in_process(train, args, tmp_path, capsys)
+    assert re.search(r"run\.yaml: trainer\.min_steps 10 is more than --trainer\.max_steps 2: ", line), line
+
+
+@pytest.mark.parametrize(
+    "trainer",
+    [{"min_steps": 4, "max_steps": 4}, {"min_steps": 10, "max_steps": -1}, {"min_steps": None, "max_steps": 2},
+     {"min_epochs": 2, "max_epochs": 2}, {"min_epochs": 5, "max_epochs": -1}, {"min_epochs": 5, "max_epochs": None}],
+)  # fmt: skip
+def test_a_minimum_the_run_can_reach_passes(trainer):
+    check_trainer_option_ranges(Namespace(trainer=Namespace(**trainer)))
+
+
+@pytest.mark.parametrize("value", ["0", "0.0"])
+def test_validation_turned_off_is_said_once_in_a_warning(value):
+    # No sample grid, no val/loss, no checkpoint at the validation steps, and not a word said.
+    with pytest.warns(UserWarning) as caught:
+        DiffusionCLI([*TINY_UNET, "--trainer.limit_val_batches", value, *NO_LOGGER])
+    notes = [str(w.message) for w in caught if "limit_val_batches" in str(w.message)]
+    assert len(notes) == 1, notes
+    assert re.match(
+        r"--trainer.limit_val_batches 0 turns validation off: this run draws no sample grids "
+        r"\(samples/step_\*\.png\), plots no val/loss and saves no checkpoint at validations",
+        notes[0],
+    )
+
+
+def test_validation_turned_off_in_a_config_file_is_said_as_its_key(tmp_path):
+    config = in_a_config_file(["--trainer.limit_val_batches", "0"], tmp_path)
+    with pytest.warns(UserWarning, match=r"run\.yaml: trainer\.limit_val_batches 0 turns validation off"):
+        DiffusionCLI([*config, *TINY_UNET, *NO_LOGGER])
+
+
+@pytest.mark.parametrize("value", [0, 0.0])
+def test_only_zero_turns_validation_off(value):
+    assert validation_off_note(Namespace(trainer=Namespace(limit_val_batches=value))) is not None
+    for other in (None, 1, 0.5, 1.0):
+        assert validation_off_note(Namespace(trainer=Namespace(limit_val_batches=other))) is None
+
+
+def test_a_warmup_longer_than_the_run_is_said_in_a_warning():
+    # The learning rate never reached --model.lr: at most 2/5 of it, without a word.
+    with pytest.warns(UserWarning) as caught:
+        DiffusionCLI([*TINY_UNET, "--model.warmup_steps", "5", "--max_steps", "2", *NO_LOGGER])
+    notes = [str(w.message) for w in caught if "warmup_steps" in str(w.message)]
+    assert notes == [
+        "--model.warmup_steps 5 is more than --trainer.max_steps 2: the learning rate is still warming up when the "
+        "run ends, and never reaches --model.lr (at most 2/5 of it) — pass --model.warmup_steps 2 or less, unless "
+        "this run is a short test or is to be resumed longer"
+    ]
+
+
+def test_a_warmup_the_run_finishes_or_a_run_without_max_steps_says_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        DiffusionCLI([*TINY_UNET, "--model.warmup_steps", "2", "--max_steps", "2", *NO_LOGGER])
+    for model, trainer in [
+        ({"warmup_steps": 5000}, {"max_steps": -1}),
+        ({"warmup_steps": 0}, {"max_steps": 1}),
+    ]:
+        assert warmup_note(Namespace(model=Namespace(**model), trainer=Namespace(**trainer))) is None
