@@ -195,7 +195,8 @@ def keys_of_file(parser: ArgumentParser, options: dict, prefix: str, file: str) 
             arguments = {k: v for k, v in value.items() if k not in _CLASS_KEYS}  # written without init_args
             init_args = value.get("init_args")
             arguments |= init_args if isinstance(init_args, dict) else {}
-            if init_args is not None and not isinstance(init_args, dict):  # its arguments not as a mapping
+            # its arguments not as a mapping (null too)
+            if "init_args" in value and not isinstance(init_args, dict):
                 yield Written(f"{key}.init_args", (init_args,), file)
             for argument, argument_value in arguments.items():
                 yield Written(f"{key}.init_args.{argument}", (argument_value,), file)

@@ -36,18 +36,18 @@ from diffusion.cli.command_line import (
     flags_written,
     has_keys_under,
     in_list_form,
+    is_class_choice,
     is_config_file_flag,
     kind_name,
     plain_key,
     print_config_problem,
     remember_written,
     takes_a_class,
-    takes_a_collection,
     without_print_config,
 )
-from diffusion.cli.config_files import as_text, beside, config_file_problem, yaml_or_none
+from diffusion.cli.config_files import as_text, beside, config_file_problem, read_config_file, yaml_or_none
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required
-from diffusion.cli.type_fits import fits, imported, said_of
+from diffusion.cli.type_fits import fits, imported, one_value_said, said_of
 from diffusion.errors import UserError
 
 __all__ = [
@@ -142,12 +142,17 @@ def parsed_command_line(
 
 def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException) -> tuple[str, str]:
     """(what is wrong, how to fix it) for a command line `parser` refused with `error`."""
-    written = []
+    written, deferred = [], None
     for item in everything_written(parser, argv):
         written.append(item)
         found = _bad_item(parser, written, item)
-        if found:
+        if found and _chooses_a_class_by_name_or_file(parser, item):
+            # the line if none of the class's arguments, after it, is what is wrong
+            deferred = deferred or found
+        elif found:
             return found
+    if deferred:
+        return deferred
     keys = {plain_key(item.key) for item in written}
     for action in actions(parser):
         if (
@@ -196,6 +201,8 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     hint = declared_type(action) if action is not None else _class_argument_hint(parser, written, item.key)
     if hint is None or not item.values:
         return None
+    if item.file is not None and item.values == (None,) and action is None:  # a class's argument, null
+        return _taken_but_unusable(parser, written, item)
     nargs = getattr(action, "nargs", None)
     if item.file is None:
         values = in_list_form(hint, nargs, item.values)
@@ -204,6 +211,12 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
                 f"{item.shown()}: --{item.key} takes one value",
                 "quote a value that holds spaces (see --help)",
             )
+        if action is None and len(values) == 1:  # a class's argument: YAML to the parser (`[a, b]` is a list)
+            read = yaml_or_none(values[0])
+            null = read is None and values[0].strip() in ("null", "Null", "NULL", "~")
+            found = _taken_but_unusable(parser, written, item, null) if null else None
+            if found := found or one_value_said(item.shown(), hint, read, nargs):
+                return found
     elif nargs in ("+", "*"):  # several values: in a file, a list
         listed = item.values[0] if isinstance(item.values[0], list) else [item.values[0]]
         values = [as_text(value) for value in listed]
@@ -214,16 +227,11 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     else:
         value = item.values[0]
         values = [as_text(value)]
-        # A list or a mapping whose text passes as a str (`samples: [a.npz]`): the parser refused it in its words.
-        if isinstance(value, list | dict) and not takes_a_collection(hint) and fits(hint, values, nargs):
-            names = " or ".join(
-                dict.fromkeys(kind_name(kind) for kind in alternatives(hint) if kind is not type(None))
-            )
-            kind = "a list" if isinstance(value, list) else "a mapping"
-            return f"{item.shown()} is {kind}, not a {names}", "write one value (see --help)"
-        # `precision: 8` (YAML's int) where only text goes: the parser's words were the line
-        if isinstance(value, int | float) and all(kind is str for kind in alternatives(hint)):
-            return f"{item.shown()} is a number, not text", f"write it in quotes: '{as_text(value)}'"
+        if found := one_value_said(item.shown(), hint, value, nargs):
+            return found
+        # `precision: 8` (YAML's int) where only text goes, `default_root_dir: 5` where a path: the parser's words
+        if isinstance(value, int | float) and (texts := _text_kinds(hint)):
+            return f"{item.shown()} is a number, {texts}", f"write it in quotes: '{as_text(value)}'"
         # `sweep: 0.1` where a list goes: its brackets missing
         unlisted = not isinstance(value, list | dict) and not fits(hint, values, nargs)
         if unlisted and fits(hint, [f"[{values[0]}]"], nargs):
@@ -233,12 +241,37 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     return said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
 
 
+def _text_kinds(hint: Any) -> str | None:
+    """'not text' for an option that takes only text (or null), 'not a path' for one that takes a path (or text,
+    or null); None for any other (a number would fit one of its types). jsonargparse refuses a YAML number for
+    either."""
+    kinds = [kind for kind in alternatives(hint) if kind is not type(None)]
+    paths = [kind for kind in kinds if isinstance(kind, type) and issubclass(kind, os.PathLike)]
+    if not kinds or not all(kind is str or kind in paths for kind in kinds):
+        return None
+    return "not a path" if paths else "not text"
+
+
+def _chooses_a_class_by_name_or_file(parser: ArgumentParser, item: Written) -> bool:
+    """A class chosen by its path (of the kind the option takes) or by a file of its options (`--data
+    data.yaml`): checked alone, it may not fit for want of its arguments (CSVLogger's save_dir), or for one of
+    them, each of which is checked after it as its own key."""
+    action = action_of(parser, item.key)
+    value = item.values[-1] if item.values else None
+    if action is None or not isinstance(value, str) or not takes_a_class(hint := declared_type(action)):
+        return False
+    if isinstance(read_config_file(beside(item.file, value)), dict):
+        return True
+    found, classes = imported(value), tuple(kind for kind in alternatives(hint) if is_class_choice(kind))
+    return isinstance(found, type) and issubclass(found, classes)
+
+
 def _taken_but_unusable(
-    parser: ArgumentParser, written: list[Written], item: Written
+    parser: ArgumentParser, written: list[Written], item: Written, null: bool = False
 ) -> tuple[str, str] | None:
     """A config file's value the parser let through that the command cannot use: a group written as one number
     (`trainer: 5`: an AttributeError in the command), or `key: null` (or a bare `key:`) for an option whose type
-    takes no null (a TypeError deep in the command's work)."""
+    takes no null (a TypeError deep in the command's work). `null`: a class's argument given as a flag, `null`."""
     value = item.values[0] if item.values else None
     group = is_config_file_flag(parser, item.key) or has_keys_under(parser, item.key)
     if group and not isinstance(value, dict | str | None):
@@ -246,7 +279,7 @@ def _taken_but_unusable(
             f"{item.shown()}: {plain_key(item.key)} is a group of options, not one value",
             "write its options under it as name: value lines, or the path of a YAML file of them",
         )
-    if item.values != (None,) or group:
+    if (item.values != (None,) and not null) or group:
         return None  # a group's null: `_bad_item`
     action = action_of(parser, item.key)
     hint = declared_type(action) if action is not None else _class_argument_hint(parser, written, item.key)
@@ -264,7 +297,9 @@ def _taken_but_unusable(
         else f"a {kind_name(kind)}"
         for kind in kinds
     ]
-    unset = "remove the line" + ("" if default is None else f" for the default ({as_text(default)})")
+    unset = ("remove the line" if item.file else "leave the flag out") + (
+        "" if default is None else f" for the default ({as_text(default)})"
+    )
     takes = " or ".join(dict.fromkeys(said)).replace("a int", "an int")
     return f"{item.shown()}: this option takes {takes}, not null", f"{unset}, or write a value"
 

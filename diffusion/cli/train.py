@@ -34,6 +34,7 @@ from diffusion.cli.resume import check_same_training_settings, resolve_resume
 from diffusion.cli.train_checks import (
     check_init_from,
     check_monitored_metric,
+    check_network_class,
     check_output_folders,
     check_resume_fits,
     check_settings_from_the_data,
@@ -221,6 +222,10 @@ class DiffusionCLI(LightningCLI):
         else:  # LightningCLI's parse_args, run as every command runs it (parse_errors.py)
             command_line = parsed_command_line(parser, args, RENAMED_OPTIONS)
             self.config = command_line.config
+        network = self.config.get("model.network")
+        # A network of another kind (torch.nn.Linear) is refused before anything is built: it failed at step 1.
+        if network is not None and network.get("class_path"):
+            check_network_class(network.class_path)
         self._settings_written = settings_written(self.config, parser.get_defaults())
         # A check below names an option as the user gave it: a flag, or a config file's key.
         self._said = where_written(command_line.written) if command_line else as_flag

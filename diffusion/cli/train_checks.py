@@ -29,6 +29,7 @@ from diffusion.errors import (
     said,
 )
 from diffusion.models import UNet
+from diffusion.models.checks import forward_parameters
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.from_diffusers import init_settings
@@ -216,7 +217,9 @@ def naming_the_flag(
     return None
 
 
-def said_as_written(error: UserError, groups: dict[type, str], written: Sequence[Written]) -> UserError:
+def class_error_placeholders_written(
+    error: UserError, groups: dict[type, str], written: Sequence[Written]
+) -> UserError:
     """A class's own check (not a range: `naming_the_flag`) with the options of what is wrong said as the user gave
     them, a flag or a config file's key (`run.yaml: model.sampling.steps 5000 is more steps ...`); its fix's as
     flags."""
@@ -232,11 +235,61 @@ def class_error_as_written(
     error: BaseException, groups: dict[type, str], written: Sequence[Written], config: Namespace
 ) -> UserError | None:
     """An error a class the command built from its flags raised, said of the options as the user gave them: a
-    range check by `naming_the_flag`, another check of the class's by `said_as_written`; None for any other."""
+    range check by `naming_the_flag`, another check of the class's by `class_error_placeholders_written`, a data
+    module without what train.py reads of one by `data_lacking`; None for any other."""
     named = naming_the_flag(error, groups, where_written(written), config)
     if named is None and isinstance(error, UserError):
-        named = said_as_written(error, groups, written)
-    return named
+        named = class_error_placeholders_written(error, groups, written)
+    return named or data_lacking(error, groups, written, config)
+
+
+DATA_NEEDS = ("sample_shape", "normalization")  # what train.py reads of a data module (docs/architecture.md)
+
+
+def data_lacking(
+    error: BaseException, groups: dict[type, str], written: Sequence[Written], config: Namespace
+) -> UserError | None:
+    """A data module without `sample_shape` (a LightningDataModule of another project): the link that sizes the
+    network from it failed, wrapped by jsonargparse (`Call to compute_fn of link ... failed`). Found by its cause,
+    an AttributeError of the data module built; None for any other error."""
+    cause: BaseException | None = error
+    while cause is not None and not (
+        isinstance(cause, AttributeError) and groups.get(type(getattr(cause, "obj", None))) == "data"
+    ):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    data = getattr(cause, "obj", None)
+    lacking = [name for name in DATA_NEEDS if not _has(data, name)] or [str(getattr(cause, "name", "?"))]
+    return UserError(
+        f"{written_as(written, 'data')} {config['data'].class_path}: {type(data).__name__} has no "
+        f"{' and no '.join(lacking)}, which train.py reads of its data (the shape of one sample, and how model "
+        "units map to data units)",
+        "pass one of the project's data modules (diffusion.data.ImageDataModule, diffusion.data.VectorDataModule, "
+        "or a diffusion.data.SplitDataModule of your dataset), or give yours sample_shape and normalization and "
+        "have it yield diffusion.data.Batch(x, index[, label])",
+    )
+
+
+def _has(value: Any, name: str) -> bool:
+    try:
+        return hasattr(value, name)
+    except Exception:  # a property that fails: there, but broken (its own error comes when it is read)
+        return True
+
+
+def check_network_class(class_path: str) -> None:
+    """The network chosen keeps the networks' call, `forward(x, t)` (and `y`, the labels, for class-conditional
+    data): a module of another kind (`torch.nn.Linear`) failed at the first step with torch's TypeError."""
+    network = class_at(class_path)
+    takes = forward_parameters(network) if isinstance(network, type) else None
+    if takes is not None:
+        raise UserError(
+            f"--model.network {class_path}: {network.__name__} is no noise-prediction network (its forward takes "
+            f"{takes}, not (x, t, y=None))",
+            "pass a diffusion.models network such as diffusion.models.UNet (diffusion.models.MLP for vectors), "
+            "or a torch.nn.Module whose forward takes (x, t, y=None)",
+        )
 
 
 def fix_as_flags(error: UserError, groups: dict[type, str]) -> str:

@@ -13,8 +13,15 @@ from typing import Any, Literal, get_args, get_origin
 
 from jsonargparse import ArgumentError, ArgumentParser
 
-from diffusion.cli.command_line import alternatives, builtin_base, is_class_choice, kind_name, parses_as
-from diffusion.cli.config_files import yaml_or_none
+from diffusion.cli.command_line import (
+    alternatives,
+    builtin_base,
+    is_class_choice,
+    kind_name,
+    parses_as,
+    takes_a_collection,
+)
+from diffusion.cli.config_files import as_text, yaml_or_none
 from diffusion.cli.jsonargparse_internals import number_bounds
 from diffusion.cli.legacy import class_at
 
@@ -104,6 +111,23 @@ def said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> 
     fix = "pass a value of that type" if len(names) == 1 else "pass a value of one of these types"
     formats = [_FORMAT_OF[name.split()[0]] for name in names if name.split()[0] in _FORMAT_OF]
     return what, f"{fix}: {'; '.join(formats)}" if formats else f"{fix} (see --help)"
+
+
+def one_value_said(shown: str, hint: Any, value: Any, nargs: Any = None) -> tuple[str, str] | None:
+    """A list or a mapping (YAML's: a config file's value, a class's argument given as a flag) where one value of
+    `hint` goes, whose text passes as a str (`samples: [a.npz]`, which the parser refused in its own words); None
+    for any other value."""
+    if (
+        not isinstance(value, list | dict)
+        or takes_a_collection(hint)
+        or not fits(hint, [as_text(value)], nargs)
+    ):
+        return None
+    names = " or ".join(
+        dict.fromkeys(kind_name(kind) for kind in alternatives(hint) if kind is not type(None))
+    )
+    kind = "a list" if isinstance(value, list) else "a mapping"
+    return f"{shown} is {kind}, not a {names}", "write one value (see --help)"
 
 
 def _class_said(shown: str, classes: list[type], value: str, only_classes: bool) -> tuple[str, str] | None:

@@ -3,6 +3,7 @@ the network's own options (`owner`): a Python caller reads the argument's name (
 number`), train.py the flag the user wrote. A count is never rounded (8.0 channels is refused, as the int flags
 refuse it), and nothing reaches torch's layers to fail there with torch's words."""
 
+import inspect
 from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
 from typing import Any, Literal
@@ -135,6 +136,26 @@ def check_batch_rank(owner: type, x: torch.Tensor, kind: Literal["vectors", "ima
             f"pass a batch of {kind} {form}; a batch of {other} {forms[other][2]} needs {forms[other][3]}",
             owner,
         )
+
+
+def forward_parameters(network: type) -> str | None:
+    """None when `network` (a torch.nn.Module class) keeps the networks' call, `forward(x, t)` (and `y`, the labels,
+    for class-conditional data: `diffusion.core.guidance.call_network`); else what its forward takes, `(input)`:
+    a module of another kind (`torch.nn.Linear`) failed at the first step with torch's TypeError. A forward whose
+    signature cannot be read is taken as it is."""
+    forward = getattr(network, "forward", None)
+    if forward is None or forward is torch.nn.Module.forward:  # none of its own: torch's NotImplementedError
+        return "nothing (it defines no forward)"
+    try:
+        signature = inspect.signature(forward)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(None, "x", "t")  # as an unbound method: `self` first
+    except TypeError:
+        parameters = list(signature.parameters)[1:]
+        return f"({', '.join(parameters)})"
+    return None
 
 
 def _of(owner: type, error: WrongType) -> WrongType:

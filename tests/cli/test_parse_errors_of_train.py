@@ -15,13 +15,14 @@ from diffusion.cli.train import main as train
 from diffusion.cli.train_checks import check_settings_from_the_data
 
 
-def train_line(argv: list[str], capsys) -> str:
-    """train.py's one line for `argv`; a command line it let through fails at once instead of training."""
+def train_line(argv: list[str], capsys, logger: str | None = "false") -> str:
+    """train.py's one line for `argv`; a command line it let through fails at once instead of training. `logger`:
+    the --trainer.logger after it (None: the one `argv` chooses)."""
     from diffusion.cli import train
 
     took_it = AssertionError("train.py took the command line")
     with mock.patch.object(train, "fit", side_effect=took_it), pytest.raises(SystemExit) as exited:
-        train.main([*argv, "--trainer.logger", "false"])
+        train.main([*argv, *(["--trainer.logger", logger] if logger else [])])
     assert exited.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert not any(internal in line for internal in INTERNALS), line
@@ -115,6 +116,9 @@ def test_print_config_refuses_what_the_built_run_would_refuse(flags, tmp_path, m
     assert train_line(["--print_config", *flags], capsys) == refused
 
 
+CSV_LOGGER = "trainer:\n  logger:\n    class_path: lightning.pytorch.loggers.CSVLogger\n    init_args:\n"
+
+
 @pytest.mark.parametrize(
     "file, refused",
     [
@@ -203,6 +207,11 @@ def test_a_group_written_null_in_a_config_file_is_said_as_such(group, tmp_path, 
                                   "default (0.9999), or write a value"),
         ("model:\n  network:\n    init_args: [8]\n", "model.network.init_args [8]: init_args holds the arguments "
                                                       "of the class, by name"),
+        # Round 5's G14: in the parser's own words before
+        ("model:\n  network:\n    init_args: null\n", "model.network.init_args null: init_args holds the "
+                                                        "arguments of the class, by name"),
+        ("trainer:\n  default_root_dir: 5\n", "trainer.default_root_dir 5 is a number, not a path — write it in "
+                                               "quotes: '5'"),
         # NaN equals nothing: the option holding it was not found, and the line named none (as a flag the parser
         # refuses it).
         ("model:\n  sampling:\n    sampler: ddim\n    eta: .nan\n", "model.sampling.eta nan is out of range"),
@@ -212,8 +221,8 @@ def test_a_group_written_null_in_a_config_file_is_said_as_such(group, tmp_path, 
         # The option written, not only the one it clashes with (said a default the user never wrote)
         ("model:\n  trained_betas: [0.1, 0.2]\n", "model.trained_betas: --model.beta_schedule linear takes none"),
     ],
-    ids=["a_group_as_one_value", "a_null_where_none_goes", "init_args_as_a_list", "nan", "trainer_null",
-         "sampling_null", "trained_betas"],
+    ids=["a_group_as_one_value", "a_null_where_none_goes", "init_args_as_a_list", "init_args_null",
+         "a_number_where_a_path_goes", "nan", "trainer_null", "sampling_null", "trained_betas"],
 )  # fmt: skip
 def test_what_the_parser_lets_through_from_a_file_is_refused_naming_the_key(
     file, refused, tmp_path, monkeypatch, capsys
@@ -223,6 +232,29 @@ def test_what_the_parser_lets_through_from_a_file_is_refused_naming_the_key(
     monkeypatch.chdir(tmp_path)
     Path("run.yaml").write_text(file)
     assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: {refused}")
+
+
+@pytest.mark.parametrize(
+    "arguments, refused",
+    [("name: [a, b]", "trainer.logger.init_args.name [a, b] is a list, not a str — write one value (see --help)"),
+     ("save_dir: null", "trainer.logger.init_args.save_dir null: this option takes a str or a Path, not null — "
+                        "remove the line, or write a value")],
+    ids=["of_another_type", "null"],
+)  # fmt: skip
+def test_a_bad_argument_of_a_chosen_class_is_blamed_not_the_class(
+    arguments, refused, tmp_path, monkeypatch, capsys
+):
+    """Round 5's G15: said "trainer.logger lightning.pytorch.loggers.CSVLogger is not a valid Logger or list or
+    bool" (the class path alone does not parse: CSVLogger needs its save_dir)."""
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text(CSV_LOGGER + f"      {arguments}\n")
+    assert train_line(["--config", "run.yaml"], capsys, logger=None) == f"run.yaml: {refused}"
+    # As flags: the argument's text is YAML to the parser (a probe of its type alone took `[a,b]` as a str)
+    name, value = arguments.split(": ")
+    flags = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.init_args.{name}"]
+    assert train_line([*flags, value.replace(" ", "")], capsys, logger=None) == "--" + refused.replace(
+        "[a, b]", "[a,b]"
+    ).replace("remove the line", "leave the flag out")
 
 
 def test_a_group_file_given_as_a_flag_is_said_as_that_files_key(tmp_path, monkeypatch, capsys):
@@ -235,6 +267,33 @@ def test_a_group_file_given_as_a_flag_is_said_as_that_files_key(tmp_path, monkey
     )
     line = train_line(["--model.network", "net.yaml"], capsys)
     assert line.startswith("net.yaml: model.network.channels 0 is out of range"), line
+    # Round 5's G13: the file said "no such class"; what is wrong is its init_args
+    for init_args in ("null", "[1, 2]"):
+        Path("data.yaml").write_text(f"class_path: diffusion.data.ImageDataModule\ninit_args: {init_args}\n")
+        assert train_line(["--data", "data.yaml"], capsys) == (
+            f"data.yaml: data.init_args {init_args}: init_args holds the arguments of the class, by name — write "
+            "them under it as name: value lines (e.g. channels: 64)"
+        )
+
+
+def test_a_network_of_another_kind_is_refused_before_anything_is_built(tmp_path, monkeypatch, capsys):
+    """Round 5's G9: torch.nn.Linear (forward(input)) trained into forward's TypeError at the first step."""
+    from diffusion.cli.train_checks import check_network_class
+
+    monkeypatch.chdir(tmp_path)
+    linear = ["--model.network.init_args.in_features", "4", "--model.network.init_args.out_features", "4"]
+    refused = (
+        "model.network torch.nn.Linear: Linear is no noise-prediction network (its forward takes (input), not "
+        "(x, t, y=None)) — pass a diffusion.models network such as diffusion.models.UNet (diffusion.models.MLP for "
+        "vectors), or a torch.nn.Module whose forward takes (x, t, y=None)"
+    )
+    assert train_line(["--model.network", "torch.nn.Linear", *linear], capsys) == f"--{refused}"
+    Path("run.yaml").write_text(
+        "model:\n  network:\n    class_path: torch.nn.Linear\n    init_args: {in_features: 4, out_features: 4}\n"
+    )
+    assert train_line(["--config", "run.yaml"], capsys) == f"run.yaml: {refused}"
+    for network in ("diffusion.UNet", "diffusion.models.MLP", "helpers.tiny_sampler.TinyNetwork"):
+        check_network_class(network)  # the project's networks, and a user's of the contract's call
 
 
 def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(user, tmp_path, capsys):

@@ -37,6 +37,25 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"--model.network diffusion.models.Nope" + NO_SUCH_CLASS,
     ),
     "missing_data_class": (["--data", "nope.Data"], r"--data nope.Data" + NO_SUCH_CLASS),
+    # Round 5's G9 and G10: forward's TypeError at the first step; a ValueError of the link sizing the network
+    "network_of_another_kind": (
+        [
+            "--model.network",
+            "torch.nn.Linear",
+            "--model.network.init_args.in_features",
+            "4",
+            "--model.network.init_args.out_features",
+            "4",
+        ],
+        r"^error: --model.network torch.nn.Linear: Linear is no noise-prediction network \(its forward takes "
+        r"\(input\), not \(x, t, y=None\)\) — pass a diffusion.models network",
+    ),  # fmt: skip
+    "data_module_of_another_project": (
+        ["--data", "lightning.pytorch.demos.boring_classes.BoringDataModule"],
+        r"^error: --data lightning.pytorch.demos.boring_classes.BoringDataModule: BoringDataModule has no "
+        r"sample_shape and no normalization, which train.py reads of its data .* — pass one of the project's data "
+        r"modules",
+    ),
     "batch_size_0": (
         ["--data.batch_size", "0"],
         r"--data.batch_size 0 is out of range \(must be >= 1\) — pass --data.batch_size 1",

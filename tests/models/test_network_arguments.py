@@ -150,3 +150,30 @@ def test_a_unet_no_memory_holds_is_refused_before_allocating(monkeypatch):
     with pytest.raises(OutOfRange, match=r"^channels=64 must be small enough") as error:
         UNet(**{**TINY, "channels": 64})
     assert error.value.owner is UNet
+
+
+class _XT(torch.nn.Module):
+    def forward(self, x, t):  # an unconditional network of the user's: the contract's call without labels
+        return x
+
+
+class _Anything(torch.nn.Module):
+    def forward(self, *args, **kwargs):
+        return args[0]
+
+
+class _NoForward(torch.nn.Module):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("network", "takes"),
+    [(UNet, None), (MLP, None), (_XT, None), (_Anything, None), (torch.nn.Linear, "(input)"),
+     (torch.nn.Sequential, "(input)"), (_NoForward, "nothing (it defines no forward)")],
+)  # fmt: skip
+def test_a_network_keeps_the_call_forward_x_t_or_is_said_by_what_its_forward_takes(network, takes):
+    """train.py refuses a torch.nn.Module of another kind (`check_network_class`): torch.nn.Linear trained into
+    forward's TypeError at the first step. Any network of the contract's call passes, labels or not."""
+    from diffusion.models.checks import forward_parameters
+
+    assert forward_parameters(network) == takes
