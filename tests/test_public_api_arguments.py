@@ -95,6 +95,9 @@ CASES = [
     ("generate-labels-unconditional", lambda: generate(UNCONDITIONAL, 2, labels=[0, 1]), ValueError, "labels"),
     ("generate-guidance-unconditional", lambda: generate(UNCONDITIONAL, 2, sampler=GUIDED), ValueError,
      "guidance_scale"),
+    # a module converted to 16 bits (or 64) ended in torch's dtype error at its first layer
+    ("generate-half-module", lambda: generate(tiny().half(), 2), ValueError, "module"),
+    ("generate-bfloat16-module", lambda: generate(tiny().to(torch.bfloat16), 2), ValueError, "module"),
     # DiffusionModule.sampler
     ("sampler-guidance-unconditional", lambda: UNCONDITIONAL.sampler(SamplingOptions(guidance_scale=2.0)),
      ValueError, "guidance_scale"),
@@ -182,6 +185,17 @@ CASES = [
     # rendering
     ("denormalize-array", lambda: denormalize(np.zeros((2, 2)), NORMALIZATION), TypeError, "x"),
     ("denormalize-no-normalization", lambda: denormalize(X_T, None), TypeError, "normalization"),
+    # a scale of 0 drew every image in one colour, NaN or infinity NaN images, without a word
+    ("denormalize-zero-scale", lambda: denormalize(X_T, {"shift": [0.0, 0.0], "scale": [1.0, 0.0]}), ValueError,
+     "normalization['scale'][1]"),
+    ("denormalize-nan-shift", lambda: denormalize(X_T, {"shift": [float("nan"), 0.0], "scale": [1.0, 1.0]}),
+     ValueError, "normalization['shift'][0]"),
+    ("denormalize-infinite-scale", lambda: denormalize(X_T, {"shift": [0.0, 0.0], "scale": [float("inf"), 1.0]}),
+     ValueError, "normalization['scale'][0]"),
+    ("denormalize-text-scale", lambda: denormalize(X_T, {"shift": [0.0, 0.0], "scale": "ab"}), TypeError,
+     "normalization['scale']"),
+    ("uint8-zero-scale", lambda: to_uint8(IMAGES, {"shift": [0.5], "scale": [0.0]}), ValueError,
+     "normalization['scale'][0]"),
     ("uint8-array", lambda: to_uint8(IMAGES.numpy(), {"shift": [0.5], "scale": [0.5]}), TypeError, "x"),
     ("uint8-list-normalization", lambda: to_uint8(IMAGES, [0.5, 0.5]), TypeError, "normalization"),
     ("rows-list-as-images", lambda: rows_by_class([IMAGES], torch.tensor([0, 1, 0, 1])), TypeError, "images"),
@@ -252,3 +266,11 @@ def test_good_arguments_of_other_integer_types_are_taken_as_they_are():
     torch.testing.assert_close(
         generate(UNCONDITIONAL, 2, sampler=plain), generate(UNCONDITIONAL, 2, sampler=DDIM)
     )
+
+
+def test_denormalize_takes_negative_shifts():
+    # Refusing a scale of 0 and NaN leaves what a data module can give: a negative shift (a standardized feature
+    # of negative mean) maps as before.
+    x = torch.tensor([[1.0, -1.0]])
+    normalization = {"shift": [-2.5, 0.0], "scale": [0.5, 3.0]}
+    torch.testing.assert_close(denormalize(x, normalization), torch.tensor([[-2.0, -3.0]]))

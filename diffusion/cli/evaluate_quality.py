@@ -83,6 +83,11 @@ def run(args: Namespace, device: str, checked: Callable[[], None] = lambda: None
     --samples nor --save_stats is given. `checked` is called once the inputs are read and checked, before the
     features are computed (the command's --print_config: what would run)."""
     check_paths_given(args, "samples", "reference", "save_stats", "data_root", "inception_weights")
+    if args.metrics is not None and not args.metrics:  # a file's `metrics: []`: nothing computed, exit 0
+        raise UserError(
+            "--metrics [] names no metric",
+            "name some of fid kid is, or leave --metrics out for all that the features and the reference allow",
+        )
     if args.samples is None and args.save_stats is None:
         return None
     if args.save_stats is not None:

@@ -52,6 +52,33 @@ def _has(thing: Any, member: str) -> bool:
     return True
 
 
+def check_float32(module: Any) -> None:
+    """A module whose noise schedule is float32 and whose weights are not 16-bit, as sampling draws its noise and
+    runs the schedule in float32: one converted with `.half()` or `.to(torch.bfloat16)` ended in torch's dtype
+    error at its first layer, and its schedule's coefficients are rounded too (a tiny model's `.half().float()`
+    then sampled NaN). 16-bit speed is the network's alone, under autocast
+    (`diffusion.generation.precision.network_precision`, the sample command's --precision)."""
+    if not isinstance(module, torch.nn.Module):
+        return  # a bare Sampleable: its tensors are its own to type
+    # The schedule's buffers (float32, whatever its network holds) say a conversion of the whole module; the weights
+    # in 16 bits, one of its network alone. A network may keep float64 tensors of its own and cast its inputs.
+    schedule = getattr(module, "schedule", None)
+    coefficients = [*schedule.buffers()] if isinstance(schedule, torch.nn.Module) else []
+    converted = [t.dtype for t in coefficients if t.is_floating_point() and t.dtype != torch.float32]
+    converted += [p.dtype for p in module.parameters() if p.dtype in (torch.float16, torch.bfloat16)]
+    found = converted[0] if converted else None
+    if found is not None:
+        name = str(found).removeprefix("torch.")
+        method = {torch.float16: ".half()", torch.bfloat16: ".bfloat16()", torch.float64: ".double()"}
+        raise InvalidValue(
+            f"module is in {name} (converted with {method.get(found, f'.to(torch.{name})')})"
+            ", and sampling takes a float32 model: it draws the noise and runs the noise schedule in float32",
+            "load or build the model again in float32 (module.float() would not restore the schedule's digits "
+            "the conversion rounded off); for 16-bit speed run the network alone under autocast: with "
+            "diffusion.generation.precision.network_precision(module, 'bf16-mixed'): generate(module, ...)",
+        )
+
+
 def sampler_from_deprecated_options(module: Any, sampler: Sampler | None, options: Any) -> Sampler | None:
     """The sampler of the deprecated `options=` (with a warning naming the new form), else `sampler` as given."""
     if options is None:

@@ -33,6 +33,7 @@ from diffusion.core.samplers.contract import Denoiser, Sampler
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.arguments import (
+    check_float32,
     check_guidance_fits,
     check_module,
     check_result_fits_memory,
@@ -144,6 +145,7 @@ def generate(
     (`generate_in_chunks` streams more).
     """
     check_module(module, SAMPLEABLE_MEMBERS)
+    check_float32(module)
     sampler = sampler_from_deprecated_options(module, sampler, options)
     num_samples, seed, batch_size, rank, world_size = checked_counts(
         num_samples, seed, batch_size, rank, world_size

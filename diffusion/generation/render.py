@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from diffusion.errors import InvalidValue, UserError, WrongType, naming_a_full_disk
+from diffusion.errors import InvalidValue, OutOfRange, UserError, WrongType, naming_a_full_disk
 from diffusion.generation.image_grid import rows_by_class, save_image_grid
 
 SAMPLES, GRID = "samples.npz", "grid.png"
@@ -52,9 +52,36 @@ def check_samples_and_normalization(x: object, normalization: object) -> None:
         )
 
 
+NORMALIZATION_FIX = (
+    "pass module.normalization of a trained model (the data module's: data = model * scale + shift, per "
+    "channel)"
+)
+
+
+def check_normalization(
+    normalization: Mapping, name: str = "normalization", fix: str = NORMALIZATION_FIX
+) -> None:
+    """Every `shift` a finite number and every `scale` a finite number other than 0: a scale of 0 made every image
+    one colour, NaN or infinity NaN images, without a word. `name`: how the message names the mapping."""
+    for key in ("shift", "scale"):
+        given = normalization[key]
+        try:
+            values = torch.as_tensor(given, dtype=torch.float64).flatten().cpu()
+        except (TypeError, ValueError, RuntimeError) as error:  # text, nested lists of other lengths, None
+            raise WrongType(f"{name}[{key!r}]", given, "a list of numbers, one per channel", fix) from error
+        bad = ~torch.isfinite(values)
+        if key == "scale":
+            bad |= values == 0
+        if bool(bad.any()):
+            index = int(bad.nonzero()[0, 0])
+            requirement = "a finite number other than 0" if key == "scale" else "a finite number"
+            raise OutOfRange(f"{name}[{key!r}][{index}]", float(values[index]), requirement, fix)
+
+
 def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
     """Map a batch from model units back to data units: (B, C, H, W) per channel, (B, D) per feature."""
     check_samples_and_normalization(x, normalization)
+    check_normalization(normalization)
     if x.ndim < 2:
         raise ValueError(f"expected a batch of shape (B, C, H, W) or (B, D), got shape {tuple(x.shape)}")
     shift = torch.as_tensor(normalization["shift"], dtype=x.dtype, device=x.device)

@@ -11,6 +11,7 @@ safetensors only, and the network must be one of this project's (`NETWORKS`).
 """
 
 import hashlib
+import inspect
 import json
 import os
 from pathlib import Path
@@ -21,7 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from diffusion.core.schedule import schedule_betas
-from diffusion.errors import MissingFile, UserError, check_weights_fit
+from diffusion.errors import MissingFile, UserError, WrongType, check_weights_fit, check_whole_number
+from diffusion.generation.render import check_normalization
 from diffusion.models import MLP, UNet
 from diffusion.training.module import DiffusionModule
 
@@ -97,7 +99,57 @@ def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
             f"{FORMAT_VERSION}",
             "load it with the version of this package that wrote it, or export the checkpoint again",
         )
+    if not isinstance(config.get("hyper_parameters"), dict):
+        raise UserError(f"{config_path} holds no hyper_parameters (the model's settings)", FIX)
+    check_model_settings(
+        config["hyper_parameters"], str(config_path),
+        "correct it in config.json's hyper_parameters, or export the checkpoint again (python -m diffusion.export)",
+    )  # fmt: skip
     return config, config_path.parent
+
+
+def check_model_settings(hparams: dict[str, Any], source: str, fix: str) -> None:
+    """The settings commands read of a model's file before building it (the schedule, whose length bounds --steps;
+    the sample shape; the network's settings and classes; the normalization), refused by the checks building it
+    runs (the schedule's own), naming `source`: an edited config.json's `"num_timesteps": "abc"` ended in int()'s
+    traceback in the sample command, a normalization's scale of 0 in images of one colour. `fix`: what to do
+    about the file."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(DiffusionModule.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+
+    def setting(name: str) -> Any:
+        return hparams.get(name, defaults[name])
+
+    try:
+        schedule_betas(
+            setting("beta_schedule"), setting("num_timesteps"), setting("beta_start"), setting("beta_end"),
+            setting("zero_terminal_snr"), setting("trained_betas"),
+        )  # fmt: skip
+        shape = setting("sample_shape")
+        if not isinstance(shape, list | tuple) or not shape:
+            raise WrongType("sample_shape", shape, "a list of sizes, e.g. [3, 32, 32]", fix)
+        for index, size in enumerate(shape):
+            check_whole_number(f"sample_shape[{index}]", size, 1)
+        network = hparams.get("network")
+        if not isinstance(network, dict):
+            raise WrongType("network", network, "a mapping of class_path and init_args", fix)
+        if not isinstance(network.get("init_args", {}), dict):
+            raise WrongType(
+                "network.init_args", network["init_args"], "a mapping of the network's settings", fix
+            )
+        classes = network.get("init_args", {}).get("num_classes")
+        if classes is not None:  # the labels to sample are counted from it before the network is built
+            check_whole_number("network.init_args.num_classes", classes, 1)
+        normalization = setting("normalization")
+        if normalization is not None:
+            if not isinstance(normalization, dict) or not {"shift", "scale"} <= set(normalization):
+                raise WrongType("normalization", normalization, "a mapping of 'shift' and 'scale'", fix)
+            check_normalization(normalization)
+    except UserError as error:
+        raise UserError(f"{source}: {error.problem}", fix, error.owner) from error
 
 
 def network_class(class_path: object) -> type[torch.nn.Module]:

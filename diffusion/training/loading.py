@@ -17,7 +17,7 @@ from diffusion.training.checkpoint_files import (
     check_written_by_train,
     read_checkpoint,
 )
-from diffusion.training.exported import is_export, load_export, read_export_config
+from diffusion.training.exported import check_model_settings, is_export, load_export, read_export_config
 from diffusion.training.from_diffusers import (
     about,
     diffusers_folders,
@@ -29,6 +29,7 @@ from diffusion.training.module import DiffusionModule
 Weights = Literal["ema", "raw"]
 ModelKind = Literal["diffusers", "export", "checkpoint"]
 NOT_FINITE_FIX = "training diverged before it was saved: use an earlier checkpoint of the run"
+SETTINGS_FIX = "use another checkpoint of the run, or one written by train.py unchanged"
 
 
 def load_checkpoint(
@@ -80,7 +81,7 @@ def load_checkpoint(
         check_finite(module.network.state_dict(), str(path), NOT_FINITE_FIX)
         return module
     checkpoint = read_checkpoint(path, map_location=map_location)  # checked before Lightning reads it again
-    check_written_by_train(checkpoint, path)
+    check_model_settings(check_written_by_train(checkpoint, path), str(path), SETTINGS_FIX)
     module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     if weights == "raw" and "current_model_state" in checkpoint:
         module.load_state_dict(checkpoint["current_model_state"])
@@ -140,7 +141,9 @@ def model_hyperparameters(path: str | os.PathLike, flag: str = "checkpoint") -> 
         return diffusers_hyperparameters(path, flag)
     if kind == "export":
         return read_export_config(path)[0]["hyper_parameters"]
-    return check_written_by_train(read_checkpoint(path, flag), path, flag)
+    hparams = check_written_by_train(read_checkpoint(path, flag), path, flag)
+    check_model_settings(hparams, str(path), SETTINGS_FIX)
+    return hparams
 
 
 def load_diffusers(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> DiffusionModule:
