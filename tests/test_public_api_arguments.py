@@ -109,6 +109,7 @@ CASES = [
     ("sample-integral-float", lambda: UNCONDITIONAL.sample(3.0), ValueError, "num_samples"),
     ("sample-zero", lambda: UNCONDITIONAL.sample(0), ValueError, "num_samples"),
     ("sample-negative", lambda: UNCONDITIONAL.sample(-2), ValueError, "num_samples"),
+    ("sample-half-module", lambda: tiny().half().sample(2), ValueError, "module"),
     ("sample-bool-count", lambda: UNCONDITIONAL.sample(True), TypeError, "num_samples"),
     ("sample-text-count", lambda: UNCONDITIONAL.sample("3"), TypeError, "num_samples"),
     ("sample-tensor-count", lambda: UNCONDITIONAL.sample(torch.tensor(3)), TypeError, "num_samples"),

@@ -295,7 +295,7 @@ class DiffusionCLI(LightningCLI):
             super().instantiate_classes()
         except MisconfigurationException as error:
             raise refused_by_the_trainer(error) from error
-        except ValueError as error:  # a class's own range check: name the flag
+        except (ValueError, TypeError) as error:  # a class's own range or type check: name the flag
             chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
             groups = {class_at(path): group for group, path in chosen.items()}
             written = self._command_line.written if self._command_line else []

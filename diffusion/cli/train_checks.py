@@ -24,6 +24,7 @@ from diffusion.errors import (
     OutOfRange,
     UserError,
     WeightsDoNotFit,
+    WrongType,
     check_weights_fit,
     naming_a_full_disk,
     said,
@@ -208,10 +209,15 @@ def naming_the_flag(
     searched, by type."""
     cause: BaseException | None = error
     while cause is not None:
-        if isinstance(cause, OutOfRange):
+        if isinstance(cause, OutOfRange | WrongType):
             key = _option_checked(cause, groups, config)
             if key is None:
                 return None
+            if isinstance(
+                cause, WrongType
+            ):  # `--model.network.init_args.channels null`: the class's own name
+                shown = "null" if cause.value is None else cause.value
+                return UserError(f"{say(key, shown)} is not {cause.expected}", fix_as_flags(cause, groups))
             return out_of_range(cause, say(key, cause.value), fix_as_flags(cause, groups))
         cause = cause.__cause__ or cause.__context__
     return None
@@ -297,7 +303,9 @@ def fix_as_flags(error: UserError, groups: dict[type, str]) -> str:
     return said(error.fix, lambda owner, name: flag_text(owner, name, groups), error.owner)
 
 
-def _option_checked(error: OutOfRange, groups: dict[type, str], config: Namespace | None) -> str | None:
+def _option_checked(
+    error: OutOfRange | WrongType, groups: dict[type, str], config: Namespace | None
+) -> str | None:
     group = prefix_of(error.owner, groups) if error.owner is not None else None
     if group:
         return f"{group}.{error.name}"

@@ -5,6 +5,7 @@ value, never jsonargparse's report.
 
 import datetime
 import functools
+import inspect
 import operator
 import types
 import typing
@@ -127,7 +128,8 @@ def one_value_said(shown: str, hint: Any, value: Any, nargs: Any = None) -> tupl
         dict.fromkeys(kind_name(kind) for kind in alternatives(hint) if kind is not type(None))
     )
     kind = "a list" if isinstance(value, list) else "a mapping"
-    return f"{shown} is {kind}, not a {names}", "write one value (see --help)"
+    article = "an" if names[:1] in tuple("aeiou") else "a"
+    return f"{shown} is {kind}, not {article} {names}", "write one value (see --help)"
 
 
 def _class_said(shown: str, classes: list[type], value: str, only_classes: bool) -> tuple[str, str] | None:
@@ -151,4 +153,22 @@ def _class_said(shown: str, classes: list[type], value: str, only_classes: bool)
                 f"{shown}: {found.__name__} is not a {kinds}",
                 f"pass the class path of a {kinds} (see --help)",
             )
+        if isinstance(found, type) and (required := _required_arguments(found)):
+            # a class of the right kind the parser refused alone: `--model.network torch.nn.Linear` was
+            # "not a valid Module"
+            flag = shown.split()[0] if shown.startswith("--") else "--" + shown.split(": ", 1)[-1].split()[0]
+            return (
+                f"{shown}: {found.__name__} needs {', '.join(required)}, which have no default",
+                f"give them as {flag}.init_args.{required[0]} VALUE, or under init_args: in a config file",
+            )
     return None
+
+
+def _required_arguments(cls: type) -> list[str]:
+    """The arguments of `cls.__init__` that have no default (none for a signature Python cannot read)."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in keyword and p.default is inspect.Parameter.empty]

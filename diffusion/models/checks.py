@@ -33,7 +33,7 @@ def whole(
     """`value` as an int: WrongType unless a number, OutOfRange for a fraction or one below `minimum` (said as
     `>= minimum`, or `requirement`), each of `owner`'s option `name`."""
     with options_of(owner):
-        number = check_whole_number(name, value, fix=f"pass {name} as an int")
+        number = check_whole_number(name, value, fix=f"pass {{--{name}}} as an int")
     if minimum is not None and number < minimum:
         raise OutOfRange(name, value, requirement or f">= {minimum}", owner=owner)
     return number
@@ -51,7 +51,7 @@ def whole_numbers(
 ) -> tuple[int, ...]:
     """`values` as a tuple of ints: WrongType unless a sequence of numbers (naming the item that is not one),
     OutOfRange (said as `requirement`) for a float (even 2.0: never rounded) or an item below `minimum`."""
-    fix = f"pass {name} as a list of ints, e.g. {example}"
+    fix = f"pass {{--{name}}} as a list of ints, e.g. {example}"
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise _of(owner, WrongType(name, values, "a sequence of ints", fix))
     items = tuple(values)
@@ -66,7 +66,7 @@ def whole_numbers(
 def fraction(owner: type, name: str, value: Any) -> float:
     """`value` as a float in [0, 1): WrongType unless a number, OutOfRange outside (NaN too)."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise _of(owner, WrongType(name, value, "a number in [0, 1)", f"pass {name} as a float, e.g. 0.1"))
+        raise _of(owner, WrongType(name, value, "a number in [0, 1)", f"pass {{--{name}}} as a float, e.g. 0.1"))
     number = float(value)
     if not 0.0 <= number < 1.0:
         raise OutOfRange(name, value, "in [0, 1)", owner=owner)

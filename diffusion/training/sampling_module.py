@@ -18,7 +18,7 @@ from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
 from diffusion.errors import InvalidValue, WrongType, check_whole_number
-from diffusion.generation.arguments import checked_seed
+from diffusion.generation.arguments import check_float32, checked_seed
 
 LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
 
@@ -136,9 +136,11 @@ class SamplingModule(L.LightningModule):
         options: SamplingOptions | None = None, progress: bool = False, labels: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Draw samples in model units, shape (num_samples, *sample_shape); see `initial_noise`, `trajectory`.
-        `num_samples` is refused unless a whole number >= 1, as `generate` refuses it."""
+        `num_samples` is refused unless a whole number >= 1, and a module converted to 16 bits, as `generate`
+        refuses them."""
         num_samples = check_whole_number(
             "num_samples", num_samples, 1, "pass how many samples to draw, e.g. module.sample(64)"
         )
+        check_float32(self)  # a .half() module ended in torch's dtype error at its first layer
         x_T, generator = self.initial_noise(num_samples, seed, indices)
         return final_sample(self.trajectory(x_T, generator, options, progress, labels))

@@ -277,7 +277,7 @@ def test_a_group_file_given_as_a_flag_is_said_as_that_files_key(tmp_path, monkey
 
 
 def test_a_network_of_another_kind_is_refused_before_anything_is_built(tmp_path, monkeypatch, capsys):
-    """Round 5's G9: torch.nn.Linear (forward(input)) trained into forward's TypeError at the first step."""
+    """Round 4's G9: torch.nn.Linear (forward(input)) trained into forward's TypeError at the first step."""
     from diffusion.cli.train_checks import check_network_class
 
     monkeypatch.chdir(tmp_path)
@@ -294,6 +294,18 @@ def test_a_network_of_another_kind_is_refused_before_anything_is_built(tmp_path,
     assert train_line(["--config", "run.yaml"], capsys) == f"run.yaml: {refused}"
     for network in ("diffusion.UNet", "diffusion.models.MLP", "helpers.tiny_sampler.TinyNetwork"):
         check_network_class(network)  # the project's networks, and a user's of the contract's call
+
+
+def test_a_class_of_the_right_kind_without_its_required_arguments_names_them(tmp_path, monkeypatch, capsys):
+    """`--model.network torch.nn.Linear` alone was "not a valid Module": it is one, lacking its arguments."""
+    monkeypatch.chdir(tmp_path)
+    needs = (
+        "model.network torch.nn.Conv2d: Conv2d needs in_channels, out_channels, kernel_size, which have no default "
+        "— give them as --model.network.init_args.in_channels VALUE, or under init_args: in a config file"
+    )
+    assert train_line(["--model.network", "torch.nn.Conv2d"], capsys) == f"--{needs}"
+    Path("run.yaml").write_text("model:\n  network: torch.nn.Conv2d\n")
+    assert train_line(["--config", "run.yaml"], capsys) == f"run.yaml: {needs}"
 
 
 def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(user, tmp_path, capsys):

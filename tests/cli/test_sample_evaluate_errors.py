@@ -283,6 +283,16 @@ def test_evaluate_refuses_no_metric_of_a_config_file_by_its_key(user, capsys):
     ), line
 
 
+def test_a_list_where_one_label_goes_is_said_in_plain_words(user, capsys):
+    """A list where one value of `int | str` goes: the kinds said with their article ('not a int or str' was)."""
+    args = ["--ckpt", str(user / "model.ckpt"), "--out", str(user / "out"),
+            *in_a_config_file(["--class_label", "[1, 2]"], user)]  # fmt: skip
+    line = run_in_process(sample.main, args, user, capsys)
+    assert re.fullmatch(
+        r"error: \S*run.yaml: class_label \[1, 2\] is a list, not an int or str — write one value .*", line
+    ), line
+
+
 def test_evaluate_tiny_samples_against_a_dataset_name_their_size(tmp_path, capsys):
     np.savez(tmp_path / "tiny.npz", np.zeros((4, 2, 2, 1), np.uint8))
     args = ["--samples", str(tmp_path / "tiny.npz"), "--reference", "digits", "--features", "pixels"]

@@ -37,16 +37,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         r"--model.network diffusion.models.Nope" + NO_SUCH_CLASS,
     ),
     "missing_data_class": (["--data", "nope.Data"], r"--data nope.Data" + NO_SUCH_CLASS),
-    # Round 5's G9 and G10: forward's TypeError at the first step; a ValueError of the link sizing the network
+    # Round 4's G9 and G10: forward's TypeError at the first step; a ValueError of the link sizing the network
     "network_of_another_kind": (
-        [
-            "--model.network",
-            "torch.nn.Linear",
-            "--model.network.init_args.in_features",
-            "4",
-            "--model.network.init_args.out_features",
-            "4",
-        ],
+        ["--model.network", "torch.nn.Linear", "--model.network.init_args.in_features", "4",
+         "--model.network.init_args.out_features", "4"],
         r"^error: --model.network torch.nn.Linear: Linear is no noise-prediction network \(its forward takes "
         r"\(input\), not \(x, t, y=None\)\) — pass a diffusion.models network",
     ),  # fmt: skip
@@ -69,6 +63,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "network_channels_0": (
         ["--model.network.channels", "0"],
         r"--model.network.channels 0 is out of range \(must be >= 1\) — pass a value >= 1$",
+    ),
+    "network_channels_null": (  # the network's TypeError (a traceback before), said of the flag
+        ["--model.network.channels", "null"],
+        r"--model.network.channels null is not a whole number — pass --model.network.channels as an int$",
     ),
     "network_dropout_1": (
         ["--model.network.dropout", "1.5"],
