@@ -110,6 +110,8 @@ CASES = [
     ("sample-zero", lambda: UNCONDITIONAL.sample(0), ValueError, "num_samples"),
     ("sample-negative", lambda: UNCONDITIONAL.sample(-2), ValueError, "num_samples"),
     ("sample-half-module", lambda: tiny().half().sample(2), ValueError, "module"),
+    # its schedule's coefficients rounded to 16 bits and back overflow to inf: every sample was NaN, silently
+    ("generate-half-and-back-module", lambda: generate(tiny().half().float(), 2), ValueError, "module"),
     ("sample-bool-count", lambda: UNCONDITIONAL.sample(True), TypeError, "num_samples"),
     ("sample-text-count", lambda: UNCONDITIONAL.sample("3"), TypeError, "num_samples"),
     ("sample-tensor-count", lambda: UNCONDITIONAL.sample(torch.tensor(3)), TypeError, "num_samples"),

@@ -63,9 +63,17 @@ def check_float32(module: Any) -> None:
     # The schedule's buffers (float32, whatever its network holds) say a conversion of the whole module; the weights
     # in 16 bits, one of its network alone. A network may keep float64 tensors of its own and cast its inputs.
     schedule = getattr(module, "schedule", None)
-    coefficients = [*schedule.buffers()] if isinstance(schedule, torch.nn.Module) else []
-    converted = [t.dtype for t in coefficients if t.is_floating_point() and t.dtype != torch.float32]
+    coefficients = dict(schedule.named_buffers()) if isinstance(schedule, torch.nn.Module) else {}
+    coefficients = {name: t for name, t in coefficients.items() if t.is_floating_point()}
+    converted = [t.dtype for t in coefficients.values() if t.dtype != torch.float32]
     converted += [p.dtype for p in module.parameters() if p.dtype in (torch.float16, torch.bfloat16)]
+    broken = [name for name, t in coefficients.items() if not t.isfinite().all()]
+    if broken and not converted:  # `.half().float()`: the schedule's rounded coefficients overflowed to inf
+        raise InvalidValue(
+            f"module's noise schedule holds inf or NaN ({broken[0]}): its coefficients were rounded by a conversion "
+            "to 16 bits and back (.half().float()), or edited, and every sample would be NaN",
+            "load or build the model again in float32 (load_checkpoint(path), or DiffusionModule(...))",
+        )
     found = converted[0] if converted else None
     if found is not None:
         name = str(found).removeprefix("torch.")
