@@ -32,7 +32,6 @@ import torch
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt
 
-from diffusion.cli.command_line import written_as
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> Path:
         check_precision(args.precision)
         args.precision = str(args.precision)  # `precision: 32` in a file is YAML's int
         path = Path(args.out) / "samples.npz"
-        check_writable_folder(args.out, written_as(command_line.written, "out"))
+        check_writable_folder(args.out, "--out")
         for written in (path, path.with_name("grid.png")):  # what this command writes: keep the user's
             if written.exists() and not args.overwrite:
                 raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
@@ -128,7 +127,7 @@ def main(argv: list[str] | None = None) -> Path:
             if written.is_file():
                 with naming_a_full_disk(written), open(written, "r+b"):
                     pass
-        args.ckpt, hparams = given_model(args.ckpt, written_as(command_line.written, "ckpt"))
+        args.ckpt, hparams = given_model(args.ckpt)
         num_classes = hparams["network"].get("init_args", {}).get("num_classes")
         # Labels repeat with the classes (`class_labels`): those of the first num_classes samples stand for all.
         labels = requested_labels(
