@@ -62,8 +62,16 @@ class UserError(Exception):
 
     def about(self, subject: str) -> "UserError":
         """The same error said of `subject`, what the user gave that led to it (a flag and a path): `<subject>:
-        <problem> — <fix>`, for a check deep inside reading that subject which cannot know its name."""
-        return UserError(f"{subject}: {self.problem}", self.fix, self.owner)
+        <problem> — <fix>`, for a check deep inside reading that subject which cannot know its name. Of the same
+        built-in kind for Python callers: a missing file's a MissingFile, another OSError's a CannotRead, any other
+        check's (a range, a kind, weights that do not fit) an InvalidValue, as what `subject` holds is wrong."""
+        if type(self) is UserError:
+            kind: type[UserError] = UserError
+        elif isinstance(self, FileNotFoundError):
+            kind = MissingFile
+        else:
+            kind = CannotRead if isinstance(self, OSError) else InvalidValue
+        return kind(f"{subject}: {self.problem}", self.fix, self.owner)
 
     def __reduce__(self) -> tuple:
         # Pickled whole (a DataLoader worker's error crosses to the main process as itself): the subclasses'
@@ -72,7 +80,8 @@ class UserError(Exception):
 
 
 def _rebuilt(cls: type[UserError], args: tuple, fields: dict[str, Any]) -> UserError:
-    error = Exception.__new__(cls)
+    # its own __new__: Exception's refuses an OSError's kinds (MissingFile, DiskFull)
+    error = cls.__new__(cls)
     error.args = args
     error.__dict__.update(fields)
     return error
@@ -96,6 +105,11 @@ class InvalidValue(UserError, ValueError):
 
 class MissingFile(UserError, FileNotFoundError):
     """A file or folder the user named that is not there; a FileNotFoundError too, for Python callers."""
+
+
+class CannotRead(UserError, OSError):
+    """A file or download the user's setting points at that the system could not read (no network, no such file,
+    no permission), said with the system's reason; an OSError too, for Python callers."""
 
 
 class OutOfRange(UserError, ValueError):
@@ -243,9 +257,10 @@ def is_disk_full(error: BaseException) -> TypeGuard[OSError]:
     return isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS
 
 
-class DiskFull(UserError):
+class DiskFull(UserError, OSError):
     """No room left for a file being written: `no space left on the disk of <folder> while saving <name> — <fix>`.
-    Raised where the project writes (`naming_a_full_disk`), which knows the file; it carries `folder` and `name`."""
+    Raised where the project writes (`naming_a_full_disk`), which knows the file; it carries `folder` and `name`.
+    An OSError too, for Python callers (its errno None: `is_disk_full` does not take it for the OS's own)."""
 
     def __init__(self, folder: Path, name: str, fix: str = FREE_SPACE) -> None:
         super().__init__(f"no space left on the disk of {folder} while saving {name}", fix)
@@ -256,9 +271,10 @@ REFUSED_WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)  # no permission
 MAKE_WRITABLE = "make that folder writable for this user, or write to another folder; the files written there before are intact"
 
 
-class CannotWrite(UserError):
+class CannotWrite(UserError, OSError):
     """A folder that refuses a write (no permission, a read-only disk, an immutable folder): `cannot write <name>
-    into <folder> (<the system's reason>) — <fix>`. It carries `folder` and `name`, as DiskFull does."""
+    into <folder> (<the system's reason>) — <fix>`. It carries `folder` and `name`, as DiskFull does; an OSError
+    too."""
 
     def __init__(self, folder: Path, name: str, reason: str, fix: str = MAKE_WRITABLE) -> None:
         super().__init__(f"cannot write {name} into {folder} ({reason})", fix)

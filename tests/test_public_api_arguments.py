@@ -13,9 +13,11 @@ from helpers import tiny_vector_model
 
 from diffusion import (
     MLP,
+    Batch,
     DiffusionModule,
     ImageDataModule,
     NoiseSchedule,
+    SampleQuality,
     SamplingOptions,
     UserError,
     VectorDataModule,
@@ -112,6 +114,7 @@ CASES = [
     ("sample-half-module", lambda: tiny().half().sample(2), ValueError, "module"),
     # its schedule's coefficients rounded to 16 bits and back overflow to inf: every sample was NaN, silently
     ("generate-half-and-back-module", lambda: generate(tiny().half().float(), 2), ValueError, "module"),
+    ("generate-meta-module", lambda: generate(tiny().to("meta"), 2), ValueError, "module"),
     ("sample-bool-count", lambda: UNCONDITIONAL.sample(True), TypeError, "num_samples"),
     ("sample-text-count", lambda: UNCONDITIONAL.sample("3"), TypeError, "num_samples"),
     ("sample-tensor-count", lambda: UNCONDITIONAL.sample(torch.tensor(3)), TypeError, "num_samples"),
@@ -123,12 +126,34 @@ CASES = [
     ("sample-indices-without-seed", lambda: UNCONDITIONAL.sample(2, indices=torch.arange(2)), ValueError,
      "indices"),
     ("sample-list-indices", lambda: UNCONDITIONAL.sample(2, seed=0, indices=[0, 1]), TypeError, "indices"),
+    ("sample-negative-indices", lambda: UNCONDITIONAL.sample(2, seed=0, indices=torch.tensor([-1, -2])),
+     ValueError, "indices"),
+    ("sample-progress-text", lambda: UNCONDITIONAL.sample(2, progress="no"), TypeError, "progress"),
     # the constructors' counts: torch's own words (linspace) or a comparison of a str with an int
     ("schedule-fractional-steps", lambda: NoiseSchedule(num_timesteps=10.5), ValueError, "num_timesteps"),
+    # a beta_start past the default beta_end was blamed on beta_end, whose fix was the value already there
+    ("schedule-start-past-end", lambda: NoiseSchedule(beta_start=0.03), ValueError, "beta_start=0.03 must be in (0, "),
+    ("schedule-zero-trained-beta", lambda: NoiseSchedule("trained", 2, trained_betas=[0.0, 0.1]), ValueError,
+     "trained_betas"),
     ("images-text-size", lambda: ImageDataModule(image_size="8"), TypeError, "image_size"),
     ("vectors-bool-batch", lambda: VectorDataModule(batch_size=True), TypeError, "batch_size"),
+    # Batch: built from anything, found (if at all) inside training
+    ("batch-list-as-x", lambda: Batch([1, 2], torch.arange(2)), TypeError, "x"),
+    ("batch-short-index", lambda: Batch(torch.rand(4, 2), torch.arange(3)), ValueError, "index"),
+    ("batch-text-label", lambda: Batch(torch.rand(4, 2), torch.arange(4), "cat"), TypeError, "label"),
     # DiffusionModule itself: a network's name where the network goes failed at the first sample
     ("module-name-as-network", lambda: DiffusionModule("UNet", sample_shape=(2,)), TypeError, "network"),
+    # its sample shape failed at the first sample in torch's words; class names of no class were kept silently
+    ("module-negative-size", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(1, -8, 8)), ValueError,
+     "sample_shape[1]"),
+    ("module-text-size", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=("2",)), TypeError,
+     "sample_shape[0]"),
+    ("module-size-as-shape", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=2), TypeError,
+     "sample_shape"),
+    ("module-names-unconditional", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,),
+                                                           class_names=["a", "b"]), ValueError, "class_names"),
+    ("module-names-miscounted", lambda: DiffusionModule(CONDITIONAL.network, sample_shape=(2,),
+                                                        class_names=["a", "b"]), ValueError, "class_names"),
     # truthy text or a bool where a bool or a number goes: "no" rescaled the schedule, lr=True trained at 1.0
     ("schedule-text-as-bool", lambda: NoiseSchedule(zero_terminal_snr="no"), TypeError, "zero_terminal_snr"),
     ("module-bool-as-lr", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,), lr=True), TypeError,
@@ -157,6 +182,7 @@ CASES = [
     ("labels-label-out-of-range", lambda: class_labels(4, 3, 7), ValueError, "class_label"),
     ("labels-label-unconditional", lambda: class_labels(4, None, 1), ValueError, "class_label"),
     ("labels-names-as-text", lambda: class_labels(4, 3, None, "abc"), TypeError, "class_names"),
+    ("labels-names-miscounted", lambda: class_labels(4, 3, "cat", ["cat"]), ValueError, "class_names"),
     # load_checkpoint
     ("latest-number-as-folder", lambda: latest_checkpoint(3, "digits"), TypeError, "save_dir"),
     ("latest-number-as-name", lambda: latest_checkpoint("runs", 7), TypeError, "name"),
@@ -183,6 +209,16 @@ CASES = [
                                                    labels=torch.tensor([0.5, 1, 2])), TypeError, "labels"),
     ("reverse-too-few-labels", lambda: reverse_steps(CONDITIONAL.network, SCHEDULE, X_T,
                                                      labels=torch.tensor([0, 1])), ValueError, "labels"),
+    # integer noise ended in torch's matmul dtype error, NaN noise gave NaN samples, a str generator was counted
+    ("reverse-integer-noise", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T.long()), TypeError, "x_T"),
+    ("reverse-nan-noise", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T + float("nan")), ValueError,
+     "x_T"),
+    ("reverse-text-generator", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T, generator="seed0"),
+     TypeError, "generator"),
+    ("reverse-too-few-generators", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T,
+                                                         generator=[torch.Generator()]), ValueError, "generator"),
+    ("mlp-timesteps-of-another-batch", lambda: UNCONDITIONAL.network(X_T, torch.zeros(2, dtype=torch.long)),
+     ValueError, "t"),
     ("final-tensor-as-steps", lambda: final_sample(X_T), TypeError, "steps"),
     ("final-no-steps", lambda: final_sample(iter([])), TypeError, "steps"),
     # rendering
@@ -201,6 +237,11 @@ CASES = [
      "normalization['scale'][0]"),
     ("uint8-array", lambda: to_uint8(IMAGES.numpy(), {"shift": [0.5], "scale": [0.5]}), TypeError, "x"),
     ("uint8-list-normalization", lambda: to_uint8(IMAGES, [0.5, 0.5]), TypeError, "normalization"),
+    # a negative scale inverted every image, a bool tensor came back bool
+    ("uint8-negative-scale", lambda: to_uint8(IMAGES, {"shift": [0.5], "scale": [-0.5]}), ValueError,
+     "normalization['scale'][0]"),
+    ("denormalize-bool", lambda: denormalize(X_T.bool(), NORMALIZATION), TypeError, "x"),
+    ("uint8-bool", lambda: to_uint8(IMAGES.bool(), {"shift": [0.5], "scale": [0.5]}), TypeError, "x"),
     ("rows-list-as-images", lambda: rows_by_class([IMAGES], torch.tensor([0, 1, 0, 1])), TypeError, "images"),
     ("rows-zero-per-class", lambda: rows_by_class(IMAGES, torch.tensor([0, 1, 0, 1]), 0), ValueError,
      "per_class"),
@@ -226,7 +267,15 @@ CASES = [
                                                   torch.eye(2)), ValueError, "mu1"),
     ("frechet-negative-covariance", lambda: frechet_distance(torch.zeros(2), -torch.eye(2), torch.zeros(2),
                                                              torch.eye(2)), ValueError, "sigma1"),
+    ("frechet-no-features", lambda: frechet_distance(torch.zeros(0), torch.zeros(0, 0), torch.zeros(0),
+                                                     torch.zeros(0, 0)), ValueError, "mu1"),
     ("statistics-number-as-path", lambda: load_statistics(3), TypeError, "path"),
+    # SampleQuality: a lone name was read letter by letter, [] computed nothing, model units gave another FID
+    ("quality-lone-metric", lambda: SampleQuality("pixels", "fid", channels=1), TypeError, "metrics"),
+    ("quality-no-metric", lambda: SampleQuality("pixels", [], channels=1), ValueError, "metrics"),
+    ("quality-two-channels", lambda: SampleQuality("pixels", channels=2), ValueError, "channels"),
+    ("quality-model-units", lambda: SampleQuality("pixels", ["fid"], channels=1).update(IMAGES - 1, real=True),
+     ValueError, "images"),
 ]  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from jsonargparse import ArgumentParser, Namespace
@@ -177,9 +178,13 @@ def is_config_file_flag(parser: ArgumentParser, key: str) -> bool:
     return key == "config" or (action is not None and loads_a_group_file(action))
 
 
-def keys_of_file(parser: ArgumentParser, options: dict, prefix: str, file: str) -> Iterator[Written]:
+def keys_of_file(
+    parser: ArgumentParser, options: dict, prefix: str, file: str, within: tuple[Path, ...] = ()
+) -> Iterator[Written]:
     """The keys a config file's mapping sets, as the parser takes them: a group's options one by one, a class's
-    mapping as its class path and its arguments (`data.init_args.batch_size`), any other value whole."""
+    mapping as its class path and its arguments (`data.init_args.batch_size`), any other value whole; a file
+    named in it (`config: base.yaml`, `data: data.yaml`) as that file's keys. `within`: the config files that
+    named this one."""
     for name, value in options.items():
         key = f"{prefix}{name}"
         action = action_of(parser, key)
@@ -188,7 +193,7 @@ def keys_of_file(parser: ArgumentParser, options: dict, prefix: str, file: str) 
             and (action is None or loads_a_group_file(action))
             and has_keys_under(parser, key)
         ):
-            yield from keys_of_file(parser, value, f"{key}.", file)
+            yield from keys_of_file(parser, value, f"{key}.", file, within)
         elif isinstance(value, dict) and action is not None and takes_a_class(declared_type(action)):
             if "class_path" in value:
                 yield Written(key, (value["class_path"],), file)
@@ -202,10 +207,18 @@ def keys_of_file(parser: ArgumentParser, options: dict, prefix: str, file: str) 
                 yield Written(f"{key}.init_args.{argument}", (argument_value,), file)
         else:
             yield Written(key, (value,), file)
-            if isinstance(value, str) and action is not None and loads_a_group_file(action):
-                options = read_config_file(beside(file, value))  # a group's file named in this one
-                if isinstance(options, dict):
-                    yield from keys_of_file(parser, options, f"{key}.", beside(file, value))
+            if isinstance(value, str) and action is not None:  # a group's or a class's file named in this one
+                named = read_config_file(path := beside(file, value))
+                if not isinstance(named, dict):
+                    continue  # no such file, or not one of options: `_bad_item` says why
+                if key == "config":  # a config file named in this one; a loop of them is the parser's to say
+                    chain = (*within, Path(file).resolve())
+                    if Path(path).resolve() not in chain:
+                        yield from keys_of_file(parser, named, "", path, chain)
+                elif loads_a_group_file(action):
+                    yield from keys_of_file(parser, named, f"{key}.", path, within)
+                elif takes_a_class(declared_type(action)):
+                    yield from keys_of_file(parser, {key: named}, "", path, within)  # `network: net.yaml`
 
 
 def has_keys_under(parser: ArgumentParser, key: str) -> bool:

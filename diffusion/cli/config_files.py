@@ -29,6 +29,22 @@ def beside(config_file: str | None, path: str) -> str:
     return str(Path(config_file).parent / path)
 
 
+# Flags a command line takes that no config file may hold: jsonargparse acts on them while it reads the command line.
+COMMAND_LINE_ONLY = ("print_config", "help")
+
+
+def command_line_only(file: str, key: str, value: Any) -> tuple[str, str] | None:
+    """(what is wrong, fix) for `print_config: true` or `help: true` in a config file (jsonargparse's words named
+    neither the file nor the flag); None for any other key."""
+    if key not in COMMAND_LINE_ONLY:
+        return None
+    flag = f"--{key}={value}" if key == "print_config" and isinstance(value, str) else f"--{key}"  # skip_null
+    return (
+        f"{file}: {key} is a flag of the command line, not an option of a config file",
+        f"remove the line, and pass {flag} on the command line",
+    )
+
+
 def config_file_problem(key: str, value: str, shown: str | None = None) -> tuple[str, str] | None:
     """(what is wrong, fix) with the file a config flag names, as a whole: missing, not YAML, empty, or a list or
     a single value where a mapping of options goes; None when it is a mapping. `shown`: how the line says the

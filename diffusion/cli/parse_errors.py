@@ -45,7 +45,14 @@ from diffusion.cli.command_line import (
     takes_a_class,
     without_print_config,
 )
-from diffusion.cli.config_files import as_text, beside, config_file_problem, read_config_file, yaml_or_none
+from diffusion.cli.config_files import (
+    as_text,
+    beside,
+    command_line_only,
+    config_file_problem,
+    read_config_file,
+    yaml_or_none,
+)
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required
 from diffusion.cli.type_fits import fits, imported, one_value_said, said_of
 from diffusion.errors import UserError
@@ -172,6 +179,8 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
             f"{item.shown()}: init_args holds the arguments of the class, by name",
             "write them under it as name: value lines (e.g. channels: 64)",
         )
+    if item.file is not None and (found := command_line_only(item.file, item.key, item.values[0])):
+        return found
     action = action_of(parser, item.key)
     if is_config_file_flag(parser, item.key) and item.values:
         value = item.values[-1]

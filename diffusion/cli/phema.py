@@ -21,6 +21,7 @@ Nothing is overwritten without --overwrite. A user error ends in one line on std
 """
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ import yaml
 from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
+from diffusion.cli.command_line import Written
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
@@ -41,6 +43,7 @@ from diffusion.cli.flags import (
 )
 from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
+from diffusion.cli.sample import chosen_sampler
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.ranks import generate
@@ -159,7 +162,7 @@ def run_ema_label(run: Path) -> str:
 
 
 def sweep(
-    args: Namespace, run: Path, base: Path, snapshots: list[Snapshot], step: int
+    args: Namespace, run: Path, base: Path, snapshots: list[Snapshot], step: int, written: Sequence[Written]
 ) -> Reconstruction | None:
     """Score the run's EMA and every --sweep sigma_rel; print the table; return the best reconstruction."""
     hparams = read_checkpoint(base, "--ckpt").get("hyper_parameters", {})
@@ -179,7 +182,9 @@ def sweep(
     if statistics is None:
         feed_images(quality, reference, True, args.batch_size, device, "features of the reference")  # type: ignore[arg-type]
     run_ema = {name: value.clone() for name, value in module.state_dict().items()}
-    sampler = module.model_sampling.sampler(options)
+    sampler, note = chosen_sampler(module, options, written)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
     def score(weights: dict) -> float:
         module.load_state_dict({**run_ema, **weights})
@@ -261,7 +266,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         base = base_checkpoint(run, step, args.ckpt)
         command_line.print_config_if_asked()  # once the checks have passed: what would run
         if args.sweep is not None:
-            chosen = sweep(args, run, base, snapshots, step)
+            chosen = sweep(args, run, base, snapshots, step, command_line.written)
         else:
             chosen = reconstruct(snapshots, args.sigma_rel, step)
         if args.out is None or chosen is None:

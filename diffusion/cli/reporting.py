@@ -10,7 +10,8 @@ traceback too.
 Interrupts end every command the same way: SIGINT (Ctrl+C) or SIGTERM raise `diffusion.errors.Interrupted` in
 the command's process, which ends it with `error: stopped by SIGINT — ...` and exit status 130 (143 for SIGTERM),
 no traceback. Training takes both signals over while it runs (`diffusion.training.callbacks.preemption`): it saves
-the step it reached, then exits with the same status.
+the step it reached, then exits with the same status; Ctrl+C again before that save stops at once, its line
+saying which steps are lost (`StoppedUnsaved`).
 """
 
 import os
@@ -28,6 +29,7 @@ from diffusion.cli.command_line import remember_written, said_as_written
 from diffusion.cli.flag_names import flag_text
 from diffusion.cli.flags import debug_requested
 from diffusion.errors import CallerError, Interrupted, UserError, said
+from diffusion.training.callbacks.preemption import StoppedUnsaved
 
 USER_ERROR_EXIT_STATUS = 2  # argparse's status for a bad command line; here for every user error
 BUG = (
@@ -59,11 +61,13 @@ def reporting_user_errors(argv: Sequence[str] | None = None) -> Iterator[None]:
             yield
     except (Interrupted, KeyboardInterrupt) as error:
         signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
-        print(
-            f"error: stopped by {signal.Signals(signum).name} — nothing finished was written "
-            "(files it writes appear only once complete); run the command again",
-            file=sys.stderr, flush=True,
-        )  # fmt: skip
+        line = (
+            f"stopped by {signal.Signals(signum).name} — nothing finished was written "
+            "(files it writes appear only once complete); run the command again"
+        )
+        if isinstance(error, StoppedUnsaved):  # training: what the stop lost, and how to go on
+            line = f"{said(error.problem)} — {said(error.fix)}"
+        print(f"error: {line}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum) from None
     except BaseException as error:
         if is_user_error(unwrapped(error)):

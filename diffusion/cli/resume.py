@@ -362,3 +362,28 @@ def check_same_training_settings(path: str, current_config: str) -> None:
         f"resume it with its own config: --config {run.config_file} (flags such as --max_steps may follow), "
         f"or start a new run from its weights: --model.init_from {path} (without --ckpt_path)",
     )
+
+
+def check_init_from_on_resume(ckpt_path: str | None, init_from: str | None) -> None:
+    """--model.init_from beside a resume (--ckpt_path, resolved: None when `auto` starts the job's run): the run
+    goes on from the checkpoint's weights, and init_from's were loaded and replaced without a word. Passed where
+    they are the run's own (its config.yaml names them: resumed with that config, or a job restarted with the
+    command line that started it, --ckpt_path auto)."""
+    if ckpt_path is None or init_from is None:
+        return
+    run = run_folder_of(ckpt_path)
+    if run is not None and run.config_file.is_file():
+        saved = (yaml.safe_load(run.config_file.read_text()) or {}).get("model") or {}
+        started_from = saved.get("init_from") if isinstance(saved, dict) else None
+        if started_from is not None and _same_path(str(started_from), init_from):
+            return
+    raise UserError(
+        f"--model.init_from {init_from} with --ckpt_path {ckpt_path}: a resume goes on from the checkpoint's "
+        "weights and optimizer state, so those of --model.init_from would be loaded and replaced unused",
+        "leave out --model.init_from to resume the run, or leave out --ckpt_path to start a new run from "
+        "--model.init_from's weights",
+    )
+
+
+def _same_path(one: str, other: str) -> bool:
+    return one == other or Path(one).expanduser().resolve() == Path(other).expanduser().resolve()

@@ -23,15 +23,19 @@ exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 
 import inspect
+import shutil
 import sys
+import warnings
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import torch
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt
 
+from diffusion.cli.command_line import Written
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
@@ -45,14 +49,14 @@ from diffusion.cli.flags import (
     resolve_device,
 )
 from diffusion.cli.parse_errors import parsed_command_line
-from diffusion.cli.process_group import closing_process_group, launch_ranks
+from diffusion.cli.process_group import check_other_machines_named, closing_process_group, launch_ranks
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.samplers.contract import Sampler
-from diffusion.core.sampling import OPTION_OWNERS, SamplingOptions
+from diffusion.core.sampling import SamplingOptions, UnusedSamplingOption, unused_options
 from diffusion.errors import COMMAND, UserError, naming_a_full_disk
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
-from diffusion.generation.render import SamplesWriter, check_room_for_samples
+from diffusion.generation.render import SamplesWriter, samples_file_bytes
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.module import DiffusionModule
 
@@ -94,16 +98,56 @@ def check_precision(precision: int | str) -> None:
         )
 
 
-def unused_options(sampler: Sampler, given: set[str]) -> str | None:
-    """What the user gave that the chosen sampler has no option for (`--eta` of ddpm): said, not dropped silently."""
-    unused = [name for name in OPTION_OWNERS if name in given and type(sampler) not in OPTION_OWNERS[name]]
-    if not unused:
-        return None
-    takers = {name: ", ".join(owner.name for owner in OPTION_OWNERS[name]) for name in unused}
-    return "; ".join(
-        f"--{name} is no option of the {sampler.name} sampler: not used ({takers[name]} take it)"
-        for name in unused
+def in_bytes(num_bytes: int) -> str:
+    """A size in the unit that shows it: bytes, kB, MB or GB (decimal units, as `df -H` says them)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= size:
+            return f"{num_bytes / size:,.1f} {unit}"
+    return f"{num_bytes:,} bytes"
+
+
+def check_room(out: str, num_samples: int, sample_shape: tuple[int, ...], conditional: bool) -> None:
+    """Refuse before any sampling time is spent unless the disk holding `out` (or its nearest existing parent) has
+    room for the samples file. What --overwrite replaces is no room: the new files are written beside the old
+    ones (OUT/samples.partial/), which go only once the new ones are complete."""
+    needed = samples_file_bytes(num_samples, sample_shape, conditional)
+    existing = next(p for p in [Path(out), *Path(out).absolute().parents] if p.exists())
+    free = shutil.disk_usage(existing).free
+    if needed <= free:
+        return
+    shown_needed, shown_free = in_bytes(needed), in_bytes(free)
+    if shown_needed == shown_free:  # rounded to the same: the bytes say which is larger
+        shown_needed, shown_free = f"{needed:,} bytes", f"{free:,} bytes"
+    replaced = [p for p in (Path(out) / "samples.npz", Path(out) / "grid.png") if p.is_file()]
+    kept = ""
+    if replaced:
+        names = " and ".join(p.name for p in replaced)
+        kept = (
+            f" (the {names} it replaces, {in_bytes(sum(p.stat().st_size for p in replaced))}, stay until the new "
+            "samples are complete)"
+        )
+    raise UserError(
+        f"{{command:--num_samples}} {num_samples}: the samples would take {shown_needed} and {{command:--out}} "
+        f"{out} has {shown_free} free{kept}",
+        "sample fewer ({command:--num_samples}), or write to a disk with room ({command:--out})",
     )
+
+
+def chosen_sampler(
+    module: Any, options: SamplingOptions, written: Sequence[Written]
+) -> tuple[Sampler, str | None]:
+    """The sampler of the flags over the checkpoint's defaults, and a note of each option written that it has no
+    option for (`--eta` of ddpm), said as the flag: the API's warning of the same (`UnusedSamplingOption`) would
+    say it a second time, in Python's words."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedSamplingOption)
+        sampler = module.model_sampling.sampler(options)
+    given = {item.key for item in written if item.values != (None,)}
+    note = "; ".join(
+        f"--{name} is no option of the {sampler.name} sampler: not used ({takers} take it)"
+        for name, takers in unused_options(sampler, given).items()
+    )
+    return sampler, note or None
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -117,6 +161,7 @@ def main(argv: list[str] | None = None) -> Path:
         device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)
         check_precision(args.precision)
+        check_other_machines_named(args.num_nodes)  # before --print_config; it waited for them without end
         args.precision = str(args.precision)  # `precision: 32` in a file is YAML's int
         path = Path(args.out) / "samples.npz"
         check_writable_folder(args.out, "--out")
@@ -137,7 +182,7 @@ def main(argv: list[str] | None = None) -> Path:
             args.guidance_scale is not None,
         )
         sample_shape = tuple(hparams.get("sample_shape") or DEFAULT_SAMPLE_SHAPE)
-        check_room_for_samples(args.out, args.num_samples, sample_shape, labels is not None)
+        check_room(args.out, args.num_samples, sample_shape, labels is not None)
         # --steps beyond the checkpoint's schedule: refused here, before --print_config and the ranks start
         options.check_steps_fit(int(hparams.get("num_timesteps", 1000)), COMMAND, "steps")
         command_line.print_config_if_asked()  # once the command's checks have passed: what would run
@@ -149,8 +194,7 @@ def main(argv: list[str] | None = None) -> Path:
             if note and torch.device(device).type == "cpu":
                 print(f"note: {note}", file=sys.stderr)
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
-        sampler = module.model_sampling.sampler(options)  # the flags over the checkpoint's defaults, once
-        note = unused_options(sampler, {item.key for item in command_line.written if item.values != (None,)})
+        sampler, note = chosen_sampler(module, options, command_line.written)  # once, over the defaults
         if note and rank == 0:
             print(f"note: {note}", file=sys.stderr)
         all_gather = None if fabric is None else (lambda tensor: fabric.all_gather(tensor.to(fabric.device)))

@@ -28,9 +28,9 @@ from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, check_path_given
 from diffusion.cli.jsonargparse_internals import drop_print_config_request
 from diffusion.cli.legacy import accept_moved_class_paths, class_at
 from diffusion.cli.parse_errors import CommandLine, parsed_command_line
-from diffusion.cli.process_group import closing_process_group
+from diffusion.cli.process_group import check_other_machines_named, closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.cli.resume import check_same_training_settings, resolve_resume
+from diffusion.cli.resume import check_init_from_on_resume, check_same_training_settings, resolve_resume
 from diffusion.cli.train_checks import (
     check_init_from,
     check_monitored_metric,
@@ -286,6 +286,7 @@ class DiffusionCLI(LightningCLI):
             else:
                 config.model.init_from = str(source)
                 check_init_from(config.model.init_from, config.model.network.class_path)
+        check_init_from_on_resume(config.ckpt_path, config.model.init_from)  # the resume's weights win
         note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
         if note and runs_on_cpu(config.trainer):  # --accelerator cpu, or auto on a machine without a GPU
             rank_zero_warn(note)
@@ -316,6 +317,7 @@ class DiffusionCLI(LightningCLI):
         }
         check_settings_from_the_data(self._settings_written, derived, self._said)
         check_torchrun_world_size(self.trainer.num_devices, self.trainer.num_nodes)
+        check_other_machines_named(self.trainer.num_nodes, self.trainer.strategy)  # before it waits for them
         timeout = self.config.ddp_timeout
         if timeout <= 0:
             raise UserError(f"--ddp_timeout {timeout:g} is out of range", "pass seconds > 0, e.g. 600")

@@ -110,6 +110,31 @@ def check_trainer_option_ranges(config: Namespace, say: SayOption = as_flag) -> 
             f"choose one of {', '.join(PROFILER_NAMES)}, or pass a profiler's class path",
         )
     _check_least_against_most(config, say)
+    _check_precision(config.get("trainer.precision"), say)
+    if config.get("trainer.enable_checkpointing") is False:  # Lightning's refusal blamed a callbacks list
+        raise UserError(
+            f"{say('trainer.enable_checkpointing', 'false')}: train.py always keeps last.ckpt, "
+            "the run's resume point (saved at the end, every --checkpoint.every_n_minutes and when the job is stopped)",
+            "leave --trainer.enable_checkpointing out; to keep fewer checkpoints, pass --checkpoint.save_top_k 0 "
+            "(last.ckpt alone)",
+        )
+
+
+# Lightning's double precision: the run trained into a dtype error in the EMA update (its float32 copy lerped
+# toward float64 weights) and left a run folder without a checkpoint; sampling runs the schedule in float32.
+DOUBLE_PRECISION = ("64", "64-true")
+TRAINING_PRECISIONS = (
+    "32 (32-true), bf16-mixed or 16-mixed (16-true and bf16-true would round the noise schedule)"
+)
+
+
+def _check_precision(precision: Any, say: SayOption) -> None:
+    if precision is not None and str(precision) in DOUBLE_PRECISION:
+        raise UserError(
+            f"{say('trainer.precision', precision)}: train.py does not train in double precision (its EMA, "
+            "sample grids and samplers run in float32)",
+            f"choose {TRAINING_PRECISIONS}",
+        )
 
 
 def _count(value: Any) -> bool:
@@ -130,19 +155,29 @@ def _check_least_against_most(config: Namespace, say: SayOption) -> None:
 
 
 def validation_off_note(config: Namespace, say: SayOption = as_flag) -> str | None:
-    """limit_val_batches 0 (or 0.0), Lightning's way to turn validation off, which a run may want (a speed test,
-    a smoke test): what the run will then not do, said once, since validation is what draws the sample grids,
+    """Validation turned off, which a run may want (a speed test, a smoke test): by limit_val_batches 0 (or 0.0),
+    Lightning's way, or by --data.val_fraction 0 without --data.val_from_train (no images held out, so no
+    validation set). What the run will then not do, said once, since validation is what draws the sample grids,
     plots val/loss and saves the step checkpoints."""
     value = config.get("trainer.limit_val_batches")
-    if not isinstance(value, int | float) or isinstance(value, bool) or value != 0:
-        return None
+    held_out = config.get("data.init_args.val_fraction")
+    key, fix = "trainer.limit_val_batches", "leave --trainer.limit_val_batches out"
+    if not _is_zero(value):
+        if not _is_zero(held_out) or config.get("data.init_args.val_from_train") is not None:
+            return None
+        key, value = "data.init_args.val_fraction", held_out
+        fix = "pass --data.val_fraction 0.05 (or, where the data module takes it, --data.val_from_train N)"
     return (
-        f"{say('trainer.limit_val_batches', f'{value:g}')} turns validation off: this run draws no sample grids "
+        f"{say(key, f'{value:g}')} turns validation off: this run draws no sample grids "
         "(samples/step_*.png), plots no val/loss and saves no checkpoint at validations, "
         "only last.ckpt (at the end and every --checkpoint.every_n_minutes) — "
-        "leave --trainer.limit_val_batches out to validate every --trainer.val_check_interval steps, "
+        f"{fix} to validate every --trainer.val_check_interval steps, "
         "or pass --checkpoint.every_n_train_steps N for a checkpoint every N steps"
     )
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
 
 
 def warmup_note(config: Namespace, say: SayOption = as_flag) -> str | None:

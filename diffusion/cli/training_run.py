@@ -13,10 +13,12 @@ from jsonargparse import Namespace
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from diffusion.errors import DiskFull, UserError, is_disk_full
 from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, write_atomically
+from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import Heartbeat
 from diffusion.training.callbacks.preemption import Preempted
 from diffusion.training.callbacks.run_progress import LossPlot, RunProgressBar
@@ -107,12 +109,34 @@ def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:
 
 
 def fit(cli: BuiltRun) -> None:
+    if cast(
+        Any, cli.trainer
+    ).fast_dev_run:  # set at run time; it writes nothing: no run folder to check or hold
+        rank_zero_info(write_nothing(cli.trainer))
+        fit_in_run_folder(cli, [])
+        return
     if cli.config.ckpt_path is None:  # a new run: its checkpoints go where no run's are
         check_nothing_overwritten(run_folder(cli.trainer), cli.config.checkpoint.dirpath)
     created = new_run_folders(cli.trainer)
     # Rank 0 holds the run folder for the fit: a second job on it (a resume started twice) is refused here.
     with training_in(run_folder(cli.trainer)) if cli.trainer.is_global_zero else contextlib.nullcontext():
         fit_in_run_folder(cli, created)
+
+
+def write_nothing(trainer: Trainer) -> str:
+    """--trainer.fast_dev_run: Lightning says "Logging and checkpointing is suppressed" and its logger and
+    checkpoints write nothing; the project's callbacks that write files (last.ckpt at the end, the sample grids,
+    the loss plot, the post-hoc EMA snapshots) wrote them into the current folder, since the run has no folder
+    then. They are dropped (the EMA itself stays), and the note returned says so."""
+    callbacks = callbacks_of(trainer)
+    callbacks[:] = [c for c in callbacks if not isinstance(c, Checkpoint | SampleGrid | LossPlot)]
+    for callback in callbacks:
+        if isinstance(callback, EMA):
+            callback.post_hoc = None
+    return (
+        "--trainer.fast_dev_run: a smoke test that writes no files — no checkpoint, sample grid, loss plot or "
+        "post-hoc EMA snapshot (a real run writes them into its run folder)"
+    )
 
 
 def check_nothing_overwritten(folder: Path, checkpoint_dirpath: str | None) -> None:

@@ -13,11 +13,11 @@ a 32-bit value fits in int64 exactly: no overflow on any backend, and the result
 
 import math
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from diffusion.errors import OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange, UserError, WrongType
 
 MASK32 = 0xFFFFFFFF
 _MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)  # lowbias32's, both < 2**31
@@ -134,3 +134,42 @@ def randn(shape: Sequence[int], generator: Generators, device: torch.device) -> 
     return torch.stack([torch.randn(tuple(shape[1:]), generator=g, device=g.device) for g in generator]).to(
         device
     )
+
+
+class WrongDtype(WrongType):
+    """A tensor of the wrong element type where floats go (`x_T` of int64, samples of bool): `<name> is a <dtype>
+    tensor, not <expected> — <fix>` (WrongType's own form would print the tensor's values as its kind)."""
+
+    def __init__(self, name: str, tensor: torch.Tensor, expected: str, fix: str) -> None:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        article = "an" if dtype[0] in "aeiou" else "a"
+        UserError.__init__(self, f"{name} is {article} {dtype} tensor, not {expected}", fix)
+        self.name, self.value, self.expected = name, tensor, expected
+
+
+def check_initial_noise(x_T: torch.Tensor) -> None:
+    """x_T floating point (integer noise ended in torch's dtype error at the network's first layer) and finite
+    (NaN noise gave NaN samples without a word)."""
+    fix = "pass the initial noise, e.g. torch.randn(n, *sample_shape)"
+    if not x_T.is_floating_point():
+        raise WrongDtype("x_T", x_T, "a floating-point tensor", fix)
+    if not x_T.is_meta and not bool(torch.isfinite(x_T).all()):
+        raise InvalidValue(
+            "x_T holds values that are not finite (NaN or infinity), and every sample drawn from it would be NaN",
+            fix,
+        )
+
+
+def check_generator(generator: Any, batch: int) -> None:
+    """Where the noise is drawn from: None (the global RNG), a torch.Generator, PerSampleNoise, or one
+    torch.Generator per sample of x_T. A str was counted by its length as generators, so refused by kind."""
+    fix = "pass a torch.Generator (torch.Generator().manual_seed(0)), one per sample of x_T, or None"
+    if generator is None or isinstance(generator, torch.Generator | PerSampleNoise):
+        return
+    if not isinstance(generator, list | tuple) or not all(isinstance(g, torch.Generator) for g in generator):
+        raise WrongType("generator", generator, "a torch.Generator, a list of them or None", fix)
+    if len(generator) != batch:
+        raise OutOfRange(
+            "generator", f"<{len(generator)} generators>", f"one generator per sample of x_T ({batch})",
+            "pass as many generators as x_T has samples, or one torch.Generator for all",
+        )  # fmt: skip

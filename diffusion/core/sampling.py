@@ -16,6 +16,7 @@ fields, checked where they are declared. The commands' flags (`python -m diffusi
 help are made from `SamplingOptions`, so every layer reads the names, defaults and help from here.
 """
 
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import Field, dataclass, fields
@@ -25,7 +26,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import torch
 from torch import nn
 
-from diffusion.core.noise import Generators
+from diffusion.core.noise import Generators, check_generator, check_initial_noise
 from diffusion.core.samplers import ddpm_ddim, dpm_solver, karras
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.samplers.spacing import Spacing
@@ -202,7 +203,8 @@ SamplingOptions.__doc__ = (  # the help of the config keys and flags made from i
     "How to run the reverse process: the one place these settings are named and checked, for every layer.\n\n"
     "Every layer that chooses how to sample holds one (the model's defaults in its checkpoint, `SampleGrid`,\n"
     "`FIDCallback`, `python -m diffusion.sample`); a field left None takes the value of the layer below\n"
-    "(`over`), and finally the sampler's own default. A field the chosen sampler does not have is ignored.\n\n"
+    "(`over`), and finally the sampler's own default. A field the chosen sampler does not have is not used:\n"
+    "given to `module.sampler(...)` or `reverse_steps`, a warning says so (UnusedSamplingOption).\n\n"
     f"Args:\n    sampler: {sampler_help()}\n{_OPTIONS_HELP}\n"
 )
 
@@ -213,13 +215,44 @@ DEFER = SamplingOptions()
 def build_sampler(*layers: "SamplingOptions | None") -> Sampler:
     """The sampler of these layers of options, the first on top (the user's, then a model's defaults, ...): each
     field takes the first layer that sets it, `sampler` included (default ddpm), and the sampler's own default
-    where none does; a field the sampler does not have is ignored. Built once: its checks run there."""
+    where none does; a field the sampler does not have is left out (the user's are warned of where they are given:
+    `warn_unused_options`). Built once: its checks run there."""
     merged: dict[str, Any] = {}
     for layer in reversed([layer for layer in layers if layer is not None]):
         merged.update(layer.as_kwargs())
     sampler = SAMPLERS[merged.get("sampler") or DEFAULT_SAMPLER]
     own = options_of(sampler)
     return sampler(**{name: value for name, value in merged.items() if name in own})
+
+
+class UnusedSamplingOption(UserWarning):
+    """An option given that the chosen sampler does not have (`eta` of ddpm): not used, and said so."""
+
+
+def unused_options(sampler: Sampler, given: Iterable[str]) -> dict[str, str]:
+    """Of the options `given`, those `sampler` has no option for, each with the samplers that take it ('ddim,
+    euler_ancestral'): the one place that knows, for the API's warning and the sample command's note."""
+    return {
+        name: ", ".join(owner.name for owner in OPTION_OWNERS[name])
+        for name in OPTION_OWNERS
+        if name in given and type(sampler) not in OPTION_OWNERS[name]
+    }
+
+
+def warn_unused_options(
+    sampler: Sampler, options: "SamplingOptions | dict[str, Any] | None", stacklevel: int = 3
+) -> None:
+    """Warn (UnusedSamplingOption) of every option set in `options`, the caller's own, that `sampler` does not
+    have: `module.sampler(SamplingOptions(sampler='ddpm', eta=0.5))` would otherwise drop eta without a word.
+    The sample command says the same as a note of its flags, and silences this warning around its call."""
+    given = options.as_kwargs() if isinstance(options, SamplingOptions) else dict(options or {})
+    for name, takers in unused_options(sampler, given).items():
+        verb = "take" if "," in takers else "takes"
+        warnings.warn(
+            f"{name}={given[name]!r} is no option of the {sampler.name} sampler: not used ({takers} {verb} it)",
+            UnusedSamplingOption,
+            stacklevel=stacklevel,
+        )
 
 
 @dataclass(frozen=True)
@@ -244,6 +277,8 @@ class ModelSampling:
             raise unconditional_guidance(options.guidance_scale)
         sampler = build_sampler(options, *self.defaults)
         sampler.check_fits(self.schedule, self.learned_variance, conditional=self.conditional)
+        # The user's own options only (a default's is the model's): said at the caller of module.sampler
+        warn_unused_options(sampler, options, stacklevel=4)
         return sampler
 
 
@@ -290,19 +325,21 @@ def reverse_steps(
     learned_variance: the network outputs 2C channels, its prediction then its variance's v
         (`diffusion.core.variance`).
     """
-    check_reverse_steps_arguments(model, schedule, x_T, labels, options)
+    check_reverse_steps_arguments(model, schedule, x_T, labels, options, generator)
     sampler = build_sampler(SamplingOptions(**options))
     check_choice("prediction_type", prediction_type, PredictionType)
     sampler.check_fits(schedule, learned_variance, conditional=labels is not None)
+    warn_unused_options(sampler, options)
     denoiser = Denoiser(model, schedule, prediction_type, learned_variance, labels)
     return sampler(denoiser, x_T, generator, progress)
 
 
 def check_reverse_steps_arguments(
-    model: Any, schedule: Any, x_T: Any, labels: Any, options: dict[str, Any]
+    model: Any, schedule: Any, x_T: Any, labels: Any, options: dict[str, Any], generator: Any = None
 ) -> None:
     """`reverse_steps`' arguments, each refused by name before the first step: the kinds of its model, schedule
-    and x_T, its options' names, its labels (one whole number per sample) and guidance without labels."""
+    and x_T (floating point and finite: integer noise failed in torch's matmul, NaN noise gave NaN samples), its
+    generator, its options' names, its labels (one whole number per sample) and guidance without labels."""
     if not callable(model):  # a network, or any callable model(x, t[, y]) (a wrapped or guided one)
         raise WrongType(
             "model", model, "a network, model(x, t)", "pass the network itself, e.g. module.network"
@@ -311,6 +348,8 @@ def check_reverse_steps_arguments(
         raise WrongType("schedule", schedule, "a NoiseSchedule", "pass the model's, e.g. module.schedule")
     if not isinstance(x_T, torch.Tensor):
         raise WrongType("x_T", x_T, "a tensor", "pass the initial noise, e.g. torch.randn(n, *sample_shape)")
+    check_initial_noise(x_T)
+    check_generator(generator, len(x_T) if x_T.ndim else 0)
     unknown = sorted(set(options) - {f.name for f in fields(SamplingOptions)})
     if unknown:
         raise WrongType(

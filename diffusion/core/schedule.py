@@ -15,7 +15,6 @@ from torch import nn
 from diffusion.errors import (
     InvalidValue,
     OutOfRange,
-    UserError,
     check_bool,
     check_choice,
     check_fits_memory,
@@ -75,12 +74,14 @@ def make_betas(
         beta_end = check_real("beta_end", beta_end)
         if not 0 < beta_start < 1:
             raise OutOfRange("beta_start", beta_start, "in (0, 1)", "pass e.g. 1e-4 (Ho et al.)")
+        start_past_end = beta_end == BETA_END and beta_start >= beta_end  # the start moved, not the end
+        if start_past_end:
+            requirement = f"in (0, beta_end) = (0, {beta_end:g})"
+            raise OutOfRange("beta_start", beta_start, requirement, "pass e.g. 1e-4 (Ho et al.)")
         if not beta_start < beta_end < 1:
+            example = "e.g. 0.02 (Ho et al.)" if beta_start < BETA_END else f"a value in ({beta_start:g}, 1)"
             raise OutOfRange(
-                "beta_end",
-                beta_end,
-                f"in (beta_start, 1) = ({beta_start:g}, 1)",
-                "pass e.g. 0.02 (Ho et al.)",
+                "beta_end", beta_end, f"in (beta_start, 1) = ({beta_start:g}, 1)", f"pass {example}"
             )
         scale = 1000 / num_timesteps
         betas = torch.linspace(scale * beta_start, scale * beta_end, num_timesteps, dtype=torch.float64)
@@ -154,7 +155,7 @@ def schedule_betas(
 
 
 def checked_betas(betas: Sequence[float], num_timesteps: int) -> torch.Tensor:
-    """Given betas as float64, refused in one line (`UserError`, which summarises them) unless they are a noise
+    """Given betas as float64, refused in one line (`InvalidValue`, which summarises them) unless they are a noise
     schedule: `num_timesteps` finite numbers in (0, 1), the last one in (0, 1] (1: alpha_bar_T = 0, zero terminal
     SNR). Each beta > 0 keeps alpha_bar strictly decreasing, which every sampler's timesteps and the posterior's
     1 / (1 - alpha_bar_t) need; they need not be increasing."""
@@ -162,11 +163,11 @@ def checked_betas(betas: Sequence[float], num_timesteps: int) -> torch.Tensor:
     try:
         values = torch.as_tensor(betas, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise UserError(
+        raise InvalidValue(
             f"trained_betas of type {type(betas).__name__} are not a list of numbers", fix
         ) from err
     if values.ndim != 1 or len(values) != num_timesteps:
-        raise UserError(
+        raise InvalidValue(
             f"trained_betas={summarise(values)} are not one beta per timestep (num_timesteps={num_timesteps})",
             f"pass {num_timesteps} betas, or num_timesteps equal to their count",
         )
@@ -175,7 +176,7 @@ def checked_betas(betas: Sequence[float], num_timesteps: int) -> torch.Tensor:
     if not inside.all():
         bad = [int(i) for i in (~inside).nonzero().flatten()]
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        raise UserError(
+        raise InvalidValue(
             f"trained_betas={summarise(values)} are not a noise schedule: beta[{bad[0]}]="
             f"{values[bad[0]].item():g}{more} outside (0, 1)",
             fix,

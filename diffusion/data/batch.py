@@ -2,17 +2,18 @@
 that turns anything else into one clear error; `IndexBatch`, what the training loader of data held on the device
 yields before its DataModule makes a `Batch` of it."""
 
+from numbers import Integral
 from typing import Any, NamedTuple
 
 import torch
 
 from diffusion.core.guidance import NO_LABEL
 from diffusion.data.labels import check_labels
-from diffusion.errors import InvalidValue
+from diffusion.errors import InvalidValue, WrongType
 
 
-class Batch(NamedTuple):
-    """What the training module takes: samples in model units and their indices in the full dataset."""
+class BatchFields(NamedTuple):
+    """`Batch`'s fields (a NamedTuple cannot check its own arguments: `Batch` subclasses it to)."""
 
     x: torch.Tensor
     """(B, C, H, W) images or (B, D) vectors in model units (a dataset item: one sample)."""
@@ -20,6 +21,74 @@ class Batch(NamedTuple):
     """(B,) int64 positions in the full dataset (an item: an int); they seed per-sample noise."""
     label: torch.Tensor | int | None = NO_LABEL
     """(B,) int64 classes 0..num_classes-1, or NO_LABEL (an item: an int); used by class-conditional models."""
+
+
+class Batch(BatchFields):
+    """What the training module takes: samples in model units and their indices in the full dataset.
+
+    Checked as it is built (a user's DataModule yields it: a mistake there was found, if at all, deep inside
+    training): a batch's ``x`` is a tensor, its ``index`` a 1-D integer tensor of one position per sample, its
+    ``label`` None, an int (NO_LABEL) or an integer tensor of the index's shape; an item's (a dataset's, before
+    the DataLoader stacks them) ``index`` is an int. Types and shapes only, no values: it is built every step."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls, x: torch.Tensor, index: torch.Tensor, label: torch.Tensor | int | None = NO_LABEL
+    ) -> "Batch":
+        check_fields(x, index, label)
+        return super().__new__(cls, x, index, label)
+
+
+WRAP = "wrap your dataset in diffusion.data.IndexedDataset, whose items the DataLoader stacks into Batches"
+
+
+def check_fields(x: Any, index: Any, label: Any) -> None:
+    """`Batch`'s fields (see its docstring): WrongType or InvalidValue naming the field; O(1)."""
+    if isinstance(index, torch.Tensor):  # a batch
+        if not isinstance(x, torch.Tensor):
+            raise WrongType(
+                "x", x, "a tensor of samples", f"pass the samples as a tensor (torch.as_tensor(x)); {WRAP}"
+            )
+        if index.ndim != 1 or not _integers(index):
+            raise InvalidValue(
+                f"index is a {index.dtype} tensor of shape {tuple(index.shape)}, not a 1-D integer tensor",
+                f"pass one int64 position per sample (torch.arange(len(x)) for a batch of the whole data); {WRAP}",
+            )
+        if x.ndim == 0 or len(x) != len(index):
+            raise InvalidValue(
+                f"index holds {len(index)} positions for {len(x) if x.ndim else 'no'} samples (x of shape "
+                f"{tuple(x.shape)})",
+                f"pass one position per sample; {WRAP}",
+            )
+        if isinstance(label, torch.Tensor) and (label.shape != index.shape or not _integers(label)):
+            raise InvalidValue(
+                f"label is a {label.dtype} tensor of shape {tuple(label.shape)}, not integer classes of the "
+                f"index's shape {tuple(index.shape)}",
+                f"pass one int64 class per sample, or leave label out for an unconditional model; {WRAP}",
+            )
+    elif isinstance(index, bool) or not isinstance(index, Integral):  # an item: its position
+        raise WrongType("index", index, "an int (an item) or a 1-D integer tensor (a batch)", WRAP)
+    elif isinstance(label, torch.Tensor) and (label.ndim != 0 or not _integers(label)):
+        raise InvalidValue(
+            f"label is a {label.dtype} tensor of shape {tuple(label.shape)}, and an item's label is one class",
+            f"pass an int; {WRAP}",
+        )
+    if (
+        label is not None
+        and not isinstance(label, torch.Tensor)
+        and (isinstance(label, bool) or not isinstance(label, Integral))
+    ):
+        raise WrongType(
+            "label",
+            label,
+            "a class (an int) or integer classes (a tensor)",
+            f"pass int classes, or leave label out; {WRAP}",
+        )
+
+
+def _integers(tensor: torch.Tensor) -> bool:
+    return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
 
 
 class IndexBatch(NamedTuple):

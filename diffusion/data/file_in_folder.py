@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
-from diffusion.errors import UserError, WrongType
+from diffusion.errors import InvalidValue, WrongType
 
 SEARCH_DEPTH = 4  # <save_dir>/<name>/<version>/checkpoints/last.ckpt from <save_dir>
 SHOWN = 5  # files listed in a refusal before "and N more"
@@ -61,13 +61,13 @@ def file_in_folder(path: str | os.PathLike, flag: str, kind: FileKind) -> Path:
         return found[0]
     patterns = " or ".join(kind.patterns)
     if not found:
-        raise UserError(
+        raise InvalidValue(
             f"{flag} {path} is a folder, and it holds no {kind.name} ({patterns})",
             f"pass the path of a {kind.name} as {flag}; {kind.made_by}",
         )
     shown = ", ".join(str(file.relative_to(path)) for file in found[:SHOWN])
     more = f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
-    raise UserError(
+    raise InvalidValue(
         f"{flag} {path} is a folder holding {len(found)} {kind.name}s ({shown}{more})",
         f"pass the one you mean as {flag} {found[0]} (or another of them)",
     )

@@ -55,6 +55,11 @@ def _to_mode(image: Image.Image, path: Path, mode: Literal["RGB", "L"]) -> Image
 def find_images(root: str | os.PathLike, flag: str = "{--root}") -> list[Path]:
     """The image files under `root`, searched recursively and sorted; `flag` is the option that named `root`."""
     root = Path(root).expanduser()
+    if root.is_file():  # not "does not exist": it does, as a file
+        raise InvalidValue(
+            f"{flag} {root} is a file, not a folder of images",
+            f"point {flag} at the folder that holds your images",
+        )
     if not root.is_dir():
         raise MissingFile(f"image folder {root} does not exist", f"point {flag} at your images")
     # Sorted so that indices (and so the split and per-sample noise) are the same on every machine;

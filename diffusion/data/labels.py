@@ -97,12 +97,7 @@ def class_labels(
     if num_classes is not None:
         fix = "pass module.num_classes (None: an unconditional model)"
         num_classes = check_whole_number("num_classes", num_classes, 1, fix)
-    if class_names is not None and (
-        isinstance(class_names, str) or not all(isinstance(name, str) for name in class_names)
-    ):
-        raise WrongType(
-            "class_names", class_names, "a list of names", "pass module.hparams.class_names, or None"
-        )
+    check_class_names(class_names, num_classes, "pass module.hparams.class_names, or None")
     if class_label is not None and not isinstance(class_label, str):  # text is looked up below
         check_whole_number("class_label", class_label, fix="pass a class index (an int), a name, or 'all'")
     if num_classes is None:
@@ -128,6 +123,27 @@ def class_labels(
             f"use 0..{num_classes - 1}, 'all'" + (f" or a name in {names}" if names else ""),
         )
     return torch.full((num_samples,), label, dtype=torch.long)
+
+
+def check_class_names(class_names: Any, num_classes: int | None, fix: str) -> None:
+    """Refuse class names that are not a list of names (`fix` says what to pass), or that do not name the classes
+    0..num_classes-1 one each: a name for an unconditional model (num_classes None), or a count of names other
+    than `num_classes` (a class without a name, or a name of no class), kept in a checkpoint without a word."""
+    if class_names is None:
+        return
+    if not isinstance(class_names, list | tuple) or not all(isinstance(name, str) for name in class_names):
+        raise WrongType("class_names", class_names, "a list of names", fix)
+    if num_classes is None:
+        names = list(class_names)[:5]
+        raise InvalidValue(
+            f"class_names {names} were given for an unconditional model (its network has no num_classes)",
+            "leave class_names out, or build the network with num_classes equal to their count",
+        )
+    if len(class_names) != num_classes:
+        raise InvalidValue(
+            f"class_names holds {len(class_names)} name(s) for a model of {num_classes} classes",
+            "pass one name for each class 0..num_classes-1, in order",
+        )
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, what: str) -> None:

@@ -38,7 +38,7 @@ import torch
 from diffusion.core.guidance import NO_LABEL
 from diffusion.data.batch import Batch
 from diffusion.data.image_transform import to_model_units
-from diffusion.errors import UserError
+from diffusion.errors import CannotRead, InvalidValue, MissingFile, UserError
 
 MANIFEST = "prepared.json"
 INDEX = "index.json"  # litdata's, in each part
@@ -138,7 +138,7 @@ def in_object_storage(operation: str, root: str, argument: Any = None) -> Any:
         )
     outcome, value = pickle.loads(done.stdout)
     if outcome == "unreachable":
-        raise UserError(
+        raise CannotRead(
             f"cannot reach {root} ({' '.join(value.split())[:200]})",
             "check the URL, the network and the credentials (AWS_*, GOOGLE_*, AZURE_* environment variables)",
         )
@@ -252,20 +252,37 @@ def clear(root: str) -> None:
 def open_prepared(root: str, flag: str = "{--root}") -> PreparedSet:
     """The prepared set at `root`, checked: finished, not damaged, of this version; else a UserError naming it."""
     root = str(root)
+    prepare = "python -m diffusion.prepare {command:--config} <the recipe> {command:--out} "
+    if not is_url(root) and Path(root).expanduser().is_file():
+        raise InvalidValue(
+            f"{flag} {root} is a file, not a folder: no prepared data set there",
+            f"point {flag} at the folder a prepare wrote, or prepare one: {prepare}NEW_FOLDER",
+        )
     if not is_url(root) and not Path(root).expanduser().is_dir():
-        raise UserError(
+        raise MissingFile(
             f"{flag} {root}: no prepared data set there (no such folder)",
-            "prepare one first: python -m diffusion.prepare {command:--config} <the recipe> {command:--out} "
-            + root,
+            f"prepare one first: {prepare}{root}",
         )
     root = root if is_url(root) else str(Path(root).expanduser())
     files = listing(root)
     raw = read_bytes(root, MANIFEST) if MANIFEST in files or is_url(root) else None
+    # A prepare writes into an empty folder, over its own files (--overwrite), never over the user's.
     if raw is None:
-        state = "its prepare was stopped before it finished" if files else "the folder is empty"
-        raise UserError(
-            f"{flag} {root} is not a prepared data set ({state}: there is no {MANIFEST})",
-            "run python -m diffusion.prepare again with {command:--out} " + root + " {command:--overwrite}",
+        others = not_prepared(root, files)
+        if not any(written_by_a_prepare(name) for name in files):  # no prepare ran there
+            held = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise InvalidValue(
+                f"{flag} {root} holds no prepared data set (no {MANIFEST}; "
+                + (f"it holds {held})" if others else "the folder is empty)"),
+                f"prepare one into a new folder first: {prepare}NEW_FOLDER"
+                if others
+                else f"prepare one into it first: {prepare}{root}",
+            )
+        again = f"into a new folder: {prepare}NEW_FOLDER" if others else f"with {{command:--out}} {root}"
+        raise InvalidValue(
+            f"{flag} {root} is not a prepared data set (its prepare was stopped before it finished: there is no "
+            f"{MANIFEST})",
+            f"run python -m diffusion.prepare again {again}" + ("" if others else " {command:--overwrite}"),
         )
     try:
         body = json.loads(raw)
@@ -275,12 +292,12 @@ def open_prepared(root: str, flag: str = "{--root}") -> PreparedSet:
     except (ValueError, KeyError, TypeError, AttributeError):
         intact = False
     if not intact:
-        raise UserError(
+        raise InvalidValue(
             f"{joined(root, MANIFEST)} is damaged (its checksum does not match)",
             "prepare the set again with {command:--overwrite}",
         )
     if body["format"] > FORMAT_VERSION:
-        raise UserError(
+        raise InvalidValue(
             f"{root} was prepared by a newer version of this project (format {body['format']})",
             "upgrade the project, or prepare the set again with this version",
         )
@@ -295,40 +312,28 @@ def check_part(prepared: PreparedSet, part: str, files: dict[str, int]) -> None:
     index_name = f"{part}/{INDEX}"
     fix = f"prepare the set again: python -m diffusion.prepare ... {{command:--out}} {prepared.root} {{command:--overwrite}}"
     if index_name not in files:
-        raise UserError(
+        raise InvalidValue(
             f"{joined(prepared.root, index_name)} is missing: the prepared set is incomplete", fix
         )
     raw = read_bytes(prepared.root, index_name) or b""
     if sha256(raw) != prepared.index_sha256.get(part):
-        raise UserError(
+        raise InvalidValue(
             f"{joined(prepared.root, index_name)} is not the one prepared (its checksum differs)", fix
         )
     for chunk in json.loads(raw)["chunks"]:
         name = f"{part}/{chunk['filename']}"
         size = files.get(name)
         if size is None:
-            raise UserError(f"chunk {joined(prepared.root, name)} is missing", fix)
+            raise InvalidValue(f"chunk {joined(prepared.root, name)} is missing", fix)
         if size != chunk["chunk_bytes"]:
-            raise UserError(
+            raise InvalidValue(
                 f"chunk {joined(prepared.root, name)} is cut short or damaged ({size:,} bytes, "
                 f"{chunk['chunk_bytes']:,} expected)",
                 fix,
             )
 
 
-# --- Samples: written by prepare's workers, read back by training ----------------------------------------------
-
-
-def encoded_sample(sample: np.ndarray, encoding: str) -> np.ndarray | bytes:
-    """uint8 (C, H, W) pixels as stored: themselves ("raw") or PNG / JPEG bytes."""
-    if encoding == "raw":
-        return np.ascontiguousarray(sample)
-    from PIL import Image
-
-    pixels = sample[0] if sample.shape[0] == 1 else sample.transpose(1, 2, 0)  # (H, W) or (H, W, C)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG" if encoding == "png" else "JPEG", quality=95)
-    return buffer.getvalue()
+# --- Samples: written by prepare's workers (preparing.encoded_sample), read back by training ----------------------------------------------
 
 
 def decoded_sample(item: dict[str, Any]) -> dict[str, Any]:

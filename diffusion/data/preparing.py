@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import multiprocessing
 import multiprocessing.util
 import os
@@ -40,7 +41,6 @@ from diffusion.data.prepared import (
     Encoding,
     PreparedSet,
     clear,
-    encoded_sample,
     is_url,
     joined,
     listing,
@@ -327,3 +327,15 @@ def _ending_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.5)
     os.killpg(0, signal.SIGKILL)
+
+
+def encoded_sample(sample: np.ndarray, encoding: str) -> np.ndarray | bytes:
+    """uint8 (C, H, W) pixels as stored: themselves ("raw") or PNG / JPEG bytes."""
+    if encoding == "raw":
+        return np.ascontiguousarray(sample)
+    from PIL import Image
+
+    pixels = sample[0] if sample.shape[0] == 1 else sample.transpose(1, 2, 0)  # (H, W) or (H, W, C)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG" if encoding == "png" else "JPEG", quality=95)
+    return buffer.getvalue()

@@ -5,6 +5,7 @@ Items, `sample_shape`, `normalization` and the split follow `diffusion.data.Spli
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -94,6 +95,7 @@ class VectorDataModule(SplitDataModule):
             raise InvalidValue(
                 f"unknown vector dataset {dataset!r}", f"choose one of {get_args(VectorDatasetName)}"
             )
+        written = dataset  # the set asked for, where a path selects npy over it
         if path is not None and dataset != "streaming":
             dataset = "npy"
         elif dataset == "npy":
@@ -110,6 +112,9 @@ class VectorDataModule(SplitDataModule):
             raise InvalidValue(f"unknown normalize {normalize!r}", f"choose one of {get_args(Normalize)}")
         if not feature_std > 0:
             raise OutOfRange("feature_std", feature_std, "> 0", owner=type(self))
+        note = unused_options(dataset, written, path, num_samples=num_samples, dim=dim, noise=noise)
+        if note:
+            warnings.warn(note, stacklevel=2)
         self.dataset = dataset
         self.path = path
         self.num_samples = num_samples
@@ -216,6 +221,41 @@ class VectorDataModule(SplitDataModule):
             angles = rng.integers(0, 8, n) * (np.pi / 4)
             points = np.stack([np.cos(angles), np.sin(angles)], axis=1)
         return points + self.noise * rng.standard_normal(points.shape)
+
+
+DEFAULTS = {"dataset": "swiss_roll", "num_samples": 10000, "dim": 16, "noise": 0.05}
+GENERATED = ("swiss_roll", "moons", "8gaussians", "gaussian")  # the sets num_samples sizes
+
+
+def unused_options(dataset: str, written: str, path: str | None, **given: float) -> str | None:
+    """A note naming the options given (other than their defaults) that `dataset` does not use, or None: a set read
+    from a file (`npy`, `streaming`) takes no name of another set, nor num_samples, dim or noise; a 2-D toy set takes
+    no dim; `gaussian` takes no noise. `written`: the dataset asked for, where `path` chose `npy` over it; `given`:
+    num_samples, dim and noise."""
+    unused = []
+    if written not in (dataset, DEFAULTS["dataset"]):
+        unused.append(f"dataset={written!r}")
+    users = {"num_samples": GENERATED, "dim": ("gaussian",), "noise": GENERATED[:3]}
+    unused += [
+        f"{name}={value}"
+        for name, value in given.items()
+        if value != DEFAULTS[name] and dataset not in users[name]
+    ]
+    if not unused:
+        return None
+    them = "them" if len(unused) > 1 else "it"
+    if dataset == "npy":
+        reason = f"path={path!r} selects dataset 'npy', whose data is read from that file"
+        fix = f"leave {them} out" + (
+            f", or leave path out to generate dataset {written!r}" if written != "npy" else ""
+        )
+    elif dataset == "streaming":
+        reason, fix = f"dataset 'streaming' reads the prepared set at path={path!r}", f"leave {them} out"
+    else:
+        reason = f"dataset {dataset!r} does not take {them}"
+        fix = f"leave {them} out (dim sizes only 'gaussian', noise only the 2-D toy sets)"
+    listed = ", ".join(unused[:-1]) + (" and " if len(unused) > 1 else "") + unused[-1]
+    return f"{listed} not used: {reason} — {fix}"
 
 
 def feature_scaling(

@@ -60,6 +60,7 @@ def check_float32(module: Any) -> None:
     (`diffusion.generation.precision.network_precision`, the sample command's --precision)."""
     if not isinstance(module, torch.nn.Module):
         return  # a bare Sampleable: its tensors are its own to type
+    check_weights_readable(module)
     # The schedule's buffers (float32, whatever its network holds) say a conversion of the whole module; the weights
     # in 16 bits, one of its network alone. A network may keep float64 tensors of its own and cast its inputs.
     schedule = getattr(module, "schedule", None)
@@ -67,7 +68,9 @@ def check_float32(module: Any) -> None:
     coefficients = {name: t for name, t in coefficients.items() if t.is_floating_point()}
     converted = [t.dtype for t in coefficients.values() if t.dtype != torch.float32]
     converted += [p.dtype for p in module.parameters() if p.dtype in (torch.float16, torch.bfloat16)]
-    broken = [name for name, t in coefficients.items() if not t.isfinite().all()]
+    # At zero terminal SNR (alpha_bar_T = 0) 1 / sqrt(alpha_bar_T) is +inf by right, at the last timestep only.
+    ends_at_zero = bool(getattr(schedule, "zero_terminal_snr", False))
+    broken = [name for name, t in coefficients.items() if not schedule_values_fine(t, ends_at_zero)]
     if broken and not converted:  # `.half().float()`: the schedule's rounded coefficients overflowed to inf
         raise InvalidValue(
             f"module's noise schedule holds inf or NaN ({broken[0]}): its coefficients were rounded by a conversion "
@@ -84,6 +87,37 @@ def check_float32(module: Any) -> None:
             "load or build the model again in float32 (module.float() would not restore the schedule's digits "
             "the conversion rounded off); for 16-bit speed run the network alone under autocast: with "
             "diffusion.generation.precision.network_precision(module, 'bf16-mixed'): generate(module, ...)",
+        )
+
+
+def schedule_values_fine(values: torch.Tensor, ends_at_zero: bool) -> bool:
+    """Whether a schedule's coefficients are finite, but for a +inf at its last timestep when it `ends_at_zero`."""
+    if ends_at_zero and values.ndim == 1 and len(values):
+        return bool(values[:-1].isfinite().all()) and not bool(values[-1].isnan() or values[-1] == -math.inf)
+    return bool(values.isfinite().all())
+
+
+def check_weights_readable(module: torch.nn.Module) -> None:
+    """A module whose weights hold values, all finite (`check_float32`'s first step): one moved to the meta
+    device ended in torch's NotImplementedError, and one whose weights are NaN (a diverged run's checkpoint)
+    sampled NaN without a word. One pass over the weights, one device sync: little beside any sampling."""
+    parameters = dict(module.named_parameters())
+    on_meta = next((name for name, p in parameters.items() if p.is_meta), None)
+    if on_meta is not None:
+        raise InvalidValue(
+            f"module is on the meta device ({on_meta}), whose tensors hold no values to sample with",
+            "load the checkpoint onto the CPU or a GPU: load_checkpoint(path) (or map_location='cuda')",
+        )
+    if not parameters:
+        return
+    device = next(iter(parameters.values())).device
+    finite = torch.stack([p.detach().isfinite().all().to(device) for p in parameters.values()])
+    if not bool(finite.all()):
+        first = list(parameters)[int((~finite).nonzero()[0, 0])]
+        raise InvalidValue(
+            f"module's weights hold NaN or infinity (first {first}): a diverged run's checkpoint?",
+            "load an earlier checkpoint of the run, or its other weights (load_checkpoint(path, weights='ema' "
+            "or 'raw')), and look at the training's loss",
         )
 
 

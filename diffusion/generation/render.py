@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from diffusion.errors import InvalidValue, OutOfRange, UserError, WrongType, naming_a_full_disk
+from diffusion.core.noise import WrongDtype
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, naming_a_full_disk
 from diffusion.generation.image_grid import rows_by_class, save_image_grid
 
 SAMPLES, GRID = "samples.npz", "grid.png"
@@ -46,6 +47,12 @@ def check_samples_and_normalization(x: object, normalization: object) -> None:
         raise WrongType(
             "x", x, "a tensor of samples", "pass what generate returns (torch.as_tensor(x) for arrays)"
         )
+    # A bool's or an int's values are no model units (and an int tensor truncated a scale of 0.5 to 0)
+    if not x.is_floating_point():
+        raise WrongDtype(
+            "x", x, "a floating-point tensor of samples in model units",
+            "pass what generate returns (float); uint8 images are pixels already",
+        )  # fmt: skip
     if not isinstance(normalization, Mapping) or not {"shift", "scale"} <= set(normalization):
         raise WrongType(
             "normalization", normalization, "a dict of 'shift' and 'scale'", "pass module.normalization"
@@ -61,8 +68,9 @@ NORMALIZATION_FIX = (
 def check_normalization(
     normalization: Mapping, name: str = "normalization", fix: str = NORMALIZATION_FIX
 ) -> None:
-    """Every `shift` a finite number and every `scale` a finite number other than 0: a scale of 0 made every image
-    one colour, NaN or infinity NaN images, without a word. `name`: how the message names the mapping."""
+    """Every `shift` a finite number and every `scale` a finite number > 0: a scale of 0 made every image one colour,
+    NaN or infinity NaN images, a negative one inverted images (white drawn black), without a word; no data
+    module gives one (images' is 0.5, vectors' a spread). `name`: how the message names the mapping."""
     for key in ("shift", "scale"):
         given = normalization[key]
         try:
@@ -71,11 +79,16 @@ def check_normalization(
             raise WrongType(f"{name}[{key!r}]", given, "a list of numbers, one per channel", fix) from error
         bad = ~torch.isfinite(values)
         if key == "scale":
-            bad |= values == 0
+            bad |= values <= 0
         if bool(bad.any()):
             index = int(bad.nonzero()[0, 0])
-            requirement = "a finite number other than 0" if key == "scale" else "a finite number"
-            raise OutOfRange(f"{name}[{key!r}][{index}]", float(values[index]), requirement, fix)
+            value, requirement = float(values[index]), "a finite number"
+            if key == "scale":  # 0, NaN and infinity said as before; a negative scale in its own words
+                negative = value < 0
+                requirement = (
+                    "> 0 (a negative one inverts every sample)" if negative else f"{requirement} other than 0"
+                )
+            raise OutOfRange(f"{name}[{key!r}][{index}]", value, requirement, fix)
 
 
 def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
@@ -202,29 +215,6 @@ def samples_file_bytes(num_samples: int, sample_shape: tuple[int, ...], conditio
     vectors, float32), with int64 labels when `conditional`."""
     per_sample = math.prod(sample_shape) * (1 if len(sample_shape) == 3 else 4) + (8 if conditional else 0)
     return num_samples * per_sample + 4096  # + the zip's and the .npy headers, and the grid
-
-
-def size_in_words(num_bytes: int) -> str:
-    return f"{num_bytes / GB:,.1f} GB" if num_bytes >= GB / 10 else f"{num_bytes / 1e6:,.1f} MB"
-
-
-def check_room_for_samples(
-    out_dir: str | Path,
-    num_samples: int,
-    sample_shape: tuple[int, ...],
-    conditional: bool,
-) -> None:
-    """Raise UserError unless the disk holding `out_dir` (or its nearest existing parent) has room for the
-    samples file: refused before any sampling time is spent, in the bytes it would need."""
-    needed = samples_file_bytes(num_samples, sample_shape, conditional)
-    existing = next(p for p in [Path(out_dir), *Path(out_dir).absolute().parents] if p.exists())
-    free = shutil.disk_usage(existing).free
-    if needed > free:
-        raise UserError(
-            f"{{command:--num_samples}} {num_samples}: the samples would take {size_in_words(needed)} and "
-            f"{{command:--out}} {out_dir} has {size_in_words(free)} free",
-            "sample fewer ({command:--num_samples}), or write to a disk with room ({command:--out})",
-        )
 
 
 class SamplesWriter:

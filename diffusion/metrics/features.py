@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffusion.errors import InvalidValue, UserError
+from diffusion.errors import CannotRead, InvalidValue
 
 Features = Literal["inception", "pixels"]
 
@@ -91,7 +91,7 @@ class InceptionFeatures(nn.Module):
                 feature_extractor_weights_path=weights_path,
             )
         except OSError as err:  # urllib's URLError is an OSError: no network, or a bad weights_path
-            raise UserError(
+            raise CannotRead(
                 f"could not load the InceptionV3 weights ({err}); they are downloaded from GitHub on first use",
                 "offline, pass a local copy (inception_weights) or use features='pixels'",
                 InceptionFeatures,

@@ -62,6 +62,11 @@ def checked_statistics(values: bool = True, **given: object) -> list[torch.Tenso
             )
         tensors[name] = value.double()
     size = len(tensors["mu1"]) if tensors["mu1"].ndim == 1 else None
+    if size == 0:  # statistics of no features: torch's reduction error in the formula
+        raise OutOfRange(
+            "mu1", "<shape (0,)>", "the mean of D >= 1 features",
+            "pass statistics of the features of at least one sample set (torch.cov(features.T) of (N, D) features)",
+        )  # fmt: skip
     for name, value in tensors.items():
         shape = (size,) if name.startswith("mu") else (size, size)
         if size is None or value.shape != shape:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from diffusion.data.numpy_files import holds_objects, numpy_file_kind
-from diffusion.errors import InvalidValue, MissingFile, UserError, WrongType, naming_a_full_disk
+from diffusion.errors import InvalidValue, MissingFile, WrongType, naming_a_full_disk
 
 WRITE_FIX = "write one with python -m diffusion.evaluate {command:--reference} DATASET_OR_NPZ {command:--save_stats} FILE.npz"
 
@@ -53,22 +53,22 @@ class FeatureStatistics:
         return len(self.mu)
 
     def check_fits(self, features: str, size: int, image_size: tuple[int, int], name: str) -> None:
-        """Raise a UserError unless these statistics can be compared with ``features`` of length ``size`` of
+        """Raise InvalidValue (a ValueError) unless these statistics can be compared with ``features`` of length ``size`` of
         images of ``image_size``; ``name`` says where they come from (a path, an option)."""
         if self.features is not None and self.features != features:
-            raise UserError(
+            raise InvalidValue(
                 f"{name} holds statistics of {self.features} features, not {features}",
                 f"use features {self.features} ({{command:--features}} {self.features}), or write statistics of "
                 f"{features} features ({{command:--save_stats}})",
             )
         if self.size != size:
-            raise UserError(
+            raise InvalidValue(
                 f"{name} holds {self.size}-d statistics but {features} features of these images are {size}-d",
                 f"use the statistics of the same features and channels ({WRITE_FIX})",
             )
         if features == "inception" and self.image_size is not None and tuple(self.image_size) != image_size:
             h, w = self.image_size
-            raise UserError(
+            raise InvalidValue(
                 f"{name} holds statistics of {h}x{w} images but the samples are {image_size[0]}x{image_size[1]}",
                 "Inception FID compares images of one size: write statistics at the samples' size "
                 "({command:--save_stats} with a dataset name as {command:--reference} renders it at that size)",
@@ -98,18 +98,18 @@ def load_statistics(path: str | Path) -> FeatureStatistics:
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise MissingFile(f"statistics file {path} {what}", WRITE_FIX)
     if numpy_file_kind(path) != "npz":
-        raise UserError(f"{path} is not an .npz archive of FID statistics", WRITE_FIX)
+        raise InvalidValue(f"{path} is not an .npz archive of FID statistics", WRITE_FIX)
     try:
         with np.load(path, allow_pickle=False) as archive:
             missing = [key for key in ("mu", "sigma") if key not in archive.files]
             if missing:
-                raise UserError(
+                raise InvalidValue(
                     f"{path} has no {' and no '.join(missing)} (it holds {archive.files}), so it is no FID "
                     "statistics file",
                     WRITE_FIX,
                 )
             if any(holds_objects(path, key) for key in ("mu", "sigma")):
-                raise UserError(f"{path} holds Python objects (dtype object), not numbers", WRITE_FIX)
+                raise InvalidValue(f"{path} holds Python objects (dtype object), not numbers", WRITE_FIX)
             mu, sigma = archive["mu"], archive["sigma"]
             features = str(archive["features"]) if "features" in archive.files else None
             num_images = int(archive["num_images"]) if "num_images" in archive.files else None
@@ -122,27 +122,27 @@ def load_statistics(path: str | Path) -> FeatureStatistics:
             size,  # type: ignore[arg-type]  # (H, W) as save_statistics wrote it; its length is not checked
         )  # fmt: skip
     except ValueError as err:
-        raise UserError(f"{path}: {err}", WRITE_FIX) from err
+        raise InvalidValue(f"{path}: {err}", WRITE_FIX) from err
 
 
 def check_new_statistics_file(path: str | Path, overwrite: bool = False) -> Path:
-    """Raise a UserError unless ``path`` names an .npz that may be written (new, or replaced with
+    """Raise InvalidValue (a ValueError) unless ``path`` names an .npz that may be written (new, or replaced with
     ``overwrite``) in an existing folder; checked before any time is spent."""
     path = Path(path)
     if path.suffix != ".npz":
-        raise UserError(
+        raise InvalidValue(
             f"{{command:--save_stats}} {path} does not end in .npz",
             f"pass a name like {path.with_suffix('.npz')}",
         )
     if path.is_dir():
-        raise UserError(f"{{command:--save_stats}} {path} is a folder", "pass a file name ending in .npz")
+        raise InvalidValue(f"{{command:--save_stats}} {path} is a folder", "pass a file name ending in .npz")
     if path.exists() and not overwrite:
-        raise UserError(
+        raise InvalidValue(
             f"{{command:--save_stats}} {path} exists",
             "pass {command:--overwrite} to replace it, or another file name",
         )
     if not path.parent.is_dir():
-        raise UserError(
+        raise InvalidValue(
             f"{{command:--save_stats}} {path}: no folder {path.parent}",
             "create it first, or pass another path",
         )

@@ -16,6 +16,7 @@ only at 50,000 samples against the same reference set; smaller counts compare ru
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal, get_args
@@ -27,7 +28,8 @@ from torchmetrics import Metric
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from diffusion.errors import InvalidValue, OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
+from diffusion.generation.image_grid import FROM_SAMPLES, HALF_A_LEVEL, check_images
 from diffusion.metrics.features import Features, check_features, make_feature_extractor
 from diffusion.metrics.fid import FrechetDistance, GivenFeatures
 from diffusion.metrics.inception_score import IS_SPLITS, InceptionScore
@@ -71,9 +73,17 @@ class SampleQuality(nn.Module):
     ) -> None:
         super().__init__()
         check_features(features)
-        unknown = [name for name in metrics if name not in get_args(QualityMetric)]
+        names = list(get_args(QualityMetric))
+        if isinstance(metrics, str):  # iterated, "fid" would be the metrics 'f', 'i', 'd'
+            raise WrongType("metrics", metrics, "a list of metric names", f"pass metrics=[{metrics!r}]")
+        unknown = [name for name in metrics if name not in names]
         if unknown:
-            raise InvalidValue(f"unknown metrics {unknown}", f"choose from {get_args(QualityMetric)}")
+            raise InvalidValue(f"unknown metrics {unknown}", f"choose from {names}")
+        if not metrics:  # compute would return the image counts and no metric
+            raise InvalidValue("metrics=[] names no metric", f"name some of {names}, e.g. metrics=['fid']")
+        channels = check_whole_number("channels", channels, fix="pass the images' channel count: 1 or 3")
+        if channels not in (1, 3):  # images are gray or RGB: what to_uint8 gives and Inception reads
+            raise OutOfRange("channels", channels, "1 (gray) or 3 (RGB)", "pass the images' channel count")
         if "is" in metrics and features != "inception":
             raise InvalidValue(
                 f"the Inception Score needs Inception features (the classifier's logits), not {features}",
@@ -88,6 +98,7 @@ class SampleQuality(nn.Module):
         if kid_subset_size < 2:
             raise OutOfRange("kid_subset_size", kid_subset_size, ">= 2 (KID's unbiased estimator)")
         self.features = features
+        self.channels = channels
         self.reported = tuple(metrics)
         self.kid_subset_size = kid_subset_size
         self.extractor = make_feature_extractor(features, channels, inception_weights)
@@ -110,7 +121,10 @@ class SampleQuality(nn.Module):
         return self.fid.reference
 
     def update(self, images: torch.Tensor, real: bool) -> None:
-        """Feed uint8 (N, C, H, W) images: one extractor pass for every metric."""
+        """Feed uint8 (N, C, H, W) images in 0..255 (`to_uint8(samples, module.normalization)`): one extractor pass
+        for every metric. Pixel features take float images in [0, 1] too; anything else is refused, not scored."""
+        check_bool("real", real)
+        self._check_images(images)
         with torch.no_grad():
             pool, logits = self.extractor(images)
         self.fid.update(pool, real=real)
@@ -118,6 +132,42 @@ class SampleQuality(nn.Module):
             self.kid.update(pool, real=real)
         if self.inception_score is not None and not real:
             self.inception_score.update(logits)
+
+    def _check_images(self, images: torch.Tensor) -> None:
+        """`images` are pixels this scores as the caller meant: (N, channels, H, W), uint8 or (pixel features) float
+        in [0, 1] up to half a pixel level. Samples in model units (-1..1) or floats 0..255 gave another FID without
+        a word. A range check reads every value once, far less than the features cost."""
+        check_images(images, FROM_SAMPLES)
+        if images.shape[1] != self.channels:
+            raise InvalidValue(
+                f"images has {images.shape[1]} channels (shape {tuple(images.shape)}), and this SampleQuality "
+                f"was built for channels={self.channels}",
+                f"pass images of {self.channels} channel(s), or build SampleQuality(channels={images.shape[1]})",
+            )
+        if images.dtype == torch.uint8:
+            return
+        samples = "samples as to_uint8(samples, module.normalization) (model units -> uint8 pixels)"
+        if not images.is_floating_point():
+            raise InvalidValue(
+                f"images are {images.dtype} values, not uint8 images in 0..255 or float images in [0, 1]",
+                f"pass {samples}, or pixels 0..255 as images.to(torch.uint8)",
+            )
+        if self.features == "inception":  # Inception reads uint8 pixels (torch-fidelity's extractor)
+            raise InvalidValue(
+                f"images are {images.dtype} values, and features='inception' takes uint8 images in 0..255",
+                f"pass {samples}, or images in [0, 1] as images.mul(255).round().to(torch.uint8)",
+            )
+        if images.numel() == 0:
+            return
+        low, high = (float(value) for value in torch.aminmax(images.detach()))
+        if math.isnan(low) or math.isnan(high):
+            raise InvalidValue("images holds NaN values, which are no pixels", FROM_SAMPLES)
+        if low < -HALF_A_LEVEL or high > 1 + HALF_A_LEVEL:
+            raise InvalidValue(
+                f"images holds values from {low:.4g} to {high:.4g}, outside [0, 1] "
+                "(float images are pixels in [0, 1]; samples in model units are -1..1)",
+                FROM_SAMPLES,
+            )
 
     def compute(self, seed: int = 0) -> dict[str, float]:
         """The reported metrics (``fid``; ``kid_mean``, ``kid_std``; ``is_mean``, ``is_std``) and the image

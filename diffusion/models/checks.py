@@ -66,7 +66,9 @@ def whole_numbers(
 def fraction(owner: type, name: str, value: Any) -> float:
     """`value` as a float in [0, 1): WrongType unless a number, OutOfRange outside (NaN too)."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise _of(owner, WrongType(name, value, "a number in [0, 1)", f"pass {{--{name}}} as a float, e.g. 0.1"))
+        raise _of(
+            owner, WrongType(name, value, "a number in [0, 1)", f"pass {{--{name}}} as a float, e.g. 0.1")
+        )
     number = float(value)
     if not 0.0 <= number < 1.0:
         raise OutOfRange(name, value, "in [0, 1)", owner=owner)
@@ -136,6 +138,16 @@ def check_batch_rank(owner: type, x: torch.Tensor, kind: Literal["vectors", "ima
             f"pass a batch of {kind} {form}; a batch of {other} {forms[other][2]} needs {forms[other][3]}",
             owner,
         )
+
+
+def check_timesteps(t: object, batch: int) -> None:
+    """`t` one timestep per sample of the batch, a (B,) tensor: WrongType for anything else, OutOfRange for a
+    length other than B (which broadcast, or ended in torch's size mismatch deep in a layer)."""
+    fix = "pass one timestep per sample, e.g. torch.full((len(x),), t)"
+    if not isinstance(t, torch.Tensor):
+        raise WrongType("t", t, "a tensor of timesteps, shape (B,)", fix)
+    if t.shape != (batch,):
+        raise OutOfRange("t", f"<shape {tuple(t.shape)}>", f"of shape ({batch},), one per sample of x", fix)
 
 
 def forward_parameters(network: type) -> str | None:

@@ -10,6 +10,7 @@ from diffusion.models.checks import (
     CLASSES,
     check_batch_rank,
     check_sample_shape,
+    check_timesteps,
     check_weights_fit_memory,
     fraction,
     optional_whole,
@@ -121,6 +122,7 @@ class MLP(nn.Module):
         """x: (B, D) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only with
         num_classes) -> predicted noise (B, D), or (B, out_channels)."""
         check_batch_rank(type(self), x, "vectors", self.in_channels)
+        check_timesteps(t, len(x))
         self.check_input_shape(x.shape[1:])
         temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim).to(x.dtype))  # (B, hidden)
         if self.num_classes is None:

@@ -20,6 +20,7 @@ from diffusion.models.checks import (
     check_batch_rank,
     check_sample_shape,
     check_size_divisible,
+    check_timesteps,
     check_weights_fit_memory,
     fraction,
     optional_whole,
@@ -356,6 +357,7 @@ class UNet(nn.Module):
         """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only
         with num_classes) -> predicted noise (B, C_out, H, W)."""
         check_batch_rank(type(self), x, "images", self.in_channels)
+        check_timesteps(t, len(x))
         self.check_input_shape(x.shape[1:])
         temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
         if self.num_classes is None:

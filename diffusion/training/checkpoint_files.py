@@ -19,7 +19,7 @@ import torch
 
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.numpy_files import PICKLED, numpy_file_kind
-from diffusion.errors import MissingFile, UserError
+from diffusion.errors import InvalidValue, MissingFile, UserError
 from diffusion.training.from_diffusers import INIT_FROM, diffusers_folders, read_init_weights
 
 CHECKPOINT = FileKind(
@@ -29,9 +29,10 @@ DAMAGED = "its bytes do not match their checksum (a bad copy or a failing disk)"
 _INTACT: set[tuple[str, int, int]] = set()  # (path, size, mtime) of file versions whose checksums matched
 
 
-class UnreadableCheckpoint(UserError):
+class UnreadableCheckpoint(UserError, ValueError):
     """A checkpoint (or another file of torch.save) that cannot be read: `<subject> <path> <defect> — <fix>`, its
-    parts kept as fields for a caller that lists such files (`--ckpt_path last` passing over them)."""
+    parts kept as fields for a caller that lists such files (`--ckpt_path last` passing over them). A ValueError
+    too, as InvalidValue is: the file given is what is wrong."""
 
     def __init__(self, subject: str, path: str | os.PathLike, defect: str, fix: str) -> None:
         super().__init__(f"{subject} {path} {defect}", fix)
@@ -39,8 +40,9 @@ class UnreadableCheckpoint(UserError):
 
 
 def check_zip_checksums(path: str | os.PathLike, what: str, fix: str) -> None:
-    """Raise UserError("<what> <path> is damaged: ...") unless every entry of the zip archive at `path` (a file of
-    torch.save or np.savez) matches the CRC-32 stored with it. Reads the whole file once per file version."""
+    """Raise UnreadableCheckpoint("<what> <path> is damaged: ...") unless every entry of the zip archive at `path`
+    (a file of torch.save or np.savez) matches the CRC-32 stored with it. Reads the whole file once per file
+    version."""
     path = Path(path)
     stat = path.stat()
     version = (str(path.absolute()), stat.st_size, stat.st_mtime_ns)
@@ -57,12 +59,14 @@ def check_zip_checksums(path: str | os.PathLike, what: str, fix: str) -> None:
 
 
 def check_finite(weights: Mapping[str, torch.Tensor], what: str, fix: str) -> None:
-    """Raise UserError naming `what` and the first tensor of `weights` holding a NaN or an infinity."""
+    """Raise InvalidValue naming `what` and the first tensor of `weights` holding a NaN or an infinity."""
     for name, tensor in weights.items():
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             continue
         if not torch.isfinite(tensor).all():
-            raise UserError(f"{what} holds weights that are not finite (NaN or infinity), first {name}", fix)
+            raise InvalidValue(
+                f"{what} holds weights that are not finite (NaN or infinity), first {name}", fix
+            )
 
 
 def read_checkpoint(
@@ -74,7 +78,7 @@ def read_checkpoint(
     """A checkpoint file's contents (tensors memory-mapped, no code run), or one clear error naming `flag`.
 
     A folder holding one checkpoint stands for it (`file_in_folder`). Raises FileNotFoundError (no such file) or
-    UserError (a folder holding none or several, an empty, truncated, damaged or foreign file, or one that
+    a ValueError (a folder holding none or several, an empty, truncated, damaged or foreign file, or one that
     carries pickled objects other than tensors and plain data, which could run code when loaded).
     `verify` False skips the checksums (`check_zip_checksums`), for reading a checkpoint's step only.
     """
@@ -136,7 +140,7 @@ def check_written_by_train(
         and isinstance(hparams.get("network"), dict)
         and isinstance(checkpoint.get("state_dict"), dict)
     ):
-        raise UserError(
+        raise InvalidValue(
             f"{flag} {path}".strip()
             + " is not a checkpoint written by train.py (it lacks the network's settings "
             "or weights)",
@@ -157,9 +161,9 @@ def read_network_weights(
     path = file_in_folder(path, INIT_FROM, CHECKPOINT)
     if not path.is_file():
         raise MissingFile(f"init_from: no such file {path}", "pass a .ckpt of this project or a state_dict")
-    if zipfile.is_zipfile(path):
-        check_zip_checksums(path, "init_from", "pass an intact checkpoint or state_dict")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    # read as a checkpoint is: a damaged, cut-short, pickled or foreign file refused in one line (torch's own
+    # UnpicklingError, or an AttributeError for a saved tensor, came out of DiffusionModule(init_from=...))
+    state = read_checkpoint(path, INIT_FROM)
     state = state.get("state_dict", state)
     if any(key.startswith("network.") for key in state):
         state = {

@@ -13,6 +13,7 @@ safetensors only, and the network must be one of this project's (`NETWORKS`).
 import hashlib
 import inspect
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from diffusion.core.schedule import schedule_betas
-from diffusion.errors import MissingFile, UserError, WrongType, check_weights_fit, check_whole_number
+from diffusion.errors import (
+    InvalidValue,
+    MissingFile,
+    UserError,
+    WrongType,
+    check_weights_fit,
+    check_whole_number,
+)
 from diffusion.generation.render import check_normalization
 from diffusion.models import MLP, UNet
 from diffusion.training.module import DiffusionModule
@@ -90,21 +98,22 @@ def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
     try:
         config = json.loads(config_path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{config_path} is not valid JSON ({err})", FIX) from err
+        raise InvalidValue(f"{config_path} is not valid JSON ({err})", FIX) from err
     if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise UserError(f"{config_path} is not the config of an export of this project", FIX)
+        raise InvalidValue(f"{config_path} is not the config of an export of this project", FIX)
     if config.get("format_version") != FORMAT_VERSION:
-        raise UserError(
+        raise InvalidValue(
             f"{config_path} has format_version {config.get('format_version')!r}, this version reads "
             f"{FORMAT_VERSION}",
             "load it with the version of this package that wrote it, or export the checkpoint again",
         )
     if not isinstance(config.get("hyper_parameters"), dict):
-        raise UserError(f"{config_path} holds no hyper_parameters (the model's settings)", FIX)
+        raise InvalidValue(f"{config_path} holds no hyper_parameters (the model's settings)", FIX)
     check_model_settings(
         config["hyper_parameters"], str(config_path),
         "correct it in config.json's hyper_parameters, or export the checkpoint again (python -m diffusion.export)",
     )  # fmt: skip
+    check_export_betas(config, config_path)  # its betas, a copy for code outside: an edit of one alone
     return config, config_path.parent
 
 
@@ -148,15 +157,15 @@ def check_model_settings(hparams: dict[str, Any], source: str, fix: str) -> None
             if not isinstance(normalization, dict) or not {"shift", "scale"} <= set(normalization):
                 raise WrongType("normalization", normalization, "a mapping of 'shift' and 'scale'", fix)
             check_normalization(normalization)
-    except UserError as error:
-        raise UserError(f"{source}: {error.problem}", fix, error.owner) from error
+    except UserError as error:  # a file's settings: a ValueError, whichever kind its check was
+        raise InvalidValue(f"{source}: {error.problem}", fix, error.owner) from error
 
 
 def network_class(class_path: object) -> type[torch.nn.Module]:
     """The class a network's class_path names, among this project's networks only (no import of other code)."""
     module, _, name = str(class_path).rpartition(".")
     if name not in NETWORKS or not (module == "diffusion.models" or module.startswith("diffusion.models.")):
-        raise UserError(
+        raise InvalidValue(
             f"the export's network {class_path} is not one of this project's networks, and loading runs no "
             "other code",
             f"use a network of {[f'diffusion.models.{n}' for n in NETWORKS]}",
@@ -173,13 +182,15 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
     try:
         module = DiffusionModule(network=network, **hparams)
     except TypeError as err:  # settings of another version of DiffusionModule
-        raise UserError(
+        if isinstance(err, UserError):  # its own check (a WrongType): said as it is
+            raise
+        raise InvalidValue(
             f"{folder / CONFIG} has settings this version does not take ({err})",
             "load it with the version of this package that wrote it",
         ) from err
     expected = config.get("weights_sha256")
     if expected is not None and (folder / WEIGHTS).is_file() and sha256_of(folder / WEIGHTS) != expected:
-        raise UserError(
+        raise InvalidValue(
             f"{folder / WEIGHTS} is damaged: its bytes do not match the checksum in {CONFIG} (a bad copy or a "
             "failing disk)",
             "copy the export again, or export the checkpoint again (python -m diffusion.export)",
@@ -187,7 +198,66 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
     try:
         state = load_file(folder / WEIGHTS)
     except (FileNotFoundError, SafetensorError) as err:
-        raise UserError(f"{folder / WEIGHTS} cannot be read ({str(err) or type(err).__name__})", FIX) from err
+        kind = MissingFile if isinstance(err, FileNotFoundError) else InvalidValue
+        raise kind(f"{folder / WEIGHTS} cannot be read ({str(err) or type(err).__name__})", FIX) from err
     check_weights_fit(module.network, state, str(folder / WEIGHTS), FIX)
     module.network.load_state_dict(state)
     return module.to(map_location).eval()
+
+
+# An export's betas (a copy for code outside this package) checked against the schedule its hyper_parameters set:
+# a hand-edited betas loaded and sampled with the edit ignored without a word. Exports before 3967c58 wrote the
+# module's float32 betas, so values within float32's rounding agree; one without betas has nothing to check.
+# float32's rounding (2**-24 of a value) with room: what the module's float32 buffers resolve anyway.
+RELATIVE_TOLERANCE = 1e-6
+BETAS_FIX = (
+    "export the checkpoint again (python -m diffusion.export), or put back the betas it wrote; for a schedule of "
+    'your own, set hyper_parameters\' "beta_schedule": "trained" with "trained_betas"'
+)
+
+
+def schedule_of(hparams: dict[str, Any]) -> torch.Tensor:
+    """The float64 betas the settings `hparams` give (DiffusionModule's defaults for what they leave out)."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(DiffusionModule.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+
+    def setting(name: str) -> Any:
+        return hparams.get(name, defaults[name])
+
+    return schedule_betas(
+        setting("beta_schedule"), setting("num_timesteps"), setting("beta_start"), setting("beta_end"),
+        setting("zero_terminal_snr"), setting("trained_betas"),
+    )  # fmt: skip
+
+
+def check_export_betas(config: dict[str, Any], config_path: Path) -> None:
+    """Raise InvalidValue, naming `config_path` and its key, unless config.json's ``betas`` (when it holds them)
+    are the betas of its ``hyper_parameters``' schedule (whose settings are checked already)."""
+    if "betas" not in config:
+        return
+    given, expected = config["betas"], schedule_of(config["hyper_parameters"])
+    if not isinstance(given, list) or not all(
+        isinstance(beta, int | float) and not isinstance(beta, bool) for beta in given
+    ):
+        raise InvalidValue(f"{config_path}: betas is {summary(given)}, not a list of numbers", BETAS_FIX)
+    if len(given) != len(expected):
+        raise InvalidValue(
+            f"{config_path}: betas holds {len(given)} values, but the schedule of its hyper_parameters has "
+            f"{len(expected)} (num_timesteps)",
+            BETAS_FIX,
+        )
+    for index, (beta, wanted) in enumerate(zip(given, expected.tolist(), strict=True)):
+        if not math.isclose(beta, wanted, rel_tol=RELATIVE_TOLERANCE, abs_tol=1e-12):
+            raise InvalidValue(
+                f"{config_path}: betas[{index}] is {beta!r}, but the schedule of its hyper_parameters has "
+                f"{wanted!r} there (the schedule this package samples with; betas is a copy for code outside it)",
+                BETAS_FIX,
+            )
+
+
+def summary(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else f"a {type(value).__name__}"

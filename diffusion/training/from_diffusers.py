@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from diffusion.core.schedule import checked_betas
-from diffusion.errors import UserError
+from diffusion.errors import CannotRead, InvalidValue, MissingFile, UserError
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_arguments_from_diffusers, unet_weights_from_diffusers
 
@@ -56,11 +56,12 @@ def _json(path: Path, what: str) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text())
     except FileNotFoundError as err:
-        raise UserError(f"it has no {what}", WHOLE) from err
+        raise MissingFile(f"it has no {what}", WHOLE) from err
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"its {what} cannot be read as JSON ({err})", WHOLE) from err
+        kind = CannotRead if isinstance(err, OSError) else InvalidValue  # no permission: the system's refusal
+        raise kind(f"its {what} cannot be read as JSON ({err})", WHOLE) from err
     if not isinstance(value, dict):
-        raise UserError(f"its {what} is not a diffusers config (a JSON object)", FIX)
+        raise InvalidValue(f"its {what} is not a diffusers config (a JSON object)", FIX)
     return value
 
 
@@ -77,7 +78,7 @@ def diffusers_folders(path: str | os.PathLike, flag: str = "") -> tuple[Path, Pa
     with about(path, flag):
         if (folder / "model_index.json").is_file():
             if not (folder / "unet").is_dir():
-                raise UserError(
+                raise InvalidValue(
                     "it is a diffusers pipeline folder (model_index.json) without its unet/ folder", WHOLE
                 )
             unet_config(folder / "unet", "unet/config.json")
@@ -95,7 +96,7 @@ def diffusers_folders(path: str | os.PathLike, flag: str = "") -> tuple[Path, Pa
             return folder, None
         weights = [name for name in WEIGHT_FILES if (folder / name).is_file()]
         if weights:
-            raise UserError(f"it holds diffusers weights ({weights[0]}) but no config.json", WHOLE)
+            raise InvalidValue(f"it holds diffusers weights ({weights[0]}) but no config.json", WHOLE)
     return None
 
 
@@ -124,7 +125,7 @@ def diffusers_hyperparameters(path: str | os.PathLike, flag: str = "") -> dict[s
 def _folders(path: str | os.PathLike, flag: str) -> tuple[Path, Path | None]:
     folders = diffusers_folders(path, flag)
     if folders is None:
-        raise UserError(f"{flag} {path} is not a diffusers model folder".strip(), FIX)
+        raise InvalidValue(f"{flag} {path} is not a diffusers model folder".strip(), FIX)
     return folders
 
 
@@ -152,7 +153,7 @@ def unet_config(folder: Path, what: str = "config.json") -> dict[str, Any]:
     """The UNet2DModel config in `folder` (`what`: how the user's folder calls it)."""
     config = _json(folder / "config.json", what)
     if config.get("_class_name") not in (None, "UNet2DModel"):
-        raise UserError(f"its {what} is a diffusers {config['_class_name']}'s, not a UNet2DModel's",
+        raise InvalidValue(f"its {what} is a diffusers {config['_class_name']}'s, not a UNet2DModel's",
                         "pass a DDPMPipeline or UNet2DModel folder")  # fmt: skip
     return config
 
@@ -168,9 +169,9 @@ def read_unet_weights(folder: Path, part: str = "") -> dict[str, torch.Tensor]:
                     return load_file(path)
                 return torch.load(path, map_location="cpu", weights_only=True)
             except (SafetensorError, RuntimeError, OSError, pickle.UnpicklingError, EOFError) as err:
-                raise UserError(f"its weights {part}{name} cannot be read ({str(err) or type(err).__name__})",
+                raise InvalidValue(f"its weights {part}{name} cannot be read ({str(err) or type(err).__name__})",
                                 WHOLE) from err  # fmt: skip
-    raise UserError(f"it has no weights: no {part}{' or '.join(WEIGHT_FILES)}", WHOLE)
+    raise InvalidValue(f"it has no weights: no {part}{' or '.join(WEIGHT_FILES)}", WHOLE)
 
 
 def schedule_settings(scheduler_config: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -192,7 +193,7 @@ def schedule_settings(scheduler_config: Path | None) -> tuple[dict[str, Any], di
     }  # fmt: skip
     for key, refused in refuse.items():
         if refused:
-            raise UserError(f"{where}: {key}={config[key]!r} has no counterpart in this project's schedules "
+            raise InvalidValue(f"{where}: {key}={config[key]!r} has no counterpart in this project's schedules "
                             "and samplers", "use a model trained with a linear or cosine (squaredcos_cap_v2) "
                             "schedule, or trained_betas, and fixed variances")  # fmt: skip
     T = int(config["num_train_timesteps"])
@@ -206,11 +207,11 @@ def schedule_settings(scheduler_config: Path | None) -> tuple[dict[str, Any], di
         try:
             betas = checked_betas(config["trained_betas"], T)
         except UserError as error:
-            raise UserError(f"{where}: {error.problem}",
+            raise InvalidValue(f"{where}: {error.problem}",
                             "use a scheduler config whose trained_betas are a noise schedule, one beta per "
                             "training timestep") from error  # fmt: skip
         if betas[-1] == 1 and settings["prediction_type"] == "eps":
-            raise UserError(f"{where}: trained_betas end at alpha_bar_T = 0 (zero terminal SNR), where "
+            raise InvalidValue(f"{where}: trained_betas end at alpha_bar_T = 0 (zero terminal SNR), where "
                             "prediction_type='epsilon' is undefined", "use a model with these betas that "
                             "predicts v_prediction or sample (x_0)")  # fmt: skip
         settings |= {"beta_schedule": "trained", "trained_betas": betas.tolist()}
@@ -255,7 +256,7 @@ def read_init_weights(
         theirs = (arguments["in_channels"], arguments["out_channels"] or arguments["in_channels"])
         ours = _channels(network)
         if ours is not None and ours != theirs:
-            raise UserError(
+            raise InvalidValue(
                 f"it is a diffusers UNet for {theirs[0]}-channel images ({theirs[0]} in, {theirs[1]} out), "
                 f"and this run's network is for {ours[0]}-channel images ({ours[0]} in, {ours[1]} out: the data's "
                 "channels, twice out with {DiffusionModule:--variance} learned_range)",

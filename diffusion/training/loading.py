@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 
 from diffusion.data.file_in_folder import file_in_folder
-from diffusion.errors import InvalidValue, UserError, WrongType, check_choice
+from diffusion.errors import InvalidValue, WrongType, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
 from diffusion.training.checkpoint_files import (
@@ -66,14 +66,14 @@ def load_checkpoint(
     kind, path = model_source(path)
     if kind == "diffusers":
         if weights == "raw":
-            raise UserError(
+            raise InvalidValue(
                 f"{path} is a diffusers model: it holds one set of weights", "load it without weights="
             )
         return load_diffusers(path, map_location)
     if kind == "export":
         exported = read_export_config(path)[0].get("weights")
         if weights is not None and weights != exported:
-            raise UserError(
+            raise InvalidValue(
                 f"{path} holds {exported} weights, not {weights}",
                 f"export the checkpoint again with {{command:--weights}} {weights}, or load it without weights=",
             )

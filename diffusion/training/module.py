@@ -24,6 +24,7 @@ from diffusion.core.guidance import call_network
 from diffusion.core.sampling import DEFER, SamplingOptions
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
+from diffusion.data.labels import check_class_names
 from diffusion.data.resumable import describe_batches
 from diffusion.errors import InvalidValue, WrongType, check_bool, check_weights_fit, options_of, said
 from diffusion.training import loss as objective
@@ -39,7 +40,7 @@ from diffusion.training.random_states import (
     restore_global_random_states,
     resumed_states,
 )
-from diffusion.training.sampling_module import SamplingModule
+from diffusion.training.sampling_module import SamplingModule, checked_sample_shape
 
 NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/loss.py
 # compile_training: True, False, or "cuda" (compiled where it pays: on a CUDA device)
@@ -137,6 +138,10 @@ class DiffusionModule(SamplingModule):
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
         with options_of(type(self)):  # the checks' `{--name}`s are this class's options
             check_bool("compile_channels_last", compile_channels_last)
+            sample_shape = checked_sample_shape(sample_shape)
+            check_class_names(
+                class_names, getattr(network, "num_classes", None), "pass the data's class_names, or None"
+            )
             schedule = NoiseSchedule(
                 beta_schedule, num_timesteps, beta_start, beta_end, zero_terminal_snr, trained_betas
             )

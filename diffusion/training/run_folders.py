@@ -21,7 +21,7 @@ from types import ModuleType
 
 import lightning as L
 
-from diffusion.errors import MissingFile, UserError, WrongType, naming_a_full_disk
+from diffusion.errors import InvalidValue, MissingFile, UserError, WrongType, naming_a_full_disk
 from diffusion.training.checkpoint_files import UnreadableCheckpoint, check_zip_checksums, read_checkpoint
 
 fcntl: ModuleType | None
@@ -222,7 +222,7 @@ def _newest_intact(run: RunFolder, files: list[Path], flag: str) -> ResumePoint:
             continue
         return ResumePoint(path, run.version, step, tuple(skipped))
     reasons = "; ".join(f"{path.name} {why}" for path, why in skipped)
-    raise UserError(
+    raise InvalidValue(
         f"{flag}: no intact checkpoint in {files[0].parent} ({reasons})",
         "pass the path of an intact checkpoint (a backup), or start a new run without {command:--ckpt_path}",
     )

@@ -6,6 +6,7 @@ lives here; the training objective, the optimizer and the training hooks are mod
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import lightning as L
 import torch
@@ -17,10 +18,23 @@ from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final_sample
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
-from diffusion.errors import InvalidValue, WrongType, check_whole_number
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
 from diffusion.generation.arguments import check_float32, checked_seed
 
 LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
+SHAPE_FIX = "pass the shape of one sample: (C, H, W) for images, (D,) for vectors, e.g. (1, 8, 8)"
+
+
+def checked_sample_shape(sample_shape: Any) -> tuple[int, ...]:
+    """`sample_shape` as a tuple of ints, refused unless a non-empty tuple or list of whole numbers >= 1: a
+    negative or text size failed at the first sample, in torch's words."""
+    if not isinstance(sample_shape, tuple | list):
+        raise WrongType("sample_shape", sample_shape, "a tuple of sizes", SHAPE_FIX)
+    if not sample_shape:
+        raise OutOfRange("sample_shape", sample_shape, "a shape of one size or more", SHAPE_FIX)
+    return tuple(
+        check_whole_number(f"sample_shape[{i}]", size, 1, SHAPE_FIX) for i, size in enumerate(sample_shape)
+    )
 
 
 class SamplingModule(L.LightningModule):
@@ -73,6 +87,11 @@ class SamplingModule(L.LightningModule):
                     f"indices of dtype {indices.dtype} would be truncated (sample 0.5 drawn as sample 0)",
                     "pass whole-number indices, e.g. torch.arange(n) or a slice of it",
                 )
+            if indices.numel() and int(indices.min()) < 0:
+                raise OutOfRange(
+                    "indices", sorted(set(indices[indices < 0].tolist()))[:5], "sample indices >= 0",
+                    "pass torch.arange(n) or a slice of it (sample i's noise is a function of (seed, i))",
+                )  # fmt: skip
             if indices.shape != (num_samples,):
                 raise InvalidValue(
                     f"indices has shape {tuple(indices.shape)}, not ({num_samples},) for num_samples={num_samples}",
@@ -141,6 +160,7 @@ class SamplingModule(L.LightningModule):
         num_samples = check_whole_number(
             "num_samples", num_samples, 1, "pass how many samples to draw, e.g. module.sample(64)"
         )
+        check_bool("progress", progress)  # "no" is truthy: a bar, as generate refuses it
         check_float32(self)  # a .half() module ended in torch's dtype error at its first layer
         x_T, generator = self.initial_noise(num_samples, seed, indices)
         return final_sample(self.trajectory(x_T, generator, options, progress, labels))

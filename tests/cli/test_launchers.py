@@ -20,6 +20,7 @@ from helpers import QUICK, TINY_UNET, warm
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 
+from diffusion.cli.process_group import check_other_machines_named, launch_ranks
 from diffusion.cli.train import DiffusionCLI, with_default_config
 from diffusion.errors import UserError
 
@@ -182,3 +183,23 @@ def test_init_from_weights_of_another_network_names_the_keys(sources, tmp_path):
         match=r"renamed\.pt: these weights do not fit UNet \(1 missing keys .*1 unexpected keys \(e\.g\. extra\.weight\)",
     ):
         DiffusionCLI([*TINY_UNET, "--model.init_from", str(path), "--trainer.logger", "false"])
+
+
+# What names the other machines: a launcher's variables (torchrun, SLURM, LSF, MPI) or Lightning's own.
+CLUSTER_VARIABLES = ("MASTER_ADDR", "NODE_RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_NAME",
+                     "LSB_JOBID", "LSB_DJOB_RANKFILE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")  # fmt: skip
+LONE_MACHINE = "--num_nodes 2: nothing starts or names the other machines"
+
+
+def test_num_nodes_without_a_launcher_is_refused_before_it_waits(monkeypatch):
+    # It printed "MEMBER: 1/2" and waited for a second machine without end (sample's ranks too), past SIGTERM.
+    for name in CLUSTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(UserError, match=rf"^{LONE_MACHINE} .* — start the command on each of the 2 machines "
+                       r"under torchrun --nnodes 2 or srun, or with MASTER_ADDR="):  # fmt: skip
+        DiffusionCLI([*FAST, "--num_nodes", "2", "--devices", "1", "--trainer.logger", "false"])
+    with pytest.raises(UserError, match=LONE_MACHINE):
+        launch_ranks(1, 2, "cpu", "cpu", None, "diffusion.sample")  # sample's and evaluate's ranks
+    monkeypatch.setenv("NODE_RANK", "0")  # Lightning's launcher on each machine by hand: what it asks for
+    check_other_machines_named(2)
+    check_other_machines_named(1)

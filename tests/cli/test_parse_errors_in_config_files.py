@@ -9,9 +9,12 @@ import pytest
 import yaml
 from helpers.parse_errors import CASES, refused, refused_with_nonsense
 from jsonargparse import ArgumentParser
+from lightning.pytorch import LightningDataModule
 
+from diffusion.cli.command_line import said_as_written
 from diffusion.cli.config_files import as_text
-from diffusion.cli.parse_errors import flags_written
+from diffusion.cli.flags import command_parser
+from diffusion.cli.parse_errors import BadCommandLine, flags_written, parsed_command_line
 
 
 @pytest.fixture(params=[False, True], ids=["jsonargparse_words", "reworded"])
@@ -79,6 +82,15 @@ FILE_CASES = {  # id: (the file's text, the line)
     # YAML takes the last of two, silently; the parser never sees the first.
     "a_key_given_twice": ("lr: 0.1\nsteps: 2\nlr: 0.5\n", "--config run.yaml: lr is given twice (lines 1 and 3) — "
                           "keep one of them (YAML would take the last without a word)"),
+    # Round 5a's H9: jsonargparse's "Option 'print_config' is not accepted" named neither the file nor the flag.
+    "print_config_in_a_file": ("print_config: true\n", "run.yaml: print_config is a flag of the command line, not "
+                               "an option of a config file — remove the line, and pass --print_config on the "
+                               "command line"),
+    "print_config_with_its_options_in_a_file": ("print_config: skip_null\n", "run.yaml: print_config is a flag of "
+                                                "the command line, not an option of a config file — remove the "
+                                                "line, and pass --print_config=skip_null on the command line"),
+    "help_in_a_file": ("lr: 0.1\nhelp: true\n", "run.yaml: help is a flag of the command line, not an option of a "
+                       "config file — remove the line, and pass --help on the command line"),
     "a_nested_key_given_twice": ("optimizer:\n  schedule: cosine\n  schedule: constant\n", "--config run.yaml: "
                                  "schedule is given twice (lines 2 and 3) — keep one of them (YAML would take the "
                                  "last without a word)"),
@@ -117,6 +129,55 @@ def test_a_group_file_named_in_a_config_file_is_read_beside_it(tmp_path, monkeyp
     assert refused(["--out", "s", "--config", "configs/run.yaml"]) == (
         "configs/optimizer.yaml: optimizer.lr fast is not a valid float — pass a value of that type (see --help)"
     )
+
+
+def a_parser_of_class_files() -> ArgumentParser:
+    """A class chosen by a file of its options, as train.py's `--data data.yaml` (LightningCLI's subclass flags)."""
+    parser = command_parser("python -m diffusion.example", "a class chosen by a file")
+    parser.add_subclass_arguments(LightningDataModule, "data")
+    return parser
+
+
+@pytest.mark.parametrize("batch_size", ["abc", "-3"])
+def test_a_class_file_named_in_a_config_file_is_read_as_its_keys(batch_size, tmp_path, monkeypatch):
+    """Round 5a's H5 and H6: `data: data.yaml` in configs/run.yaml (read from its folder), with a bad value in
+    data.yaml, said "data data.yaml: no such class (No module named 'data')", and a check after the parse (a data
+    module's range) `--data.batch_size -3`, naming no file: both are said as `--data configs/data.yaml` says them,
+    with data.yaml's key."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "run.yaml").write_text("data: data.yaml\n")
+    (tmp_path / "configs" / "data.yaml").write_text(
+        f"class_path: diffusion.data.ImageDataModule\ninit_args:\n  batch_size: {batch_size}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--config", "configs/run.yaml"], ["--data", "configs/data.yaml"]):
+        if batch_size == "abc":  # the parser's refusal
+            with pytest.raises(BadCommandLine) as refusal:
+                parsed_command_line(a_parser_of_class_files(), argv)
+            assert str(refusal.value) == (
+                "configs/data.yaml: data.init_args.batch_size abc is not a valid int — pass a value of that type "
+                "(see --help)"
+            )
+        else:  # a check after the parse, said where every command reports
+            written = parsed_command_line(a_parser_of_class_files(), argv).written
+            assert said_as_written("--data.batch_size -3 is out of range (must be >= 1)", written) == (
+                "configs/data.yaml: data.batch_size -3 is out of range (must be >= 1)"
+            )
+
+
+def test_a_config_file_named_in_a_config_file_is_read_as_its_keys(tmp_path, monkeypatch):
+    """`config: base.yaml` in a config file (the parser reads it, from that file's folder): a bad value in it was
+    said in jsonargparse's words (`Parser key "lr": Expected a <class 'float'>`); a loop of them is the parser's
+    to say, without reading them forever."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "run.yaml").write_text("config: base.yaml\n")
+    (tmp_path / "configs" / "base.yaml").write_text("lr: abc\n")
+    monkeypatch.chdir(tmp_path)
+    assert refused(["--out", "s", "--config", "configs/run.yaml"]) == (
+        "configs/base.yaml: lr abc is not a valid float — pass a value of that type (see --help)"
+    )
+    (tmp_path / "configs" / "base.yaml").write_text("config: run.yaml\n")
+    assert refused(["--out", "s", "--config", "configs/run.yaml"]).startswith("Config file loop detected")
 
 
 def test_a_config_file_edited_between_two_reports_is_read_anew(tmp_path, monkeypatch, capsys):

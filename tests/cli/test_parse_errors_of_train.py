@@ -276,6 +276,27 @@ def test_a_group_file_given_as_a_flag_is_said_as_that_files_key(tmp_path, monkey
         )
 
 
+def test_a_class_file_named_in_a_config_file_is_said_as_that_files_key(tmp_path, monkeypatch, capsys):
+    """Round 5a's H5 and H6: `data: data.yaml` or `network: net.yaml` in run.yaml (read from its folder) said
+    "no such class (No module named 'net')" of a bad value in the file, and a range checked after the parse named
+    no file (`--data.batch_size 0`); both are said as that file's keys, as `--data configs/data.yaml` says them."""
+    monkeypatch.chdir(tmp_path)
+    Path("configs").mkdir()
+    Path("configs/run.yaml").write_text("data: data.yaml\nmodel:\n  network: net.yaml\n")
+    Path("configs/net.yaml").write_text("class_path: diffusion.UNet\ninit_args:\n  channels: abc\n")
+    Path("configs/data.yaml").write_text(
+        "class_path: diffusion.ImageDataModule\ninit_args:\n  batch_size: 0\n"
+    )
+    assert train_line(["--config", "configs/run.yaml"], capsys) == (
+        "configs/net.yaml: model.network.init_args.channels abc is not a valid int — pass a value of that type "
+        "(see --help)"
+    )
+    Path("configs/net.yaml").write_text("class_path: diffusion.UNet\n")
+    assert train_line(["--config", "configs/run.yaml"], capsys).startswith(
+        "configs/data.yaml: data.batch_size 0 is out of range"
+    )
+
+
 def test_a_network_of_another_kind_is_refused_before_anything_is_built(tmp_path, monkeypatch, capsys):
     """Round 4's G9: torch.nn.Linear (forward(input)) trained into forward's TypeError at the first step."""
     from diffusion.cli.train_checks import check_network_class

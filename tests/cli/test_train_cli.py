@@ -242,3 +242,35 @@ def test_a_process_keeps_a_few_parsers(monkeypatch):
     assert [parser.prog for parser, _ in DiffusionCLI._built_parsers.values()] == [
         f"train{k}" for k in range(2, 6)
     ]
+
+
+def test_init_from_beside_a_resume_is_refused_unless_the_run_started_from_it(tmp_path, capsys):
+    # The resume took the checkpoint's weights, and --model.init_from was read and dropped without a word.
+    tiny_run(tmp_path)
+    checkpoint = tmp_path / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as exit_info:
+        tiny_run(tmp_path, "--model.init_from", str(checkpoint), "--ckpt_path", "last", "--max_steps", "6")
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(
+        f"error: --model.init_from {checkpoint} with --ckpt_path {checkpoint}: a resume goes on "
+    )
+    assert "leave out --model.init_from to resume the run, or leave out --ckpt_path" in line
+    # A run started from those weights names them in its config.yaml: its restarts (--ckpt_path auto, the same
+    # command line) and its resumes with that config go on.
+    started = tiny_run(tmp_path / "b", "--model.init_from", str(checkpoint))
+    config = Path(started.trainer.log_dir) / "config.yaml"
+    cli = main(["--config", str(config), "--ckpt_path", "last", "--max_steps", "6"])
+    assert cli.trainer.global_step == 6
+
+
+def test_fast_dev_run_writes_no_files(tmp_path, monkeypatch, caplog):
+    # Lightning says "Logging and checkpointing is suppressed", and the project's callbacks wrote
+    # checkpoints/last.ckpt, loss.png and samples/ into the current folder (the run has no folder then).
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level("INFO")
+    args = [*TINY_UNET, "--trainer.fast_dev_run", "true", "--ema.post_hoc", "true"]
+    cli = main([*args, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+    assert cli.trainer.global_step == 1
+    assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == []
+    assert "fast_dev_run: a smoke test that writes no files" in caplog.text

@@ -99,3 +99,56 @@ def test_a_warmup_the_run_finishes_or_a_run_without_max_steps_says_nothing():
         ({"warmup_steps": 0}, {"max_steps": 1}),
     ]:
         assert warmup_note(Namespace(model=Namespace(**model), trainer=Namespace(**trainer))) is None
+
+
+def test_no_images_held_out_is_said_as_validation_turned_off(tmp_path):
+    # --data.val_fraction 0 turned validation off (no grids, no loss.png val/loss, no step checkpoints) silently.
+    with pytest.warns(UserWarning) as caught:
+        DiffusionCLI([*TINY_UNET, "--data.val_fraction", "0", *NO_LOGGER])
+    notes = [str(w.message) for w in caught if "turns validation off" in str(w.message)]
+    assert len(notes) == 1, notes
+    assert notes[0].startswith(
+        "--data.val_fraction 0 turns validation off: this run draws no sample grids"
+    ), notes
+    assert "pass --data.val_fraction 0.05" in notes[0]
+    config = in_a_config_file(["--data.val_fraction", "0"], tmp_path)
+    with pytest.warns(UserWarning, match=r"run\.yaml: data\.val_fraction 0 turns validation off"):
+        DiffusionCLI([*config, *TINY_UNET, *NO_LOGGER])
+
+
+def test_validation_on_a_share_of_the_training_images_is_no_note():
+    data = Namespace(init_args=Namespace(val_fraction=0.0, val_from_train=100))
+    assert validation_off_note(Namespace(trainer=Namespace(limit_val_batches=None), data=data)) is None
+    data.init_args.val_from_train = None
+    assert validation_off_note(Namespace(trainer=Namespace(limit_val_batches=None), data=data)) is not None
+
+
+@pytest.mark.parametrize("precision", ["64", "64-true"])
+def test_double_precision_is_refused_before_a_run_folder_is_made(precision, tmp_path, capsys):
+    # It trained into a dtype error in the EMA update ("this is a bug in diffusion") and left a run folder.
+    args = train_args(["--precision", precision], tmp_path, tmp_path / "runs")
+    line = run_in_process(train, args, tmp_path, capsys)
+    assert re.search(
+        rf"^error: --trainer.precision {precision}: train.py does not train in double precision \(its EMA, sample "
+        r"grids and samplers run in float32\) — choose 32 \(32-true\), bf16-mixed or 16-mixed",
+        line,
+    ), line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_checkpointing_off_is_refused_naming_how_to_keep_fewer(tmp_path, capsys):
+    # Lightning refused it blaming "ModelCheckpoint in callbacks list", a callback train.py adds itself.
+    args = train_args(["--trainer.enable_checkpointing", "false"], tmp_path, tmp_path / "runs")
+    line = run_in_process(train, args, tmp_path, capsys)
+    assert re.search(
+        r"^error: --trainer.enable_checkpointing false: train.py always keeps last.ckpt, the run's resume point .* — "
+        r"leave --trainer.enable_checkpointing out; to keep fewer checkpoints, pass --checkpoint.save_top_k 0 "
+        r"\(last.ckpt alone\)$",
+        line,
+    ), line
+
+
+def test_save_top_k_0_keeps_last_ckpt_alone(tmp_path):
+    # What the refusal of enable_checkpointing false offers instead.
+    train(train_args(["--checkpoint.save_top_k", "0"], tmp_path, tmp_path / "runs"))
+    assert [path.name for path in (tmp_path / "runs").rglob("*.ckpt")] == ["last.ckpt"]

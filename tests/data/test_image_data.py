@@ -220,6 +220,12 @@ def test_folder_images(tmp_path, channels):
 def test_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope does not exist — point root at your images"):
         ImageDataModule("folder", root=str(tmp_path / "nope"), image_size=16)
+    (tmp_path / "points.npy").write_bytes(b"")  # a file exists: "does not exist" was false
+    with pytest.raises(
+        ValueError, match=r"^root .*points.npy is a file, not a folder of images — point root at the"
+    ):
+        ImageDataModule("folder", root=str(tmp_path / "points.npy"), image_size=16)
+    (tmp_path / "points.npy").unlink()
     with pytest.raises(FileNotFoundError, match=r"\.png.* — put your images there, or point root at"):
         ImageDataModule("folder", root=str(tmp_path), image_size=16)
     (tmp_path / "broken.png").write_bytes(b"definitely not a png")

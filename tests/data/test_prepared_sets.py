@@ -140,6 +140,36 @@ def test_a_set_whose_prepare_was_stopped_or_that_is_damaged_is_refused_naming_wh
     ImageDataModule("streaming", root=str(copy()))  # the copies themselves are sound
 
 
+def test_a_folder_no_prepare_wrote_is_told_apart_from_a_stopped_prepare(tmp_path):
+    # A folder of the user's own files was said to hold a stopped prepare, with a fix (--overwrite) that prepare
+    # refuses there (it never replaces the user's files).
+    mine, empty, stopped = (tmp_path / name for name in ("mine", "empty", "stopped"))
+    for folder in (mine, empty, stopped / "train"):
+        folder.mkdir(parents=True)
+    (mine / "notes.txt").write_text("x")
+    (mine / "v.npy").write_text("x")
+    (stopped / "train" / "chunk-0-0.bin").write_bytes(b"x")  # a prepare's chunk, and no manifest
+    said = {
+        mine: rf"^root {mine} holds no prepared data set \(no {MANIFEST}; it holds notes.txt, v.npy\) — prepare one "
+        r"into a new folder first: python -m diffusion.prepare --config <the recipe> --out NEW_FOLDER$",
+        empty: rf"^root {empty} holds no prepared data set \(no {MANIFEST}; the folder is empty\) — prepare one "
+        rf"into it first: python -m diffusion.prepare --config <the recipe> --out {empty}$",
+        stopped: rf"^root {stopped} is not a prepared data set \(its prepare was stopped before it finished: .* — "
+        rf"run python -m diffusion.prepare again with --out {stopped} --overwrite$",
+        mine / "v.npy": rf"^root {mine / 'v.npy'} is a file, not a folder: no prepared data set there — ",
+    }
+    for root, words in said.items():
+        with pytest.raises(ValueError, match=words):
+            ImageDataModule("streaming", root=str(root))
+    (stopped / "notes.txt").write_text(
+        "x"
+    )  # a stopped prepare beside the user's files: prepare into a new folder
+    with pytest.raises(
+        ValueError, match=r"stopped before it finished.* — run .* again into a new folder: .*NEW_FOLDER$"
+    ):
+        ImageDataModule("streaming", root=str(stopped))
+
+
 def test_a_set_that_does_not_fit_the_run_is_refused_before_training(digits_set, gaussian_set):
     with pytest.raises(UserError, match="^image_size 16 does not fit"):
         ImageDataModule("streaming", root=str(digits_set), image_size=16)

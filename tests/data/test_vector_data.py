@@ -93,3 +93,32 @@ def test_an_array_where_its_file_goes_is_refused_naming_the_argument(name, tmp_p
         TypeError, match=f"^{name}=<ndarray> is a ndarray, not the path of .* — save the array with np.save"
     ):
         VectorDataModule(**given)
+
+
+@pytest.mark.parametrize(
+    ("options", "note"),
+    [
+        ({"dataset": "moons", "dim": 7, "num_samples": 5, "path": True},
+         r"^dataset='moons', num_samples=5 and dim=7 not used: path='.*x.npy' selects dataset 'npy', whose data is "
+         r"read from that file — leave them out, or leave path out to generate dataset 'moons'$"),
+        ({"noise": 0.2, "path": True}, r"^noise=0.2 not used: path=.* — leave it out, or leave path out to generate "),
+        ({"dataset": "moons", "dim": 3, "num_samples": 50}, r"^dim=3 not used: dataset 'moons' does not take it — leave it out "),
+        ({"dataset": "gaussian", "dim": 3, "noise": 0.1, "num_samples": 50}, r"^noise=0.1 not used: dataset 'gaussian' does not take it"),
+    ],
+    ids=["path-over-a-toy-set", "noise-of-a-file", "dim-of-a-toy-set", "noise-of-gaussian"],
+)  # fmt: skip
+def test_options_the_data_does_not_use_are_said_not_used(options, note, tmp_path):
+    # A file's data took no dataset, dim, num_samples or noise, and said nothing of them.
+    np.save(tmp_path / "x.npy", np.zeros((10, 2)) + np.arange(10)[:, None])
+    if options.pop("path", False):
+        options["path"] = str(tmp_path / "x.npy")
+    with pytest.warns(UserWarning, match=note):
+        VectorDataModule(**options)
+
+
+def test_options_the_data_uses_are_taken_without_a_note(tmp_path, recwarn):
+    np.save(tmp_path / "x.npy", np.zeros((10, 2)) + np.arange(10)[:, None])
+    VectorDataModule(path=str(tmp_path / "x.npy"))
+    VectorDataModule("gaussian", dim=3, num_samples=50)
+    VectorDataModule("moons", noise=0.1, num_samples=50)
+    assert not [w for w in recwarn if "not used" in str(w.message)]

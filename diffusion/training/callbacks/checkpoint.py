@@ -82,6 +82,7 @@ class Checkpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         # After Lightning registered its signal handlers (it restores the ones it found after fit).
         self.preemption.install(trainer)
+        self.preemption.checkpoints = None if self.dirpath is None else str(self.dirpath)
         self._polled_step, self._loops_after_step = trainer.global_step, None
 
     def on_train_batch_end(
@@ -102,10 +103,11 @@ class Checkpoint(ModelCheckpoint):
             signum, due = self.preemption.poll(trainer)
         if (signum or due) and not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
-            if self.save_last:
-                self._save_last_checkpoint(trainer, candidates)
-            else:
-                self._save_checkpoint(trainer, self.format_checkpoint_name(candidates))
+            with self.preemption.saving(trainer.global_step):
+                if self.save_last:
+                    self._save_last_checkpoint(trainer, candidates)
+                else:
+                    self._save_checkpoint(trainer, self.format_checkpoint_name(candidates))
         if self._last_global_step_saved == trainer.global_step:
             self.preemption.saved()
         if signum:
@@ -140,6 +142,11 @@ class Checkpoint(ModelCheckpoint):
             if step == trainer.global_step:
                 checkpoint["loops"]["fit_loop"] = fit_loop
                 checkpoint["epoch"] = fit_loop["epoch_progress"]["current"]["completed"]  # = current_epoch
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        # Every save: a second Ctrl+C during it waits for it to be written (`Preemption.saving`).
+        with self.preemption.saving(trainer.global_step):
+            super()._save_checkpoint(trainer, filepath)
 
     @staticmethod
     def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:

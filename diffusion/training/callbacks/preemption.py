@@ -9,10 +9,11 @@ notes the signal (and passes it on to the ranks Lightning launched); `Checkpoint
 after an optimizer step and, if any rank was signalled, every rank saves there, in the same state as any step
 checkpoint, so resuming continues exactly. Then `Preempted(128 + signal)`, a `SIGTERMException`, ends the run
 (143 for SIGTERM, 138 for SIGUSR1, 130 for SIGINT, as a shell reports a process killed by the signal); under
-SLURM with auto-requeue, rank 0 first requeues the job, as Lightning does. A second SIGINT stops at once, without
-saving (`diffusion.errors.Interrupted`): a step that never ends can still be stopped from the keyboard. SIGINT is
-not passed on to the launched ranks: a terminal's Ctrl+C reaches each of them already, and one that did not hear it
-learns of it when the ranks poll.
+SLURM with auto-requeue, rank 0 first requeues the job, as Lightning does. A second SIGINT during the step stops at
+once, without saving (`StoppedUnsaved`, an `Interrupted` whose line says which steps are lost): a step that never
+ends can still be stopped from the keyboard. During the save itself (`Preemption.saving`, short) the second SIGINT
+only says that the save finishes first; a third stops at once. SIGINT is not passed on to the launched ranks: a
+terminal's Ctrl+C reaches each of them already, and one that did not hear it learns of it when the ranks poll.
 
 When it polls: one process after every optimizer step, so it saves the step the signal arrived in (its flags
 are host values: the poll costs nothing). Under DDP the ranks must agree, which takes an all-reduce and a read
@@ -31,6 +32,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 
 import lightning as L
@@ -60,6 +62,15 @@ class Preempted(SIGTERMException):
         SystemExit.__init__(self, exit_status)
 
 
+class StoppedUnsaved(Interrupted):
+    """Training stopped by Ctrl+C again before the checkpoint the first one asked for was saved: `problem` and
+    `fix` say what was lost and what to do (flags as `{command:--name}`), for the command's one line."""
+
+    def __init__(self, signum: int, problem: str, fix: str) -> None:
+        super().__init__(signum)
+        self.problem, self.fix = problem, fix
+
+
 class Preemption:
     """Notes SIGTERM / SIGUSR1 / SIGINT from `install` (at train start) until Lightning restores the handlers it found
     (trainer teardown), and tells every rank at once whether to save and stop, or to save because
@@ -77,11 +88,17 @@ class Preemption:
         self.signal: int | None = None  # the first preemption signal received
         self._trainer: L.Trainer | None = None
         self._last_save = time.monotonic()
+        self._start_step = 0  # the step training started (or resumed) from
+        self.last_saved_step: int | None = None  # the step of the last checkpoint saved in this run
+        self.checkpoints: str | None = None  # the folder the checkpoints go to (for the line)
+        self._saving: int | None = None  # the step whose checkpoint is being saved
+        self._deferred = False  # a second SIGINT came during that save
 
     def install(self, trainer: L.Trainer) -> None:
         """Take over SIGTERM, SIGUSR1 and SIGINT (called after Lightning registered its handlers, which it restores)."""
         self._trainer = trainer
         self._last_save = time.monotonic()
+        self._start_step = trainer.global_step
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         for signum in PREEMPTION_SIGNALS:
@@ -95,14 +112,75 @@ class Preemption:
         """Give Lightning's loop its per-batch SIGTERM broadcast back (Lightning restores the handlers itself)."""
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
 
+    @contextlib.contextmanager
+    def saving(self, step: int) -> Iterator[None]:
+        """Around a checkpoint's save: a second Ctrl+C waits for it (a third stops at once), and once it is
+        written, `last_saved_step` is `step`."""
+        outer = self._saving is not None
+        self._saving = step
+        try:
+            yield
+            self.last_saved_step = step
+        finally:
+            if not outer:
+                self._saving = None
+
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.signal is not None:
-            raise Interrupted(signal.SIGINT)  # Ctrl+C again: stop now
+        if signum == signal.SIGINT and self.signal is not None:  # Ctrl+C again
+            if self._saving is not None and not self._deferred:
+                self._deferred = True
+                self._say(
+                    f"SIGINT again: the checkpoint of step {self._saving} is being saved and the run stops once it "
+                    "is written (Ctrl+C once more stops at once, without it)"
+                )
+                return
+            raise self.stopped_unsaved()
         first = self.signal is None
         self.signal = self.signal or signum
+        if first and signum == signal.SIGINT:
+            self._say(
+                "SIGINT received: the run saves a checkpoint at the end of this step, then stops (Ctrl+C again "
+                "stops at once, without it)"
+            )
         launcher = getattr(self._trainer.strategy, "launcher", None) if self._trainer else None
         if first and signum != signal.SIGINT and launcher is not None and getattr(launcher, "procs", None):
             launcher.kill(signum)  # the ranks this process started (python train.py --devices N)
+
+    def _say(self, line: str) -> None:
+        """A line on stderr from the signal handler (os.write: print could be inside a write already), rank 0's."""
+        if self._trainer is None or self._trainer.is_global_zero:
+            with contextlib.suppress(OSError):
+                os.write(2, f"\n{line}\n".encode())
+
+    def stopped_unsaved(self) -> Interrupted:
+        """The Interrupted that stops the run at once, saying what the stop loses."""
+        step = self._trainer.global_step if self._trainer is not None else None
+        if step is not None and self.last_saved_step == step and self._saving is None:
+            return StoppedUnsaved(
+                signal.SIGINT,
+                f"stopped by SIGINT again, after the checkpoint of step {step} was saved",
+                "resume with {command:--ckpt_path} last",
+            )
+        where = (
+            f"in step {step}"
+            if self._saving is None
+            else f"during the save of step {self._saving}'s checkpoint"
+        )
+        since = max(self._start_step, self.last_saved_step or 0)
+        keep = "to keep the steps, press Ctrl+C once and wait for the checkpoint"
+        if since == 0:
+            folder = f" ({self.checkpoints} holds none)" if self.checkpoints else ""
+            return StoppedUnsaved(
+                signal.SIGINT,
+                f"stopped by SIGINT again {where}: no checkpoint of this run was saved{folder}, "
+                "so every step is lost",
+                f"run the command again (it trains from the start, in a new run folder); {keep}",
+            )
+        return StoppedUnsaved(
+            signal.SIGINT,
+            f"stopped by SIGINT again {where}: the steps since the checkpoint of step {since} are lost",
+            f"resume with {{command:--ckpt_path}} last (step {since}); {keep}",
+        )
 
     def saved(self) -> None:
         self._last_save = time.monotonic()

@@ -1,0 +1,88 @@
+"""SampleQuality scores only what it is told the images are: pixels, uint8 0..255 or (pixel features) float in
+[0, 1]. Samples in model units (-1..1, what `generate` returns) or floats 0..255 gave another FID without a word;
+metrics=[] computed nothing; a lone name was read letter by letter; 2 channels were taken."""
+
+import pytest
+import torch
+
+from diffusion import SampleQuality
+from diffusion.errors import UserError
+
+
+def pixels_quality() -> SampleQuality:
+    return SampleQuality("pixels", ["fid"], channels=1)
+
+
+IMAGES = torch.rand(20, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize(
+    ("images", "words"),
+    [
+        (
+            IMAGES * 2 - 1,
+            r"^images holds values from -0.9\d* to 0.9\d*, outside \[0, 1\] .* — pass to_uint8\(",
+        ),
+        (IMAGES * 255, r"^images holds values from .* to 25\d.*, outside \[0, 1\] .* — pass to_uint8\("),
+        (
+            torch.full((2, 1, 8, 8), float("nan")),
+            r"^images holds NaN values, which are no pixels — pass to_uint8",
+        ),
+        ((IMAGES * 255).long(), r"^images are torch.int64 values, not uint8 .* images.to\(torch.uint8\)"),
+        (IMAGES.expand(-1, 3, -1, -1), r"^images has 3 channels .* built for channels=1 — "),
+        (IMAGES[0], r"^images has shape \(1, 8, 8\), not \(N, C, H, W\) — "),
+        (IMAGES.tolist(), r"^images=<list> is a list, not \(N, C, H, W\) images as a tensor — "),
+    ],
+    ids=["model-units", "float-0-255", "nan", "int64", "channels", "one-image", "list"],
+)
+def test_images_that_are_not_pixels_are_refused_before_they_are_scored(images, words):
+    quality = pixels_quality()
+    with pytest.raises(UserError, match=words) as refused:
+        quality.update(images, real=True)
+    assert isinstance(refused.value, ValueError | TypeError)
+    assert int(quality.fid.real_features_num_samples) == 0  # nothing was fed
+
+
+def test_pixels_within_half_a_level_of_the_range_are_scored():
+    # A hair beyond [0, 1] (rounding) is still pixels: taken, and scored about as the clamped images.
+    fake = torch.rand(20, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    edge = IMAGES.clone()
+    edge[0, 0, 0, :2] = torch.tensor([-1e-3, 1 + 1e-3])  # half a level is 2e-3
+    scores = []
+    for real in (edge, edge.clamp(0, 1)):
+        quality = pixels_quality()
+        quality.update(real, real=True)
+        quality.update(fake, real=False)
+        scores.append(quality.compute()["fid"])
+    assert scores[0] == pytest.approx(scores[1], rel=1e-3)
+    # uint8 pixels are the other form taken (what to_uint8 gives and every caller in the project feeds)
+    quality = pixels_quality()
+    quality.update(IMAGES.mul(255).round().to(torch.uint8), real=True)
+    quality.update(fake.mul(255).round().to(torch.uint8), real=False)
+    assert quality.compute()["fid"] == pytest.approx(scores[1], rel=0.05)
+
+
+def test_real_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"^real='no' is a str, not True or False — "):
+        pixels_quality().update(IMAGES, real="no")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        (
+            {"metrics": "fid"},
+            TypeError,
+            r"^metrics='fid' is a str, not a list of metric names — pass metrics=\['fid'\]",
+        ),
+        ({"metrics": []}, ValueError, r"^metrics=\[\] names no metric — name some of \['fid', 'kid', 'is'\]"),
+        ({"channels": 2}, ValueError, r"^channels=2 must be 1 \(gray\) or 3 \(RGB\) — "),
+        ({"channels": 0}, ValueError, r"^channels=0 must be 1 \(gray\) or 3 \(RGB\) — "),
+        ({"channels": 1.0}, ValueError, r"^channels=1.0 must be a whole number — "),
+        ({"channels": "1"}, TypeError, r"^channels='1' is a str, not a whole number — "),
+    ],
+    ids=["lone-name", "no-metric", "two-channels", "zero-channels", "float-channels", "text-channels"],
+)
+def test_options_that_would_score_nothing_or_something_else_are_refused(options, error, words):
+    with pytest.raises(error, match=words):
+        SampleQuality("pixels", **{"metrics": ["fid"], "channels": 1, **options})
