@@ -117,27 +117,23 @@ def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
     return config, config_path.parent
 
 
+# What a model's file may leave out: DiffusionModule's own defaults.
+MODULE_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(DiffusionModule.__init__).parameters.items()
+    if parameter.default is not inspect.Parameter.empty
+}
+
+
 def check_model_settings(hparams: dict[str, Any], source: str, fix: str) -> None:
     """The settings commands read of a model's file before building it (the schedule, whose length bounds --steps;
     the sample shape; the network's settings and classes; the normalization), refused by the checks building it
     runs (the schedule's own), naming `source`: an edited config.json's `"num_timesteps": "abc"` ended in int()'s
     traceback in the sample command, a normalization's scale of 0 in images of one colour. `fix`: what to do
     about the file."""
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(DiffusionModule.__init__).parameters.items()
-        if parameter.default is not inspect.Parameter.empty
-    }
-
-    def setting(name: str) -> Any:
-        return hparams.get(name, defaults[name])
-
     try:
-        schedule_betas(
-            setting("beta_schedule"), setting("num_timesteps"), setting("beta_start"), setting("beta_end"),
-            setting("zero_terminal_snr"), setting("trained_betas"),
-        )  # fmt: skip
-        shape = setting("sample_shape")
+        schedule_of(hparams)
+        shape = hparams.get("sample_shape", MODULE_DEFAULTS["sample_shape"])
         if not isinstance(shape, list | tuple) or not shape:
             raise WrongType("sample_shape", shape, "a list of sizes, e.g. [3, 32, 32]", fix)
         for index, size in enumerate(shape):
@@ -152,7 +148,7 @@ def check_model_settings(hparams: dict[str, Any], source: str, fix: str) -> None
         classes = network.get("init_args", {}).get("num_classes")
         if classes is not None:  # the labels to sample are counted from it before the network is built
             check_whole_number("network.init_args.num_classes", classes, 1)
-        normalization = setting("normalization")
+        normalization = hparams.get("normalization", MODULE_DEFAULTS["normalization"])
         if normalization is not None:
             if not isinstance(normalization, dict) or not {"shift", "scale"} <= set(normalization):
                 raise WrongType("normalization", normalization, "a mapping of 'shift' and 'scale'", fix)
@@ -218,14 +214,9 @@ BETAS_FIX = (
 
 def schedule_of(hparams: dict[str, Any]) -> torch.Tensor:
     """The float64 betas the settings `hparams` give (DiffusionModule's defaults for what they leave out)."""
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(DiffusionModule.__init__).parameters.items()
-        if parameter.default is not inspect.Parameter.empty
-    }
 
     def setting(name: str) -> Any:
-        return hparams.get(name, defaults[name])
+        return hparams.get(name, MODULE_DEFAULTS[name])
 
     return schedule_betas(
         setting("beta_schedule"), setting("num_timesteps"), setting("beta_start"), setting("beta_end"),
