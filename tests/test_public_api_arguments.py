@@ -16,6 +16,7 @@ from diffusion import (
     Batch,
     DiffusionModule,
     ImageDataModule,
+    IndexedDataset,
     NoiseSchedule,
     SampleQuality,
     SamplingOptions,
@@ -35,6 +36,7 @@ from diffusion import (
     to_uint8,
 )
 from diffusion.errors import OutOfRange, WrongType
+from diffusion.training.post_hoc_ema import find_snapshots, reconstruct
 
 NORMALIZATION = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
 IMAGES = torch.zeros(4, 1, 2, 2)
@@ -137,6 +139,12 @@ CASES = [
      "trained_betas"),
     ("images-text-size", lambda: ImageDataModule(image_size="8"), TypeError, "image_size"),
     ("vectors-bool-batch", lambda: VectorDataModule(batch_size=True), TypeError, "batch_size"),
+    # IndexedDataset: items of one element said "got tuple"; truthy text turned labels on
+    ("indexed-unlabelled-items", lambda: IndexedDataset(torch.utils.data.TensorDataset(X_T), with_labels=True)[0],
+     TypeError, "with_labels"),
+    ("indexed-fractional-label", lambda: IndexedDataset([(X_T[0], 1.5)], with_labels=True)[0], TypeError,
+     "with_labels"),
+    ("indexed-text-as-bool", lambda: IndexedDataset([X_T[0]], with_labels="yes"), TypeError, "with_labels"),
     # Batch: built from anything, found (if at all) inside training
     ("batch-list-as-x", lambda: Batch([1, 2], torch.arange(2)), TypeError, "x"),
     ("batch-short-index", lambda: Batch(torch.rand(4, 2), torch.arange(3)), ValueError, "index"),
@@ -276,6 +284,13 @@ CASES = [
     ("quality-two-channels", lambda: SampleQuality("pixels", channels=2), ValueError, "channels"),
     ("quality-model-units", lambda: SampleQuality("pixels", ["fid"], channels=1).update(IMAGES - 1, real=True),
      ValueError, "images"),
+    # post-hoc EMA: a str sigma_rel failed at '<', a list of paths with an AttributeError, [] blamed the training
+    ("phema-text-sigma-rel", lambda: reconstruct([], "0.1"), TypeError, "sigma_rel"),
+    ("phema-bool-sigma-rel", lambda: reconstruct([], True), TypeError, "sigma_rel"),
+    ("phema-negative-sigma-rel", lambda: reconstruct([], -0.1), ValueError, "sigma_rel"),
+    ("phema-paths-as-snapshots", lambda: reconstruct(["x.pt"], 0.1), TypeError, "snapshots"),
+    ("phema-no-snapshots", lambda: reconstruct([], 0.1), ValueError, "snapshots"),
+    ("phema-missing-folder", lambda: find_snapshots("nope_dir"), FileNotFoundError, "folder"),
 ]  # fmt: skip
 
 

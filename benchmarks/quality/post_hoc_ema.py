@@ -56,7 +56,12 @@ def main(argv: list[str] | None = None) -> str:
         parser, "--run", args.run, "a run folder (runs/digits/version_N) trained with --ema.post_hoc true"
     )
     step, ckpt = resolved(parser, "--run", args.run, newest_checkpoint_of_run)
-    snapshots = resolved(parser, "--run", args.run, lambda run: find_snapshots(post_hoc_ema_folder(run)))
+
+    def snapshots_of(run: Path) -> list:
+        folder = post_hoc_ema_folder(run)  # a run without one: its own "no post-hoc EMA snapshots" line below
+        return find_snapshots(folder) if folder.is_dir() else []
+
+    snapshots = resolved(parser, "--run", args.run, snapshots_of)
     if not snapshots:
         parser.error(f"--run {args.run}: no post-hoc EMA snapshots in it — train it with --ema.post_hoc true")
     module = load_checkpoint(ckpt, weights="ema")

@@ -27,23 +27,25 @@ line on stderr and exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its trace
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from jsonargparse import ArgumentParser, Namespace
 
 from diffusion.cli import evaluate_nll, evaluate_quality
+from diffusion.cli.command_line import Written
 from diffusion.cli.flags import add_flags, check_seed_flag, command_parser, resolve_device
 from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.errors import UserError
 from diffusion.metrics.sample_quality import FEATURE_BATCH
 
-# A metric family: the flags it adds, and what it runs given the parsed flags, the device and what to call once its
-# inputs are checked (--print_config), returning its values (None when its flags did not ask for it). Each lives in its own module of diffusion/cli/ and computes
-# through diffusion/metrics/; a new family is one more entry here.
+# A metric family: the flags it adds, and what it runs given the parsed flags, the device, what to call once its
+# inputs are checked (--print_config) and what the command line wrote (for its notes of options it does not use),
+# returning its values (None when its flags did not ask for it). Each lives in its own module of diffusion/cli/ and
+# computes through diffusion/metrics/; a new family is one more entry here.
 Family = tuple[
     Callable[[ArgumentParser], None],
-    Callable[[Namespace, str, Callable[[], None]], "dict[str, float] | None"],
+    Callable[[Namespace, str, Callable[[], None], Sequence[Written]], "dict[str, float] | None"],
 ]
 FAMILIES: list[Family] = [
     (evaluate_quality.add_arguments, evaluate_quality.run),  # FID, KID, IS; FID statistics
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         results: dict[str, float] = {}
         ran = False
         for _, run in FAMILIES:
-            values = run(args, device, command_line.print_config_if_asked)
+            values = run(args, device, command_line.print_config_if_asked, command_line.written)
             if values is not None:
                 results.update(values)
                 ran = True

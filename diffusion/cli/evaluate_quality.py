@@ -7,7 +7,8 @@ callback runs during training.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import get_args
 
@@ -15,6 +16,7 @@ import numpy as np
 from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import restricted_number_type
 
+from diffusion.cli.command_line import Written, written_as
 from diffusion.cli.flags import add_flags, check_paths_given
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.images import ImageDatasetName
@@ -78,10 +80,13 @@ def check_reference_count(reference: object, num_reference: int | None, name: st
         )
 
 
-def run(args: Namespace, device: str, checked: Callable[[], None] = lambda: None) -> dict[str, float] | None:
+def run(
+    args: Namespace, device: str, checked: Callable[[], None] = lambda: None, written: Sequence[Written] = ()
+) -> dict[str, float] | None:
     """FID, KID and IS of --samples (those --metrics asks for) and --save_stats, printed; None when neither
     --samples nor --save_stats is given. `checked` is called once the inputs are read and checked, before the
-    features are computed (the command's --print_config: what would run)."""
+    features are computed (the command's --print_config: what would run); `written`, the command line's options
+    (a note names those given that do nothing here)."""
     check_paths_given(args, "samples", "reference", "save_stats", "data_root", "inception_weights")
     if args.metrics is not None and not args.metrics:  # a file's `metrics: []`: nothing computed, exit 0
         raise UserError(
@@ -121,6 +126,13 @@ def run(args: Namespace, device: str, checked: Callable[[], None] = lambda: None
     notes: dict[str, str]
     if samples is None:
         metrics, notes = ["fid"], {}  # the reference's statistics alone: no other metric's state to fill
+        if args.metrics is not None:
+            print(
+                f"note: {written_as(written, 'metrics')} {' '.join(args.metrics)} is not used: "
+                "without --samples nothing is scored, and --save_stats writes FID statistics (mu, sigma), "
+                "which serve FID alone (KID and IS need images: pass --samples to score them)",
+                file=sys.stderr,
+            )
     else:
         metrics, notes = choose_metrics(args.metrics, args.features, args.reference, reference, samples)
     check_comparable(samples, reference, args.features, args.reference)
@@ -144,6 +156,8 @@ def run(args: Namespace, device: str, checked: Callable[[], None] = lambda: None
             quality, samples, False, args.batch_size, device, f"{args.features} features of the samples"
         )
         values.update(quality.compute(args.seed))
+        if "kid_mean" in values:
+            note_kid_subsets(args.kid_subset_size, samples, reference, written)
     lines = describe(args, samples, reference) + result_lines(values, notes, args.features)
     if "fid" in values and samples is not None:
         lines += too_few_for_a_covariance(samples, reference, feature_size(args.features, samples.shape[-1]))
@@ -151,6 +165,28 @@ def run(args: Namespace, device: str, checked: Callable[[], None] = lambda: None
         lines.append(f"wrote the FID statistics of {args.reference} ({args.features} features) to {saved}")
     print("\n".join(lines))
     return values
+
+
+def note_kid_subsets(
+    subset_size: int,
+    samples: np.ndarray,
+    reference: np.ndarray | FeatureStatistics | None,
+    written: Sequence[Written],
+) -> None:
+    """A note when a --kid_subset_size the user gave was capped at the image counts: KIDs of different subset
+    sizes would be compared as alike (the default's capping is said by --help)."""
+    if not any(item.key == "kid_subset_size" for item in written):
+        return
+    counts = {"samples": len(samples)} | (
+        {"reference": len(reference)} if isinstance(reference, np.ndarray) else {}
+    )
+    which = min(counts, key=counts.__getitem__)
+    if subset_size > counts[which]:
+        print(
+            f"note: {written_as(written, 'kid_subset_size')} {subset_size} is more than the {counts[which]} "
+            f"images of the {which}: KID uses subsets of {counts[which]}",
+            file=sys.stderr,
+        )
 
 
 def describe(

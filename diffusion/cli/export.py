@@ -68,11 +68,43 @@ def weights_written(asked: str | None, checkpoint: dict) -> str:
 
 
 def move_into(staged: Path, out: Path) -> None:
-    """Move every file of `staged` to the same place under `out`, replacing files of the same name."""
-    for source in sorted(p for p in staged.rglob("*") if p.is_file()):
-        target = out / source.relative_to(staged)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(source, target)
+    """Move every file of `staged` to the same place under `out`, all of them or none: each file of `out` it
+    replaces is first tried for writing (`chattr +i` refused only the move, the files before it moved in already)
+    and set aside, and where a move fails the files moved in go and those set aside come back."""
+    sources = sorted(p for p in staged.rglob("*") if p.is_file())
+    targets = [out / source.relative_to(staged) for source in sources]
+    for target in targets:
+        if target.is_file():
+            with naming_a_full_disk(target), open(target, "r+b"):
+                pass
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=out.parent))
+    done: list[tuple[Path, Path]] = []  # (from, to), undone last first
+    made: list[Path] = []  # the folders under `out` the moves made, removed with them
+    try:
+        for target in targets:
+            if target.exists():
+                (aside / target.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+                os.rename(target, aside / target.relative_to(out))
+                done.append((target, aside / target.relative_to(out)))
+        for source, target in zip(sources, targets, strict=True):
+            made += [d for d in (target.parent, *target.parent.parents) if d not in made and not d.exists()]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(source, target)
+            done.append((source, target))
+    except BaseException:
+        try:
+            for before, after in reversed(done):
+                os.rename(after, before)
+            for folder in sorted(made, key=lambda d: len(d.parts), reverse=True):
+                folder.rmdir()
+        except OSError as error:
+            raise UserError(
+                f"cannot write the export into {out}, nor put back the files it replaced ({error.strerror})",
+                f"they are in {aside}: move them back into {out}, or export again into a new --out",
+            ) from error
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -54,7 +54,7 @@ from diffusion.cli.config_files import (
     yaml_or_none,
 )
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required
-from diffusion.cli.type_fits import fits, imported, one_value_said, said_of
+from diffusion.cli.type_fits import fits, group_file_said, imported, one_value_said, said_of
 from diffusion.errors import UserError
 
 __all__ = [
@@ -247,7 +247,9 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
             return f"{item.shown()} is not a list", f"write a list in brackets, e.g. [{values[0]}]"
     if fits(hint, values, nargs):
         return None
-    return said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
+    sections = {action.dest.split(".")[0] for action in actions(parser)}
+    file_said = group_file_said(item.shown(), hint, values[-1], beside(item.file, values[-1]), sections)
+    return file_said or said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
 
 
 def _text_kinds(hint: Any) -> str | None:

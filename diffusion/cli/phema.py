@@ -22,6 +22,7 @@ Nothing is overwritten without --overwrite. A user error ends in one line on std
 
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,7 @@ from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import chosen_sampler
 from diffusion.core.sampling import SamplingOptions
-from diffusion.errors import UserError
+from diffusion.errors import COMMAND, UserError
 from diffusion.generation.ranks import generate
 from diffusion.metrics.features import Features
 from diffusion.metrics.image_sets import load_reference
@@ -59,6 +60,11 @@ from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_fold
 
 POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
 MIN_SAMPLES = 2  # an FD's covariance of the samples needs two
+# The options of a --sweep's sampling and scoring: --sigma_rel, which writes a checkpoint, uses none of them.
+SWEEP_ONLY = (
+    "num_samples", "batch_size", "seed", "features", "reference", "data_root", "device",
+    *(option.name for option in fields(SamplingOptions)),
+)  # fmt: skip
 
 
 def build_parser() -> ArgumentParser:
@@ -225,6 +231,21 @@ def sweep(
     return None if best is None else best[1]
 
 
+def note_unused_by_sigma_rel(written: Sequence[Written], out: str) -> None:
+    """A note of the sampling and --sweep flags given to --sigma_rel, which writes a checkpoint and samples nothing:
+    OUT keeps the run's own sampler, whatever --sampler said."""
+    unused = {item.key: item for item in written if item.key in SWEEP_ONLY and item.values != (None,)}
+    if unused:
+        shown = ", ".join(item.shown() for item in unused.values())
+        print(
+            f"note: {shown} {'is' if len(unused) == 1 else 'are'} not used: "
+            "--sigma_rel writes a checkpoint with the run's own sampling settings, "
+            "and these options sample and score a --sweep "
+            f"(to sample it with them: python -m diffusion.sample --ckpt {out} ...)",
+            file=sys.stderr,
+        )
+
+
 def main(argv: list[str] | None = None) -> Path | None:
     """`python -m diffusion.phema [flags]`: write OUT (and return its path), or print a --sweep's table."""
     with reporting_user_errors(argv):
@@ -256,18 +277,20 @@ def main(argv: list[str] | None = None) -> Path | None:
         run = Path(args.run)
         if not run.is_dir():
             raise UserError(f"--run {run} is not a folder", "pass a run folder, e.g. runs/digits/version_0")
-        snapshots = find_snapshots(post_hoc_ema_folder(run))
+        folder = post_hoc_ema_folder(run)  # none in a run trained without post-hoc EMA
+        snapshots = find_snapshots(folder) if folder.is_dir() else []
         if not snapshots:
             raise UserError(
-                f"--run {run} holds no post-hoc EMA snapshots (in {post_hoc_ema_folder(run)})",
+                f"--run {run} holds no post-hoc EMA snapshots (in {folder})",
                 "train with --ema.post_hoc true, or pass the run folder that did",
             )
-        step = check_step(snapshots, args.step)
+        step = check_step(snapshots, args.step, COMMAND)
         base = base_checkpoint(run, step, args.ckpt)
         command_line.print_config_if_asked()  # once the checks have passed: what would run
         if args.sweep is not None:
             chosen = sweep(args, run, base, snapshots, step, command_line.written)
         else:
+            note_unused_by_sigma_rel(command_line.written, args.out)
             chosen = reconstruct(snapshots, args.sigma_rel, step)
         if args.out is None or chosen is None:
             return None

@@ -11,10 +11,12 @@ held on the device where it fits, streamed otherwise.
 
 --encoding raw stores pixels as they are (decoded for free; the default up to 64 px), png losslessly compressed (the
 default above), jpeg smaller still and lossy. The same source, --seed and --num_workers give the same chunks. An --out
-that holds a prepared set (or what a stopped prepare left) is refused unless --overwrite, which replaces it; one that
-holds other files, or is, holds or lies inside the data it prepares, is refused whatever the flags. A prepare stopped
-on the way leaves no prepared.json, so training refuses that set. A user error ends in one line on stderr and exit
-status 2.
+that holds a prepared set (or what a stopped prepare left) is refused unless --overwrite, which replaces it: a
+finished set in a folder is kept until the new one, written into --out/prepare.partial/ (the disk holds both until
+then), is finished, so a prepare that fails leaves it as it was; an unfinished prepare's files, and a set in object
+storage, go first. One that holds other files, or is, holds or lies inside the data it prepares, is refused whatever
+the flags. A prepare stopped on the way leaves no prepared.json, so training refuses that set. A user error ends in
+one line on stderr and exit status 2.
 """
 
 import sys
@@ -64,7 +66,7 @@ def build_parser() -> ArgumentParser:
     add_flags(
         parser, "seed", "overwrite",
         seed={"help": "the seed of the shuffle before the set is cut into chunks"},
-        overwrite={"help": "replace the prepared set --out holds (or an unfinished prepare's files), nothing else"},
+        overwrite={"help": "replace the prepared set --out holds once the new one is finished (or an unfinished prepare's files), nothing else"},
     )  # fmt: skip
     parser.add_argument(
         "--num_workers", type=PositiveInt | None, default=None,

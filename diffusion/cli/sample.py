@@ -163,8 +163,10 @@ def main(argv: list[str] | None = None) -> Path:
         check_precision(args.precision)
         check_other_machines_named(args.num_nodes)  # before --print_config; it waited for them without end
         args.precision = str(args.precision)  # `precision: 32` in a file is YAML's int
-        path = Path(args.out) / "samples.npz"
         check_writable_folder(args.out, "--out")
+        # As export's: `out: ~/x` in a file wrote into a folder named ~
+        args.out = str(Path(args.out).expanduser())
+        path = Path(args.out) / "samples.npz"
         for written in (path, path.with_name("grid.png")):  # what this command writes: keep the user's
             if written.exists() and not args.overwrite:
                 raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")

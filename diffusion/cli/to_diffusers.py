@@ -27,7 +27,7 @@ from diffusion.models.diffusers_unet import (
     diffusers_unet_config,
     diffusers_unet_weights,
 )
-from diffusion.training.exported import float64_betas
+from diffusion.training.exported import check_export_arguments, float64_betas
 from diffusion.training.module import DiffusionModule
 
 PREDICTION_TYPES = {"eps": "epsilon", "x0": "sample", "v": "v_prediction"}
@@ -110,6 +110,7 @@ def save_pipeline(module: DiffusionModule, folder: str | os.PathLike) -> None:
     Each file is written by Python, not by `save_pretrained`: diffusers writes the weights with safetensors' own
     writer, which says a full disk as a SafetensorError naming no errno, where a Python write raises the OSError
     that the export command names as a full disk (as `diffusion.training.exported.write_export` does)."""
+    check_export_arguments(module, folder)
     diffusers = import_diffusers()
     check_pipeline_fits(module)
     network: Any = module.network  # a UNet: check_pipeline_fits refuses any other network

@@ -67,6 +67,7 @@ from diffusion.cli.training_run import (
     refused_by_the_trainer,
     use_run_progress,
 )
+from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
@@ -330,6 +331,13 @@ class DiffusionCLI(LightningCLI):
         ]
         use_run_progress(self.trainer, keep_bar=any(path.endswith("ProgressBar") for path in chosen))
         log_learning_rate(self.trainer)
+        # The callbacks' checks of their setup at fit, made before --print_config too
+        for callback in callbacks_of(self.trainer):
+            sampling = getattr(callback, "sampling", None)
+            if isinstance(sampling, SamplingOptions):
+                sampling.check_steps_fit(self.model.schedule.num_timesteps, type(callback), "sampling.steps")
+                conditional = self.model.num_classes is not None
+                sampling.check_guidance_fits(conditional, type(callback), "sampling.guidance_scale")
         check_input_shape = getattr(self.model.network, "check_input_shape", None)
         if check_input_shape is not None:
             check_input_shape(self.model.sample_shape)

@@ -111,13 +111,14 @@ def check_trainer_option_ranges(config: Namespace, say: SayOption = as_flag) -> 
         )
     _check_least_against_most(config, say)
     _check_precision(config.get("trainer.precision"), say)
-    if config.get("trainer.enable_checkpointing") is False:  # Lightning's refusal blamed a callbacks list
-        raise UserError(
-            f"{say('trainer.enable_checkpointing', 'false')}: train.py always keeps last.ckpt, "
-            "the run's resume point (saved at the end, every --checkpoint.every_n_minutes and when the job is stopped)",
-            "leave --trainer.enable_checkpointing out; to keep fewer checkpoints, pass --checkpoint.save_top_k 0 "
-            "(last.ckpt alone)",
-        )
+    # enable_checkpointing: Lightning's refusal blamed a callbacks list; save_last: the run lost last.ckpt silently
+    for key in ("trainer.enable_checkpointing", "checkpoint.save_last"):
+        if config.get(key) is False:
+            raise UserError(
+                f"{say(key, 'false')}: train.py always keeps last.ckpt, the run's resume point (saved at the end, "
+                "every --checkpoint.every_n_minutes and when the job is stopped)",
+                f"leave --{key} out; to keep fewer checkpoints, pass --checkpoint.save_top_k 0 (last.ckpt alone)",
+            )
 
 
 # Lightning's double precision: the run trained into a dtype error in the EMA update (its float32 copy lerped

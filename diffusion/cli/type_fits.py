@@ -7,9 +7,11 @@ import datetime
 import functools
 import inspect
 import operator
+import os
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from jsonargparse import ArgumentError, ArgumentParser
@@ -22,7 +24,7 @@ from diffusion.cli.command_line import (
     parses_as,
     takes_a_collection,
 )
-from diffusion.cli.config_files import as_text, yaml_or_none
+from diffusion.cli.config_files import as_text, read_config_file, yaml_or_none
 from diffusion.cli.jsonargparse_internals import number_bounds
 from diffusion.cli.legacy import class_at
 
@@ -130,6 +132,35 @@ def one_value_said(shown: str, hint: Any, value: Any, nargs: Any = None) -> tupl
     kind = "a list" if isinstance(value, list) else "a mapping"
     article = "an" if names[:1] in tuple("aeiou") else "a"
     return f"{shown} is {kind}, not {article} {names}", "write one value (see --help)"
+
+
+def group_file_said(
+    shown: str, hint: Any, value: str, path: str, sections: set[str]
+) -> tuple[str, str] | None:
+    """A class option's value that names a YAML file (`--model.network net.yaml`; `path`: as the parser reads it)
+    and that the parser refused: missing, or a whole config (its keys the command's `sections`, no class_path or
+    init_args). Said as a class path, it was `no such class (No module named 'net')`. None for any other value."""
+    if not any(is_class_choice(kind) for kind in alternatives(hint)):
+        return None
+    if not value.endswith((".yaml", ".yml")) and "/" not in value and os.sep not in value:
+        return None
+    if not Path(path).expanduser().exists():
+        return (
+            f"{shown}: no such file",
+            "pass the path of an existing YAML file of its class_path and init_args, or a class path",
+        )
+    options = read_config_file(path)
+    if (
+        isinstance(options, dict)
+        and not {"class_path", "init_args"} & set(options)
+        and sections & set(options)
+    ):
+        keys = ", ".join(map(str, list(options)[:3]))
+        return (
+            f"{shown}: the file is a whole config (its keys: {keys}), not this option's class_path and init_args",
+            "pass it as --config FILE, or here a file of this option's class_path and init_args",
+        )
+    return None
 
 
 def _class_said(shown: str, classes: list[type], value: str, only_classes: bool) -> tuple[str, str] | None:

@@ -114,12 +114,16 @@ class SamplingOptions:
     def __post_init__(self) -> None:
         for name, value in self.as_kwargs().items():
             check_option_type(name, value)
+        own: Iterable[str] = ()
         if self.sampler is not None:
             check_choice("sampler", self.sampler, SamplerName)
             build_sampler(self)  # the chosen sampler checks every option it has
-            return
-        # No sampler named yet (a layer below may name it): a value is refused when no sampler takes it.
+            own = options_of(SAMPLERS[self.sampler])
+        # An option of other samplers (all, with no sampler named yet) is still the default of a command that samples
+        # with one of them (a checkpoint's eta 2 for a later --sampler ddim): refused when no sampler takes it.
         for name, value in self.as_kwargs().items():
+            if name == "sampler" or name in own:
+                continue
             errors = []
             for sampler in OPTION_OWNERS[name]:
                 try:

@@ -44,10 +44,13 @@ MANIFEST = "prepared.json"
 INDEX = "index.json"  # litdata's, in each part
 FORMAT_VERSION = 1
 PARTS = ("train", "val")
+# A set --overwrite replaces is kept until the new one, written in STAGING, is finished; then set aside in REPLACED.
+STAGING, REPLACED = "prepare.partial", "prepare.replaced"
 # The files a prepare writes: the manifest (and its write in progress), and in each part litdata's chunks and
-# indexes (its workers' `0.index.json` and the merge's `index.json.tmp` on the way).
+# indexes (its workers' `0.index.json` and the merge's `index.json.tmp` on the way); the same in STAGING, REPLACED.
 PREPARED_FILE = re.compile(
-    rf"{re.escape(MANIFEST)}(\.partial)?|({'|'.join(PARTS)})/(chunk-[\w.-]+\.bin|(\d+[.-])?{re.escape(INDEX)}(\.tmp)?)"
+    rf"(({re.escape(STAGING)}|{re.escape(REPLACED)})/)?({re.escape(MANIFEST)}(\.partial)?|"
+    rf"({'|'.join(PARTS)})/(chunk-[\w.-]+\.bin|(\d+[.-])?{re.escape(INDEX)}(\.tmp)?))"
 )
 NO_LABEL_STORED = -1
 Encoding = Literal["auto", "raw", "png", "jpeg"]
@@ -58,9 +61,8 @@ INSTALL_HINT = "install the scale extra: pip install -c constraints.txt -e '.[sc
 # http:// endpoints too (a local MinIO, AWS_ENDPOINT_URL=http://...): the scheme is the user's choice.
 CLIENT_OPTIONS = {"connect_timeout": "5s", "timeout": "30s", "allow_http": True}
 RETRIES = {"max_retries": 1, "retry_timeout": timedelta(seconds=10)}
-STORE_DEADLINE_S = (
-    600  # one operation, retries included: a guard against a hang, far above what a store takes
-)
+# One operation, retries included: a guard against a hang, far above what a store takes.
+STORE_DEADLINE_S = 600
 
 
 def litdata() -> Any:
@@ -191,7 +193,9 @@ def not_prepared(root: str, listed: dict[str, int] | None = None) -> list[str]:
     if not base.is_dir():
         return []
     for entry in base.iterdir():
-        if entry.name in PARTS and entry.is_dir() and not entry.is_symlink():
+        if entry.name in (STAGING, REPLACED) and entry.is_dir() and not entry.is_symlink():
+            found += [f"{entry.name}/{name}" for name in not_prepared(str(entry))]
+        elif entry.name in PARTS and entry.is_dir() and not entry.is_symlink():
             found += [
                 f"{entry.name}/{_shown(inner)}" for inner in entry.iterdir() if not _prepares(inner, base)
             ]
@@ -233,6 +237,11 @@ def clear(root: str) -> None:
     base = Path(root)
     if not base.is_dir():
         return
+    for staged in (base / STAGING, base / REPLACED):  # a stopped prepare's, or a replaced set's
+        if staged.is_dir() and not staged.is_symlink():
+            clear(str(staged))
+            with contextlib.suppress(OSError):
+                staged.rmdir()
     for part in PARTS:
         folder = base / part
         if folder.is_dir() and not folder.is_symlink():

@@ -18,12 +18,14 @@ import multiprocessing
 import multiprocessing.util
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +39,10 @@ from diffusion.data.prepared import (
     INDEX,
     MANIFEST,
     NO_LABEL_STORED,
+    PARTS,
     RAW_UP_TO,
+    REPLACED,
+    STAGING,
     Encoding,
     PreparedSet,
     clear,
@@ -50,10 +55,15 @@ from diffusion.data.prepared import (
     sha256,
     write_bytes,
 )
-from diffusion.errors import DiskFull, InvalidValue, UserError, WrongType
+from diffusion.errors import CannotWrite, DiskFull, InvalidValue, UserError, WrongType, is_disk_full
 
 _DISK_FULL_EXIT = 28  # the optimizing process's exit status for a full disk (ENOSPC's number)
 PREPARE_ON_ANOTHER_DISK = "free space there, or pass another {command:--out}; what this prepare wrote is removed, nothing else touched"
+# --overwrite of a finished set in a folder: the old set is kept until the new one is finished, so the disk holds both
+KEPT_ON_ANOTHER_DISK = "free space there (until the new set is finished, the disk holds it and the set it replaces), or pass another {command:--out}; what this prepare wrote is removed, the prepared set there before is kept"
+# --overwrite of an unfinished prepare's files, or of a set in object storage: those went first
+REPLACED_ON_ANOTHER_DISK = "free space there, or pass another {command:--out}; what this prepare wrote is removed, and so are the files {command:--overwrite} replaced"
+KEPT_WHERE_REFUSED = "make that folder writable for this user, or write to another folder; what this prepare wrote is removed, the prepared set there before is kept"
 SHOWN = 4  # the user's files a refused --out names
 CHUNK_BYTES = "64MB"  # litdata's default size: a few hundred MB of cache per loading process
 
@@ -159,32 +169,78 @@ def prepare(
     labelled = datamodule.class_names is not None
     checked()
     made = [] if is_url(out) else [p for p in (Path(out), *Path(out).absolute().parents) if not p.exists()]
-    clear(out)  # never a mix of old and new chunks
+    # A finished set in a folder stays until the new one, written beside it (on the same disk), is finished; an
+    # unfinished prepare's files (and a store's set: no renames there) go first. Never a mix of old and new chunks.
+    keeping = MANIFEST in there and not is_url(out)
+    written = joined(out, STAGING) if keeping else out
+    for leftover in (STAGING, REPLACED) if keeping else ("",):  # a stopped prepare's files
+        clear(joined(out, leftover) if leftover else out)
+    fix = KEPT_ON_ANOTHER_DISK if keeping else REPLACED_ON_ANOTHER_DISK if there else PREPARE_ON_ANOTHER_DISK
     workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
     try:
         with tempfile.TemporaryDirectory() as errors:
-            counts = write_parts(lit, parts, out, (kind, encoding, labelled), seed, workers, errors)
-    except BaseException:
-        clear(out)  # what this prepare wrote, and the folders it made (training would refuse the set anyway)
-        for folder in made:
+            counts = write_parts(lit, parts, written, (kind, encoding, labelled), seed, workers, errors)
+        prepared = PreparedSet(
+            root=out, kind=kind, sample_shape=shape, normalization=datamodule.normalization,
+            class_names=datamodule.class_names if labelled else None, counts=counts, encoding=encoding,
+            random_flip=bool(getattr(datamodule, "random_flip", False)), source=source, seed=seed,
+            index_sha256={part: sha256(read_bytes(written, f"{part}/{INDEX}") or b"") for part in counts},
+        )  # fmt: skip
+        try:
+            write_bytes(written, MANIFEST, prepared.to_json())  # last: the set is finished
+        except OSError as error:
+            if is_disk_full(error):
+                raise DiskFull(Path(written), MANIFEST, fix) from error
+            raise
+        if keeping:
+            swap_in(out, written)
+    except BaseException as error:
+        clear(
+            written
+        )  # what this prepare wrote, and the folders it made (training would refuse the set anyway)
+        for folder in [Path(written)] if keeping else made:
             with contextlib.suppress(OSError):  # one that holds something else stays
                 folder.rmdir()
+        if isinstance(error, DiskFull):  # said of --out's folders, with what became of the set there before
+            folder = Path(out, Path(error.folder).relative_to(written)) if keeping else error.folder
+            raise DiskFull(folder, error.name, fix) from error
         raise
-    prepared = PreparedSet(
-        root=out,
-        kind=kind,
-        sample_shape=shape,
-        normalization=datamodule.normalization,
-        class_names=datamodule.class_names if labelled else None,
-        counts=counts,
-        encoding=encoding,
-        random_flip=bool(getattr(datamodule, "random_flip", False)),
-        source=source,
-        seed=seed,
-        index_sha256={part: sha256(read_bytes(out, f"{part}/{INDEX}") or b"") for part in counts},
-    )
-    write_bytes(out, MANIFEST, prepared.to_json())  # last: the set is finished
     return prepared
+
+
+def swap_in(out: str, staged: str) -> None:
+    """Replace the finished set at `out` by the finished set in `staged` (its folder under `out`): renames on one
+    disk, the old set first set aside (its manifest first) then the new one moved in (its manifest last), so a set
+    stopped on the way is never a mix training accepts; where a rename fails, the old set is put back as it was."""
+    base, new, aside = Path(out), Path(staged), Path(out, REPLACED)
+    moves = [(base / name, aside / name) for name in (MANIFEST, *PARTS) if (base / name).exists()]
+    moves += [(new / name, base / name) for name in (*PARTS, MANIFEST) if (new / name).exists()]
+    done: list[tuple[Path, Path]] = []
+    try:
+        aside.mkdir(exist_ok=True)
+        for source, target in moves:
+            source.rename(target)
+            done.append((source, target))
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        try:
+            for source, target in reversed(done):
+                target.rename(source)
+            aside.rmdir()
+        except OSError as again:
+            raise UserError(
+                f"cannot replace the prepared set in {out} ({reason}), nor put its files back ({again.strerror})",
+                f"the set there before is in {aside} ({MANIFEST} last): move it back into {out}, or prepare again",
+            ) from error
+        raise CannotWrite(base, "the prepared set", reason, KEPT_WHERE_REFUSED) from error
+    with contextlib.suppress(FileNotFoundError):
+        (base / f"{MANIFEST}.partial").unlink()  # an earlier write's, stopped
+    shutil.rmtree(aside, ignore_errors=True)
+    new.rmdir()
+    if aside.exists():
+        warnings.warn(
+            f"the replaced prepared set's files are left in {aside}: remove them yourself", stacklevel=2
+        )
 
 
 def named_out(out: Any) -> str:

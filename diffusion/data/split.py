@@ -14,9 +14,11 @@ by a DataLoader (and its ``num_workers`` worker processes).
 import os
 import re
 from collections.abc import Callable, Iterator, Sized
+from numbers import Integral
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import LightningDataModule
@@ -35,7 +37,7 @@ from diffusion.data.on_device import (
 from diffusion.data.prepared import PreparedPart, PreparedSet
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
 from diffusion.data.streaming import StreamLoader
-from diffusion.errors import InvalidValue, OutOfRange, UserError, check_whole_number
+from diffusion.errors import InvalidValue, OutOfRange, UserError, check_bool, check_whole_number
 
 CACHE_SIZE = re.compile(r"\d+(\.\d+)?\s*[KMGT]?B", re.IGNORECASE)  # litdata's sizes: 500MB, 50GB, 1.5TB
 # Items read at once when a command collects a data set's images (evaluation's reference, the bound's held-out
@@ -58,6 +60,32 @@ def collate_or_failed(items: list[Any]) -> Any:
     return failed if failed is not None else default_collate(items)
 
 
+class ItemWithoutLabel(UserError, TypeError):
+    """A dataset item of `IndexedDataset(..., with_labels=True)` without a whole-number label (a TypeError, as it was)."""
+
+
+def item_label(item: Any, index: int) -> int:
+    """The class of a dataset's item (x, label, ...): a whole number, never rounded (a label 1.7 was class 1)."""
+    label = item[1] if isinstance(item, tuple | list) and len(item) >= 2 else None
+    if (
+        isinstance(label, torch.Tensor)
+        and label.numel() == 1
+        or isinstance(label, np.ndarray)
+        and label.size == 1
+    ):
+        label = label.item()  # TensorDataset's labels, numpy's
+    if label is None or isinstance(label, bool) or not isinstance(label, Integral):
+        length = f" of {len(item)} element(s)" if isinstance(item, tuple | list) else ""
+        held = f"{label!r:.60}, not a whole number" if label is not None else "no label"
+        raise ItemWithoutLabel(
+            f"IndexedDataset(with_labels=True) needs items (x, label, ...), and item {index} of its dataset is a "
+            f"{type(item).__name__}{length}: {held}",
+            "leave with_labels out (False) for a dataset without labels, or have the dataset return (x, label) "
+            "with label a class index 0..K-1",
+        )
+    return int(label)
+
+
 class IndexedDataset(Dataset):
     """Wraps any dataset so that items become ``Batch(x, index, label)``: from a tuple item (x, label, ...) it keeps
     x, and the label too when ``with_labels`` (otherwise the label is NO_LABEL)."""
@@ -67,7 +95,7 @@ class IndexedDataset(Dataset):
     ) -> None:
         self.base = base
         self.transform = transform
-        self.with_labels = with_labels
+        self.with_labels = check_bool("with_labels", with_labels)
 
     def __len__(self) -> int:
         return len(cast(Sized, self.base))  # torch's Dataset declares no __len__; every map-style one has it
@@ -75,15 +103,11 @@ class IndexedDataset(Dataset):
     def __getitem__(self, index: int) -> Batch | FailedItem:
         try:
             x = self.base[index]
+            label = item_label(x, index) if self.with_labels else NO_LABEL
         except UserError as error:
             if get_worker_info() is None:
                 raise
             return FailedItem(error)
-        label = NO_LABEL
-        if self.with_labels:
-            if not isinstance(x, tuple | list) or len(x) < 2:
-                raise TypeError(f"with_labels needs items (x, label, ...), got {type(x).__name__}")
-            label = int(x[1])
         if isinstance(x, tuple | list):
             x = x[0]
         if self.transform is not None:

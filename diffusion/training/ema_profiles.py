@@ -33,13 +33,15 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion.errors import InvalidValue
+from diffusion.errors import InvalidValue, check_real
 
 # gamma = 0 (a plain running mean over the whole run) is the widest profile: sigma_rel = sqrt(1/12).
 MAX_SIGMA_REL = math.sqrt(1 / 12)
 
 
 def check_sigma_rel(sigma_rel: float, name: str = "sigma_rel") -> None:
+    """Refuse what is not a number (WrongType: text, a bool) or a number outside (0, sqrt(1/12)]."""
+    check_real(name, sigma_rel, f"pass {name} as a float, e.g. 0.05")
     if not 0.0 < sigma_rel <= MAX_SIGMA_REL:
         raise InvalidValue(
             f"{name}={sigma_rel} is out of range",

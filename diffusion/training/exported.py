@@ -16,7 +16,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError
@@ -28,6 +28,7 @@ from diffusion.errors import (
     MissingFile,
     UserError,
     WrongType,
+    check_choice,
     check_weights_fit,
     check_whole_number,
 )
@@ -38,6 +39,8 @@ from diffusion.training.module import DiffusionModule
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 FORMAT, FORMAT_VERSION = "diffusion.export", 1
 NETWORKS: dict[str, type[torch.nn.Module]] = {"UNet": UNet, "MLP": MLP}
+NETWORK_FIX = 'pass checkpoint["hyper_parameters"]["network"] of the checkpoint the module was loaded from'
+Weights = Literal["ema", "raw"]
 FIX = (
     "pass a folder written by python -m diffusion.export {command:--format} safetensors (or its config.json)"
 )
@@ -54,6 +57,16 @@ def write_export(
 ) -> None:
     """Write `module` into `folder` (which exists): its network's weights and settings, `network` being the
     checkpoint's {"class_path", "init_args"} of the network and `weights` which set the module holds."""
+    check_export_arguments(module, folder)
+    if not Path(folder).is_dir():
+        raise MissingFile(f"folder={folder} does not exist", "make the folder first, or pass one that exists")
+    if not isinstance(network, dict):
+        raise WrongType("network", network, "a dict", NETWORK_FIX)
+    if not isinstance(network.get("init_args"), dict):
+        raise InvalidValue(
+            f"network={summary(network)} holds no init_args (the network's settings)", NETWORK_FIX
+        )
+    check_choice("weights", weights, Weights)
     folder = Path(folder)
     name = type(module.network).__name__
     if name not in NETWORKS:
@@ -73,6 +86,21 @@ def write_export(
         "weights_sha256": sha256_of(folder / WEIGHTS),
     }  # fmt: skip
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def check_export_arguments(module: Any, folder: Any) -> None:
+    """Refuse (naming the argument) a `module` that is no DiffusionModule and a `folder` that is no existing folder's
+    path: an export writer's arguments, checked before anything is written."""
+    if not isinstance(module, DiffusionModule):
+        raise WrongType(
+            "module", module, "a DiffusionModule", "pass a loaded model: diffusion.load_checkpoint(path)"
+        )
+    if not isinstance(folder, str | os.PathLike):
+        raise WrongType("folder", folder, "a folder's path", "pass the folder to write the export into")
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise InvalidValue(
+            f"folder={folder} is a file, not a folder", "pass the folder to write the export into"
+        )
 
 
 def float64_betas(module: DiffusionModule) -> torch.Tensor:

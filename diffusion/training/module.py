@@ -40,7 +40,7 @@ from diffusion.training.random_states import (
     restore_global_random_states,
     resumed_states,
 )
-from diffusion.training.sampling_module import SamplingModule, checked_sample_shape
+from diffusion.training.sampling_module import SamplingModule, check_fits_data, checked_sample_shape
 
 NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/loss.py
 # compile_training: True, False, or "cuda" (compiled where it pays: on a CUDA device)
@@ -213,6 +213,9 @@ class DiffusionModule(SamplingModule):
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def setup(self, stage: str) -> None:
+        # A Python `Trainer.fit(module, datamodule=data)` never links the module to the data as train.py does
+        # (Lightning sets the Trainer's `datamodule` at run time: its class does not declare it).
+        check_fits_data(self, getattr(self.trainer, "datamodule", None))
         precision = str(self.trainer.precision)
         if precision in ("16-true", "bf16-true"):
             # True half precision casts every buffer, and the noise schedule loses the precision its small

@@ -11,6 +11,7 @@ the module's state_dict names, float32 on the CPU).
 """
 
 import math
+import os
 import pickle
 import re
 import zipfile
@@ -23,12 +24,12 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.errors import InvalidValue, OutOfRange, UserError
+from diffusion.errors import InvalidValue, MissingFile, OutOfRange, UserError, WrongType, check_whole_number
 from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, remove_leftovers, save_atomically
 from diffusion.training.checkpoint_files import check_finite, check_zip_checksums
 from diffusion.training.divergence import check_weights
 from diffusion.training.ema_profiles import Solution, check_sigma_rel, combine, gamma_of, solve, update_weight
-from diffusion.training.run_folders import post_hoc_ema_folder, run_folder
+from diffusion.training.run_folders import POST_HOC_EMA, post_hoc_ema_folder, run_folder
 
 SNAPSHOT_NAME = re.compile(r"step=(\d+)-sigma_rel=([0-9.e-]+)\.pt")
 LEFTOVERS = ".step=*.pt.*.tmp"  # the hidden temporary files of snapshot writes that were killed
@@ -69,8 +70,22 @@ def _load(path: Path, verify: bool = False) -> dict[str, Any]:
     return contents
 
 
+FOLDER_FIX = (
+    "pass a run's post-hoc EMA folder, <run>/post_hoc_ema (written by a run trained with post_hoc true)"
+)
+
+
 def find_snapshots(folder: str | Path) -> list[Snapshot]:
-    """The snapshots in `folder`, by (step, sigma_rel); hidden temporary files of killed writes are not."""
+    """The snapshots in `folder`, by (step, sigma_rel); hidden temporary files of killed writes are not. A folder
+    that is not there, or a file, is refused (a mistyped path is no run without snapshots); an empty one gives []."""
+    if not isinstance(folder, str | os.PathLike):
+        raise WrongType("folder", folder, "a path", FOLDER_FIX)
+    if not Path(folder).exists():
+        raise MissingFile(f"folder={str(folder)!r} does not exist", FOLDER_FIX)
+    if not Path(folder).is_dir():
+        raise InvalidValue(
+            f"folder={str(folder)!r} is a file, not a folder of post-hoc EMA snapshots", FOLDER_FIX
+        )
     snapshots = []
     for path in sorted(Path(folder).glob("step=*-sigma_rel=*.pt")):
         if SNAPSHOT_NAME.fullmatch(path.name) and path.is_file():
@@ -78,6 +93,12 @@ def find_snapshots(folder: str | Path) -> list[Snapshot]:
             snapshots.append(
                 Snapshot(path, int(contents["step"]), float(contents["sigma_rel"]), float(contents["gamma"]))
             )
+    # a run folder: its snapshots are one level down
+    if not snapshots and (Path(folder) / POST_HOC_EMA).is_dir():
+        raise InvalidValue(
+            f"folder={str(folder)!r} is a run folder, not its post-hoc EMA folder",
+            f"pass {Path(folder) / POST_HOC_EMA}",
+        )
     return sorted(snapshots, key=lambda s: (s.step, s.sigma_rel))
 
 
@@ -256,22 +277,37 @@ def snapshot_steps(snapshots: list[Snapshot]) -> list[int]:
     return sorted({snapshot.step for snapshot in snapshots})
 
 
-def check_step(snapshots: list[Snapshot], step: int | None) -> int:
-    """`step` if snapshots were written at it, or by default the newest such step."""
-    if not snapshots:
-        raise UserError(
-            "no post-hoc EMA snapshots to reconstruct from",
-            "train with {EMA:--post_hoc} true (snapshots go to <run>/post_hoc_ema/)",
+def check_snapshots(snapshots: Any) -> None:
+    """Refuse what is not a non-empty list of `Snapshot`s (what `find_snapshots` returns)."""
+    fix = "pass the list find_snapshots(<run>/post_hoc_ema) returns"
+    if not isinstance(snapshots, list | tuple):
+        raise WrongType("snapshots", snapshots, "a list of Snapshot", fix)
+    for index, snapshot in enumerate(snapshots):
+        if not isinstance(snapshot, Snapshot):
+            raise WrongType(f"snapshots[{index}]", snapshot, "a Snapshot", fix)
+    if not snapshots:  # an empty folder's: who passed it knows which folder, not why it is empty
+        raise InvalidValue(
+            "snapshots=[]: no post-hoc EMA snapshots to reconstruct from "
+            "(the folder find_snapshots read holds none)",
+            "pass find_snapshots(<run>/post_hoc_ema) of a run trained with post_hoc true",
         )
+
+
+def check_step(snapshots: list[Snapshot], step: int | None, owner: str | None = None) -> int:
+    """`step` if snapshots were written at it, or by default the newest such step; `owner` COMMAND where it is
+    a command's `--step` (a Python caller's: the argument `step`)."""
+    check_snapshots(snapshots)
     steps = snapshot_steps(snapshots)
     if step is None:
         return steps[-1]
-    step = int(step)  # a plain int: it goes into checkpoints (weights_only loading takes no int subclass)
+    # a plain int: it goes into checkpoints (weights_only loading takes no int subclass); never rounded
+    step = check_whole_number("step", step, 1, "pass a step with snapshots, or None for the newest")
     if step not in steps:
         shown = ", ".join(map(str, steps[-5:]))
-        raise UserError(
-            f"{{command:--step}} {step}: no snapshot was written at that step",
-            f"pick a step with snapshots (the last ones: {shown}), or leave {{command:--step}} out for the newest",
+        raise InvalidValue(
+            f"{{--step}} {step}: no snapshot was written at that step",
+            f"pick a step with snapshots (the last ones: {shown}), or leave {{--step}} out for the newest",
+            owner,
         )
     return step
 
@@ -279,7 +315,7 @@ def check_step(snapshots: list[Snapshot], step: int | None) -> int:
 def reconstruct(snapshots: list[Snapshot], sigma_rel: float, step: int | None = None) -> Reconstruction:
     """The EMA of relative width `sigma_rel` at `step` (a step with snapshots; default: the newest), from the
     snapshots up to that step, streamed from disk one at a time."""
-    check_sigma_rel(sigma_rel, "{command:--sigma_rel}")
+    check_sigma_rel(sigma_rel, "sigma_rel")
     step = check_step(snapshots, step)
     used = [snapshot for snapshot in snapshots if snapshot.step <= step]
     solution = solve([s.step for s in used], [s.gamma for s in used], step, gamma_of(sigma_rel))

@@ -4,6 +4,7 @@ reverse process and its samples. What generation reads of a module (`diffusion.g
 lives here; the training objective, the optimizer and the training hooks are module.py's.
 """
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,6 +36,63 @@ def checked_sample_shape(sample_shape: Any) -> tuple[int, ...]:
     return tuple(
         check_whole_number(f"sample_shape[{i}]", size, 1, SHAPE_FIX) for i, size in enumerate(sample_shape)
     )
+
+
+FROM_THE_DATA = (
+    "build it from the data's values: DiffusionModule(network, sample_shape=data.sample_shape, "
+    "normalization=data.normalization, class_names=data.class_names), "
+    "the network with num_classes=data.num_classes (train.py does this)"
+)
+
+
+def _classes(num_classes: int | None) -> str:
+    return "None (unconditional)" if num_classes is None else str(num_classes)
+
+
+def _normalization(values: dict[str, Any]) -> str:
+    return " ".join(f"{key} {[float(v) for v in values.get(key, [])]}" for key in ("shift", "scale"))
+
+
+def _same_normalization(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    for key in ("shift", "scale"):
+        ours, theirs = [float(v) for v in a.get(key) or []], [float(v) for v in b.get(key) or []]
+        if len(ours) != len(theirs) or not all(
+            math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) for x, y in zip(ours, theirs, strict=True)
+        ):
+            return False
+    return True
+
+
+def check_fits_data(module: "SamplingModule", data: Any) -> None:
+    """Refuse a module built for other data than `data`, the data module its trainer runs it on: train.py
+    builds the module from the data (sample_shape, normalization, the network's num_classes, class_names), a
+    Python `Trainer.fit(module, datamodule=data)` takes whatever the module was built with, and would sample
+    shapes it never saw, render with another scale, or drop the data's labels without a word. What a data
+    module does not say (one without these attributes), or the module was built without (normalization or
+    class_names None), is not compared."""
+    if data is None:
+        return
+    wrong = []
+    data_shape = getattr(data, "sample_shape", None)
+    if data_shape is not None and tuple(data_shape) != tuple(module.sample_shape):
+        wrong.append(f"sample_shape {tuple(module.sample_shape)} where the data's is {tuple(data_shape)}")
+    own, theirs = module.hparams.get("normalization"), getattr(data, "normalization", None)
+    if own and isinstance(theirs, dict) and not _same_normalization(own, theirs):
+        wrong.append(f"normalization {_normalization(own)} where the data's is {_normalization(theirs)}")
+    own_names, names = module.hparams.get("class_names"), getattr(data, "class_names", None)
+    if hasattr(data, "num_classes") and data.num_classes != module.num_classes:
+        dropped = " (the data's labels would be dropped)" if module.num_classes is None else ""
+        wrong.append(
+            f"num_classes {_classes(module.num_classes)}{dropped} where the data's is {_classes(data.num_classes)}"
+        )
+    elif own_names is not None and names is not None and list(own_names) != list(names):
+        wrong.append(f"class_names {list(own_names)} where the data's are {list(names)}")
+    if wrong:
+        raise InvalidValue(
+            f"this {type(module).__name__} was built for other data than its trainer's {type(data).__name__}: "
+            + "; ".join(wrong),
+            FROM_THE_DATA,
+        )
 
 
 class SamplingModule(L.LightningModule):

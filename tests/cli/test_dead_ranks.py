@@ -33,6 +33,7 @@ class Death:
     returncode: int  # rank 0's, the process started
     output: str  # both ranks'
     survivor_gone_after_s: float  # from the death to the survivor's end
+    checkpoints: list[str]  # the run's checkpoint files left
 
 
 def gone_after(pid: int, since: float, limit: float = 60) -> float:
@@ -49,7 +50,7 @@ def gone_after(pid: int, since: float, limit: float = 60) -> float:
     return float("inf")
 
 
-def die(save_dir: Path, rank: int, others_sleep: bool) -> Death:
+def die(save_dir: Path, rank: int, others_sleep: bool, saving: bool) -> Death:
     record = save_dir / "record"
     environment = {
         k: v for k, v in os.environ.items() if k not in ("PL_GLOBAL_SEED", "LOCAL_RANK", "WORLD_SIZE")
@@ -59,7 +60,9 @@ def die(save_dir: Path, rank: int, others_sleep: bool) -> Death:
     dying = {"class_path": "helpers.dying.DieAt",
              "init_args": {"out_dir": str(record), "step": 2, "rank": rank, "others_sleep": others_sleep}}  # fmt: skip
     command = [sys.executable, str(REPO / "train.py"), *BASE, "--trainer.logger.init_args.save_dir", str(save_dir),
-               "--trainer.callbacks=" + json.dumps([dying])]  # fmt: skip
+               "--trainer.callbacks=" + json.dumps([dying]),
+               # a checkpoint at every step (steps 1 and 2 saved before the death), or none before the death
+               *(["--checkpoint.every_n_train_steps", "1"] if saving else [])]  # fmt: skip
     with open(save_dir / "output.txt", "w") as output:
         process = warm.popen(
             command,
@@ -84,15 +87,16 @@ def die(save_dir: Path, rank: int, others_sleep: bool) -> Death:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    return Death(process.returncode, (save_dir / "output.txt").read_text(), after)
+    saved = sorted(path.name for path in save_dir.glob("*/version_*/checkpoints/*.ckpt"))
+    return Death(process.returncode, (save_dir / "output.txt").read_text(), after, saved)
 
 
 @pytest.fixture(scope="module")
 def deaths(tmp_path_factory):
     made = {}
 
-    def death(rank: int, others_sleep: bool) -> Death:
-        key = (rank, others_sleep)
+    def death(rank: int, others_sleep: bool, saving: bool) -> Death:
+        key = (rank, others_sleep, saving)
         if key not in made:
             made[key] = die(
                 tmp_path_factory.mktemp(f"rank{rank}_{'asleep' if others_sleep else 'training'}"), *key
@@ -104,16 +108,26 @@ def deaths(tmp_path_factory):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
-    "rank, others_sleep",
-    [(0, False), (0, True), (1, False)],
+    "rank, others_sleep, saving",
+    [(0, False, False), (0, True, False), (1, False, True)],
     ids=["rank 0, the other in a collective", "rank 0, the other asleep", "rank 1, rank 0 in a collective"],
 )
-def test_the_survivor_names_the_dead_rank_and_its_exit_in_one_line_at_once(deaths, rank, others_sleep):
-    death = deaths(rank, others_sleep)
+def test_the_survivor_names_the_dead_rank_and_its_exit_in_one_line_at_once(
+    deaths, rank, others_sleep, saving
+):
+    """...and how to go on: resume where a checkpoint was saved, run again where none was (a resume would be
+    refused: tester round 6b, L9)."""
+    death = deaths(rank, others_sleep, saving)
     errors = [line for line in death.output.splitlines() if "error:" in line]
-    assert errors == [
-        f"error: rank {rank} died (killed by SIGKILL) — its log above says why; resume with --ckpt_path last"
-    ], death.output[-4000:]
+    go_on = (
+        "resume with --ckpt_path last"
+        if saving
+        else "no checkpoint was saved yet: run the command again (it trains from the start)"
+    )
+    assert errors == [f"error: rank {rank} died (killed by SIGKILL) — its log above says why; {go_on}"], (
+        death.output[-4000:]
+    )
+    assert bool(death.checkpoints) == saving, death.checkpoints
     assert "Traceback" not in death.output and "stopped answering" not in death.output, death.output[-4000:]
     assert death.survivor_gone_after_s < WITHIN_S, death.output[-4000:]
     if rank == 1:  # the survivor is the process started: its own status, not a kill from Lightning's launcher

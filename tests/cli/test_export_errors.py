@@ -126,3 +126,43 @@ def test_a_full_disk_while_exporting_for_diffusers_is_one_line_naming_the_folder
         line,
     ), line
     assert not (user / "new").exists() and not list(user.glob(".new.*"))
+
+
+def write_export_calls(folder):
+    from helpers import tiny_vector_model
+
+    from diffusion.cli.to_diffusers import save_pipeline
+    from diffusion.training.exported import write_export
+
+    model, network = tiny_vector_model(steps=3), {"class_path": "diffusion.models.MLP", "init_args": {}}
+    (folder / "a_file").write_text("not a folder")
+    return {
+        "weights-unknown": (lambda: write_export(model, network, folder, "foo"), ValueError, "weights='foo'"),
+        "network-without-init-args": (lambda: write_export(model, {}, folder, "ema"), ValueError, "network={}"),
+        "network-not-a-dict": (lambda: write_export(model, "UNet", folder, "ema"), TypeError, "network='UNet'"),
+        "module-none": (lambda: write_export(None, network, folder, "ema"), TypeError, "module=None"),
+        "folder-missing": (lambda: write_export(model, network, folder / "nope", "ema"), FileNotFoundError, "folder="),
+        "folder-a-file": (lambda: write_export(model, network, folder / "a_file", "ema"), ValueError, "is a file"),
+        "pipeline-module-str": (lambda: save_pipeline("m", folder), TypeError, "module='m'"),
+        "pipeline-folder-a-file": (lambda: save_pipeline(model, folder / "a_file"), ValueError, "is a file"),
+        "pipeline-folder-int": (lambda: save_pipeline(model, 3), TypeError, "folder=3"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "weights-unknown", "network-without-init-args", "network-not-a-dict", "module-none", "folder-missing",
+        "folder-a-file", "pipeline-module-str", "pipeline-folder-a-file", "pipeline-folder-int",
+    ],
+)  # fmt: skip
+def test_the_export_writers_refuse_a_bad_argument_naming_it(case, tmp_path):
+    """They raised KeyError('init_args'), AttributeError ('NoneType' has no attribute 'network') and diffusers'
+    AssertionError (a file for the folder), after part of the work; now one line naming the argument, before it."""
+    from diffusion.errors import UserError
+
+    call, kind, named = write_export_calls(tmp_path)[case]
+    with pytest.raises(kind) as raised:
+        call()
+    assert isinstance(raised.value, UserError) and named in str(raised.value), raised.value
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written

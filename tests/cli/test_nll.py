@@ -75,6 +75,17 @@ def test_an_npz_of_the_same_images_gives_the_same_bits_per_dim(short_chain_check
     torch.testing.assert_close(from_file["per_image"], from_run["per_image"], rtol=1e-6, atol=0)
 
 
+def test_a_split_given_with_a_data_file_is_said_unused(short_chain_checkpoint, tmp_path, capsys):
+    path = tmp_path / "four.npz"
+    np.savez(path, to_uint8_images(held_out_digits()[:4], {"shift": [0.5], "scale": [0.5]}))
+    args = ["--nll", "--ckpt", str(short_chain_checkpoint), "--data.path", str(path)]
+    evaluate.main([*args, "--split", "train"])
+    assert f"note: --split train is not used: it picks a split of the run's data (from its config.yaml), and " \
+        f"--data.path {path} gives the images" in capsys.readouterr().err  # fmt: skip
+    evaluate.main(args)  # not written: no note
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_only_nll_goes_to_the_likelihood_command():
     assert evaluate_nll.requested(["--nll", "--ckpt", "x"]) and evaluate_nll.requested(["--nll=true"])
     assert not evaluate_nll.requested(["--samples", "s.npz", "--reference", "digits"])

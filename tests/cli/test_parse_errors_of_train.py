@@ -104,8 +104,10 @@ def test_a_list_argument_of_a_chosen_class_takes_the_same_forms(form, capsys):
         ["--data.image_size", "9"],  # against the network: checked once both are built
         ["--ckpt_path", "missing.ckpt"],  # the checkpoint to resume
         ["--checkpoint.dirpath", "a_file/ckpts"],  # an output folder under a file
+        ["--sample_grid.sampling.steps", "5000"],  # the callbacks' checks at fit; printed before them (J6)
+        ["--sample_grid.sampling.guidance_scale", "3", "--model.network.init_args.num_classes", "null"],
     ],
-    ids=["image_size", "resume", "output_folder"],
+    ids=["image_size", "resume", "output_folder", "grid_steps", "grid_guidance"],
 )
 def test_print_config_refuses_what_the_built_run_would_refuse(flags, tmp_path, monkeypatch, capsys):
     """Checks made once the classes are built run under --print_config too: no config printed for a run that
@@ -162,6 +164,10 @@ def test_a_check_after_the_parse_names_the_config_file_that_set_the_value(
     if "eta" in key:  # and the sample grid's own sampling options, as flags
         grid = ["--sample_grid.sampling.sampler", "ddim", "--sample_grid.sampling.eta", "7"]
         assert train_line(grid, capsys).startswith("--sample_grid.sampling.eta 7.0 is out of range")
+        # with a sampler that does not take it: still the checkpoint's default of a later `sample --sampler ddim`
+        assert train_line(["--model.sampling.eta", "2"], capsys).startswith(
+            "--model.sampling.eta 2.0 is out of"
+        )
 
 
 def test_a_list_of_classes_is_checked_item_by_item(tmp_path, monkeypatch, capsys):
@@ -352,3 +358,23 @@ def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(us
     check_settings_from_the_data(
         {"in_channels": 1}, {"in_channels": 1, "num_classes": None, "out_channels": None}
     )
+
+
+def test_a_group_file_missing_or_a_whole_config_is_said_as_a_file_not_a_class(tmp_path, monkeypatch, capsys):
+    """`--model.network net.yaml` names a file: one missing, or a whole config in its place, was said `no such
+    class (No module named 'net')` (J10)."""
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text("model:\n  network: /nonexistent/net.yaml\n")
+    Path("whole.yaml").write_text("model:\n  lr: 1e-3\n")
+    missing = "no such file — pass the path of an existing YAML file of its class_path and init_args"
+    assert train_line(["--config", "run.yaml"], capsys).startswith(
+        f"run.yaml: model.network /nonexistent/net.yaml: {missing}"
+    )
+    assert train_line(["--model.network", "net.yaml"], capsys).startswith(
+        f"--model.network net.yaml: {missing}"
+    )
+    whole = (
+        "the file is a whole config (its keys: model), not this option's class_path and init_args — pass it"
+    )
+    for flag in ("--model.network", "--data"):
+        assert train_line([flag, "whole.yaml"], capsys).startswith(f"{flag} whole.yaml: {whole}")

@@ -108,6 +108,19 @@ def test_a_sweep_prints_the_runs_ema_and_every_sigma_rel_and_writes_the_best(run
     assert load(best)["post_hoc_ema"]["sigma_rel"] == float(chosen)
 
 
+def test_sampling_and_sweep_flags_given_to_sigma_rel_are_said_unused(run, tmp_path, capsys):
+    out = tmp_path / "p.ckpt"
+    args = ["--run", str(run), "--sigma_rel", "0.1", "--out", str(out)]
+    phema.main([*args, "--sampler", "ddim", "--steps", "5", "--num_samples", "5"])
+    assert (
+        "note: --sampler ddim, --steps 5, --num_samples 5 are not used: --sigma_rel writes a checkpoint with the "
+        "run's own sampling settings, and these options sample and score a --sweep (to sample it with them: "
+        f"python -m diffusion.sample --ckpt {out} ...)"
+    ) in capsys.readouterr().err
+    phema.main([*args, "--overwrite"])  # none given: no note
+    assert "note:" not in capsys.readouterr().err
+
+
 # ---- user errors -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def home(tmp_path_factory, run, digits_checkpoint) -> Path:

@@ -238,3 +238,13 @@ def test_an_option_the_chosen_sampler_does_not_take_is_said_not_dropped(digits_c
         ]
     )
     assert "note:" not in capsys.readouterr().err  # ddim takes eta
+
+
+def test_out_under_home_in_a_config_file_is_written_there(toy2d_checkpoint, tmp_path, monkeypatch):
+    # `out: ~/x` wrote into a folder literally named ~ in the current folder; export expands it (J8).
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sample.yaml").write_text(f"ckpt: {toy2d_checkpoint}\nout: ~/x\n")
+    path = main(["--config", "sample.yaml", *override(BASE, num_samples="2")])
+    assert path == tmp_path / "home" / "x" / "samples.npz"
+    assert path.is_file() and not (tmp_path / "~").exists()

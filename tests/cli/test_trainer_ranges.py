@@ -148,6 +148,17 @@ def test_checkpointing_off_is_refused_naming_how_to_keep_fewer(tmp_path, capsys)
     ), line
 
 
+def test_save_last_false_is_refused_naming_how_to_keep_fewer(tmp_path, capsys):
+    # The run left no last.ckpt without a word, though train.py promises one (J9).
+    args = ["--print_config", *train_args(["--checkpoint.save_last", "false"], tmp_path, tmp_path / "runs")]
+    line = run_in_process(train, args, tmp_path, capsys)
+    assert re.search(
+        r"^error: --checkpoint.save_last false: train.py always keeps last.ckpt, the run's resume point .* — "
+        r"leave --checkpoint.save_last out; to keep fewer checkpoints, pass --checkpoint.save_top_k 0",
+        line,
+    ), line
+
+
 def test_save_top_k_0_keeps_last_ckpt_alone(tmp_path):
     # What the refusal of enable_checkpointing false offers instead.
     train(train_args(["--checkpoint.save_top_k", "0"], tmp_path, tmp_path / "runs"))

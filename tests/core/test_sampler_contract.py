@@ -283,6 +283,14 @@ def test_what_a_sampler_does_not_take_is_refused_in_one_line():
     )  # guidance of an unconditional model: unused
 
 
+@pytest.mark.parametrize("sampler", [None, "dpmpp_2m_sde", "ddpm"])
+def test_an_option_of_other_samplers_out_of_every_range_is_refused_whatever_the_sampler(sampler):
+    # A checkpoint stored eta 2 with dpmpp_2m_sde, and a later `sample --sampler ddim` failed on it (J7).
+    with pytest.raises(ValueError, match=r"^eta=2 must be in \[0, 1\] — "):
+        SamplingOptions(sampler=sampler, eta=2)
+    SamplingOptions(sampler=sampler, eta=0.5)  # in the range of the samplers that take it: kept, unused here
+
+
 @pytest.fixture(scope="module")
 def zero_snr():
     """The tiny model as the optimal v-prediction on a zero-terminal-SNR schedule (alpha_bar_T = 0)."""

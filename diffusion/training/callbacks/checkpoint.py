@@ -10,7 +10,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.errors import InvalidValue, said
+from diffusion.errors import InvalidValue, check_whole_number, options_of, said
 from diffusion.training import atomic_writes as checkpoint_io
 from diffusion.training.callbacks.preemption import Preempted, Preemption, requeue_slurm_job
 
@@ -19,6 +19,12 @@ def check_checkpoint_options(options: dict[str, Any]) -> None:
     """ModelCheckpoint's own checks name no fix; these say what to pass (each option said as its caller wrote it:
     a parameter, or train.py's `--checkpoint.*` flag)."""
     save_top_k, every_n_train_steps = options.get("save_top_k", 1), options.get("every_n_train_steps")
+    with options_of(Checkpoint):
+        check_whole_number(
+            "save_top_k", save_top_k, fix="pass an integer >= -1 (-1 keeps every checkpoint, 0 none)"
+        )
+        if every_n_train_steps is not None:
+            check_whole_number("every_n_train_steps", every_n_train_steps, fix="pass an integer >= 0")
     if save_top_k < -1:
         raise InvalidValue(
             f"{{--save_top_k}} {save_top_k} is out of range",

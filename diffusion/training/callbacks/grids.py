@@ -10,9 +10,10 @@ import torch
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from diffusion.core.sampling import DEFER, SamplingOptions
+from diffusion.core.sampling import DEFER, SamplingOptions, check_options
 from diffusion.data.labels import class_labels
-from diffusion.errors import OutOfRange
+from diffusion.errors import OutOfRange, check_whole_number
+from diffusion.generation.arguments import checked_seed
 from diffusion.generation.ranks import sample_across_ranks
 from diffusion.generation.render import save_preview
 from diffusion.training.atomic_writes import write_atomically
@@ -26,6 +27,9 @@ class EveryNValidations(L.Callback):
     EMA weights are swapped in (see EMA)."""
 
     def __init__(self, every_n_validations: int = 1) -> None:
+        check_whole_number(
+            "every_n_validations", every_n_validations, fix="pass 1 for a grid at every validation"
+        )
         if every_n_validations < 1:
             raise OutOfRange(
                 "every_n_validations", every_n_validations, ">= 1", "pass 1 for a grid at every validation"
@@ -64,11 +68,14 @@ class SampleGrid(EveryNValidations):
         sampling: SamplingOptions = DEFER,
     ) -> None:
         super().__init__(every_n_validations)
+        check_whole_number("num_samples", num_samples, fix="pass e.g. 64")
         if num_samples < 1:
             raise OutOfRange("num_samples", num_samples, ">= 1", "pass e.g. 64")
+        # Checked here rather than at the first validation, after the training steps before it.
+        check_options(sampling, "sampling", "SampleGrid(sampling=SamplingOptions(...))")
         self.num_samples = num_samples
-        self.seed = seed
-        self.sampling = sampling
+        self.seed = checked_seed(seed)
+        self.sampling = DEFER if sampling is None else sampling  # None: the model's own defaults, as DEFER
         self._out_dir: Path | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -39,9 +39,14 @@ import torch.distributed as dist
 from lightning.fabric.strategies.launchers import subprocess_script
 
 from diffusion.errors import said
+from diffusion.training.callbacks.preemption import Preemption
 
 DEFAULT_DDP_TIMEOUT_S = 600.0  # 10 minutes; Lightning's and torch's default is 30
 RESUME = "its log above says why; resume with {command:--ckpt_path} last"
+# Killed before the first checkpoint: `--ckpt_path last` would find none and be refused.
+RUN_AGAIN = (
+    "its log above says why; no checkpoint was saved yet: run the command again (it trains from the start)"
+)
 # Linux's PIDFD_GET_INFO ioctl (6.15+) on struct pidfd_info's first 64 bytes: the mask at 0, the exit status at 60.
 PIDFD_GET_INFO, PIDFD_INFO_EXIT = (3 << 30) | (64 << 16) | (0xFF << 8) | 11, 1 << 3
 
@@ -149,6 +154,7 @@ class Heartbeat(L.Callback):
         self._finished: list[Peer] = []
         self._wake: tuple[int, int] | None = None  # a pipe whose write wakes the thread from its wait
         self._launched: list = []  # the ranks Lightning's launcher started from this process (Popen)
+        self._trainer: L.Trainer | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.world_size < 2 or not dist.is_initialized() or self._thread is not None:
@@ -156,7 +162,7 @@ class Heartbeat(L.Callback):
         # The default group's store: private in torch, but the one every rank already shares.
         set_collective_timeout(timedelta(seconds=self.timeout_s))  # every collective from here on
         self._store = dist.distributed_c10d._get_default_store()
-        self._world_size, self._rank = trainer.world_size, trainer.global_rank
+        self._world_size, self._rank, self._trainer = trainer.world_size, trainer.global_rank, trainer
         self._store.set(f"process/{self._rank}", f"{os.getpid()} {socket.gethostname()}")
         self._launched = list(getattr(trainer.strategy.launcher, "procs", None) or [])
         if self._launched:
@@ -233,13 +239,21 @@ class Heartbeat(L.Callback):
             if woken:  # exited, its exit not readable yet (being reaped): look again shortly
                 time.sleep(min(0.05, max(remaining, 0)))
 
+    def _fix(self, resume: str = RESUME) -> str:
+        """`resume` where the run has a checkpoint to resume from (saved by it, or the one it resumed from: every
+        rank knows, from its Checkpoint callback and the Trainer), else: run the command again."""
+        callbacks = getattr(self._trainer, "callbacks", None) or []
+        preemptions = [getattr(cb, "preemption", None) for cb in callbacks]
+        steps = [p.resumable_step for p in preemptions if isinstance(p, Preemption)]
+        return resume if any(steps) or getattr(self._trainer, "ckpt_path", None) else RUN_AGAIN
+
     def _end_now(self, rank: int, how: str) -> None:
         """From the thread: say the death, end the ranks this process launched and this process."""
         with self._ending:
             if self._ended or self._stop.is_set():
                 return
             self._ended = True
-            print(RankDied(f"rank {rank} died ({how})").code, file=sys.stderr, flush=True)
+            print(RankDied(f"rank {rank} died ({how})", self._fix()).code, file=sys.stderr, flush=True)
             for process in self._launched:
                 with contextlib.suppress(OSError):
                     process.send_signal(signal.SIGKILL)
@@ -301,7 +315,8 @@ class Heartbeat(L.Callback):
         with self._ending:
             already_said, self._ended = self._ended, True  # the watch says nothing from here on
         if already_said:
-            return RankDied("another rank died")  # said by the watch, which is ending this process
+            # said by the watch, which is ending this process
+            return RankDied("another rank died", self._fix())
         try:  # beating on meanwhile: the other ranks' `explain` must not find this one silent
             return self._blame(error)
         finally:
@@ -310,18 +325,20 @@ class Heartbeat(L.Callback):
     def _blame(self, error: BaseException) -> RankLost | None:
         if not is_collective_failure(error):
             died = self.dead_rank()
-            return None if died is None else RankDied(f"rank {died[0]} died ({died[1]})")
+            return None if died is None else RankDied(f"rank {died[0]} died ({died[1]})", self._fix())
         # A peer's death closes its connections a moment before the kernel says it has exited: wait for that.
         died = self.dead_rank(wait=2.0)
         if died is not None:
-            return RankDied(f"rank {died[0]} died ({died[1]})")
+            return RankDied(f"rank {died[0]} died ({died[1]})", self._fix())
         if self._rank != 0 and self._store_closed():
-            return RankDied("rank 0 died (its process is gone; its exit status is not known on this machine)")
+            return RankDied(
+                "rank 0 died (its process is gone; its exit status is not known on this machine)", self._fix()
+            )
         silent = self.silent_ranks()
         if not silent:
             return None
         ranks = ", ".join(map(str, silent))
         return RankStoppedAnswering(
             f"rank {ranks} stopped answering: no reply within {{command:--ddp_timeout}} {self.timeout_s:g} s; the job was ended",
-            "resume with {command:--ckpt_path} last",
+            self._fix("resume with {command:--ckpt_path} last"),
         )

@@ -27,6 +27,7 @@ handlers are in place: its flag could only change in its own handler, which they
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -41,7 +42,7 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from diffusion.errors import Interrupted, OutOfRange
+from diffusion.errors import Interrupted, OutOfRange, check_real
 from diffusion.training.logging_steps import is_logging_step
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,13 @@ class Preemption:
     `every_n_minutes` of wall time passed on rank 0."""
 
     def __init__(self, every_n_minutes: float | None) -> None:
-        if every_n_minutes is not None and every_n_minutes <= 0:
-            raise OutOfRange(
-                "every_n_minutes",
-                every_n_minutes,
-                "> 0",
-                "pass minutes > 0, or null for no timed checkpoints",
-            )
+        fix = "pass minutes > 0, or null for no timed checkpoints"
+        # NaN passed `<= 0` and inf never came: timed checkpoints silently never written.
+        if (
+            every_n_minutes is not None
+            and not 0 < check_real("every_n_minutes", every_n_minutes, fix) < math.inf
+        ):
+            raise OutOfRange("every_n_minutes", every_n_minutes, "> 0 and finite", fix)
         self.every_n_minutes = every_n_minutes
         self.signal: int | None = None  # the first preemption signal received
         self._trainer: L.Trainer | None = None
@@ -166,7 +167,7 @@ class Preemption:
             if self._saving is None
             else f"during the save of step {self._saving}'s checkpoint"
         )
-        since = max(self._start_step, self.last_saved_step or 0)
+        since = self.resumable_step
         keep = "to keep the steps, press Ctrl+C once and wait for the checkpoint"
         if since == 0:
             folder = f" ({self.checkpoints} holds none)" if self.checkpoints else ""
@@ -181,6 +182,12 @@ class Preemption:
             f"stopped by SIGINT again {where}: the steps since the checkpoint of step {since} are lost",
             f"resume with {{command:--ckpt_path}} last (step {since}); {keep}",
         )
+
+    @property
+    def resumable_step(self) -> int:
+        """The step of the checkpoint a resume of this run starts from: the last one it saved, or the one it resumed
+        from; 0 when there is none (nothing to resume)."""
+        return max(self._start_step, self.last_saved_step or 0)
 
     def saved(self) -> None:
         self._last_save = time.monotonic()

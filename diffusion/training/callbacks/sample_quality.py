@@ -9,9 +9,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from diffusion.core.sampling import DEFER, SamplingOptions
+from diffusion.core.sampling import DEFER, SamplingOptions, check_options
 from diffusion.data.labels import class_labels
-from diffusion.errors import InvalidValue, OutOfRange
+from diffusion.errors import InvalidValue, OutOfRange, check_bool, check_whole_number
 from diffusion.generation.arguments import checked_seed
 from diffusion.generation.ranks import SAMPLING_BATCH, drawn_anyway, generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
@@ -77,6 +77,8 @@ class SampleQualityCallback(EveryNValidations):
         reference_stats: str | None = None,
     ) -> None:
         check_features(features)
+        if kid is not None:
+            check_bool("kid", kid, "pass kid=True, kid=False, or None (KID unless reference_stats is given)")
         if reference_stats is not None and kid:
             raise InvalidValue(
                 "SampleQualityCallback kid=True needs the real images' features, and reference_stats holds only "
@@ -92,12 +94,14 @@ class SampleQualityCallback(EveryNValidations):
             ("num_samples", num_samples, 2),
             ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
         ]:  # fmt: skip
+            check_whole_number(name, value)
             if value < low:
                 raise OutOfRange(name, value, f">= {low}", "pass a larger value")
         super().__init__(every_n_validations)
+        check_options(sampling, "sampling", "SampleQualityCallback(sampling=SamplingOptions(...))")
         self.num_samples = num_samples
         self.features = features
-        self.sampling = sampling
+        self.sampling = DEFER if sampling is None else sampling  # None: the model's own defaults, as DEFER
         self.seed = checked_seed(seed)  # of the samples, the real subset and KID's subsets
         self.kid = kid if kid is not None else reference_stats is None
         self.kid_subset_size = kid_subset_size

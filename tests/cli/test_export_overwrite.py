@@ -1,0 +1,91 @@
+"""`python -m diffusion.export --overwrite` replaces an earlier export whole or not at all: a file of it that cannot
+be replaced (`chattr +i`), or a move refused half-way, leaves every file of the earlier export as it was (it left a
+new config.json beside the old weights, which then failed their checksum), and the line says so truly."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers.user_errors import error_line
+
+from diffusion.cli import export
+from diffusion.errors import MAKE_WRITABLE
+from diffusion.training.loading import load_checkpoint
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def refused(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        export.main(argv)
+    assert exit_info.value.code == 2
+    return error_line(capsys.readouterr().err)
+
+
+@pytest.fixture
+def earlier(digits_checkpoint, tmp_path) -> tuple[list[str], Path]:
+    """An export of the EMA weights, and the command line that exports the raw ones over it."""
+    out = tmp_path / "export"
+    base = ["--ckpt", str(digits_checkpoint), "--format", "safetensors", "--out", str(out)]
+    export.main(base)
+    return [*base, "--weights", "raw", "--overwrite"], out
+
+
+def test_an_export_whose_weights_cannot_be_replaced_is_left_whole(earlier, tmp_path, capsys):
+    argv, out = earlier
+    before = files(out)
+    weights = out / "model.safetensors"
+    made = subprocess.run(["chattr", "+i", str(weights)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
+    try:
+        line = refused(capsys, argv)
+    finally:
+        subprocess.run(["chattr", "-i", str(weights)], check=True)
+    assert files(out) == before
+    said = f"cannot write model.safetensors into {out} (Operation not permitted)"
+    assert line == f"error: {said} — {MAKE_WRITABLE}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no staging folder left
+    load_checkpoint(out)  # its checksum holds: the earlier export loads
+
+
+def test_a_move_refused_half_way_puts_the_earlier_export_back(earlier, tmp_path, capsys, monkeypatch):
+    """The probe passes, then the move of model.safetensors (after config.json's) is refused."""
+    argv, out = earlier
+    before = files(out)
+    real_rename = os.rename
+
+    def refusing(source, target):
+        if Path(target) == out / "model.safetensors" and Path(source).parent.name.endswith(".tmp"):  # new one
+            raise PermissionError(1, "Operation not permitted", str(target))
+        return real_rename(source, target)
+
+    for name in ("rename", "replace"):  # either way of moving a file
+        monkeypatch.setattr(os, name, refusing)
+    line = refused(capsys, argv)
+    assert line == f"error: cannot write the export into {out} (Operation not permitted) — {MAKE_WRITABLE}"
+    assert files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    load_checkpoint(out)
+
+
+def test_overwrite_into_a_folder_without_the_files_leaves_no_folder_it_made_when_refused(
+    digits_checkpoint, tmp_path, capsys, monkeypatch
+):
+    """A diffusers-style subfolder made by the moves goes with them; here the first move of a new export fails."""
+    out = tmp_path / "export"
+    real_rename = os.rename
+
+    def refusing(source, target):
+        if Path(target).parent == out:
+            raise PermissionError(1, "Operation not permitted", str(target))
+        return real_rename(source, target)
+
+    for name in ("rename", "replace"):
+        monkeypatch.setattr(os, name, refusing)
+    argv = ["--ckpt", str(digits_checkpoint), "--format", "safetensors", "--out", str(out)]
+    assert "cannot write the export into" in refused(capsys, argv)
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -1,0 +1,49 @@
+"""The training callbacks a user's own `Trainer` takes check their arguments when built, as the public functions do
+(tests/test_public_api_arguments.py): a ValueError or TypeError naming the argument, with its fix, before any
+training step. A dict where SamplingOptions go failed at fit start with an AttributeError, a seed of -1 at the first
+validation, after the steps before it, and every_n_minutes=NaN was taken, its timed checkpoints never written
+(tester round 6b: L4, L5)."""
+
+import pytest
+
+from diffusion import SamplingOptions
+from diffusion.training.callbacks import Checkpoint, SampleGrid, SampleQualityCallback
+from diffusion.training.callbacks.preemption import Preemption
+
+CASES = [
+    ("checkpoint-nan-minutes", lambda: Checkpoint(every_n_minutes=float("nan")), ValueError, "every_n_minutes"),
+    ("checkpoint-infinite-minutes", lambda: Checkpoint(every_n_minutes=float("inf")), ValueError, "every_n_minutes"),
+    ("checkpoint-negative-minutes", lambda: Checkpoint(every_n_minutes=-1), ValueError, "every_n_minutes"),
+    ("checkpoint-text-minutes", lambda: Checkpoint(every_n_minutes="30"), TypeError, "every_n_minutes"),
+    ("checkpoint-bool-minutes", lambda: Checkpoint(every_n_minutes=True), TypeError, "every_n_minutes"),
+    ("checkpoint-text-top-k", lambda: Checkpoint(save_top_k="2"), TypeError, "save_top_k"),
+    ("checkpoint-fractional-steps", lambda: Checkpoint(every_n_train_steps=2.5), ValueError, "every_n_train_steps"),
+    ("grid-dict-as-sampling", lambda: SampleGrid(sampling={"sampler": "ddim", "steps": 2}), TypeError, "sampling"),
+    ("grid-name-as-sampling", lambda: SampleGrid(sampling="ddim"), TypeError, "sampling"),
+    ("grid-negative-seed", lambda: SampleGrid(seed=-1), ValueError, "seed"),
+    ("grid-text-count", lambda: SampleGrid(num_samples="64"), TypeError, "num_samples"),
+    ("grid-fractional-every", lambda: SampleGrid(every_n_validations=1.5), ValueError, "every_n_validations"),
+    ("quality-dict-as-sampling", lambda: SampleQualityCallback(sampling={"steps": 2}), TypeError, "sampling"),
+    ("quality-text-count", lambda: SampleQualityCallback(num_samples="100"), TypeError, "num_samples"),
+    ("quality-text-kid", lambda: SampleQualityCallback(kid="no"), TypeError, "kid"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "argument"), [case[1:] for case in CASES], ids=[c[0] for c in CASES]
+)
+def test_a_bad_callback_argument_is_refused_by_its_name_when_built(call, error, argument):
+    with pytest.raises(error) as raised:
+        call()
+    message = str(raised.value)
+    assert argument in message.split("—")[0], message
+    assert "—" in message, f"no fix: {message}"
+
+
+def test_good_callback_arguments_are_taken():
+    assert Preemption(every_n_minutes=None).every_n_minutes is None  # None: no timed checkpoints
+    assert Checkpoint(every_n_minutes=0.5).preemption.every_n_minutes == 0.5
+    options = SamplingOptions(sampler="ddim", steps=2)
+    assert SampleGrid(sampling=options, seed=2**64 - 1).sampling is options
+    assert SampleGrid(sampling=None).sampling == SamplingOptions()  # None: the model's own defaults
+    assert SampleQualityCallback(sampling=options, features="pixels").sampling is options
