@@ -67,12 +67,22 @@ def weights_written(asked: str | None, checkpoint: dict) -> str:
     return "raw" if asked == "raw" or "current_model_state" not in checkpoint else "ema"
 
 
+# What an export writes at the top of its folder, of either format (safetensors: config.json and its weights;
+# diffusers: a pipeline's model_index.json, unet/ and scheduler/).
+EXPORT_ENTRIES = ("config.json", "model.safetensors", "model_index.json", "unet", "scheduler")
+
+
 def move_into(staged: Path, out: Path) -> None:
     """Move every file of `staged` to the same place under `out`, all of them or none: each file of `out` it
     replaces is first tried for writing (`chattr +i` refused only the move, the files before it moved in already)
     and set aside, and where a move fails the files moved in go and those set aside come back."""
     sources = sorted(p for p in staged.rglob("*") if p.is_file())
     targets = [out / source.relative_to(staged) for source in sources]
+    # An earlier export of the other format: its files, which the new one does not replace, go too (a diffusers
+    # pipeline left beside a new safetensors export was what the folder loaded as).
+    earlier = [out / name for name in EXPORT_ENTRIES if (out / name).exists()]
+    targets_within = {entry for target in targets for entry in (target, *target.parents)}
+    stale = [entry for entry in earlier if entry not in targets_within]
     for target in targets:
         if target.is_file():
             with naming_a_full_disk(target), open(target, "r+b"):
@@ -81,6 +91,9 @@ def move_into(staged: Path, out: Path) -> None:
     done: list[tuple[Path, Path]] = []  # (from, to), undone last first
     made: list[Path] = []  # the folders under `out` the moves made, removed with them
     try:
+        for entry in stale:  # set aside whole, as the replaced files are
+            os.rename(entry, aside / entry.name)
+            done.append((entry, aside / entry.name))
         for target in targets:
             if target.exists():
                 (aside / target.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)

@@ -89,3 +89,16 @@ def test_overwrite_into_a_folder_without_the_files_leaves_no_folder_it_made_when
     argv = ["--ckpt", str(digits_checkpoint), "--format", "safetensors", "--out", str(out)]
     assert "cannot write the export into" in refused(capsys, argv)
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_export_over_one_of_the_other_format_replaces_it_whole(earlier, tmp_path):
+    """A diffusers pipeline left beside a new safetensors export was what the folder loaded as (the old weights)."""
+    argv, out = earlier
+    (out / "model_index.json").write_text("{}")
+    for folder in ("unet", "scheduler"):
+        (out / folder).mkdir()
+        (out / folder / "config.json").write_text("{}")
+    export.main(argv)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # nothing set aside is left
+    load_checkpoint(out)
