@@ -93,6 +93,12 @@ def run(
             "--metrics [] names no metric",
             "name some of fid kid is, or leave --metrics out for all that the features and the reference allow",
         )
+    for key in (
+        "samples",
+        "save_stats",
+    ):  # `save_stats: ~/x.npz` in a config file: the home folder, as sample reads it
+        if args[key] is not None:
+            args[key] = str(Path(args[key]).expanduser())
     if args.samples is None and args.save_stats is None:
         return None
     if args.save_stats is not None:

@@ -273,8 +273,11 @@ def main(argv: list[str] | None = None) -> Path | None:
             check_sigma_rel(sigma_rel, "--sigma_rel" if args.sweep is None else "--sweep: sigma_rel")
         with ranges_said_as_flags():  # checked before --print_config (a --sweep samples with them)
             SamplingOptions.taken_from(args)
+        args.out = (
+            None if args.out is None else str(Path(args.out).expanduser())
+        )  # `out: ~/x`, as sample reads it
         check_out(args.out, args.overwrite)
-        run = Path(args.run)
+        run = Path(args.run).expanduser()
         if not run.is_dir():
             raise UserError(f"--run {run} is not a folder", "pass a run folder, e.g. runs/digits/version_0")
         folder = post_hoc_ema_folder(run)  # none in a run trained without post-hoc EMA

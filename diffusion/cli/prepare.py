@@ -20,6 +20,7 @@ one line on stderr and exit status 2.
 """
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> str:
         command_line = parsed_command_line(parser, argv)
         args = command_line.config
         named_out(args.out)  # before anything is read: "" would be the current folder
+        args.out = args.out if is_url(args.out) else str(Path(args.out).expanduser())  # `out: ~/x`
         if not is_url(args.out):
             check_writable_folder(args.out, "--out")
         data = args.data

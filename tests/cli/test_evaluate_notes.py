@@ -54,3 +54,12 @@ def test_metrics_with_save_stats_alone_are_said_unused(images, capsys):
     )
     evaluate.main([*args, "--save_stats", str(images / "b.npz")])
     assert "note:" not in capsys.readouterr().err
+
+
+def test_paths_under_home_are_read_there(images, tmp_path, monkeypatch, capsys):
+    """`save_stats: ~/s.npz` in a config file wrote into a folder literally named ~ (J8, as sample's --out did)."""
+    monkeypatch.setenv("HOME", str(images))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("samples: ~/samples.npz\nreference: ~/reference.npz\nsave_stats: ~/s.npz\n")
+    evaluate.main(["--config", "run.yaml", "--features", "pixels", "--metrics", "fid"])
+    assert (images / "s.npz").is_file() and not (tmp_path / "~").exists()

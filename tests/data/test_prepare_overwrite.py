@@ -96,3 +96,12 @@ def test_what_a_stopped_overwrite_left_beside_the_set_is_a_prepares_and_goes_wit
     assert preparing.not_prepared(str(out)) == []
     prepare([*prepare_line(out, 200, "--overwrite").split()])
     assert sorted(p.name for p in out.iterdir()) == ["prepared.json", "train", "val"]
+
+
+@pytest.mark.multiprocess
+def test_an_out_under_home_is_prepared_there(tmp_path, monkeypatch):
+    """`out: ~/set` in a config file (J8's kind): prepared into the home folder, not a folder named ~."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    prepare(prepare_line(Path("~/set"), 100).split())
+    assert open_prepared(str(tmp_path / "home" / "set")).counts["train"] > 0 and not (tmp_path / "~").exists()
