@@ -5,6 +5,7 @@ subfolders, a ``.npy`` file beside vector data), the label each generated sample
 dropped for classifier-free guidance, and the unconditional half of a guided forward.
 """
 
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from diffusion.core.guidance import NO_LABEL
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.numpy_files import read_array
-from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_whole_number
+from diffusion.errors import InvalidValue, OutOfRange, UserError, WrongType, check_whole_number
 
 LABELS_FILE = FileKind("labels file", ("*.npy",), "np.save(path, labels.astype(np.int64)) writes one")
 # As many classes as this are taken whatever the sample count (a few samples of many classes).
@@ -177,3 +178,29 @@ def labels_for_sampling(labels: Any, num_classes: int | None, num_samples: int) 
         raise ValueError(f"need one label per sample: {num_samples}, got shape {tuple(labels.shape)}")
     check_labels(labels, num_classes, "labels")
     return labels
+
+
+class ItemWithoutLabel(UserError, TypeError):
+    """A dataset item of `IndexedDataset(..., with_labels=True)` without a whole-number label (a TypeError, as it was)."""
+
+
+def item_label(item: Any, index: int) -> int:
+    """The class of a dataset's item (x, label, ...): a whole number, never rounded (a label 1.7 was class 1)."""
+    label = item[1] if isinstance(item, tuple | list) and len(item) >= 2 else None
+    if (
+        isinstance(label, torch.Tensor)
+        and label.numel() == 1
+        or isinstance(label, np.ndarray)
+        and label.size == 1
+    ):
+        label = label.item()  # TensorDataset's labels, numpy's
+    if label is None or isinstance(label, bool) or not isinstance(label, Integral):
+        length = f" of {len(item)} element(s)" if isinstance(item, tuple | list) else ""
+        held = f"{label!r:.60}, not a whole number" if label is not None else "no label"
+        raise ItemWithoutLabel(
+            f"IndexedDataset(with_labels=True) needs items (x, label, ...), and item {index} of its dataset is a "
+            f"{type(item).__name__}{length}: {held}",
+            "leave with_labels out (False) for a dataset without labels, or have the dataset return (x, label) "
+            "with label a class index 0..K-1",
+        )
+    return int(label)

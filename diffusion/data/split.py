@@ -14,11 +14,9 @@ by a DataLoader (and its ``num_workers`` worker processes).
 import os
 import re
 from collections.abc import Callable, Iterator, Sized
-from numbers import Integral
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import LightningDataModule
@@ -26,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate, get_w
 
 from diffusion.core.guidance import NO_LABEL
 from diffusion.data.batch import Batch, IndexBatch, StoredBatch
+from diffusion.data.labels import item_label
 from diffusion.data.on_device import (
     HeldSamples,
     IndexLoader,
@@ -58,32 +57,6 @@ def collate_or_failed(items: list[Any]) -> Any:
     """The batch of `items`, or the first FailedItem among them."""
     failed = next((item for item in items if isinstance(item, FailedItem)), None)
     return failed if failed is not None else default_collate(items)
-
-
-class ItemWithoutLabel(UserError, TypeError):
-    """A dataset item of `IndexedDataset(..., with_labels=True)` without a whole-number label (a TypeError, as it was)."""
-
-
-def item_label(item: Any, index: int) -> int:
-    """The class of a dataset's item (x, label, ...): a whole number, never rounded (a label 1.7 was class 1)."""
-    label = item[1] if isinstance(item, tuple | list) and len(item) >= 2 else None
-    if (
-        isinstance(label, torch.Tensor)
-        and label.numel() == 1
-        or isinstance(label, np.ndarray)
-        and label.size == 1
-    ):
-        label = label.item()  # TensorDataset's labels, numpy's
-    if label is None or isinstance(label, bool) or not isinstance(label, Integral):
-        length = f" of {len(item)} element(s)" if isinstance(item, tuple | list) else ""
-        held = f"{label!r:.60}, not a whole number" if label is not None else "no label"
-        raise ItemWithoutLabel(
-            f"IndexedDataset(with_labels=True) needs items (x, label, ...), and item {index} of its dataset is a "
-            f"{type(item).__name__}{length}: {held}",
-            "leave with_labels out (False) for a dataset without labels, or have the dataset return (x, label) "
-            "with label a class index 0..K-1",
-        )
-    return int(label)
 
 
 class IndexedDataset(Dataset):

@@ -2,7 +2,6 @@
 2, no traceback, and the user's files unchanged (the contract and train.py's cases: tests/cli/test_train_errors.py)."""
 
 import importlib.util
-import json
 import re
 import shutil
 from pathlib import Path
@@ -14,11 +13,6 @@ from helpers.user_errors import fill, in_a_config_file, run_in_process
 from torchvision import datasets
 
 from diffusion.cli import evaluate, sample
-from diffusion.errors import UserError
-from diffusion.models import UNet
-from diffusion.training.exported import CONFIG, write_export
-from diffusion.training.loading import load_checkpoint
-from diffusion.training.module import DiffusionModule
 
 SAMPLE_CASES = {
     "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),
@@ -356,80 +350,3 @@ def test_evaluate_refuses_an_empty_path(flag, user, capsys, monkeypatch):
     args = ["--samples", samples, "--reference", "digits", "--features", "pixels", flag, ""]
     line = run_in_process(evaluate.main, args, user, capsys)
     assert re.fullmatch(rf'error: {flag} "" is an empty path — pass a path .*', line), line
-
-
-def _tiny_export(folder: Path, change) -> Path:
-    """An export of a tiny image model (random weights) whose config.json's hyper_parameters `change` edits."""
-    init_args = {"in_channels": 1, "channels": 8, "channel_mult": [1, 2], "num_res_blocks": 1}
-    torch.manual_seed(0)
-    module = DiffusionModule(
-        UNet(**init_args), sample_shape=(1, 8, 8), normalization={"shift": [0.5], "scale": [0.5]},
-        beta_schedule="cosine", num_timesteps=10,
-    )  # fmt: skip
-    folder.mkdir()
-    write_export(module, {"class_path": "diffusion.models.UNet", "init_args": init_args}, folder, "ema")
-    config = json.loads((folder / CONFIG).read_text())
-    change(config["hyper_parameters"])
-    (folder / CONFIG).write_text(json.dumps(config))
-    return folder
-
-
-EDITED_EXPORTS = {  # an export's config.json edited by hand: what the sample command says of it
-    # int() of it ended in a ValueError traceback, while load_checkpoint refused the same file
-    "num_timesteps_text": (
-        lambda h: h.update(num_timesteps="abc"),
-        r"config.json: num_timesteps='abc' is a str, not a whole number >= 2 — correct it in config.json's "
-        r"hyper_parameters, or export the checkpoint again \(python -m diffusion.export\)$",
-    ),
-    "num_timesteps_null": (lambda h: h.update(num_timesteps=None), r"config.json: num_timesteps=None is a"),
-    # a scale of 0 wrote samples of one colour, NaN ones NaN, exit status 0
-    "scale_0": (
-        lambda h: h["normalization"].update(scale=[0.0]),
-        r"config.json: normalization\['scale'\]\[0\]=0.0 must be a finite number other than 0 — correct it",
-    ),
-    "shift_nan": (
-        lambda h: h["normalization"].update(shift=[float("nan")]),
-        r"config.json: normalization\['shift'\]\[0\]=nan must be a finite number — correct it",
-    ),
-    # a comparison of a str with an int in class_labels, a traceback
-    "num_classes_text": (
-        lambda h: h["network"]["init_args"].update(num_classes="abc"),
-        r"config.json: network.init_args.num_classes='abc' is a str, not a whole number >= 1 — correct it",
-    ),
-    # a KeyError or an AttributeError traceback
-    "no_network": (
-        lambda h: h.pop("network"),
-        r"config.json: network=None is a NoneType, not a mapping of class_path and init_args — correct it",
-    ),
-    "sample_shape_text": (
-        lambda h: h.update(sample_shape=[1, "a", 8]),
-        r"config.json: sample_shape\[1\]='a' is a str, not a whole number >= 1 — correct it",
-    ),
-}
-
-
-@pytest.mark.parametrize(("change", "expected"), EDITED_EXPORTS.values(), ids=EDITED_EXPORTS.keys())
-def test_sample_refuses_an_edited_export_in_one_line_naming_its_file(change, expected, tmp_path, capsys):
-    folder = _tiny_export(tmp_path / "export", change)
-    args = ["--ckpt", str(folder), "--out", str(tmp_path / "out"), *GOOD_SAMPLE, "--device", "cpu"]
-    line = run_in_process(sample.main, args, tmp_path, capsys)
-    assert re.search(rf"^error: \S*export/{expected}", line), line
-    with pytest.raises(UserError, match=expected):
-        load_checkpoint(folder)  # the loader's check, the same line
-
-
-def test_sample_refuses_a_checkpoint_whose_normalization_has_a_scale_of_0(
-    user, tmp_path, capsys, monkeypatch
-):
-    """A checkpoint's normalization with a scale of 0 wrote samples of one colour, exit status 0."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
-    checkpoint = torch.load(good, weights_only=False)
-    checkpoint["hyper_parameters"]["normalization"] = {"shift": [0.5], "scale": [0.0]}
-    torch.save(checkpoint, tmp_path / "edited.ckpt")
-    args = ["--ckpt", str(tmp_path / "edited.ckpt"), "--out", str(tmp_path / "out"), *GOOD_SAMPLE]
-    line = run_in_process(sample.main, args, tmp_path, capsys)
-    expected = r"edited.ckpt: normalization\['scale'\]\[0\]=0.0 must be a finite number other than 0 — use"
-    assert re.search(rf"^error: \S*{expected}", line), line
-    with pytest.raises(UserError, match=expected):
-        load_checkpoint(tmp_path / "edited.ckpt")
