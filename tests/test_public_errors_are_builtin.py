@@ -101,6 +101,13 @@ def pipeline_without_unet(tmp_path: Path) -> Path:
     return tmp_path / "pipe"
 
 
+def samples_file(tmp_path: Path) -> Path:
+    np.savez(
+        tmp_path / "samples.npz", np.zeros((2, 8, 8, 1), np.uint8)
+    )  # torch's line was its C++ enforce text
+    return tmp_path / "samples.npz"
+
+
 def not_a_checkpoint(tmp_path: Path) -> Path:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.ckpt")
     return tmp_path / "other.ckpt"
@@ -130,6 +137,7 @@ FILE_CASES = [
      "not an .npz archive"),
     ("checkpoint-cut-short", lambda d: load_checkpoint(file_of(d, "x.ckpt", b"PK\x03\x04 cut short")),
      ValueError, "truncated"),
+    ("checkpoint-is-samples", lambda d: load_checkpoint(samples_file(d)), ValueError, "is a NumPy archive"),
     ("checkpoint-of-other-contents", lambda d: load_checkpoint(not_a_checkpoint(d)), ValueError,
      "not a checkpoint written by train.py"),
     ("export-config-cut-short", lambda d: load_checkpoint(export_folder(d, '{"format": ')), ValueError,

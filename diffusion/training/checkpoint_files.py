@@ -107,6 +107,16 @@ def read_checkpoint(
         raise UnreadableCheckpoint(
             flag, path, "is truncated or not a PyTorch checkpoint (no intact zip archive)", fix
         )
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    # An .npz (np.savez: top-level .npy entries) is no torch archive: torch's line was its C++ "enforce fail".
+    if names and all(name.endswith(".npy") and "/" not in name for name in names):
+        raise UnreadableCheckpoint(
+            flag,
+            path,
+            "is a NumPy archive (np.savez, such as sample's samples.npz), not a PyTorch checkpoint",
+            fix,
+        )
     if verify:
         check_zip_checksums(path, flag, "pass an intact checkpoint: an earlier one of the run, or a backup")
     try:
