@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import ArgumentParser
 
 from diffusion.cli.config_files import as_text, beside, read_config_file, yaml_or_none
 from diffusion.cli.jsonargparse_internals import (
@@ -29,7 +29,6 @@ from diffusion.cli.jsonargparse_internals import (
     loads_a_group_file,
     number_bounds,
 )
-from diffusion.errors import UserError
 
 PRINT_CONFIG = "--print_config"
 # Keys of a class's mapping in a config file that are not its arguments (jsonargparse's own).
@@ -373,16 +372,3 @@ def takes_a_collection(hint: Any) -> bool:
         or takes_a_class(kind)
         for kind in alternatives(hint)
     )
-
-
-def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: Mapping[str, str]) -> None:
-    """Refuse an option given under its old name (a key of `renamed`) and its new one with different values."""
-    last = {plain_key(item.key): item for item in written}
-    for old, new in renamed.items():
-        # A config saved since the rename holds the old name as null: not given.
-        if old in last and new in last and config.get(old) is not None and config.get(old) != config.get(new):
-            raise UserError(
-                f"{last[old].shown()} and {last[new].shown()} set one option ({old} is the old name of {new}) "
-                "to different values",
-                f"give it once, by its new name (--{new})",
-            )

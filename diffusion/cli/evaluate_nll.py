@@ -32,6 +32,7 @@ from jsonargparse.typing import PositiveInt
 from torch.utils.data import DataLoader, Dataset
 
 from diffusion.cli.command_line import written_as
+from diffusion.cli.evaluate_notes import note_unused
 from diffusion.cli.flags import (
     add_flags,
     check_seed_flag,
@@ -234,13 +235,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fabric, rank, world_size, device = launch_ranks(
             args.devices, args.num_nodes, accelerator, device, argv, "diffusion.evaluate --nll"
         )
-        if rank == 0 and data_path is not None and any(item.key == "split" for item in command_line.written):
-            print(
-                f"note: {written_as(command_line.written, 'split')} {args.split} is not used: "
+        if rank == 0 and data_path is not None:
+            note_unused(
+                command_line.written, "split", args.split,
                 "it picks a split of the run's data (from its config.yaml), "
                 f"and {written_as(command_line.written, 'data.path')} {data_path} gives the images",
-                file=sys.stderr,
-            )
+            )  # fmt: skip
         module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
         process = reverse_process_of(module, args.variance, args.clip_denoised)
         seconds = estimated_seconds(module, images, labels, args.batch_size, world_size)

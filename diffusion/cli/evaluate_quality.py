@@ -7,7 +7,6 @@ callback runs during training.
 from __future__ import annotations
 
 import pickle
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import get_args
@@ -16,7 +15,8 @@ import numpy as np
 from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import restricted_number_type
 
-from diffusion.cli.command_line import Written, written_as
+from diffusion.cli.command_line import Written
+from diffusion.cli.evaluate_notes import note_kid_subsets, note_unused, note_unused_options
 from diffusion.cli.flags import add_flags, check_paths_given
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.images import ImageDatasetName
@@ -115,6 +115,7 @@ def run(
                 "FID and KID compare the samples with a --reference, and none is given",
                 "pass --reference with a dataset name or an .npz (images or FID statistics), or --metrics is",
             )
+    note_unused_options(args, samples, written)
     reference = None
     if args.reference is not None:
         size = args.image_size or (None if samples is None else samples.shape[1])
@@ -133,12 +134,11 @@ def run(
     if samples is None:
         metrics, notes = ["fid"], {}  # the reference's statistics alone: no other metric's state to fill
         if args.metrics is not None:
-            print(
-                f"note: {written_as(written, 'metrics')} {' '.join(args.metrics)} is not used: "
+            note_unused(
+                written, "metrics", " ".join(args.metrics),
                 "without --samples nothing is scored, and --save_stats writes FID statistics (mu, sigma), "
                 "which serve FID alone (KID and IS need images: pass --samples to score them)",
-                file=sys.stderr,
-            )
+            )  # fmt: skip
     else:
         metrics, notes = choose_metrics(args.metrics, args.features, args.reference, reference, samples)
     check_comparable(samples, reference, args.features, args.reference)
@@ -164,6 +164,8 @@ def run(
         values.update(quality.compute(args.seed))
         if "kid_mean" in values:
             note_kid_subsets(args.kid_subset_size, samples, reference, written)
+    if "kid_mean" not in values:
+        note_unused(written, "kid_subset_size", args.kid_subset_size, "no KID is computed (see --metrics)")
     lines = describe(args, samples, reference) + result_lines(values, notes, args.features)
     if "fid" in values and samples is not None:
         lines += too_few_for_a_covariance(samples, reference, feature_size(args.features, samples.shape[-1]))
@@ -171,28 +173,6 @@ def run(
         lines.append(f"wrote the FID statistics of {args.reference} ({args.features} features) to {saved}")
     print("\n".join(lines))
     return values
-
-
-def note_kid_subsets(
-    subset_size: int,
-    samples: np.ndarray,
-    reference: np.ndarray | FeatureStatistics | None,
-    written: Sequence[Written],
-) -> None:
-    """A note when a --kid_subset_size the user gave was capped at the image counts: KIDs of different subset
-    sizes would be compared as alike (the default's capping is said by --help)."""
-    if not any(item.key == "kid_subset_size" for item in written):
-        return
-    counts = {"samples": len(samples)} | (
-        {"reference": len(reference)} if isinstance(reference, np.ndarray) else {}
-    )
-    which = min(counts, key=counts.__getitem__)
-    if subset_size > counts[which]:
-        print(
-            f"note: {written_as(written, 'kid_subset_size')} {subset_size} is more than the {counts[which]} "
-            f"images of the {which}: KID uses subsets of {counts[which]}",
-            file=sys.stderr,
-        )
 
 
 def describe(

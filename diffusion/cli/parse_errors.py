@@ -26,12 +26,12 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
+from diffusion.cli import type_fits
 from diffusion.cli.command_line import (
     PRINT_CONFIG,
     Written,
     alternatives,
     as_the_parser_takes,
-    check_one_name_each,
     everything_written,
     flags_written,
     has_keys_under,
@@ -55,6 +55,7 @@ from diffusion.cli.config_files import (
 )
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required
 from diffusion.cli.type_fits import fits, group_file_said, imported, one_value_said, said_of
+from diffusion.cli.written_twice import check_no_flag_replaced, check_one_name_each
 from diffusion.errors import UserError
 
 __all__ = [
@@ -143,6 +144,7 @@ def parsed_command_line(
                 raise BadCommandLine(*found)
         if item.file is not None and (found := _taken_but_unusable(parser, command_line.written, item)):
             raise BadCommandLine(*found)
+    check_no_flag_replaced(parser, command_line.written)
     remember_written(command_line.written)  # the command's later checks said as the user gave their options
     return command_line
 
@@ -241,12 +243,10 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
         # `precision: 8` (YAML's int) where only text goes, `default_root_dir: 5` where a path: the parser's words
         if isinstance(value, int | float) and (texts := _text_kinds(hint)):
             return f"{item.shown()} is a number, {texts}", f"write it in quotes: '{as_text(value)}'"
-        # `sweep: 0.1` where a list goes: its brackets missing
-        unlisted = not isinstance(value, list | dict) and not fits(hint, values, nargs)
-        if unlisted and fits(hint, [f"[{values[0]}]"], nargs):
-            return f"{item.shown()} is not a list", f"write a list in brackets, e.g. [{values[0]}]"
     if fits(hint, values, nargs):
         return None
+    if found := type_fits.unlisted_said(item.shown(), hint, item.values, nargs, item.file is not None):
+        return found  # `sweep: 0.1`, `sweep: '0.05 0.1'`: a list's items, not a list
     sections = {action.dest.split(".")[0] for action in actions(parser)}
     file_said = group_file_said(item.shown(), hint, values[-1], beside(item.file, values[-1]), sections)
     return file_said or said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
@@ -271,8 +271,8 @@ def _chooses_a_class_by_name_or_file(parser: ArgumentParser, item: Written) -> b
     value = item.values[-1] if item.values else None
     if action is None or not isinstance(value, str) or not takes_a_class(hint := declared_type(action)):
         return False
-    if isinstance(read_config_file(beside(item.file, value)), dict):
-        return True
+    if isinstance(options := read_config_file(beside(item.file, value)), dict):  # a whole config: said now
+        return not type_fits.is_a_whole_config(options, {a.dest.split(".")[0] for a in actions(parser)})
     found, classes = imported(value), tuple(kind for kind in alternatives(hint) if is_class_choice(kind))
     return isinstance(found, type) and issubclass(found, classes)
 
@@ -379,6 +379,8 @@ def _chosen_class_path(parser: ArgumentParser, written: list[Written], group: st
             value = (
                 yaml_or_none(value) if isinstance(value, str) and value.lstrip().startswith("{") else value
             )
+            if isinstance(value, str) and isinstance(read_config_file(beside(item.file, value)), dict):
+                continue  # a file of the class's options: its class_path, if any, is a key of its own after it
             chosen = value.get("class_path", chosen) if isinstance(value, dict) else str(value)
     if chosen is None:
         default = _default(parser, group)

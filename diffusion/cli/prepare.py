@@ -1,11 +1,11 @@
 """A data set prepared once: `python -m diffusion.prepare --config configs/cifar10.yaml --out DIR_OR_URL`.
 
-Takes the data flags train.py takes (`--config FILE`, whose other sections are train.py's and left alone here, and
-`--data.*`), reads the data as training would (an image folder, its class subfolders as labels with
-`--data.conditional true`; a .npy array; MNIST, Fashion-MNIST, CIFAR-10, the digits, the toy vector sets) and
-writes it to --out, a folder or object storage (s3://, gs://, az://), as a prepared set (diffusion.data.prepared):
-litdata's chunks of uint8 images at the training size (or vectors in model units), their labels and what a run
-needs to know, in --num_workers processes with a progress bar. Train on it with
+Takes the data flags train.py takes (`--config FILE`, whose other sections are train.py's and left alone here, a
+flag of theirs refused, and `--data.*`), reads the data as training would (an image folder, its class subfolders as
+labels with `--data.conditional true`; a .npy array; MNIST, Fashion-MNIST, CIFAR-10, the digits, the toy vector
+sets) and writes it to --out, a folder or object storage (s3://, gs://, az://), as a prepared set
+(diffusion.data.prepared): litdata's chunks of uint8 images at the training size (or vectors in model units), their
+labels and what a run needs to know, in --num_workers processes with a progress bar. Train on it with
 `python train.py --config <the recipe> --data.dataset streaming --data.root DIR_OR_URL` (vectors: --data.path):
 held on the device where it fits, streamed otherwise.
 
@@ -28,7 +28,7 @@ from jsonargparse.typing import PositiveInt
 
 from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
 from diffusion.cli.legacy import class_at
-from diffusion.cli.parse_errors import parsed_command_line
+from diffusion.cli.parse_errors import flags_written, parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.train_checks import class_error_as_written
 from diffusion.data import ImageDataModule, VectorDataModule
@@ -47,6 +47,9 @@ TRAINING_SECTIONS = (
     "ema",
     "sample_grid",
 )
+# A flag of those sections, refused: it would do nothing here.
+LEFT_ALONE = "section, which prepare reads only from a train.py --config file, and leaves alone"
+NOT_HERE = "drop it here and pass it to train.py; prepare takes --data.* and its own options (see --help)"
 # Sets whose every sample has a class: stored with their labels, so one prepared set serves both kinds of run.
 LABELLED_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10")
 
@@ -75,14 +78,28 @@ def build_parser() -> ArgumentParser:
     )  # fmt: skip
     group = parser.add_argument_group("train.py's sections of a --config, not used here")
     for section in TRAINING_SECTIONS:
-        group.add_argument(f"--{section}", type=Any, default=None, help="read from --config and left alone")
+        said = "read from a train.py --config file and left alone; refused as a flag"
+        group.add_argument(f"--{section}", type=Any, default=None, help=said)
     return parser
+
+
+def check_no_training_flag(argv: list[str]) -> None:
+    """Refuse a flag of train.py's sections (`--model.lr 5`, `--trainer.max_steps 9`): prepare takes them only
+    from a train.py --config file, to leave them alone, so the flag would do nothing without a word."""
+    for key, values in flags_written(argv):
+        section = key.split(".")[0]
+        if section in TRAINING_SECTIONS:
+            given = " ".join([f"--{key}", *values])
+            raise UserError(
+                f"{given}: not an option of this command (train.py's {section} {LEFT_ALONE})", NOT_HERE
+            )
 
 
 def main(argv: list[str] | None = None) -> str:
     """`python -m diffusion.prepare [flags]`: write the prepared set, return where it is."""
     with reporting_user_errors(argv):
         parser = build_parser()
+        check_no_training_flag(sys.argv[1:] if argv is None else argv)
         command_line = parsed_command_line(parser, argv)
         args = command_line.config
         named_out(args.out)  # before anything is read: "" would be the current folder

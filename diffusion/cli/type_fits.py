@@ -8,6 +8,8 @@ import functools
 import inspect
 import operator
 import os
+import re
+import shlex
 import types
 import typing
 from collections.abc import Sequence
@@ -116,6 +118,41 @@ def said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> 
     return what, f"{fix}: {'; '.join(formats)}" if formats else f"{fix} (see --help)"
 
 
+def unlisted_said(
+    shown: str, hint: Any, values: Sequence[Any], nargs: Any, in_file: bool
+) -> tuple[str, str] | None:
+    """A list option's items the parser refused as written, not as a list: one text in a file (`sweep: '0.05 0.1'`,
+    `metrics: 'fid, kid'`, a quoted `'[fid, kid]'`, a lone `0.1`), a quoted word on the command line (`--sweep
+    "0.05 0.1"`) or a list in brackets the shell split at its spaces (`--sweep [0.05, 0.1]`). Said "not a list"
+    (its item was said "not a valid float"), with the form that works made of its own items; None unless each
+    item fits."""
+    kinds = [kind for kind in alternatives(hint) if kind is not type(None)]
+    lists = kinds and all(get_origin(kind) in (list, tuple, Sequence) for kind in kinds)
+    if not (nargs in ("+", "*") or lists) or not values or any(isinstance(v, list | dict) for v in values):
+        return None
+    text = " ".join(as_text(value) for value in values)
+    items = [word for word in re.split(r"[\s,\[\]]+", text) if word]
+    listed = f"[{', '.join(items)}]"
+    if not items or not fits(hint, items if nargs in ("+", "*") else [listed], nargs):
+        return None
+    if in_file:
+        quoted = text.lstrip().startswith("[")  # `metrics: '[fid, kid]'`: YAML's text, not its list
+        return f"{shown} is not a list", (
+            f"write the list without quotes: {listed}"
+            if quoted
+            else f"write a list in brackets, e.g. {listed}"
+        )
+    flag = shown.split(" ", 1)[0]
+    fix = (
+        f'write its items with commas, {flag} {",".join(items)}, or in brackets and quotes: {flag} "{listed}"'
+    )
+    if len(values) > 1 and "[" in text:
+        return f"{flag} {text}: the shell split the list at its spaces", fix
+    if len(values) == 1 and re.search(r"[\s\[]", text):
+        return f"{flag} {shlex.quote(text)} is one word, not a list", fix
+    return None
+
+
 def one_value_said(shown: str, hint: Any, value: Any, nargs: Any = None) -> tuple[str, str] | None:
     """A list or a mapping (YAML's: a config file's value, a class's argument given as a flag) where one value of
     `hint` goes, whose text passes as a str (`samples: [a.npz]`, which the parser refused in its own words); None
@@ -139,7 +176,8 @@ def group_file_said(
 ) -> tuple[str, str] | None:
     """A class option's value that names a YAML file (`--model.network net.yaml`; `path`: as the parser reads it)
     and that the parser refused: missing, or a whole config (its keys the command's `sections`, no class_path or
-    init_args). Said as a class path, it was `no such class (No module named 'net')`. None for any other value."""
+    init_args), or a file of the class's arguments alone (said only if none of them is wrong: no class is chosen
+    for them). Said as a class path, it was `no such class (No module named 'net')`. None for any other value."""
     if not any(is_class_choice(kind) for kind in alternatives(hint)):
         return None
     if not value.endswith((".yaml", ".yml")) and "/" not in value and os.sep not in value:
@@ -150,17 +188,33 @@ def group_file_said(
             "pass the path of an existing YAML file of its class_path and init_args, or a class path",
         )
     options = read_config_file(path)
-    if (
-        isinstance(options, dict)
-        and not {"class_path", "init_args"} & set(options)
-        and sections & set(options)
-    ):
+    if is_a_whole_config(options, sections):
         keys = ", ".join(map(str, list(options)[:3]))
         return (
             f"{shown}: the file is a whole config (its keys: {keys}), not this option's class_path and init_args",
             "pass it as --config FILE, or here a file of this option's class_path and init_args",
         )
+    if isinstance(options, dict) and "class_path" not in options:
+        # only its class's arguments, and none of them wrong: no class was chosen before it (`--trainer.logger
+        # false --trainer.logger lg.yaml`), where one would take them
+        return (
+            f"{shown}: the file names no class_path",
+            "write class_path: module.Class in it, its arguments under init_args:, or choose the class before it",
+        )
     return None
+
+
+def is_a_whole_config(options: Any, sections: set[str]) -> bool:
+    """Whether a file given to a class option holds a whole config: its keys the command's `sections`, no
+    class_path or init_args."""
+    keys = set(options) if isinstance(options, dict) else set()
+    return not {"class_path", "init_args"} & keys and bool(sections & keys)
+
+
+_NULLS = ("null", "None", "~")
+CLASS_PATH_FIX = (
+    "pass the class path of a class that exists, as module.Class (see --help for the accepted classes)"
+)
 
 
 def _class_said(shown: str, classes: list[type], value: str, only_classes: bool) -> tuple[str, str] | None:
@@ -171,12 +225,13 @@ def _class_said(shown: str, classes: list[type], value: str, only_classes: bool)
         path = item.get("class_path") if isinstance(item, dict) else item
         if not isinstance(path, str) or not path or ("." not in path and not only_classes):
             continue
+        if path in _NULLS:  # no class where one is needed (an optional one takes null at parse)
+            return f"{shown}: this option needs a class", CLASS_PATH_FIX
         found = imported(path)
         if isinstance(found, str):
             return (
                 f"{shown}: no such class ({found})",
-                "pass the class path of a class that exists, as module.Class (see --help for the accepted "
-                "classes)",
+                CLASS_PATH_FIX,
             )
         if isinstance(found, type) and not issubclass(found, tuple(classes)):
             kinds = " or ".join(cls.__name__ for cls in classes)

@@ -19,7 +19,6 @@ litdata is the `scale` extra's: imported only when a prepared set is used.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -55,7 +54,12 @@ PREPARED_FILE = re.compile(
 NO_LABEL_STORED = -1
 Encoding = Literal["auto", "raw", "png", "jpeg"]
 RAW_UP_TO = 64  # "auto": raw pixels up to 64 px (12 kB an RGB image, decoded for free), PNG above
-URL_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://")
+# The object storage a URL names first, by scheme: `s3://BUCKET/PATH`.
+URL_STORES = {
+    "s3://": "bucket", "gs://": "bucket", "gcs://": "bucket", "az://": "container", "abfs://": "container",
+    "http://": "host", "https://": "host",
+}  # fmt: skip
+URL_SCHEMES = tuple(URL_STORES)
 INSTALL_HINT = "install the scale extra: pip install -c constraints.txt -e '.[scale]'"
 # Object storage that does not answer is said within seconds, not after minutes of retries.
 # http:// endpoints too (a local MinIO, AWS_ENDPOINT_URL=http://...): the scheme is the user's choice.
@@ -78,6 +82,18 @@ def litdata() -> Any:
 
 def is_url(root: str) -> bool:
     return root.startswith(URL_SCHEMES)
+
+
+def store_named(root: str, flag: str = "") -> str:
+    """`root`, refused where it is a URL that names no bucket (container, host): `s3://`, `s3:///set`; before the
+    store is asked, which would say obstore's parse of it and blame the network."""
+    scheme = next((s for s in URL_SCHEMES if root.startswith(s)), None)
+    if scheme is not None and not root[len(scheme) :].split("/")[0].strip():
+        store = URL_STORES[scheme]
+        raise InvalidValue(
+            f"{flag + ' ' if flag else ''}{root}: names no {store}", f"pass {scheme}{store.upper()}/PATH"
+        )
+    return root
 
 
 def joined(root: str, *names: str) -> str:
@@ -129,6 +145,7 @@ def in_object_storage(operation: str, root: str, argument: Any = None) -> Any:
     """`operation` ("get", "put", "list", "delete") on the store at URL `root`, in a process of its own
     (`diffusion.data.object_store` says why); None for a file that is not there."""
     litdata()  # obstore comes with it
+    store_named(root)  # the commands' flags were checked: the last guard, for a Python caller
     request = (operation, root.rstrip("/"), argument, CLIENT_OPTIONS, RETRIES)
     done = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("object_store.py"))],
@@ -197,14 +214,14 @@ def not_prepared(root: str, listed: dict[str, int] | None = None) -> list[str]:
             found += [f"{entry.name}/{name}" for name in not_prepared(str(entry))]
         elif entry.name in PARTS and entry.is_dir() and not entry.is_symlink():
             found += [
-                f"{entry.name}/{_shown(inner)}" for inner in entry.iterdir() if not _prepares(inner, base)
+                f"{entry.name}/{_shown(inner)}" for inner in entry.iterdir() if not prepares_file(inner, base)
             ]
-        elif not _prepares(entry, base):
+        elif not prepares_file(entry, base):
             found.append(_shown(entry))
     return sorted(found)
 
 
-def _prepares(entry: Path, base: Path) -> bool:
+def prepares_file(entry: Path, base: Path) -> bool:
     """A file (not a link) of the name a prepare writes."""
     return (
         entry.is_file()
@@ -226,41 +243,12 @@ def _entry_of(name: str) -> str:
     return first + ("/" if rest else "")
 
 
-def clear(root: str) -> None:
-    """Remove the files a prepare writes under `root` (`written_by_a_prepare`), and its part folders once empty:
-    a set a prepare was asked to replace, or what a prepare that failed wrote. Nothing else is touched."""
-    if is_url(root):
-        names = [name for name in listing(root) if written_by_a_prepare(name)]
-        if names:
-            in_object_storage("delete", root, names)
-        return
-    base = Path(root)
-    if not base.is_dir():
-        return
-    for staged in (base / STAGING, base / REPLACED):  # a stopped prepare's, or a replaced set's
-        if staged.is_dir() and not staged.is_symlink():
-            clear(str(staged))
-            with contextlib.suppress(OSError):
-                staged.rmdir()
-    for part in PARTS:
-        folder = base / part
-        if folder.is_dir() and not folder.is_symlink():
-            for entry in folder.iterdir():
-                if _prepares(entry, base):
-                    entry.unlink()
-            with contextlib.suppress(OSError):  # not empty: something of the user's is left there
-                folder.rmdir()
-    for entry in base.iterdir():
-        if _prepares(entry, base):
-            entry.unlink()
-
-
 # --- Opening a prepared set: everything checked before any time is spent -------------------------------------
 
 
 def open_prepared(root: str, flag: str = "{--root}") -> PreparedSet:
     """The prepared set at `root`, checked: finished, not damaged, of this version; else a UserError naming it."""
-    root = str(root)
+    root = store_named(str(root), flag)
     prepare = "python -m diffusion.prepare {command:--config} <the recipe> {command:--out} "
     if not is_url(root) and Path(root).expanduser().is_file():
         raise InvalidValue(

@@ -12,19 +12,14 @@ that training refuses and that a new prepare replaces only when asked to (`overw
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import multiprocessing
 import multiprocessing.util
 import os
 import pickle
 import shutil
-import signal
 import sys
 import tempfile
-import threading
-import time
-import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +30,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from diffusion.core.guidance import NO_LABEL
+from diffusion.data.optimizing import PREPARE_ON_ANOTHER_DISK, in_a_process_group_of_its_own
 from diffusion.data.prepared import (
     INDEX,
     MANIFEST,
@@ -45,20 +41,21 @@ from diffusion.data.prepared import (
     STAGING,
     Encoding,
     PreparedSet,
-    clear,
+    in_object_storage,
     is_url,
     joined,
     listing,
     litdata,
     not_prepared,
+    prepares_file,
     read_bytes,
     sha256,
+    store_named,
     write_bytes,
+    written_by_a_prepare,
 )
 from diffusion.errors import CannotWrite, DiskFull, InvalidValue, UserError, WrongType, is_disk_full
 
-_DISK_FULL_EXIT = 28  # the optimizing process's exit status for a full disk (ENOSPC's number)
-PREPARE_ON_ANOTHER_DISK = "free space there, or pass another {command:--out}; what this prepare wrote is removed, nothing else touched"
 # --overwrite of a finished set in a folder: the old set is kept until the new one is finished, so the disk holds both
 KEPT_ON_ANOTHER_DISK = "free space there (until the new set is finished, the disk holds it and the set it replaces), or pass another {command:--out}; what this prepare wrote is removed, the prepared set there before is kept"
 # --overwrite of an unfinished prepare's files, or of a set in object storage: those went first
@@ -243,8 +240,37 @@ def swap_in(out: str, staged: str) -> None:
         )
 
 
+def clear(root: str) -> None:
+    """Remove the files a prepare writes under `root` (`written_by_a_prepare`), and its part folders once empty:
+    a set a prepare was asked to replace, or what a prepare that failed wrote. Nothing else is touched."""
+    if is_url(root):
+        names = [name for name in listing(root) if written_by_a_prepare(name)]
+        if names:
+            in_object_storage("delete", root, names)
+        return
+    base = Path(root)
+    if not base.is_dir():
+        return
+    for staged in (base / STAGING, base / REPLACED):  # a stopped prepare's, or a replaced set's
+        if staged.is_dir() and not staged.is_symlink():
+            clear(str(staged))
+            with contextlib.suppress(OSError):
+                staged.rmdir()
+    for part in PARTS:
+        folder = base / part
+        if folder.is_dir() and not folder.is_symlink():
+            for entry in folder.iterdir():
+                if prepares_file(entry, base):
+                    entry.unlink()
+            with contextlib.suppress(OSError):  # not empty: something of the user's is left there
+                folder.rmdir()
+    for entry in base.iterdir():
+        if prepares_file(entry, base):
+            entry.unlink()
+
+
 def named_out(out: Any) -> str:
-    """`out` as text, refused where it names no folder (`""` would be the current one)."""
+    """`out` as text, refused where it names no folder (`""` would be the current one) or no bucket (`s3://`)."""
     if isinstance(out, os.PathLike):
         out = os.fspath(out)
     if not isinstance(out, str):
@@ -256,7 +282,7 @@ def named_out(out: Any) -> str:
             f"{{command:--out}} {out!r} names no folder",
             "pass the folder (or s3://, gs://, az:// URL) to write the prepared set into",
         )
-    return out
+    return store_named(out, "{command:--out}")  # before the store is asked
 
 
 def check_apart_from_the_data(out: str, sources: list[tuple[str, str, str]]) -> None:
@@ -322,67 +348,6 @@ def write_parts(
         in_a_process_group_of_its_own(lit.optimize, optimize, errors)
         counts[part] = len(inputs)
     return counts
-
-
-def in_a_process_group_of_its_own(optimize: Any, kwargs: dict[str, Any], errors: str) -> None:
-    """litdata.optimize(**kwargs) in a child process leading a process group of its own, which is killed whole once
-    it returns, fails or is interrupted: when one of litdata's workers fails it stops the others with SIGTERM, and
-    the processes those had started (uploaders, removers) would outlive the prepare. A user's error met in a worker
-    (`SampleWriter`) is raised here as itself; any other failure is a bug, with litdata's report."""
-    process = multiprocessing.get_context("fork").Process(target=_optimizing, args=(optimize, kwargs, errors))
-    process.start()
-    try:
-        process.join()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # type: ignore[arg-type]  # started: it has a pid
-        process.join()
-    met = sorted(Path(errors).glob("*.pickle"))
-    if met:
-        raise pickle.loads(met[0].read_bytes())
-    if process.exitcode == _DISK_FULL_EXIT:
-        raise DiskFull(Path(kwargs["output_dir"]), "the prepared set's chunks", PREPARE_ON_ANOTHER_DISK)
-    if process.exitcode != 0:
-        raise RuntimeError(
-            f"litdata.optimize failed (its process's exit status {process.exitcode}; its report above)"
-        )
-
-
-def _optimizing(optimize: Any, kwargs: dict[str, Any], errors: str) -> None:
-    os.setpgrp()
-    threading.Thread(target=_ending_with_parent, args=(os.getppid(),), daemon=True).start()
-    # Forked from a process whose OpenMP threads ran (reading and resizing the source): their pool does not exist
-    # here, and the first parallel region would wait on it for ever. One thread, as DataLoader workers do.
-    torch.set_num_threads(1)
-    try:
-        optimize(**kwargs)
-    except Exception as error:
-        full = _says_the_disk_is_full(error)  # said by the parent: a full disk may not take even a report
-        if not full and not any(
-            Path(errors).glob("*.pickle")
-        ):  # a bug: its report; a user's error: the parent's
-            traceback.print_exc()
-        sys.stderr.flush()
-        # Not sys.exit: a process that exits so joins its children first, and a litdata worker left waiting on its
-        # queue (one worker on a full disk) would hold the prepare for ever; the parent kills the group.
-        os._exit(_DISK_FULL_EXIT if full else 1)
-
-
-def _says_the_disk_is_full(error: BaseException) -> bool:
-    """A full disk met by one of litdata's workers: litdata passes on a worker's error as the text of its
-    traceback, in a RuntimeError of its own, so the OSError's errno is read from that text."""
-    full = [f"[Errno {code}] {os.strerror(code)}" for code in (errno.ENOSPC, errno.EDQUOT)]
-    return any(text in str(error) for text in full) or (
-        isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-    )
-
-
-def _ending_with_parent(parent: int) -> None:
-    """The whole group killed once the prepare that started it is gone: a prepare killed by SIGKILL (or the OOM
-    killer) cannot kill the group itself, and its writers would go on writing chunks nobody will index."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os.killpg(0, signal.SIGKILL)
 
 
 def encoded_sample(sample: np.ndarray, encoding: str) -> np.ndarray | bytes:

@@ -52,12 +52,15 @@ def _has(thing: Any, member: str) -> bool:
     return True
 
 
-def check_float32(module: Any) -> None:
-    """A module whose noise schedule is float32 and whose weights are not 16-bit, as sampling draws its noise and
-    runs the schedule in float32: one converted with `.half()` or `.to(torch.bfloat16)` ended in torch's dtype
-    error at its first layer, and its schedule's coefficients are rounded too (a tiny model's `.half().float()`
-    then sampled NaN). 16-bit speed is the network's alone, under autocast
-    (`diffusion.generation.precision.network_precision`, the sample command's --precision)."""
+def check_model_can_sample(module: Any) -> None:
+    """A module whose weights and noise schedule can be sampled with, refused before any sampling otherwise:
+    its weights hold values, all finite (not on the meta device, no NaN or infinity: `check_weights_readable`);
+    its noise schedule's coefficients are float32 and finite; its weights are not 16-bit, as sampling draws its
+    noise and runs the schedule in float32: one converted with `.half()` or `.to(torch.bfloat16)` ended in torch's
+    dtype error at its first layer, and its schedule's coefficients are rounded too (a tiny model's
+    `.half().float()` then sampled NaN). 16-bit speed is the network's alone, under autocast
+    (`diffusion.generation.precision.network_precision`, the sample command's --precision). A bare `Sampleable`
+    (not a torch module) is its own to check."""
     if not isinstance(module, torch.nn.Module):
         return  # a bare Sampleable: its tensors are its own to type
     check_weights_readable(module)
@@ -98,7 +101,7 @@ def schedule_values_fine(values: torch.Tensor, ends_at_zero: bool) -> bool:
 
 
 def check_weights_readable(module: torch.nn.Module) -> None:
-    """A module whose weights hold values, all finite (`check_float32`'s first step): one moved to the meta
+    """A module whose weights hold values, all finite (`check_model_can_sample`'s first step): one moved to the meta
     device ended in torch's NotImplementedError, and one whose weights are NaN (a diverged run's checkpoint)
     sampled NaN without a word. One pass over the weights, one device sync: little beside any sampling."""
     parameters = dict(module.named_parameters())

@@ -33,8 +33,8 @@ from diffusion.core.samplers.contract import Denoiser, Sampler
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.arguments import (
-    check_float32,
     check_guidance_fits,
+    check_model_can_sample,
     check_module,
     check_result_fits_memory,
     check_sampler_and_switches,
@@ -145,7 +145,7 @@ def generate(
     (`generate_in_chunks` streams more).
     """
     check_module(module, SAMPLEABLE_MEMBERS)
-    check_float32(module)
+    check_model_can_sample(module)
     sampler = sampler_from_deprecated_options(module, sampler, options)
     num_samples, seed, batch_size, rank, world_size = checked_counts(
         num_samples, seed, batch_size, rank, world_size

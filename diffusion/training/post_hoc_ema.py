@@ -24,7 +24,15 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from diffusion.errors import InvalidValue, MissingFile, OutOfRange, UserError, WrongType, check_whole_number
+from diffusion.errors import (
+    InvalidValue,
+    MissingFile,
+    OutOfRange,
+    UserError,
+    WrongType,
+    check_real,
+    check_whole_number,
+)
 from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, remove_leftovers, save_atomically
 from diffusion.training.checkpoint_files import check_finite, check_zip_checksums
 from diffusion.training.divergence import check_weights
@@ -129,11 +137,15 @@ class PostHocEMA:
     """
 
     def __init__(self, sigma_rels: Sequence[float], snapshot_every: int, max_snapshot_gb: float) -> None:
-        sigma_rels = [float(s) for s in sigma_rels]
+        fix = "pass ema.sigma_rels as a list of floats, e.g. [0.05, 0.1] (EDM2's)"
+        if not isinstance(sigma_rels, list | tuple):  # a str would be read a character at a time
+            raise WrongType("ema.sigma_rels", sigma_rels, "a list of numbers", fix)
         if not sigma_rels:
             raise InvalidValue("ema.sigma_rels is empty", "pass at least one, e.g. [0.05, 0.1] (EDM2's)")
-        for sigma_rel in sigma_rels:
+        for sigma_rel in sigma_rels:  # checked as given: "0.1" or True is refused, not converted
+            check_real("ema.sigma_rels: sigma_rel", sigma_rel, fix)
             check_sigma_rel(sigma_rel, "ema.sigma_rels: sigma_rel")
+        sigma_rels = [float(s) for s in sigma_rels]
         if len({snapshot_name(1, s) for s in sigma_rels}) != len(sigma_rels):
             raise InvalidValue(
                 f"ema.sigma_rels={sigma_rels} repeats a value", "pass distinct ones, e.g. [0.05, 0.1]"

@@ -20,7 +20,7 @@ from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
-from diffusion.generation.arguments import check_float32, checked_seed
+from diffusion.generation.arguments import check_model_can_sample, checked_seed
 
 LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
 SHAPE_FIX = "pass the shape of one sample: (C, H, W) for images, (D,) for vectors, e.g. (1, 8, 8)"
@@ -219,6 +219,6 @@ class SamplingModule(L.LightningModule):
             "num_samples", num_samples, 1, "pass how many samples to draw, e.g. module.sample(64)"
         )
         check_bool("progress", progress)  # "no" is truthy: a bar, as generate refuses it
-        check_float32(self)  # a .half() module ended in torch's dtype error at its first layer
+        check_model_can_sample(self)  # a .half() module ended in torch's dtype error at its first layer
         x_T, generator = self.initial_noise(num_samples, seed, indices)
         return final_sample(self.trajectory(x_T, generator, options, progress, labels))

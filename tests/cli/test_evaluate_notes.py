@@ -60,6 +60,91 @@ def test_paths_under_home_are_read_there(images, tmp_path, monkeypatch, capsys):
     """`save_stats: ~/s.npz` in a config file wrote into a folder literally named ~ (J8, as sample's --out did)."""
     monkeypatch.setenv("HOME", str(images))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "run.yaml").write_text("samples: ~/samples.npz\nreference: ~/reference.npz\nsave_stats: ~/s.npz\n")
+    (tmp_path / "run.yaml").write_text(
+        "samples: ~/samples.npz\nreference: ~/reference.npz\nsave_stats: ~/s.npz\n"
+    )
     evaluate.main(["--config", "run.yaml", "--features", "pixels", "--metrics", "fid"])
     assert (images / "s.npz").is_file() and not (tmp_path / "~").exists()
+
+
+def fid_args(folder, reference="digits"):
+    """The 16 samples against `reference` (the bundled 8x8 digits by default), pixel FD alone."""
+    return ["--samples", str(folder / "samples.npz"), "--reference", reference, "--features", "pixels",
+            "--metrics", "fid"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("given", "note"),
+    [
+        (
+            ["--inception_weights", "/nonexistent.pth"],  # not read, so not checked either
+            "note: --inception_weights /nonexistent.pth is not used: --features pixels computes no Inception "
+            "features (the file is not read)",
+        ),
+        (
+            ["--overwrite"],
+            "note: --overwrite is not used: it replaces an existing --save_stats file, and no --save_stats is "
+            "given",
+        ),
+        (
+            ["--data_root", "nope"],
+            "note: --data_root nope is not used: it is the folder a dataset --reference (mnist, fashion_mnist, "
+            "cifar10, folder, streaming) is downloaded to or read from, and --reference digits is bundled "
+            "(scikit-learn's 8x8 digits)",
+        ),
+        (["--kid_subset_size", "4"], "note: --kid_subset_size 4 is not used: no KID is computed (see --metrics)"),
+    ],
+    ids=["inception_weights", "overwrite", "data_root", "kid_subset_size"],
+)
+def test_an_option_that_does_nothing_here_is_said_unused(images, capsys, given, note):
+    values = evaluate.main([*fid_args(images), *given])
+    err = capsys.readouterr().err
+    assert note in err and err.count("is not used") == 1
+    assert values == evaluate.main(fid_args(images))  # the same figure as without it
+    assert "is not used" not in capsys.readouterr().err
+
+
+def test_options_a_file_reference_does_not_use_are_said_unused(images, capsys):
+    reference = str(images / "reference.npz")
+    evaluate.main([*fid_args(images, reference), "--image_size", "16", "--data_root", "nope"])
+    err = capsys.readouterr().err
+    assert (
+        f"note: --image_size 16 is not used: it is the size a dataset --reference is rendered at, and --reference "
+        f"{reference} is a file, not a dataset (its images are used as they are)" in err
+    )
+    assert "note: --data_root nope is not used: it is the folder a dataset --reference" in err
+
+
+def test_options_set_by_a_config_file_are_said_by_its_key(images, capsys):
+    (images / "run.yaml").write_text("overwrite: true\ninception_weights: w.pth\n")
+    evaluate.main([*fid_args(images), "--config", str(images / "run.yaml")])
+    err = capsys.readouterr().err
+    assert "run.yaml: overwrite true is not used: it replaces an existing --save_stats file" in err
+    assert "run.yaml: inception_weights w.pth is not used: --features pixels" in err
+
+
+def test_an_image_size_of_pixel_features_is_said_pooled_to_8x8(images, capsys):
+    """Digits rendered at 16 and area-averaged back to 8x8 are the originals: the figure is the default's, and
+    the user asked for 16 without a word saying so (M2)."""
+    values = evaluate.main([*fid_args(images), "--image_size", "16"])
+    assert (
+        "note: --image_size 16 renders the reference at 16x16, and pixel features area-average every image to "
+        "8x8: the 8x8 samples and the reference are compared at 8x8 whatever the reference's size"
+        in capsys.readouterr().err
+    )
+    assert values == evaluate.main(fid_args(images))
+    evaluate.main([*fid_args(images), "--image_size", "8"])  # the samples' size: what it does without it
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_an_image_size_that_inception_would_compare_with_other_samples_is_refused(images, capsys):
+    """Refused before the reference is read or any Inception model built (no download, no torch-fidelity)."""
+    args = [*fid_args(images), "--features", "inception", "--image_size", "16"]
+    with pytest.raises(SystemExit) as stop:
+        evaluate.main(args)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --image_size 16 renders the reference at 16x16, and the samples are 8x8 — Inception features "
+        "compare images of one size: leave --image_size out (a dataset reference is rendered at the samples' "
+        "size), or pass --features pixels, which pools both to 8x8"
+    )

@@ -162,6 +162,58 @@ def test_an_option_given_under_its_old_and_its_new_name_is_refused_if_they_diffe
         )
 
 
+@pytest.mark.parametrize(
+    ("before", "in_the_file", "replaced"),
+    [
+        (["--lr", "0.5"], {"lr": 0.001}, "lr 0.001"),
+        (["--metrics", "fid"], {"metrics": ["fid", "kid"]}, "metrics [fid, kid]"),
+        (["--optimizer.lr", "0.5"], {"optimizer": {"lr": 0.2}}, "optimizer.lr 0.2"),
+        (["--sweep", "0.1", "0.2"], {"sweep": [0.1]}, "sweep [0.1]"),
+        (
+            ["--data", "ImageDataModule"],
+            {"data": {"class_path": "diffusion.data.VectorDataModule"}},
+            "data diffusion.data.VectorDataModule",
+        ),
+    ],
+)
+def test_a_flag_a_later_config_file_replaces_is_refused(before, in_the_file, replaced, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(in_the_file))
+    with pytest.raises(UserError) as refusal:  # the file's value would win: the flag would do nothing
+        parse_command_line(a_parser(), ["--out", "s", *before, "--config", str(config)])
+    assert str(refusal.value) == (
+        f"--{' '.join(before)[2:]} is replaced by {config}: {replaced}, which comes after it (the last value wins) "
+        f"— put {before[0]} after --config {config}, or give it once"
+    )
+    # After the file, the flag is the documented way to change one of its options.
+    parse_command_line(a_parser(), ["--out", "s", "--config", str(config), *before])
+
+
+@pytest.mark.parametrize(
+    ("before", "in_the_file"),
+    [
+        (["--lr", "1e-3"], {"lr": 0.001}),  # one value, two spellings
+        (["--metrics", "fid", "kid"], {"metrics": ["fid", "kid"]}),
+        (["--metrics", "[fid, kid]"], {"metrics": ["fid", "kid"]}),
+        (["--out", "s"], {"out": "s"}),
+        (["--lr", "0.5"], {"subset": 3}),  # another option
+        (["--data", "VectorDataModule"], {"data": {"class_path": "diffusion.data.VectorDataModule"}}),
+    ],
+)
+def test_a_flag_a_later_file_repeats_or_leaves_alone_is_taken(before, in_the_file, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(in_the_file))
+    parse_command_line(a_parser(), ["--out", "s", *before, "--config", str(config)])
+
+
+def test_config_files_one_after_another_layer_as_documented(tmp_path):
+    base, override = tmp_path / "base.yaml", tmp_path / "override.yaml"
+    base.write_text("lr: 0.5\nsubset: 3\n")
+    override.write_text("lr: 0.25\n")
+    config = parse_command_line(a_parser(), ["--out", "s", "--config", str(base), "--config", str(override)])
+    assert (config.lr, config.subset) == (0.25, 3)
+
+
 # ---- list flags: the forms users write -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("flags", "key", "expected"),

@@ -378,3 +378,12 @@ def test_a_group_file_missing_or_a_whole_config_is_said_as_a_file_not_a_class(tm
     )
     for flag in ("--model.network", "--data"):
         assert train_line([flag, "whole.yaml"], capsys).startswith(f"{flag} whole.yaml: {whole}")
+
+
+def test_null_where_a_class_is_needed_is_said_so(tmp_path, monkeypatch, capsys):
+    """`--model.network null` was `no such class (module 'diffusion' has no attribute 'null')`."""
+    monkeypatch.chdir(tmp_path)
+    needs = "this option needs a class — pass the class path of a class that exists, as module.Class"
+    assert train_line(["--model.network", "null"], capsys).startswith(f"--model.network null: {needs}")
+    Path("run.yaml").write_text("model:\n  network: null\n")
+    assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: model.network null: {needs}")

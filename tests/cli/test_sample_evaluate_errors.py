@@ -13,6 +13,7 @@ from helpers.user_errors import fill, in_a_config_file, run_in_process
 from torchvision import datasets
 
 from diffusion.cli import evaluate, sample
+from diffusion.cli.command_line import flags_written
 
 SAMPLE_CASES = {
     "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),
@@ -122,8 +123,11 @@ def test_sample_says_a_bad_value_of_a_config_file_by_the_files_key(case, expecte
     is the one taken), by the file and its key."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
-    args = ["--ckpt", str(good), "--out", str(user / "new"), "--sampler", "ddim", "--steps", "2", "--num_samples",
-            "2", *in_a_config_file(fill(SAMPLE_CASES[case][0], user), user)]  # fmt: skip
+    flags = fill(SAMPLE_CASES[case][0], user)
+    in_the_file = {key for key, _ in flags_written(flags)}  # a flag before the file that sets it is refused
+    base = {"ckpt": str(good), "out": str(user / "new"), "sampler": "ddim", "steps": "2", "num_samples": "2"}
+    args = [word for key, value in base.items() if key not in in_the_file for word in (f"--{key}", value)]
+    args += in_a_config_file(flags, user)
     assert re.search(expected, run_in_process(sample.main, args, user, capsys))
 
 
