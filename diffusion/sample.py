@@ -1,6 +1,9 @@
 """`python -m diffusion.sample`: the command lives in `diffusion.cli.sample`."""
 
-from diffusion.cli.sample import main
+from diffusion.starting import stopping_while_starting
+
+with stopping_while_starting(__name__):  # Ctrl+C while torch and the rest import: one line, not a traceback
+    from diffusion.cli.sample import main
 
 if __name__ == "__main__":
     main()

@@ -36,7 +36,7 @@ from diffusion import (
     to_uint8,
 )
 from diffusion.errors import OutOfRange, WrongType
-from diffusion.training.post_hoc_ema import find_snapshots, reconstruct
+from diffusion.training.post_hoc_ema import PostHocEMA, find_snapshots, reconstruct
 
 NORMALIZATION = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
 IMAGES = torch.zeros(4, 1, 2, 2)
@@ -145,6 +145,9 @@ CASES = [
     ("indexed-fractional-label", lambda: IndexedDataset([(X_T[0], 1.5)], with_labels=True)[0], TypeError,
      "with_labels"),
     ("indexed-text-as-bool", lambda: IndexedDataset([X_T[0]], with_labels="yes"), TypeError, "with_labels"),
+    # no dataset was taken, and failed at the first len() in torch's words
+    ("indexed-none", lambda: IndexedDataset(None), TypeError, "base"),
+    ("indexed-number-as-transform", lambda: IndexedDataset([X_T[0]], transform=3), TypeError, "transform"),
     # Batch: built from anything, found (if at all) inside training
     ("batch-list-as-x", lambda: Batch([1, 2], torch.arange(2)), TypeError, "x"),
     ("batch-short-index", lambda: Batch(torch.rand(4, 2), torch.arange(3)), ValueError, "index"),
@@ -166,6 +169,16 @@ CASES = [
     ("schedule-text-as-bool", lambda: NoiseSchedule(zero_terminal_snr="no"), TypeError, "zero_terminal_snr"),
     ("module-bool-as-lr", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,), lr=True), TypeError,
      "lr"),
+    # a noise seed out of [0, 2**64) was taken modulo 2**64: another seed's training noise, without a word
+    ("module-negative-noise-seed", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,), noise_seed=-1),
+     ValueError, "noise_seed"),
+    ("module-huge-noise-seed", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,),
+                                                       noise_seed=2**70 + 5), ValueError, "noise_seed"),
+    # a normalization that fits no sample was kept, and refused only when rendering, by a line blaming the render
+    ("module-normalization-miscounted", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,),
+     normalization={"shift": [0.0], "scale": [1.0, 1.0]}), ValueError, "normalization"),
+    ("module-normalization-zero-scale", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,),
+     normalization={"shift": [0.0, 0.0], "scale": [0.0, 1.0]}), ValueError, "normalization['scale'][0]"),
     # linear betas that would reach 1 were clipped at 0.999; sizes no memory holds ended in torch's allocation error
     ("schedule-huge", lambda: NoiseSchedule(num_timesteps=2**40), ValueError, "num_timesteps"),
     ("mlp-huge", lambda: MLP(hidden_dim=2**40), ValueError, "hidden_dim"),
@@ -194,6 +207,7 @@ CASES = [
     # load_checkpoint
     ("latest-number-as-folder", lambda: latest_checkpoint(3, "digits"), TypeError, "save_dir"),
     ("latest-number-as-name", lambda: latest_checkpoint("runs", 7), TypeError, "name"),
+    ("latest-empty-name", lambda: latest_checkpoint("runs", ""), ValueError, "name=''"),
     ("load-number-as-path", lambda: load_checkpoint(3), TypeError, "path"),
     ("load-module-as-path", lambda: load_checkpoint(UNCONDITIONAL), TypeError, "path"),
     ("load-number-as-weights", lambda: load_checkpoint("x.ckpt", weights=1), TypeError, "weights"),
@@ -282,6 +296,13 @@ CASES = [
     ("quality-lone-metric", lambda: SampleQuality("pixels", "fid", channels=1), TypeError, "metrics"),
     ("quality-no-metric", lambda: SampleQuality("pixels", [], channels=1), ValueError, "metrics"),
     ("quality-two-channels", lambda: SampleQuality("pixels", channels=2), ValueError, "channels"),
+    # refused before the Inception weights load (or download): is_splits 0 was found after them
+    ("quality-zero-is-splits", lambda: SampleQuality("inception", ["is"], is_splits=0), ValueError, "is_splits"),
+    ("quality-zero-kid-subsets", lambda: SampleQuality("pixels", channels=1, kid_subsets=0), ValueError,
+     "kid_subsets"),
+    # a missing weights file was said as a failed download, whose fix was to pass a local copy
+    ("quality-missing-inception-weights", lambda: SampleQuality("inception", ["is"], inception_weights="no.pth"),
+     FileNotFoundError, "inception_weights=no.pth"),
     ("quality-model-units", lambda: SampleQuality("pixels", ["fid"], channels=1).update(IMAGES - 1, real=True),
      ValueError, "images"),
     # post-hoc EMA: a str sigma_rel failed at '<', a list of paths with an AttributeError, [] blamed the training
@@ -291,6 +312,10 @@ CASES = [
     ("phema-paths-as-snapshots", lambda: reconstruct(["x.pt"], 0.1), TypeError, "snapshots"),
     ("phema-no-snapshots", lambda: reconstruct([], 0.1), ValueError, "snapshots"),
     ("phema-missing-folder", lambda: find_snapshots("nope_dir"), FileNotFoundError, "folder"),
+    # PostHocEMA turned "0.1" and True into numbers before checking them
+    ("posthoc-text-sigma-rel", lambda: PostHocEMA(["0.1"], 100, 2.0), TypeError, "sigma_rels"),
+    ("posthoc-bool-sigma-rel", lambda: PostHocEMA([0.05, True], 100, 2.0), TypeError, "sigma_rels"),
+    ("posthoc-text-sigma-rels", lambda: PostHocEMA("0.1", 100, 2.0), TypeError, "sigma_rels"),
 ]  # fmt: skip
 
 

@@ -170,5 +170,5 @@ def test_a_schedule_that_is_none_is_a_value_error():
 
 def test_inception_weights_that_cannot_be_read_are_an_os_error(tmp_path):
     pytest.importorskip("torch_fidelity")
-    with pytest.raises(OSError, match="could not load the InceptionV3 weights"):
+    with pytest.raises(OSError, match=r"^inception_weights=.*nope\.pth does not exist — "):
         SampleQuality(features="inception", inception_weights=str(tmp_path / "nope.pth"))

@@ -274,7 +274,8 @@ def build_quality(
         if not Path(weights).is_file():
             raise MissingFile(f"--inception_weights {weights} does not exist", fix)
     options = dict(
-        channels=channels, kid_subset_size=args.kid_subset_size, inception_weights=weights,
+        channels=channels, kid_subset_size=args.kid_subset_size,
+        inception_weights=weights if args.features == "inception" else None,  # else noted unused
         reference=reference if isinstance(reference, FeatureStatistics) else None,
     )  # fmt: skip
     if args.features != "inception" or weights is None:

@@ -12,8 +12,8 @@ refused in one line (export them with --format safetensors). Needs `pip install 
 
 The EMA weights by default (--weights raw: the raw ones; a run without EMA has only raw weights). DIR must be
 new or empty: --overwrite replaces what an earlier export wrote there. The files are written to a temporary
-folder next to DIR and moved in once complete. A user error ends in one line on stderr and exit status 2;
---debug (or DIFFUSION_DEBUG=1) shows its traceback.
+folder next to DIR (in DIR where that is another filesystem: a mount point) and moved in once complete. A user
+error ends in one line on stderr and exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 
 import os
@@ -24,14 +24,14 @@ from typing import Literal
 
 from jsonargparse import ArgumentParser
 
-from diffusion.cli.flags import add_flags, check_writable_folder, command_parser, given_checkpoint
+from diffusion.cli.flags import add_flags, check_path_given, check_writable_folder, command_parser
 from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
 from diffusion.errors import UserError, naming_a_full_disk
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
-from diffusion.training.loading import load_checkpoint
+from diffusion.training.loading import load_checkpoint, model_source
 
 Format = Literal["safetensors", "diffusers"]
 
@@ -60,6 +60,24 @@ def check_out(out: str, overwrite: bool) -> None:
         )
 
 
+def training_checkpoint(path: str) -> str:
+    """The checkpoint file --ckpt names (a folder holding exactly one stands for it). An export or a diffusers
+    folder, which sample's --ckpt and load_checkpoint take, is refused as what it is (`model_source` tells them
+    apart, as for train.py's --model.init_from): it holds one set of weights, not the training checkpoint's raw and
+    EMA ones and network settings an export is written from, and "it holds no checkpoint" would call it empty."""
+    check_path_given(path, "--ckpt")
+    kind, source = model_source(path, "--ckpt")
+    if kind != "checkpoint":
+        what = "a diffusers folder" if kind == "diffusers" else "an export (python -m diffusion.export)"
+        raise UserError(
+            f"--ckpt {path} is {what}, which holds one set of weights and no training state",
+            "export converts training checkpoints: pass the checkpoint it was exported from "
+            "(runs/<name>/version_N/checkpoints/*.ckpt); python -m diffusion.sample and load_checkpoint "
+            "take it as it is",
+        )
+    return str(source)
+
+
 def weights_written(asked: str | None, checkpoint: dict) -> str:
     """Which weights `load_checkpoint(weights=asked)` loaded, as the export records them: the EMA ones unless the
     raw ones were asked for (None asks for the EMA, as load_checkpoint reads it); a run without EMA keeps only raw
@@ -70,6 +88,19 @@ def weights_written(asked: str | None, checkpoint: dict) -> str:
 # What an export writes at the top of its folder, of either format (safetensors: config.json and its weights;
 # diffusers: a pipeline's model_index.json, unet/ and scheduler/).
 EXPORT_ENTRIES = ("config.json", "model.safetensors", "model_index.json", "unet", "scheduler")
+
+
+def staging_folder(out: Path) -> Path:
+    """Where the export is written, and what it replaces set aside, before the moves into the existing folder
+    `out`: next to it where a rename into it works (the same filesystem, and a folder that can be written), else in
+    `out` itself: a mount point's parent is another filesystem, and a rename across them failed with EXDEV
+    ("Invalid cross-device link")."""
+    try:
+        if os.stat(out.parent).st_dev == os.stat(out).st_dev and os.access(out.parent, os.W_OK | os.X_OK):
+            return out.parent
+    except OSError:
+        pass
+    return out
 
 
 def move_into(staged: Path, out: Path) -> None:
@@ -87,7 +118,7 @@ def move_into(staged: Path, out: Path) -> None:
         if target.is_file():
             with naming_a_full_disk(target), open(target, "r+b"):
                 pass
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=out.parent))
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=staging_folder(out)))
     done: list[tuple[Path, Path]] = []  # (from, to), undone last first
     made: list[Path] = []  # the folders under `out` the moves made, removed with them
     try:
@@ -126,7 +157,7 @@ def main(argv: list[str] | None = None) -> Path:
         command_line = parsed_command_line(build_parser(), argv)
         args = command_line.config
         check_out(args.out, args.overwrite)
-        args.ckpt = given_checkpoint(args.ckpt)
+        args.ckpt = training_checkpoint(args.ckpt)
         checkpoint = read_checkpoint(args.ckpt, "--ckpt")
         network = check_written_by_train(checkpoint, args.ckpt, "--ckpt")["network"]
         if args.format == "diffusers":
@@ -139,7 +170,7 @@ def main(argv: list[str] | None = None) -> Path:
         out = Path(args.out).expanduser()
         made_out = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
-        staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=staging_folder(out)))
         try:
             with naming_a_full_disk(out / "the export", "free space there, or pass another --out"):
                 if args.format == "diffusers":
@@ -148,6 +179,7 @@ def main(argv: list[str] | None = None) -> Path:
                     write_export(module, network, staged, weights)
                 move_into(staged, out)
         except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)  # before `out` is looked at: it may be staged in there
             if made_out and not any(out.iterdir()):
                 out.rmdir()  # a failed export leaves no folder of its own behind
             raise

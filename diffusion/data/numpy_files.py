@@ -2,12 +2,15 @@
 NumPy file is, told from its first bytes, and the same rule in every command for the neighbouring formats.
 
 The rule: a `.npy` array and an `.npz` archive's `arr_0` (or its only array) are the same thing, so either is
-read wherever an array is. Images: (N, H, W, C) or (N, C, H, W) with C = 1 or 3, whichever of the two the shape
-allows (refused when it allows both); uint8, or integers within 0..255. Float images are refused: 0..1, -1..1 and
-0..255 are all in use, and a wrong guess would give wrong numbers without a word.
+read wherever an array is; an archive of several (`np.savez(path, a, b)`: arr_0, arr_1) is refused rather than
+read in part, but for an `arr_1` of one label per item (sample's class labels). Images: (N, H, W, C) or
+(N, C, H, W) with C = 1 or 3, whichever of the two the shape allows (refused when it allows both); uint8, or
+integers within 0..255. Float images are refused: 0..1, -1..1 and 0..255 are all in use, and a wrong guess would
+give wrong numbers without a word.
 """
 
 import contextlib
+import re
 import zipfile
 import zlib
 from pathlib import Path
@@ -50,9 +53,9 @@ def numpy_file_kind(path: Path) -> str:
 PICKLED = "holds pickled Python objects (pickle.dump, or torch.save's legacy format), not"
 
 
-def holds_objects(path: Path, member: str | None = None) -> bool:
-    """Whether the array in the .npy file `path` (or the .npz archive's `member`) is of a dtype that holds Python
-    objects, from its header alone: numpy reads such arrays only by unpickling them, which could run code."""
+def array_header(path: Path, member: str | None = None) -> tuple[tuple[int, ...], np.dtype] | None:
+    """(shape, dtype) of the array in the .npy file `path` (or the .npz archive's `member`), from its header alone
+    (nothing else is read); None for a header version numpy's readers here do not know."""
     with contextlib.ExitStack() as stack:
         file: IO[bytes]
         if member is None:
@@ -64,7 +67,43 @@ def holds_objects(path: Path, member: str | None = None) -> bool:
             file = stack.enter_context(archive.open(entry))
         version = np.lib.format.read_magic(file)
         read_header = HEADER_READERS.get(version)
-        return read_header is not None and read_header(file)[2].hasobject
+        if read_header is None:
+            return None
+        shape, _, dtype = read_header(file)
+        return shape, dtype
+
+
+def holds_objects(path: Path, member: str | None = None) -> bool:
+    """Whether the array in the .npy file `path` (or the .npz archive's `member`) is of a dtype that holds Python
+    objects, from its header alone: numpy reads such arrays only by unpickling them, which could run code."""
+    header = array_header(path, member)
+    return header is not None and header[1].hasobject
+
+
+# np.savez(path, a, b, ...) names its arrays arr_0, arr_1, ...: more than one of them is more than one array of
+# data, of which one would be read (arr_1 beside arr_0 is read as its labels, as sample writes them, when it holds
+# one per item). Arrays saved under other names (guided-diffusion's reference batches keep mu and sigma beside
+# arr_0) are not data.
+POSITIONAL = re.compile(r"arr_\d+")
+MERGE_FIX = "save one array per file, or merge them into one: np.savez(path, np.concatenate([a, b]))"
+
+
+def check_one_array(path: Path, flag: str, names: list[str]) -> None:
+    """Refuse an .npz archive holding more than one positional array (np.savez(path, *batches)), naming them."""
+    positional = sorted((n for n in names if POSITIONAL.fullmatch(n)), key=lambda n: int(n[4:]))
+    headers = {name: array_header(path, name) for name in positional}
+    first = headers.get("arr_0")
+    labels = headers.get("arr_1")
+    one_per_item = first is not None and labels is not None and labels[0] == first[0][:1]
+    if len(positional) <= (2 if one_per_item else 1):
+        return
+    shown = ", ".join(f"{name} {header[0] if header else '?'}" for name, header in headers.items())
+    count = first[0][0] if first is not None and first[0] else "N"
+    raise InvalidValue(
+        f"{flag} {path} holds more than one array ({shown}), and only arr_0 is read "
+        f"(arr_1 only as class labels, shape ({count},))",
+        MERGE_FIX,
+    )
 
 
 HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -72,8 +111,9 @@ HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.fo
 
 def read_array(path: str | Path, flag: str, fix: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(array, labels or None) of a .npy file (memory-mapped) or an .npz archive (`arr_0`, or its only array;
-    labels from `arr_1`); `fix` ends each refusal. A folder holding one such file stands for it. Files holding
-    Python objects (a pickle, an array of dtype object) and empty arrays are refused, saying so."""
+    labels from `arr_1`); `fix` ends each refusal but that of an archive of several arrays. A folder holding one
+    such file stands for it. Files holding Python objects (a pickle, an array of dtype object) and empty arrays are
+    refused, saying so."""
     path = file_in_folder(path, flag, ARRAY_FILE)
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
@@ -98,6 +138,7 @@ def read_array(path: str | Path, flag: str, fix: str) -> tuple[np.ndarray, np.nd
                         f"{flag} {path} holds {names}, no arr_0 (FID statistics hold mu and sigma)", fix
                     )
                 name = "arr_0" if "arr_0" in names else names[0]
+                check_one_array(path, flag, names)
                 labelled = "arr_0" in names and "arr_1" in names
                 if any(holds_objects(path, member) for member in [name, *(["arr_1"] if labelled else [])]):
                     raise objects

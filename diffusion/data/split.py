@@ -36,7 +36,7 @@ from diffusion.data.on_device import (
 from diffusion.data.prepared import PreparedPart, PreparedSet
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
 from diffusion.data.streaming import StreamLoader
-from diffusion.errors import InvalidValue, OutOfRange, UserError, check_bool, check_whole_number
+from diffusion.errors import InvalidValue, OutOfRange, UserError, WrongType, check_bool, check_whole_number
 
 CACHE_SIZE = re.compile(r"\d+(\.\d+)?\s*[KMGT]?B", re.IGNORECASE)  # litdata's sizes: 500MB, 50GB, 1.5TB
 # Items read at once when a command collects a data set's images (evaluation's reference, the bound's held-out
@@ -66,6 +66,12 @@ class IndexedDataset(Dataset):
     def __init__(
         self, base: Dataset, transform: Callable[[Any], Any] | None = None, with_labels: bool = False
     ) -> None:
+        if not (hasattr(base, "__len__") and hasattr(base, "__getitem__")) or isinstance(base, str | bytes):
+            # None or an iterable-style dataset failed at the first len() or item, in torch's words
+            fix = "pass a torch Dataset with __len__ and __getitem__, or a list of items"
+            raise WrongType("base", base, "a map-style dataset (with __len__ and __getitem__)", fix)
+        if transform is not None and not callable(transform):
+            raise WrongType("transform", transform, "a callable", "pass a function of an item's x, or None")
         self.base = base
         self.transform = transform
         self.with_labels = check_bool("with_labels", with_labels)

@@ -21,13 +21,15 @@ callback, the sample CLI and the evaluator all score the same quantized pixels):
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Literal, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffusion.errors import CannotRead, InvalidValue
+from diffusion.errors import CannotRead, InvalidValue, MissingFile, WrongType
 
 Features = Literal["inception", "pixels"]
 
@@ -68,6 +70,36 @@ class PixelFeatures(nn.Module):
         return ImageFeatures(pooled.flatten(1), None)  # (N, C * size * size)
 
 
+INCEPTION_WEIGHTS_FIX = (
+    "pass the path of torch-fidelity's weights-inception-2015-12-05-6726825d.pth (github.com/toshas/torch-fidelity "
+    "releases), or leave inception_weights out to download it"
+)
+
+
+def check_inception_weights(weights_path: object, features: str = "inception") -> None:
+    """A given `inception_weights` is a file that is there: a missing one was said as a failed download, whose fix
+    (pass a local copy) was what the caller had done. Given with other `features`, it is warned unused."""
+    if weights_path is None:
+        return
+    if features != "inception":
+        warnings.warn(
+            f"inception_weights={weights_path!r} is not used: features={features!r} computes no "
+            "Inception features (the file is not read)",
+            stacklevel=3,
+        )
+        return
+    if not isinstance(weights_path, str | os.PathLike):
+        raise WrongType("inception_weights", weights_path, "a path (str or Path)", INCEPTION_WEIGHTS_FIX)
+    if not os.path.exists(weights_path):
+        raise MissingFile(
+            f"inception_weights={os.fspath(weights_path)} does not exist", INCEPTION_WEIGHTS_FIX
+        )
+    if not os.path.isfile(weights_path):
+        raise InvalidValue(
+            f"inception_weights={os.fspath(weights_path)} is a folder, not a file", INCEPTION_WEIGHTS_FIX
+        )
+
+
 class InceptionFeatures(nn.Module):
     """torch-fidelity's InceptionV3 (see the module docstring) for uint8 (N, 1 or 3, H, W) images: 2048-d pool
     features and 1008 logits from one pass; it resizes to 299 x 299 itself. Downloads its weights on first use
@@ -78,6 +110,7 @@ class InceptionFeatures(nn.Module):
 
     def __init__(self, weights_path: str | None = None) -> None:
         super().__init__()
+        check_inception_weights(weights_path)
         try:
             from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
         except ImportError as err:
@@ -90,7 +123,11 @@ class InceptionFeatures(nn.Module):
                 ["2048", "logits_unbiased"],
                 feature_extractor_weights_path=weights_path,
             )
-        except OSError as err:  # urllib's URLError is an OSError: no network, or a bad weights_path
+        except OSError as err:  # urllib's URLError is an OSError: no network, or a file it cannot read
+            if weights_path is not None:
+                raise CannotRead(
+                    f"could not read inception_weights={weights_path} ({err})", INCEPTION_WEIGHTS_FIX
+                ) from err
             raise CannotRead(
                 f"could not load the InceptionV3 weights ({err}); they are downloaded from GitHub on first use",
                 "offline, pass a local copy (inception_weights) or use features='pixels'",

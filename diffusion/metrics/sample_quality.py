@@ -30,7 +30,12 @@ from torchmetrics.utilities.distributed import gather_all_tensors
 
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
 from diffusion.generation.image_grid import FROM_SAMPLES, HALF_A_LEVEL, check_images
-from diffusion.metrics.features import Features, check_features, make_feature_extractor
+from diffusion.metrics.features import (
+    Features,
+    check_features,
+    check_inception_weights,
+    make_feature_extractor,
+)
 from diffusion.metrics.fid import FrechetDistance, GivenFeatures
 from diffusion.metrics.inception_score import IS_SPLITS, InceptionScore
 from diffusion.metrics.progress import progress_bar
@@ -95,8 +100,14 @@ class SampleQuality(nn.Module):
                 "covariance",
                 "leave 'kid' out or compare with reference images",
             )
+        # Checked before the extractor is built: the Inception weights load (or download) in seconds.
+        fix = "pass e.g. 1000 (torch-fidelity's; capped at the image counts when computed)"
+        check_whole_number("kid_subset_size", kid_subset_size, fix=fix)
         if kid_subset_size < 2:
-            raise OutOfRange("kid_subset_size", kid_subset_size, ">= 2 (KID's unbiased estimator)")
+            raise OutOfRange("kid_subset_size", kid_subset_size, ">= 2 (KID's unbiased estimator)", fix)
+        check_whole_number("kid_subsets", kid_subsets, 1, fix="pass e.g. 100 (torch-fidelity's)")
+        check_whole_number("is_splits", is_splits, 1, fix=f"pass e.g. {IS_SPLITS} (the papers')")
+        check_inception_weights(inception_weights, features)
         self.features = features
         self.channels = channels
         self.reported = tuple(metrics)

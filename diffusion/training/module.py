@@ -33,7 +33,12 @@ from diffusion.training.divergence import check_interval_loss, check_weights
 from diffusion.training.logging_steps import IntervalLoss
 from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
 from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
-from diffusion.training.options import check_training_options, unused_training_options
+from diffusion.training.options import (
+    check_module_normalization,
+    check_training_options,
+    checked_noise_seed,
+    unused_training_options,
+)
 from diffusion.training.random_states import (
     gather_from_ranks,
     global_random_states,
@@ -138,7 +143,9 @@ class DiffusionModule(SamplingModule):
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
         with options_of(type(self)):  # the checks' `{--name}`s are this class's options
             check_bool("compile_channels_last", compile_channels_last)
+            noise_seed = checked_noise_seed(noise_seed)  # taken modulo 2**64: another seed's noise
             sample_shape = checked_sample_shape(sample_shape)
+            check_module_normalization(normalization, sample_shape)  # otherwise found only when rendering
             check_class_names(
                 class_names, getattr(network, "num_classes", None), "pass the data's class_names, or None"
             )

@@ -4,16 +4,22 @@ training time is spent. Values that would not crash but train nonsense (a min-SN
 a negative one turns descent into ascent) are refused here too."""
 
 import math
+from collections.abc import Mapping
 from typing import Any
+
+import torch
 
 from diffusion.core.sampling import DEFAULT_SAMPLER, OPTION_OWNERS, SAMPLERS, SamplingOptions
 from diffusion.errors import (
     InvalidValue,
     OutOfRange,
+    WrongType,
     check_choice,
     check_real,
     check_whole_number,
 )
+from diffusion.generation.arguments import SEED_LIMIT
+from diffusion.generation.render import check_normalization
 
 MIN_SNR_GAMMA = 5.0  # DiffusionModule's default (Hang et al. 2023)
 
@@ -86,6 +92,51 @@ def check_training_options(
         raise InvalidValue(
             "offset_noise shifts an image's channels: it is for images",
             "train vectors with {--offset_noise} 0",
+        )
+
+
+def checked_noise_seed(noise_seed: Any) -> int | None:
+    """`noise_seed` as an int (or None), refused unless a whole number in [0, 2**64), as `generate`'s seed
+    (`checked_seed`): the per-sample noise takes a seed modulo 2**64, so -1 or 2**64 + 5 would train with the noise
+    of 2**64 - 1 or 5 without a word."""
+    if noise_seed is None:
+        return None
+    fix = f"pass a seed from 0 to {SEED_LIMIT - 1}, or leave it unset for the seed given to seed_everything"
+    number = check_whole_number("noise_seed", noise_seed, fix=fix)
+    if not 0 <= number < SEED_LIMIT:
+        raise OutOfRange("noise_seed", noise_seed, "a whole number in [0, 2**64 - 1]", fix)
+    return number
+
+
+NORMALIZATION_FIX = (
+    "pass the data module's normalization (data.normalization: data = model * scale + shift, one shift and one "
+    "scale per channel or feature), or None"
+)
+
+
+def check_module_normalization(normalization: Any, sample_shape: tuple[int, ...]) -> None:
+    """`normalization` None, or a dict of `shift` and `scale` as `denormalize` takes them (each finite, every scale
+    > 0: `check_normalization`), one of each per channel (images) or feature (vectors) of `sample_shape`: a module
+    built for sampling or export is never fitted, so a wrong one was found only when its samples were rendered,
+    by a line whose fix was to pass the module's normalization, the very one given."""
+    if normalization is None:
+        return
+    if not isinstance(normalization, Mapping):
+        raise WrongType("normalization", normalization, "a dict of 'shift' and 'scale'", NORMALIZATION_FIX)
+    missing = [key for key in ("shift", "scale") if key not in normalization]
+    if missing:
+        raise InvalidValue(
+            f"normalization={dict(normalization)} has no {' and no '.join(missing)}", NORMALIZATION_FIX
+        )
+    check_normalization(normalization, "normalization", NORMALIZATION_FIX)
+    counts = {key: torch.as_tensor(normalization[key]).numel() for key in ("shift", "scale")}
+    shape = tuple(sample_shape)
+    if counts["shift"] != shape[0] or counts["scale"] != shape[0]:
+        kind = ("channel" if len(shape) == 3 else "feature") + "s" * (shape[0] != 1)
+        raise InvalidValue(
+            f"normalization has {counts['shift']} shift and {counts['scale']} scale values, "
+            f"but the samples of sample_shape={shape} have {shape[0]} {kind}",
+            NORMALIZATION_FIX,
         )
 
 

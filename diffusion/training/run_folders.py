@@ -232,8 +232,13 @@ def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
     """The newest run's newest intact checkpoint (see `newest_checkpoint`)."""
     if not isinstance(save_dir, str | os.PathLike):
         raise WrongType("save_dir", save_dir, "a folder (str or Path)", "pass the runs' folder, e.g. 'runs'")
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
         raise WrongType("name", name, "a run name (str)", "pass the run's name, e.g. 'digits'")
+    if not name:
+        raise InvalidValue(
+            "name='' is empty: it names no run",
+            "pass the run's name (its folder under save_dir), e.g. 'digits'",
+        )
     return newest_checkpoint(save_dir, name).path
 
 

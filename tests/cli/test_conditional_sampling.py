@@ -16,6 +16,7 @@ from helpers.user_errors import error_line
 from nbclient import NotebookClient
 from PIL import Image
 
+from diffusion.cli import evaluate
 from diffusion.cli.sample import main as sample_main
 from diffusion.cli.train import main
 from diffusion.core.sampling import SamplingOptions
@@ -74,6 +75,8 @@ def test_sample_cli_writes_one_class_and_its_labels(conditional_checkpoint, tmp_
     assert np.abs(every["arr_0"][3].astype(int) - files["arr_0"][3].astype(int)).max() <= 1
     with Image.open(tmp_path / "all" / "grid.png") as grid:  # one row per class: 10 rows of 9 px + 1
         assert grid.height == 10 * 9 + 1
+    # Its labels beside the images (arr_1, one per sample) are no second array of samples: evaluate reads it.
+    assert evaluate.main(["--samples", str(path), "--reference", str(path), "--features", "pixels"])
 
 
 def test_a_class_label_written_in_a_config_file_is_the_flags(conditional_checkpoint, tmp_path):

@@ -166,3 +166,25 @@ def test_the_export_writers_refuse_a_bad_argument_naming_it(case, tmp_path):
         call()
     assert isinstance(raised.value, UserError) and named in str(raised.value), raised.value
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("export_format", "what"),
+    [("safetensors", r"an export \(python -m diffusion.export\)"), ("diffusers", "a diffusers folder")],
+)
+def test_an_export_as_ckpt_is_said_an_export_not_a_folder_without_checkpoints(
+    export_format, what, user, capsys, tmp_path
+):
+    """An export (which sample's --ckpt takes) given as export's --ckpt: said as what it is, with the checkpoint to
+    pass instead; it was "a folder, and it holds no checkpoint (*.ckpt)", as if it were empty."""
+    exported = tmp_path / f"as_{export_format}"  # not in `user`, which the module's tests share
+    export.main([*export_args([], user)[:2], "--format", export_format, "--out", str(exported)])
+    capsys.readouterr()
+    for given in [exported, *([exported / "config.json"] if export_format == "safetensors" else [])]:
+        args = ["--ckpt", str(given), "--format", "safetensors", "--out", str(user / "new")]
+        line = run_in_process(export.main, args, user, capsys)
+        assert re.search(
+            rf"^error: --ckpt {re.escape(str(given))} is {what}, which holds one set of weights and no training "
+            r"state — export converts training checkpoints: pass the checkpoint it was exported from ",
+            line,
+        ), line

@@ -2,6 +2,7 @@
 be replaced (`chattr +i`), or a move refused half-way, leaves every file of the earlier export as it was (it left a
 new config.json beside the old weights, which then failed their checksum), and the line says so truly."""
 
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -102,3 +103,87 @@ def test_an_export_over_one_of_the_other_format_replaces_it_whole(earlier, tmp_p
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # nothing set aside is left
     load_checkpoint(out)
+
+
+def test_an_out_before_a_config_file_that_names_another_is_refused_and_neither_is_touched(
+    earlier, tmp_path, capsys
+):
+    """Round 7's M1: `--out new --config f.yaml` with `out: old` in f.yaml wrote over old (the last value wins)."""
+    argv, out = earlier
+    before = files(out)
+    config = tmp_path / "f.yaml"
+    config.write_text(f"out: {out}\n")
+    new = tmp_path / "new"
+    line = refused(
+        capsys, [*argv[:4], "--weights", "raw", "--out", str(new), "--config", str(config), "--overwrite"]
+    )
+    assert line.startswith(f"error: --out {new} is replaced by {config}: out {out}, which comes after it"), (
+        line
+    )
+    assert files(out) == before and not new.exists()
+
+
+@pytest.fixture
+def mounted(tmp_path, monkeypatch):
+    """`tmp_path/export` as a mount point: its own filesystem (os.stat's st_dev), and a rename across it and its
+    parent fails with EXDEV ("Invalid cross-device link"), as the kernel refuses one."""
+    out = tmp_path / "export"
+    real_stat, real_rename = os.stat, os.rename
+
+    def on_mount(path) -> bool:
+        path = Path(os.path.abspath(path))
+        return path == out or out in path.parents
+
+    def stat(path, *args, **kwargs):
+        result = real_stat(path, *args, **kwargs)
+        if isinstance(path, int) or not on_mount(path):
+            return result
+        fields = list(result)
+        fields[2] += 1  # st_dev
+        return os.stat_result(fields)
+
+    def rename(source, target, *args, **kwargs):
+        if on_mount(source) != on_mount(target):
+            raise OSError(errno.EXDEV, "Invalid cross-device link", str(source), None, str(target))
+        return real_rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    for name in ("rename", "replace"):
+        monkeypatch.setattr(os, name, rename)
+    out.mkdir()
+    return out
+
+
+def test_an_export_into_a_mount_point_is_staged_where_it_can_move_in(digits_checkpoint, mounted, tmp_path):
+    """Staged next to --out, the files could not be renamed into it (EXDEV); an --overwrite's set-aside neither."""
+    argv = ["--ckpt", str(digits_checkpoint), "--format", "safetensors", "--out", str(mounted)]
+    export.main(argv)
+    export.main([*argv, "--weights", "raw", "--overwrite"])
+    assert sorted(p.name for p in mounted.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # nothing staged or set aside is left
+    assert load_checkpoint(mounted, weights="raw") is not None
+
+
+def test_an_export_into_a_mount_point_refused_half_way_puts_the_earlier_one_back(
+    digits_checkpoint, mounted, tmp_path, capsys, monkeypatch
+):
+    argv = ["--ckpt", str(digits_checkpoint), "--format", "safetensors", "--out", str(mounted)]
+    export.main(argv)
+    before = files(mounted)
+    moving = os.rename
+
+    def refusing(source, target):
+        if Path(target) == mounted / "model.safetensors" and Path(source).parent.name.endswith(".tmp"):
+            raise PermissionError(1, "Operation not permitted", str(target))
+        return moving(source, target)
+
+    for name in ("rename", "replace"):
+        monkeypatch.setattr(os, name, refusing)
+    line = refused(capsys, [*argv, "--weights", "raw", "--overwrite"])
+    assert (
+        line == f"error: cannot write the export into {mounted} (Operation not permitted) — {MAKE_WRITABLE}"
+    )
+    assert files(mounted) == before  # all or nothing
+    assert sorted(p.name for p in mounted.iterdir()) == ["config.json", "model.safetensors"]  # nothing staged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    load_checkpoint(mounted)

@@ -39,8 +39,14 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     "missing_data_class": (["--data", "nope.Data"], r"--data nope.Data" + NO_SUCH_CLASS),
     # Round 4's G9 and G10: forward's TypeError at the first step; a ValueError of the link sizing the network
     "network_of_another_kind": (
-        ["--model.network", "torch.nn.Linear", "--model.network.init_args.in_features", "4",
-         "--model.network.init_args.out_features", "4"],
+        [
+            "--model.network",
+            "torch.nn.Linear",
+            "--model.network.init_args.in_features",
+            "4",
+            "--model.network.init_args.out_features",
+            "4",
+        ],
         r"^error: --model.network torch.nn.Linear: Linear is no noise-prediction network \(its forward takes "
         r"\(input\), not \(x, t, y=None\)\) — pass a diffusion.models network",
     ),  # fmt: skip
@@ -169,6 +175,10 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     ),
     "checkpoint_mode": (["--checkpoint.mode", "foo"], r"--checkpoint.mode foo is not min or max — pass min"),
     "seed_negative": (["--seed_everything", "-1"], r"--seed_everything -1 is out of range — pass an integer"),
+    "noise_seed_negative": (
+        ["--model.noise_seed", "-1"],
+        r"--model\.noise_seed -1 is out of range \(must be a whole number in \[0, 2\*\*64 - 1\]\) — pass a seed from 0",
+    ),
     "num_workers_negative": (
         ["--data.num_workers", "-1"],
         r"--data.num_workers -1 is out of range \(must be >= 0\) — pass --data",

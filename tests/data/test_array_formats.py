@@ -139,3 +139,42 @@ def test_train_refuses_data_that_is_one_point_in_one_line(tmp_path, capsys):
     )
     assert re.search(r"error: --data.path .*points.npy: its 50 rows are all the same point", line), line
     assert not (tmp_path / "runs").exists()
+
+
+SEVERAL = {
+    "two_batches": ([IMAGES, IMAGES], {}, r"holds more than one array \(arr_0 \(4, 16, 16, 1\), arr_1 \(4, 16, 16, 1\)\)"),
+    "labels_of_another_count": ([IMAGES, np.arange(3)], {}, r"\(arr_0 \(4, 16, 16, 1\), arr_1 \(3,\)\)"),
+    "labels_and_a_batch": ([IMAGES, np.arange(4), IMAGES], {}, r"arr_1 \(4,\), arr_2 \(4, 16, 16, 1\)\)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SEVERAL)
+@pytest.mark.parametrize("flag", ["--samples", "--reference"])
+def test_an_archive_of_several_arrays_is_refused_not_read_in_part(case, flag, tmp_path, capsys):
+    """np.savez(path, *batches): arr_0 alone was scored, the other batches dropped without a word."""
+    arrays, named, pattern = SEVERAL[case]
+    (tmp_path / "user").mkdir()
+    path = tmp_path / "user" / "images.npz"
+    np.savez(path, *arrays, **named)
+    other = ["--reference", "digits"] if flag == "--samples" else ["--save_stats", str(tmp_path / "s.npz")]
+    line = run_in_process(
+        evaluate.main, [flag, str(path), *other, "--features", "pixels"], tmp_path / "user", capsys
+    )
+    assert line.startswith(f"error: {flag} {path} ") and re.search(pattern, line), line
+    assert line.endswith(
+        "and only arr_0 is read (arr_1 only as class labels, shape (4,)) — save one array per file, or merge them "
+        "into one: np.savez(path, np.concatenate([a, b]))"
+    ), line
+
+
+@pytest.mark.parametrize(
+    "named",
+    [{}, {"mu": np.zeros(3), "sigma": np.eye(3)}],  # sample's labels; guided-diffusion's reference batches
+    ids=["with_labels", "with_statistics"],
+)
+def test_images_with_their_labels_or_statistics_beside_them_are_read(named, tmp_path):
+    path = tmp_path / "images.npz"
+    np.savez(path, IMAGES, *([np.arange(4)] if not named else []), **named)
+    images, labels = read_images(path, "--samples")
+    np.testing.assert_array_equal(images, IMAGES)
+    assert (labels is None) == bool(named)

@@ -86,3 +86,44 @@ def test_real_must_be_a_bool():
 def test_options_that_would_score_nothing_or_something_else_are_refused(options, error, words):
     with pytest.raises(error, match=words):
         SampleQuality("pixels", **{"metrics": ["fid"], "channels": 1, **options})
+
+
+def test_kid_subset_size_says_its_requirement_once():
+    # "must be >= 2 (KID's unbiased estimator) — pass a value >= 2 (KID's unbiased estimator)" (tester 8b, P6)
+    with pytest.raises(ValueError) as refused:
+        SampleQuality("pixels", channels=1, kid_subset_size=0)
+    message = str(refused.value)
+    assert message.startswith("kid_subset_size=0 must be >= 2 (KID's unbiased estimator) — pass e.g. 1000"), (
+        message
+    )
+    assert message.count("unbiased estimator") == 1, message
+
+
+def test_inception_options_are_checked_before_the_weights_load(monkeypatch):
+    # is_splits=0 was found after the Inception weights had loaded (or downloaded); a missing weights file was said
+    # as a failed download, "offline, pass a local copy", which the caller had done (tester 8b, P6)
+    import diffusion.metrics.sample_quality as sample_quality
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the feature extractor was built before the options were checked")
+
+    monkeypatch.setattr(sample_quality, "make_feature_extractor", no_loading)
+    with pytest.raises(ValueError, match=r"^is_splits=0 must be a whole number >= 1 — pass e.g. 10"):
+        SampleQuality("inception", ["is"], is_splits=0)
+    with pytest.raises(
+        FileNotFoundError, match=r"^inception_weights=/nonexistent.pth does not exist — pass the "
+    ):
+        SampleQuality("inception", ["is"], inception_weights="/nonexistent.pth")
+    with pytest.raises(UserError) as refused:
+        SampleQuality("inception", ["is"], inception_weights="/nonexistent.pth")
+    assert "downloaded" not in refused.value.problem and "offline" not in refused.value.fix
+
+
+def test_inception_weights_with_pixel_features_are_warned_unused(tmp_path):
+    from diffusion.training.callbacks import SampleQualityCallback
+
+    unused = r"^inception_weights='nope.pth' is not used: features='pixels' computes no Inception features"
+    with pytest.warns(UserWarning, match=unused):
+        SampleQuality("pixels", ["fid"], channels=1, inception_weights="nope.pth")  # not read, so not checked
+    with pytest.warns(UserWarning, match=unused):
+        SampleQualityCallback(features="pixels", num_samples=4, inception_weights="nope.pth")

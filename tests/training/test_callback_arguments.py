@@ -47,3 +47,20 @@ def test_good_callback_arguments_are_taken():
     assert SampleGrid(sampling=options, seed=2**64 - 1).sampling is options
     assert SampleGrid(sampling=None).sampling == SamplingOptions()  # None: the model's own defaults
     assert SampleQualityCallback(sampling=options, features="pixels").sampling is options
+
+
+def test_every_n_validations_says_what_the_callback_does():
+    # SampleQualityCallback said "pass 1 for a grid at every validation": it draws no grid (tester 8b, P6)
+    with pytest.raises(ValueError, match=r"— pass 1 to score samples \(FID, KID\) at every validation$"):
+        SampleQualityCallback(features="pixels", num_samples=100, every_n_validations=2.5)
+    with pytest.raises(ValueError, match=r"— pass 1 for a grid at every validation$"):
+        SampleGrid(every_n_validations=0)
+
+
+def test_a_missing_inception_weights_file_is_refused_when_built(tmp_path):
+    # found at setup before, after the run had started
+    with pytest.raises(FileNotFoundError, match=r"^inception_weights=.*nope.pth does not exist — "):
+        SampleQualityCallback(inception_weights=str(tmp_path / "nope.pth"))
+    SampleQualityCallback(
+        features="pixels", inception_weights=str(tmp_path / "nope.pth")
+    )  # pixels read no file

@@ -26,14 +26,13 @@ class EveryNValidations(L.Callback):
     """Base for callbacks that act at the end of every n-th validation: after the sanity check, and while the
     EMA weights are swapped in (see EMA)."""
 
+    acts = "to act"  # what a subclass does at a due validation, in the fix of a bad every_n_validations
+
     def __init__(self, every_n_validations: int = 1) -> None:
-        check_whole_number(
-            "every_n_validations", every_n_validations, fix="pass 1 for a grid at every validation"
-        )
+        fix = f"pass 1 {self.acts} at every validation"
+        check_whole_number("every_n_validations", every_n_validations, fix=fix)
         if every_n_validations < 1:
-            raise OutOfRange(
-                "every_n_validations", every_n_validations, ">= 1", "pass 1 for a grid at every validation"
-            )
+            raise OutOfRange("every_n_validations", every_n_validations, ">= 1", fix)
         self.every_n_validations = every_n_validations
         self._validations = 0
 
@@ -59,6 +58,8 @@ class SampleGrid(EveryNValidations):
     Args:
         sampling: how to sample the grid; unset fields take the model's defaults.
     """
+
+    acts = "for a grid"
 
     def __init__(
         self,

@@ -15,7 +15,13 @@ from diffusion.errors import InvalidValue, OutOfRange, check_bool, check_whole_n
 from diffusion.generation.arguments import checked_seed
 from diffusion.generation.ranks import SAMPLING_BATCH, drawn_anyway, generate_batches, rank_indices
 from diffusion.generation.render import to_uint8
-from diffusion.metrics.features import Features, check_features, distance_name, feature_size
+from diffusion.metrics.features import (
+    Features,
+    check_features,
+    check_inception_weights,
+    distance_name,
+    feature_size,
+)
 from diffusion.metrics.reference_stats import load_statistics
 from diffusion.metrics.sample_quality import SampleQuality
 from diffusion.training.callbacks.grids import EveryNValidations
@@ -62,6 +68,8 @@ class SampleQualityCallback(EveryNValidations):
         inception_weights: a local copy of the InceptionV3 weights (offline clusters).
     """
 
+    acts = "to score samples (FID, KID)"
+
     def __init__(
         self,
         num_samples: int = 1000,
@@ -107,6 +115,7 @@ class SampleQualityCallback(EveryNValidations):
         self.kid_subset_size = kid_subset_size
         self.num_real = num_real or num_samples
         self.batch_size = batch_size
+        check_inception_weights(inception_weights, features)  # at construction, not at setup after steps
         self.inception_weights = inception_weights
         self.reference_stats = reference_stats
         self.quality: SampleQuality | None = None

@@ -1,0 +1,94 @@
+"""DiffusionModule's noise_seed and normalization are checked when it is built (tester round 8b, P1 and P2): a
+noise seed out of [0, 2**64) was taken modulo 2**64 without a word (-1 trained with the noise of 2**64 - 1, and
+2**70 + 5 with that of 5), as `generate`'s seed would be and is not; a normalization that fits no sample (a shift
+or scale per channel miscounted, a scale of 0) was stored, and refused only when rendering, by a line whose fix
+was to pass the module's normalization, the very one given. Also: `latest_checkpoint`'s empty run name."""
+
+import numpy as np
+import pytest
+import torch
+
+from diffusion import MLP, DiffusionModule, UNet, latest_checkpoint
+from diffusion.core.noise import noise_key
+
+
+def vectors(**options) -> DiffusionModule:
+    torch.manual_seed(0)
+    network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8)
+    return DiffusionModule(network, sample_shape=(2,), num_timesteps=20, **options)
+
+
+def test_a_noise_seed_that_would_wrap_to_another_is_refused():
+    assert noise_key(2**70 + 5, 3, 7) == noise_key(5, 3, 7)  # why: the noise takes the seed modulo 2**64
+    for seed in (-1, 2**64, 2**70 + 5):
+        with pytest.raises(ValueError) as refused:
+            vectors(noise_seed=seed, noise_mode="per_sample")
+        assert str(refused.value) == (
+            f"noise_seed={seed} must be a whole number in [0, 2**64 - 1] — pass a seed from 0 to "
+            "18446744073709551615, or leave it unset for the seed given to seed_everything"
+        )
+    with pytest.raises(ValueError, match=r"^noise_seed=1.5 must be a whole number — "):
+        vectors(noise_seed=1.5)
+    with pytest.raises(TypeError, match=r"^noise_seed='3' is a str, not a whole number — "):
+        vectors(noise_seed="3")
+
+
+def test_noise_seeds_in_range_are_taken_as_ints():
+    assert vectors(noise_seed=2**64 - 1).hparams["noise_seed"] == 2**64 - 1
+    seed = vectors(noise_seed=np.int64(7)).hparams["noise_seed"]
+    assert seed == 7 and type(seed) is int  # a plain int in the checkpoint
+    assert vectors().hparams["noise_seed"] is None
+
+
+UNET = dict(channels=8, channel_mult=[1, 2], num_res_blocks=1, attention_levels=[1])
+
+
+@pytest.mark.parametrize(
+    ("normalization", "error", "words"),
+    [
+        (
+            {"shift": [0.5], "scale": [0.5, 0.5]},
+            ValueError,
+            r"^normalization has 1 shift and 2 scale values, but the samples of sample_shape=\(1, 8, 8\) have 1 "
+            r"channel — pass the data module's normalization \(data.normalization: ",
+        ),
+        (
+            {"shift": [0.5], "scale": [0.0]},
+            ValueError,
+            r"^normalization\['scale'\]\[0\]=0.0 must be a finite number other than 0 — pass the data module's",
+        ),
+        (
+            {"shift": [float("nan")], "scale": [0.5]},
+            ValueError,
+            r"^normalization\['shift'\]\[0\]=nan must be a finite number — pass the data module's",
+        ),
+        ({"scale": [0.5]}, ValueError, r"^normalization=\{'scale': \[0.5\]\} has no shift — "),
+        (
+            [0.5, 0.5],
+            TypeError,
+            r"^normalization=\[0.5, 0.5\] is a list, not a dict of 'shift' and 'scale' — ",
+        ),
+    ],
+    ids=["miscounted", "zero-scale", "nan-shift", "no-shift", "list"],
+)
+def test_a_normalization_that_fits_no_sample_is_refused_when_built(normalization, error, words):
+    with pytest.raises(error, match=words) as refused:
+        DiffusionModule(UNet(**UNET), normalization=normalization)
+    assert "module.normalization" not in str(refused.value)  # the fix is not what was passed
+
+
+def test_normalizations_that_fit_are_taken():
+    assert vectors(normalization={"shift": [-2.5, 0.0], "scale": [0.5, 3.0]}).normalization["shift"] == [
+        -2.5,
+        0.0,
+    ]
+    module = DiffusionModule(UNet(**UNET), normalization={"shift": [0.5], "scale": [0.5]})
+    assert module.normalization == {"shift": [0.5], "scale": [0.5]}
+    with pytest.raises(ValueError, match=r"have 2 features — "):
+        vectors(normalization={"shift": [0.0], "scale": [1.0]})
+
+
+def test_an_empty_run_name_is_said_to_be_empty():
+    # "name='' is a str, not a run name (str)" (tester 8b, P6)
+    with pytest.raises(ValueError, match=r"^name='' is empty: it names no run — pass the run's name"):
+        latest_checkpoint("runs", "")
