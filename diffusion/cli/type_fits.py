@@ -40,6 +40,10 @@ def imported(class_path: str) -> Any:
     try:
         return class_at(class_path if "." in class_path else f"diffusion.{class_path}")
     except (ImportError, AttributeError, ValueError) as error:
+        if "." not in class_path and isinstance(
+            error, AttributeError
+        ):  # not Python's "module 'diffusion' has..."
+            return f"diffusion has no class {class_path}"
         return str(error)
 
 
@@ -104,8 +108,12 @@ def said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> 
                 f"{shown} is out of range",
                 f"pass a value {' and '.join(f'{op} {limit}' for op, limit in bounds)}",
             )
-    names = list(dict.fromkeys(kind_name(kind) for kind in kinds or [hint]))
     listed = yaml_or_none(values[-1]) if values[-1].lstrip().startswith("[") else None
+    if isinstance(listed, list) and (item_hint := _item_type(kinds)) is not None:
+        for item in listed:  # `channel_mult [1, 2.5]` was "not a valid list": say the item that is not
+            if not isinstance(item, list | dict) and not fits(item_hint, [as_text(item)], None):
+                return said_of(f"{shown}: its item {as_text(item)}", item_hint, [as_text(item)])
+    names = list(dict.fromkeys(kind_name(kind) for kind in kinds or [hint]))
     words = [str(item) for item in listed] if isinstance(listed, list) else list(values)  # `[0.1, nan]` too
     not_finite = any(word.strip().lower().lstrip("+-") in NOT_FINITE_WORDS for word in words)
     if "float" in names and not_finite:  # a float, but one the parser (and every such option) refuses
@@ -116,6 +124,19 @@ def said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> 
     fix = "pass a value of that type" if len(names) == 1 else "pass a value of one of these types"
     formats = [_FORMAT_OF[name.split()[0]] for name in names if name.split()[0] in _FORMAT_OF]
     return what, f"{fix}: {'; '.join(formats)}" if formats else f"{fix} (see --help)"
+
+
+def _item_type(kinds: list[Any]) -> Any:
+    """The item type of lists of one (`tuple[int, ...]`, `Sequence[int]`); None for other types."""
+    items = []
+    for kind in kinds:
+        args = [arg for arg in get_args(kind) if arg is not Ellipsis]
+        if get_origin(kind) not in (list, tuple, Sequence) or len(args) != 1:
+            return None
+        if get_origin(kind) is tuple and Ellipsis not in get_args(kind):
+            return None  # tuple[int]: one item, said by its length
+        items.append(args[0])
+    return functools.reduce(operator.or_, items) if items else None
 
 
 def unlisted_said(
@@ -228,11 +249,15 @@ def _class_said(shown: str, classes: list[type], value: str, only_classes: bool)
         if path in _NULLS:  # no class where one is needed (an optional one takes null at parse)
             return f"{shown}: this option needs a class", CLASS_PATH_FIX
         found = imported(path)
-        if isinstance(found, str):
+        if isinstance(found, str) and "." not in path and (taking := _argument_choosing(classes, path)):
+            # `--data digits`: a choice of the default class's argument, written where the class goes
+            flag = shown.split()[0] if shown.startswith("--") else "--" + shown.split(": ", 1)[-1].split()[0]
             return (
-                f"{shown}: no such class ({found})",
-                CLASS_PATH_FIX,
+                f"{shown}: no class is named {path}; {path} is a choice of {taking[0]}'s {taking[1]}",
+                f"pass {flag}.{taking[1]} {path}, or a class path as module.Class (see --help)",
             )
+        if isinstance(found, str):
+            return f"{shown}: no such class ({found})", CLASS_PATH_FIX
         if isinstance(found, type) and not issubclass(found, tuple(classes)):
             kinds = " or ".join(cls.__name__ for cls in classes)
             return (
@@ -247,6 +272,33 @@ def _class_said(shown: str, classes: list[type], value: str, only_classes: bool)
                 f"{shown}: {found.__name__} needs {', '.join(required)}, which have no default",
                 f"give them as {flag}.init_args.{required[0]} VALUE, or under init_args: in a config file",
             )
+    return None
+
+
+# Where the classes a flag chooses live (data modules, networks, callbacks): a schedule is a Module too, no network.
+_CHOSEN_CLASSES = ("diffusion.data.", "diffusion.models.", "diffusion.training.callbacks.")
+
+
+def _argument_choosing(classes: list[type], value: str) -> tuple[str, str] | None:
+    """(class, argument) of a loaded class of the kinds `classes` one of whose arguments takes `value` as one of
+    its choices (`ImageDataModule`'s `dataset` for `digits`); None if none does."""
+    seen, kinds = set(), list(classes)
+    while kinds:
+        cls = kinds.pop(0)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        kinds += cls.__subclasses__()
+        if not cls.__module__.startswith(_CHOSEN_CLASSES):
+            continue
+        try:
+            hints = typing.get_type_hints(cls.__init__)
+        except Exception:  # noqa: BLE001  # a signature Python cannot read names nothing
+            continue
+        for argument, hint in hints.items():
+            kinds_of = [kind for kind in alternatives(hint) if get_origin(kind) is Literal]
+            if any(value in get_args(kind) for kind in kinds_of):
+                return cls.__name__, argument
     return None
 
 

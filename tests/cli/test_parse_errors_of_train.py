@@ -387,3 +387,29 @@ def test_null_where_a_class_is_needed_is_said_so(tmp_path, monkeypatch, capsys):
     assert train_line(["--model.network", "null"], capsys).startswith(f"--model.network null: {needs}")
     Path("run.yaml").write_text("model:\n  network: null\n")
     assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: model.network null: {needs}")
+
+
+def test_a_choice_of_the_data_modules_argument_where_the_class_goes_is_said_so(tmp_path, monkeypatch, capsys):
+    """Round 8's N7: `--data digits` was `no such class (module 'diffusion' has no attribute 'digits')`."""
+    monkeypatch.chdir(tmp_path)
+    assert train_line(["--data", "digits"], capsys) == (
+        "--data digits: no class is named digits; digits is a choice of ImageDataModule's dataset — pass "
+        "--data.dataset digits, or a class path as module.Class (see --help)"
+    )
+    assert train_line(["--model.network", "cosine"], capsys).startswith(  # a schedule's choice: no network's
+        "--model.network cosine: no such class (diffusion has no class cosine) — pass the class path"
+    )
+
+
+def test_a_list_whose_item_is_of_another_type_names_the_item(tmp_path, monkeypatch, capsys):
+    """Round 8's N5: `channel_mult "[1, 2.5]"` was "not a valid list — ... a list in brackets", which it was."""
+    monkeypatch.chdir(tmp_path)
+    flag = "--model.network.init_args.channel_mult"
+    assert train_line([flag, "[1, 2.5]"], capsys) == (
+        f"{flag} [1, 2.5]: its item 2.5 is not a valid int — pass a value of that type (see --help)"
+    )
+    Path("run.yaml").write_text("model:\n  network:\n    init_args:\n      channel_mult: [1, abc]\n")
+    assert train_line(["--config", "run.yaml"], capsys) == (
+        "run.yaml: model.network.init_args.channel_mult [1, abc]: its item abc is not a valid int — pass a value of "
+        "that type (see --help)"
+    )
