@@ -89,6 +89,11 @@ def remember_written(written: Sequence[Written]) -> None:
     _WRITTEN.set(tuple(written))
 
 
+def remembered_written() -> tuple[Written, ...]:
+    """What the running command's command line wrote (`remember_written`): its flags and files' keys, in order."""
+    return _WRITTEN.get()
+
+
 def said_as_written(text: str, written: Sequence[Written] | None = None) -> str:
     """`text` (a check's problem) with each `--flag` that says the value a config file gave it (`--run DIR ...`,
     `--sigma_rel=2.0`, `--class_label: ...`, `(--data.image_size)`) said as that file's key, `run.yaml: run DIR`;

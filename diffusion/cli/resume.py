@@ -17,6 +17,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.cli.legacy import same_class
+from diffusion.cli.training_run import note_run_options_unused
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.errors import MissingFile, UserError
 from diffusion.training.checkpoint_files import CHECKPOINT, check_finite, read_checkpoint
@@ -275,8 +276,13 @@ def resolve_resume(config: Namespace) -> tuple[dict[str, Any] | None, dict[str, 
     if run is None or logger is None:
         return checkpoint, saving
     init_args, layout = logger
+    keys = (layout.save_key, layout.name_key, layout.version_key)
+    configured = {key: init_args.get(key) for key in keys}
     if not layout.continue_run(init_args, run):
         return checkpoint, saving
+    if not isinstance(layout, MLflowLayout):  # its name is an experiment's, its folder the experiment's id
+        theirs = dict(zip(keys, (run.save_dir, run.name, run.version), strict=True))
+        note_run_options_unused(configured, theirs, run.path, config.ckpt_path)
     step = int(checkpoint.get("global_step", 0))
     # The run's own config.yaml stays what it started with.
     if run.config_file.is_file():

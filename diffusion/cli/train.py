@@ -14,7 +14,6 @@ checkpoint to resume or start from: `diffusion.cli.train_checks`), and a user er
 import sys
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, ClassVar
 
 from jsonargparse import SUPPRESS, Namespace
@@ -60,6 +59,7 @@ from diffusion.cli.trainer_options import (
     warmup_note,
 )
 from diffusion.cli.training_run import (
+    DEFAULT_CONFIG,
     SaveConfigToRunFolder,
     callbacks_of,
     fit,
@@ -357,9 +357,6 @@ class DiffusionCLI(LightningCLI):
 def plain_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
     """jsonargparse's instantiator in its simplest form: the class called with its arguments."""
     return cls(*args, **kwargs)
-
-
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 
 
 def with_default_config(args: list[str]) -> list[str]:

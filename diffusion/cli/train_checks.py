@@ -31,11 +31,12 @@ from diffusion.errors import (
 )
 from diffusion.models import UNet
 from diffusion.models.checks import forward_parameters
+from diffusion.training.atomic_writes import check_replaceable
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.from_diffusers import init_settings
 from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
-from diffusion.training.run_folders import run_folder_of
+from diffusion.training.run_folders import CHECKPOINTS, run_folder_of
 
 
 def check_init_from(path: str, network_class: str) -> None:
@@ -154,6 +155,8 @@ def check_output_folders(
         if folder.is_dir():  # a probe file, as the run's own writes would be (root passes os.access)
             with naming_a_full_disk(folder / "the resumed run's files"), tempfile.TemporaryFile(dir=folder):
                 pass
+    for replaced in [run_path / CHECKPOINTS / "last.ckpt", run_path / "loss.png"] if run_path else []:
+        check_replaceable(replaced)  # an immutable file: the save at the end would fail
 
 
 def check_torchrun_world_size(num_devices: int, num_nodes: int) -> None:

@@ -158,22 +158,58 @@ def _check_least_against_most(config: Namespace, say: SayOption) -> None:
 def validation_off_note(config: Namespace, say: SayOption = as_flag) -> str | None:
     """Validation turned off, which a run may want (a speed test, a smoke test): by limit_val_batches 0 (or 0.0),
     Lightning's way, or by --data.val_fraction 0 without --data.val_from_train (no images held out, so no
-    validation set). What the run will then not do, said once, since validation is what draws the sample grids,
-    plots val/loss and saves the step checkpoints."""
+    validation set); or a --trainer.val_check_interval past the run's last batch (`_interval_past_the_run`). What
+    the run will then not do, said once, since validation is what draws the sample grids, plots val/loss and saves
+    the step checkpoints."""
     value = config.get("trainer.limit_val_batches")
     held_out = config.get("data.init_args.val_fraction")
     key, fix = "trainer.limit_val_batches", "leave --trainer.limit_val_batches out"
     if not _is_zero(value):
         if not _is_zero(held_out) or config.get("data.init_args.val_from_train") is not None:
-            return None
+            return _interval_past_the_run(config, say)
         key, value = "data.init_args.val_fraction", held_out
         fix = "pass --data.val_fraction 0.05 (or, where the data module takes it, --data.val_from_train N)"
     return (
         f"{say(key, f'{value:g}')} turns validation off: this run draws no sample grids "
         "(samples/step_*.png), plots no val/loss and saves no checkpoint at validations, "
-        "only last.ckpt (at the end and every --checkpoint.every_n_minutes) — "
+        f"only last.ckpt (at the end and every --checkpoint.every_n_minutes){_no_loss_plot(config, say)} — "
         f"{fix} to validate every --trainer.val_check_interval steps, "
         "or pass --checkpoint.every_n_train_steps N for a checkpoint every N steps"
+    )
+
+
+def _interval_past_the_run(config: Namespace, say: SayOption) -> str | None:
+    """A validation interval (in batches, as Lightning counts it) the run never reaches: validation is as good as
+    off, without the word limit_val_batches 0 gets. Resumed runs count on from their step, so an interval within
+    --max_steps may still be passed over by a resume; one past it never validates."""
+    interval, steps = config.get("trainer.val_check_interval"), config.get("trainer.max_steps")
+    accumulate = config.get("trainer.accumulate_grad_batches") or 1
+    if not (_count(interval) and _count(steps) and _count(accumulate)) or steps < 1:
+        return None
+    batches = steps * accumulate
+    if interval <= batches:
+        return None
+    counted = f"{say('trainer.max_steps', steps)}"
+    if accumulate > 1:  # Lightning counts the interval in batches: accumulate_grad_batches of them a step
+        counted += f" × {say('trainer.accumulate_grad_batches', accumulate)} batches"
+    return (
+        f"{say('trainer.val_check_interval', interval)} is past {counted}: this run never validates, so it draws "
+        "no sample grids (samples/step_*.png), plots no val/loss and saves no checkpoint at validations, "
+        f"only last.ckpt{_no_loss_plot(config, say)} — pass --trainer.val_check_interval {batches} or less "
+        "to validate at least once (at the last step)"
+    )
+
+
+def _no_loss_plot(config: Namespace, say: SayOption) -> str:
+    """The clause of a note on a run without validation that says it writes no loss.png: a new run shorter than
+    log_every_n_steps logs no train/loss either, and the plot is drawn only when it has a point (a resumed run
+    has its earlier points)."""
+    steps, every = config.get("trainer.max_steps"), config.get("trainer.log_every_n_steps")
+    if config.get("ckpt_path") or not (_count(steps) and _count(every)) or steps < 1 or steps >= every:
+        return ""
+    return (
+        f", and as {say('trainer.max_steps', steps)} is less than {say('trainer.log_every_n_steps', every)} "
+        "it logs no train/loss either, so it writes no loss.png"
     )
 
 

@@ -6,6 +6,7 @@ Trainer refused, a preemption): said as the user's, or passed on as a bug.
 
 import contextlib
 import signal
+import sys
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -13,9 +14,10 @@ from jsonargparse import Namespace
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
+from diffusion.cli.command_line import remembered_written
 from diffusion.errors import DiskFull, UserError, is_disk_full
 from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, write_atomically
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
@@ -30,6 +32,9 @@ from diffusion.training.run_folders import (
     run_folder,
     training_in,
 )
+
+# The default recipe: what train.py reads when no --config is given.
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 
 
 class BuiltRun(Protocol):
@@ -108,6 +113,40 @@ def use_run_progress(trainer: Trainer, keep_bar: bool) -> None:
     callbacks.insert(first_checkpoint, LossPlot())
 
 
+def note_run_options_unused(
+    given: dict[str, Any], theirs: dict[str, Any], run: Path, checkpoint: str
+) -> None:
+    """A resume's logger options (save_dir, name, version: `given`, their run's values `theirs`) the user wrote
+    naming another run than the checkpoint's: the resumed run goes on in that run's folder, `run`, and they would
+    go unused without a word."""
+    unused = []
+    for key, value in given.items():
+        shown = _written_last(f"trainer.logger.init_args.{key}")
+        if shown is None or value is None:
+            continue
+        folder = f"version_{value}" if isinstance(value, int) else str(value)  # a version as loggers name it
+        if (Path(folder).absolute() if isinstance(theirs[key], Path) else folder) != theirs[key]:
+            unused.append(shown)
+    if unused and rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets the rank on it
+        stated = f"{' and '.join(unused)} {'is' if len(unused) == 1 else 'are'}"
+        print(
+            f"warning: {stated} not used: "
+            f"the resumed run goes on writing into its checkpoint's run folder, {run} — "
+            "to leave that run as it is, start a new one from its weights with "
+            f"--model.init_from {checkpoint} in place of --ckpt_path",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+
+
+def _written_last(key: str) -> str | None:
+    """The option `key` as the running command line gave it last (`--k v`, `run.yaml: k v`), None if unwritten
+    (or given by the default recipe, which train.py reads when no --config is given)."""
+    found = [item for item in remembered_written() if item.key == key]
+    if not found or (found[-1].file and Path(found[-1].file).resolve() == DEFAULT_CONFIG):
+        return None
+    return found[-1].shown()
+
+
 def fit(cli: BuiltRun) -> None:
     if cast(
         Any, cli.trainer
@@ -116,7 +155,8 @@ def fit(cli: BuiltRun) -> None:
         fit_in_run_folder(cli, [])
         return
     if cli.config.ckpt_path is None:  # a new run: its checkpoints go where no run's are
-        check_nothing_overwritten(run_folder(cli.trainer), cli.config.checkpoint.dirpath)
+        folder, logged = run_folder(cli.trainer), bool(cli.trainer.loggers)
+        check_nothing_overwritten(folder, cli.config.checkpoint.dirpath, logged, run_version(cli.config))
     created = new_run_folders(cli.trainer)
     # Rank 0 holds the run folder for the fit: a second job on it (a resume started twice) is refused here.
     with training_in(run_folder(cli.trainer)) if cli.trainer.is_global_zero else contextlib.nullcontext():
@@ -139,18 +179,50 @@ def write_nothing(trainer: Trainer) -> str:
     )
 
 
-def check_nothing_overwritten(folder: Path, checkpoint_dirpath: str | None) -> None:
+def check_nothing_overwritten(
+    folder: Path, checkpoint_dirpath: str | None, logged: bool = True, version: tuple[str, Any] | None = None
+) -> None:
     """A new run writes its checkpoints into a folder that holds none: Lightning would replace another run's
-    last.ckpt without a word (a run version named again, or --checkpoint.dirpath into another run's folder)."""
+    last.ckpt without a word. The refusal names what led there and its own fixes: --checkpoint.dirpath into
+    another run's folder, a run without a logger (`logged` False: it writes into the default_root_dir, `folder`,
+    itself) started again there, or a run version named again (`version`: the logger's key and value)."""
     checkpoints = Path(checkpoint_dirpath) if checkpoint_dirpath else folder / CHECKPOINTS
     found = checkpoint_files(checkpoints) if checkpoints.is_dir() else []
-    if found:
-        names = ", ".join(path.name for path in found[:3]) + (", ..." if len(found) > 3 else "")
-        raise UserError(
-            f"{checkpoints} holds another run's checkpoints ({names}), which this new run would write over",
-            "resume that run with --ckpt_path last (or a checkpoint's path), or start a new one elsewhere: leave "
-            "out --trainer.logger.init_args.version (a new version_N), or pass an empty --checkpoint.dirpath",
+    if not found:
+        return
+    names = ", ".join(path.name for path in found[:3]) + (", ..." if len(found) > 3 else "")
+    problem = f"{checkpoints} holds another run's checkpoints ({names}), which this new run would write over"
+    last = checkpoints / "last.ckpt"
+    resume = f"resume that run with --ckpt_path {last if last in found else found[-1]}"
+    if checkpoint_dirpath:
+        fix = "pass a new, empty folder as --checkpoint.dirpath (or leave it out: the run folder's checkpoints/)"
+    elif not logged:
+        problem += (
+            f": without a logger (--trainer.logger false) a run writes its checkpoints/, config.yaml, samples/ and "
+            f"loss.png straight into --trainer.default_root_dir, here {folder}"
         )
+        resume += " from the same folder (--ckpt_path last needs a logger: it finds runs by its name)"
+        fix = "start the new one in a new, empty folder: cd into one, or pass --trainer.default_root_dir NEW"
+    elif version is not None:
+        key, value = version
+        shown = (
+            _written_last(f"trainer.logger.init_args.{key}") or f"--trainer.logger.init_args.{key} {value}"
+        )
+        problem += f" ({shown} names that run's folder)"
+        fix = f"leave out --trainer.logger.init_args.{key} for a new run folder"
+    else:
+        fix = "start the new one in a new run folder"
+    raise UserError(problem, f"{resume}, or {fix}")
+
+
+def run_version(config: Namespace) -> tuple[str, Any] | None:
+    """The run folder the first logger's options name (TensorBoard's and CSV's version, W&B's id, MLflow's run
+    id), as (key, value); None when the logger picks a new one."""
+    loggers = config.trainer.logger
+    first: Any = (loggers[0] if loggers else None) if isinstance(loggers, list) else loggers
+    init_args = (first.get("init_args") if hasattr(first, "get") else None) or {}
+    keys = ("version", "id", "run_id")
+    return next(((key, init_args[key]) for key in keys if init_args.get(key) is not None), None)
 
 
 def fit_in_run_folder(cli: BuiltRun, created: list[Path]) -> None:

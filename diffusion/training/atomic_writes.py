@@ -19,6 +19,8 @@ import contextlib
 import os
 import secrets
 import shutil
+import struct
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,7 +33,7 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.strategies import Strategy
 
-from diffusion.errors import is_disk_full, naming_a_full_disk
+from diffusion.errors import CannotWrite, UserError, is_disk_full, naming_a_full_disk
 
 T = TypeVar("T")
 LEFTOVERS = ".*.ckpt.*.tmp"  # temporary names never end in .ckpt, so no glob for checkpoints picks them up
@@ -43,6 +45,56 @@ RUN_ON_ANOTHER_DISK = (
 
 def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+
+
+class CannotReplace(CannotWrite):
+    """The file already at a path refuses to be replaced, in a folder that takes new files (the new version was
+    written there): an immutable or append-only file (`chattr +i`), or another user's in a sticky folder. A
+    CannotWrite, whose usual fix (make the folder writable) would not help."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        UserError.__init__(
+            self,
+            f"cannot replace {path.name} in {path.parent} ({reason}): the folder takes new files, but {path.name} "
+            "itself refuses to be replaced",
+            f"check its attributes (lsattr {path}; chattr -i clears an immutable flag) and its owner, or move it "
+            "away; it is as it was, and the files written there before are intact",
+        )
+        self.folder, self.name = path.parent, path.name
+
+
+# Linux's file flags (linux/fs.h): FS_IOC_GETFLAGS, and the flags that make a file refuse to be replaced
+FS_IOC_GETFLAGS, REFUSING_FLAGS = 0x80086601, {0x10: "it is immutable", 0x20: "it is append-only"}
+
+
+def check_replaceable(path: Path) -> None:
+    """Raise CannotReplace where the file at `path`, which a run is about to replace, is immutable or append-only
+    (`chattr +i` / `+a`), before any work is spent: the save at the end would fail. Linux only; elsewhere, and on a
+    file system without the flags, nothing is known and nothing raised."""
+    if not sys.platform.startswith("linux") or not path.is_file():
+        return
+    import fcntl  # Unix only
+
+    try:
+        with open(path, "rb") as file:
+            found = fcntl.ioctl(file.fileno(), FS_IOC_GETFLAGS, struct.pack("i", 0))
+    except OSError:
+        return
+    flags = struct.unpack("i", found)[0]
+    for flag, reason in REFUSING_FLAGS.items():
+        if flags & flag:
+            raise CannotReplace(path, reason)
+
+
+def replace_into(temporary: Path, path: Path) -> None:
+    """`os.replace(temporary, path)`, where `temporary` was just written in `path`'s folder: a refusal then is the
+    file at `path` refusing to go (CannotReplace), unless the folder itself no longer takes writes."""
+    try:
+        os.replace(temporary, path)
+    except PermissionError as error:  # EPERM (an immutable file), EACCES
+        if os.path.lexists(path) and os.access(path.parent, os.W_OK | os.X_OK):
+            raise CannotReplace(path, error.strerror or type(error).__name__) from error
+        raise
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -91,7 +143,7 @@ def save_atomically(contents: Any, path: _PATH, full_disk_fix: str | None = None
                     raise writes.error from error
                 file.flush()
                 os.fsync(file.fileno())
-            os.replace(temporary, path)
+            replace_into(temporary, path)
     except BaseException:  # a full disk, Ctrl+C, ...: no temporary file stays behind
         temporary.unlink(missing_ok=True)
         raise
@@ -107,7 +159,7 @@ def write_atomically(path: _PATH, write: Callable[[Path], T], full_disk_fix: str
     try:
         with naming_a_full_disk(path, full_disk_fix):
             written = write(temporary)
-            os.replace(temporary, path)
+            replace_into(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -131,7 +183,7 @@ def link_atomically(target: _PATH, link: _PATH) -> None:
                 shutil.copyfile(target, temporary)
                 with open(temporary, "rb+") as file:
                     os.fsync(file.fileno())
-            os.replace(temporary, link)
+            replace_into(temporary, link)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

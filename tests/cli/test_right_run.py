@@ -191,3 +191,23 @@ def test_a_broken_last_link_beside_an_intact_checkpoint_is_passed_over_with_one_
         warnings[0],
     ), warnings
     assert Path(cli.config.ckpt_path).name == "step=4.ckpt" and cli.trainer.global_step == 6
+
+
+def test_a_logger_name_or_version_a_resume_by_path_does_not_use_is_said(runs, capsys):
+    """--trainer.logger.init_args.name (or version) with --ckpt_path PATH: the resume goes on in the checkpoint's
+    run folder, and the name, given to keep that run as it was, went unused without a word."""
+    checkpoint = str(runs / "run/version_0/checkpoints/last.ckpt")
+    other = ["--trainer.logger.init_args.name", "other", "--trainer.logger.init_args.version", "5"]
+    train(runs, "--ckpt_path", checkpoint, "--max_steps", "6", *other)
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warned == [
+        "warning: --trainer.logger.init_args.name other and --trainer.logger.init_args.version 5 are not used: the "
+        f"resumed run goes on writing into its checkpoint's run folder, {runs / 'run/version_0'} — to leave that "
+        f"run as it is, start a new one from its weights with --model.init_from {checkpoint} in place of --ckpt_path"
+    ]
+    assert not (runs / "other").exists()
+    # The run's own name and version (or none written) say nothing.
+    for same in ([], ["--trainer.logger.init_args.version", "0"]):
+        with pytest.raises(SystemExit):
+            train(runs, "--ckpt_path", checkpoint, "--max_steps", "8", *same, "--print_config")
+        assert "warning:" not in capsys.readouterr().err

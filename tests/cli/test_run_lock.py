@@ -119,17 +119,48 @@ def test_a_lock_file_removed_while_a_job_waited_on_it_is_not_trusted(tmp_path, m
 
 def test_a_new_run_does_not_write_over_another_runs_checkpoints(tmp_path, capsys):
     """A run version named again, or --checkpoint.dirpath into another run, replaced that run's last.ckpt (an
-    outside round lost a 400-step run so): refused, the run as it was; resuming it stays the way on."""
+    outside round lost a 400-step run so): refused, the run as it was; resuming it stays the way on. The refusal
+    offers the fixes of what led there (it told a user who gave no version to leave the version out)."""
     tiny_run(tmp_path / "runs", *QUICK)
     checkpoints = tmp_path / "runs" / "digits" / "version_0" / "checkpoints"
     before = {path.name: path.read_bytes() for path in checkpoints.iterdir()}
-    for again in (["--trainer.logger.init_args.version", "0"], ["--checkpoint.dirpath", str(checkpoints)]):
+    refused = (
+        f"error: {checkpoints} holds another run's checkpoints (last.ckpt, step=4.ckpt), which this new run "
+        "would write over"
+    )
+    resume = f"resume that run with --ckpt_path {checkpoints / 'last.ckpt'}"
+    for again, said in (
+        (["--trainer.logger.init_args.version", "0"],
+         f" (--trainer.logger.init_args.version 0 names that run's folder) — {resume}, or leave out "
+         "--trainer.logger.init_args.version for a new run folder"),
+        (["--checkpoint.dirpath", str(checkpoints)],
+         f" — {resume}, or pass a new, empty folder as --checkpoint.dirpath (or leave it out: the run folder's "
+         "checkpoints/)"),
+    ):  # fmt: skip
         save_dir = tmp_path / ("runs" if "version" in again[0] else "elsewhere")
         with pytest.raises(SystemExit) as exited:
             tiny_run(save_dir, *QUICK, *again)
         assert exited.value.code == 2
-        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-            f"error: {checkpoints} holds another run's checkpoints (last.ckpt, step=4.ckpt), which this new run "
-            "would write over — resume that run with --ckpt_path last"
-        )
+        assert capsys.readouterr().err.strip().splitlines()[-1] == refused + said
     assert {path.name: path.read_bytes() for path in checkpoints.iterdir()} == before
+
+
+def test_a_run_without_a_logger_started_again_in_its_folder_is_told_where_it_writes(tmp_path, capsys):
+    """--trainer.logger false writes straight into default_root_dir (the current folder): a second such run
+    there is refused, naming that folder and fixes that work without a logger (no version_N, no `last`)."""
+    folder = tmp_path / "here"
+    flags = [*TINY_UNET, *QUICK, "--trainer.logger", "false", "--trainer.default_root_dir", str(folder)]
+    main(flags)
+    with pytest.raises(SystemExit) as exited:
+        main(flags)
+    assert exited.value.code == 2
+    checkpoints = folder / "checkpoints"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {checkpoints} holds another run's checkpoints (last.ckpt, step=4.ckpt), which this new run would "
+        "write over: without a logger (--trainer.logger false) a run writes its checkpoints/, config.yaml, "
+        f"samples/ and loss.png straight into --trainer.default_root_dir, here {folder} — resume that run with "
+        f"--ckpt_path {checkpoints / 'last.ckpt'} from the same folder (--ckpt_path last needs a logger: it finds "
+        "runs by its name), or start the new one in a new, empty folder: cd into one, or pass "
+        "--trainer.default_root_dir NEW"
+    )
+    assert {p.name for p in folder.iterdir()} >= {"checkpoints", "config.yaml", "samples", "loss.png"}

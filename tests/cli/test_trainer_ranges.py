@@ -16,6 +16,7 @@ from diffusion.cli.train import main as train
 from diffusion.cli.trainer_options import check_trainer_option_ranges, validation_off_note, warmup_note
 
 NO_LOGGER = ["--trainer.logger", "false"]
+VALIDATING_AT_2 = ["--trainer.val_check_interval", "2"]
 
 
 @pytest.mark.parametrize(
@@ -93,7 +94,9 @@ def test_a_warmup_longer_than_the_run_is_said_in_a_warning():
 def test_a_warmup_the_run_finishes_or_a_run_without_max_steps_says_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        DiffusionCLI([*TINY_UNET, "--model.warmup_steps", "2", "--max_steps", "2", *NO_LOGGER])
+        DiffusionCLI(
+            [*TINY_UNET, "--model.warmup_steps", "2", "--max_steps", "2", *VALIDATING_AT_2, *NO_LOGGER]
+        )
     for model, trainer in [
         ({"warmup_steps": 5000}, {"max_steps": -1}),
         ({"warmup_steps": 0}, {"max_steps": 1}),
@@ -163,3 +166,43 @@ def test_save_top_k_0_keeps_last_ckpt_alone(tmp_path):
     # What the refusal of enable_checkpointing false offers instead.
     train(train_args(["--checkpoint.save_top_k", "0"], tmp_path, tmp_path / "runs"))
     assert [path.name for path in (tmp_path / "runs").rglob("*.ckpt")] == ["last.ckpt"]
+
+
+def test_a_validation_interval_past_the_run_is_said_in_a_warning(tmp_path):
+    # --trainer.val_check_interval 500 with --max_steps 2: no validation, no sample grid, no loss.png, no word.
+    flags = [*TINY_UNET, "--max_steps", "2", "--trainer.val_check_interval", "500"]
+    with pytest.warns(UserWarning) as caught:
+        DiffusionCLI([*flags, *NO_LOGGER])
+    notes = [str(w.message) for w in caught if "never validates" in str(w.message)]
+    assert notes == [
+        "--trainer.val_check_interval 500 is past --trainer.max_steps 2: this run never validates, so it draws no "
+        "sample grids (samples/step_*.png), plots no val/loss and saves no checkpoint at validations, only "
+        "last.ckpt, and as --trainer.max_steps 2 is less than --trainer.log_every_n_steps 10 it logs no train/loss "
+        "either, so it writes no loss.png — pass --trainer.val_check_interval 2 or less to validate at least once "
+        "(at the last step)"
+    ]
+    # What it says is what the run does: no grid and no loss.png; the fix it gives draws both.
+    for interval, validated in (("500", False), ("2", True)):
+        runs = tmp_path / interval
+        train(train_args(["--max_steps", "2", "--trainer.val_check_interval", interval], tmp_path, runs))
+        (run,) = runs.glob("*/version_0")
+        assert (run / "loss.png").exists() is validated and (run / "samples").exists() is validated
+
+
+def test_the_interval_counts_batches_and_a_resume_has_its_loss_plot():
+    def note(**trainer):
+        config = {"max_steps": 2, "val_check_interval": 6, "log_every_n_steps": 10, **trainer}
+        return validation_off_note(Namespace(trainer=Namespace(**config)))
+
+    assert note() is not None and note(max_steps=6) is None and note(val_check_interval=0.5) is None
+    # Lightning counts the interval in batches: 2 steps of 3 batches validate at the 6th.
+    assert note(accumulate_grad_batches=3) is None
+    assert "× --trainer.accumulate_grad_batches 2 batches" in note(accumulate_grad_batches=2)
+    assert "loss.png" not in note(log_every_n_steps=2)  # train/loss at step 2: loss.png is drawn at the end
+    resumed = Namespace(
+        trainer=Namespace(max_steps=2, val_check_interval=6, log_every_n_steps=10), ckpt_path="c"
+    )
+    assert "loss.png" not in validation_off_note(resumed)  # its earlier points are drawn
+    # limit_val_batches 0 on a run shorter than the logging interval: no loss.png either, said so
+    off = Namespace(trainer=Namespace(limit_val_batches=0, max_steps=2, log_every_n_steps=10))
+    assert "so it writes no loss.png" in validation_off_note(off)

@@ -1,0 +1,122 @@
+"""A file a save would replace that refuses to go (immutable, `chattr +i`; another user's in a sticky folder), in a
+folder that takes new files: the line names the file and how to check it, not "make that folder writable" (the
+new version was just written beside it); the file is as it was and no temporary file stays. A folder that refuses
+is still said as the folder."""
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import QUICK, tiny_run
+
+from diffusion.errors import MAKE_WRITABLE, CannotWrite
+from diffusion.training import atomic_writes
+from diffusion.training.atomic_writes import (
+    CannotReplace,
+    check_replaceable,
+    link_atomically,
+    save_atomically,
+    write_atomically,
+)
+
+
+def saved(folder: Path) -> tuple[Path, bytes]:
+    path = folder / "last.ckpt"
+    save_atomically({"step": 1, "weights": torch.arange(4.0)}, path)
+    return path, path.read_bytes()
+
+
+def refusing_replace(monkeypatch) -> None:
+    def replace(source, target):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(atomic_writes.os, "replace", replace)
+
+
+def replaced_by_each_writer(path: Path) -> list:
+    return [
+        lambda: save_atomically({"step": 2}, path),
+        lambda: write_atomically(path, lambda into: into.write_bytes(b"new")),
+        lambda: link_atomically(path.with_name("step=2.ckpt"), path),
+    ]
+
+
+def test_a_file_that_refuses_to_be_replaced_is_named_not_its_folder(tmp_path, monkeypatch):
+    path, before = saved(tmp_path)
+    (tmp_path / "step=2.ckpt").write_bytes(b"x")
+    refusing_replace(monkeypatch)
+    for write in replaced_by_each_writer(path):
+        with pytest.raises(CannotReplace) as raised:
+            write()
+        assert str(raised.value) == (
+            f"cannot replace last.ckpt in {tmp_path} (Operation not permitted): the folder takes new files, but "
+            f"last.ckpt itself refuses to be replaced — check its attributes (lsattr {path}; chattr -i clears an "
+            "immutable flag) and its owner, or move it away; it is as it was, and the files written there before "
+            "are intact"
+        )
+        assert isinstance(raised.value, CannotWrite) and isinstance(raised.value, OSError)
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step=2.ckpt"]
+
+
+def test_a_folder_that_refuses_the_rename_is_still_said_as_the_folder(tmp_path, monkeypatch):
+    path, before = saved(tmp_path)
+    refusing_replace(monkeypatch)
+    monkeypatch.setattr(atomic_writes.os, "access", lambda *args, **kwargs: False)
+    with pytest.raises(CannotWrite) as raised:
+        save_atomically({"step": 2}, path)
+    assert not isinstance(raised.value, CannotReplace)
+    assert str(raised.value) == (
+        f"cannot write last.ckpt into {tmp_path} (Operation not permitted) — {MAKE_WRITABLE}"
+    )
+    assert path.read_bytes() == before
+
+
+def test_a_real_immutable_file_is_named(tmp_path):
+    path, before = saved(tmp_path)
+    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
+    try:
+        with pytest.raises(
+            CannotReplace, match=r"^cannot replace last\.ckpt in .* itself refuses to be replaced"
+        ):
+            save_atomically({"step": 2}, path)
+        assert os.access(tmp_path, os.W_OK) and path.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def made_immutable(path: Path) -> None:
+    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
+
+
+def test_a_resume_whose_last_ckpt_is_immutable_is_refused_before_training(tmp_path, capsys):
+    """The run trained to its end and then failed to save last.ckpt, blaming the writable folder: now refused at
+    the start, naming the file."""
+    tiny_run(tmp_path / "runs", *QUICK)
+    last = tmp_path / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    check_replaceable(last)  # a plain file passes
+    made_immutable(last)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            tiny_run(tmp_path / "runs", *QUICK, "--ckpt_path", "last", "--max_steps", "6")
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"error: cannot replace last.ckpt in {last.parent} (it is immutable): the folder takes new files, but "
+            f"last.ckpt itself refuses to be replaced — check its attributes (lsattr {last}; chattr -i clears an "
+            "immutable flag) and its owner, or move it away; it is as it was, and the files written there before "
+            "are intact"
+        )
+        assert sorted(p.name for p in last.parent.iterdir()) == [
+            "last.ckpt",
+            "step=4.ckpt",
+        ]  # nothing trained
+    finally:
+        subprocess.run(["chattr", "-i", str(last)], check=True)
