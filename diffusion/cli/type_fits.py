@@ -109,7 +109,11 @@ def said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> 
                 f"pass a value {' and '.join(f'{op} {limit}' for op, limit in bounds)}",
             )
     listed = yaml_or_none(values[-1]) if values[-1].lstrip().startswith("[") else None
-    if isinstance(listed, list) and (item_hint := _item_type(kinds)) is not None:
+    written = shown.split(": ", 1)[-1].split(" ", 1)[-1]  # the value as the user wrote it: `[1, 2.5]`, `abc`
+    as_a_list = any(
+        mark in written for mark in "[, "
+    )  # one bare word is said as no list, in a file as a flag
+    if as_a_list and isinstance(listed, list) and (item_hint := _item_type(kinds)) is not None:
         for item in listed:  # `channel_mult [1, 2.5]` was "not a valid list": say the item that is not
             if not isinstance(item, list | dict) and not fits(item_hint, [as_text(item)], None):
                 return said_of(f"{shown}: its item {as_text(item)}", item_hint, [as_text(item)])

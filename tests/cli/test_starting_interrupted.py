@@ -5,7 +5,7 @@ an import, no silent SIGTERM death (`diffusion/starting.py`).
 Each entry point runs cold, as users start it (`python -m diffusion.X`, `python train.py`), with a
 `sitecustomize` on PYTHONPATH whose import hook holds the first import of torch: it says so on stderr and waits.
 The test sends the signal once it has read that line, so the signal always arrives inside the import (no
-sleeping, no racing on timing); the hook's wait ends by itself after a minute, far past the test's timeout.
+sleeping, no racing on timing); the hook's wait ends by itself after ten minutes, far past the test's timeout.
 """
 
 import os
@@ -27,7 +27,7 @@ class HoldTorch:
             sys.meta_path.remove(self)
             sys.stderr.write({HELD!r} + "\\n")
             sys.stderr.flush()
-            time.sleep(60)
+            time.sleep(600)
         return None
 
 sys.meta_path.insert(0, HoldTorch())
@@ -57,7 +57,7 @@ def stopped_while_importing(command: list[str], signal_name: str, tmp_path) -> t
         before = process.stderr.readline()  # the hook's line once it holds the import ("" at an early exit)
         assert before == f"{HELD}\n", before + process.stderr.read()[-3000:]  # nothing said before it
         process.send_signal(getattr(signal, signal_name))
-        _, stderr = process.communicate(timeout=30)
+        _, stderr = process.communicate(timeout=120)  # a loaded machine's exit, not the hook's wait
     finally:
         process.kill()
         process.wait()
