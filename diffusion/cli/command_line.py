@@ -28,6 +28,7 @@ from diffusion.cli.jsonargparse_internals import (
     declared_type,
     loads_a_group_file,
     number_bounds,
+    print_config_options,
 )
 
 PRINT_CONFIG = "--print_config"
@@ -255,15 +256,23 @@ def without_print_config(argv: Sequence[str]) -> tuple[list[str], str | None]:
     return kept, (requested[-1] if requested else None)
 
 
-def print_config_problem(argv: Sequence[str]) -> tuple[str, str] | None:
-    """(what is wrong, fix) for `--print_config skip_default`: its options go after an '=' (else the word is
-    read as a value of the flag before it)."""
+def print_config_problem(parser: ArgumentParser, argv: Sequence[str]) -> tuple[str, str] | None:
+    """(what is wrong, fix) for `--print_config skip_default` (its options go after an '=': else the word is
+    read as a value of the flag before it) and for an option it does not take (`--print_config=comments` without
+    ruamel.yaml)."""
+    options = print_config_options(parser)
+    taken = f"({', '.join(options)}; several comma-separated)" if options else "(see --help)"
     for arg, after in zip(argv, [*argv[1:], None], strict=True):
         if arg == PRINT_CONFIG and after is not None and not after.startswith("-"):
             return (
                 f"{PRINT_CONFIG} {after}: {PRINT_CONFIG} takes its options after an '='",
-                f"write {PRINT_CONFIG}={after} (skip_default, skip_null or comments, comma-separated)",
+                f"write {PRINT_CONFIG}={after} {taken}",
             )
+        asked = arg.partition("=")[2].split(",") if arg.startswith(f"{PRINT_CONFIG}=") else []
+        # skip_null: skip_unset's old name, which jsonargparse still takes (with a deprecation warning)
+        unknown = [option for option in asked if options and option not in (*options, "", "skip_null")]
+        if unknown:
+            return f"{arg}: {unknown[0]} is not an option of {PRINT_CONFIG}", f"pass some of {taken[1:-1]}"
     return None
 
 

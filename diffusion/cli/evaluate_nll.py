@@ -31,7 +31,8 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import PositiveInt
 from torch.utils.data import DataLoader, Dataset
 
-from diffusion.cli.command_line import written_as
+from diffusion.cli.command_line import flags_written, written_as
+from diffusion.cli.config_files import read_config_file
 from diffusion.cli.evaluate_notes import note_unused
 from diffusion.cli.flags import (
     add_flags,
@@ -109,11 +110,20 @@ def estimate_line(seconds: float, num_images: int, num_timesteps: int, device: t
 
 
 def requested(argv: list[str] | None = None) -> bool:
-    """Whether `python -m diffusion.evaluate` was given --nll (on the command line, or in `argv`)."""
-    args = sys.argv[1:] if argv is None else argv
-    return any(
-        arg == "--nll" or arg.startswith("--nll=") and arg[6:].lower() in ("true", "yes") for arg in args
-    )
+    """Whether `python -m diffusion.evaluate` was given --nll (on the command line, or in `argv`), or a --config
+    file that sets `nll: true` (the last word wins, as in a parse)."""
+    asked = False
+    for key, values in flags_written(sys.argv[1:] if argv is None else argv):
+        if key == "nll":
+            asked = not values or str(values[-1]).lower() in ("true", "yes")
+        elif key == "config" and values:
+            try:
+                options = read_config_file(values[-1])
+            except SyntaxError:  # not YAML: the parse says so
+                continue
+            if isinstance(options, dict) and "nll" in options:
+                asked = options["nll"] is True
+    return asked
 
 
 def build_parser() -> ArgumentParser:

@@ -155,24 +155,26 @@ def check_paths_given(args: Any, *names: str) -> None:
         check_path_given(getattr(args, name), f"--{name}")
 
 
-def check_writable_folder(path: str | os.PathLike, flag: str) -> None:
+def check_writable_folder(path: str | os.PathLike, flag: str, given: str | os.PathLike | None = None) -> None:
     """Raise UserError unless `path` is a folder this process can write into, or could create.
 
-    Nothing is created: the nearest existing ancestor is tested by writing a temporary file there.
+    Nothing is created: the nearest existing ancestor is tested by writing a temporary file there. `given`: the
+    flag's value when `path` is the folder of it (a file's `--out`); the line quotes it, as the user typed it.
     """
-    check_path_given(path, flag)
+    check_path_given(path if given is None else given, flag)
     path = Path(path).expanduser()
-    if path.exists() and not path.is_dir():
+    shown = path if given is None else given
+    if given is None and path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path} is a file, not a folder", "pass a folder (it is created if missing)")
     existing = next(p for p in [path, *path.absolute().parents] if p.exists())
     if not existing.is_dir():
-        raise UserError(f"{flag} {path}: {existing} is a file, not a folder", "pass a path through folders")
+        raise UserError(f"{flag} {shown}: {existing} is a file, not a folder", "pass a path through folders")
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
         raise UserError(
-            f"{flag} {path}: cannot write into {existing} ({err.strerror or err})",
+            f"{flag} {shown}: cannot write into {existing} ({err.strerror or err})",
             "pick a folder you can write to",
         ) from err
 

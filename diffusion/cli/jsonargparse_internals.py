@@ -70,3 +70,13 @@ def is_required(parser: ArgumentParser, action: Action) -> bool:
     """Whether the flag must be given: argparse's `required`, which jsonargparse before 4.40 kept False, holding
     the required keys in a set of the parser's own."""
     return bool(action.required) or action.dest in getattr(parser, "required_args", ())
+
+
+def print_config_options(parser: ArgumentParser) -> list[str] | None:
+    """The options `--print_config=...` takes in this jsonargparse (`skip_default`, `skip_unset`, `comments`
+    where ruamel.yaml is installed; releases rename them), read from its help; None where it cannot be read."""
+    action = action_of(parser, "print_config")
+    help_text = getattr(action, "help", None) or ""
+    _, found, listed = help_text.partition("supported flags are:")
+    options = [word.strip(" .") for word in listed.split(",") if word.strip(" .")]
+    return options if found and options and all(word.isidentifier() for word in options) else None

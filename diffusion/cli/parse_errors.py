@@ -124,7 +124,7 @@ def parsed_command_line(
     takes; a refusal raises `BadCommandLine`, and so does an option given under its old name (a key of `renamed`)
     and its new one with different values."""
     argv = sys.argv[1:] if argv is None else argv
-    if (problem := print_config_problem(argv)) is not None:
+    if (problem := print_config_problem(parser, argv)) is not None:
         raise BadCommandLine(*problem)
     written, print_request = without_print_config(argv)
     items = list(
@@ -162,15 +162,15 @@ def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException)
             return found
     if deferred:
         return deferred
-    keys = {plain_key(item.key) for item in written}
     for action in actions(parser):
-        if (
-            is_required(parser, action)
-            and plain_key(action.dest) not in keys
-            and _default(parser, action.dest) is None
-        ):
-            flag = action.option_strings[-1]
+        if not is_required(parser, action) or _default(parser, action.dest) is not None:
+            continue
+        flag, key = action.option_strings[-1], plain_key(action.dest)
+        given = [item for item in written if plain_key(item.key) == key]
+        if not given:
             return f"{flag} is required", f"pass {flag} VALUE (see --help)"
+        if given[-1].file is not None and given[-1].values == (None,):  # `ckpt:` with nothing after it
+            return f"{given[-1].file}: {key} is blank, and it is required", f"write its value after '{key}:'"
     return " ".join(str(error).split()), _FLAG_HELP
 
 

@@ -110,7 +110,7 @@ def check_out(out: str | None, overwrite: bool) -> None:
         raise UserError(
             f"--out {out} is a folder", "pass the path of the checkpoint to write, e.g. phema.ckpt"
         )
-    check_writable_folder(path.parent, "--out")
+    check_writable_folder(path.parent, "--out", given=out)
     if path.exists() and not overwrite:
         raise UserError(f"--out {out} exists", "pass --overwrite to replace it, or another --out")
 

@@ -296,13 +296,13 @@ def _argument_choosing(classes: list[type], value: str) -> tuple[str, str] | Non
         if not cls.__module__.startswith(_CHOSEN_CLASSES):
             continue
         try:
-            hints = typing.get_type_hints(cls.__init__)
+            parameters = inspect.signature(cls, eval_str=True).parameters.values()
         except Exception:  # noqa: BLE001  # a signature Python cannot read names nothing
             continue
-        for argument, hint in hints.items():
-            kinds_of = [kind for kind in alternatives(hint) if get_origin(kind) is Literal]
+        for parameter in parameters:
+            kinds_of = [kind for kind in alternatives(parameter.annotation) if get_origin(kind) is Literal]
             if any(value in get_args(kind) for kind in kinds_of):
-                return cls.__name__, argument
+                return cls.__name__, parameter.name
     return None
 
 

@@ -17,7 +17,13 @@ import torch
 from PIL import Image
 from torchvision.utils import make_grid
 
-from diffusion.errors import InvalidValue, MissingFile, WrongType, check_whole_number
+from diffusion.errors import (
+    InvalidValue,
+    MissingFile,
+    WrongType,
+    check_whole_number,
+    naming_a_full_disk,
+)
 
 FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG"}  # suffix -> PIL's format
 HALF_A_LEVEL = (
@@ -138,7 +144,7 @@ def save_image_grid(images: torch.Tensor, path: str | Path, nrow: int | None = N
     uint8 in 0..255 (`to_uint8(samples, module.normalization)`). The format is `path`'s suffix: .png, or .jpg
     (.jpeg). Samples in model units (-1..1), values that are not finite, other channel counts and other suffixes
     are refused by the argument's name (a ValueError; a folder that is not there, FileNotFoundError), not drawn as
-    something else."""
+    something else. A folder that refuses the write, or a full disk, is said naming the picture (an OSError)."""
     check_images(images, f"pass {TAKES}, (N, C, H, W)")
     picture = check_picture_path(path)
     if nrow is not None:
@@ -150,7 +156,10 @@ def save_image_grid(images: torch.Tensor, path: str | Path, nrow: int | None = N
     pixels = (
         grid if grid.dtype == torch.uint8 else grid.float().mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
     )
-    Image.fromarray(pixels.permute(1, 2, 0).cpu().numpy()).save(
-        picture, format=FORMATS[picture.suffix.lower()]
-    )
+    # A folder that refuses the file (no permission, immutable, read-only) or a full disk: one line naming the
+    # picture and its folder (CannotWrite, DiskFull: OSErrors still), not PIL's bare PermissionError.
+    with naming_a_full_disk(picture, "free space on that disk, or save the picture on another disk"):
+        Image.fromarray(pixels.permute(1, 2, 0).cpu().numpy()).save(
+            picture, format=FORMATS[picture.suffix.lower()]
+        )
     return grid

@@ -28,7 +28,14 @@ from torchmetrics import Metric
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
+from diffusion.errors import (
+    InvalidValue,
+    OutOfRange,
+    UserError,
+    WrongType,
+    check_bool,
+    check_whole_number,
+)
 from diffusion.generation.image_grid import FROM_SAMPLES, HALF_A_LEVEL, check_images
 from diffusion.metrics.features import (
     Features,
@@ -47,6 +54,32 @@ KID_SUBSET_SIZE = 1000  # torch-fidelity's and Binkowski et al. 2018's
 
 FEATURE_BATCH = 250  # images through a feature extractor at once (the evaluate command's --batch_size)
 
+# The options torchmetrics' Metric.__init__ pops from its keywords (1.x); it refuses any other, without naming them.
+METRIC_OPTIONS = (
+    "compute_on_cpu",
+    "dist_sync_on_step",
+    "process_group",
+    "dist_sync_fn",
+    "distributed_available_fn",
+    "sync_on_compute",
+    "compute_with_cache",
+)
+
+
+class UnexpectedKeyword(UserError, TypeError):
+    """A keyword argument the function does not take: a TypeError, as Python's own for a bad keyword."""
+
+
+def check_metric_options(options: dict[str, Any]) -> None:
+    """Refuse keywords that are not torchmetrics' Metric options, naming them and the ones accepted."""
+    unknown = [name for name in options if name not in METRIC_OPTIONS]
+    if unknown:
+        raise UnexpectedKeyword(
+            f"SampleQuality got unexpected keyword arguments {unknown}",
+            "pass only its own arguments (features, metrics, channels, reference, kid_subset_size, kid_subsets, "
+            f"is_splits, inception_weights) and torchmetrics' Metric options: {', '.join(METRIC_OPTIONS)}",
+        )
+
 
 class SampleQuality(nn.Module):
     """FID, KID and IS of uint8 (N, C, H, W) images fed with ``update(images, real=...)``.
@@ -60,7 +93,8 @@ class SampleQuality(nn.Module):
         kid_subsets: how many random subsets KID averages.
         is_splits: the Inception Score's splits (10, as the papers).
         inception_weights: a local copy of the InceptionV3 weights (offline machines).
-        metric_kwargs: torchmetrics' Metric options (e.g. ``compute_on_cpu``), for every metric.
+        metric_kwargs: torchmetrics' Metric options (`METRIC_OPTIONS`, e.g. ``compute_on_cpu``), for every metric;
+            any other keyword is refused (a TypeError).
     """
 
     def __init__(
@@ -77,6 +111,7 @@ class SampleQuality(nn.Module):
         **metric_kwargs: Any,
     ) -> None:
         super().__init__()
+        check_metric_options(metric_kwargs)
         check_features(features)
         names = list(get_args(QualityMetric))
         if isinstance(metrics, str):  # iterated, "fid" would be the metrics 'f', 'i', 'd'

@@ -37,6 +37,10 @@ PREDICTION_TYPES = {"epsilon": "eps", "sample": "x0", "v_prediction": "v"}
 VARIANCES = {"fixed_small": "fixedsmall", "fixed_large": "fixedlarge"}
 FIX = "pass a DDPMPipeline folder (model_index.json, unet/, scheduler/) or a UNet2DModel folder (config.json)"
 WHOLE = "copy the model's folder again, whole (save_pretrained writes config.json beside the weights)"
+DAMAGED = (
+    "copy the model's folder again, or export it again from its checkpoint "
+    "(python -m diffusion.export --format diffusers)"
+)
 
 
 INIT_FROM = "{DiffusionModule:--init_from}"  # the option these weights are read for
@@ -168,9 +172,18 @@ def read_unet_weights(folder: Path, part: str = "") -> dict[str, torch.Tensor]:
                 if name.endswith(".safetensors"):
                     return load_file(path)
                 return torch.load(path, map_location="cpu", weights_only=True)
+            except PermissionError as err:  # the system refuses to read it: nothing is wrong with its bytes
+                raise CannotRead(
+                    f"its weights {part}{name} cannot be read ({err.strerror or err})",
+                    "make the file readable for this user",
+                ) from err
             except (SafetensorError, RuntimeError, OSError, pickle.UnpicklingError, EOFError) as err:
-                raise InvalidValue(f"its weights {part}{name} cannot be read ({str(err) or type(err).__name__})",
-                                WHOLE) from err  # fmt: skip
+                # The file is there but its bytes are not weights: WHOLE's config.json would not be the cause.
+                raise InvalidValue(
+                    f"its weights {part}{name} cannot be read ({str(err) or type(err).__name__}): "
+                    "the file is damaged or cut short (a bad copy or a failing disk)",
+                    DAMAGED,
+                ) from err
     raise InvalidValue(f"it has no weights: no {part}{' or '.join(WEIGHT_FILES)}", WHOLE)
 
 

@@ -190,3 +190,16 @@ def test_a_learned_variance_checkpoint_is_evaluated_with_its_own_variance(tmp_pa
     with pytest.raises(SystemExit):
         evaluate_nll.main(["--ckpt", str(ckpt), "--variance", "fixedlarge"])
     assert "this model learned its variance — leave --variance out" in capsys.readouterr().err
+
+
+def test_nll_set_in_a_config_file_chooses_the_nll_command(tmp_path):
+    """Round 9's Q3: `nll: true` in a --config file was refused as `nll is not an option of this command`."""
+    from diffusion.cli import evaluate_nll
+
+    (tmp_path / "run.yaml").write_text("nll: true\nckpt: last.ckpt\n")
+    (tmp_path / "off.yaml").write_text("nll: false\n")
+    config, off = ["--config", str(tmp_path / "run.yaml")], ["--config", str(tmp_path / "off.yaml")]
+    assert evaluate_nll.requested(config)
+    assert evaluate_nll.requested(["--nll"]) and evaluate_nll.requested(["--nll=true"])
+    assert not evaluate_nll.requested([*config, "--nll=false"])  # the last word wins, as in the parse
+    assert not evaluate_nll.requested([*config, *off]) and not evaluate_nll.requested(["--samples", "s.npz"])

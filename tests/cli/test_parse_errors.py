@@ -18,6 +18,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse.typing import Path_fr
 
 from diffusion.cli.command_line import everything_written
+from diffusion.cli.jsonargparse_internals import print_config_options
 from diffusion.cli.parse_errors import BadCommandLine, check_one_name_each, flags_written, parse_command_line
 from diffusion.errors import UserError
 
@@ -117,6 +118,10 @@ def test_print_config_prints_the_whole_command_line_wherever_it_is(where, tmp_pa
     assert (printed["lr"], printed["num_samples"], printed["out"]) == (0.25, 8, "s")
 
 
+# What this jsonargparse's --print_config takes (releases rename them: skip_null, skip_unset; comments with ruamel).
+PRINT_CONFIG_OPTIONS = ", ".join(print_config_options(a_parser()) or ["?"])
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
@@ -134,13 +139,23 @@ def test_print_config_prints_the_whole_command_line_wherever_it_is(where, tmp_pa
                 "s",
             ],  # its options written as a value: taken as --config's by train.py, which has one first
             "--print_config skip_default: --print_config takes its options after an '=' — write "
-            "--print_config=skip_default (skip_default, skip_null or comments, comma-separated)",
+            f"--print_config=skip_default ({PRINT_CONFIG_OPTIONS}; several comma-separated)",
         ),
     ],
 )
 def test_print_config_refuses_what_the_command_refuses(flags, expected, capsys):
     options = ["skip_default"] if "skip_default" in expected else []
     assert refused(["--print_config", *options, *flags]) == expected
+    assert capsys.readouterr().out == ""
+
+
+def test_print_config_says_the_options_it_takes(capsys):
+    """`--print_config=comments` (no ruamel.yaml here) was `Invalid option "comments" for --print_config — see
+    --help ... (--print_config for a full config)`: a fix that sent the user back to the flag."""
+    assert refused(["--print_config=skip_default,bogus", "--out", "s"]) == (
+        f"--print_config=skip_default,bogus: bogus is not an option of --print_config — pass some of "
+        f"{PRINT_CONFIG_OPTIONS}; several comma-separated"
+    )
     assert capsys.readouterr().out == ""
 
 

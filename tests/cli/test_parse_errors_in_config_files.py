@@ -65,6 +65,9 @@ FILE_CASES = {  # id: (the file's text, the line)
     "a_group_as_one_value": ("optimizer: 5\n", "run.yaml: optimizer 5: optimizer is a group of options, not one "
                              "value — write its options under it as name: value lines, or the path of a YAML file "
                              "of them"),
+    # A required option left blank (`ckpt:`): it was argparse's "the following arguments are required", no file.
+    "a_required_option_left_blank": ("out:\n", "run.yaml: out is blank, and it is required — write its value "
+                                     "after 'out:'"),
     "a_number_where_text_goes": ("out: 8\n", "run.yaml: out 8 is a number, not text — write it in quotes: '8'"),
     "init_args_as_a_list": ("data:\n  class_path: diffusion.data.ImageDataModule\n  init_args: [8]\n",
                             "run.yaml: data.init_args [8]: init_args holds the arguments of the class, by name — "

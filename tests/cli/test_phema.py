@@ -153,6 +153,19 @@ PHEMA_CASES = {  # id: (flags, what the line must say)
         r"--out .*mine.ckpt exists — pass --overwrite",
     ),
     "out_is_a_folder": ([*RUN, "--sigma_rel", "0.1", "--out", "{user}/runs"], r"--out .*runs is a folder"),
+    # The line quoted the folder as if it were --out's value ("--out /proc: cannot write into /proc").
+    "out_unwritable": (
+        [*RUN, "--sigma_rel", "0.1", "--out", "/proc/x.ckpt"],
+        r"^error: --out /proc/x.ckpt: cannot write into /proc \(.*\) — pick a folder you can write to",
+    ),
+    "out_in_a_new_folder_unwritable": (
+        [*RUN, "--sigma_rel", "0.1", "--out", "/proc/sub/x.ckpt"],
+        r"^error: --out /proc/sub/x.ckpt: cannot write into /proc \(",
+    ),
+    "out_under_a_file": (
+        [*RUN, "--sigma_rel", "0.1", "--out", "{user}/a_file/x.ckpt"],
+        r"^error: --out \S*/a_file/x.ckpt: \S*/a_file is a file, not a folder — pass a path through folders",
+    ),
     "run_missing": (
         ["--run", "{user}/nope", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
         r"is not a folder",

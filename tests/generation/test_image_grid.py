@@ -4,13 +4,17 @@ library's words: samples in model units (every negative value black), 0..255 in 
 (black), 2 channels (gray + alpha), no images, a path that names no picture format. (The other argument checks of the
 public API: tests/test_public_api_arguments.py.)"""
 
+import builtins
+import errno
+import os
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from diffusion import denormalize, save_image_grid, to_uint8
-from diffusion.errors import InvalidValue
+from diffusion.errors import CannotWrite, DiskFull, InvalidValue
 from diffusion.generation.image_grid import HALF_A_LEVEL
 
 NORMALIZATION = {"shift": [0.5], "scale": [0.5]}
@@ -87,3 +91,40 @@ def test_a_path_it_cannot_write_a_picture_to_is_refused_by_its_name(path, expect
     with pytest.raises(ValueError if path != "missing/grid.png" else FileNotFoundError, match=expected):
         save_image_grid(torch.rand(2, 1, 4, 4), str(tmp_path / path) if path else path)
     assert not list(tmp_path.iterdir())
+
+
+def refusing_open(folder, error_number):
+    """`open` for which `folder` refuses new files with `error_number`, as an immutable or full one does."""
+    real = builtins.open
+
+    def opening(path, *args, **kwargs):
+        if str(path).startswith(str(folder)):
+            raise OSError(error_number, os.strerror(error_number), str(path))
+        return real(path, *args, **kwargs)
+
+    return opening
+
+
+@pytest.mark.parametrize(
+    ("error_number", "kind", "expected"),
+    [
+        (
+            errno.EPERM,
+            CannotWrite,
+            r"^cannot write a.png into \S+ \(Operation not permitted\) — make that folder ",
+        ),
+        (
+            errno.ENOSPC,
+            DiskFull,
+            r"^no space left on the disk of \S+ while saving a.png — free space on that disk",
+        ),
+    ],
+    ids=["immutable-folder", "full-disk"],
+)
+def test_a_folder_that_refuses_the_picture_is_said_naming_it_and_the_fix(error_number, kind, expected, tmp_path,
+                                                                          monkeypatch):  # fmt: skip
+    # PIL's bare "PermissionError: [Errno 1] Operation not permitted: 'imm/a.png'" (tester 9b, R8)
+    monkeypatch.setattr(builtins, "open", refusing_open(tmp_path, error_number))
+    with pytest.raises(kind, match=expected) as refused:
+        save_image_grid(torch.zeros(2, 1, 8, 8), tmp_path / "a.png")
+    assert isinstance(refused.value, OSError) and str(tmp_path) in str(refused.value)

@@ -2,11 +2,14 @@
 [0, 1]. Samples in model units (-1..1, what `generate` returns) or floats 0..255 gave another FID without a word;
 metrics=[] computed nothing; a lone name was read letter by letter; 2 channels were taken."""
 
+import inspect
+
 import pytest
 import torch
 
 from diffusion import SampleQuality
 from diffusion.errors import UserError
+from diffusion.metrics.sample_quality import METRIC_OPTIONS
 
 
 def pixels_quality() -> SampleQuality:
@@ -127,3 +130,29 @@ def test_inception_weights_with_pixel_features_are_warned_unused(tmp_path):
         SampleQuality("pixels", ["fid"], channels=1, inception_weights="nope.pth")  # not read, so not checked
     with pytest.warns(UserWarning, match=unused):
         SampleQualityCallback(features="pixels", num_samples=4, inception_weights="nope.pth")
+
+
+def test_an_unknown_keyword_is_refused_naming_it_and_the_accepted_ones():
+    # torchmetrics said "Unexpected keyword arguments: `bogus`", naming neither SampleQuality nor a fix (tester 9b, R8)
+    with pytest.raises(
+        TypeError, match=r"^SampleQuality got unexpected keyword arguments \['bogus'\] — pass only"
+    ) as refused:
+        SampleQuality("pixels", channels=1, bogus=3)
+    assert isinstance(refused.value, UserError)
+    for name in [*METRIC_OPTIONS, "kid_subsets", "inception_weights"]:
+        assert name in str(refused.value)
+
+
+def test_every_option_said_accepted_is_torchmetrics_and_every_own_argument_is_listed():
+    defaults = {
+        "compute_on_cpu": False,
+        "dist_sync_on_step": False,
+        "sync_on_compute": True,
+        "compute_with_cache": True,
+    }
+    for name in METRIC_OPTIONS:  # torchmetrics refuses a name it does not take
+        SampleQuality("pixels", ["fid", "kid"], channels=1, **{name: defaults.get(name)})
+    own = [name for name in inspect.signature(SampleQuality).parameters if name != "metric_kwargs"]
+    with pytest.raises(TypeError) as refused:
+        SampleQuality("pixels", channels=1, compute_on_gpu=True)
+    assert all(name in str(refused.value) for name in own)
