@@ -121,18 +121,24 @@ def add_sampling_arguments(parser: ArgumentParser) -> None:
 
 
 def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:
-    """(device of a one-device run, accelerator of a Fabric run): an explicit --accelerator decides both."""
-    if accelerator == "cpu":
-        device = "cpu"
-    elif accelerator in ("cuda", "gpu") and not (device or "").startswith("cuda"):
-        device = "cuda"
+    """(device of a one-device run, accelerator of a Fabric run): an explicit --accelerator decides both, and one
+    that names another kind of device than an explicit --device is refused (one of them was dropped unsaid)."""
+    explicit = accelerator in ("cpu", "cuda", "gpu")
+    if explicit and device is not None and device.startswith("cuda") != (accelerator != "cpu"):
+        raise UserError(
+            f"--accelerator {accelerator} and --device {device} name different kinds of device",
+            "give one of them: --device alone for one device (cpu, cuda, cuda:N), or --accelerator with --devices N",
+        )
+    if explicit and device is None:
+        device = "cpu" if accelerator == "cpu" else "cuda"
+    flag = f"--accelerator {accelerator}" if explicit else f"--device {device}"
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         torch.device(device)
     except RuntimeError as err:
         raise UserError(f"--device {device} is not a device", "pass cpu, cuda or cuda:N") from err
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA GPU is visible here", "use --device cpu")
+        raise UserError(f"{flag}: no CUDA GPU is visible here", f"use {flag.split()[0]} cpu")
     return device, "cuda" if device.startswith("cuda") else "cpu"
 
 

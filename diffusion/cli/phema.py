@@ -56,7 +56,7 @@ from diffusion.training.checkpoint_files import read_checkpoint
 from diffusion.training.ema_profiles import check_sigma_rel
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.post_hoc_ema import Reconstruction, Snapshot, check_step, find_snapshots, reconstruct
-from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder
+from diffusion.training.run_folders import checkpoint_files, checkpoints_of_run, post_hoc_ema_folder
 
 POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
 MIN_SAMPLES = 2  # an FD's covariance of the samples needs two
@@ -111,6 +111,13 @@ def check_out(out: str | None, overwrite: bool) -> None:
             f"--out {out} is a folder", "pass the path of the checkpoint to write, e.g. phema.ckpt"
         )
     check_writable_folder(path.parent, "--out", given=out)
+    if path.parent.name == "checkpoints" and checkpoint_files(path.parent):  # a run's: its resume points
+        resumes = "where train.py resumes from the checkpoint of the highest step"
+        raise UserError(
+            f"--out {out} is in a run's checkpoints folder, {resumes} (last.ckpt is the run's resume point): its "
+            "EMA weights would be taken for the raw ones",
+            f"write it beside the run's folders, e.g. --out {path.parent.parent / 'phema.ckpt'}",
+        )
     if path.exists() and not overwrite:
         raise UserError(f"--out {out} exists", "pass --overwrite to replace it, or another --out")
 

@@ -166,6 +166,22 @@ PHEMA_CASES = {  # id: (flags, what the line must say)
         [*RUN, "--sigma_rel", "0.1", "--out", "{user}/a_file/x.ckpt"],
         r"^error: --out \S*/a_file/x.ckpt: \S*/a_file is a file, not a folder — pass a path through folders",
     ),
+    # Round 9's Q6: written over the run's last.ckpt, a resume went on from the EMA weights as if raw
+    "out_over_the_runs_resume_point": (
+        [
+            *RUN,
+            "--sigma_rel",
+            "0.1",
+            "--out",
+            "{user}/runs/phema/version_0/checkpoints/last.ckpt",
+            "--overwrite",
+        ],
+        r"^error: --out \S*/checkpoints/last.ckpt is in a run's checkpoints folder, where train.py resumes from",
+    ),
+    "out_beside_the_runs_checkpoints": (
+        [*RUN, "--sigma_rel", "0.1", "--out", "{user}/runs/phema/version_0/checkpoints/ema.ckpt"],
+        r"^error: --out \S*/checkpoints/ema.ckpt is in a run's checkpoints folder, where .* — write it beside",
+    ),
     "run_missing": (
         ["--run", "{user}/nope", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
         r"is not a folder",

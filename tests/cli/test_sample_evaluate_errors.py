@@ -46,6 +46,15 @@ SAMPLE_CASES = {
     ),
     "cuda_without_a_gpu": (["--device", "cuda"], r"--device cuda: no CUDA GPU .* — use --device cpu"),
     "not_a_device": (["--device", "tpu9"], r"--device tpu9 is not a device"),
+    # Round 9's Q1: `--accelerator gpu --device cpu` blamed a --device cuda nobody wrote
+    "accelerator_and_device_differ": (
+        ["--accelerator", "gpu", "--device", "cpu"],
+        r"^error: --accelerator gpu and --device cpu name different kinds of device — give one of them",
+    ),
+    "accelerator_without_a_gpu": (
+        ["--accelerator", "gpu"],
+        r"--accelerator gpu: no CUDA GPU .* — use --accelerator cpu",
+    ),
     "truncated": (["--ckpt", "{user}/truncated.ckpt"], r"truncated.ckpt is truncated or not a PyTorch"),
     "empty": (["--ckpt", "{user}/empty.ckpt"], r"empty.ckpt is empty"),
     "random_bytes": (["--ckpt", "{user}/random.ckpt"], r"random.ckpt is truncated or not a PyTorch"),
