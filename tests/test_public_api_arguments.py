@@ -36,6 +36,7 @@ from diffusion import (
     to_uint8,
 )
 from diffusion.errors import OutOfRange, WrongType
+from diffusion.training.callbacks import StepTimer
 from diffusion.training.post_hoc_ema import PostHocEMA, find_snapshots, reconstruct
 
 NORMALIZATION = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
@@ -139,6 +140,16 @@ CASES = [
      "trained_betas"),
     ("images-text-size", lambda: ImageDataModule(image_size="8"), TypeError, "image_size"),
     ("vectors-bool-batch", lambda: VectorDataModule(batch_size=True), TypeError, "batch_size"),
+    # the data modules' bools took any value: 'no' turned conditional training on, blamed later on with_labels
+    ("images-text-conditional", lambda: ImageDataModule(conditional="no"), TypeError, "conditional='no'"),
+    ("images-text-flip", lambda: ImageDataModule(random_flip="no"), TypeError, "random_flip='no'"),
+    ("images-text-verify", lambda: ImageDataModule(verify="no"), TypeError, "verify='no'"),
+    ("images-text-on-device", lambda: ImageDataModule(on_device="no"), TypeError, "on_device='no'"),
+    ("vectors-text-on-device", lambda: VectorDataModule(on_device="false"), TypeError, "on_device='false'"),
+    # StepTimer stored a fractional count as given, and timed a rounded number of steps
+    ("step-timer-fractional-steps", lambda: StepTimer(steps=2.5), ValueError, "steps=2.5 must be a whole number"),
+    ("step-timer-fractional-warmup", lambda: StepTimer(warmup_steps=0.5), ValueError, "warmup_steps=0.5 must be a"),
+    ("step-timer-fractional-profile", lambda: StepTimer(profile_steps=1.5), ValueError, "profile_steps=1.5 must be"),
     # IndexedDataset: items of one element said "got tuple"; truthy text turned labels on
     ("indexed-unlabelled-items", lambda: IndexedDataset(torch.utils.data.TensorDataset(X_T), with_labels=True)[0],
      TypeError, "with_labels"),
@@ -296,6 +307,8 @@ CASES = [
     ("quality-lone-metric", lambda: SampleQuality("pixels", "fid", channels=1), TypeError, "metrics"),
     ("quality-no-metric", lambda: SampleQuality("pixels", [], channels=1), ValueError, "metrics"),
     ("quality-two-channels", lambda: SampleQuality("pixels", channels=2), ValueError, "channels"),
+    # torchmetrics' "Unexpected keyword arguments: `bogus`" named no fix
+    ("quality-unknown-keyword", lambda: SampleQuality("pixels", channels=1, bogus=3), TypeError, "bogus"),
     # refused before the Inception weights load (or download): is_splits 0 was found after them
     ("quality-zero-is-splits", lambda: SampleQuality("inception", ["is"], is_splits=0), ValueError, "is_splits"),
     ("quality-zero-kid-subsets", lambda: SampleQuality("pixels", channels=1, kid_subsets=0), ValueError,

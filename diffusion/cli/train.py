@@ -44,6 +44,7 @@ from diffusion.cli.train_checks import (
     settings_written,
     take_diffusers_settings,
 )
+from diffusion.cli.train_warnings import CommandNote, notes_said_as_written, one_line_notes
 from diffusion.cli.trainer_options import (
     SHORTHANDS,
     TRAINER_DEFAULTS,
@@ -62,6 +63,7 @@ from diffusion.cli.training_run import (
     DEFAULT_CONFIG,
     SaveConfigToRunFolder,
     callbacks_of,
+    check_checkpoint_dirpath,
     fit,
     log_learning_rate,
     refused_by_the_trainer,
@@ -253,7 +255,7 @@ class DiffusionCLI(LightningCLI):
         check_trainer_option_ranges(self.config, self._said)
         for warning in (validation_off_note(self.config, self._said), warmup_note(self.config, self._said)):
             if warning:
-                rank_zero_warn(warning)
+                rank_zero_warn(CommandNote(warning))
         check_hardware_flags(self.config.trainer)
         check_torchrun_restarts()  # before a restart would hang
         note = drop_ddp_on_one_device(self.config.trainer)
@@ -262,6 +264,8 @@ class DiffusionCLI(LightningCLI):
         check_logger_installed(self.config.trainer)
         allow_mlflow_file_store(self.config.trainer)
         check_logger_folders(self.config.trainer)
+        # A new run's --checkpoint.dirpath into another run's checkpoints, refused before --print_config too
+        check_checkpoint_dirpath(self.config, self.config.trainer.fast_dev_run)
         # --print_config: printed once the classes are built and checked (after_instantiate_classes), as the run
         # would find them: the checkpoint to resume, the image size against the network, the output folders.
         self._command_line = command_line
@@ -290,17 +294,18 @@ class DiffusionCLI(LightningCLI):
         check_init_from_on_resume(config.ckpt_path, config.model.init_from)  # the resume's weights win
         note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
         if note and runs_on_cpu(config.trainer):  # --accelerator cpu, or auto on a machine without a GPU
-            rank_zero_warn(note)
+            rank_zero_warn(CommandNote(note))
 
     def instantiate_classes(self) -> None:
+        chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
+        groups = {class_at(path): group for group, path in chosen.items()}
+        written = self._command_line.written if self._command_line else []
         try:
-            super().instantiate_classes()
+            with notes_said_as_written(groups, written):  # a class's note said of the flags, in one line
+                super().instantiate_classes()
         except MisconfigurationException as error:
             raise refused_by_the_trainer(error) from error
         except (ValueError, TypeError) as error:  # a class's own range or type check: name the flag
-            chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
-            groups = {class_at(path): group for group, path in chosen.items()}
-            written = self._command_line.written if self._command_line else []
             named = class_error_as_written(error, groups, written, self.config)
             if named is None:
                 raise
@@ -378,7 +383,7 @@ def with_default_config(args: list[str]) -> list[str]:
 
 def main(args: list[str] | None = None) -> DiffusionCLI:
     """`python train.py [flags]`: build the CLI and fit. A user error ends in one line and exit status 2."""
-    with reporting_user_errors(args), closing_process_group():
+    with reporting_user_errors(args), closing_process_group(), one_line_notes():
         if args is None:
             sys.argv[1:] = with_default_config(sys.argv[1:])
         else:

@@ -7,6 +7,7 @@ Trainer refused, a preemption): said as the user's, or passed on as a bug.
 import contextlib
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -79,10 +80,13 @@ class SaveConfigToRunFolder(SaveConfigCallback):
 
 
 def refused_by_the_trainer(error: MisconfigurationException) -> UserError:
-    """Lightning refused the Trainer's settings (the user's flags), in its own words, quoted."""
-    return UserError(
-        f"the Trainer refused these settings: {error}", "change the --trainer flags it names (see --help)"
-    )
+    """Lightning refused settings of the user's, in its own words, quoted: a ModelCheckpoint's (raised in one of
+    its methods) are train.py's --checkpoint flags; any other's, the Trainer's or a callback's, are named as it
+    names them."""
+    frames = traceback.walk_tb(error.__traceback__)
+    of_checkpoint = any(isinstance(frame.f_locals.get("self"), ModelCheckpoint) for frame, _ in frames)
+    whose = "the --checkpoint flags" if of_checkpoint else "the settings"
+    return UserError(f"the Trainer refused these settings: {error}", f"change {whose} it names (see --help)")
 
 
 def callbacks_of(trainer: Trainer) -> list[Callback]:
@@ -177,6 +181,14 @@ def write_nothing(trainer: Trainer) -> str:
         "--trainer.fast_dev_run: a smoke test that writes no files — no checkpoint, sample grid, loss plot or "
         "post-hoc EMA snapshot (a real run writes them into its run folder)"
     )
+
+
+def check_checkpoint_dirpath(config: Namespace, fast_dev_run: Any = False) -> None:
+    """The part of `check_nothing_overwritten` that the config alone decides, for --print_config to refuse what the
+    run would: a new run's --checkpoint.dirpath into a folder that holds checkpoints."""
+    dirpath = config.checkpoint.dirpath
+    if config.ckpt_path is None and dirpath and not fast_dev_run:
+        check_nothing_overwritten(Path(dirpath), dirpath)
 
 
 def check_nothing_overwritten(

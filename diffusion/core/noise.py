@@ -147,6 +147,29 @@ class WrongDtype(WrongType):
         self.name, self.value, self.expected = name, tensor, expected
 
 
+CONVERSIONS = {
+    torch.float32: "float()",
+    torch.float64: "double()",
+    torch.float16: "half()",
+    torch.bfloat16: "bfloat16()",
+}
+
+
+def check_network_dtype(name: str, x: torch.Tensor, weights: torch.dtype, network: str) -> None:
+    """`x` of the dtype of the network's `weights`, or under autocast (which casts the operands of the matmuls and
+    convolutions, though never float64's): a float64 batch (torch.from_numpy's) or a float16 one of a float32
+    network failed in torch's words, "mat1 and mat2 must have the same dtype". One dtype compare where they
+    match, so it costs a training step nothing."""
+    if x.dtype == weights or (x.dtype != torch.float64 and torch.is_autocast_enabled(x.device.type)):
+        return
+    theirs = str(weights).removeprefix("torch.")
+    made = " (torch.from_numpy makes float64)" if x.dtype == torch.float64 else ""
+    fix = f"pass {name}.{CONVERSIONS.get(weights, f'to({weights})')}{made}"
+    if x.is_floating_point():  # an integer batch is no network's dtype
+        fix += f", or convert the network with network.{CONVERSIONS.get(x.dtype, f'to({x.dtype})')}"
+    raise WrongDtype(name, x, f"{theirs}, the dtype of the {network}'s weights", fix)
+
+
 def check_initial_noise(x_T: torch.Tensor) -> None:
     """x_T floating point (integer noise ended in torch's dtype error at the network's first layer) and finite
     (NaN noise gave NaN samples without a word)."""

@@ -23,7 +23,16 @@ from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
 from diffusion.data.prepared import PreparedSet, open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.errors import InvalidValue, MissingFile, OutOfRange, UserError, check_whole_number, options_of
+from diffusion.errors import (
+    InvalidValue,
+    MissingFile,
+    OutOfRange,
+    UserError,
+    WrongType,
+    check_bool,
+    check_whole_number,
+    options_of,
+)
 
 MIN_IMAGE_SIZE = 8
 
@@ -116,6 +125,11 @@ class ImageDataModule(SplitDataModule):
         cache_dir: str | None = None,
         max_cache_size: str | None = None,
     ) -> None:
+        for name, flag in (("verify", verify), ("conditional", conditional), ("on_device", on_device)):
+            check_bool(name, flag)
+        if random_flip is not None and not isinstance(random_flip, bool):
+            fix = "pass random_flip=True or random_flip=False, or leave it None (the dataset's default)"
+            raise WrongType("random_flip", random_flip, "True, False or None", fix)
         super().__init__(
             batch_size, num_workers, val_fraction, seed, val_from_train, on_device, cache_dir, max_cache_size
         )

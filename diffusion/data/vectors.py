@@ -19,7 +19,7 @@ from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.prepared import open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.errors import InvalidValue, OutOfRange, UserError, options_of
+from diffusion.errors import InvalidValue, OutOfRange, UserError, check_bool, options_of
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy", "streaming"]
 Normalize = Literal["standardize", "minmax"]
@@ -84,6 +84,7 @@ class VectorDataModule(SplitDataModule):
         cache_dir: str | None = None,
         max_cache_size: str | None = None,
     ) -> None:
+        check_bool("on_device", on_device)
         super().__init__(
             batch_size, num_workers, val_fraction, seed, on_device=on_device, cache_dir=cache_dir,
             max_cache_size=max_cache_size,

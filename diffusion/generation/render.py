@@ -53,10 +53,24 @@ def check_samples_and_normalization(x: object, normalization: object) -> None:
             "x", x, "a floating-point tensor of samples in model units",
             "pass what generate returns (float); uint8 images are pixels already",
         )  # fmt: skip
-    if not isinstance(normalization, Mapping) or not {"shift", "scale"} <= set(normalization):
+    if not isinstance(normalization, Mapping):
         raise WrongType(
             "normalization", normalization, "a dict of 'shift' and 'scale'", "pass module.normalization"
         )
+    check_normalization_keys(normalization, "normalization", "pass module.normalization")
+
+
+def check_normalization_keys(normalization: Mapping, name: str, fix: str) -> None:
+    """Exactly the keys `shift` and `scale`: a missing one named (a dict of a typo was said to be "a dict, not a
+    dict of 'shift' and 'scale'"), and any other key refused, naming it, rather than ignored ('offset', a second
+    shift misspelt)."""
+    missing = [key for key in ("shift", "scale") if key not in normalization]
+    unknown = [repr(key) for key in normalization if key not in ("shift", "scale")]
+    clauses = ["no " + " and no ".join(missing)] if missing else []
+    if unknown:
+        clauses.append(f"keys other than shift and scale ({', '.join(unknown)})")
+    if clauses:
+        raise InvalidValue(f"{name} has {', and '.join(clauses)}", fix)
 
 
 NORMALIZATION_FIX = (
@@ -71,6 +85,7 @@ def check_normalization(
     """Every `shift` a finite number and every `scale` a finite number > 0: a scale of 0 made every image one colour,
     NaN or infinity NaN images, a negative one inverted images (white drawn black), without a word; no data
     module gives one (images' is 0.5, vectors' a spread). `name`: how the message names the mapping."""
+    check_normalization_keys(normalization, name, fix)
     for key in ("shift", "scale"):
         given = normalization[key]
         try:

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from diffusion.core.noise import check_network_dtype
 from diffusion.errors import OutOfRange
 from diffusion.models.checks import (
     CLASSES,
@@ -118,12 +119,17 @@ class MLP(nn.Module):
         by the CLI before training, and on every forward."""
         check_sample_shape(type(self), shape, "vectors", self.in_channels)
 
+    def check_input_dtype(self, x: torch.Tensor, name: str = "x") -> None:
+        """WrongDtype unless `x` is of the weights' dtype (or under autocast): `check_network_dtype`."""
+        check_network_dtype(name, x, self.input.weight.dtype, "MLP")
+
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, D) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only with
         num_classes) -> predicted noise (B, D), or (B, out_channels)."""
         check_batch_rank(type(self), x, "vectors", self.in_channels)
         check_timesteps(t, len(x))
         self.check_input_shape(x.shape[1:])
+        self.check_input_dtype(x)
         temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim).to(x.dtype))  # (B, hidden)
         if self.num_classes is None:
             check_unconditional(y, "MLP")

@@ -14,6 +14,7 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from diffusion.core.noise import check_network_dtype
 from diffusion.errors import InvalidValue, OutOfRange
 from diffusion.models.checks import (
     CLASSES,
@@ -353,12 +354,17 @@ class UNet(nn.Module):
         check_sample_shape(type(self), shape, "images", self.in_channels)
         check_size_divisible(type(self), shape, self.num_levels)
 
+    def check_input_dtype(self, x: torch.Tensor, name: str = "x") -> None:
+        """WrongDtype unless `x` is of the weights' dtype (or under autocast): `check_network_dtype`."""
+        check_network_dtype(name, x, self.conv_in.weight.dtype, "UNet")
+
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only
         with num_classes) -> predicted noise (B, C_out, H, W)."""
         check_batch_rank(type(self), x, "images", self.in_channels)
         check_timesteps(t, len(x))
         self.check_input_shape(x.shape[1:])
+        self.check_input_dtype(x)
         temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
         if self.num_classes is None:
             check_unconditional(y, "UNet")

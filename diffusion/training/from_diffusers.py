@@ -39,7 +39,7 @@ FIX = "pass a DDPMPipeline folder (model_index.json, unet/, scheduler/) or a UNe
 WHOLE = "copy the model's folder again, whole (save_pretrained writes config.json beside the weights)"
 DAMAGED = (
     "copy the model's folder again, or export it again from its checkpoint "
-    "(python -m diffusion.export --format diffusers)"
+    "(python -m diffusion.export, the diffusers format)"
 )
 
 

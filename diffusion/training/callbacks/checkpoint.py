@@ -37,6 +37,20 @@ def check_checkpoint_options(options: dict[str, Any]) -> None:
             "pass an integer >= 0 (0: no saves by step count)",
             owner=Checkpoint,
         )
+    # Lightning refuses two of them in its own words ("should be mutually exclusive"), naming one it set itself.
+    triggers = {
+        name: options.get(name)
+        for name in ("every_n_train_steps", "every_n_epochs", "train_time_interval")
+        if options.get(name) is not None
+        and (name == "train_time_interval" or (isinstance(options[name], int | float) and options[name] >= 1))
+    }
+    if len(triggers) > 1:
+        given = " and ".join(f"{{--{name}}} {value}" for name, value in triggers.items())
+        raise InvalidValue(
+            f"{given} each say when to save a checkpoint, and only one may",
+            "keep one of them",
+            owner=Checkpoint,
+        )
     if options.get("mode", "min") not in ("min", "max"):
         raise InvalidValue(
             f"{{--mode}} {options['mode']} is not min or max",

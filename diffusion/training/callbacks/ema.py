@@ -1,6 +1,7 @@
 """EMA of the weights on Lightning's WeightAveraging, one foreach update per optimizer step; optionally post-hoc
 EMA profiles and their snapshots beside it."""
 
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -9,6 +10,7 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_warn
 
 from diffusion.errors import OutOfRange, check_bool, check_real, options_of
+from diffusion.training.option_notes import OptionNote, SayValue
 from diffusion.training.post_hoc_ema import PostHocEMA
 
 # The post-hoc EMA's options, as EMA's defaults: one that differs without post_hoc is said not to be used.
@@ -87,12 +89,9 @@ class EMA(WeightAveraging):
             rels = tuple(sigma_rels) if isinstance(sigma_rels, list | tuple) else sigma_rels
             given = {"sigma_rels": rels, "snapshot_every": snapshot_every,
                      "max_snapshot_gb": max_snapshot_gb}  # fmt: skip
-            unused = [f"{name}={value}" for name, value in given.items() if value != POST_HOC_DEFAULTS[name]]
+            unused = {name: value for name, value in given.items() if value != POST_HOC_DEFAULTS[name]}
             if unused:
-                rank_zero_warn(
-                    f"{', '.join(unused)} not used: options of the post-hoc EMA, which is off (post_hoc="
-                    "False) — pass post_hoc=True to track its profiles and write their snapshots"
-                )
+                rank_zero_warn(OptionNote(partial(_post_hoc_off, unused), type(self)))
         super().__init__(use_buffers=False)
 
     def current_decay(self, num_updates: int) -> float:
@@ -190,3 +189,12 @@ class EMA(WeightAveraging):
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         if self._raw_state_at_end is not None and "current_model_state" in checkpoint:
             checkpoint["current_model_state"] = self._raw_state_at_end
+
+
+def _post_hoc_off(unused: dict[str, Any], option: SayValue) -> str:
+    """The note on post-hoc EMA options given with the post-hoc EMA off, each option said by `option`."""
+    shown = ", ".join(option(name, value) for name, value in unused.items())
+    return (
+        f"{shown} not used: options of the post-hoc EMA, which is off ({option('post_hoc', False)}) — pass "
+        f"{option('post_hoc', True)} to track its profiles and write their snapshots"
+    )

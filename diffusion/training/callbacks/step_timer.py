@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import nn
 
-from diffusion.errors import InvalidValue
+from diffusion.errors import InvalidValue, check_whole_number
 
 
 class StepTimer(L.Callback):
@@ -60,10 +60,14 @@ class StepTimer(L.Callback):
         label: str = "train.py",
         profile_steps: int = 0,
     ) -> None:
+        # counts, each named: a fractional one was stored as given and timed a rounded number of steps
+        window = "pass warmup_steps >= 0, steps >= 1 and profile_steps >= 0"
+        warmup_steps = check_whole_number("warmup_steps", warmup_steps, fix=f"{window}, as ints")
+        steps = check_whole_number("steps", steps, fix=f"{window}, as ints")
+        profile_steps = check_whole_number("profile_steps", profile_steps, fix=f"{window}, as ints")
         if warmup_steps < 0 or steps < 1 or profile_steps < 0:
             raise InvalidValue(
-                f"StepTimer warmup_steps={warmup_steps}, steps={steps}, profile_steps={profile_steps}",
-                "pass warmup_steps >= 0, steps >= 1 and profile_steps >= 0",
+                f"StepTimer warmup_steps={warmup_steps}, steps={steps}, profile_steps={profile_steps}", window
             )
         if peak_tflops is not None and peak_tflops <= 0:
             raise InvalidValue(
