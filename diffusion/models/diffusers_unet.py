@@ -10,11 +10,11 @@ GroupNorm, 1/sqrt(head width) scale and a residual add; a stride-2 3x3 conv padd
 (``downsample_padding=0``); nearest x2 + 3x3 conv; ``num_res_blocks + 1`` ResBlocks per level on the way up
 (``layers_per_block + 1``); GroupNorm eps 1e-6 everywhere.
 
-What does not map is refused with `UserError`: class-conditional networks (a ``DDPMPipeline`` has no labels),
-outputs wider than the input (learned variances), ``num_res_blocks=0``, ``channel_mult[0] != 1`` (``UNet2DModel`` sizes ``conv_in``
-and the time embedding by the first level's width, this UNet by ``channels``), several attention heads at
-attention levels of different widths (``UNet2DModel`` has one head width), and ``channels < 4`` (diffusers'
-embedding divides by ``half - 1``).
+What does not map is refused with `InvalidValue` (a UserError and a ValueError): class-conditional networks (a
+``DDPMPipeline`` has no labels), outputs wider than the input (learned variances), ``num_res_blocks=0``,
+``channel_mult[0] != 1`` (``UNet2DModel`` sizes ``conv_in`` and the time embedding by the first level's width,
+this UNet by ``channels``), several attention heads at attention levels of different widths (``UNet2DModel`` has
+one head width), and ``channels < 4`` (diffusers' embedding divides by ``half - 1``).
 
 Plain dicts and tensors only: diffusers is not imported here (it is an optional dependency).
 """
@@ -22,45 +22,45 @@ Plain dicts and tensors only: diffusers is not imported here (it is an optional 
 import torch
 from torch import nn
 
-from diffusion.errors import UserError
+from diffusion.errors import InvalidValue
 from diffusion.models.unet import MAX_GROUPS, AttnBlock, ResBlock, UNet
 
 INSTEAD = "export with {command:--format} safetensors (this project's own format) instead"
 
 
 def check_maps_to_diffusers(unet: nn.Module) -> None:
-    """Raise UserError (one line: why, and what to use instead) unless `unet` maps exactly to UNet2DModel."""
+    """Raise InvalidValue (one line: why, and what to use instead) unless `unet` maps exactly to UNet2DModel."""
     if not isinstance(unet, UNet):
-        raise UserError(
+        raise InvalidValue(
             f"a {type(unet).__name__} network has no diffusers UNet2DModel counterpart (only the UNet has)",
             INSTEAD,
         )
     if unet.num_classes is not None:
-        raise UserError(
+        raise InvalidValue(
             "a class-conditional UNet does not map to diffusers' DDPMPipeline, which samples without labels",
             INSTEAD,
         )
     if unet.conv_out.out_channels != unet.in_channels:
-        raise UserError(
+        raise InvalidValue(
             f"the UNet outputs {unet.conv_out.out_channels} channels for {unet.in_channels} input channels "
             "(learned variances); diffusers' DDPMPipeline takes a prediction of the sample's shape",
             INSTEAD,
         )
     if unet.channels < 4:
-        raise UserError(f"channels={unet.channels} < 4 has no diffusers time embedding", INSTEAD)
+        raise InvalidValue(f"channels={unet.channels} < 4 has no diffusers time embedding", INSTEAD)
     if not unet.down[0].blocks:
-        raise UserError(
+        raise InvalidValue(
             "num_res_blocks=0 does not map to UNet2DModel (it needs layers_per_block >= 1)", INSTEAD
         )
     if level_widths(unet)[0] != unet.channels:
-        raise UserError(
+        raise InvalidValue(
             "channel_mult[0] != 1 does not map to UNet2DModel (its input conv and time embedding take the "
             "first level's width, this UNet's take `channels`)",
             INSTEAD,
         )
     widths = {attn.proj_out.out_channels for attn in unet.modules() if isinstance(attn, AttnBlock)}
     if unet.mid_attn.num_heads > 1 and len(widths) > 1:
-        raise UserError(
+        raise InvalidValue(
             f"num_heads={unet.mid_attn.num_heads} at attention widths {sorted(widths)}: UNet2DModel gives every "
             "attention block the same head width",
             INSTEAD,
@@ -181,11 +181,11 @@ LEVEL_BLOCKS = {"DownBlock2D": False, "AttnDownBlock2D": True}  # down block typ
 
 
 def unet_arguments_from_diffusers(config: dict) -> dict:
-    """This UNet's arguments for a UNet2DModel config (its config.json), or UserError naming what differs."""
+    """This UNet's arguments for a UNet2DModel config (its config.json), or InvalidValue naming what differs."""
     config = {**DIFFUSERS_DEFAULTS, **{k: v for k, v in config.items() if not k.startswith("_")}}
     for key, ours in SAME_FUNCTION.items():
         if config[key] != ours:
-            raise UserError(
+            raise InvalidValue(
                 f"a UNet2DModel with {key}={config[key]!r} does not map to this project's UNet (it computes "
                 f"{key}={ours!r})", "use a model with Ho et al.'s UNet layout, e.g. google/ddpm-cifar10-32",
             )  # fmt: skip
@@ -193,27 +193,27 @@ def unet_arguments_from_diffusers(config: dict) -> dict:
     channels = widths[0]
     down = list(config["down_block_types"])
     if len(down) != len(widths) or any(block not in LEVEL_BLOCKS for block in down):
-        raise UserError(f"down_block_types {down} do not map (each must be one of {sorted(LEVEL_BLOCKS)})",
+        raise InvalidValue(f"down_block_types {down} do not map (each must be one of {sorted(LEVEL_BLOCKS)})",
                         "use a model whose levels are DownBlock2D or AttnDownBlock2D")  # fmt: skip
     up = [block.replace("Down", "Up") for block in reversed(down)]
     if list(config["up_block_types"]) != up:
-        raise UserError(f"up_block_types {config['up_block_types']} do not mirror down_block_types ({up})",
+        raise InvalidValue(f"up_block_types {config['up_block_types']} do not mirror down_block_types ({up})",
                         "use a model whose up path mirrors its down path")  # fmt: skip
     if any(width % channels for width in widths):
-        raise UserError(f"block_out_channels {widths} are not multiples of the first level's width",
+        raise InvalidValue(f"block_out_channels {widths} are not multiples of the first level's width",
                         "use a model whose level widths are multiples of block_out_channels[0]")  # fmt: skip
     if config["norm_num_groups"] != min(MAX_GROUPS, channels):
-        raise UserError(f"norm_num_groups={config['norm_num_groups']} is not min(32, block_out_channels[0])",
+        raise InvalidValue(f"norm_num_groups={config['norm_num_groups']} is not min(32, block_out_channels[0])",
                         "use a model with this project's GroupNorm groups")  # fmt: skip
     if config["time_embedding_dim"] not in (None, 4 * channels):
-        raise UserError(f"time_embedding_dim={config['time_embedding_dim']} is not 4 x block_out_channels[0]",
+        raise InvalidValue(f"time_embedding_dim={config['time_embedding_dim']} is not 4 x block_out_channels[0]",
                         "use a model with the default time embedding")  # fmt: skip
     attention_levels = [level for level, block in enumerate(down) if LEVEL_BLOCKS[block]]
     head_dim = config["attention_head_dim"]
     attention_widths = {widths[level] for level in [*attention_levels, len(widths) - 1]}
     heads = {1 if head_dim is None else width // head_dim for width in attention_widths}
     if len(heads) > 1 or (head_dim is not None and any(width % head_dim for width in attention_widths)):
-        raise UserError(f"attention_head_dim={head_dim} at attention widths {sorted(attention_widths)} gives "
+        raise InvalidValue(f"attention_head_dim={head_dim} at attention widths {sorted(attention_widths)} gives "
                         "no one head count", "use a model with one head count at every attention level")  # fmt: skip
     return {
         "in_channels": config["in_channels"], "out_channels": config["out_channels"], "channels": channels,
@@ -228,7 +228,7 @@ OLD_ATTENTION_NAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_at
 
 def unet_weights_from_diffusers(unet: UNet, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A UNet2DModel state_dict as `unet`'s (built from `unet_arguments_from_diffusers`): renamed, to_q/to_k/to_v
-    joined into the fused qkv 1x1 conv, linear attention weights as 1x1 conv kernels. Raises UserError when a
+    joined into the fused qkv 1x1 conv, linear attention weights as 1x1 conv kernels. Raises InvalidValue when a
     weight is missing or left over."""
     state = dict(state)
     for key in list(state):
@@ -247,17 +247,17 @@ def unet_weights_from_diffusers(unet: UNet, state: dict[str, torch.Tensor]) -> d
             else:
                 value = state.pop(f"{theirs}.{kind}")
         except KeyError as err:
-            raise UserError(f"its UNet2DModel weights have no {err.args[0]}",
+            raise InvalidValue(f"its UNet2DModel weights have no {err.args[0]}",
                             "pass the weights saved with this config.json") from err  # fmt: skip
         # A linear layer's (C_out, C_in) as a (C_out, C_in, 1, 1) conv kernel; any other change of shape is a weight
         # that does not belong to this config.json.
         if value.shape != ours.shape and tuple(value.shape) + (1,) * (ours.ndim - value.ndim) != ours.shape:
-            raise UserError(
+            raise InvalidValue(
                 f"its weight {theirs}.{kind} has shape {list(value.shape)}, and its config.json asks for "
                 f"{list(ours.shape)}", "pass the weights saved with this config.json (copy the folder again, whole)",
             )  # fmt: skip
         weights[key] = value.reshape(ours.shape)
     if state:
-        raise UserError(f"its UNet2DModel weights hold {len(state)} that this UNet has no place for, e.g. "
+        raise InvalidValue(f"its UNet2DModel weights hold {len(state)} that this UNet has no place for, e.g. "
                         f"{sorted(state)[0]}", "use a model whose config maps (see docs/export.md)")  # fmt: skip
     return weights
