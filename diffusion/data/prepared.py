@@ -1,5 +1,10 @@
 """A prepared data set: a data set written once (`python -m diffusion.prepare`) into litdata's chunks, in a local
-folder or object storage, to be held on the training device or streamed (`diffusion.data.streaming`).
+folder or object storage, to be held on the training device or streamed (`diffusion.data.streaming`). This module
+holds its format (`PreparedSet`, the manifest's fields and names), its storage (a folder, or object storage through
+`diffusion.data.object_store`), which files in a folder are a prepare's (`written_by_a_prepare`, `not_prepared`) and
+its opening (`open_prepared`: everything checked before any time is spent). Its chunks' checksums are
+`diffusion.data.checked_chunks`'; it is written by `diffusion.data.preparing`, into `--out` as
+`diffusion.data.staging` says.
 
 Layout of a prepared set at ROOT (a folder, or an `s3://`, `gs://`, `az://` URL):
 
@@ -7,7 +12,8 @@ Layout of a prepared set at ROOT (a folder, or an `s3://`, `gs://`, `az://` URL)
                        chunks (litdata shuffles the order of chunks and the samples within each, not across chunks)
     ROOT/val/          the validation samples, when the source had a validation split
     ROOT/prepared.json what a run needs to know (`PreparedSet`): kind, sample shape, normalization, class names,
-                       counts, encoding; written last, with the SHA-256 of each part's index.json and of itself
+                       counts, encoding; written last, with the SHA-256 of each part's index.json, the CRC-32
+                       of each chunk (format 2: a chunk is checked the first time a process reads it) and of itself
 
 Each sample is `{"index": i, "sample": ..., "label": k}`: i its position 0..N-1 in its part (what per-sample noise
 and flips are drawn from), the sample uint8 (C, H, W) pixels ("raw") or PNG / JPEG bytes for images, float32 (D,)
@@ -20,28 +26,23 @@ litdata is the `scale` extra's: imported only when a prepared set is used.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import pickle
 import re
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
-from diffusion.core.guidance import NO_LABEL
-from diffusion.data.batch import Batch
-from diffusion.data.image_transform import to_model_units
 from diffusion.errors import CannotRead, InvalidValue, MissingFile, UserError
 
 MANIFEST = "prepared.json"
 INDEX = "index.json"  # litdata's, in each part
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the chunks' checksums (a set of format 1 is read without them)
 PARTS = ("train", "val")
 # A set --overwrite replaces is kept until the new one, written in STAGING, is finished; then set aside in REPLACED.
 STAGING, REPLACED = "prepare.partial", "prepare.replaced"
@@ -51,6 +52,8 @@ PREPARED_FILE = re.compile(
     rf"(({re.escape(STAGING)}|{re.escape(REPLACED)})/)?({re.escape(MANIFEST)}(\.partial)?|"
     rf"({'|'.join(PARTS)})/(chunk-[\w.-]+\.bin|(\d+[.-])?{re.escape(INDEX)}(\.tmp)?))"
 )
+# Held by the prepare writing a folder (`diffusion.data.folder_lock`): neither a prepare's file nor the user's.
+PREPARE_LOCK = ".prepare.lock"
 NO_LABEL_STORED = -1
 Encoding = Literal["auto", "raw", "png", "jpeg"]
 RAW_UP_TO = 64  # "auto": raw pixels up to 64 px (12 kB an RGB image, decoded for free), PNG above
@@ -115,6 +118,8 @@ class PreparedSet:
     source: str  # what it was prepared from, for the start-up line
     seed: int
     index_sha256: dict[str, str]
+    # part -> chunk file name -> CRC-32 (8 hex digits); empty for a set of format 1
+    chunk_crc32: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def sample_nbytes(self) -> int:
@@ -136,6 +141,11 @@ class PreparedSet:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def prepare_again(root: str) -> str:
+    """The fix of a damaged set."""
+    return f"prepare the set again: python -m diffusion.prepare ... {{command:--out}} {root} {{command:--overwrite}}"
 
 
 # --- Storage: local files, or object storage through obstore (litdata's own client, a dependency of it) ---------
@@ -190,7 +200,11 @@ def listing(root: str) -> dict[str, int]:
     base = Path(root)
     if not base.is_dir():
         return {}
-    return {p.relative_to(base).as_posix(): p.stat().st_size for p in base.rglob("*") if p.is_file()}
+    return {
+        p.relative_to(base).as_posix(): p.stat().st_size
+        for p in base.rglob("*")
+        if p.is_file() and p != base / PREPARE_LOCK
+    }
 
 
 def written_by_a_prepare(name: str) -> bool:
@@ -210,6 +224,8 @@ def not_prepared(root: str, listed: dict[str, int] | None = None) -> list[str]:
     if not base.is_dir():
         return []
     for entry in base.iterdir():
+        if entry.name == PREPARE_LOCK and entry.is_file() and not entry.is_symlink():
+            continue
         if entry.name in (STAGING, REPLACED) and entry.is_dir() and not entry.is_symlink():
             found += [f"{entry.name}/{name}" for name in not_prepared(str(entry))]
         elif entry.name in PARTS and entry.is_dir() and not entry.is_symlink():
@@ -307,7 +323,7 @@ def open_prepared(root: str, flag: str = "{--root}") -> PreparedSet:
 def check_part(prepared: PreparedSet, part: str, files: dict[str, int]) -> None:
     """A part's index is the one prepared (checksum) and every chunk it names is there, whole."""
     index_name = f"{part}/{INDEX}"
-    fix = f"prepare the set again: python -m diffusion.prepare ... {{command:--out}} {prepared.root} {{command:--overwrite}}"
+    fix = prepare_again(prepared.root)
     if index_name not in files:
         raise InvalidValue(
             f"{joined(prepared.root, index_name)} is missing: the prepared set is incomplete", fix
@@ -328,65 +344,3 @@ def check_part(prepared: PreparedSet, part: str, files: dict[str, int]) -> None:
                 f"{chunk['chunk_bytes']:,} expected)",
                 fix,
             )
-
-
-# --- Samples: written by prepare's workers (preparing.encoded_sample), read back by training ----------------------------------------------
-
-
-def decoded_sample(item: dict[str, Any]) -> dict[str, Any]:
-    """A stored item with its sample as an array: PNG / JPEG bytes decoded to uint8 (C, H, W)."""
-    sample = item["sample"]
-    if isinstance(sample, bytes | bytearray | memoryview):
-        from PIL import Image
-
-        with Image.open(io.BytesIO(sample)) as image:
-            pixels = np.asarray(image)
-        sample = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
-        item = {**item, "sample": np.ascontiguousarray(sample)}
-    return item
-
-
-def read_part(
-    prepared: PreparedSet, part: str, cache_dir: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every sample of `part` as one tensor (N, ...) in the stored dtype, at its index, and the (N,) labels."""
-    from torch.utils.data import DataLoader
-
-    dataset = litdata().StreamingDataset(
-        joined(prepared.root, part), cache_dir=cache_dir, transform=decoded_sample
-    )
-    n = prepared.counts[part]
-    samples = torch.empty(
-        (n, *prepared.sample_shape), dtype=torch.uint8 if prepared.kind == "images" else torch.float32
-    )
-    labels = torch.full((n,), NO_LABEL_STORED, dtype=torch.long)
-    for batch in DataLoader(dataset, batch_size=1024):
-        samples[batch["index"]] = torch.as_tensor(batch["sample"])
-        labels[batch["index"]] = batch["label"]
-    return samples, labels
-
-
-class PreparedPart(torch.utils.data.Dataset):
-    """A part of a prepared set as a map-style dataset of `Batch(x, index, label)` in model units, item i the sample
-    stored with index i: read whole, once, at the first item (validation sets; the held path; FID's reference)."""
-
-    def __init__(
-        self, prepared: PreparedSet, part: str, with_labels: bool, cache_dir: str | None = None
-    ) -> None:
-        self.prepared, self.part, self.with_labels, self.cache_dir = prepared, part, with_labels, cache_dir
-        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(samples (N, ...) as stored, labels (N,)), read at the first call."""
-        if self._tensors is None:
-            self._tensors = read_part(self.prepared, self.part, self.cache_dir)
-        return self._tensors
-
-    def __len__(self) -> int:
-        return self.prepared.counts[self.part]
-
-    def __getitem__(self, index: int) -> Any:
-        samples, labels = self.tensors()
-        x = to_model_units(samples[index]) if self.prepared.kind == "images" else samples[index]
-        # An item: its index and label as ints, collated into the batch's tensors.
-        return Batch(x, int(index), int(labels[index]) if self.with_labels else NO_LABEL)  # type: ignore[arg-type]

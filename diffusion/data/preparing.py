@@ -6,7 +6,10 @@ becomes the set's two parts. Each part is shuffled with `seed` before litdata cu
 samples from all over the source (litdata shuffles chunks and the samples within them, never across them), and
 written by `litdata.optimize` in `num_workers` processes with its progress bar. The same source, seed and worker
 count give the same chunks, byte for byte. `prepared.json` is written last: a prepare stopped on the way leaves a set
-that training refuses and that a new prepare replaces only when asked to (`overwrite`).
+that training refuses and that a new prepare replaces only when asked to (`overwrite`): a finished set in a folder is
+kept until the new one, staged beside it, is finished (`diffusion.data.staging`: the lock, the staging, the swap).
+Here: the samples as stored (`SampleWriter`, `encoded_sample`), `--out` checked (`named_out`,
+`check_apart_from_the_data`), and the set written (`prepare`, `write_set`, `write_parts`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ import multiprocessing
 import multiprocessing.util
 import os
 import pickle
-import shutil
 import sys
 import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -35,32 +36,34 @@ from diffusion.data.prepared import (
     INDEX,
     MANIFEST,
     NO_LABEL_STORED,
-    PARTS,
     RAW_UP_TO,
     REPLACED,
     STAGING,
     Encoding,
     PreparedSet,
-    in_object_storage,
     is_url,
     joined,
     listing,
     litdata,
     not_prepared,
-    prepares_file,
     read_bytes,
     sha256,
     store_named,
     write_bytes,
-    written_by_a_prepare,
 )
-from diffusion.errors import CannotWrite, DiskFull, InvalidValue, UserError, WrongType, is_disk_full
+from diffusion.data.staging import clear, swap_in, writing_alone
+from diffusion.errors import (
+    DiskFull,
+    InvalidValue,
+    UserError,
+    WrongType,
+    is_disk_full,
+)
 
 # --overwrite of a finished set in a folder: the old set is kept until the new one is finished, so the disk holds both
 KEPT_ON_ANOTHER_DISK = "free space there (until the new set is finished, the disk holds it and the set it replaces), or pass another {command:--out}; what this prepare wrote is removed, the prepared set there before is kept"
 # --overwrite of an unfinished prepare's files, or of a set in object storage: those went first
 REPLACED_ON_ANOTHER_DISK = "free space there, or pass another {command:--out}; what this prepare wrote is removed, and so are the files {command:--overwrite} replaced"
-KEPT_WHERE_REFUSED = "make that folder writable for this user, or write to another folder; what this prepare wrote is removed, the prepared set there before is kept"
 SHOWN = 4  # the user's files a refused --out names
 CHUNK_BYTES = "64MB"  # litdata's default size: a few hundred MB of cache per loading process
 
@@ -135,7 +138,7 @@ def prepare(
     """Write `datamodule`'s data as a prepared set at `out` (a folder or an object-storage URL). `checked` is
     called once everything is checked and the data read, before anything is written (the command's
     `--print_config`, which prints what would run)."""
-    lit = litdata()
+    litdata()  # installed: said before anything is read
     shape = tuple(datamodule.sample_shape)
     kind: Literal["images", "vectors"] = "images" if len(shape) == 3 else "vectors"
     if encoding == "auto":
@@ -147,6 +150,34 @@ def prepare(
         )
     out = named_out(out)
     check_apart_from_the_data(out, getattr(datamodule, "source_paths", []))
+    made = [] if is_url(out) else [p for p in (Path(out), *Path(out).absolute().parents) if not p.exists()]
+    try:
+        with writing_alone(out):  # refused at once while another prepare writes there
+            return write_set(
+                datamodule, out, (kind, encoding), seed, num_workers, overwrite, source, checked, made
+            )
+    finally:  # the folders it made, left empty by a refusal or a failure (or --print_config)
+        for folder in made:
+            with contextlib.suppress(OSError):  # one that holds something stays
+                folder.rmdir()
+
+
+def write_set(
+    datamodule: Any,
+    out: str,
+    stored: tuple[Literal["images", "vectors"], Literal["raw", "png", "jpeg"]],
+    seed: int,
+    num_workers: int | None,
+    overwrite: bool,
+    source: str,
+    checked: Callable[[], None],
+    made: list[Path],
+) -> PreparedSet:
+    """`prepare`'s writing, once `out` is checked and its lock held: `stored` (kind, encoding); `made`, the folders
+    of `out` that were not there before it."""
+    lit = litdata()
+    kind, encoding = stored
+    shape = tuple(datamodule.sample_shape)
     there = listing(out) if is_url(out) else None  # a store's: one listing; a folder's: looked at first
     others = not_prepared(out, there)
     if others:  # the user's own files: never replaced, whatever the flags
@@ -165,7 +196,6 @@ def prepare(
     parts = unaugmented_parts(datamodule)
     labelled = datamodule.class_names is not None
     checked()
-    made = [] if is_url(out) else [p for p in (Path(out), *Path(out).absolute().parents) if not p.exists()]
     # A finished set in a folder stays until the new one, written beside it (on the same disk), is finished; an
     # unfinished prepare's files (and a store's set: no renames there) go first. Never a mix of old and new chunks.
     keeping = MANIFEST in there and not is_url(out)
@@ -177,11 +207,15 @@ def prepare(
     try:
         with tempfile.TemporaryDirectory() as errors:
             counts = write_parts(lit, parts, written, (kind, encoding, labelled), seed, workers, errors)
+        # Imports litdata, which writing the set did.
+        from diffusion.data.checked_chunks import chunk_checksums
+
         prepared = PreparedSet(
             root=out, kind=kind, sample_shape=shape, normalization=datamodule.normalization,
             class_names=datamodule.class_names if labelled else None, counts=counts, encoding=encoding,
             random_flip=bool(getattr(datamodule, "random_flip", False)), source=source, seed=seed,
             index_sha256={part: sha256(read_bytes(written, f"{part}/{INDEX}") or b"") for part in counts},
+            chunk_crc32={part: chunk_checksums(written, part) for part in counts},
         )  # fmt: skip
         try:
             write_bytes(written, MANIFEST, prepared.to_json())  # last: the set is finished
@@ -203,70 +237,6 @@ def prepare(
             raise DiskFull(folder, error.name, fix) from error
         raise
     return prepared
-
-
-def swap_in(out: str, staged: str) -> None:
-    """Replace the finished set at `out` by the finished set in `staged` (its folder under `out`): renames on one
-    disk, the old set first set aside (its manifest first) then the new one moved in (its manifest last), so a set
-    stopped on the way is never a mix training accepts; where a rename fails, the old set is put back as it was."""
-    base, new, aside = Path(out), Path(staged), Path(out, REPLACED)
-    moves = [(base / name, aside / name) for name in (MANIFEST, *PARTS) if (base / name).exists()]
-    moves += [(new / name, base / name) for name in (*PARTS, MANIFEST) if (new / name).exists()]
-    done: list[tuple[Path, Path]] = []
-    try:
-        aside.mkdir(exist_ok=True)
-        for source, target in moves:
-            source.rename(target)
-            done.append((source, target))
-    except OSError as error:
-        reason = error.strerror or type(error).__name__
-        try:
-            for source, target in reversed(done):
-                target.rename(source)
-            aside.rmdir()
-        except OSError as again:
-            raise UserError(
-                f"cannot replace the prepared set in {out} ({reason}), nor put its files back ({again.strerror})",
-                f"the set there before is in {aside} ({MANIFEST} last): move it back into {out}, or prepare again",
-            ) from error
-        raise CannotWrite(base, "the prepared set", reason, KEPT_WHERE_REFUSED) from error
-    with contextlib.suppress(FileNotFoundError):
-        (base / f"{MANIFEST}.partial").unlink()  # an earlier write's, stopped
-    shutil.rmtree(aside, ignore_errors=True)
-    new.rmdir()
-    if aside.exists():
-        warnings.warn(
-            f"the replaced prepared set's files are left in {aside}: remove them yourself", stacklevel=2
-        )
-
-
-def clear(root: str) -> None:
-    """Remove the files a prepare writes under `root` (`written_by_a_prepare`), and its part folders once empty:
-    a set a prepare was asked to replace, or what a prepare that failed wrote. Nothing else is touched."""
-    if is_url(root):
-        names = [name for name in listing(root) if written_by_a_prepare(name)]
-        if names:
-            in_object_storage("delete", root, names)
-        return
-    base = Path(root)
-    if not base.is_dir():
-        return
-    for staged in (base / STAGING, base / REPLACED):  # a stopped prepare's, or a replaced set's
-        if staged.is_dir() and not staged.is_symlink():
-            clear(str(staged))
-            with contextlib.suppress(OSError):
-                staged.rmdir()
-    for part in PARTS:
-        folder = base / part
-        if folder.is_dir() and not folder.is_symlink():
-            for entry in folder.iterdir():
-                if prepares_file(entry, base):
-                    entry.unlink()
-            with contextlib.suppress(OSError):  # not empty: something of the user's is left there
-                folder.rmdir()
-    for entry in base.iterdir():
-        if prepares_file(entry, base):
-            entry.unlink()
 
 
 def named_out(out: Any) -> str:

@@ -33,9 +33,9 @@ from diffusion.data.on_device import (
     keep_tensor,
     room_for,
 )
-from diffusion.data.prepared import PreparedPart, PreparedSet
+from diffusion.data.prepared import PreparedSet
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
-from diffusion.data.streaming import StreamLoader
+from diffusion.data.streaming import PreparedPart, StreamLoader
 from diffusion.errors import InvalidValue, OutOfRange, UserError, WrongType, check_bool, check_whole_number
 
 CACHE_SIZE = re.compile(r"\d+(\.\d+)?\s*[KMGT]?B", re.IGNORECASE)  # litdata's sizes: 500MB, 50GB, 1.5TB

@@ -1,10 +1,13 @@
-"""Training batches streamed from a prepared set (`diffusion.data.prepared`) that is not held on the device:
-litdata's `StreamingDataset` and `StreamingDataLoader` read its chunks from a folder or object storage through a
-bounded local cache, prefetching, in `num_workers` loading processes.
+"""Reading a prepared set (`diffusion.data.prepared`) through litdata's `StreamingDataset`, each chunk checked the
+first time a process reads it (`diffusion.data.checked_chunks`): a part read whole into memory (`PreparedPart`,
+`read_part`: validation sets, the set held on the device, FID's reference), or training batches streamed from a set
+that is not held on the device (`StreamLoader`): litdata's `StreamingDataset` and `StreamingDataLoader` read its
+chunks from a folder or object storage through a bounded local cache, prefetching, in `num_workers` loading
+processes. Stored samples are decoded by `decoded_sample` (PNG / JPEG bytes to uint8 pixels).
 
-What litdata decides: every rank and loading process reads a disjoint share of each epoch, the same count of samples
-on every rank (drop_last), in an order drawn from (seed, epoch): chunks shuffled, then the samples within each.
-What this module adds:
+What litdata decides for a stream: every rank and loading process reads a disjoint share of each epoch, the same count
+of samples on every rank (drop_last), in an order drawn from (seed, epoch): chunks shuffled, then the samples within
+each. What `StreamLoader` adds:
 
 - whole global batches: each rank's batches are cut to a multiple of `accumulate_grad_batches`, so every optimizer
   step has the same shape and no step is taken on a partial accumulation;
@@ -25,14 +28,86 @@ is drawn twice), and says so.
 
 from __future__ import annotations
 
+import io
+import pickle
+import shutil
+import tempfile
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from diffusion.data.batch import StoredBatch
-from diffusion.data.prepared import PreparedSet, decoded_sample, joined, litdata
+from diffusion.core.guidance import NO_LABEL
+from diffusion.data.batch import Batch, StoredBatch
+from diffusion.data.image_transform import to_model_units
+from diffusion.data.prepared import NO_LABEL_STORED, PreparedSet, litdata
+
+
+def decoded_sample(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored item with its sample as an array: PNG / JPEG bytes decoded to uint8 (C, H, W)."""
+    sample = item["sample"]
+    if isinstance(sample, bytes | bytearray | memoryview):
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(sample)) as image:
+                pixels = np.asarray(image)
+        except OSError as error:  # damaged bytes: named with their chunk by `CheckedStream`
+            raise ValueError(f"an image cannot be decoded ({error})") from error
+        sample = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+        item = {**item, "sample": np.ascontiguousarray(sample)}
+    return item
+
+
+def read_part(
+    prepared: PreparedSet, part: str, cache_dir: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sample of `part` as one tensor (N, ...) in the stored dtype, at its index, and the (N,) labels."""
+    from torch.utils.data import DataLoader
+
+    litdata()
+    from diffusion.data.checked_chunks import checked_stream
+
+    dataset = checked_stream(prepared, part, cache_dir=cache_dir, transform=decoded_sample)
+    n = prepared.counts[part]
+    samples = torch.empty(
+        (n, *prepared.sample_shape), dtype=torch.uint8 if prepared.kind == "images" else torch.float32
+    )
+    labels = torch.full((n,), NO_LABEL_STORED, dtype=torch.long)
+    for batch in DataLoader(dataset, batch_size=1024):
+        samples[batch["index"]] = torch.as_tensor(batch["sample"])
+        labels[batch["index"]] = batch["label"]
+    return samples, labels
+
+
+class PreparedPart(torch.utils.data.Dataset):
+    """A part of a prepared set as a map-style dataset of `Batch(x, index, label)` in model units, item i the sample
+    stored with index i: read whole, once, at the first item (validation sets; the held path; FID's reference)."""
+
+    def __init__(
+        self, prepared: PreparedSet, part: str, with_labels: bool, cache_dir: str | None = None
+    ) -> None:
+        self.prepared, self.part, self.with_labels, self.cache_dir = prepared, part, with_labels, cache_dir
+        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(samples (N, ...) as stored, labels (N,)), read at the first call."""
+        if self._tensors is None:
+            self._tensors = read_part(self.prepared, self.part, self.cache_dir)
+        return self._tensors
+
+    def __len__(self) -> int:
+        return self.prepared.counts[self.part]
+
+    def __getitem__(self, index: int) -> Any:
+        samples, labels = self.tensors()
+        x = to_model_units(samples[index]) if self.prepared.kind == "images" else samples[index]
+        # An item: its index and label as ints, collated into the batch's tensors.
+        return Batch(x, int(index), int(labels[index]) if self.with_labels else NO_LABEL)  # type: ignore[arg-type]
 
 
 class StreamLoader:
@@ -56,8 +131,11 @@ class StreamLoader:
         lit = litdata()
         from litdata.utilities.env import _DistributedEnv
 
-        self.stream = lit.StreamingDataset(
-            joined(prepared.root, "train"),
+        from diffusion.data.checked_chunks import checked_stream
+
+        self.stream = checked_stream(  # each chunk checked against prepared.json the first time it is read
+            prepared,
+            "train",
             cache_dir=cache_dir,
             max_cache_size=max_cache_size,
             shuffle=True,
@@ -69,6 +147,9 @@ class StreamLoader:
             # 6,774 -> 26,385 images/s); in the training process its window is the faster (47,505).
             batch_decode=0 if num_workers > 0 else "auto",
         )
+        # A damaged chunk met in a loading process: raised here as itself (`CheckedStream.errors`).
+        self.stream.errors = tempfile.mkdtemp(prefix="diffusion-stream-")
+        weakref.finalize(self, shutil.rmtree, self.stream.errors, ignore_errors=True)
         # The Trainer's ranks, not litdata's guess from the visible GPUs (which miscounts nodes on CPUs).
         self.stream.distributed_env = _DistributedEnv(world_size, rank, num_nodes)
         # Its own generator: a DataLoader draws a seed for its workers each time it starts an epoch, from the global
@@ -109,11 +190,18 @@ class StreamLoader:
             self.loader.restore = False
             self.loader.current_epoch = epoch
         length = len(self)
-        for batch in self.loader:
-            if self._batches >= length:
-                break  # the last, incomplete accumulation group sits out, as for every other loader here
-            self._batches += 1
-            yield StoredBatch(batch["sample"], batch["index"], batch["label"], epoch, self.seed)
+        try:
+            for batch in self.loader:
+                if self._batches >= length:
+                    break  # the last, incomplete accumulation group sits out, as for every other loader here
+                self._batches += 1
+                yield StoredBatch(batch["sample"], batch["index"], batch["label"], epoch, self.seed)
+        except Exception:
+            # A loading process's refusal of a damaged chunk, which the DataLoader says as a RuntimeError.
+            met = sorted(Path(self.stream.errors).glob("*.pickle"))
+            if met:
+                raise pickle.loads(met[0].read_bytes()) from None
+            raise
 
     def _resume(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state["stream"])

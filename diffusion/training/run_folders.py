@@ -6,8 +6,8 @@ run id, ...), or the Trainer's ``default_root_dir`` without a logger. The only c
 `newest_checkpoint_of_run` (what `--ckpt_path auto` resumes), `checkpoints_of_run` and `post_hoc_ema_folder`.
 
 A run folder is trained by one job at a time: `training_in` holds an advisory lock (`fcntl.flock`) on
-``<run>/.training.lock`` for the fit, which the kernel lets go when the process ends, even by SIGKILL; a second job
-on the folder is refused (`RunFolderInUse`) before it does any work."""
+``<run>/.training.lock`` for the fit (`diffusion.data.folder_lock`, a prepare's too), which the kernel lets go when the
+process ends, even by SIGKILL; a second job on the folder is refused (`RunFolderInUse`) before it does any work."""
 
 import contextlib
 import os
@@ -17,18 +17,12 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import lightning as L
 
+from diffusion.data.folder_lock import fcntl, holding_lock
 from diffusion.errors import InvalidValue, MissingFile, UserError, WrongType, naming_a_full_disk
 from diffusion.training.checkpoint_files import UnreadableCheckpoint, check_zip_checksums, read_checkpoint
-
-fcntl: ModuleType | None
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks, so its run folders go unguarded
-    fcntl = None
 
 NUMBERED_VERSION = re.compile(r"version_(\d+)")
 CHECKPOINTS = "checkpoints"
@@ -113,38 +107,22 @@ class RunFolderInUse(UserError):
 
 @contextlib.contextmanager
 def training_in(folder: Path) -> Iterator[None]:
-    """Hold the run folder's lock while the block trains (rank 0 only: call it there), or raise `RunFolderInUse`.
-
-    The lock file is removed on the way out while still locked; a job that opened it before then finds, once it
-    holds the lock, that the file under the name is another (or none) and tries again on the one there now."""
-    if fcntl is None:
+    """Hold the run folder's lock while the block trains (rank 0 only: call it there), or raise `RunFolderInUse`
+    (`holding_lock`: the kernel's, gone with its process)."""
+    if fcntl is None:  # Windows: no advisory locks, so its run folders go unguarded
         yield
         return
     path = folder / TRAINING_LOCK
     with naming_a_full_disk(path):  # a folder that refuses it: CannotWrite
         folder.mkdir(parents=True, exist_ok=True)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
-    while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the ranks it launches
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(descriptor, 4096).decode(errors="replace").split()
-            os.close(descriptor)
-            pid, host = (holder + ["?", "?"])[:2]
-            raise RunFolderInUse(folder, pid, host) from None
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
-                break
-        os.close(descriptor)  # the file was removed by the job that held it: lock the one there now
-    try:
-        os.ftruncate(descriptor, 0)
-        os.write(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode())
+
+    def refused(holder: list[str]) -> RunFolderInUse:
+        pid, host = (holder + ["?", "?"])[:2]
+        return RunFolderInUse(folder, pid, host)
+
+    with holding_lock(path, f"{os.getpid()} {socket.gethostname()}\n", refused):
         yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(descriptor)
 
 
 def run_folder_of(checkpoint: str | os.PathLike) -> RunFolder | None:

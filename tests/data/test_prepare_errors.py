@@ -15,8 +15,9 @@ from PIL import Image
 from diffusion.cli.prepare import main as prepare
 from diffusion.data import VectorDataModule
 from diffusion.data.prepared import not_prepared
-from diffusion.data.preparing import PREPARE_ON_ANOTHER_DISK, clear
+from diffusion.data.preparing import PREPARE_ON_ANOTHER_DISK
 from diffusion.data.preparing import prepare as prepare_in_python
+from diffusion.data.staging import clear
 from diffusion.errors import said
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from helpers.user_errors import error_line
 from diffusion.cli.prepare import main as prepare
 from diffusion.data import preparing
 from diffusion.data.prepared import open_prepared
-from diffusion.data.preparing import KEPT_ON_ANOTHER_DISK, KEPT_WHERE_REFUSED
+from diffusion.data.preparing import KEPT_ON_ANOTHER_DISK
+from diffusion.data.staging import KEPT_WHERE_REFUSED
 from diffusion.errors import said
 
 TOY2D = [

@@ -18,9 +18,9 @@ from helpers.user_errors import error_line
 from diffusion.cli.prepare import main as prepare
 from diffusion.data import ImageDataModule, VectorDataModule
 from diffusion.data.image_transform import to_model_units
-from diffusion.data.prepared import MANIFEST, open_prepared, read_part
+from diffusion.data.prepared import MANIFEST, open_prepared
 from diffusion.data.preparing import pixels
-from diffusion.data.streaming import StreamLoader
+from diffusion.data.streaming import StreamLoader, read_part
 from diffusion.errors import UserError
 
 GAUSSIAN = [

@@ -1,0 +1,70 @@
+"""One process at a time writes a folder: an advisory lock (`fcntl.flock`) on a lock file in it, which the kernel lets
+go when the process ends, even by SIGKILL, so a killed holder never blocks the next one. The lock file holds a line
+about its holder (`"<pid> <host> ..."`), read by whoever is refused. A run folder's (`training_in`, the training
+layer's) and a prepared set's folder's (`diffusion.data.staging`).
+
+Windows has no advisory locks: there the folders go unguarded. Object storage has none either (a prepare to an
+`s3://` URL is not guarded).
+"""
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+fcntl: ModuleType | None
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+# The descriptors of the locks this process holds: closed in a child it forks (litdata's writers, DataLoader
+# workers), so that the lock goes with its holder alone. A forked child shares the open file, and a holder killed
+# by SIGKILL would leave it locked until its children ended too (executed programs do not get it: O_CLOEXEC).
+_held: set[int] = set()
+
+
+def _not_in_a_child() -> None:
+    for descriptor in _held:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_not_in_a_child)
+
+
+@contextlib.contextmanager
+def holding_lock(path: Path, holder: str, refused: Callable[[list[str]], Exception]) -> Iterator[None]:
+    """Hold the lock on `path` (created where missing; its folder must exist) while the block runs, with `holder`
+    written into it; or raise `refused(the words of the holder's line)` at once where another process holds it.
+
+    The lock file is removed on the way out while still locked; a process that opened it before then finds, once it
+    holds the lock, that the file under the name is another (or none) and tries again on the one there now."""
+    if fcntl is None:
+        yield
+        return
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the processes it starts
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            words = os.read(descriptor, 4096).decode(errors="replace").split()
+            os.close(descriptor)
+            raise refused(words) from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
+                break
+        os.close(descriptor)  # the file was removed by the process that held it: lock the one there now
+    _held.add(descriptor)
+    try:
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, holder.encode())
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        _held.discard(descriptor)
+        os.close(descriptor)

@@ -1,0 +1,123 @@
+"""A prepare's `--out` folder around the writing of its chunks (`diffusion.data.preparing`): one prepare at a time
+(`writing_alone`, its lock in `PREPARE_LOCK`: `diffusion.data.folder_lock`), a finished set replaced by the one
+written beside it in `STAGING` (`swap_in`, the old one set aside in `REPLACED` until then), and a prepare's own files
+removed, never the user's (`clear`: a stopped prepare's leftovers, a set `--overwrite` replaces, what a failed
+prepare wrote). Which files are a prepare's is said by `diffusion.data.prepared` (`written_by_a_prepare`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+from diffusion.data.folder_lock import holding_lock
+from diffusion.data.prepared import (
+    MANIFEST,
+    PARTS,
+    PREPARE_LOCK,
+    REPLACED,
+    STAGING,
+    in_object_storage,
+    is_url,
+    listing,
+    prepares_file,
+    written_by_a_prepare,
+)
+from diffusion.errors import CannotWrite, UserError, naming_a_full_disk
+
+KEPT_WHERE_REFUSED = "make that folder writable for this user, or write to another folder; what this prepare wrote is removed, the prepared set there before is kept"
+
+
+@contextlib.contextmanager
+def writing_alone(out: str) -> Iterator[None]:
+    """Hold `out`'s lock (`PREPARE_LOCK` in it, `holding_lock`: gone with its process, even one killed by SIGKILL)
+    while the block writes the set there, or refuse at once where another prepare holds it. A folder only: object
+    storage has no lock, so two prepares to one URL at once are not told apart (the last to finish wins)."""
+    if is_url(out):
+        yield
+        return
+    path = Path(out, PREPARE_LOCK)
+    with naming_a_full_disk(path):  # a folder that refuses it: CannotWrite
+        path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+
+    def refused(holder: list[str]) -> UserError:
+        pid, host, *when = holder + ["?", "?"]
+        return UserError(
+            f"{{command:--out}} {out} is being written by another prepare (pid {pid} on host {host}, started "
+            f"{' '.join(when[:2])})",
+            "wait for it to finish, or pass another {command:--out}",
+        )
+
+    with holding_lock(path, f"{os.getpid()} {socket.gethostname()} {started}\n", refused):
+        yield
+
+
+def swap_in(out: str, staged: str) -> None:
+    """Replace the finished set at `out` by the finished set in `staged` (its folder under `out`): renames on one
+    disk, the old set first set aside (its manifest first) then the new one moved in (its manifest last), so a set
+    stopped on the way is never a mix training accepts; where a rename fails, the old set is put back as it was."""
+    base, new, aside = Path(out), Path(staged), Path(out, REPLACED)
+    moves = [(base / name, aside / name) for name in (MANIFEST, *PARTS) if (base / name).exists()]
+    moves += [(new / name, base / name) for name in (*PARTS, MANIFEST) if (new / name).exists()]
+    done: list[tuple[Path, Path]] = []
+    try:
+        aside.mkdir(exist_ok=True)
+        for source, target in moves:
+            source.rename(target)
+            done.append((source, target))
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        try:
+            for source, target in reversed(done):
+                target.rename(source)
+            aside.rmdir()
+        except OSError as again:
+            raise UserError(
+                f"cannot replace the prepared set in {out} ({reason}), nor put its files back ({again.strerror})",
+                f"the set there before is in {aside} ({MANIFEST} last): move it back into {out}, or prepare again",
+            ) from error
+        raise CannotWrite(base, "the prepared set", reason, KEPT_WHERE_REFUSED) from error
+    with contextlib.suppress(FileNotFoundError):
+        (base / f"{MANIFEST}.partial").unlink()  # an earlier write's, stopped
+    shutil.rmtree(aside, ignore_errors=True)
+    new.rmdir()
+    if aside.exists():
+        warnings.warn(
+            f"the replaced prepared set's files are left in {aside}: remove them yourself", stacklevel=2
+        )
+
+
+def clear(root: str) -> None:
+    """Remove the files a prepare writes under `root` (`written_by_a_prepare`), and its part folders once empty:
+    a set a prepare was asked to replace, or what a prepare that failed wrote. Nothing else is touched."""
+    if is_url(root):
+        names = [name for name in listing(root) if written_by_a_prepare(name)]
+        if names:
+            in_object_storage("delete", root, names)
+        return
+    base = Path(root)
+    if not base.is_dir():
+        return
+    for staged in (base / STAGING, base / REPLACED):  # a stopped prepare's, or a replaced set's
+        if staged.is_dir() and not staged.is_symlink():
+            clear(str(staged))
+            with contextlib.suppress(OSError):
+                staged.rmdir()
+    for part in PARTS:
+        folder = base / part
+        if folder.is_dir() and not folder.is_symlink():
+            for entry in folder.iterdir():
+                if prepares_file(entry, base):
+                    entry.unlink()
+            with contextlib.suppress(OSError):  # not empty: something of the user's is left there
+                folder.rmdir()
+    for entry in base.iterdir():
+        if prepares_file(entry, base):
+            entry.unlink()
