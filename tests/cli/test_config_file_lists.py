@@ -7,7 +7,7 @@ arguments of the class chosen before it (round 6a's J10: it was "no such class (
 from pathlib import Path
 
 import pytest
-from helpers.parse_errors import a_parser, refused, refused_with_nonsense
+from helpers.parse_errors import a_parser, refused
 from jsonargparse import ArgumentParser
 from torch import nn
 
@@ -41,13 +41,6 @@ AS_A_FLAG = {  # id: (the flag's words, the line)
                                             "the list at its spaces — write its items with commas, --metrics "
                                             "fid,kid, or in brackets and quotes: --metrics \"[fid, kid]\""),
 }  # fmt: skip
-
-
-@pytest.fixture(params=[False, True], ids=["jsonargparse_words", "reworded"])
-def in_a_folder_with_either_words(request, tmp_path, monkeypatch) -> None:
-    if request.param:
-        monkeypatch.setattr(ArgumentParser, "error", refused_with_nonsense)
-    monkeypatch.chdir(tmp_path)
 
 
 @pytest.mark.parametrize(("line", "expected"), IN_A_FILE.values(), ids=IN_A_FILE.keys())

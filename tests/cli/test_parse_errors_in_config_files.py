@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.parse_errors import CASES, refused, refused_with_nonsense
+from helpers.parse_errors import CASES, refused
 from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningDataModule
 
@@ -15,15 +15,6 @@ from diffusion.cli.command_line import said_as_written
 from diffusion.cli.config_files import as_text
 from diffusion.cli.flags import command_parser
 from diffusion.cli.parse_errors import BadCommandLine, flags_written, parsed_command_line
-
-
-@pytest.fixture(params=[False, True], ids=["jsonargparse_words", "reworded"])
-def in_a_folder_with_either_words(request, tmp_path, monkeypatch) -> None:
-    """In tmp_path, once with jsonargparse's own refusals and once with nonsense in their place: the lines must
-    come from the declared types, not from its words."""
-    if request.param:
-        monkeypatch.setattr(ArgumentParser, "error", refused_with_nonsense)
-    monkeypatch.chdir(tmp_path)
 
 
 @pytest.mark.parametrize(("flags", "expected"), CASES.values(), ids=CASES.keys())
