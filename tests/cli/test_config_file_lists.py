@@ -1,13 +1,15 @@
 """A list option's items written as one text, in a file or as a flag, are said "not a list" with the form that
 works, made of the user's own items (round 7's M5: `sweep: '0.05 0.1'` was "not a valid float"); and a file of a
 class's bare arguments (`--model.network net.yaml` holding `channels: many`, no class_path) is read as the
-arguments of the class chosen before it (round 6a's J10: it was "no such class (No module named 'net')").
+arguments of the class chosen before it (round 6a's J10: it was "no such class (No module named 'net')"). Through train.py's
+own parser: null where a class is needed, a choice of a class's argument where the class goes, a list's item of
+another type (rounds 8 and 9).
 """
 
 from pathlib import Path
 
 import pytest
-from helpers.parse_errors import a_parser, refused
+from helpers.parse_errors import a_parser, refused, train_line
 from jsonargparse import ArgumentParser
 from torch import nn
 
@@ -130,3 +132,39 @@ def test_a_file_of_bare_arguments_parses(tmp_path, monkeypatch):
     Path("net.yaml").write_text("channels: 16\nchannel_mult: [1, 2, 2]\n")
     config = parse_command_line(a_parser_of_networks(), ["--network", "net.yaml"])
     assert config.network.init_args.channels == 16
+
+
+# ---- train.py's own parser: a class or a list said of what was written ---------------------------------------
+def test_null_where_a_class_is_needed_is_said_so(tmp_path, monkeypatch, capsys):
+    """`--model.network null` was `no such class (module 'diffusion' has no attribute 'null')`."""
+    monkeypatch.chdir(tmp_path)
+    needs = "this option needs a class — pass the class path of a class that exists, as module.Class"
+    assert train_line(["--model.network", "null"], capsys).startswith(f"--model.network null: {needs}")
+    Path("run.yaml").write_text("model:\n  network: null\n")
+    assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: model.network null: {needs}")
+
+
+def test_a_choice_of_the_data_modules_argument_where_the_class_goes_is_said_so(tmp_path, monkeypatch, capsys):
+    """Round 8's N7: `--data digits` was `no such class (module 'diffusion' has no attribute 'digits')`."""
+    monkeypatch.chdir(tmp_path)
+    assert train_line(["--data", "digits"], capsys) == (
+        "--data digits: no class is named digits; digits is a choice of ImageDataModule's dataset — pass "
+        "--data.dataset digits, or a class path as module.Class (see --help)"
+    )
+    assert train_line(["--model.network", "cosine"], capsys).startswith(  # a schedule's choice: no network's
+        "--model.network cosine: no such class (diffusion has no class cosine) — pass the class path"
+    )
+
+
+def test_a_list_whose_item_is_of_another_type_names_the_item(tmp_path, monkeypatch, capsys):
+    """Round 8's N5: `channel_mult "[1, 2.5]"` was "not a valid list — ... a list in brackets", which it was."""
+    monkeypatch.chdir(tmp_path)
+    flag = "--model.network.init_args.channel_mult"
+    assert train_line([flag, "[1, 2.5]"], capsys) == (
+        f"{flag} [1, 2.5]: its item 2.5 is not a valid int — pass a value of that type (see --help)"
+    )
+    Path("run.yaml").write_text("model:\n  network:\n    init_args:\n      channel_mult: [1, abc]\n")
+    assert train_line(["--config", "run.yaml"], capsys) == (
+        "run.yaml: model.network.init_args.channel_mult [1, abc]: its item abc is not a valid int — pass a value of "
+        "that type (see --help)"
+    )

@@ -4,29 +4,14 @@ under its old and its new name, a withdrawn flag, and the forms users write a li
 """
 
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import yaml
-from helpers.parse_errors import INTERNALS
+from helpers.parse_errors import train_line
 from helpers.user_errors import run_in_process, train_args
 
 from diffusion.cli.train import main as train
 from diffusion.cli.train_checks import check_settings_from_the_data
-
-
-def train_line(argv: list[str], capsys, logger: str | None = "false") -> str:
-    """train.py's one line for `argv`; a command line it let through fails at once instead of training. `logger`:
-    the --trainer.logger after it (None: the one `argv` chooses)."""
-    from diffusion.cli import train
-
-    took_it = AssertionError("train.py took the command line")
-    with mock.patch.object(train, "fit", side_effect=took_it), pytest.raises(SystemExit) as exited:
-        train.main([*argv, *(["--trainer.logger", logger] if logger else [])])
-    assert exited.value.code == 2
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert not any(internal in line for internal in INTERNALS), line
-    return line.removeprefix("error: ")
 
 
 def test_train_says_a_bad_value_of_its_config_file_with_the_file(tmp_path, monkeypatch, capsys):
@@ -378,38 +363,3 @@ def test_a_group_file_missing_or_a_whole_config_is_said_as_a_file_not_a_class(tm
     )
     for flag in ("--model.network", "--data"):
         assert train_line([flag, "whole.yaml"], capsys).startswith(f"{flag} whole.yaml: {whole}")
-
-
-def test_null_where_a_class_is_needed_is_said_so(tmp_path, monkeypatch, capsys):
-    """`--model.network null` was `no such class (module 'diffusion' has no attribute 'null')`."""
-    monkeypatch.chdir(tmp_path)
-    needs = "this option needs a class — pass the class path of a class that exists, as module.Class"
-    assert train_line(["--model.network", "null"], capsys).startswith(f"--model.network null: {needs}")
-    Path("run.yaml").write_text("model:\n  network: null\n")
-    assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: model.network null: {needs}")
-
-
-def test_a_choice_of_the_data_modules_argument_where_the_class_goes_is_said_so(tmp_path, monkeypatch, capsys):
-    """Round 8's N7: `--data digits` was `no such class (module 'diffusion' has no attribute 'digits')`."""
-    monkeypatch.chdir(tmp_path)
-    assert train_line(["--data", "digits"], capsys) == (
-        "--data digits: no class is named digits; digits is a choice of ImageDataModule's dataset — pass "
-        "--data.dataset digits, or a class path as module.Class (see --help)"
-    )
-    assert train_line(["--model.network", "cosine"], capsys).startswith(  # a schedule's choice: no network's
-        "--model.network cosine: no such class (diffusion has no class cosine) — pass the class path"
-    )
-
-
-def test_a_list_whose_item_is_of_another_type_names_the_item(tmp_path, monkeypatch, capsys):
-    """Round 8's N5: `channel_mult "[1, 2.5]"` was "not a valid list — ... a list in brackets", which it was."""
-    monkeypatch.chdir(tmp_path)
-    flag = "--model.network.init_args.channel_mult"
-    assert train_line([flag, "[1, 2.5]"], capsys) == (
-        f"{flag} [1, 2.5]: its item 2.5 is not a valid int — pass a value of that type (see --help)"
-    )
-    Path("run.yaml").write_text("model:\n  network:\n    init_args:\n      channel_mult: [1, abc]\n")
-    assert train_line(["--config", "run.yaml"], capsys) == (
-        "run.yaml: model.network.init_args.channel_mult [1, abc]: its item abc is not a valid int — pass a value of "
-        "that type (see --help)"
-    )

@@ -4,6 +4,7 @@ refusal read as its one line."""
 
 from datetime import timedelta
 from typing import Literal
+from unittest import mock
 
 import pytest
 from jsonargparse import ActionYesNo, ArgumentError, ArgumentParser
@@ -93,3 +94,17 @@ def refused(argv: list[str]) -> str:
     line = str(refusal.value)
     assert not any(internal in line for internal in INTERNALS), line
     return line
+
+
+def train_line(argv: list[str], capsys, logger: str | None = "false") -> str:
+    """train.py's one line for `argv`; a command line it let through fails at once instead of training. `logger`:
+    the --trainer.logger after it (None: the one `argv` chooses)."""
+    from diffusion.cli import train
+
+    took_it = AssertionError("train.py took the command line")
+    with mock.patch.object(train, "fit", side_effect=took_it), pytest.raises(SystemExit) as exited:
+        train.main([*argv, *(["--trainer.logger", logger] if logger else [])])
+    assert exited.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert not any(internal in line for internal in INTERNALS), line
+    return line.removeprefix("error: ")
