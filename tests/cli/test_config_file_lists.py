@@ -1,9 +1,9 @@
 """A list option's items written as one text, in a file or as a flag, are said "not a list" with the form that
 works, made of the user's own items (round 7's M5: `sweep: '0.05 0.1'` was "not a valid float"); and a file of a
 class's bare arguments (`--model.network net.yaml` holding `channels: many`, no class_path) is read as the
-arguments of the class chosen before it (round 6a's J10: it was "no such class (No module named 'net')"). Through train.py's
-own parser: null where a class is needed, a choice of a class's argument where the class goes, a list's item of
-another type (rounds 8 and 9).
+arguments of the class chosen before it (round 6a's J10: it was "no such class (No module named 'net')").
+Through train.py's own parser: null where a class is needed, a choice of a class's argument where the class
+goes, a list's item of another type (rounds 8 and 9).
 """
 
 from pathlib import Path
