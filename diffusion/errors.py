@@ -283,11 +283,16 @@ class CannotWrite(UserError, OSError):
 
 @contextmanager
 def naming_a_full_disk(path: str | Path, fix: str = FREE_SPACE) -> Iterator[None]:
-    """A full disk (OSError ENOSPC or EDQUOT) while the block writes `path` becomes `DiskFull` naming its folder,
-    and a folder that refuses the write (EACCES, EPERM, EROFS) `CannotWrite`; any other error passes as it is."""
+    """A full disk (OSError ENOSPC or EDQUOT) while the block writes `path` becomes `DiskFull` naming its folder
+    (the outermost naming's: a grid's temporary file is said as the run's grid), and a folder that refuses the write
+    (EACCES, EPERM, EROFS) `CannotWrite`; any other error passes as it is."""
     try:
         yield
     except OSError as error:
+        if isinstance(error, DiskFull) and isinstance(error.__cause__, OSError):
+            error = (
+                error.__cause__
+            )  # an inner naming's (a temporary file's): this one knows what the user asked for
         if is_disk_full(error):
             raise DiskFull(Path(path).parent, Path(path).name, fix) from error
         if error.errno in REFUSED_WRITE_ERRNOS:

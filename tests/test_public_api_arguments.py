@@ -146,6 +146,9 @@ CASES = [
     ("images-text-verify", lambda: ImageDataModule(verify="no"), TypeError, "verify='no'"),
     ("images-text-on-device", lambda: ImageDataModule(on_device="no"), TypeError, "on_device='no'"),
     ("vectors-text-on-device", lambda: VectorDataModule(on_device="false"), TypeError, "on_device='false'"),
+    # NaN noise gave an all-NaN set without a word; a fraction failed in sklearn's words (round 10b: T1, T2)
+    ("vectors-nan-noise", lambda: VectorDataModule("moons", noise=float("nan")), ValueError, "noise=nan"),
+    ("vectors-fractional-count", lambda: VectorDataModule(num_samples=2.5), ValueError, "num_samples=2.5"),
     # StepTimer stored a fractional count as given, and timed a rounded number of steps
     ("step-timer-fractional-steps", lambda: StepTimer(steps=2.5), ValueError, "steps=2.5 must be a whole number"),
     ("step-timer-fractional-warmup", lambda: StepTimer(warmup_steps=0.5), ValueError, "warmup_steps=0.5 must be a"),
@@ -172,6 +175,9 @@ CASES = [
      "sample_shape[0]"),
     ("module-size-as-shape", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=2), TypeError,
      "sample_shape"),
+    # a shape the network cannot take was refused at the first sample, blamed on "the data" (round 10b: T8)
+    ("module-images-for-an-mlp", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(1, 8, 8)), ValueError,
+     "sample_shape=(1, 8, 8)"),
     ("module-names-unconditional", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(2,),
                                                            class_names=["a", "b"]), ValueError, "class_names"),
     ("module-names-miscounted", lambda: DiffusionModule(CONDITIONAL.network, sample_shape=(2,),
@@ -226,6 +232,8 @@ CASES = [
     ("load-number-as-device", lambda: load_checkpoint("x.ckpt", map_location=0), TypeError, "map_location"),
     ("load-meta-device", lambda: load_checkpoint("x.ckpt", map_location="meta"), ValueError, "map_location"),
     ("load-empty-path", lambda: load_checkpoint(""), ValueError, "path"),
+    ("load-folder-without-checkpoint", lambda: load_checkpoint("."), ValueError, "path . is a folder"),
+    ("load-missing-file", lambda: load_checkpoint("nope.ckpt"), FileNotFoundError, "path: no checkpoint at"),
     # reverse_steps and final_sample
     ("reverse-text-as-model", lambda: reverse_steps("net", SCHEDULE, X_T), TypeError, "model"),
     ("reverse-no-schedule", lambda: reverse_steps(UNCONDITIONAL.network, None, X_T), TypeError, "schedule"),
@@ -292,6 +300,10 @@ CASES = [
     ("grid-text-file", lambda: save_image_grid(IMAGES, "grid.txt"), ValueError, "path"),
     ("grid-empty-path", lambda: save_image_grid(IMAGES, ""), ValueError, "path"),
     ("uint8-meta", lambda: to_uint8(IMAGES.to("meta"), {"shift": [0.5], "scale": [0.5]}), ValueError, "x"),
+    # plain ValueErrors named neither the argument nor a fix (tester round 10b: T7)
+    ("uint8-one-image", lambda: to_uint8(IMAGES[0], {"shift": [0.5], "scale": [0.5]}), ValueError, "x has shape"),
+    ("uint8-normalization-of-2-channels", lambda: to_uint8(IMAGES, NORMALIZATION), ValueError, "normalization has 2"),
+    ("rows-labels-miscounted", lambda: rows_by_class(IMAGES, torch.tensor([0, 1])), ValueError, "labels has shape"),
     # metrics
     ("frechet-text", lambda: frechet_distance("a", torch.eye(2), torch.zeros(2), torch.eye(2)), TypeError, "mu1"),
     ("frechet-shapes", lambda: frechet_distance(torch.zeros(2), torch.eye(2), torch.zeros(2), torch.eye(3)),
@@ -303,6 +315,7 @@ CASES = [
     ("frechet-no-features", lambda: frechet_distance(torch.zeros(0), torch.zeros(0, 0), torch.zeros(0),
                                                      torch.zeros(0, 0)), ValueError, "mu1"),
     ("statistics-number-as-path", lambda: load_statistics(3), TypeError, "path"),
+    ("statistics-empty-path", lambda: load_statistics(""), ValueError, "path is empty"),  # was "file . is a folder"
     # SampleQuality: a lone name was read letter by letter, [] computed nothing, model units gave another FID
     ("quality-lone-metric", lambda: SampleQuality("pixels", "fid", channels=1), TypeError, "metrics"),
     ("quality-no-metric", lambda: SampleQuality("pixels", [], channels=1), ValueError, "metrics"),

@@ -29,9 +29,10 @@ from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
 from diffusion.errors import UserError, naming_a_full_disk
+from diffusion.training.atomic_writes import CannotReplace, check_replaceable
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
-from diffusion.training.loading import load_checkpoint, model_source
+from diffusion.training.loading import is_export_without_config, load_checkpoint, model_source
 
 Format = Literal["safetensors", "diffusers"]
 
@@ -66,14 +67,19 @@ def training_checkpoint(path: str) -> str:
     apart, as for train.py's --model.init_from): it holds one set of weights, not the training checkpoint's raw and
     EMA ones and network settings an export is written from, and "it holds no checkpoint" would call it empty."""
     check_path_given(path, "--ckpt")
-    kind, source = model_source(path, "--ckpt")
+    # An export that lost its config.json is an export still: not a folder without a checkpoint, nor one to copy
+    # again whole (`model_source`'s line) when a checkpoint is what export wants.
+    partial = is_export_without_config(path)
+    kind, source = ("export", Path(path)) if partial else model_source(path, "--ckpt")
     if kind != "checkpoint":
-        what = "a diffusers folder" if kind == "diffusers" else "an export (python -m diffusion.export)"
+        what = "is a diffusers folder" if kind == "diffusers" else "is an export (python -m diffusion.export)"
+        if partial:
+            what = "is an export's model.safetensors without its config.json (python -m diffusion.export)"
+        taken = "" if partial else "; python -m diffusion.sample and load_checkpoint take it as it is"
         raise UserError(
-            f"--ckpt {path} is {what}, which holds one set of weights and no training state",
+            f"--ckpt {path} {what}, which holds one set of weights and no training state",
             "export converts training checkpoints: pass the checkpoint it was exported from "
-            "(runs/<name>/version_N/checkpoints/*.ckpt); python -m diffusion.sample and load_checkpoint "
-            "take it as it is",
+            f"(runs/<name>/version_N/checkpoints/*.ckpt){taken}",
         )
     return str(source)
 
@@ -103,10 +109,25 @@ def staging_folder(out: Path) -> Path:
     return out
 
 
+def check_can_replace(target: Path) -> None:
+    """Refuse, before anything moves, a file of `out` that the export would replace and that refuses to be: one
+    flagged immutable or append-only (`check_replaceable`), or one that refuses to be opened for writing while its
+    folder takes new files, is said as the file (CannotReplace: "check its attributes"), not as its folder."""
+    check_replaceable(target)
+    with naming_a_full_disk(target):
+        try:
+            with open(target, "r+b"):
+                pass
+        except PermissionError as error:
+            if not os.access(target.parent, os.W_OK | os.X_OK):
+                raise  # the folder refuses: said of the folder (CannotWrite)
+            raise CannotReplace(target, error.strerror or type(error).__name__) from error
+
+
 def move_into(staged: Path, out: Path) -> None:
     """Move every file of `staged` to the same place under `out`, all of them or none: each file of `out` it
-    replaces is first tried for writing (`chattr +i` refused only the move, the files before it moved in already)
-    and set aside, and where a move fails the files moved in go and those set aside come back."""
+    replaces is first tried for writing (`chattr +i` refused only the move, the files before it moved in already:
+    `check_can_replace`) and set aside, and where a move fails the files moved in go and those set aside come back."""
     sources = sorted(p for p in staged.rglob("*") if p.is_file())
     targets = [out / source.relative_to(staged) for source in sources]
     # An earlier export of the other format: its files, which the new one does not replace, go too (a diffusers
@@ -114,10 +135,9 @@ def move_into(staged: Path, out: Path) -> None:
     earlier = [out / name for name in EXPORT_ENTRIES if (out / name).exists()]
     targets_within = {entry for target in targets for entry in (target, *target.parents)}
     stale = [entry for entry in earlier if entry not in targets_within]
-    for target in targets:
+    for target in [*targets, *stale]:
         if target.is_file():
-            with naming_a_full_disk(target), open(target, "r+b"):
-                pass
+            check_can_replace(target)
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=staging_folder(out)))
     done: list[tuple[Path, Path]] = []  # (from, to), undone last first
     made: list[Path] = []  # the folders under `out` the moves made, removed with them

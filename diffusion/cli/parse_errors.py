@@ -54,7 +54,15 @@ from diffusion.cli.config_files import (
     yaml_or_none,
 )
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required
-from diffusion.cli.type_fits import fits, group_file_said, imported, one_value_said, said_of
+from diffusion.cli.type_fits import (
+    default_of,
+    fits,
+    group_file_said,
+    imported,
+    one_value_said,
+    required_said,
+    said_of,
+)
 from diffusion.cli.written_twice import check_no_flag_replaced, check_one_name_each
 from diffusion.errors import UserError
 
@@ -135,6 +143,10 @@ def parsed_command_line(
         config = parser.parse_args(taken)
     except (ArgumentError, UnicodeDecodeError) as error:  # the parser reads a config file that is not text so
         raise BadCommandLine(*what_is_wrong(parser, written, error)) from error
+    except (RuntimeError, TypeError) as error:  # jsonargparse failing inside: `metrics: {fid: true}`
+        if (said := what_is_wrong(parser, written, error))[1] is _FLAG_HELP:
+            raise  # nothing written explains it: a bug, with its traceback
+        raise BadCommandLine(*said) from error
     command_line = CommandLine(parser, written, config, items, print_request)
     check_one_name_each(command_line.written, config, renamed or {})
     for item in command_line.written:  # a file the parser read as meant may still say a key twice
@@ -162,16 +174,7 @@ def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException)
             return found
     if deferred:
         return deferred
-    for action in actions(parser):
-        if not is_required(parser, action) or _default(parser, action.dest) is not None:
-            continue
-        flag, key = action.option_strings[-1], plain_key(action.dest)
-        given = [item for item in written if plain_key(item.key) == key]
-        if not given:
-            return f"{flag} is required", f"pass {flag} VALUE (see --help)"
-        if given[-1].file is not None and given[-1].values == (None,):  # `ckpt:` with nothing after it
-            return f"{given[-1].file}: {key} is blank, and it is required", f"write its value after '{key}:'"
-    return " ".join(str(error).split()), _FLAG_HELP
+    return required_said(parser, written) or (" ".join(str(error).split()), _FLAG_HELP)
 
 
 def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> tuple[str, str] | None:
@@ -295,7 +298,7 @@ def _taken_but_unusable(
     action = action_of(parser, item.key)
     hint = declared_type(action) if action is not None else _class_argument_hint(parser, written, item.key)
     kinds = [] if hint is None else alternatives(hint)
-    default = _default(parser, item.key) if action is not None else None
+    default = default_of(parser, item.key) if action is not None else None
     if (
         not kinds
         or any(kind in (type(None), Any) for kind in kinds)
@@ -383,14 +386,6 @@ def _chosen_class_path(parser: ArgumentParser, written: list[Written], group: st
                 continue  # a file of the class's options: its class_path, if any, is a key of its own after it
             chosen = value.get("class_path", chosen) if isinstance(value, dict) else str(value)
     if chosen is None:
-        default = _default(parser, group)
+        default = default_of(parser, group)
         chosen = default.get("class_path") if isinstance(default, Namespace) else None
     return chosen
-
-
-def _default(parser: ArgumentParser, dest: str) -> Any:
-    """The parser's default of one key (`get_defaults` builds every class's defaults to answer it)."""
-    try:
-        return parser.get_default(dest)
-    except KeyError:  # no default (argparse's SUPPRESS)
-        return None

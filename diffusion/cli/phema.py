@@ -125,7 +125,20 @@ def check_out(out: str | None, overwrite: bool) -> None:
 def base_checkpoint(run: Path, step: int, ckpt: str | None) -> Path:
     """--ckpt, or the run's checkpoint of `step` (a last.ckpt before a step=N.ckpt), or its newest."""
     if ckpt is not None:
-        return Path(given_checkpoint(ckpt))
+        path = Path(given_checkpoint(ckpt))
+        theirs = read_checkpoint(path, "--ckpt").get("global_step")
+        if theirs is not None and theirs != step:  # the output would mix two steps (or two runs) unsaid
+            raise UserError(
+                f"--ckpt {ckpt} is of step {theirs}, and the EMA is reconstructed at step {step} from --run {run}",
+                f"pass a checkpoint of step {step} of this run, or leave --ckpt out: the run's own of that step",
+            )
+        if run.resolve() not in path.resolve().parents:
+            print(
+                f"note: --ckpt {ckpt} is not in --run {run}: its raw weights, optimizer state and settings go "
+                "into --out with the EMA of --run's snapshots",
+                file=sys.stderr,
+            )
+        return path
     found = checkpoints_of_run(run)
     if not found:
         raise UserError(

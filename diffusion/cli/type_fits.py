@@ -19,15 +19,17 @@ from typing import Any, Literal, get_args, get_origin
 from jsonargparse import ArgumentError, ArgumentParser
 
 from diffusion.cli.command_line import (
+    Written,
     alternatives,
     builtin_base,
     is_class_choice,
     kind_name,
     parses_as,
+    plain_key,
     takes_a_collection,
 )
 from diffusion.cli.config_files import as_text, read_config_file, yaml_or_none
-from diffusion.cli.jsonargparse_internals import number_bounds
+from diffusion.cli.jsonargparse_internals import actions, is_required, number_bounds
 from diffusion.cli.legacy import class_at
 
 NOT_FINITE_WORDS = ("nan", "inf", "infinity", ".nan", ".inf")
@@ -83,6 +85,13 @@ def said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> 
     """What does not fit in `values` of type `hint`, said from the type: choices, bounds, class path or kind.
     `several`: a flag of several values (`--metrics fid kid`)."""
     kinds = [kind for kind in alternatives(hint) if kind is not type(None)]
+    written = shown.split(": ", 1)[-1].split(" ", 1)[-1]  # the value as the user wrote it: `[1, 2.5]`, `abc`
+    mapping = written.lstrip().startswith("{") and isinstance(yaml_or_none(written), dict)
+    if mapping and kinds and all(get_origin(kind) in (list, tuple, Sequence) for kind in kinds):
+        return (
+            f"{shown} is a mapping, not a list",
+            "write a list in brackets, e.g. [1, 2]",
+        )  # `sweep: {0.05: 1}`
     if kinds and all(get_origin(kind) is list for kind in kinds):  # --metrics fid kid: say it of the items
         items = functools.reduce(operator.or_, (get_args(kind)[0] for kind in kinds))
         return said_of(shown, items, values, several=True)
@@ -109,7 +118,6 @@ def said_of(shown: str, hint: Any, values: list[str], several: bool = False) -> 
                 f"pass a value {' and '.join(f'{op} {limit}' for op, limit in bounds)}",
             )
     listed = yaml_or_none(values[-1]) if values[-1].lstrip().startswith("[") else None
-    written = shown.split(": ", 1)[-1].split(" ", 1)[-1]  # the value as the user wrote it: `[1, 2.5]`, `abc`
     as_a_list = any(
         mark in written for mark in "[, "
     )  # one bare word is said as no list, in a file as a flag
@@ -314,3 +322,25 @@ def _required_arguments(cls: type) -> list[str]:
         return []
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [p.name for p in parameters if p.kind in keyword and p.default is inspect.Parameter.empty]
+
+
+def default_of(parser: ArgumentParser, dest: str) -> Any:
+    """The parser's default of one key (`get_defaults` builds every class's defaults to answer it)."""
+    try:
+        return parser.get_default(dest)
+    except KeyError:  # no default (argparse's SUPPRESS)
+        return None
+
+
+def required_said(parser: ArgumentParser, written: Sequence[Written]) -> tuple[str, str] | None:
+    """A required option not given, or left blank in a config file (`ckpt:` with nothing after it)."""
+    for action in actions(parser):
+        if not is_required(parser, action) or default_of(parser, action.dest) is not None:
+            continue
+        flag, key = action.option_strings[-1], plain_key(action.dest)
+        given = [item for item in written if plain_key(item.key) == key]
+        if not given:
+            return f"{flag} is required", f"pass {flag} VALUE (see --help)"
+        if given[-1].file is not None and given[-1].values == (None,):
+            return f"{given[-1].file}: {key} is blank, and it is required", f"write its value after '{key}:'"
+    return None

@@ -5,6 +5,7 @@ Items, `sample_shape`, `normalization` and the split follow `diffusion.data.Spli
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Literal, get_args
@@ -19,7 +20,15 @@ from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.prepared import open_prepared
 from diffusion.data.split import IndexedDataset, SplitDataModule
-from diffusion.errors import InvalidValue, OutOfRange, UserError, check_bool, options_of
+from diffusion.errors import (
+    InvalidValue,
+    OutOfRange,
+    UserError,
+    check_bool,
+    check_real,
+    check_whole_number,
+    options_of,
+)
 
 VectorDatasetName = Literal["swiss_roll", "moons", "8gaussians", "gaussian", "npy", "streaming"]
 Normalize = Literal["standardize", "minmax"]
@@ -103,16 +112,16 @@ class VectorDataModule(SplitDataModule):
             raise InvalidValue(
                 "dataset 'npy' needs a file", "set {--path} to an (N, D) .npy array", type(self)
             )
-        if num_samples < 2:
-            raise OutOfRange("num_samples", num_samples, ">= 2", owner=type(self))
-        if dim < 1:
-            raise OutOfRange("dim", dim, ">= 1", owner=type(self))
-        if noise < 0:
-            raise OutOfRange("noise", noise, ">= 0", owner=type(self))
+        with options_of(type(self)):  # a fraction reached sklearn, refused there by its own n_samples
+            num_samples = check_whole_number("num_samples", num_samples, 2)
+            dim = check_whole_number("dim", dim, 1)
+            check_real("noise", noise), check_real("feature_std", feature_std)  # not True, nor text
+        if not (math.isfinite(noise) and noise >= 0):  # NaN passed `< 0` and made every sample NaN
+            raise OutOfRange("noise", noise, "a finite number >= 0", owner=type(self))
         if normalize not in get_args(Normalize):
             raise InvalidValue(f"unknown normalize {normalize!r}", f"choose one of {get_args(Normalize)}")
-        if not feature_std > 0:
-            raise OutOfRange("feature_std", feature_std, "> 0", owner=type(self))
+        if not (math.isfinite(feature_std) and feature_std > 0):
+            raise OutOfRange("feature_std", feature_std, "a finite number > 0", owner=type(self))
         note = unused_options(dataset, written, path, num_samples=num_samples, dim=dim, noise=noise)
         if note:
             warnings.warn(note, stacklevel=2)

@@ -62,8 +62,9 @@ def rows_by_class(
             "labels", labels, "integer class indices", "pass the labels generate was given (ints)"
         )
     if labels.shape != (len(images),):
-        raise ValueError(
-            f"need one label per image, got {tuple(labels.shape)} labels for {len(images)} images"
+        raise InvalidValue(
+            f"labels has shape {tuple(labels.shape)}, not one label per image ({len(images)} images)",
+            "pass the labels generate was given for these images, one per image",
         )
     rows = [images[labels == c][:per_class] for c in labels.unique(sorted=True)]
     width = max(len(row) for row in rows)

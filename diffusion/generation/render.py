@@ -111,13 +111,19 @@ def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
     check_samples_and_normalization(x, normalization)
     check_normalization(normalization)
     if x.ndim < 2:
-        raise ValueError(f"expected a batch of shape (B, C, H, W) or (B, D), got shape {tuple(x.shape)}")
+        one = "; one sample is x[None]" if x.ndim == 1 else ""
+        raise InvalidValue(
+            f"x has shape {tuple(x.shape)}, not a batch (B, C, H, W) of images or (B, D) of vectors",
+            f"pass what generate returns{one}",
+        )
     shift = torch.as_tensor(normalization["shift"], dtype=x.dtype, device=x.device)
     scale = torch.as_tensor(normalization["scale"], dtype=x.dtype, device=x.device)
     if shift.numel() != x.shape[1] or scale.numel() != x.shape[1]:
-        raise ValueError(
-            f"normalization has {shift.numel()} shift and {scale.numel()} scale values "
-            f"but the batch has {x.shape[1]} channels/features (shape {tuple(x.shape)})"
+        raise InvalidValue(
+            f"normalization has {shift.numel()} shift and {scale.numel()} scale values, and x has "
+            f"{x.shape[1]} (its channels or features: shape {tuple(x.shape)})",
+            "pass the normalization of the model that drew x (module.normalization): one shift and one scale "
+            "per channel",
         )
     view = (1, -1) + (1,) * (x.ndim - 2)
     return x * scale.view(view) + shift.view(view)
@@ -153,7 +159,11 @@ def to_uint8(x: torch.Tensor, normalization: dict) -> torch.Tensor:
     infinity are refused (NonFiniteSamples, an InvalidValue), not turned into black pixels."""
     check_samples_and_normalization(x, normalization)
     if x.ndim != 4:
-        raise ValueError(f"expected images of shape (N, C, H, W), got shape {tuple(x.shape)}")
+        one = "; one image (C, H, W) is x[None]" if x.ndim == 3 else ""
+        raise InvalidValue(
+            f"x has shape {tuple(x.shape)}, not (N, C, H, W) images",
+            f"pass a batch of images as generate returns them{one}",
+        )
     if x.is_meta:  # its values, which become the pixels, are nowhere: say so, not torch's failed read
         raise InvalidValue(
             "x is a tensor on the meta device, whose values cannot be read", "pass samples that hold values"

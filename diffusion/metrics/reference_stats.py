@@ -93,6 +93,11 @@ def load_statistics(path: str | Path) -> FeatureStatistics:
     """Read an .npz of FID statistics (``mu``, ``sigma``; see the module docstring), checked."""
     if not isinstance(path, str | os.PathLike):
         raise WrongType("path", path, "a path", "pass the statistics file's path (a str or pathlib.Path)")
+    if isinstance(path, str) and not path:  # not the current folder, as Path("") would read it
+        raise InvalidValue(
+            "path is empty",
+            "pass the statistics file's path (an unset variable or a blank line may have given '')",
+        )
     path = Path(path)
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"

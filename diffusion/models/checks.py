@@ -4,7 +4,9 @@ number`), train.py the flag the user wrote. A count is never rounded (8.0 channe
 refuse it), and nothing reaches torch's layers to fail there with torch's words."""
 
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from numbers import Integral, Real
 from typing import Any, Literal
 
@@ -17,6 +19,8 @@ from diffusion.errors import (
     check_fits_memory,
     check_whole_number,
     options_of,
+    parameter_name,
+    said,
 )
 
 CLASSES = ">= 1 (or None for an unconditional network)"  # a network's num_classes, as ClassEmbedding says it
@@ -83,6 +87,37 @@ def check_weights_fit_memory(owner: type, name: str, value: int, weights: int, w
         check_fits_memory(name, value, 4 * weights, f"{what} {weights:,} weights", f"pass a smaller {name}")
 
 
+# Set while a DiffusionModule checks its `sample_shape` argument against its network (`sample_shape_given`): the
+# sample shape's misfits are then said to a Python caller of that argument, not of "the data".
+_SHAPE_ARGUMENT: ContextVar[bool] = ContextVar("shape_argument", default=False)
+
+
+@contextmanager
+def sample_shape_given() -> Iterator[None]:
+    """The shape the block's checks are given is DiffusionModule's `sample_shape` argument (`SampleShapeMisfit`)."""
+    token = _SHAPE_ARGUMENT.set(True)
+    try:
+        yield
+    finally:
+        _SHAPE_ARGUMENT.reset(token)
+
+
+class SampleShapeMisfit(InvalidValue):
+    """A sample shape that does not fit the network, said by who reads it. A command reads `problem` and `fix`, of
+    the data: train.py sets DiffusionModule's sample_shape from the data module (its flags' image size, its
+    channels). A Python caller of DiffusionModule passed `sample_shape` itself, and reads `argument` (a problem and
+    a fix naming it), where the shape was given as that argument (`sample_shape_given`)."""
+
+    def __init__(self, problem: str, fix: str, owner: type, argument: tuple[str, str]) -> None:
+        self.argument = argument if _SHAPE_ARGUMENT.get() else None  # set before UserError says it
+        super().__init__(problem, fix, owner)
+
+    def said(self, flag: Callable[[type | str | None, str], str]) -> str:
+        if flag is parameter_name and self.argument is not None:
+            return said(" — ".join(self.argument), flag, self.owner)
+        return super().said(flag)
+
+
 def check_sample_shape(
     owner: type, shape: Sequence[int], kind: Literal["vectors", "images"], width: int
 ) -> None:
@@ -90,22 +125,32 @@ def check_sample_shape(
     saying which network fits (a network for the other kind of data failed at the first step)."""
     shape, name = tuple(shape), owner.__name__
     rank, other, other_rank = (1, "images", 3) if kind == "vectors" else (3, "vectors", 1)
+    fits = f"({width},)" if rank == 1 else f"({width}, H, W)"
     if len(shape) != rank:
         theirs, takes = len(shape) == other_rank, (width,) if rank == 1 else f"({width}, H, W)"
-        raise InvalidValue(
+        network = NETWORK_FOR[other] if theirs else "a network for its shape"
+        raise SampleShapeMisfit(
             f"{name} is for {kind} of shape {takes}, and the data's samples have shape {shape}"
             + (f" ({other})" if theirs else ""),
-            f"train {other if theirs else 'this data'} with "
-            + (NETWORK_FOR[other] if theirs else "a network for its shape"),
+            f"train {other if theirs else 'this data'} with {network}",
             owner,
+            (
+                f"{name} is for {kind} of shape {takes}, and sample_shape={shape}"
+                + (f" is of {other}" if theirs else ""),
+                f"pass sample_shape={fits} for this network, or train samples of shape {shape} with {network}",
+            ),
         )
     if shape[0] != width:
         unit = "features" if rank == 1 else f"channel{'s' * (width != 1)}"
-        raise InvalidValue(
+        raise SampleShapeMisfit(
             f"{name} is for {kind} of {width} {unit}, and the data's samples have {shape[0]}"
             + ("" if rank == 1 else f" (shape {shape})"),
             f"build it with {{--in_channels}} {shape[0]} (train.py sets it from the data)",
             owner,
+            (
+                f"{name} is for {kind} of {width} {unit}, and sample_shape={shape} has {shape[0]}",
+                f"pass sample_shape={fits} for this network, or build it with {{--in_channels}}={shape[0]}",
+            ),
         )
 
 
@@ -114,12 +159,19 @@ def check_size_divisible(owner: type, shape: Sequence[int], num_levels: int) -> 
     factor = 2 ** (num_levels - 1)
     height, width = shape[-2:]
     if height % factor != 0 or width % factor != 0:
-        raise InvalidValue(
+        levels = f"= 2**(levels - 1) for the {num_levels} levels of {{--channel_mult}}"
+        raise SampleShapeMisfit(
             f"image size {height}x{width} ({{LightningDataModule:--image_size}}) is not divisible by {factor} "
-            f"= 2**(levels - 1) for the {num_levels} levels of {{--channel_mult}}",
+            + levels,
             f"pick an image size divisible by {factor} ({{LightningDataModule:--image_size}}), or fewer "
             "levels in {--channel_mult}",
             owner,
+            (
+                f"sample_shape={tuple(shape)} has an image size {height}x{width} not divisible by {factor} "
+                + levels,
+                f"pass a sample_shape whose height and width are divisible by {factor}, or build the network "
+                "with fewer levels in {--channel_mult}",
+            ),
         )
 
 

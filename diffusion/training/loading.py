@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 import torch
 
-from diffusion.data.file_in_folder import file_in_folder
-from diffusion.errors import InvalidValue, WrongType, check_choice
+from diffusion.data.file_in_folder import file_in_folder, files_of_kind
+from diffusion.errors import InvalidValue, MissingFile, WrongType, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
 from diffusion.training.checkpoint_files import (
@@ -17,7 +17,14 @@ from diffusion.training.checkpoint_files import (
     check_written_by_train,
     read_checkpoint,
 )
-from diffusion.training.exported import check_model_settings, is_export, load_export, read_export_config
+from diffusion.training.exported import (
+    CONFIG,
+    WEIGHTS,
+    check_model_settings,
+    is_export,
+    load_export,
+    read_export_config,
+)
 from diffusion.training.from_diffusers import (
     about,
     diffusers_folders,
@@ -63,7 +70,7 @@ def load_checkpoint(
             "map_location", map_location, "a device", "pass 'cpu', 'cuda', 'cuda:1' or a torch.device"
         )
     check_device_available(map_location)
-    kind, path = model_source(path)
+    kind, path = model_source(path, "path")
     if kind == "diffusers":
         if weights == "raw":
             raise InvalidValue(
@@ -80,7 +87,8 @@ def load_checkpoint(
         module = load_export(path, map_location)
         check_finite(module.network.state_dict(), str(path), NOT_FINITE_FIX)
         return module
-    checkpoint = read_checkpoint(path, map_location=map_location)  # checked before Lightning reads it again
+    # Read and checked before Lightning reads it again.
+    checkpoint = read_checkpoint(path, "path", map_location=map_location)
     check_model_settings(check_written_by_train(checkpoint, path), str(path), SETTINGS_FIX)
     module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     if weights == "raw" and "current_model_state" in checkpoint:
@@ -125,12 +133,38 @@ def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[Mod
     diffusers DDPMPipeline or UNet2DModel folder, an export (its folder or config.json), else a checkpoint file,
     which a folder holding exactly one stands for (`file_in_folder`; `flag` names the option in its errors).
     A diffusers folder that is broken (a part missing, a model of another class) is refused as one, naming what
-    is wrong with it (`diffusers_folders`), not searched for a checkpoint."""
+    is wrong with it (`diffusers_folders`), not searched for a checkpoint; so is an export that lost its config.json
+    (`check_not_an_export_without_config`)."""
     if diffusers_folders(path, flag) is not None:
         return "diffusers", Path(path)
     if is_export(path):
         return "export", Path(path)
+    check_not_an_export_without_config(path, flag)
     return "checkpoint", file_in_folder(path, flag, CHECKPOINT)
+
+
+def check_not_an_export_without_config(path: str | os.PathLike, flag: str) -> None:
+    """A folder holding an export's model.safetensors without its config.json (a partial copy), and no checkpoint
+    that it could stand for, is refused as that: "it holds no checkpoint" would call it empty."""
+    if is_export_without_config(path):
+        folder = Path(path).expanduser()
+        raise MissingFile(
+            f"{flag} {folder} is a folder holding an export's model.safetensors without its config.json "
+            "(the model's settings)",
+            "copy the export's folder again whole, or export the checkpoint again (python -m diffusion.export)",
+        )
+
+
+def is_export_without_config(path: str | os.PathLike) -> bool:
+    """Whether `path` is a folder holding an export's weights (model.safetensors) and neither its config.json nor a
+    checkpoint."""
+    folder = Path(path).expanduser()
+    return (
+        folder.is_dir()
+        and (folder / WEIGHTS).is_file()
+        and not (folder / CONFIG).is_file()
+        and not files_of_kind(folder, CHECKPOINT)
+    )
 
 
 def model_hyperparameters(path: str | os.PathLike, flag: str = "checkpoint") -> dict[str, Any]:

@@ -27,6 +27,7 @@ from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import check_class_names
 from diffusion.data.resumable import describe_batches
 from diffusion.errors import InvalidValue, WrongType, check_bool, check_weights_fit, options_of, said
+from diffusion.models.checks import sample_shape_given
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
 from diffusion.training.divergence import check_interval_loss, check_weights
@@ -145,6 +146,7 @@ class DiffusionModule(SamplingModule):
             check_bool("compile_channels_last", compile_channels_last)
             noise_seed = checked_noise_seed(noise_seed)  # taken modulo 2**64: another seed's noise
             sample_shape = checked_sample_shape(sample_shape)
+            check_network_fits(network, sample_shape)  # otherwise found at the first step, blamed on the data
             check_module_normalization(normalization, sample_shape)  # otherwise found only when rendering
             check_class_names(
                 class_names, getattr(network, "num_classes", None), "pass the data's class_names, or None"
@@ -383,3 +385,12 @@ class DiffusionModule(SamplingModule):
                 checkpoint[key] = {
                     k: v for k, v in checkpoint[key].items() if k in own or not k.startswith("schedule.")
                 }
+
+
+def check_network_fits(network: nn.Module, sample_shape: tuple[int, ...]) -> None:
+    """The network's own check of one sample's shape (`check_input_shape`, where it has one: UNet, MLP), said of the
+    `sample_shape` argument to a Python caller; a command, which sets it from the data, says it of the data."""
+    check_input_shape = getattr(network, "check_input_shape", None)
+    if callable(check_input_shape):
+        with sample_shape_given():
+            check_input_shape(sample_shape)

@@ -150,8 +150,8 @@ class PostHocEMA:
             raise InvalidValue(
                 f"ema.sigma_rels={sigma_rels} repeats a value", "pass distinct ones, e.g. [0.05, 0.1]"
             )
-        if snapshot_every < 1:
-            raise OutOfRange("ema.snapshot_every", snapshot_every, ">= 1", "pass a number of steps, e.g. 100")
+        # a fraction was stored as given (its snapshots at steps no count of steps reaches)
+        check_whole_number("ema.snapshot_every", snapshot_every, 1, "pass a number of steps, e.g. 100")
         if not max_snapshot_gb > 0:
             raise OutOfRange(
                 "ema.max_snapshot_gb", max_snapshot_gb, "> 0", "pass the GB the snapshots may take"

@@ -92,7 +92,10 @@ def fid_args(folder, reference="digits"):
             "cifar10, folder, streaming) is downloaded to or read from, and --reference digits is bundled "
             "(scikit-learn's 8x8 digits)",
         ),
-        (["--kid_subset_size", "4"], "note: --kid_subset_size 4 is not used: no KID is computed (see --metrics)"),
+        (
+            ["--kid_subset_size", "4"],
+            "note: --kid_subset_size 4 is not used: no KID is computed (see --metrics)",
+        ),
     ],
     ids=["inception_weights", "overwrite", "data_root", "kid_subset_size"],
 )

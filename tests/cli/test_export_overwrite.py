@@ -12,6 +12,7 @@ from helpers.user_errors import error_line
 
 from diffusion.cli import export
 from diffusion.errors import MAKE_WRITABLE
+from diffusion.training.atomic_writes import CannotReplace
 from diffusion.training.loading import load_checkpoint
 
 
@@ -47,10 +48,43 @@ def test_an_export_whose_weights_cannot_be_replaced_is_left_whole(earlier, tmp_p
     finally:
         subprocess.run(["chattr", "-i", str(weights)], check=True)
     assert files(out) == before
-    said = f"cannot write model.safetensors into {out} (Operation not permitted)"
-    assert line == f"error: {said} — {MAKE_WRITABLE}"
+    # The folder takes new files: the file is said (T9: "make that folder writable" pointed at the wrong thing).
+    assert line == f"error: {replacing(out / 'model.safetensors', 'it is immutable')}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no staging folder left
     load_checkpoint(out)  # its checksum holds: the earlier export loads
+
+
+def replacing(path: Path, reason: str) -> str:
+    refusal = CannotReplace(path, reason)
+    return f"{refusal.problem} — {refusal.fix}"
+
+
+@pytest.mark.parametrize("folder_takes_files", [True, False])
+def test_a_file_that_refuses_to_be_opened_is_said_as_the_file_where_its_folder_takes_files(
+    earlier, tmp_path, capsys, monkeypatch, folder_takes_files
+):
+    """Where the attributes cannot be read (another OS, a file system without them), the probe's refusal says the
+    file when its folder takes new files, and the folder when it does not; nothing moves either way."""
+    argv, out = earlier
+    before = files(out)
+    real_open, real_access = open, os.access
+
+    def refusing(path, mode="r", *args, **kwargs):
+        if Path(path) == out / "config.json" and mode == "r+b":
+            raise PermissionError(1, "Operation not permitted", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(export, "open", refusing, raising=False)
+    monkeypatch.setattr(os, "access", lambda path, mode: folder_takes_files and real_access(path, mode))
+    line = refused(capsys, argv)
+    if folder_takes_files:
+        assert line == f"error: {replacing(out / 'config.json', 'Operation not permitted')}"
+    else:
+        assert (
+            line == f"error: cannot write config.json into {out} (Operation not permitted) — {MAKE_WRITABLE}"
+        )
+    assert files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
 def test_a_move_refused_half_way_puts_the_earlier_export_back(earlier, tmp_path, capsys, monkeypatch):

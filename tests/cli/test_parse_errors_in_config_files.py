@@ -56,6 +56,11 @@ FILE_CASES = {  # id: (the file's text, the line)
     "a_group_as_one_value": ("optimizer: 5\n", "run.yaml: optimizer 5: optimizer is a group of options, not one "
                              "value — write its options under it as name: value lines, or the path of a YAML file "
                              "of them"),
+    # Round 10's S1: jsonargparse failed inside on it ("dictionary changed size"), said as a bug of ours
+    "a_mapping_where_choices_go": ("metrics: {fid: true}\n", "run.yaml: metrics {fid: true} is not one of the "
+                                   "choices — choose one of 'fid', 'kid'; several as fid kid, [fid, kid] or fid,kid"),
+    "a_mapping_where_a_list_goes": ("sweep: {0.05: 1}\n", "run.yaml: sweep {0.05: 1} is a mapping, not a list — "
+                                    "write a list in brackets, e.g. [1, 2]"),
     # A required option left blank (`ckpt:`): it was argparse's "the following arguments are required", no file.
     "a_required_option_left_blank": ("out:\n", "run.yaml: out is blank, and it is required — write its value "
                                      "after 'out:'"),

@@ -202,6 +202,22 @@ PHEMA_CASES = {  # id: (flags, what the line must say)
         [*RUN, "--sigma_rel", "0.1", "--out", "{user}/x.ckpt", "--ckpt", "{user}/nope.ckpt"],
         r"no checkpoint at .*nope.ckpt",
     ),
+    # Round 10's S2: another run's checkpoint of another step was written under this run's EMA, said "on last.ckpt"
+    "ckpt_of_another_step": (
+        [
+            *RUN,
+            "--sigma_rel",
+            "0.1",
+            "--out",
+            "{user}/x.ckpt",
+            "--step",
+            "2",
+            "--ckpt",
+            "{user}/runs/phema/version_0/checkpoints/last.ckpt",
+        ],
+        r"^error: --ckpt \S*/checkpoints/last.ckpt is of step 4, and the EMA is reconstructed at step 2 from --run "
+        r"\S*phema/version_0 — pass a checkpoint of step 2 of this run, or leave --ckpt out",
+    ),  # fmt: skip
     # FD's covariance needs 2 samples: a bug's traceback once every row was sampled.
     "sweep_of_one_sample": (
         [*RUN, "--sweep", "[0.1, 0.05]", "--num_samples", "1"],

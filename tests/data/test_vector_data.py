@@ -43,7 +43,7 @@ def test_feature_std_sets_the_spread_in_model_units(tmp_path):
         denormalize(triple.data.double(), triple.normalization).numpy(), data, atol=1e-4
     )
     assert VectorDataModule(path=path).feature_std == 3.0  # the default
-    with pytest.raises(ValueError, match="feature_std=0 must be > 0"):
+    with pytest.raises(ValueError, match="feature_std=0 must be a finite number > 0"):
         VectorDataModule(path=path, feature_std=0)
 
 
@@ -122,3 +122,24 @@ def test_options_the_data_uses_are_taken_without_a_note(tmp_path, recwarn):
     VectorDataModule("gaussian", dim=3, num_samples=50)
     VectorDataModule("moons", noise=0.1, num_samples=50)
     assert not [w for w in recwarn if "not used" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "line"),
+    [
+        ({"noise": float("nan")}, ValueError, r"^noise=nan must be a finite number >= 0 — "),
+        ({"noise": float("inf")}, ValueError, r"^noise=inf must be a finite number >= 0 — "),
+        ({"noise": "0.1"}, TypeError, r"^noise='0.1' is a str, not a number — "),
+        ({"feature_std": float("inf")}, ValueError, r"^feature_std=inf must be a finite number > 0 — "),
+        ({"num_samples": 2.5}, ValueError, r"^num_samples=2.5 must be a whole number >= 2 — "),
+        ({"num_samples": 100.5, "dataset": "8gaussians"}, ValueError, r"^num_samples=100.5 must be a whole number"),
+        ({"num_samples": 2.0}, ValueError, r"^num_samples=2.0 must be a whole number >= 2 — "),
+        ({"dim": 2.5, "dataset": "gaussian"}, ValueError, r"^dim=2.5 must be a whole number >= 1 — "),
+    ],
+    ids=["nan-noise", "infinite-noise", "text-noise", "infinite-feature-std", "fractional-count",
+         "fractional-count-8gaussians", "integral-float-count", "fractional-dim"],
+)  # fmt: skip
+def test_numbers_that_cannot_be_generated_are_refused_by_name(options, error, line):
+    # NaN noise gave an all-NaN set without a word; a fractional count failed in sklearn's words (n_samples).
+    with pytest.raises(error, match=line):
+        VectorDataModule(**{"dataset": "moons", **options})

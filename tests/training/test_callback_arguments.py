@@ -7,7 +7,7 @@ validation, after the steps before it, and every_n_minutes=NaN was taken, its ti
 import pytest
 
 from diffusion import SamplingOptions
-from diffusion.training.callbacks import Checkpoint, SampleGrid, SampleQualityCallback
+from diffusion.training.callbacks import EMA, Checkpoint, FIDCallback, SampleGrid, SampleQualityCallback
 from diffusion.training.callbacks.preemption import Preemption
 
 CASES = [
@@ -26,6 +26,13 @@ CASES = [
     ("quality-dict-as-sampling", lambda: SampleQualityCallback(sampling={"steps": 2}), TypeError, "sampling"),
     ("quality-text-count", lambda: SampleQualityCallback(num_samples="100"), TypeError, "num_samples"),
     ("quality-text-kid", lambda: SampleQualityCallback(kid="no"), TypeError, "kid"),
+    # num_real 0 was read as unset: num_samples real images, without a word (tester round 10b: T4)
+    ("quality-zero-real", lambda: SampleQualityCallback(features="pixels", num_real=0), ValueError, "num_real=0"),
+    ("fid-zero-real", lambda: FIDCallback(features="pixels", num_real=0), ValueError, "num_real=0"),
+    ("quality-fractional-real", lambda: SampleQualityCallback(features="pixels", num_real=2.5), ValueError,
+     "num_real=2.5"),
+    # a fractional snapshot interval was stored as given (T3)
+    ("ema-fractional-snapshots", lambda: EMA(post_hoc=True, snapshot_every=2.5), ValueError, "snapshot_every=2.5"),
 ]  # fmt: skip
 
 
@@ -47,6 +54,9 @@ def test_good_callback_arguments_are_taken():
     assert SampleGrid(sampling=options, seed=2**64 - 1).sampling is options
     assert SampleGrid(sampling=None).sampling == SamplingOptions()  # None: the model's own defaults
     assert SampleQualityCallback(sampling=options, features="pixels").sampling is options
+    # None: as many as num_samples
+    assert SampleQualityCallback(num_samples=50, features="pixels").num_real == 50
+    assert SampleQualityCallback(num_samples=50, features="pixels", num_real=2).num_real == 2
 
 
 def test_every_n_validations_says_what_the_callback_does():

@@ -170,6 +170,7 @@ def test_load_checkpoint_returns_ema_or_raw_weights(toy2d_checkpoint):
         ({"decay": 1.5}, "decay=1.5"),
         ({"decay": 0.0}, "decay=0.0"),
         ({"update_every_n_steps": 0}, "update_every"),
+        ({"update_every_n_steps": 1.5}, "update_every_n_steps=1.5 must be a whole number"),
     ],
 )
 def test_bad_ema_options_are_rejected(kwargs, match):

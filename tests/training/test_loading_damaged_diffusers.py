@@ -34,7 +34,7 @@ def test_damaged_weights_of_a_diffusers_folder_are_said_damaged_with_the_fix(tmp
     assert re.match(
         rf"^{re.escape(str(tmp_path / 'model'))}: its weights diffusion_pytorch_model.safetensors cannot be read "
         r"\(.*\): the file is damaged or cut short \(a bad copy or a failing disk\) — copy the model's folder "
-        r"again, or export it again from its checkpoint \(python -m diffusion.export --format diffusers\)$",
+        r"again, or export it again from its checkpoint \(python -m diffusion.export, the diffusers format\)$",
         str(refused.value),
     ), str(refused.value)
     assert "config.json" not in str(refused.value)

@@ -56,10 +56,13 @@ CASES = {
         lambda: ImageDataModule(batch_size=8, conditional=True),
         "class_names ['a', 'b',",
     ),
-    "vectors of the default image shape": (
-        lambda: DiffusionModule(MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8)),
+    # (an MLP left at the default image shape is refused when built: tests/training/test_sample_shape_fits_network)
+    "vectors of another width": (
+        lambda: DiffusionModule(
+            MLP(in_channels=3, hidden_dim=8, num_blocks=1, time_embed_dim=8), sample_shape=(3,)
+        ),
         lambda: VectorDataModule("swiss_roll", num_samples=64, batch_size=16),
-        "sample_shape (1, 8, 8) where the data's is (2,)",
+        "sample_shape (3,) where the data's is (2,)",
     ),
 }
 

@@ -282,10 +282,19 @@ def test_the_budget_widens_the_interval_and_refuses_less_than_one_snapshot_of_ea
         ({"sigma_rels": ()}, "sigma_rels is empty"),
         ({"sigma_rels": (0.05, 0.4)}, "sigma_rel=0.4 is out of range"),
         ({"sigma_rels": (0.05, 0.05)}, "repeats a value"),
-        ({"snapshot_every": 0}, "snapshot_every=0 must be >= 1"),
+        ({"snapshot_every": 0}, "snapshot_every=0 must be a whole number >= 1"),
+        # a fraction was stored as given (PostHocEMA's interval 2.5)
+        ({"snapshot_every": 2.5}, "snapshot_every=2.5 must be a whole number >= 1"),
         ({"max_snapshot_gb": 0.0}, "max_snapshot_gb=0.0 must be > 0"),
     ],
 )
 def test_bad_post_hoc_options_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EMA(post_hoc=True, **kwargs)
+
+
+def test_a_fractional_snapshot_interval_is_refused_by_post_hoc_ema_itself():
+    with pytest.raises(
+        ValueError, match=r"^ema.snapshot_every=2.5 must be a whole number >= 1 — pass a number"
+    ):
+        PostHocEMA(SIGMA_RELS, snapshot_every=2.5, max_snapshot_gb=1.0)

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_warn
 
-from diffusion.errors import OutOfRange, check_bool, check_real, options_of
+from diffusion.errors import OutOfRange, check_bool, check_real, check_whole_number, options_of
 from diffusion.training.option_notes import OptionNote, SayValue
 from diffusion.training.post_hoc_ema import PostHocEMA
 
@@ -73,10 +73,7 @@ class EMA(WeightAveraging):
             check_bool("post_hoc", post_hoc)
             if not 0.0 < decay < 1.0:
                 raise OutOfRange("decay", decay, "in (0, 1)", "pass e.g. 0.9999 (Ho et al.)")
-            if update_every_n_steps < 1:
-                raise OutOfRange(
-                    "update_every_n_steps", update_every_n_steps, ">= 1", "pass 1 to update every step"
-                )
+            check_whole_number("update_every_n_steps", update_every_n_steps, 1, "pass 1 to update every step")
         self.decay = decay
         self.warmup = warmup
         self.update_every_n_steps = update_every_n_steps

@@ -98,13 +98,19 @@ class SampleQualityCallback(EveryNValidations):
                 "SampleQualityCallback num_real picks real images, and with reference_stats none are read",
                 "leave num_real out",
             )
+        # num_real None: as many as num_samples (0 was read as None, neither refused nor honoured)
         for name, value, low in [
             ("num_samples", num_samples, 2),
-            ("kid_subset_size", kid_subset_size, 2), ("num_real", num_real or 2, 2), ("batch_size", batch_size, 1),
-        ]:  # fmt: skip
+            ("kid_subset_size", kid_subset_size, 2),
+            ("num_real", 2 if num_real is None else num_real, 2),
+            ("batch_size", batch_size, 1),
+        ]:
             check_whole_number(name, value)
             if value < low:
-                raise OutOfRange(name, value, f">= {low}", "pass a larger value")
+                larger = "pass a larger value" + (
+                    ", or leave it out: as many as num_samples" if name == "num_real" else ""
+                )
+                raise OutOfRange(name, value, f">= {low}", larger)
         super().__init__(every_n_validations)
         check_options(sampling, "sampling", "SampleQualityCallback(sampling=SamplingOptions(...))")
         self.num_samples = num_samples
@@ -113,7 +119,7 @@ class SampleQualityCallback(EveryNValidations):
         self.seed = checked_seed(seed)  # of the samples, the real subset and KID's subsets
         self.kid = kid if kid is not None else reference_stats is None
         self.kid_subset_size = kid_subset_size
-        self.num_real = num_real or num_samples
+        self.num_real = num_samples if num_real is None else num_real
         self.batch_size = batch_size
         check_inception_weights(inception_weights, features)  # at construction, not at setup after steps
         self.inception_weights = inception_weights
