@@ -33,6 +33,7 @@ from diffusion.training.atomic_writes import CannotReplace, check_replaceable
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
 from diffusion.training.loading import is_export_without_config, load_checkpoint, model_source
+from diffusion.training.run_folders import POST_HOC_EMA
 
 Format = Literal["safetensors", "diffusers"]
 
@@ -52,9 +53,21 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+# Names of files, not folders: an export is a folder (config.json and model.safetensors, or a diffusers pipeline).
+FILE_SUFFIXES = (".ckpt", ".safetensors", ".pt", ".pth", ".bin", ".npz")
+
+
 def check_out(out: str, overwrite: bool) -> None:
     check_writable_folder(out, "--out")
     path = Path(out).expanduser()
+    if (
+        path.suffix in FILE_SUFFIXES and not path.is_dir()
+    ):  # `--out x.ckpt` made a folder that looks a checkpoint
+        raise UserError(
+            f"--out {out} names a file, and an export is a folder (config.json and model.safetensors, or a diffusers "
+            "pipeline)",
+            f"pass a folder: --out {path.with_suffix('')}",
+        )
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise UserError(
             f"--out {path} is not empty", "pass --overwrite to replace an export there, or a new --out"
@@ -67,6 +80,15 @@ def training_checkpoint(path: str) -> str:
     apart, as for train.py's --model.init_from): it holds one set of weights, not the training checkpoint's raw and
     EMA ones and network settings an export is written from, and "it holds no checkpoint" would call it empty."""
     check_path_given(path, "--ckpt")
+    given = Path(path).expanduser()
+    snapshot = given.exists() and POST_HOC_EMA in (given.name, given.parent.name)  # no model of its own yet
+    if snapshot:
+        raise UserError(
+            f"--ckpt {path} is a post-hoc EMA snapshot{'s folder' if given.name == POST_HOC_EMA else ''}, which "
+            "holds one profile's averages, not a model",
+            "reconstruct a model from the snapshots first (python -m diffusion.phema --run RUN --sigma_rel S "
+            "--out OUT.ckpt), then export OUT.ckpt",
+        )
     # An export that lost its config.json is an export still: not a folder without a checkpoint, nor one to copy
     # again whole (`model_source`'s line) when a checkpoint is what export wants.
     partial = is_export_without_config(path)

@@ -26,6 +26,7 @@ from typing import Any
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt
 
+from diffusion.cli.command_line import written_as
 from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
 from diffusion.cli.legacy import class_at
 from diffusion.cli.parse_errors import flags_written, parsed_command_line
@@ -127,6 +128,15 @@ def main(argv: list[str] | None = None) -> str:
             if named is None:
                 raise
             raise named from error
+        for key in ("data.batch_size", "data.init_args.batch_size"):  # the loaders' setting: train.py's
+            if any(item.key == key for item in command_line.written):
+                print(
+                    f"note: {written_as(command_line.written, key)} {data.init_args.get('batch_size')} is not used: "
+                    "prepare writes the data set, and the batch size is the training loader's — pass it to "
+                    "train.py",
+                    file=sys.stderr,
+                )
+                break
         source = data.init_args.get("root") if dataset == "folder" else data.init_args.get("path") or dataset
         prepared = prepare(
             datamodule,

@@ -24,6 +24,8 @@ EXPORT_CASES = {
     "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),
     "out_under_a_file": (["--out", "{user}/a_file/export"], r"a_file is a file, not a folder"),
     "out_not_empty": (["--out", "{user}/samples"], r"--out .*samples is not empty — pass --overwrite"),
+    # Round 10's S6: `--out x.ckpt` made a folder that looked like a checkpoint (sample --ckpt took it as an export)
+    "out_names_a_file": (["--out", "{user}/e10.safetensors"], r"^error: --out \S*e10.safetensors names a file, and an export is a folder .* — pass a folder: --out \S*/e10$"),
     "out_empty": (["--out", ""], r'^error: --out "" is an empty path — pass a path'),  # was the working folder
     "ckpt_empty": (["--ckpt", ""], r'^error: --ckpt "" is an empty path — pass a path'),
     "a_vector_model_to_diffusers": (
@@ -188,3 +190,13 @@ def test_an_export_as_ckpt_is_said_an_export_not_a_folder_without_checkpoints(
             r"state — export converts training checkpoints: pass the checkpoint it was exported from ",
             line,
         ), line
+
+
+@pytest.mark.parametrize("given", ["post_hoc_ema/step=4-0.050.pt", "post_hoc_ema"])
+def test_a_post_hoc_ema_snapshot_as_ckpt_says_to_reconstruct_first(given, user, tmp_path, capsys):
+    """Round 10's S7: a snapshot was "not a checkpoint written by train.py", its folder "holds no checkpoint"."""
+    (tmp_path / "post_hoc_ema").mkdir()
+    (tmp_path / "post_hoc_ema" / "step=4-0.050.pt").write_bytes(b"snapshot")
+    line = run_in_process(export.main, export_args(["--ckpt", str(tmp_path / given)], user), user, capsys)
+    assert re.search(r"is a post-hoc EMA snapshot(s folder)?, which holds one profile's averages, not a model — "
+                     r"reconstruct a model from the snapshots first \(python -m diffusion.phema", line), line  # fmt: skip

@@ -99,3 +99,13 @@ def test_a_prepared_set_url_that_names_no_bucket_is_refused_in_python_too(url, s
 def test_a_url_with_a_bucket_is_not_refused(no_store):
     assert prepared_module.store_named("s3://bucket", "{command:--out}") == "s3://bucket"
     assert prepared_module.store_named(str(Path("s3:") / "x")) == str(Path("s3:") / "x")  # a local folder
+
+
+def test_a_batch_size_given_to_prepare_is_said_unused(tmp_path, capsys):
+    """Round 10's S3: `--data.batch_size 5` was range-checked, printed by --print_config, then dropped unsaid."""
+    pytest.importorskip("litdata")
+    prepare(["--out", str(tmp_path / "set"), "--data.batch_size", "5"])
+    assert (
+        "note: --data.batch_size 5 is not used: prepare writes the data set, and the batch size is the training "
+        "loader's — pass it to train.py" in capsys.readouterr().err
+    )
