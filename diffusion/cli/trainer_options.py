@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from diffusion.cli.command_line import SayOption, as_flag
 from diffusion.cli.flags import check_writable_folder
+from diffusion.cli.written_twice import check_short_and_long_form_agree
 from diffusion.errors import UserError
 
 SHORTHANDS = (
@@ -28,6 +29,7 @@ SHORTHANDS = (
 
 def expand_shorthands(args: list[str]) -> list[str]:
     """Rewrite `--devices 4` / `--devices=4` as `--trainer.devices ...` (LightningCLI's own flags stay)."""
+    check_short_and_long_form_agree(args, SHORTHANDS, "trainer")
     pattern = re.compile(rf"--({'|'.join(SHORTHANDS)})(=.*)?$")
     return [pattern.sub(r"--trainer.\1\2", arg) for arg in args]
 

@@ -14,7 +14,14 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from diffusion.cli.command_line import Written, in_list_form, is_config_file_flag, plain_key, takes_a_class
+from diffusion.cli.command_line import (
+    Written,
+    flags_written,
+    in_list_form,
+    is_config_file_flag,
+    plain_key,
+    takes_a_class,
+)
 from diffusion.cli.config_files import as_text, yaml_or_none
 from diffusion.cli.jsonargparse_internals import action_of, declared_type
 from diffusion.errors import UserError
@@ -30,6 +37,24 @@ def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: 
                 f"{last[old].shown()} and {last[new].shown()} set one option ({old} is the old name of {new}) "
                 "to different values",
                 f"give it once, by its new name (--{new})",
+            )
+
+
+def check_short_and_long_form_agree(args: Sequence[str], shorthands: Sequence[str], group: str) -> None:
+    """Refuse a shorthand (`--max_steps 4`) and its long form (`--trainer.max_steps 3`) given different values:
+    both set one option, and the last would win without a word."""
+    given: dict[str, list[tuple[str, str]]] = {}
+    for key, values in flags_written(args):
+        name = key.removeprefix(f"{group}.")
+        if name in shorthands:
+            given.setdefault(name, []).append((key, " ".join(values)))
+    for name, forms in given.items():
+        if len({key for key, _ in forms}) > 1 and len({value for _, value in forms}) > 1:
+            (first, first_value), (last, last_value) = forms[0], forms[-1]
+            raise UserError(
+                f"--{first} {first_value} and --{last} {last_value} set one option (--{name} is short for "
+                f"--{group}.{name}) to different values",
+                f"give it once (--{name} or --{group}.{name})",
             )
 
 

@@ -363,3 +363,11 @@ def test_a_group_file_missing_or_a_whole_config_is_said_as_a_file_not_a_class(tm
     )
     for flag in ("--model.network", "--data"):
         assert train_line([flag, "whole.yaml"], capsys).startswith(f"{flag} whole.yaml: {whole}")
+
+
+def test_a_shorthand_and_its_long_form_with_different_values_are_refused(capsys):
+    """Round 10's S4: `--trainer.max_steps 3 --max_steps 4` kept the last without a word."""
+    assert train_line(["--trainer.max_steps", "3", "--max_steps", "4"], capsys) == (
+        "--trainer.max_steps 3 and --max_steps 4 set one option (--max_steps is short for --trainer.max_steps) to "
+        "different values — give it once (--max_steps or --trainer.max_steps)"
+    )

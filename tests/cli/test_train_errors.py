@@ -242,7 +242,7 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
             "diffusion.UNet",
             "--model.network.init_args.channels",
             "8",
-            "--trainer.max_steps",
+            "--max_steps",
             "1",
         ],
         r"UNet is for images of shape \(2, H, W\), and the data's samples have shape \(2,\) \(vectors\) — train "
