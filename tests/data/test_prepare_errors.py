@@ -50,7 +50,7 @@ def test_a_vector_data_modules_check_names_the_flag(tmp_path, capsys):
     vectors = ["--data.class_path", "diffusion.data.VectorDataModule", "--out", str(tmp_path / "set")]
     assert refused(
         capsys, [*vectors, "--data.init_args.dataset", "gaussian", "--data.init_args.dim", "0"]
-    ) == ("error: --data.dim 0 is out of range (must be >= 1) — pass a value >= 1")
+    ) == ("error: --data.dim 0 is out of range (must be a whole number >= 1) — pass a whole number >= 1")
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 2)))
     np.save(tmp_path / "y.npy", np.full(10, 2**40))
     files = [
