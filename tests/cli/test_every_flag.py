@@ -266,9 +266,12 @@ def test_a_bad_value_of_any_flag_is_one_line(
     main, good, value = bad_command_line(command, name, value, fill)
     if main is train:  # the default recipe first, as without a --config of the user's
         good = ["--config", str(DEFAULT_CONFIG), *good]
-    line = run_in_process(main, [*good, f"--{name}", value], home, capsys)
     # The flag as written, as its group's shorthand (--model.network.channels) or as train.py's (--devices).
     written = {name, name.replace(".init_args.", "."), name.removeprefix("trainer.")}
+    # The good command line less the flag itself: the same option given twice otherwise (a shorthand and its long
+    # form, a flag before a --config file that sets it) is refused before its value is looked at.
+    good = without_flags(good, written | {plain_key(flag) for flag in written})
+    line = run_in_process(main, [*good, f"--{name}", value], home, capsys)
     assert any(f"--{flag} " in line or f"--{flag}:" in line for flag in written), line
     assert matches_a_row(line), f"not in docs/troubleshooting.md's table: {line}"
     assert not any(internal in line for internal in PARSER_INTERNALS), line
@@ -282,8 +285,6 @@ def test_a_bad_value_of_any_flag_is_one_line(
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(options))
     refusals.clear()
-    # The good command line less the flag itself: a flag before a --config file that sets it is refused.
-    good = without_flags(good, written | {plain_key(flag) for flag in written})
     line_of_the_file = run_in_process(main, [*good, "--config", str(config)], home, capsys)
     said_of_the_file = line.replace(f"--{name} {value}", f"{config}: {name} {value}")
     # A check after the parse: the flag said as the file's key where the line goes on with its value.
