@@ -4,11 +4,13 @@ bare `UserError`, which `except ValueError` would let through. A bad file handed
 checkpoint, statistics without sigma, an export's config cut short) is a ValueError; a file or download the system
 could not read, an OSError. The argument checks themselves: tests/test_public_api_arguments.py."""
 
+import ast
 import importlib
 import json
 import pickle
 import pkgutil
 from pathlib import Path
+from textwrap import indent
 
 import numpy as np
 import pytest
@@ -62,6 +64,39 @@ def test_every_user_error_kind_is_a_builtin_error_too():
         if kind.__name__ not in COMMANDS_ONLY and not issubclass(kind, (*BUILTIN, RuntimeError))
     ]
     assert not plain, f"user errors that no `except ValueError/TypeError/OSError` catches: {plain}"
+
+
+def bare_user_errors(source: str) -> list[int]:
+    """The lines of `source` that make a bare `UserError` (`UserError(...)`, `diffusion.errors.UserError(...)`, a
+    `raise UserError`): raised there or returned for a caller to raise, either way no built-in kind."""
+    named = lambda node: getattr(node, "id", getattr(node, "attr", None)) == "UserError"  # noqa: E731
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if (isinstance(node, ast.Call) and named(node.func))
+        or (isinstance(node, ast.Raise) and named(node.exc))
+    )
+
+
+def test_the_library_makes_no_bare_user_error():
+    # Structural, as the kinds above: below diffusion/cli/ (whose commands say their own errors and exit) a user
+    # error is made as one of its kinds (InvalidValue, MissingFile, WrongType, ... or a module's own subclass of a
+    # built-in), never as UserError itself, which a Python caller's `except ValueError` would let through.
+    package = Path(diffusion.__file__).parent
+    found = [
+        f"{path.relative_to(package.parent)}:{line}"
+        for path in sorted(package.rglob("*.py"))
+        if "cli" not in path.relative_to(package).parts[:1] and path.name != "errors.py"
+        for line in bare_user_errors(path.read_text())
+    ]
+    assert not found, f"a bare UserError (make it InvalidValue, MissingFile, ... instead) at: {found}"
+
+
+def test_the_scan_finds_each_way_of_making_a_bare_user_error():
+    made = "raise UserError('a', 'b')\nraise errors.UserError('a', 'b')\nreturn UserError('a', 'b')\nraise UserError\n"
+    kinds = "raise InvalidValue('a', 'b')\nkind = UserError\nraise kind('a', 'b')\nisinstance(e, UserError)\n"
+    assert bare_user_errors(f"def f():\n{indent(made, '    ')}") == [2, 3, 4, 5]
+    assert bare_user_errors(f"try:\n    pass\nexcept UserError:\n{indent(kinds, '    ')}") == []
 
 
 def test_the_writing_and_reading_faults_are_os_errors_and_pickle_whole():
@@ -148,6 +183,13 @@ FILE_CASES = [
      "without its unet/ folder"),
     ("latest-only-damaged", lambda d: latest_checkpoint(run_of_damaged_checkpoints(d), "x"), ValueError,
      "no intact checkpoint"),
+    # were "no checkpoint under ... — train first" of a run that is there
+    ("latest-of-a-checkpoint-file", lambda d: latest_checkpoint(file_of(d, "last.ckpt", b"x"), "base"),
+     ValueError, "last.ckpt is a file, not the folder of runs — pass the folder train.py wrote to"),
+    ("latest-of-a-version-named", lambda d: latest_checkpoint(run_of_damaged_checkpoints(d), "x/version_0"),
+     ValueError, "name='x/version_0' holds a version folder — pass name='x' (the latest version is taken)"),
+    ("latest-of-a-version-folder", lambda d: latest_checkpoint(run_of_damaged_checkpoints(d) / "x", "version_0"),
+     ValueError, "name='version_0' is a version folder of the run"),
     ("init-from-damaged", lambda d: DiffusionModule(tiny_vector_model().network, sample_shape=(2,),
                                                     init_from=file_of(d, "x.ckpt", b"garbage")),
      ValueError, "x.ckpt"),

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import ActionYesNo, ArgumentParser, Namespace
 
 from diffusion.cli import evaluate_nll, evaluate_quality
 from diffusion.cli.command_line import Written
+from diffusion.cli.evaluate_notes import refuse_the_other_modes_options
 from diffusion.cli.flags import add_flags, check_seed_flag, command_parser, resolve_device
 from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
@@ -54,6 +55,11 @@ FAMILIES: list[Family] = [
 
 def build_parser() -> ArgumentParser:
     parser = command_parser("python -m diffusion.evaluate", __doc__)
+    # The mode: `--nll false` (or `nll: false` in a file) is this one, sample quality; --nll is evaluate_nll's.
+    parser.add_argument(
+        "--nll", action=ActionYesNo, nargs="?", default=False,
+        help="the bits/dim of a checkpoint instead (--nll --ckpt CKPT; --nll --help for its options)",
+    )  # fmt: skip
     for add_arguments, _ in FAMILIES:
         add_arguments(parser)
     add_flags(
@@ -68,9 +74,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     """`python -m diffusion.evaluate [flags]`: print and return the values of every metric family asked for."""
     # --nll scores a checkpoint, not samples, on 1..N devices: a command of its own with its own flags.
     if evaluate_nll.requested(argv):
-        return evaluate_nll.main(argv)
+        return evaluate_nll.main(argv, other_mode=build_parser)
     with reporting_user_errors(argv):
-        command_line = parsed_command_line(build_parser(), argv)
+        parser = build_parser()
+        refuse_the_other_modes_options(parser, evaluate_nll.build_parser(), argv, nll=False)
+        command_line = parsed_command_line(parser, argv)
         args = command_line.config
         check_seed_flag(args.seed)
         device, _ = resolve_device(args.device, "auto")

@@ -22,6 +22,7 @@ of devices gives the same bound.
 import math
 import sys
 import time
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from diffusion.cli.command_line import flags_written, written_as
 from diffusion.cli.config_files import read_config_file
-from diffusion.cli.evaluate_notes import note_unused
+from diffusion.cli.evaluate_notes import note_unused, refuse_the_other_modes_options
 from diffusion.cli.flags import (
     add_flags,
     check_seed_flag,
@@ -203,10 +204,16 @@ def npz_images(path: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.T
     return x, None if labels is None else torch.from_numpy(labels).long(), path
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """`python -m diffusion.evaluate --nll --ckpt CKPT [flags]`: print and return the bits/dim of the images."""
+def main(
+    argv: list[str] | None = None, other_mode: Callable[[], ArgumentParser] | None = None
+) -> dict[str, Any]:
+    """`python -m diffusion.evaluate --nll --ckpt CKPT [flags]`: print and return the bits/dim of the images.
+    `other_mode`: the parser of evaluate's sample-quality mode, whose options given here are said as its."""
     with reporting_user_errors(argv), closing_process_group():
-        command_line = parsed_command_line(build_parser(), argv)
+        parser = build_parser()
+        if other_mode is not None:
+            refuse_the_other_modes_options(parser, other_mode(), argv, nll=True)
+        command_line = parsed_command_line(parser, argv)
         args = command_line.config
         check_seed_flag(args.seed)
         device: str | torch.device

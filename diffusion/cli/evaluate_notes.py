@@ -13,9 +13,16 @@ from collections.abc import Sequence
 from typing import get_args
 
 import numpy as np
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, Namespace
 
-from diffusion.cli.command_line import Written, written_as
+from diffusion.cli.command_line import (
+    Written,
+    everything_written,
+    has_keys_under,
+    without_print_config,
+    written_as,
+)
+from diffusion.cli.jsonargparse_internals import action_of
 from diffusion.data.images import ImageDatasetName
 from diffusion.errors import UserError
 from diffusion.metrics.features import PIXEL_SIZE
@@ -102,4 +109,45 @@ def note_kid_subsets(
             f"note: {written_as(written, 'kid_subset_size')} {subset_size} is more than the {counts[which]} "
             f"images of the {which}: KID uses subsets of {counts[which]}",
             file=sys.stderr,
+        )
+
+
+def _yes_or_no(value: object) -> bool:
+    return isinstance(value, bool) or str(value).lower() in ("true", "false", "yes", "no")
+
+
+def _takes(parser: ArgumentParser, key: str) -> bool:
+    return action_of(parser, key) is not None or has_keys_under(parser, key)
+
+
+def refuse_the_other_modes_options(
+    parser: ArgumentParser, other: ArgumentParser, argv: Sequence[str] | None, nll: bool
+) -> None:
+    """evaluate has two modes, sample quality (`parser` when not `nll`) and --nll, the bits/dim of a checkpoint,
+    each with options of its own: an option of the `other` mode's, a flag or a config file's key, is refused
+    naming the mode it belongs to and both ways out (the parse would call it no option of the command, which it
+    is). Before the parse; a config file that does not read is the parse's to say."""
+    written, _ = without_print_config(sys.argv[1:] if argv is None else argv)
+    try:
+        items = list(everything_written(parser, written))
+    except (SyntaxError, OSError, ValueError):
+        return
+    for item in items:  # `--nll maybe` chose no mode: said first, in the parser's words for a bool
+        if item.key == "nll" and item.values and not _yes_or_no(item.values[-1]):
+            raise UserError(f"{item.shown()} is not a valid bool", "pass true or false")
+    for item in items:
+        if _takes(parser, item.key) or not _takes(other, item.key):
+            continue
+        where = f"{item.file}: {item.key}" if item.file else f"--{item.key}"
+        drop = f"{item.key} from {item.file}" if item.file else f"--{item.key}"
+        if not nll:
+            raise UserError(
+                f"{where} is an option of --nll (bits/dim of a checkpoint), and this is a sample-quality run",
+                f"add --nll, or drop {drop}",
+            )
+        chosen = [written for written in items if written.key == "nll"][-1:]
+        mode = f"nll from {chosen[0].file}" if chosen and chosen[0].file else "--nll"
+        raise UserError(
+            f"{where} is an option of sample quality (FID, KID, IS), not of --nll (bits/dim)",
+            f"drop {mode}, or drop {drop}",
         )

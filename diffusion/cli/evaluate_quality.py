@@ -7,7 +7,8 @@ callback runs during training.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import get_args
 
@@ -20,7 +21,7 @@ from diffusion.cli.evaluate_notes import note_kid_subsets, note_unused, note_unu
 from diffusion.cli.flags import add_flags, check_paths_given
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.images import ImageDatasetName
-from diffusion.errors import MissingFile, UserError
+from diffusion.errors import COMMAND, MissingFile, UserError
 from diffusion.metrics.features import Features, distance_name, feature_size
 from diffusion.metrics.image_sets import load_npz_images, load_reference
 from diffusion.metrics.inception_score import IS_SPLITS
@@ -257,6 +258,18 @@ def check_comparable(
         )
 
 
+@contextmanager
+def named_as_flags() -> Iterator[None]:
+    """SampleQuality's options (features, metrics, kid_subset_size, inception_weights) are this command's flags of
+    the same names: a check inside it that names them (`{--features}`) with no class says them as the flags."""
+    try:
+        yield
+    except UserError as error:
+        if error.owner is None:
+            error.owner = COMMAND
+        raise
+
+
 def build_quality(
     args: Namespace,
     metrics: list[QualityMetric],
@@ -279,9 +292,11 @@ def build_quality(
         reference=reference if isinstance(reference, FeatureStatistics) else None,
     )  # fmt: skip
     if args.features != "inception" or weights is None:
-        return SampleQuality(args.features, metrics, **options)
+        with named_as_flags():
+            return SampleQuality(args.features, metrics, **options)
     try:
-        return SampleQuality(args.features, metrics, **options)
+        with named_as_flags():
+            return SampleQuality(args.features, metrics, **options)
     except (
         pickle.UnpicklingError,
         EOFError,

@@ -29,7 +29,7 @@ from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
 from diffusion.errors import UserError, naming_a_full_disk
-from diffusion.training.atomic_writes import CannotReplace, check_replaceable
+from diffusion.training.atomic_writes import check_can_replace
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
 from diffusion.training.loading import is_export_without_config, load_checkpoint, model_source
@@ -129,21 +129,6 @@ def staging_folder(out: Path) -> Path:
     except OSError:
         pass
     return out
-
-
-def check_can_replace(target: Path) -> None:
-    """Refuse, before anything moves, a file of `out` that the export would replace and that refuses to be: one
-    flagged immutable or append-only (`check_replaceable`), or one that refuses to be opened for writing while its
-    folder takes new files, is said as the file (CannotReplace: "check its attributes"), not as its folder."""
-    check_replaceable(target)
-    with naming_a_full_disk(target):
-        try:
-            with open(target, "r+b"):
-                pass
-        except PermissionError as error:
-            if not os.access(target.parent, os.W_OK | os.X_OK):
-                raise  # the folder refuses: said of the folder (CannotWrite)
-            raise CannotReplace(target, error.strerror or type(error).__name__) from error
 
 
 def move_into(staged: Path, out: Path) -> None:

@@ -25,7 +25,7 @@ from jsonargparse.typing import PositiveInt
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
-from diffusion.errors import CallerError, OutOfRange, UserError
+from diffusion.errors import COMMAND, CallerError, OutOfRange, UserError
 from diffusion.generation.arguments import checked_seed
 from diffusion.generation.ranks import SAMPLING_BATCH
 from diffusion.training.checkpoint_files import CHECKPOINT
@@ -258,3 +258,9 @@ def ranges_said_as_flags() -> Iterator[None]:
         yield
     except OutOfRange as error:
         raise out_of_range(error, f"--{error.name} {error.value}") from error
+    except (
+        UserError
+    ) as error:  # another check of the sampling options: its `{--name}` are this command's flags
+        if error.owner is None:
+            error.owner = COMMAND
+        raise

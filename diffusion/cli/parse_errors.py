@@ -22,7 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin
 
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
@@ -55,6 +55,8 @@ from diffusion.cli.config_files import (
 )
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required
 from diffusion.cli.type_fits import (
+    chosen_class,
+    class_argument_hint,
     default_of,
     fits,
     group_file_said,
@@ -63,7 +65,12 @@ from diffusion.cli.type_fits import (
     required_said,
     said_of,
 )
-from diffusion.cli.written_twice import check_no_flag_replaced, check_one_name_each
+from diffusion.cli.written_twice import (
+    check_no_flag_replaced,
+    check_one_name_each,
+    options_turned_off,
+    turned_off_before,
+)
 from diffusion.errors import UserError
 
 __all__ = [
@@ -103,7 +110,7 @@ class CommandLine:
     print_request: str | None
 
     def class_hint(self, key: str) -> Any:
-        return _class_argument_hint(self.parser, self.written, key)
+        return class_argument_hint(self.parser, self.written, key)
 
     def print_config_if_asked(self) -> None:
         """Print the config as jsonargparse prints it (parsing the command line again, the request last) and exit
@@ -139,7 +146,7 @@ def parsed_command_line(
         everything_written(parser, written)
     )  # read once: the list forms' class hints, then the checks
     try:
-        taken = as_the_parser_takes(parser, written, lambda key: _class_argument_hint(parser, items, key))
+        taken = as_the_parser_takes(parser, written, lambda key: class_argument_hint(parser, items, key))
         config = parser.parse_args(taken)
     except (ArgumentError, UnicodeDecodeError) as error:  # the parser reads a config file that is not text so
         raise BadCommandLine(*what_is_wrong(parser, written, error)) from error
@@ -157,6 +164,11 @@ def parsed_command_line(
         if item.file is not None and (found := _taken_but_unusable(parser, command_line.written, item)):
             raise BadCommandLine(*found)
     check_no_flag_replaced(parser, command_line.written)
+    # `--trainer.logger.name x --trainer.logger false`: train.py's notes (no other command has such options)
+    if notes := options_turned_off(parser, command_line.written):
+        from diffusion.cli.train_warnings import say_notes
+
+        say_notes(notes)
     remember_written(command_line.written)  # the command's later checks said as the user gave their options
     return command_line
 
@@ -179,6 +191,8 @@ def what_is_wrong(parser: ArgumentParser, argv: list[str], error: BaseException)
 
 def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> tuple[str, str] | None:
     """What is wrong with one flag or key, said from its declared type; None if it fits (or has no type)."""
+    if found := turned_off_before(parser, written, item):  # an option of a class turned off before it
+        return found
     if item.file is not None and item.key.endswith(".init_args") and not isinstance(item.values[0], dict):
         return (
             f"{item.shown()}: init_args holds the arguments of the class, by name",
@@ -212,7 +226,7 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
         return found
     if action is None and (unknown := _not_an_option(parser, written, item)):
         return unknown
-    hint = declared_type(action) if action is not None else _class_argument_hint(parser, written, item.key)
+    hint = declared_type(action) if action is not None else class_argument_hint(parser, written, item.key)
     if hint is None or not item.values:
         return None
     if item.file is not None and item.values == (None,) and action is None:  # a class's argument, null
@@ -288,15 +302,17 @@ def _taken_but_unusable(
     takes no null (a TypeError deep in the command's work). `null`: a class's argument given as a flag, `null`."""
     value = item.values[0] if item.values else None
     group = is_config_file_flag(parser, item.key) or has_keys_under(parser, item.key)
-    if group and not isinstance(value, dict | str | None):
+    action = action_of(parser, item.key)
+    # a class's option, checked by the parser (`logger: false`)
+    typed = action is not None and takes_a_class(declared_type(action))
+    if group and not typed and not isinstance(value, dict | str | None):
         return (
             f"{item.shown()}: {plain_key(item.key)} is a group of options, not one value",
             "write its options under it as name: value lines, or the path of a YAML file of them",
         )
     if (item.values != (None,) and not null) or group:
         return None  # a group's null: `_bad_item`
-    action = action_of(parser, item.key)
-    hint = declared_type(action) if action is not None else _class_argument_hint(parser, written, item.key)
+    hint = declared_type(action) if action is not None else class_argument_hint(parser, written, item.key)
     kinds = [] if hint is None else alternatives(hint)
     default = default_of(parser, item.key) if action is not None else None
     if (
@@ -329,7 +345,7 @@ def _no_group_takes(parser: ArgumentParser, key: str) -> bool:
 def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written) -> tuple[str, str] | None:
     """A flag or key that no flag is or holds, or that the class its group chose does not take."""
     where = f"{item.file}: {item.key}" if item.file else f"--{item.key}"
-    chosen = _chosen_class(parser, written, item.key)
+    chosen = chosen_class(parser, written, item.key)
     if chosen is None:
         return (
             (f"{where} is not an option of this command", _FLAG_HELP)
@@ -345,47 +361,3 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
     if any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return f"{where} is not an option of {cls.__name__}", _FLAG_HELP
-
-
-def _class_argument_hint(parser: ArgumentParser, written: list[Written], key: str) -> Any:
-    """The type of an argument of the class a group flag chose: `--data.batch_size` (or
-    `--data.init_args.batch_size`) from the signature of the class `--data` names (`_chosen_class_path`)."""
-    chosen = _chosen_class(parser, written, key)
-    if chosen is None:
-        return None
-    try:
-        return get_type_hints(chosen[0].__init__).get(chosen[1])  # type: ignore[misc]  # the class's own
-    except Exception:  # a forward reference the hints cannot resolve: no type to say it from
-        return None
-
-
-def _chosen_class(parser: ArgumentParser, written: list[Written], key: str) -> tuple[type, str] | None:
-    """(the class, the argument's name) of an argument of the class a group flag chose, if it imports."""
-    parts = key.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        group, rest = ".".join(parts[:cut]), [part for part in parts[cut:] if part != "init_args"]
-        if action_of(parser, group) is None:
-            continue
-        class_path = _chosen_class_path(parser, written, group)
-        cls = imported(class_path) if class_path and len(rest) == 1 else None
-        return (cls, rest[0]) if isinstance(cls, type) else None
-    return None
-
-
-def _chosen_class_path(parser: ArgumentParser, written: list[Written], group: str) -> str | None:
-    """The class path `group` was given last, by a flag (`--group X`, `--group.class_path X`) or a config file's
-    key, else the parser's default."""
-    chosen = None
-    for item in written:
-        if item.key in (group, f"{group}.class_path") and item.values:
-            value = item.values[-1]
-            value = (
-                yaml_or_none(value) if isinstance(value, str) and value.lstrip().startswith("{") else value
-            )
-            if isinstance(value, str) and isinstance(read_config_file(beside(item.file, value)), dict):
-                continue  # a file of the class's options: its class_path, if any, is a key of its own after it
-            chosen = value.get("class_path", chosen) if isinstance(value, dict) else str(value)
-    if chosen is None:
-        default = default_of(parser, group)
-        chosen = default.get("class_path") if isinstance(default, Namespace) else None
-    return chosen

@@ -17,6 +17,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_only
 
 from diffusion.cli.legacy import same_class
+from diffusion.cli.resumed_state import check_not_a_phema_output, check_post_hoc_kept
 from diffusion.cli.training_run import note_run_options_unused
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.errors import MissingFile, UserError
@@ -272,6 +273,8 @@ def resolve_resume(config: Namespace) -> tuple[dict[str, Any] | None, dict[str, 
         checkpoint.get("state_dict") or {}, f"--ckpt_path {config.ckpt_path}",
         "training diverged before it was saved: resume from an earlier checkpoint of the run",
     )  # fmt: skip
+    check_not_a_phema_output(checkpoint, config.ckpt_path)  # what the checkpoint itself says it holds
+    check_post_hoc_kept(checkpoint, config.ckpt_path, config)
     run = run_folder_of(config.ckpt_path)
     if run is None or logger is None:
         return checkpoint, saving

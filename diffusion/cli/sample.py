@@ -17,16 +17,21 @@ Fabric re-runs this command line in D - 1 more processes, or joins the processes
 Options can also come from a YAML file (--config FILE; --print_config writes one). Everything is checked
 before any sampling time is spent: the checkpoint (its checksums, finite weights), the output folder, that
 OUT/samples.npz and OUT/grid.png are not there already (--overwrite replaces them) and that the disk has room
-for the samples. They are written as they are made, into OUT/samples.partial/, and moved into OUT only once all
-are in; samples that are not finite stop the run with nothing written. A user error ends in one line on stderr and
-exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
+for the samples. One sample at a time writes OUT: a second is refused at once, naming the first (`sampling_alone`).
+The samples are written as they are made, into OUT/samples.partial/, and moved into OUT only once all are in;
+samples that are not finite stop the run with nothing written. A user error ends in one line on stderr and exit
+status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 
+import contextlib
 import inspect
+import os
 import shutil
+import socket
 import sys
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, get_args
@@ -53,10 +58,12 @@ from diffusion.cli.process_group import check_other_machines_named, closing_proc
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.sampling import SamplingOptions, UnusedSamplingOption, unused_options
+from diffusion.data.folder_lock import holding_lock
 from diffusion.errors import COMMAND, UserError, naming_a_full_disk
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
 from diffusion.generation.render import SamplesWriter, samples_file_bytes
+from diffusion.training.atomic_writes import check_can_replace
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.module import DiffusionModule
 
@@ -88,6 +95,53 @@ def build_parser() -> ArgumentParser:
         "which is fast only with bf16 instructions (AVX512-BF16, AMX)",
     )  # fmt: skip
     return parser
+
+
+SAMPLE_LOCK = ".sample.lock"  # in --out while a sample writes there: "<pid> <host> <started>" of that sample
+
+
+@contextlib.contextmanager
+def sampling_alone(out: str) -> Iterator[None]:
+    """Hold `out` (its `SAMPLE_LOCK`, `holding_lock`: gone with its process, even one killed by SIGKILL) while the
+    block checks the files this sample replaces and writes them, or refuse at once where another sample holds it:
+    two samples into one folder shared its samples.partial/, and one of them failed after its sampling. The
+    folders made for `out` go again on the way out where they are empty (a refused or failed sample's)."""
+    folder = Path(out)
+    existed = next(p for p in [folder, *folder.absolute().parents] if p.exists())
+    lock = folder / SAMPLE_LOCK
+    with naming_a_full_disk(lock):  # a folder that refuses it: CannotWrite
+        folder.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+
+    def refused(holder: list[str]) -> UserError:
+        pid, host, *when = holder + ["?", "?"]
+        return UserError(
+            f"{{command:--out}} {out} is being written by another sample (pid {pid} on host {host}, started "
+            f"{' '.join(when[:2])})",
+            "wait for it to finish, or pass another {command:--out}",
+        )
+
+    try:
+        with holding_lock(lock, f"{os.getpid()} {socket.gethostname()} {started}\n", refused):
+            yield
+    finally:
+        for made in [folder.absolute(), *folder.absolute().parents]:
+            if made == existed.absolute():
+                break
+            try:
+                made.rmdir()  # only an empty one
+            except OSError:
+                break
+
+
+def check_replaced(out: str, overwrite: bool) -> None:
+    """The files this command writes, where they exist already: kept unless --overwrite, and then each one that
+    would refuse to be replaced (`chattr +i`: it failed after the sampling, the grid replaced already) refused
+    now, said as the file where its folder takes files (`check_can_replace`)."""
+    for written in (Path(out) / "samples.npz", Path(out) / "grid.png"):
+        if written.exists() and not overwrite:
+            raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
+        check_can_replace(written)
 
 
 def check_precision(precision: int | str) -> None:
@@ -152,7 +206,7 @@ def chosen_sampler(
 
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.sample [flags]`: write OUT/samples.npz and OUT/grid.png, return the .npz path."""
-    with reporting_user_errors(argv), closing_process_group():
+    with reporting_user_errors(argv), closing_process_group(), ExitStack() as held:
         command_line = parsed_command_line(build_parser(), argv)
         args = command_line.config
         check_seed_flag(args.seed)  # before the checkpoint is read and the ranks started
@@ -167,13 +221,10 @@ def main(argv: list[str] | None = None) -> Path:
         # As export's: `out: ~/x` in a file wrote into a folder named ~
         args.out = str(Path(args.out).expanduser())
         path = Path(args.out) / "samples.npz"
-        for written in (path, path.with_name("grid.png")):  # what this command writes: keep the user's
-            if written.exists() and not args.overwrite:
-                raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
-            # One that refuses a write (`chattr +i`) failed after sampling, the grid already replaced
-            if written.is_file():
-                with naming_a_full_disk(written), open(written, "r+b"):
-                    pass
+        one_process = args.devices == 1 and args.num_nodes == 1
+        if one_process:  # --out held from here: its files checked are the files it replaces
+            held.enter_context(sampling_alone(args.out))
+        check_replaced(args.out, args.overwrite)
         args.ckpt, hparams = given_model(args.ckpt)
         num_classes = hparams["network"].get("init_args", {}).get("num_classes")
         # Labels repeat with the classes (`class_labels`): those of the first num_classes samples stand for all.
@@ -191,6 +242,10 @@ def main(argv: list[str] | None = None) -> Path:
         fabric, rank, world_size, device = launch_ranks(
             args.devices, args.num_nodes, accelerator, device, argv, "diffusion.sample"
         )
+        if rank == 0 and not one_process:  # the other ranks re-ran the checks: rank 0 alone holds --out
+            held.enter_context(sampling_alone(args.out))
+            # Again, held: another sample may have written them since
+            check_replaced(args.out, args.overwrite)
         if rank == 0:
             note = cpu_mixed_precision_note(args.precision, training=False)
             if note and torch.device(device).type == "cpu":

@@ -45,13 +45,15 @@ from diffusion.cli.train_checks import (
     take_diffusers_settings,
 )
 from diffusion.cli.train_warnings import CommandNote, notes_said_as_written, one_line_notes
+from diffusion.cli.trainer_loggers import (
+    allow_mlflow_file_store,
+    check_logger_folders,
+    check_logger_installed,
+)
 from diffusion.cli.trainer_options import (
     SHORTHANDS,
     TRAINER_DEFAULTS,
-    allow_mlflow_file_store,
     check_hardware_flags,
-    check_logger_folders,
-    check_logger_installed,
     check_trainer_option_ranges,
     drop_ddp_on_one_device,
     expand_shorthands,

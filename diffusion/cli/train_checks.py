@@ -26,12 +26,11 @@ from diffusion.errors import (
     WeightsDoNotFit,
     WrongType,
     check_weights_fit,
-    naming_a_full_disk,
     said,
 )
 from diffusion.models import UNet
 from diffusion.models.checks import forward_parameters
-from diffusion.training.atomic_writes import check_replaceable
+from diffusion.training.atomic_writes import check_replaceable, naming_a_refusing_folder
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.from_diffusers import init_settings
@@ -153,7 +152,10 @@ def check_output_folders(
     own = [run_path, *sorted(p for p in run_path.iterdir() if p.is_dir())] if run_path is not None else []
     for folder in own:
         if folder.is_dir():  # a probe file, as the run's own writes would be (root passes os.access)
-            with naming_a_full_disk(folder / "the resumed run's files"), tempfile.TemporaryFile(dir=folder):
+            with (
+                naming_a_refusing_folder(folder, "the resumed run's files"),
+                tempfile.TemporaryFile(dir=folder),
+            ):
                 pass
     for replaced in [run_path / CHECKPOINTS / "last.ckpt", run_path / "loss.png"] if run_path else []:
         check_replaceable(replaced)  # an immutable file: the save at the end would fail

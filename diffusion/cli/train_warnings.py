@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from diffusion.cli.command_line import Written, where_written
 from diffusion.cli.config_files import as_text
 from diffusion.cli.flag_names import flag_text
@@ -21,6 +23,12 @@ from diffusion.training.option_notes import OptionNote
 
 class CommandNote(UserWarning):
     """A note of train.py's, worded for its command line: shown as `warning: <text>` (`one_line_notes`)."""
+
+
+def say_notes(notes: Sequence[str]) -> None:
+    """train.py's notes on its command line, found as it parses (`options_turned_off`): rank 0 says each."""
+    for note in notes:
+        rank_zero_warn(CommandNote(note))
 
 
 def note_as_written(note: OptionNote, groups: dict[type, str], written: Sequence[Written]) -> str:

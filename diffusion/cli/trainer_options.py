@@ -5,10 +5,8 @@ builds anything; and the warnings for settings the run takes but would drop with
 warmup longer than the run)."""
 
 import importlib.util
-import os
 import re
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 from jsonargparse import Namespace
@@ -17,9 +15,9 @@ from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from diffusion.cli.command_line import SayOption, as_flag
-from diffusion.cli.flags import check_writable_folder
-from diffusion.cli.written_twice import check_short_and_long_form_agree
+from diffusion.cli.written_twice import check_short_and_long_form_agree, said_with_defaults
 from diffusion.errors import UserError
+from diffusion.training.module import VAL_LOSS
 
 SHORTHANDS = (
     "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
@@ -121,6 +119,15 @@ def check_trainer_option_ranges(config: Namespace, say: SayOption = as_flag) -> 
                 "every --checkpoint.every_n_minutes and when the job is stopped)",
                 f"leave --{key} out; to keep fewer checkpoints, pass --checkpoint.save_top_k 0 (last.ckpt alone)",
             )
+    # Lightning's refusal named its constructor, ModelCheckpoint(save_top_k=3, monitor=None), and no fix
+    top_k = config.get("checkpoint.save_top_k")
+    if _count(top_k) and top_k > 1 and config.get("checkpoint.monitor") is None:
+        raise UserError(
+            f"{say('checkpoint.save_top_k', top_k)} keeps the best {top_k} checkpoints by a monitored value, "
+            "and no --checkpoint.monitor is given",
+            f"add --checkpoint.monitor {VAL_LOSS} (the validation loss, lowest best), or pass "
+            "--checkpoint.save_top_k -1 to keep every checkpoint (1: the newest)",
+        )
 
 
 # Lightning's double precision: the run trained into a dtype error in the EMA update (its float32 copy lerped
@@ -162,7 +169,8 @@ def validation_off_note(config: Namespace, say: SayOption = as_flag) -> str | No
     Lightning's way, or by --data.val_fraction 0 without --data.val_from_train (no images held out, so no
     validation set); or a --trainer.val_check_interval past the run's last batch (`_interval_past_the_run`). What
     the run will then not do, said once, since validation is what draws the sample grids, plots val/loss and saves
-    the step checkpoints."""
+    the step checkpoints. An option no flag or file set is said as the default it is (`said_with_defaults`)."""
+    say = said_with_defaults(say)
     value = config.get("trainer.limit_val_batches")
     held_out = config.get("data.init_args.val_fraction")
     key, fix = "trainer.limit_val_batches", "leave --trainer.limit_val_batches out"
@@ -226,6 +234,7 @@ def warmup_note(config: Namespace, say: SayOption = as_flag) -> str | None:
     warmup, steps = config.get("model.warmup_steps"), config.get("trainer.max_steps")
     if not (_count(warmup) and _count(steps)) or steps < 1 or warmup <= steps:
         return None
+    say = said_with_defaults(say)
     stated = f"{say('model.warmup_steps', warmup)} is more than {say('trainer.max_steps', steps)}"
     return (
         f"{stated}: the learning rate is still warming up when the run ends, "
@@ -343,55 +352,3 @@ def drop_ddp_on_one_device(trainer: dict[str, Any]) -> str | None:
         "gradient copy per step and cut a compiled network into pieces (pass --trainer.strategy.class_path "
         "DDPStrategy to run DDP on one device anyway)"
     )
-
-
-# Lightning's loggers whose packages are optional: class name -> (module, pip requirement).
-LOGGER_PACKAGES = {
-    "WandbLogger": ("wandb", 'wandb (or this project\'s extra: pip install -e ".[loggers]")'),
-    "MLFlowLogger": ("mlflow", 'mlflow-skinny (or this project\'s extra: pip install -e ".[loggers]")'),
-    "CometLogger": ("comet_ml", "comet-ml"),
-    "NeptuneLogger": ("neptune", "neptune"),
-}
-
-
-def _loggers(trainer: dict[str, Any]) -> list[tuple[str, Any]]:
-    """(class name, init_args) of each logger the run is configured with."""
-    loggers = trainer.get("logger")
-    return [
-        (str(logger.get("class_path", "")).rsplit(".", 1)[-1], logger.get("init_args") or {})  # type: ignore[union-attr]
-        for logger in (loggers if isinstance(loggers, list) else [loggers])
-        if hasattr(logger, "get")
-    ]
-
-
-def check_logger_installed(trainer: dict[str, Any]) -> None:
-    """The logger's package is installed: Lightning would end in a traceback when it builds the logger."""
-    for name, _ in _loggers(trainer):
-        module, requirement = LOGGER_PACKAGES.get(name, (None, None))
-        if module and importlib.util.find_spec(module) is None:
-            raise UserError(f"--trainer.logger {name} needs the {module} package, which is not installed",
-                            f"pip install {requirement}, or pick another logger")  # fmt: skip
-
-
-def allow_mlflow_file_store(trainer: dict[str, Any]) -> None:
-    """An MLFlowLogger with a local file store (its default, ./mlruns): MLflow refuses to open one unless
-    MLFLOW_ALLOW_FILE_STORE is set, and mlflow-skinny has no other store that works offline. Choosing the file
-    store is the opt-in; a user's own MLFLOW_ALLOW_FILE_STORE is left as it is."""
-    for name, init_args in _loggers(trainer):
-        if name == "MLFlowLogger" and str(init_args.get("tracking_uri") or "file:").startswith("file:"):
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-
-
-def check_logger_folders(trainer: dict[str, Any]) -> None:
-    """Every logger's folder can be written, before the logger is built: some create it as they are built (MLflow's
-    file store), and their OSError would reach the user wrapped in the parser's words."""
-    for name, init_args in _loggers(trainer):
-        uri = init_args.get("tracking_uri") if name == "MLFlowLogger" else None
-        if uri is not None:
-            if str(uri).startswith("file:"):
-                check_writable_folder(urlparse(str(uri)).path, "--trainer.logger.init_args.tracking_uri")
-            continue  # a tracking server: save_dir is not used
-        for key in ("save_dir", "dir"):  # W&B's dir stands for its save_dir
-            if init_args.get(key):
-                check_writable_folder(init_args[key], f"--trainer.logger.init_args.{key}")
-                break

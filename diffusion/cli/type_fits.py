@@ -14,9 +14,9 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from jsonargparse import ArgumentError, ArgumentParser
+from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from diffusion.cli.command_line import (
     Written,
@@ -28,8 +28,8 @@ from diffusion.cli.command_line import (
     plain_key,
     takes_a_collection,
 )
-from diffusion.cli.config_files import as_text, read_config_file, yaml_or_none
-from diffusion.cli.jsonargparse_internals import actions, is_required, number_bounds
+from diffusion.cli.config_files import as_text, beside, read_config_file, yaml_or_none
+from diffusion.cli.jsonargparse_internals import action_of, actions, is_required, number_bounds
 from diffusion.cli.legacy import class_at
 
 NOT_FINITE_WORDS = ("nan", "inf", "infinity", ".nan", ".inf")
@@ -344,3 +344,47 @@ def required_said(parser: ArgumentParser, written: Sequence[Written]) -> tuple[s
         if given[-1].file is not None and given[-1].values == (None,):
             return f"{given[-1].file}: {key} is blank, and it is required", f"write its value after '{key}:'"
     return None
+
+
+def class_argument_hint(parser: ArgumentParser, written: list[Written], key: str) -> Any:
+    """The type of an argument of the class a group flag chose: `--data.batch_size` (or
+    `--data.init_args.batch_size`) from the signature of the class `--data` names (`chosen_class_path`)."""
+    chosen = chosen_class(parser, written, key)
+    if chosen is None:
+        return None
+    try:
+        return get_type_hints(chosen[0].__init__).get(chosen[1])  # type: ignore[misc]  # the class's own
+    except Exception:  # a forward reference the hints cannot resolve: no type to say it from
+        return None
+
+
+def chosen_class(parser: ArgumentParser, written: list[Written], key: str) -> tuple[type, str] | None:
+    """(the class, the argument's name) of an argument of the class a group flag chose, if it imports."""
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        group, rest = ".".join(parts[:cut]), [part for part in parts[cut:] if part != "init_args"]
+        if action_of(parser, group) is None:
+            continue
+        class_path = chosen_class_path(parser, written, group)
+        cls = imported(class_path) if class_path and len(rest) == 1 else None
+        return (cls, rest[0]) if isinstance(cls, type) else None
+    return None
+
+
+def chosen_class_path(parser: ArgumentParser, written: list[Written], group: str) -> str | None:
+    """The class path `group` was given last, by a flag (`--group X`, `--group.class_path X`) or a config file's
+    key, else the parser's default."""
+    chosen = None
+    for item in written:
+        if item.key in (group, f"{group}.class_path") and item.values:
+            value = item.values[-1]
+            value = (
+                yaml_or_none(value) if isinstance(value, str) and value.lstrip().startswith("{") else value
+            )
+            if isinstance(value, str) and isinstance(read_config_file(beside(item.file, value)), dict):
+                continue  # a file of the class's options: its class_path, if any, is a key of its own after it
+            chosen = value.get("class_path", chosen) if isinstance(value, dict) else str(value)
+    if chosen is None:
+        default = default_of(parser, group)
+        chosen = default.get("class_path") if isinstance(default, Namespace) else None
+    return chosen

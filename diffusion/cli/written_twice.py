@@ -7,6 +7,13 @@ at 0.001, and `export --out new --config f.yaml` wrote into the file's `out`. An
 and its new one is the same loss. Both are refused naming the two places, unless they give the same value (a file
 that repeats a flag's value loses nothing). A config file after another (`--config a.yaml --config b.yaml`) is the
 documented way to layer files, and is left alone.
+
+An option of a class (`--trainer.logger.init_args.name foo`) with that class turned off (`--trainer.logger false`)
+does nothing: after the option, the run goes on without it, and a note says so (`options_turned_off`); before
+it, the parser cannot take it, and the line says the same (`turned_off_before`).
+
+Written by no one: a note on an option that no flag or config file set says it as the default it is
+(`said_with_defaults`), not as a flag the user never gave.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,16 +22,22 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 
 from diffusion.cli.command_line import (
+    SayOption,
     Written,
+    alternatives,
+    as_flag,
     flags_written,
     in_list_form,
     is_config_file_flag,
     plain_key,
+    remembered_written,
     takes_a_class,
 )
 from diffusion.cli.config_files import as_text, yaml_or_none
 from diffusion.cli.jsonargparse_internals import action_of, declared_type
 from diffusion.errors import UserError
+
+_NULL_WORDS = ("null", "Null", "NULL", "~")
 
 
 def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: Mapping[str, str]) -> None:
@@ -117,3 +130,91 @@ def _equal(given: Any, value: Any) -> bool:
 
 def _class_name(path: str) -> str:
     return path.rsplit(".", 1)[-1]
+
+
+def turned_off_before(
+    parser: ArgumentParser, written: Sequence[Written], item: Written
+) -> tuple[str, str] | None:
+    """(what is wrong, fix) if `item` sets an option of a class (`--trainer.logger.init_args.name foo`) that an
+    earlier flag or key turned off (`--trainer.logger false`, or null) and none chose again: the parser refuses it
+    in its own words. `written`: the command line up to `item`."""
+    group = _class_turned_off(parser, item.key)
+    if group is None:
+        return None
+    chosen = [w for w in written if w is not item and plain_key(w.key) in (group, f"{group}.class_path")]
+    if chosen and _turns_off(chosen[-1]):
+        return _said_turned_off(item, chosen[-1], group)
+    return None
+
+
+def options_turned_off(parser: ArgumentParser, written: Sequence[Written]) -> list[str]:
+    """A note for each flag that sets an option of a class (`--trainer.logger.init_args.name foo`) which a later
+    flag or config file's key turns off (`--trainer.logger false`): the run goes on without it. A config file's
+    keys before it are left alone (`configs/digits.yaml`'s logger name under `--trainer.logger false`)."""
+    notes = []
+    for index, item in enumerate(written):
+        group = _class_turned_off(parser, item.key) if item.file is None and item.values else None
+        if group is None:
+            continue
+        later = [w for w in written[index + 1 :] if plain_key(w.key) in (group, f"{group}.class_path")]
+        if later and _turns_off(later[-1]):
+            problem, fix = _said_turned_off(item, later[-1], group)
+            notes.append(f"{problem} — {fix}")
+    return notes
+
+
+def _class_turned_off(parser: ArgumentParser, key: str) -> str | None:
+    """The option choosing a class that may be turned off (false or null: `trainer.logger`) that `key` sets an
+    option of (`trainer.logger.init_args.name`, `trainer.logger.name`); None for any other key."""
+    parts = plain_key(key).split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        group, rest = ".".join(parts[:cut]), parts[cut:]
+        action = action_of(parser, group)
+        if action is None:
+            continue
+        kinds = alternatives(declared_type(action))
+        can_be_off = bool in kinds or type(None) in kinds
+        if rest in (["class_path"], ["help"]) or not can_be_off or not takes_a_class(declared_type(action)):
+            return None
+        return group
+    return None
+
+
+def _turns_off(item: Written) -> bool:
+    """Whether a flag or key sets its option to false or null."""
+    if item.file is not None:
+        return item.values[0] is False or item.values[0] is None
+    if len(item.values) != 1:
+        return False
+    word = str(item.values[0]).strip()
+    return yaml_or_none(word) is False or word in _NULL_WORDS
+
+
+def _said_turned_off(item: Written, off: Written, group: str) -> tuple[str, str]:
+    return (
+        f"{item.shown()} sets an option of the {group.rsplit('.', 1)[-1]}, and {off.shown()} turns it off",
+        "drop one of them",
+    )
+
+
+def said_with_defaults(say: SayOption) -> SayOption:
+    """`say` (`where_written`), with an option that no flag or config file of the running command line set said
+    as the default it is: `the default --model.warmup_steps 5000 (no flag or config file sets it)`, not as a flag
+    the user never gave (a --config replaces the default recipe). `as_flag` (a config given as an object): as is."""
+    if say is as_flag:
+        return say
+    written = remembered_written()
+    keys = {plain_key(item.key) for item in written}
+    inline = {  # a group given as a mapping on the command line: `--model '{warmup_steps: 10}'`
+        plain_key(item.key)
+        for item in written
+        if item.file is None and any(str(word).lstrip().startswith("{") for word in item.values)
+    }
+
+    def said(key: str, value: Any) -> str:
+        plain = plain_key(key)
+        if plain in keys or any(plain.startswith(f"{group}.") for group in inline):
+            return say(key, value)
+        return f"the default {say(key, value)} (no flag or config file sets it)"
+
+    return said

@@ -27,7 +27,6 @@ from diffusion.errors import (
     InvalidValue,
     MissingFile,
     OutOfRange,
-    UserError,
     WrongType,
     check_bool,
     check_whole_number,
@@ -196,7 +195,7 @@ class ImageDataModule(SplitDataModule):
     ) -> tuple[int, int]:
         """(image_size, channels) of the `prepared` set, refused where they are not what the run asks for."""
         if prepared.kind != "images":
-            raise UserError(
+            raise InvalidValue(
                 f"{{--root}} {prepared.root} holds prepared vectors, not images",
                 "train it with {--class_path} diffusion.data.VectorDataModule {--dataset} streaming "
                 f"{{--path}} {prepared.root}",
@@ -208,13 +207,13 @@ class ImageDataModule(SplitDataModule):
             ("channels", channels, have_channels),
         ):
             if asked is not None and asked != have:
-                raise UserError(
+                raise InvalidValue(
                     f"{{--{name}}} {asked} does not fit the prepared set {prepared.root} ({name} {have})",
                     f"leave {{--{name}}} unset, or prepare the set again with {{--{name}}} {asked}",
                     type(self),
                 )
         if conditional and prepared.class_names is None:
-            raise UserError(
+            raise InvalidValue(
                 f"{{--conditional}} true needs labels, and the prepared set {prepared.root} holds none",
                 "prepare it again from labelled data (a folder with one subfolder per class and "
                 "{--conditional} true), or train unconditionally",

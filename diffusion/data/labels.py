@@ -129,7 +129,8 @@ def class_labels(
 def check_class_names(class_names: Any, num_classes: int | None, fix: str) -> None:
     """Refuse class names that are not a list of names (`fix` says what to pass), or that do not name the classes
     0..num_classes-1 one each: a name for an unconditional model (num_classes None), or a count of names other
-    than `num_classes` (a class without a name, or a name of no class), kept in a checkpoint without a word."""
+    than `num_classes` (a class without a name, or a name of no class), kept in a checkpoint without a word, or a
+    name given twice (a name picks its first class, so the other could not be asked for by name)."""
     if class_names is None:
         return
     if not isinstance(class_names, list | tuple) or not all(isinstance(name, str) for name in class_names):
@@ -144,6 +145,14 @@ def check_class_names(class_names: Any, num_classes: int | None, fix: str) -> No
         raise InvalidValue(
             f"class_names holds {len(class_names)} name(s) for a model of {num_classes} classes",
             "pass one name for each class 0..num_classes-1, in order",
+        )
+    repeated = next((name for name in class_names if list(class_names).count(name) > 1), None)
+    if repeated is not None:  # a name picks its first class: the others could not be asked for by name
+        classes = [str(index) for index, name in enumerate(class_names) if name == repeated]
+        times = "twice" if len(classes) == 2 else f"{len(classes)} times"
+        raise InvalidValue(
+            f"class_names has {repeated!r} {times} (classes {', '.join(classes[:-1])} and {classes[-1]})",
+            "give each class its own name",
         )
 
 

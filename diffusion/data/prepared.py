@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from diffusion.errors import CannotRead, InvalidValue, MissingFile, UserError
+from diffusion.errors import CannotRead, InvalidValue, MissingFile
 
 MANIFEST = "prepared.json"
 INDEX = "index.json"  # litdata's, in each part
@@ -77,7 +77,7 @@ def litdata() -> Any:
     try:
         import litdata as module
     except ImportError as err:
-        raise UserError(
+        raise InvalidValue(
             "prepared data sets are read and written with litdata, which is not installed", INSTALL_HINT
         ) from err
     return module

@@ -144,7 +144,7 @@ def prepare(
     if encoding == "auto":
         encoding = "raw" if kind == "vectors" or shape[-1] <= RAW_UP_TO else "png"
     if kind == "vectors" and encoding != "raw":
-        raise UserError(
+        raise InvalidValue(
             f"{{command:--encoding}} {encoding} is for images; vectors are stored as they are",
             "leave it unset",
         )
@@ -189,7 +189,7 @@ def write_set(
     there = listing(out) if there is None else there
     if there and not overwrite:
         finished = "a prepared set" if MANIFEST in there else "an unfinished prepare"
-        raise UserError(
+        raise InvalidValue(
             f"{{command:--out}} {out} already holds data ({finished}, {len(there)} files)",
             "pass {command:--overwrite} to replace it, or choose another {command:--out}",
         )

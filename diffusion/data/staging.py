@@ -29,7 +29,7 @@ from diffusion.data.prepared import (
     prepares_file,
     written_by_a_prepare,
 )
-from diffusion.errors import CannotWrite, UserError, naming_a_full_disk
+from diffusion.errors import CannotWrite, InvalidValue, UserError, naming_a_full_disk
 
 KEPT_WHERE_REFUSED = "make that folder writable for this user, or write to another folder; what this prepare wrote is removed, the prepared set there before is kept"
 
@@ -49,7 +49,7 @@ def writing_alone(out: str) -> Iterator[None]:
 
     def refused(holder: list[str]) -> UserError:
         pid, host, *when = holder + ["?", "?"]
-        return UserError(
+        return InvalidValue(
             f"{{command:--out}} {out} is being written by another prepare (pid {pid} on host {host}, started "
             f"{' '.join(when[:2])})",
             "wait for it to finish, or pass another {command:--out}",
@@ -57,6 +57,11 @@ def writing_alone(out: str) -> Iterator[None]:
 
     with holding_lock(path, f"{os.getpid()} {socket.gethostname()} {started}\n", refused):
         yield
+
+
+class SetLeftAside(UserError, OSError):
+    """A prepared set replaced on the way, whose old files could not be put back where they were (they are left
+    aside, in a folder the message names); an OSError too, as the system's refusal that left them there."""
 
 
 def swap_in(out: str, staged: str) -> None:
@@ -79,7 +84,7 @@ def swap_in(out: str, staged: str) -> None:
                 target.rename(source)
             aside.rmdir()
         except OSError as again:
-            raise UserError(
+            raise SetLeftAside(
                 f"cannot replace the prepared set in {out} ({reason}), nor put its files back ({again.strerror})",
                 f"the set there before is in {aside} ({MANIFEST} last): move it back into {out}, or prepare again",
             ) from error

@@ -23,7 +23,6 @@ from diffusion.data.split import IndexedDataset, SplitDataModule
 from diffusion.errors import (
     InvalidValue,
     OutOfRange,
-    UserError,
     check_bool,
     check_real,
     check_whole_number,
@@ -149,13 +148,13 @@ class VectorDataModule(SplitDataModule):
         """A prepared set of vectors at `path` (`python -m diffusion.prepare`): already in model units, labelled
         or not, with its split and normalization."""
         if path is None:
-            raise UserError(
+            raise InvalidValue(
                 "{--dataset} streaming needs the prepared set",
                 "point {--path} at the folder or URL it is in",
                 type(self),
             )
         if labels is not None:
-            raise UserError(
+            raise InvalidValue(
                 "{--labels} does not apply to a prepared set (its labels were stored when it was prepared)",
                 "leave {--labels} unset, or prepare the set again with them",
                 type(self),
@@ -163,7 +162,7 @@ class VectorDataModule(SplitDataModule):
         with options_of(type(self)):
             self.prepared = open_prepared(path, "{--path}")
         if self.prepared.kind != "vectors":
-            raise UserError(
+            raise InvalidValue(
                 f"{{--path}} {path} holds prepared images, not vectors",
                 f"train it with {{--class_path}} diffusion.data.ImageDataModule {{--dataset}} streaming "
                 f"{{--root}} {path}",

@@ -54,6 +54,11 @@ SAMPLING_BATCH = 256
 CHUNK_BYTES = 64 * 2**20  # samples a rank holds before they are gathered and written
 
 
+class SamplesNotFinite(UserError, RuntimeError):
+    """Sampling produced NaN or infinity (16-bit overflow, weights that diverged): nothing is written; said as one
+    line by a command, and a RuntimeError too for Python callers of `generate`."""
+
+
 @runtime_checkable
 class Sampleable(Protocol):
     """What generation needs of a module, and all it uses (`DiffusionModule` is one; tests check that it is):
@@ -214,7 +219,7 @@ def generate_in_chunks(
             if all_gather is not None:  # every rank learns of a non-finite sample on any, and stops with it
                 flags = all_gather(flags)
             if not bool(flags.all()):
-                raise UserError(
+                raise SamplesNotFinite(
                     f"sampling produced values that are not finite (NaN or infinity) among samples {first} to "
                     f"{min(first + len(local) * world_size, num_samples) - 1}; nothing was written",
                     "sample at {command:--precision} 32 (16-bit can overflow), with another {command:--sampler}, "

@@ -130,8 +130,8 @@ class InceptionFeatures(nn.Module):
                 ) from err
             raise CannotRead(
                 f"could not load the InceptionV3 weights ({err}); they are downloaded from GitHub on first use",
-                "offline, pass a local copy (inception_weights) or use features='pixels'",
-                InceptionFeatures,
+                # SampleQuality's options (and the callback's; evaluate's flags of the same names)
+                "offline, pass {--inception_weights} PATH (a local copy), or {--features} pixels",
             ) from err
 
     def train(self, mode: bool = True) -> InceptionFeatures:

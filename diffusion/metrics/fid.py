@@ -120,6 +120,17 @@ class GivenFeatures(nn.Module):
         return features
 
 
+def check_image_count(metric: str, count: int, real: bool) -> None:
+    """A metric's images of one side (real or generated) are enough to compute it: at least 2, for a covariance
+    (FID) or KID's unbiased estimator; said with the call that feeds them (`SampleQuality.update`'s)."""
+    if count < 2:
+        side, which = ("real", "the reference images") if real else ("generated", "the samples")
+        raise InvalidValue(
+            f"{metric} needs at least 2 {side} images, got {count}",
+            f"feed {which} with update(images, real={real}) before compute(), 2 or more in all",
+        )
+
+
 class FrechetDistance(FrechetInceptionDistance):
     """torchmetrics' FID over given (N, num_features) features: ``update(features, real=...)``.
 
@@ -147,10 +158,7 @@ class FrechetDistance(FrechetInceptionDistance):
         """Mean (D,) and unbiased covariance (D, D) in float64 of the fed real or generated features (of this
         process; inside ``compute`` they are the states summed over ranks)."""
         count = self.real_features_num_samples if real else self.fake_features_num_samples
-        if count < 2:
-            raise ValueError(
-                f"FID needs at least 2 {'real' if real else 'generated'} images, got {int(count)}"
-            )
+        check_image_count("FID", int(count), real)
         total = self.real_features_sum if real else self.fake_features_sum
         outer = self.real_features_cov_sum if real else self.fake_features_cov_sum
         mean = total / count

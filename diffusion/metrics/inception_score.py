@@ -50,7 +50,8 @@ class InceptionScore(Metric):
             raise InvalidValue(
                 f"the Inception Score splits the samples into {self.splits} parts, so it needs at least "
                 f"{self.splits} samples, got {len(logits)}",
-                "score more samples",
+                "feed more samples with update(images, real=False) before compute(), "
+                "or split them into fewer parts (SampleQuality's is_splits)",
             )
         score = isc_features_to_metric(logits.cpu(), splits=self.splits, shuffle=False)
         mean, std = score["inception_score_mean"], score["inception_score_std"]

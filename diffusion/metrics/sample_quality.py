@@ -43,7 +43,7 @@ from diffusion.metrics.features import (
     check_inception_weights,
     make_feature_extractor,
 )
-from diffusion.metrics.fid import FrechetDistance, GivenFeatures
+from diffusion.metrics.fid import FrechetDistance, GivenFeatures, check_image_count
 from diffusion.metrics.inception_score import IS_SPLITS, InceptionScore
 from diffusion.metrics.progress import progress_bar
 from diffusion.metrics.reference_stats import FeatureStatistics
@@ -235,6 +235,10 @@ class SampleQuality(nn.Module):
         if "fid" in self.reported:
             result["fid"] = float(self.fid.compute())
         if self.kid is not None:
+            # torchmetrics' KID failed on none ("No samples to concatenate") and gave NaN for one; num_real is
+            # the images fed (KID takes no reference statistics)
+            check_image_count("KID", num_real or 0, real=True)
+            check_image_count("KID", num_fake, real=False)
             # KID's subsets are drawn from all gathered features: they cannot outnumber them.
             # KID takes no reference statistics: num_real is the gathered count.
             self.kid.subset_size = min(self.kid_subset_size, num_real, num_fake)  # type: ignore[type-var, assignment]

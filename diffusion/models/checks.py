@@ -175,33 +175,6 @@ def check_size_divisible(owner: type, shape: Sequence[int], num_levels: int) -> 
         )
 
 
-def check_batch_rank(owner: type, x: torch.Tensor, kind: Literal["vectors", "images"], width: int) -> None:
-    """`x` is a batch of `kind` (B, D) or (B, C, H, W), or InvalidValue saying which network takes the other kind
-    (a forward's first check; the sample's own shape is `check_input_shape`'s)."""
-    forms = {
-        "vectors": (2, f"(B, {width})", "(B, D)", "an MLP"),
-        "images": (4, f"(B, {width}, H, W)", "(B, C, H, W)", "a UNet"),
-    }
-    rank, takes, form, _ = forms[kind]
-    other = "images" if kind == "vectors" else "vectors"
-    if x.ndim != rank:
-        raise InvalidValue(
-            f"{owner.__name__} takes x of shape {takes}, a batch of {kind}, and got {tuple(x.shape)}",
-            f"pass a batch of {kind} {form}; a batch of {other} {forms[other][2]} needs {forms[other][3]}",
-            owner,
-        )
-
-
-def check_timesteps(t: object, batch: int) -> None:
-    """`t` one timestep per sample of the batch, a (B,) tensor: WrongType for anything else, OutOfRange for a
-    length other than B (which broadcast, or ended in torch's size mismatch deep in a layer)."""
-    fix = "pass one timestep per sample, e.g. torch.full((len(x),), t)"
-    if not isinstance(t, torch.Tensor):
-        raise WrongType("t", t, "a tensor of timesteps, shape (B,)", fix)
-    if t.shape != (batch,):
-        raise OutOfRange("t", f"<shape {tuple(t.shape)}>", f"of shape ({batch},), one per sample of x", fix)
-
-
 def forward_parameters(network: type) -> str | None:
     """None when `network` (a torch.nn.Module class) keeps the networks' call, `forward(x, t)` (and `y`, the labels,
     for class-conditional data: `diffusion.core.guidance.call_network`); else what its forward takes, `(input)`:

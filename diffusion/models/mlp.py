@@ -9,9 +9,7 @@ from diffusion.core.noise import check_network_dtype
 from diffusion.errors import OutOfRange
 from diffusion.models.checks import (
     CLASSES,
-    check_batch_rank,
     check_sample_shape,
-    check_timesteps,
     check_weights_fit_memory,
     fraction,
     optional_whole,
@@ -19,10 +17,10 @@ from diffusion.models.checks import (
 )
 from diffusion.models.embedding import (
     ClassEmbedding,
-    check_unconditional,
     fourier_features,
     sinusoidal_embedding,
 )
+from diffusion.models.inputs import check_forward_inputs
 
 
 class ResidualBlock(nn.Module):
@@ -126,14 +124,9 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, D) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only with
         num_classes) -> predicted noise (B, D), or (B, out_channels)."""
-        check_batch_rank(type(self), x, "vectors", self.in_channels)
-        check_timesteps(t, len(x))
-        self.check_input_shape(x.shape[1:])
-        self.check_input_dtype(x)
+        check_forward_inputs(self, x, t, y, "vectors")
         temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim).to(x.dtype))  # (B, hidden)
-        if self.num_classes is None:
-            check_unconditional(y, "MLP")
-        else:
+        if self.num_classes is not None:
             temb = temb + self.class_embed(y, len(x)).to(temb.dtype)
         h = self.input(fourier_features(x, self.fourier_frequencies))  # (B, hidden)
         for block in self.blocks:

@@ -18,17 +18,16 @@ from diffusion.core.noise import check_network_dtype
 from diffusion.errors import InvalidValue, OutOfRange
 from diffusion.models.checks import (
     CLASSES,
-    check_batch_rank,
     check_sample_shape,
     check_size_divisible,
-    check_timesteps,
     check_weights_fit_memory,
     fraction,
     optional_whole,
     whole,
     whole_numbers,
 )
-from diffusion.models.embedding import ClassEmbedding, check_unconditional, sinusoidal_embedding
+from diffusion.models.embedding import ClassEmbedding, sinusoidal_embedding
+from diffusion.models.inputs import check_forward_inputs
 
 MAX_GROUPS = 32
 
@@ -361,14 +360,9 @@ class UNet(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, C, H, W) float, t: (B,) int64, y: (B,) int64 class labels (NO_LABEL or None: none; only
         with num_classes) -> predicted noise (B, C_out, H, W)."""
-        check_batch_rank(type(self), x, "images", self.in_channels)
-        check_timesteps(t, len(x))
-        self.check_input_shape(x.shape[1:])
-        self.check_input_dtype(x)
+        check_forward_inputs(self, x, t, y, "images")
         temb = self.time_embed(sinusoidal_embedding(t, self.channels).to(x.dtype))  # (B, 4 * channels)
-        if self.num_classes is None:
-            check_unconditional(y, "UNet")
-        else:
+        if self.num_classes is not None:
             temb = temb + self.class_embed(y, len(x)).to(temb.dtype)
 
         hs = [self.conv_in(x)]  # skip stack, each (B, C_level, H_level, W_level)

@@ -21,7 +21,7 @@ import secrets
 import shutil
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,23 +67,79 @@ class CannotReplace(CannotWrite):
 FS_IOC_GETFLAGS, REFUSING_FLAGS = 0x80086601, {0x10: "it is immutable", 0x20: "it is append-only"}
 
 
+def refusing_flag(path: Path) -> str | None:
+    """Why the file or folder at `path` refuses changes whatever its mode bits say ("it is immutable", "it is
+    append-only": `chattr +i` / `+a`), or None. Linux only; elsewhere, and on a file system without the flags,
+    nothing is known: None."""
+    if not sys.platform.startswith("linux") or not path.exists():
+        return None
+    import fcntl  # Unix only
+
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a folder opens too
+        try:
+            found = fcntl.ioctl(descriptor, FS_IOC_GETFLAGS, struct.pack("i", 0))
+        finally:
+            os.close(descriptor)
+    except OSError:
+        return None
+    flags = struct.unpack("i", found)[0]
+    return next((reason for flag, reason in REFUSING_FLAGS.items() if flags & flag), None)
+
+
 def check_replaceable(path: Path) -> None:
     """Raise CannotReplace where the file at `path`, which a run is about to replace, is immutable or append-only
     (`chattr +i` / `+a`), before any work is spent: the save at the end would fail. Linux only; elsewhere, and on a
     file system without the flags, nothing is known and nothing raised."""
-    if not sys.platform.startswith("linux") or not path.is_file():
-        return
-    import fcntl  # Unix only
+    reason = refusing_flag(path) if path.is_file() else None
+    if reason is not None:
+        raise CannotReplace(path, reason)
 
-    try:
-        with open(path, "rb") as file:
-            found = fcntl.ioctl(file.fileno(), FS_IOC_GETFLAGS, struct.pack("i", 0))
-    except OSError:
+
+def check_can_replace(target: Path) -> None:
+    """Refuse, before any work is spent, a file that a command will replace (a new one written beside it, then
+    renamed over it) and that refuses to be: one flagged immutable or append-only (`check_replaceable`), or one that
+    refuses to be opened for writing while its folder takes new files, is said as the file (CannotReplace: "check
+    its attributes"), not as its folder; a folder that refuses is said as the folder (CannotWrite)."""
+    if not target.is_file():
         return
-    flags = struct.unpack("i", found)[0]
-    for flag, reason in REFUSING_FLAGS.items():
-        if flags & flag:
-            raise CannotReplace(path, reason)
+    check_replaceable(target)
+    with naming_a_full_disk(target):
+        try:
+            with open(target, "r+b"):
+                pass
+        except PermissionError as error:
+            if not os.access(target.parent, os.W_OK | os.X_OK):
+                raise  # the folder refuses: said of the folder (CannotWrite)
+            raise CannotReplace(target, error.strerror or type(error).__name__) from error
+
+
+class FlaggedFolder(CannotWrite):
+    """A folder that refuses writes for a flag of its own (`chattr +i` / `+a`), whatever its mode bits say: making
+    it "writable for this user" would not help (root is refused too)."""
+
+    def __init__(self, folder: Path, name: str, reason: str) -> None:
+        UserError.__init__(
+            self,
+            f"cannot write {name} into {folder} ({reason})",
+            f"check its attributes (lsattr -d {folder}; chattr -i clears an immutable flag), "
+            "or write to another folder; the files written there before are intact",
+        )
+        self.folder, self.name = folder, name
+
+
+@contextlib.contextmanager
+def naming_a_refusing_folder(folder: Path, name: str) -> Iterator[None]:
+    """`naming_a_full_disk(folder / name)`, a refusal of a folder flagged immutable or append-only said as its flag
+    (FlaggedFolder), not as its mode bits."""
+    try:
+        with naming_a_full_disk(folder / name):
+            yield
+    except CannotWrite as error:
+        reason = refusing_flag(folder)
+        if reason is None or isinstance(error, CannotReplace):
+            raise
+        raise FlaggedFolder(folder, name, reason) from error.__cause__
 
 
 def replace_into(temporary: Path, path: Path) -> None:

@@ -24,6 +24,11 @@ import torch
 from diffusion.errors import UserError
 
 
+class TrainingDiverged(UserError, RuntimeError):
+    """The loss or the weights stopped being finite: said as one line with the likely causes (a command's exit status
+    2); a RuntimeError too, for Python code that runs `trainer.fit` itself."""
+
+
 def all_finite(tensors: Iterable[torch.Tensor]) -> tuple[bool, int]:
     """Whether every floating-point tensor holds only finite values, read with one transfer to the host; and the
     position of the first one that does not (-1 if none)."""
@@ -47,7 +52,7 @@ def check_interval_loss(loss: torch.Tensor, trainer: L.Trainer) -> None:
     step, every = trainer.global_step + 1, trainer.log_every_n_steps  # type: ignore[attr-defined]  # set at run time
     first = (step - 1) // every * every + 1  # the interval's first step
     steps = f"step {step}" if first == step else f"steps {first}-{step}"
-    raise UserError(
+    raise TrainingDiverged(
         f"training diverged: the training loss of {steps} is {float(loss)}, not finite; "
         f"the run stopped at step {step}, before saving it ({kept(trainer)})",
         likely_causes(trainer),
@@ -61,7 +66,7 @@ def check_weights(weights: Mapping[str, torch.Tensor], trainer: L.Trainer, befor
     if finite:
         return
     name = [n for n, t in weights.items() if isinstance(t, torch.Tensor) and t.is_floating_point()][first]
-    raise UserError(
+    raise TrainingDiverged(
         f"training diverged: the weights are not finite (NaN or infinity) at step {trainer.global_step}, first "
         f"{name}; the run stopped before {before} ({kept(trainer)})",
         likely_causes(trainer),

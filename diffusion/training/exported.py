@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
+from diffusion.core.sampling_dicts import sampling_options_from
 from diffusion.core.schedule import schedule_betas
 from diffusion.errors import (
     InvalidValue,
@@ -70,7 +71,7 @@ def write_export(
     folder = Path(folder)
     name = type(module.network).__name__
     if name not in NETWORKS:
-        raise UserError(f"a {name} network cannot be exported", f"export a network of {sorted(NETWORKS)}")
+        raise InvalidValue(f"a {name} network cannot be exported", f"export a network of {sorted(NETWORKS)}")
     hparams = {
         **module.hparams,
         "network": {"class_path": f"diffusion.models.{name}", "init_args": network["init_args"]},
@@ -176,6 +177,7 @@ def check_model_settings(hparams: dict[str, Any], source: str, fix: str) -> None
         classes = network.get("init_args", {}).get("num_classes")
         if classes is not None:  # the labels to sample are counted from it before the network is built
             check_whole_number("network.init_args.num_classes", classes, 1)
+        sampling_options_from(hparams.get("sampling") or {}, "sampling")
         normalization = hparams.get("normalization", MODULE_DEFAULTS["normalization"])
         if normalization is not None:
             if not isinstance(normalization, dict) or not {"shift", "scale"} <= set(normalization):

@@ -21,12 +21,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from diffusion.core.compiling import CompileMode, compile_graph, mode_for
 from diffusion.core.guidance import call_network
-from diffusion.core.sampling import DEFER, SamplingOptions
+from diffusion.core.sampling import DEFER, SamplingOptions, check_options
+from diffusion.core.sampling_dicts import sampling_options_from
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch
 from diffusion.data.labels import check_class_names
 from diffusion.data.resumable import describe_batches
-from diffusion.errors import InvalidValue, WrongType, check_bool, check_weights_fit, options_of, said
+from diffusion.errors import InvalidValue, WrongType, check_bool, check_weights_fit, options_of
 from diffusion.models.checks import sample_shape_given
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
@@ -34,6 +35,7 @@ from diffusion.training.divergence import check_interval_loss, check_weights
 from diffusion.training.logging_steps import IntervalLoss
 from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
 from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
+from diffusion.training.option_notes import OptionNote
 from diffusion.training.options import (
     check_module_normalization,
     check_training_options,
@@ -144,6 +146,8 @@ class DiffusionModule(SamplingModule):
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
         with options_of(type(self)):  # the checks' `{--name}`s are this class's options
             check_bool("compile_channels_last", compile_channels_last)
+            sampling = sampling_options_from(DEFER if sampling is None else sampling, "sampling")
+            check_options(sampling, "sampling", "DiffusionModule(network, sampling=SamplingOptions(...))")
             noise_seed = checked_noise_seed(noise_seed)  # taken modulo 2**64: another seed's noise
             sample_shape = checked_sample_shape(sample_shape)
             check_network_fits(network, sample_shape)  # otherwise found at the first step, blamed on the data
@@ -169,7 +173,7 @@ class DiffusionModule(SamplingModule):
                 min_snr_gamma=min_snr_gamma, label_dropout=label_dropout, prediction_type=prediction_type,
                 zero_terminal_snr=schedule.zero_terminal_snr, network_num_classes=getattr(network, "num_classes", None),
                 variance=variance, sample_shape=sample_shape, offset_noise=offset_noise,
-                sampling_variance=(sampling.get("variance") if isinstance(sampling, dict) else sampling.variance),
+                sampling_variance=getattr(sampling, "variance", None),
             )  # fmt: skip
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
@@ -177,14 +181,14 @@ class DiffusionModule(SamplingModule):
             self.save_hyperparameters(ignore=["init_from", "compile"])
         # A checkpoint stores plain data (it loads with weights_only=True): the options as a dict, which
         # load_from_checkpoint hands back to this __init__.
-        self.sampling = SamplingOptions(**sampling) if isinstance(sampling, dict) else sampling
+        self.sampling = sampling
         self.hparams["sampling"] = asdict(self.sampling)
         # Said each time it is built (a checkpoint loaded too): what it holds is still not used.
         for note in unused_training_options(
             loss_weighting=loss_weighting, min_snr_gamma=min_snr_gamma, compile_training=compile_training,
-            compile_mode=compile_mode, sampling=self.sampling,
+            compile_mode=compile_mode, compile_channels_last=compile_channels_last, sampling=self.sampling,
         ):  # fmt: skip
-            rank_zero_warn(said(note, owner=type(self)))
+            rank_zero_warn(OptionNote(note, type(self)))  # train.py says it of the flags as written
         if isinstance(self.hparams.get("network"), nn.Module):
             # Built in Python rather than by the CLI: only the CLI records the network's config, so such a
             # checkpoint is loaded with `load_from_checkpoint(path, network=...)`.

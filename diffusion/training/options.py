@@ -4,7 +4,8 @@ training time is spent. Values that would not crash but train nonsense (a min-SN
 a negative one turns descent into ascent) are refused here too."""
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from diffusion.errors import (
 )
 from diffusion.generation.arguments import SEED_LIMIT
 from diffusion.generation.render import check_normalization
+from diffusion.training.option_notes import SayValue
 
 MIN_SNR_GAMMA = 5.0  # DiffusionModule's default (Hang et al. 2023)
 
@@ -142,29 +144,45 @@ def check_module_normalization(normalization: Any, sample_shape: tuple[int, ...]
 
 def unused_training_options(
     *, loss_weighting: str, min_snr_gamma: float, compile_training: bool | str, compile_mode: str | None,
-    sampling: SamplingOptions,
-) -> list[str]:  # fmt: skip
+    sampling: SamplingOptions, compile_channels_last: bool = False,
+) -> list[Callable[[SayValue], str]]:  # fmt: skip
     """Notes on options given that nothing uses, because the option that would use them is not set (a warning,
     not an error: the run is still the one asked for, less the option): min_snr_gamma without min-SNR weighting,
-    compile_mode without compiling, a sampling option the model's sampler does not have. An option whose default
-    is a value rather than None counts as given when it differs from that default."""
-    notes = []
+    compile_mode or compile_channels_last without compiling, a sampling option the model's sampler does not have.
+    An option whose default is a value rather than None counts as given when it differs from that default. Each
+    note says its options by `option` (`OptionNote`): `compile_mode=default` in Python, `--model.compile_mode
+    default` on train.py's command line."""
+    notes: list[Callable[[SayValue], str]] = []
     if loss_weighting != "min_snr" and min_snr_gamma != MIN_SNR_GAMMA:
-        notes.append(
-            f"min_snr_gamma={min_snr_gamma} is not used: loss_weighting={loss_weighting!r} — pass "
-            "{--loss_weighting} min_snr to weight the loss by it"
-        )
-    if compile_mode is not None and compile_training is False:
-        notes.append(
-            f"compile_mode={compile_mode!r} is not used: the training step is not compiled — pass "
-            "{--compile_training} true (or cuda) to compile it"
-        )
+        notes.append(partial(_not_weighted, min_snr_gamma, loss_weighting))
+    uncompiled = {"compile_mode": compile_mode, "compile_channels_last": compile_channels_last or None}
+    for name, value in uncompiled.items():
+        if value is not None and compile_training is False:
+            notes.append(partial(_not_compiled, name, value))
     sampler = SAMPLERS[sampling.sampler or DEFAULT_SAMPLER]
     for name, value in sampling.as_kwargs().items():
         if name in OPTION_OWNERS and sampler not in OPTION_OWNERS[name]:
             takers = ", ".join(owner.name for owner in OPTION_OWNERS[name])
-            notes.append(
-                f"sampling.{name}={value} is no option of the {sampler.name} sampler: not used by this model's "
-                f"sampling ({takers} take it, as the default of a command that samples with one)"
-            )
+            notes.append(partial(_not_of_the_sampler, name, value, sampler.name, takers))
     return notes
+
+
+def _not_weighted(min_snr_gamma: float, loss_weighting: str, option: SayValue) -> str:
+    return (
+        f"{option('min_snr_gamma', min_snr_gamma)} is not used: {option('loss_weighting', loss_weighting)} — pass "
+        f"{option('loss_weighting', 'min_snr')} to weight the loss by it"
+    )
+
+
+def _not_compiled(name: str, value: Any, option: SayValue) -> str:
+    return (
+        f"{option(name, value)} is not used: the training step is not compiled — pass "
+        f"{option('compile_training', True)} (or cuda) to compile it"
+    )
+
+
+def _not_of_the_sampler(name: str, value: Any, sampler: str, takers: str, option: SayValue) -> str:
+    return (
+        f"{option(f'sampling.{name}', value)} is no option of the {sampler} sampler: not used by this model's "
+        f"sampling ({takers} take it, as the default of a command that samples with one)"
+    )

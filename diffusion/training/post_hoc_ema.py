@@ -25,10 +25,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from diffusion.errors import (
+    CannotRead,
     InvalidValue,
     MissingFile,
     OutOfRange,
-    UserError,
     WrongType,
     check_real,
     check_whole_number,
@@ -66,15 +66,15 @@ def _load(path: Path, verify: bool = False) -> dict[str, Any]:
     fix = "delete that file (the other snapshots still reconstruct), or restore it from a backup"
     try:
         if not zipfile.is_zipfile(path):
-            raise UserError(f"post-hoc EMA snapshot {path} is truncated or not a PyTorch file", fix)
+            raise CannotRead(f"post-hoc EMA snapshot {path} is truncated or not a PyTorch file", fix)
         if verify:
             check_zip_checksums(path, "post-hoc EMA snapshot", fix)
         contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (pickle.UnpicklingError, EOFError, RuntimeError, OSError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"post-hoc EMA snapshot {path} cannot be read ({first_line})", fix) from err
+        raise CannotRead(f"post-hoc EMA snapshot {path} cannot be read ({first_line})", fix) from err
     if not isinstance(contents, dict) or not {"step", "sigma_rel", "gamma", "weights"} <= contents.keys():
-        raise UserError(f"{path} is not a post-hoc EMA snapshot of this project", fix)
+        raise InvalidValue(f"{path} is not a post-hoc EMA snapshot of this project", fix)
     return contents
 
 
@@ -183,7 +183,7 @@ class PostHocEMA:
             # Suggest what the requested interval takes over the whole run (10 instants when it is open-ended).
             instants = math.ceil(trainer.max_steps / self.snapshot_every) if trainer.max_steps > 0 else 10
             each = instant // len(self.sigma_rels)
-            raise UserError(
+            raise InvalidValue(
                 f"{{EMA:--max_snapshot_gb}} {self.max_snapshot_gb:g} cannot hold one post-hoc EMA snapshot of each of "
                 f"the {len(self.sigma_rels)} profiles ({len(self.sigma_rels)} x {size(each)})",
                 f"pass {{EMA:--max_snapshot_gb}} {_round_up(instants * instant / GB)} (a snapshot every "

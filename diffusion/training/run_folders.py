@@ -217,7 +217,26 @@ def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
             "name='' is empty: it names no run",
             "pass the run's name (its folder under save_dir), e.g. 'digits'",
         )
-    return newest_checkpoint(save_dir, name).path
+    if Path(save_dir).is_file():
+        raise InvalidValue(
+            f"save_dir={save_dir} is a file, not the folder of runs",
+            "pass the folder train.py wrote to (e.g. runs), or pass the checkpoint itself where a path goes",
+        )
+    try:
+        return newest_checkpoint(save_dir, name).path
+    except MissingFile as error:  # "train first", unless `name` names a run's version folder
+        run, parent = Path(save_dir, name), Path(name).parent.as_posix()
+        versioned = NUMBERED_VERSION.fullmatch(run.name) or (run / CHECKPOINTS).is_dir()
+        if versioned and parent != ".":  # name='base/version_0'
+            problem, instead = f"name={name!r} holds a version folder", f"name='{parent}'"
+        elif versioned and run.is_dir():  # save_dir='runs/base', name='version_0'
+            problem = f"name={name!r} is a version folder of the run {save_dir}"
+            instead = f"save_dir='{run.parent.parent}', name='{run.parent.name}'"
+        else:
+            raise
+        raise InvalidValue(
+            problem, f"pass {instead} (the latest version is taken), or the checkpoint's path"
+        ) from error
 
 
 def post_hoc_ema_folder(run: str | os.PathLike) -> Path:

@@ -16,7 +16,7 @@ from torch import nn
 from diffusion.core import noise as counter_noise
 from diffusion.core.noise import Generators, randn
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
-from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, final_sample
+from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, check_options, final_sample
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
@@ -203,6 +203,7 @@ class SamplingModule(L.LightningModule):
     ) -> Iterator[Step]:  # fmt: skip
         """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step, by
         `self.sampler(options)` for `self.denoiser(len(x_T), labels)`, guided by `guidance_scale`."""
+        check_options(options, "options", "module.trajectory(x_T, options=SamplingOptions(...))")
         sampler = self.sampler(options)
         denoiser = self.denoiser(len(x_T), labels)
         with self.evaluating():
@@ -220,5 +221,7 @@ class SamplingModule(L.LightningModule):
         )
         check_bool("progress", progress)  # "no" is truthy: a bar, as generate refuses it
         check_model_can_sample(self)  # a .half() module ended in torch's dtype error at its first layer
+        # Its own form: module.sampler's ("module.sampler(SamplingOptions(**...))") led to the next refusal here.
+        check_options(options, "options", "module.sample(n, options=SamplingOptions(...))")
         x_T, generator = self.initial_noise(num_samples, seed, indices)
         return final_sample(self.trajectory(x_T, generator, options, progress, labels))

@@ -132,6 +132,11 @@ EDITED_EXPORTS = {  # an export's config.json edited by hand: what the sample co
         lambda h: h.pop("network"),
         r"config.json: network=None is a NoneType, not a mapping of class_path and init_args — correct it",
     ),
+    # a misspelled sampling option: said as the dict's key, but without the file (round 11's V3 fix)
+    "sampling_key_misspelled": (
+        lambda h: h.update(sampling={"sampler": "ddim", "step": 2}),
+        r"config.json: sampling has no option 'step' \(SamplingOptions has .*\) — correct it in config.json",
+    ),
     "sample_shape_text": (
         lambda h: h.update(sample_shape=[1, "a", 8]),
         r"config.json: sample_shape\[1\]='a' is a str, not a whole number >= 1 — correct it",

@@ -12,6 +12,7 @@ from helpers.user_errors import error_line
 
 from diffusion.cli import export
 from diffusion.errors import MAKE_WRITABLE
+from diffusion.training import atomic_writes
 from diffusion.training.atomic_writes import CannotReplace
 from diffusion.training.loading import load_checkpoint
 
@@ -74,7 +75,7 @@ def test_a_file_that_refuses_to_be_opened_is_said_as_the_file_where_its_folder_t
             raise PermissionError(1, "Operation not permitted", str(path))
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(export, "open", refusing, raising=False)
+    monkeypatch.setattr(atomic_writes, "open", refusing, raising=False)  # where the probe opens it
     monkeypatch.setattr(os, "access", lambda path, mode: folder_takes_files and real_access(path, mode))
     line = refused(capsys, argv)
     if folder_takes_files:

@@ -16,6 +16,10 @@ from diffusion.cli import evaluate, sample
 from diffusion.cli.command_line import flags_written
 
 SAMPLE_CASES = {
+    "s_tmax_below_s_tmin": (
+        ["--sampler", "heun", "--s_churn", "1", "--s_tmin", "5", "--s_tmax", "1"],
+        r"^error: --s_tmax 1.0 is below --s_tmin 5.0 — pass --s_tmax >= --s_tmin",
+    ),
     "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),
     "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
     "devices_0": (["--devices", "0"], r"--devices 0 is out of range"),

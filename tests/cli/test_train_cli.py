@@ -274,3 +274,10 @@ def test_fast_dev_run_writes_no_files(tmp_path, monkeypatch, caplog):
     assert cli.trainer.global_step == 1
     assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == []
     assert "fast_dev_run: a smoke test that writes no files" in caplog.text
+
+
+def test_help_offers_no_optimizer_flags_of_lightningcli(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    assert "--model.lr_schedule" in shown and "--optimizer" not in shown and "--lr_scheduler" not in shown

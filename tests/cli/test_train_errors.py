@@ -399,10 +399,3 @@ def test_a_corrupt_image_met_in_training_names_it_and_keeps_the_last_checkpoint(
     assert re.search(r"cannot read image .*3\.png", error_line(capsys.readouterr().err))
     assert load_checkpoint(last).sample_shape == (3, 8, 8)  # still a good checkpoint
     assert torch.load(last, weights_only=True)["global_step"] >= steps
-
-
-def test_help_offers_no_optimizer_flags_of_lightningcli(capsys):
-    with pytest.raises(SystemExit):
-        train(["--help"])
-    shown = capsys.readouterr().out
-    assert "--model.lr_schedule" in shown and "--optimizer" not in shown and "--lr_scheduler" not in shown

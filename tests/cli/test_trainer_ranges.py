@@ -177,8 +177,9 @@ def test_a_validation_interval_past_the_run_is_said_in_a_warning(tmp_path):
     assert notes == [
         "--trainer.val_check_interval 500 is past --trainer.max_steps 2: this run never validates, so it draws no "
         "sample grids (samples/step_*.png), plots no val/loss and saves no checkpoint at validations, only "
-        "last.ckpt, and as --trainer.max_steps 2 is less than --trainer.log_every_n_steps 10 it logs no train/loss "
-        "either, so it writes no loss.png — pass --trainer.val_check_interval 2 or less to validate at least once "
+        "last.ckpt, and as --trainer.max_steps 2 is less than the default --trainer.log_every_n_steps 10 (no flag or "
+        "config file sets it) it logs no train/loss either, so it writes no loss.png — pass "
+        "--trainer.val_check_interval 2 or less to validate at least once "
         "(at the last step)"
     ]
     # What it says is what the run does: no grid and no loss.png; the fix it gives draws both.

@@ -200,7 +200,8 @@ def test_heun_converges_to_the_probability_flow_ode_solution_at_second_order():
     [
         ({"s_churn": -1.0}, r"^s_churn=-1.0 must be a finite number >= 0 — "),
         ({"s_noise": math.inf}, r"^s_noise=inf must be a finite number >= 0 — "),
-        ({"s_tmin": 2.0, "s_tmax": 1.0}, r"^s_tmax=1.0 is below s_tmin=2.0 — pass s_tmax >= s_tmin"),
+        ({"s_tmin": 2.0, "s_tmax": 1.0}, r"^s_tmax 1.0 is below s_tmin 2.0 — pass s_tmax >= s_tmin"),
+        ({"s_tmax": math.nan}, r"^s_tmax=nan must be a number \(inf: no bound\) — pass e.g. 50"),
         ({"eta": 1.5, "sampler": "euler_ancestral"}, r"^eta=1.5 must be in \[0, 1\] — "),
         ({"spacing": "leading"}, r"spacing"),
     ],

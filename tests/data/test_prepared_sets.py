@@ -171,13 +171,14 @@ def test_a_folder_no_prepare_wrote_is_told_apart_from_a_stopped_prepare(tmp_path
 
 
 def test_a_set_that_does_not_fit_the_run_is_refused_before_training(digits_set, gaussian_set):
-    with pytest.raises(UserError, match="^image_size 16 does not fit"):
+    # ValueErrors (InvalidValue) for a Python caller's `except ValueError`: they were bare UserErrors
+    with pytest.raises(ValueError, match="^image_size 16 does not fit"):
         ImageDataModule("streaming", root=str(digits_set), image_size=16)
-    with pytest.raises(UserError, match="^channels 3 does not fit"):
+    with pytest.raises(ValueError, match="^channels 3 does not fit"):
         ImageDataModule("streaming", root=str(digits_set), channels=3)
-    with pytest.raises(UserError, match="holds prepared vectors"):
+    with pytest.raises(ValueError, match="holds prepared vectors"):
         ImageDataModule("streaming", root=str(gaussian_set))
-    with pytest.raises(UserError, match="holds prepared images"):
+    with pytest.raises(ValueError, match="holds prepared images"):
         VectorDataModule("streaming", path=str(digits_set))
     with pytest.raises(UserError, match="no prepared data set there"):
         ImageDataModule("streaming", root=str(digits_set / "nothing"))

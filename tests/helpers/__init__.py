@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from diffusion.cli.train import main
@@ -77,3 +78,14 @@ def tiny_vector_model(num_classes: int | None = None, steps: int = 3) -> Diffusi
         network, sample_shape=(2,), num_timesteps=20, normalization={"shift": [0.0, 0.0], "scale": [1.0, 1.0]},
         sampling=SamplingOptions(sampler="ddim", steps=steps),
     )  # fmt: skip
+
+
+def assert_refused_by_name(call, error, argument: str, folder: Path) -> None:
+    """`call()` raises `error` whose message names `argument` in what is wrong (not only in the fix), gives a fix
+    after its dash, and leaves nothing in `folder` (the working folder the call ran in)."""
+    with pytest.raises(error) as raised:
+        call()
+    message = str(raised.value)
+    assert argument in message.split("—")[0], message
+    assert "—" in message, f"no fix: {message}"
+    assert not list(folder.iterdir()), "refused, yet it wrote something"

@@ -48,7 +48,9 @@ def test_inception_score_is_the_papers_formula_over_10_splits():
     # Fewer samples than splits: a split would be empty.
     few = InceptionScore()
     few.update(logits[:9])
-    with pytest.raises(ValueError, match="needs at least 10 samples, got 9"):
+    with pytest.raises(
+        ValueError, match=r"needs at least 10 samples, got 9 — feed more samples with update\("
+    ):
         few.compute()
 
 

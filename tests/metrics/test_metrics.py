@@ -198,7 +198,9 @@ def test_inception_features_explain_a_failed_download(monkeypatch):
         raise OSError("<urlopen error [Errno -2] Name or service not known>")
 
     monkeypatch.setattr(fidelity, "load_state_dict_from_url", offline)
-    with pytest.raises(UserError, match="downloaded from GitHub.*features='pixels'"):
+    # a placeholder each: said as inception_weights here, as --inception_weights by evaluate (test_evaluate_modes)
+    match = r"downloaded from GitHub on first use — offline, pass inception_weights PATH \(a local copy\), or features pixels$"
+    with pytest.raises(UserError, match=match):
         InceptionFeatures()
 
 

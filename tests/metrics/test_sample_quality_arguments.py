@@ -156,3 +156,23 @@ def test_every_option_said_accepted_is_torchmetrics_and_every_own_argument_is_li
     with pytest.raises(TypeError) as refused:
         SampleQuality("pixels", channels=1, compute_on_gpu=True)
     assert all(name in str(refused.value) for name in own)
+
+
+@pytest.mark.parametrize("metric", ["fid", "kid"])
+@pytest.mark.parametrize(("real", "generated", "side"), [(20, 0, "generated"), (20, 1, "generated"),
+                                                         (1, 20, "real"), (0, 20, "real")])  # fmt: skip
+def test_too_few_images_of_a_side_say_the_call_that_feeds_them(metric, real, generated, side):
+    """Round 11b's V11: FID's count check named no fix; KID's was torchmetrics' "No samples to concatenate", and
+    one image of a side gave a NaN KID without a word."""
+    quality = SampleQuality("pixels", [metric], channels=1)
+    for count, is_real in ((real, True), (generated, False)):
+        if count:
+            quality.update(IMAGES[:count], real=is_real)
+    with pytest.raises(ValueError) as raised:
+        quality.compute()
+    got = real if side == "real" else generated
+    assert str(raised.value) == (
+        f"{metric.upper()} needs at least 2 {side} images, got {got} — feed "
+        f"{'the reference images' if side == 'real' else 'the samples'} with update(images, real={side == 'real'}) "
+        "before compute(), 2 or more in all"
+    )

@@ -6,6 +6,7 @@ is still said as the folder."""
 import errno
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,11 @@ from diffusion.errors import MAKE_WRITABLE, CannotWrite
 from diffusion.training import atomic_writes
 from diffusion.training.atomic_writes import (
     CannotReplace,
+    FlaggedFolder,
+    check_can_replace,
     check_replaceable,
     link_atomically,
+    naming_a_refusing_folder,
     save_atomically,
     write_atomically,
 )
@@ -120,3 +124,55 @@ def test_a_resume_whose_last_ckpt_is_immutable_is_refused_before_training(tmp_pa
         ]  # nothing trained
     finally:
         subprocess.run(["chattr", "-i", str(last)], check=True)
+
+
+def test_a_flagged_folder_is_said_by_its_flag_and_another_by_its_mode(tmp_path, monkeypatch):
+    """Round 11's V6: an immutable folder (`chattr +i`), whose mode bits let this user write, was said as "make that
+    folder writable for this user"; it is said by its flag. A folder refusing for its mode bits still says that."""
+    folder = tmp_path / "post_hoc_ema"
+    folder.mkdir()
+    made_immutable(folder)
+    try:
+        with (
+            pytest.raises(FlaggedFolder) as raised,
+            naming_a_refusing_folder(folder, "the resumed run's files"),
+            tempfile.TemporaryFile(dir=folder),
+        ):
+            pass
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert str(raised.value) == (
+        f"cannot write the resumed run's files into {folder} (it is immutable) — check its attributes (lsattr -d "
+        f"{folder}; chattr -i clears an immutable flag), or write to another folder; the files written there before "
+        "are intact"
+    )
+    assert isinstance(raised.value, CannotWrite) and isinstance(raised.value, OSError)
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    with (
+        pytest.raises(CannotWrite) as raised,
+        naming_a_refusing_folder(folder, "the resumed run's files"),
+        tempfile.TemporaryFile(dir=folder),
+    ):
+        pass
+    assert str(raised.value) == (
+        f"cannot write the resumed run's files into {folder} (Permission denied) — {MAKE_WRITABLE}"
+    )
+
+
+def test_a_file_a_command_replaces_is_said_as_the_file_when_immutable(tmp_path):
+    """`check_can_replace` (sample --overwrite's): an immutable file in a folder that takes files is the file's
+    refusal; a missing or plain file passes."""
+    path = tmp_path / "grid.png"
+    check_can_replace(path)
+    path.write_bytes(b"png")
+    check_can_replace(path)
+    made_immutable(path)
+    try:
+        with pytest.raises(CannotReplace, match=r"^cannot replace grid\.png in .* \(it is immutable\)"):
+            check_can_replace(path)
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)

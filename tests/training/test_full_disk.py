@@ -22,7 +22,7 @@ import torch
 from helpers import QUICK, VALIDATING_EVERY_2, tiny_run, two_cpu_ranks_on_vectors
 from helpers.full_disk import full_open, no_space, on_a_small_disk
 
-from diffusion.errors import FREE_SPACE, MAKE_WRITABLE, CannotWrite, DiskFull, naming_a_full_disk
+from diffusion.errors import FREE_SPACE, CannotWrite, DiskFull, naming_a_full_disk
 from diffusion.generation.render import SamplesWriter
 from diffusion.training import atomic_writes
 from diffusion.training.atomic_writes import save_atomically, write_atomically
@@ -256,8 +256,11 @@ def test_a_resumed_run_whose_folder_refuses_writes_is_refused_before_training(re
         tiny_run(tmp_path / "runs", *QUICK, "--ckpt_path", "last", "--max_steps", "6")
     error = capsys.readouterr().err
     assert exited.value.code == 2, error[-3000:]
+    # V6: an immutable folder, whose mode bits let this user (root) write, is said by its flag: not "make it writable"
     assert error.strip().splitlines()[-1] == (
-        f"error: cannot write the resumed run's files into {folder} (Operation not permitted) — {MAKE_WRITABLE}"
+        f"error: cannot write the resumed run's files into {folder} (it is immutable) — check its attributes "
+        f"(lsattr -d {folder}; chattr -i clears an immutable flag), or write to another folder; the files written "
+        "there before are intact"
     ), error[-3000:]
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == before
 
@@ -291,11 +294,13 @@ def test_a_diffusers_export_onto_a_real_full_disk_is_one_line_naming_the_folder(
     ), result.stderr[-3000:]
 
 
+@pytest.mark.parametrize("name", ["samples.npz", "grid.png"])
 def test_sample_over_a_file_that_refuses_writes_is_refused_before_sampling(
-    digits_checkpoint, tmp_path, capsys
+    name, digits_checkpoint, tmp_path, capsys
 ):
     """Round 4's G1: with --overwrite, an immutable samples.npz failed after sampling, the grid already replaced by
-    the new one, and the line said the files before were intact."""
+    the new one, and the line said the files before were intact. Round 11's V6: said as the file, not its folder
+    (which takes files)."""
     from diffusion.cli import sample
 
     out = tmp_path / "out"
@@ -307,11 +312,13 @@ def test_sample_over_a_file_that_refuses_writes_is_refused_before_sampling(
     sample.main(args(2))
     before = {path.name: path.read_bytes() for path in out.iterdir()}
     capsys.readouterr()
-    with immutable(out / "samples.npz"), pytest.raises(SystemExit) as exited:
+    with immutable(out / name), pytest.raises(SystemExit) as exited:
         sample.main([*args(4), "--overwrite"])
     error = capsys.readouterr().err
     assert exited.value.code == 2, error[-3000:]
     assert error.strip().splitlines()[-1] == (
-        f"error: cannot write samples.npz into {out} (Operation not permitted) — {MAKE_WRITABLE}"
+        f"error: cannot replace {name} in {out} (it is immutable): the folder takes new files, but {name} itself "
+        f"refuses to be replaced — check its attributes (lsattr {out / name}; chattr -i clears an immutable flag) "
+        "and its owner, or move it away; it is as it was, and the files written there before are intact"
     ), error[-3000:]
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before

@@ -67,9 +67,10 @@ def test_a_schedule_no_memory_holds_is_refused_before_the_process_is_killed(monk
 
 @pytest.mark.parametrize(
     ("options", "note"),
-    [({"min_snr_gamma": 3.0}, r"^min_snr_gamma=3.0 is not used: loss_weighting='none' — pass loss_weighting "
-                             "min_snr"),
-     ({"compile_mode": "max-autotune"}, r"^compile_mode='max-autotune' is not used: .* pass compile_training"),
+    [({"min_snr_gamma": 3.0}, r"^min_snr_gamma=3.0 is not used: loss_weighting=none — pass "
+                             "loss_weighting=min_snr"),
+     ({"compile_mode": "max-autotune"}, r"^compile_mode=max-autotune is not used: .* pass compile_training=True"),
+     ({"compile_channels_last": True}, r"^compile_channels_last=True is not used: .* pass compile_training=True"),
      ({"sampling": SamplingOptions(sampler="dpmpp_2m_sde", eta=0.5)},
       r"^sampling.eta=0.5 is no option of the dpmpp_2m_sde sampler: not used .*\(ddim, euler_ancestral take it"),
      ({"sampling": {"eta": 0.5}}, r"^sampling.eta=0.5 is no option of the ddpm sampler"),
@@ -83,6 +84,7 @@ def test_an_option_nothing_uses_is_said_not_used(options, note):
 @pytest.mark.parametrize(
     "options",
     [{}, {"loss_weighting": "min_snr", "min_snr_gamma": 3.0}, {"compile_training": True, "compile_mode": "default"},
+     {"compile_training": "cuda", "compile_channels_last": True},
      {"compile_training": "cuda", "compile_mode": "default"}, {"min_snr_gamma": 5},
      {"sampling": SamplingOptions(sampler="ddim", eta=0.5)}, {"beta_schedule": "cosine"}],
 )  # fmt: skip

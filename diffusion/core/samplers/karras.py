@@ -92,10 +92,13 @@ class Heun(Sampler):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise OutOfRange(name, value, "a finite number >= 0", "pass e.g. 0 (Karras et al.'s)")
+        if math.isnan(self.s_tmax):  # below nothing: not a bound at all (inf, the default, is none)
+            fix = "pass e.g. 50, or leave it out for no bound"
+            raise OutOfRange("s_tmax", self.s_tmax, "a number (inf: no bound)", fix)
         if not self.s_tmax >= self.s_tmin:
-            raise InvalidValue(
-                f"s_tmax={self.s_tmax} is below s_tmin={self.s_tmin}",
-                "pass s_tmax >= s_tmin (default: no bound)",
+            raise InvalidValue(  # the options said as a command's flags there (`--s_tmax 1.0 is below ...`)
+                f"{{--s_tmax}} {self.s_tmax} is below {{--s_tmin}} {self.s_tmin}",
+                "pass {--s_tmax} >= {--s_tmin} (default: no bound)",
             )
 
     @property

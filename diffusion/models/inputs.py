@@ -1,0 +1,76 @@
+"""What a network's forward checks of its inputs before the first layer, shared by the UNet and the MLP: the kind
+of batch (vectors or images), one timestep per sample, every input on x's device, the sample's shape and dtype (each
+network's own `check_input_shape`, `check_input_dtype`) and labels only where the network takes them. Each is said
+naming the argument (`x`, `t`, `y`) with its fix, as InvalidValue, OutOfRange or WrongType, never as torch's error
+from deep in a layer. A few comparisons of shapes, dtypes and devices per call: nothing is read from the device."""
+
+from typing import Literal, Protocol
+
+import torch
+
+from diffusion.errors import InvalidValue, OutOfRange, WrongType
+from diffusion.models.embedding import check_unconditional
+
+
+class Network(Protocol):
+    in_channels: int
+    num_classes: int | None
+
+    def check_input_shape(self, shape: torch.Size) -> None: ...
+
+    def check_input_dtype(self, x: torch.Tensor, name: str = "x") -> None: ...
+
+
+def check_forward_inputs(
+    network: Network,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    y: torch.Tensor | None,
+    kind: Literal["vectors", "images"],
+) -> None:
+    """`network(x, t, y)`'s inputs, checked before its first layer (see the module's docstring)."""
+    check_batch_rank(type(network), x, kind, network.in_channels)
+    check_timesteps(t, len(x))
+    check_on_device_of_x(x, t=t, y=y)
+    network.check_input_shape(x.shape[1:])
+    network.check_input_dtype(x)
+    if network.num_classes is None:
+        check_unconditional(y, type(network).__name__)
+
+
+def check_on_device_of_x(x: torch.Tensor, **inputs: object) -> None:
+    """InvalidValue unless each tensor of `inputs` (name -> value; None and non-tensors are others' to check) is on
+    x's device: torch would say only `Tensor on device cpu is not on the expected device meta!` from a layer."""
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.device != x.device:
+            raise InvalidValue(
+                f"{name} is on {value.device} and x on {x.device}",
+                f"put them on one device: {name}.to(x.device)",
+            )
+
+
+def check_batch_rank(owner: type, x: torch.Tensor, kind: Literal["vectors", "images"], width: int) -> None:
+    """`x` is a batch of `kind` (B, D) or (B, C, H, W), or InvalidValue saying which network takes the other kind
+    (a forward's first check; the sample's own shape is `check_input_shape`'s)."""
+    forms = {
+        "vectors": (2, f"(B, {width})", "(B, D)", "an MLP"),
+        "images": (4, f"(B, {width}, H, W)", "(B, C, H, W)", "a UNet"),
+    }
+    rank, takes, form, _ = forms[kind]
+    other = "images" if kind == "vectors" else "vectors"
+    if x.ndim != rank:
+        raise InvalidValue(
+            f"{owner.__name__} takes x of shape {takes}, a batch of {kind}, and got {tuple(x.shape)}",
+            f"pass a batch of {kind} {form}; a batch of {other} {forms[other][2]} needs {forms[other][3]}",
+            owner,
+        )
+
+
+def check_timesteps(t: object, batch: int) -> None:
+    """`t` one timestep per sample of the batch, a (B,) tensor: WrongType for anything else, OutOfRange for a
+    length other than B (which broadcast, or ended in torch's size mismatch deep in a layer)."""
+    fix = "pass one timestep per sample, e.g. torch.full((len(x),), t)"
+    if not isinstance(t, torch.Tensor):
+        raise WrongType("t", t, "a tensor of timesteps, shape (B,)", fix)
+    if t.shape != (batch,):
+        raise OutOfRange("t", f"<shape {tuple(t.shape)}>", f"of shape ({batch},), one per sample of x", fix)
