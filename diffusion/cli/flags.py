@@ -61,10 +61,16 @@ class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter)
 def command_parser(prog: str, description: str) -> ArgumentParser:
     """A parser for `python -m <prog>` with train.py's conventions: `--config FILE`, `--print_config`, `--debug`.
 
-    Parse errors raise (exit_on_error=False) so that `reporting_user_errors` prints them as one line.
+    Parse errors raise (exit_on_error=False) so that `reporting_user_errors` prints them as one line. No flag is
+    taken by a prefix of its name (allow_abbrev=False, as train.py): `--step 3` set --steps without a word, and a
+    later flag sharing the prefix would have changed what an old command line means.
     """
     parser = ArgumentParser(
-        prog=prog, description=description, exit_on_error=False, formatter_class=_HelpFormatter
+        prog=prog,
+        description=description,
+        exit_on_error=False,
+        formatter_class=_HelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument(
         "--config", action=ActionConfigFile, help="options from a YAML file (see --print_config)"

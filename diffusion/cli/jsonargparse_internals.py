@@ -33,6 +33,11 @@ def action_of(parser: ArgumentParser, key: str) -> Action | None:
     return parser._option_string_actions.get(f"--{key}")
 
 
+def option_names(parser: ArgumentParser) -> list[str]:
+    """The name of every `--flag` the parser declares, without its dashes (`trainer.max_steps`)."""
+    return [option[2:] for option in parser._option_string_actions if option.startswith("--")]
+
+
 def declared_type(action: Action) -> Any:
     """The type an argument was declared with: bool for a yes/no flag, the type hint jsonargparse keeps for a typed
     one (`ActionTypeHint`), else argparse's `type` (None for an untyped flag)."""

@@ -16,6 +16,7 @@ it was written, and an option given under its old name and its new one with diff
 (`check_one_name_each`).
 """
 
+import difflib
 import inspect
 import os
 import sys
@@ -53,7 +54,7 @@ from diffusion.cli.config_files import (
     read_config_file,
     yaml_or_none,
 )
-from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required
+from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, option_names
 from diffusion.cli.type_fits import (
     chosen_class,
     class_argument_hint,
@@ -347,11 +348,17 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
     where = f"{item.file}: {item.key}" if item.file else f"--{item.key}"
     chosen = chosen_class(parser, written, item.key)
     if chosen is None:
-        return (
-            (f"{where} is not an option of this command", _FLAG_HELP)
-            if _no_group_takes(parser, item.key)
-            else None
-        )
+        if not _no_group_takes(parser, item.key):
+            return None
+        # A near miss named (flags are not taken by a prefix: `--step` for `--steps` is refused, not guessed)
+        close = difflib.get_close_matches(item.key, option_names(parser), n=1, cutoff=0.8)
+        if close:
+            meant = close[0] if item.file else f"--{close[0]}"
+            return (
+                f"{where} is not an option of this command",
+                f"write {meant} if that is what was meant, or {_FLAG_HELP}",
+            )
+        return f"{where} is not an option of this command", _FLAG_HELP
     cls, name = chosen
     try:
         # The class's own __init__ (mypy: "unsound on an instance"; `cls` is the class the group chose).

@@ -125,7 +125,9 @@ class DiffusionCLI(LightningCLI):
             subclass_mode_data=True,
             run=False,
             seed_everything_default=0,
-            parser_kwargs={"description": description, **(parser_kwargs or {})},
+            # No flag taken by a prefix of its name: `--trainer.max_step 3` set max_steps, and its notes then named
+            # the recipe's file as the value's source.
+            parser_kwargs={"description": description, "allow_abbrev": False, **(parser_kwargs or {})},
             save_config_callback=SaveConfigToRunFolder,
             # A resumed run writes its config into the same folder.
             save_config_kwargs={"overwrite": True, "save_to_log_dir": False},

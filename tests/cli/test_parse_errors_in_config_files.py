@@ -37,10 +37,14 @@ FILE_CASES = {  # id: (the file's text, the line)
                   "--print_config)"),
     "not_yaml": ("lr: [1\n", "Problems parsing config run.yaml: expected ',' or ']', but got '<stream end>' at line "
                              "2, column 1 — fix the YAML syntax of the --config file"),
-    "an_unknown_key": ("lrr: 0.1\n", "run.yaml: lrr is not an option of this command — see --help for the options "
-                                     "(--print_config for a full config)"),
+    # a key near an option names it (keys and flags are not taken by a prefix of their name)
+    "an_unknown_key": ("lrr: 0.1\n", "run.yaml: lrr is not an option of this command — write lr if that is what was "
+                                     "meant, or see --help for the options (--print_config for a full config)"),
     "an_unknown_key_of_a_group": ("optimizer:\n  lrr: 0.1\n", "run.yaml: optimizer.lrr is not an option of this "
-                                  "command — see --help for the options (--print_config for a full config)"),
+                                  "command — write optimizer.lr if that is what was meant, or see --help for the "
+                                  "options (--print_config for a full config)"),
+    "an_unknown_key_far_from_any": ("bogus: 1\n", "run.yaml: bogus is not an option of this command — see --help for "
+                                    "the options (--print_config for a full config)"),
     "a_name_where_a_group_goes": ("optimizer: adam\n", "run.yaml: optimizer adam: no such config file — pass a YAML "
                                   "file of these options (see --print_config)"),
     "a_value_of_a_group": ("optimizer:\n  schedule: linear\n", "run.yaml: optimizer.schedule linear is not one of "

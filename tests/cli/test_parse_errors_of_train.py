@@ -61,6 +61,23 @@ def test_train_says_a_withdrawn_flag_as_written(capsys):
     )
 
 
+def test_train_takes_no_flag_by_a_prefix_of_its_name_and_names_the_near_miss(tmp_path, capsys):
+    # `--trainer.max_step 3` set max_steps (argparse's abbreviations), and the notes then named the recipe's file
+    # as the source of the 3: refused, naming the flag it is closest to
+    assert train_line(["--trainer.max_step", "3"], capsys) == (
+        "--trainer.max_step is not an option of this command — write --trainer.max_steps if that is what was meant, "
+        "or see --help for the options (--print_config for a full config)"
+    )
+    assert train_line(["--model.sampling.step", "3"], capsys).startswith(
+        "--model.sampling.step is not an option of this command — write --model.sampling.steps if"
+    )
+    run = tmp_path / "run.yaml"
+    run.write_text("trainer:\n  max_step: 3\n")
+    assert train_line(["--config", str(run)], capsys).startswith(
+        f"{run}: trainer.max_step is not an option of this command — write trainer.max_steps if"
+    )
+
+
 @pytest.mark.parametrize("form", [["0.5", "0.9"], ["0.5,0.9"], ["[0.5, 0.9]"]])
 def test_train_takes_a_list_flag_in_the_forms_users_write(form, capsys):
     from diffusion.cli.train import DiffusionCLI

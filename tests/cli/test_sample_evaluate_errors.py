@@ -16,6 +16,10 @@ from diffusion.cli import evaluate, sample
 from diffusion.cli.command_line import flags_written
 
 SAMPLE_CASES = {
+    "prefix_of_a_flag": (
+        ["--step", "3"],
+        r"^error: --step is not an option of this command — write --steps if that",
+    ),
     "s_tmax_below_s_tmin": (
         ["--sampler", "heun", "--s_churn", "1", "--s_tmin", "5", "--s_tmax", "1"],
         r"^error: --s_tmax 1.0 is below --s_tmin 5.0 — pass --s_tmax >= --s_tmin",
