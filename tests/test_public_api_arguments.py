@@ -12,6 +12,7 @@ import torch
 from helpers import assert_refused_by_name, tiny_vector_model
 
 from diffusion import (
+    BitsPerDim,
     DiffusionModule,
     NoiseSchedule,
     SampleQuality,
@@ -168,6 +169,18 @@ CASES = [
     ("load-empty-path", lambda: load_checkpoint(""), ValueError, "path"),
     ("load-folder-without-checkpoint", lambda: load_checkpoint("."), ValueError, "path . is a folder"),
     ("load-missing-file", lambda: load_checkpoint("nope.ckpt"), FileNotFoundError, "path: no checkpoint at"),
+    # NoiseSchedule's methods: torch's IndexError or size mismatch, t=-1 read the last step, 'epsilon' trained a
+    # v-model, t_prev > t gave a negative variance (tester round 12b: X1, X2, X14, X3; every method in tests/core)
+    ("schedule-t-past-the-end", lambda: SCHEDULE.q_sample(X_T, torch.tensor([0, 1, 20]), X_T), ValueError, "t="),
+    ("schedule-negative-t", lambda: SCHEDULE.q_sample(X_T, torch.tensor([-1, 1, 2]), X_T), ValueError, "t="),
+    ("schedule-fractional-t", lambda: SCHEDULE.snr(torch.tensor([0.5])), ValueError, "t="),
+    ("schedule-t-miscounted", lambda: SCHEDULE.velocity(X_T, torch.tensor([0, 1]), X_T), ValueError, "t="),
+    ("schedule-noise-misshaped", lambda: SCHEDULE.q_sample(X_T, torch.tensor([0, 1, 2]), X_T[:, :1]), ValueError,
+     "noise="),
+    ("schedule-diffusers-prediction-name", lambda: SCHEDULE.training_target("epsilon", X_T, torch.tensor([0, 1, 2]),
+                                                                           X_T), ValueError, "prediction_type"),
+    ("schedule-step-forward", lambda: SCHEDULE.q_posterior(X_T, X_T, torch.tensor([5, 5, 5]),
+                                                           torch.tensor([6, 6, 6])), ValueError, "t_prev"),
     # reverse_steps and final_sample
     ("reverse-text-as-model", lambda: reverse_steps("net", SCHEDULE, X_T), TypeError, "model"),
     ("reverse-no-schedule", lambda: reverse_steps(UNCONDITIONAL.network, None, X_T), TypeError, "schedule"),
@@ -184,6 +197,9 @@ CASES = [
                                                    labels=torch.tensor([0.5, 1, 2])), TypeError, "labels"),
     ("reverse-too-few-labels", lambda: reverse_steps(CONDITIONAL.network, SCHEDULE, X_T,
                                                      labels=torch.tensor([0, 1])), ValueError, "labels"),
+    # "need one label per sample: 2, got shape (3,)" named neither labels= nor a fix
+    ("sample-too-many-labels", lambda: CONDITIONAL.sample(2, labels=torch.tensor([0, 1, 2])), ValueError,
+     "labels=<3 labels> must be one label per sample, shape (2,)"),
     # integer noise ended in torch's matmul dtype error, NaN noise gave NaN samples, a str generator was counted
     ("reverse-integer-noise", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T.long()), TypeError, "x_T"),
     ("reverse-nan-noise", lambda: reverse_steps(UNCONDITIONAL.network, SCHEDULE, X_T + float("nan")), ValueError,
@@ -203,6 +219,15 @@ CASES = [
      ValueError, "y is on meta"),
     ("unet-timesteps-on-another-device", lambda: UNet(channels=8, channel_mult=(1,), attention_levels=())(
         torch.zeros(1, 3, 4, 4, device="meta"), torch.zeros(1, dtype=torch.long)), ValueError, "t is on cpu"),
+    # a class beyond num_classes was torch's "IndexError: index out of range in self" from the embedding
+    ("mlp-label-beyond-classes", lambda: CONDITIONAL.network(X_T, torch.zeros(3, dtype=torch.long),
+                                                             torch.tensor([0, 1, 7])), ValueError, "y=[7]"),
+    ("unet-label-below-no-label", lambda: UNet(channels=8, channel_mult=(1,), attention_levels=(), num_classes=3)(
+        torch.zeros(2, 1, 4, 4), torch.zeros(2, dtype=torch.long), torch.tensor([-2, 0])), ValueError, "y=[-2]"),
+    ("mlp-labels-of-another-batch", lambda: CONDITIONAL.network(X_T, torch.zeros(3, dtype=torch.long),
+                                                                torch.tensor([1])), ValueError, "y=<shape (1,)>"),
+    ("mlp-float-labels", lambda: CONDITIONAL.network(X_T, torch.zeros(3, dtype=torch.long), torch.ones(3)),
+     TypeError, "y is a float32 tensor"),
     ("final-tensor-as-steps", lambda: final_sample(X_T), TypeError, "steps"),
     ("final-no-steps", lambda: final_sample(iter([])), TypeError, "steps"),
     # rendering
@@ -261,9 +286,16 @@ CASES = [
                                                      torch.zeros(0, 0)), ValueError, "mu1"),
     ("statistics-number-as-path", lambda: load_statistics(3), TypeError, "path"),
     ("statistics-empty-path", lambda: load_statistics(""), ValueError, "path is empty"),  # was "file . is a folder"
+    # BitsPerDim.of: torch's IndexError, an AttributeError, NaN for no images (tester round 12b: X4)
+    ("bpd-list", lambda: BitsPerDim.of([1.0, 2.0]), TypeError, "bounds="),
+    ("bpd-empty", lambda: BitsPerDim.of(torch.tensor([])), ValueError, "bounds="),
+    ("bpd-one-row-flat", lambda: BitsPerDim.of(torch.randn(4)), ValueError, "bounds="),
+    ("bpd-no-images", lambda: BitsPerDim.of(torch.empty(0, 4)), ValueError, "bounds="),
     # SampleQuality: a lone name was read letter by letter, [] computed nothing, model units gave another FID
     ("quality-lone-metric", lambda: SampleQuality("pixels", "fid", channels=1), TypeError, "metrics"),
     ("quality-no-metric", lambda: SampleQuality("pixels", [], channels=1), ValueError, "metrics"),
+    ("quality-repeated-metric", lambda: SampleQuality("pixels", ["fid", "fid"], channels=1), ValueError,
+     "metrics=['fid', 'fid'] has 'fid' twice"),
     ("quality-two-channels", lambda: SampleQuality("pixels", channels=2), ValueError, "channels"),
     # torchmetrics' "Unexpected keyword arguments: `bogus`" named no fix
     ("quality-unknown-keyword", lambda: SampleQuality("pixels", channels=1, bogus=3), TypeError, "bogus"),

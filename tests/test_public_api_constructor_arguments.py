@@ -30,6 +30,9 @@ CASES = [
     ("schedule-zero-trained-beta", lambda: NoiseSchedule("trained", 2, trained_betas=[0.0, 0.1]), ValueError,
      "trained_betas"),
     ("images-text-size", lambda: ImageDataModule(image_size="8"), TypeError, "image_size"),
+    # "" is the current folder to pathlib: read as the data's folder without a word
+    ("images-empty-root", lambda: ImageDataModule(root=""), ValueError, "root"),
+    ("vectors-empty-path", lambda: VectorDataModule("npy", path=" "), ValueError, "path"),
     ("vectors-bool-batch", lambda: VectorDataModule(batch_size=True), TypeError, "batch_size"),
     # the data modules' bools took any value: 'no' turned conditional training on, blamed later on with_labels
     ("images-text-conditional", lambda: ImageDataModule(conditional="no"), TypeError, "conditional='no'"),

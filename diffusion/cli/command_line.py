@@ -125,7 +125,7 @@ def _says_its_value(after: str, value: Any) -> bool:
     if not after.startswith(" "):
         return False
     given = as_text(value)
-    if after[1:].startswith(given):
+    if after[1:].startswith((given, f'"{given}"')):  # a path in quotes: `--out "" is an empty path`
         return True
     word = after[1:].split(" ", 1)[0].rstrip(",;:")
     try:

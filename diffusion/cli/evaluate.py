@@ -33,7 +33,7 @@ from jsonargparse import ActionYesNo, ArgumentParser, Namespace
 
 from diffusion.cli import evaluate_nll, evaluate_quality
 from diffusion.cli.command_line import Written
-from diffusion.cli.evaluate_notes import refuse_the_other_modes_options
+from diffusion.cli.evaluate_notes import nll_requested, refuse_the_other_modes_options
 from diffusion.cli.flags import add_flags, check_seed_flag, command_parser, resolve_device
 from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
@@ -73,7 +73,7 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """`python -m diffusion.evaluate [flags]`: print and return the values of every metric family asked for."""
     # --nll scores a checkpoint, not samples, on 1..N devices: a command of its own with its own flags.
-    if evaluate_nll.requested(argv):
+    if nll_requested(argv):
         return evaluate_nll.main(argv, other_mode=build_parser)
     with reporting_user_errors(argv):
         parser = build_parser()

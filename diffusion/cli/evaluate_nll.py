@@ -32,14 +32,14 @@ from jsonargparse import ActionYesNo, ArgumentParser
 from jsonargparse.typing import PositiveInt
 from torch.utils.data import DataLoader, Dataset
 
-from diffusion.cli.command_line import flags_written, written_as
-from diffusion.cli.config_files import read_config_file
-from diffusion.cli.evaluate_notes import note_unused, refuse_the_other_modes_options
+from diffusion.cli.command_line import written_as
+from diffusion.cli.evaluate_notes import nll_requested, note_unused, refuse_the_other_modes_options
 from diffusion.cli.flags import (
     add_flags,
     check_seed_flag,
     command_parser,
     given_model,
+    ranges_said_as_flags,
     resolve_device,
 )
 from diffusion.cli.legacy import accept_moved_class_paths
@@ -112,19 +112,8 @@ def estimate_line(seconds: float, num_images: int, num_timesteps: int, device: t
 
 def requested(argv: list[str] | None = None) -> bool:
     """Whether `python -m diffusion.evaluate` was given --nll (on the command line, or in `argv`), or a --config
-    file that sets `nll: true` (the last word wins, as in a parse)."""
-    asked = False
-    for key, values in flags_written(sys.argv[1:] if argv is None else argv):
-        if key == "nll":
-            asked = not values or str(values[-1]).lower() in ("true", "yes")
-        elif key == "config" and values:
-            try:
-                options = read_config_file(values[-1])
-            except SyntaxError:  # not YAML: the parse says so
-                continue
-            if isinstance(options, dict) and "nll" in options:
-                asked = options["nll"] is True
-    return asked
+    file that sets `nll: true`, read as the parser reads a bool (`"true"` quoted too; the last word wins)."""
+    return nll_requested(sys.argv[1:] if argv is None else argv)
 
 
 def build_parser() -> ArgumentParser:
@@ -258,7 +247,8 @@ def main(
                 "it picks a split of the run's data (from its config.yaml), "
                 f"and {written_as(command_line.written, 'data.path')} {data_path} gives the images",
             )  # fmt: skip
-        module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
+        with ranges_said_as_flags():  # its `{--weights}` said as this command's flag
+            module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
         process = reverse_process_of(module, args.variance, args.clip_denoised)
         seconds = estimated_seconds(module, images, labels, args.batch_size, world_size)
         if rank == 0:  # up front: T evaluations an image take minutes to hours (1,000 x 10,000 CIFAR images)

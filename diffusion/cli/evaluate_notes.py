@@ -18,10 +18,12 @@ from jsonargparse import ArgumentParser, Namespace
 from diffusion.cli.command_line import (
     Written,
     everything_written,
+    flags_written,
     has_keys_under,
     without_print_config,
     written_as,
 )
+from diffusion.cli.config_files import read_config_file
 from diffusion.cli.jsonargparse_internals import action_of
 from diffusion.data.images import ImageDatasetName
 from diffusion.errors import UserError
@@ -113,7 +115,33 @@ def note_kid_subsets(
 
 
 def _yes_or_no(value: object) -> bool:
-    return isinstance(value, bool) or str(value).lower() in ("true", "false", "yes", "no")
+    return _as_bool(value) is not None
+
+
+def _as_bool(value: object) -> bool | None:
+    """A --nll value as the parser reads it (ActionYesNo): YAML's bools, and true/yes/false/no as text in any case
+    (`nll: "true"` in a file too); None for a value it refuses (`1`, `"on"`)."""
+    if isinstance(value, bool):
+        return value
+    return {"true": True, "yes": True, "false": False, "no": False}.get(str(value).lower())
+
+
+def nll_requested(argv: Sequence[str] | None = None) -> bool:
+    """Whether evaluate runs its --nll mode: the last --nll flag, or `nll:` of a --config file after it, read as
+    the parser reads it (`nll: "true"` was taken for the quality mode, whose line then said "add --nll"). A value
+    the parser refuses chooses the quality mode, which says it first (`refuse_the_other_modes_options`)."""
+    asked = False
+    for key, values in flags_written(sys.argv[1:] if argv is None else argv):
+        if key == "nll":
+            asked = not values or _as_bool(values[-1]) is True
+        elif key == "config" and values:
+            try:
+                options = read_config_file(values[-1])  # not YAML (a SyntaxError returned): the parse says so
+            except OSError:  # unreadable: the parse says so
+                continue
+            if isinstance(options, dict) and "nll" in options:
+                asked = _as_bool(options["nll"]) is True
+    return asked
 
 
 def _takes(parser: ArgumentParser, key: str) -> bool:

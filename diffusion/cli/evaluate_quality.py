@@ -10,7 +10,7 @@ import pickle
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import numpy as np
 from jsonargparse import ArgumentParser, Namespace
@@ -286,8 +286,9 @@ def build_quality(
         weights = str(file_in_folder(weights, "--inception_weights", INCEPTION_WEIGHTS))
         if not Path(weights).is_file():
             raise MissingFile(f"--inception_weights {weights} does not exist", fix)
-    options = dict(
-        channels=channels, kid_subset_size=args.kid_subset_size,
+    options: dict[str, Any] = dict(
+        channels=channels,
+        kid_subset_size=args.kid_subset_size if "kid" in metrics else KID_SUBSET_SIZE,  # else noted unused, above
         inception_weights=weights if args.features == "inception" else None,  # else noted unused
         reference=reference if isinstance(reference, FeatureStatistics) else None,
     )  # fmt: skip

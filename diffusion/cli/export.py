@@ -12,13 +12,15 @@ refused in one line (export them with --format safetensors). Needs `pip install 
 
 The EMA weights by default (--weights raw: the raw ones; a run without EMA has only raw weights). DIR must be
 new or empty: --overwrite replaces what an earlier export wrote there. The files are written to a temporary
-folder next to DIR (in DIR where that is another filesystem: a mount point) and moved in once complete. A user
-error ends in one line on stderr and exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
+folder next to DIR (in DIR where that is another filesystem: a mount point) and moved in once complete. One
+export at a time writes DIR: a second is refused at once, naming the first (`export_lock`). A user error ends in
+one line on stderr and exit status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 
 import os
 import shutil
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +30,7 @@ from diffusion.cli.flags import add_flags, check_path_given, check_writable_fold
 from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
+from diffusion.data.folder_lock import writing_alone
 from diffusion.errors import UserError, naming_a_full_disk
 from diffusion.training.atomic_writes import check_can_replace
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
@@ -57,7 +60,7 @@ def build_parser() -> ArgumentParser:
 FILE_SUFFIXES = (".ckpt", ".safetensors", ".pt", ".pth", ".bin", ".npz")
 
 
-def check_out(out: str, overwrite: bool) -> None:
+def check_out(out: str) -> None:
     check_writable_folder(out, "--out")
     path = Path(out).expanduser()
     if (
@@ -68,7 +71,27 @@ def check_out(out: str, overwrite: bool) -> None:
             "pipeline)",
             f"pass a folder: --out {path.with_suffix('')}",
         )
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
+
+
+EXPORT_LOCK = ".export.lock"  # in --out, where its parent cannot be written (`export_lock`)
+
+
+def export_lock(out: Path) -> Path:
+    """Where an export into the folder `out` holds its lock (`writing_alone`): beside the folder, `.OUT.lock` in its
+    parent, so that the folder users copy and load never holds it, and an --out made by a refused or failed export
+    is empty still; in `out` itself (`EXPORT_LOCK`, which `check_empty` passes over, as loading does: it reads
+    config.json and model.safetensors) where the parent cannot be written (a mount point's, a shared one's)."""
+    real = out.resolve()  # a link to the folder and the folder: one lock
+    if real.parent.exists() and not os.access(real.parent, os.W_OK | os.X_OK):
+        return real / EXPORT_LOCK
+    return real.parent / f".{real.name}.lock"
+
+
+def check_empty(out: str, overwrite: bool) -> None:
+    """An --out with files is replaced with --overwrite only; checked with --out held (`export_lock`): another
+    export may have written it since the command began."""
+    path = Path(out).expanduser()
+    if path.is_dir() and any(p.name != EXPORT_LOCK for p in path.iterdir()) and not overwrite:
         raise UserError(
             f"--out {path} is not empty", "pass --overwrite to replace an export there, or a new --out"
         )
@@ -180,10 +203,14 @@ def move_into(staged: Path, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> Path:
     """`python -m diffusion.export [flags]`: write the export into OUT and return OUT."""
-    with reporting_user_errors(argv):
+    with reporting_user_errors(argv), ExitStack() as held:
         command_line = parsed_command_line(build_parser(), argv)
         args = command_line.config
-        check_out(args.out, args.overwrite)
+        check_out(args.out)
+        # Held from here, before the checkpoint is read: a second export into --out is refused at once, in one
+        # line ("--out DIR is being written by another export (pid N ...)"); two at once both said they wrote it.
+        held.enter_context(writing_alone(args.out, "export", export_lock(Path(args.out).expanduser())))
+        check_empty(args.out, args.overwrite)
         args.ckpt = training_checkpoint(args.ckpt)
         checkpoint = read_checkpoint(args.ckpt, "--ckpt")
         network = check_written_by_train(checkpoint, args.ckpt, "--ckpt")["network"]

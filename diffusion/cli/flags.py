@@ -22,6 +22,7 @@ import torch
 from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter
 from jsonargparse.typing import PositiveInt
 
+from diffusion.cli.jsonargparse_internals import take_negative_numbers_as_values
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
@@ -72,6 +73,7 @@ def command_parser(prog: str, description: str) -> ArgumentParser:
         formatter_class=_HelpFormatter,
         allow_abbrev=False,
     )
+    take_negative_numbers_as_values(parser)  # `--eta -1e-1`
     parser.add_argument(
         "--config", action=ActionConfigFile, help="options from a YAML file (see --print_config)"
     )

@@ -9,6 +9,7 @@ the newest version tested; `.ci/run` also runs the parser's tests on the oldest 
 """
 
 import operator
+import re
 from argparse import Action
 from typing import Any
 
@@ -21,6 +22,9 @@ _COMPARISONS = {operator.gt: ">", operator.ge: ">=", operator.lt: "<", operator.
 _GROUP_FILE_ACTION = _jsonargparse_actions._ActionConfigLoad
 _CLASS_HELP_ACTION = _jsonargparse_actions._ActionHelpClassPath
 _LINK_ACTION = _jsonargparse_links.ActionLink
+# A negative number as a flag's value: argparse's own matcher (`-3`, `-0.5`) with e-notation too (`-1e-3`, `-2.5E4`),
+# which argparse took for an unknown option, so that `--model.lr -1e-3` was "not a valid float".
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 def actions(parser: ArgumentParser) -> list[Action]:
@@ -62,6 +66,12 @@ def number_bounds(kind: Any) -> list[tuple[str, Any]] | None:
     if not restrictions:
         return None
     return [(_COMPARISONS.get(compare, "?"), limit) for compare, limit in restrictions]
+
+
+def take_negative_numbers_as_values(parser: ArgumentParser) -> None:
+    """Have `parser` read a word such as `-1e-3` as a value, as it reads `-0.001` (argparse's private matcher of
+    negative numbers knows no e-notation). Its flags are `--` ones, so no option looks like a number."""
+    parser._negative_number_matcher = _NEGATIVE_NUMBER
 
 
 def drop_print_config_request(parser: ArgumentParser) -> None:

@@ -16,12 +16,15 @@ its weight on the last 12% of the steps, 0.10 on the last 25%.
 pixels, the offline 8x8 pixel-space FD of the digits) against --reference (a dataset or an .npz, as in
 `python -m diffusion.evaluate`), printing a table; with --out it also writes the best one's checkpoint.
 
-Nothing is overwritten without --overwrite. A user error ends in one line on stderr and exit status 2;
---debug (or DIFFUSION_DEBUG=1) shows its traceback.
+Nothing is overwritten without --overwrite. One phema at a time writes OUT: a second is refused at once, naming
+the first (its lock `.OUT.lock` beside OUT, `phema_lock`). A user error ends in one line on stderr and exit status
+2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 """
 
 import sys
+import warnings
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 
@@ -46,6 +49,7 @@ from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import chosen_sampler
 from diffusion.core.sampling import SamplingOptions
+from diffusion.data.folder_lock import writing_alone
 from diffusion.errors import COMMAND, UserError
 from diffusion.generation.ranks import generate
 from diffusion.metrics.features import Features
@@ -55,10 +59,17 @@ from diffusion.training.atomic_writes import save_atomically
 from diffusion.training.checkpoint_files import read_checkpoint
 from diffusion.training.ema_profiles import check_sigma_rel
 from diffusion.training.loading import load_checkpoint
-from diffusion.training.post_hoc_ema import Reconstruction, Snapshot, check_step, find_snapshots, reconstruct
+from diffusion.training.post_hoc_ema import (
+    POOR_FIT,
+    PoorFit,
+    Reconstruction,
+    Snapshot,
+    check_step,
+    find_snapshots,
+    reconstruct,
+)
 from diffusion.training.run_folders import checkpoint_files, checkpoints_of_run, post_hoc_ema_folder
 
-POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning
 MIN_SAMPLES = 2  # an FD's covariance of the samples needs two
 # The options of a --sweep's sampling and scoring: --sigma_rel, which writes a checkpoint, uses none of them.
 SWEEP_ONLY = (
@@ -102,7 +113,7 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def check_out(out: str | None, overwrite: bool) -> None:
+def check_out(out: str | None) -> None:
     if out is None:
         return
     path = Path(out)
@@ -118,7 +129,18 @@ def check_out(out: str | None, overwrite: bool) -> None:
             "EMA weights would be taken for the raw ones",
             f"write it beside the run's folders, e.g. --out {path.parent.parent / 'phema.ckpt'}",
         )
-    if path.exists() and not overwrite:
+
+
+def phema_lock(out: str) -> Path:
+    """Where a phema writing the checkpoint `out` holds its lock (`writing_alone`): `.OUT.lock` beside it, removed
+    on the way out: two at once into one --out both said they wrote it, and it held one of them."""
+    path = Path(out).absolute()
+    return path.parent / f".{path.name}.lock"
+
+
+def check_not_there(out: str, overwrite: bool) -> None:
+    """Checked with --out held (`phema_lock`): another phema may have written it since the command began."""
+    if Path(out).exists() and not overwrite:
         raise UserError(f"--out {out} exists", "pass --overwrite to replace it, or another --out")
 
 
@@ -178,6 +200,14 @@ def with_weights(checkpoint: dict, reconstruction: Reconstruction, path: Path) -
     }
 
 
+def reconstructed(snapshots: list[Snapshot], sigma_rel: float, step: int) -> Reconstruction:
+    """`reconstruct`, its PoorFit warning left to this command's own line (once, of the checkpoint written; a
+    --sweep's table shows every row's fit error)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PoorFit)
+        return reconstruct(snapshots, sigma_rel, step)
+
+
 def run_ema_label(run: Path) -> str:
     """ "the run's EMA (decay D)" with the decay its config.yaml records."""
     config = run / "config.yaml"
@@ -227,7 +257,7 @@ def sweep(
     print(f"{rows[0][0]}: FD {rows[0][3]:.3f}", flush=True)
     best: tuple[float, Reconstruction] | None = None
     for sigma_rel in args.sweep:
-        reconstruction = reconstruct(snapshots, sigma_rel, step)
+        reconstruction = reconstructed(snapshots, sigma_rel, step)
         fd = score(reconstruction.weights)
         error = f"{100 * reconstruction.solution.relative_error:.2f}%"
         rows.append(("post-hoc EMA", f"{sigma_rel:g}", error, fd))
@@ -268,7 +298,7 @@ def note_unused_by_sigma_rel(written: Sequence[Written], out: str) -> None:
 
 def main(argv: list[str] | None = None) -> Path | None:
     """`python -m diffusion.phema [flags]`: write OUT (and return its path), or print a --sweep's table."""
-    with reporting_user_errors(argv):
+    with reporting_user_errors(argv), ExitStack() as held:
         command_line = parsed_command_line(build_parser(), argv)
         args = command_line.config
         check_paths_given(args, "run", "out", "ckpt", "reference", "data_root")
@@ -296,7 +326,12 @@ def main(argv: list[str] | None = None) -> Path | None:
         args.out = (
             None if args.out is None else str(Path(args.out).expanduser())
         )  # `out: ~/x`, as sample reads it
-        check_out(args.out, args.overwrite)
+        check_out(args.out)
+        if args.out is not None:
+            # Held from here, before the run is read: a second phema into --out is refused at once, in one line
+            # ("--out FILE is being written by another phema (pid N ...)"), with rc 2
+            held.enter_context(writing_alone(args.out, "phema", phema_lock(args.out)))
+            check_not_there(args.out, args.overwrite)
         run = Path(args.run).expanduser()
         if not run.is_dir():
             raise UserError(f"--run {run} is not a folder", "pass a run folder, e.g. runs/digits/version_0")
@@ -314,7 +349,7 @@ def main(argv: list[str] | None = None) -> Path | None:
             chosen = sweep(args, run, base, snapshots, step, command_line.written)
         else:
             note_unused_by_sigma_rel(command_line.written, args.out)
-            chosen = reconstruct(snapshots, args.sigma_rel, step)
+            chosen = reconstructed(snapshots, args.sigma_rel, step)
         if args.out is None or chosen is None:
             return None
         if chosen.solution.relative_error > POOR_FIT:

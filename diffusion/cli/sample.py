@@ -25,13 +25,10 @@ status 2; --debug (or DIFFUSION_DEBUG=1) shows its traceback.
 
 import contextlib
 import inspect
-import os
 import shutil
-import socket
 import sys
-import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, get_args
@@ -58,8 +55,8 @@ from diffusion.cli.process_group import check_other_machines_named, closing_proc
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.sampling import SamplingOptions, UnusedSamplingOption, unused_options
-from diffusion.data.folder_lock import holding_lock
-from diffusion.errors import COMMAND, UserError, naming_a_full_disk
+from diffusion.data.folder_lock import writing_alone
+from diffusion.errors import COMMAND, UserError
 from diffusion.generation.precision import Precision, network_precision
 from diffusion.generation.ranks import generate_in_chunks
 from diffusion.generation.render import SamplesWriter, samples_file_bytes
@@ -100,38 +97,13 @@ def build_parser() -> ArgumentParser:
 SAMPLE_LOCK = ".sample.lock"  # in --out while a sample writes there: "<pid> <host> <started>" of that sample
 
 
-@contextlib.contextmanager
-def sampling_alone(out: str) -> Iterator[None]:
-    """Hold `out` (its `SAMPLE_LOCK`, `holding_lock`: gone with its process, even one killed by SIGKILL) while the
-    block checks the files this sample replaces and writes them, or refuse at once where another sample holds it:
-    two samples into one folder shared its samples.partial/, and one of them failed after its sampling. The
-    folders made for `out` go again on the way out where they are empty (a refused or failed sample's)."""
-    folder = Path(out)
-    existed = next(p for p in [folder, *folder.absolute().parents] if p.exists())
-    lock = folder / SAMPLE_LOCK
-    with naming_a_full_disk(lock):  # a folder that refuses it: CannotWrite
-        folder.mkdir(parents=True, exist_ok=True)
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
-
-    def refused(holder: list[str]) -> UserError:
-        pid, host, *when = holder + ["?", "?"]
-        return UserError(
-            f"{{command:--out}} {out} is being written by another sample (pid {pid} on host {host}, started "
-            f"{' '.join(when[:2])})",
-            "wait for it to finish, or pass another {command:--out}",
-        )
-
-    try:
-        with holding_lock(lock, f"{os.getpid()} {socket.gethostname()} {started}\n", refused):
-            yield
-    finally:
-        for made in [folder.absolute(), *folder.absolute().parents]:
-            if made == existed.absolute():
-                break
-            try:
-                made.rmdir()  # only an empty one
-            except OSError:
-                break
+def sampling_alone(out: str) -> contextlib.AbstractContextManager[None]:
+    """Hold `out` (its `SAMPLE_LOCK`: `writing_alone`) while the block checks the files this sample replaces and
+    writes them, or refuse at once where another sample holds it ("--out DIR is being written by another sample
+    (pid N ...)"): two samples into one folder shared its samples.partial/, and one of them failed after its
+    sampling. The folders made for `out` go again on the way out where they are empty (a refused or failed
+    sample's)."""
+    return writing_alone(out, "sample", Path(out) / SAMPLE_LOCK)
 
 
 def check_replaced(out: str, overwrite: bool) -> None:
@@ -198,7 +170,7 @@ def chosen_sampler(
         sampler = module.model_sampling.sampler(options)
     given = {item.key for item in written if item.values != (None,)}
     note = "; ".join(
-        f"--{name} is no option of the {sampler.name} sampler: not used ({takers} take it)"
+        f"--{name} is no option of the {sampler.name} sampler: not used ({takers} {'take' if ',' in takers else 'takes'} it)"
         for name, takers in unused_options(sampler, given).items()
     )
     return sampler, note or None
@@ -250,7 +222,8 @@ def main(argv: list[str] | None = None) -> Path:
             note = cpu_mixed_precision_note(args.precision, training=False)
             if note and torch.device(device).type == "cpu":
                 print(f"note: {note}", file=sys.stderr)
-        module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
+        with ranges_said_as_flags():  # its `{--weights}` said as this command's flag
+            module = load_checkpoint(args.ckpt, weights=args.weights, map_location=device)
         sampler, note = chosen_sampler(module, options, command_line.written)  # once, over the defaults
         if note and rank == 0:
             print(f"note: {note}", file=sys.stderr)

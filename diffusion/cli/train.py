@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from diffusion.cli.command_line import SayOption, as_flag, where_written
 from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, check_path_given, cpu_mixed_precision_note
-from diffusion.cli.jsonargparse_internals import drop_print_config_request
+from diffusion.cli.jsonargparse_internals import drop_print_config_request, take_negative_numbers_as_values
 from diffusion.cli.legacy import accept_moved_class_paths, class_at
 from diffusion.cli.parse_errors import CommandLine, parsed_command_line
 from diffusion.cli.process_group import check_other_machines_named, closing_process_group
@@ -75,6 +75,7 @@ from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
+from diffusion.training.exported import check_init_from_export
 from diffusion.training.loading import model_source
 from diffusion.training.module import DiffusionModule
 
@@ -157,6 +158,7 @@ class DiffusionCLI(LightningCLI):
         drop_print_config_request(self.parser)  # an earlier command line's --print_config, never printed
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        take_negative_numbers_as_values(parser)  # `--model.lr -1e-3`
         parser.add_argument(
             "--ckpt_path", type=str | None, default=None,
             help="resume training from this checkpoint (its run's folder goes on); 'last' = the newest checkpoint (by "
@@ -286,11 +288,11 @@ class DiffusionCLI(LightningCLI):
             kind, source = model_source(config.model.init_from, "--model.init_from")
             if kind == "diffusers":
                 take_diffusers_settings(config)
-            elif kind == "export":
-                raise UserError(
-                    f"--model.init_from {config.model.init_from} is an export (python -m diffusion.export), "
-                    "which holds one set of weights and no training state",
-                    "pass the checkpoint it was exported from (runs/<name>/version_N/checkpoints/*.ckpt)",
+            elif kind == "export":  # its one set of weights, as a checkpoint's network weights
+                weights = check_init_from_export(source, class_at(config.model.network.class_path))
+                config.model.init_from = str(source)
+                rank_zero_info(
+                    f"--model.init_from {source}: starting from the {weights} weights the export holds"
                 )
             else:
                 config.model.init_from = str(source)

@@ -7,7 +7,7 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
-from diffusion.cli.flags import check_writable_folder
+from diffusion.cli.flags import check_path_given, check_writable_folder
 from diffusion.errors import UserError
 
 # Lightning's loggers whose packages are optional: class name -> (module, pip requirement).
@@ -57,6 +57,8 @@ def check_logger_folders(trainer: dict[str, Any]) -> None:
                 check_writable_folder(urlparse(str(uri)).path, "--trainer.logger.init_args.tracking_uri")
             continue  # a tracking server: save_dir is not used
         for key in ("save_dir", "dir"):  # W&B's dir stands for its save_dir
+            # "" (an unset $RUNS) put the run in the current folder without a word; no logger defaults to it
+            check_path_given(init_args.get(key), f"--trainer.logger.init_args.{key}")
             if init_args.get(key):
                 check_writable_folder(init_args[key], f"--trainer.logger.init_args.{key}")
                 break

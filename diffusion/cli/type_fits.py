@@ -28,8 +28,14 @@ from diffusion.cli.command_line import (
     plain_key,
     takes_a_collection,
 )
-from diffusion.cli.config_files import as_text, beside, read_config_file, yaml_or_none
-from diffusion.cli.jsonargparse_internals import action_of, actions, is_required, number_bounds
+from diffusion.cli.config_files import as_text, beside, config_file_problem, read_config_file, yaml_or_none
+from diffusion.cli.jsonargparse_internals import (
+    action_of,
+    actions,
+    is_required,
+    number_bounds,
+    take_negative_numbers_as_values,
+)
 from diffusion.cli.legacy import class_at
 
 NOT_FINITE_WORDS = ("nan", "inf", "infinity", ".nan", ".inf")
@@ -73,6 +79,7 @@ def _fits_text(hint: Any, values: tuple[str, ...], nargs: Any) -> bool:
     """`_fits`, kept for types `_reads_only_the_text`: a report checks each flag before the bad one with a
     parser of its own (5 ms each)."""
     probe = ArgumentParser(exit_on_error=False)
+    take_negative_numbers_as_values(probe)  # as the commands' parsers: `--value -1e-3`
     probe.add_argument("--value", type=hint, nargs=nargs)
     try:
         probe.parse_args(["--value", *values])
@@ -221,6 +228,15 @@ def group_file_said(
             "pass the path of an existing YAML file of its class_path and init_args, or a class path",
         )
     options = read_config_file(path)
+    if not isinstance(options, dict | SyntaxError | None):  # `[1, 2]`, `hello`: was "no such class"
+        kind = "a list" if isinstance(options, list) else f"a single value ({as_text(options)})"
+        return (
+            f"{shown}: the file holds {kind}, not a mapping of a class's options",
+            "write class_path: module.Class in it, and its arguments under init_args: (see --print_config)",
+        )
+    if not isinstance(options, dict):  # a folder, an empty file, not YAML, not text: as any config file's
+        flag = shown.split()[0] if shown.startswith("--") else "--" + shown.split(": ", 1)[-1].split()[0]
+        return config_file_problem(flag[2:], path, shown)
     if is_a_whole_config(options, sections):
         keys = ", ".join(map(str, list(options)[:3]))
         return (

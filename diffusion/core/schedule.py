@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from diffusion.core.schedule_inputs import check_inputs, check_step_back, check_timesteps
 from diffusion.errors import (
     InvalidValue,
     OutOfRange,
@@ -265,21 +266,33 @@ class NoiseSchedule(nn.Module):
         for name, value in buffers.items():
             self.register_buffer(name, value.to(torch.float32))
 
-    def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Sample x_t ~ q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I), Eq. (4)."""
+    def q_sample(
+        self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor, *, check_range: bool = True
+    ) -> torch.Tensor:
+        """Sample x_t ~ q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I), Eq. (4).
+
+        Every method refuses a t outside 0..num_timesteps - 1 (OutOfRange, never counted from the end);
+        `check_range=False` skips reading t's values (a GPU sync) for a caller that built t itself."""
+        check_inputs(self, t, "x0", x0, check_range, noise=noise)
         return (
             extract(self.sqrt_alphas_cumprod, t, x0.ndim) * x0
             + extract(self.sqrt_one_minus_alphas_cumprod, t, x0.ndim) * noise
         )
 
-    def predict_x0_from_eps(self, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    def predict_x0_from_eps(
+        self, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, *, check_range: bool = True
+    ) -> torch.Tensor:
         """Invert Eq. (4): x_0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)."""
+        check_inputs(self, t, "x_t", x_t, check_range, eps=eps)
         return (
             extract(self.sqrt_recip_alphas_cumprod, t, x_t.ndim) * x_t
             - extract(self.sqrt_recipm1_alphas_cumprod, t, x_t.ndim) * eps
         )
 
-    def predict_eps_from_x0(self, x_t: torch.Tensor, t: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    def predict_eps_from_x0(
+        self, x_t: torch.Tensor, t: torch.Tensor, x0: torch.Tensor, *, check_range: bool = True
+    ) -> torch.Tensor:
+        check_inputs(self, t, "x_t", x_t, check_range, x0=x0)
         eps = (extract(self.sqrt_recip_alphas_cumprod, t, x_t.ndim) * x_t - x0) / extract(
             self.sqrt_recipm1_alphas_cumprod, t, x_t.ndim
         )
@@ -289,59 +302,81 @@ class NoiseSchedule(nn.Module):
             eps = torch.where(extract(self.alphas_cumprod, t, x_t.ndim) == 0, x_t, eps)
         return eps
 
-    def velocity(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def velocity(
+        self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor, *, check_range: bool = True
+    ) -> torch.Tensor:
         """v = sqrt(abar_t) eps - sqrt(1 - abar_t) x_0 (Salimans & Ho 2022)."""
+        check_inputs(self, t, "x0", x0, check_range, noise=noise)
         return (
             extract(self.sqrt_alphas_cumprod, t, x0.ndim) * noise
             - extract(self.sqrt_one_minus_alphas_cumprod, t, x0.ndim) * x0
         )
 
     def training_target(
-        self, prediction_type: PredictionType, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor
-    ) -> torch.Tensor:
+        self, prediction_type: PredictionType, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor, *,
+        check_range: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
         """What the network is trained to output for this prediction type."""
+        check_choice("prediction_type", prediction_type, PredictionType)
+        check_inputs(self, t, "x0", x0, check_range, noise=noise)
         if prediction_type == "eps":
             return noise
         if prediction_type == "x0":
             return x0
-        return self.velocity(x0, t, noise)
+        return self.velocity(x0, t, noise, check_range=False)
 
     def split_prediction(
-        self, prediction_type: PredictionType, x_t: torch.Tensor, t: torch.Tensor, output: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, prediction_type: PredictionType, x_t: torch.Tensor, t: torch.Tensor, output: torch.Tensor, *,
+        check_range: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Turn a network output into (predicted x_0, predicted eps), whatever the network predicts."""
+        check_choice("prediction_type", prediction_type, PredictionType)
+        check_inputs(self, t, "x_t", x_t, check_range, output=output)
         if prediction_type == "eps":
-            return self.predict_x0_from_eps(x_t, t, output), output
+            return self.predict_x0_from_eps(x_t, t, output, check_range=False), output
         if prediction_type == "x0":
-            return output, self.predict_eps_from_x0(x_t, t, output)
+            return output, self.predict_eps_from_x0(x_t, t, output, check_range=False)
         # v: x_0 = sqrt(abar) x_t - sqrt(1 - abar) v ; eps = sqrt(1 - abar) x_t + sqrt(abar) v
         sqrt_abar = extract(self.sqrt_alphas_cumprod, t, x_t.ndim)
         sqrt_one_minus_abar = extract(self.sqrt_one_minus_alphas_cumprod, t, x_t.ndim)
         return sqrt_abar * x_t - sqrt_one_minus_abar * output, sqrt_one_minus_abar * x_t + sqrt_abar * output
 
-    def log_alphas_cumprod_at(self, t: torch.Tensor, ndim: int) -> torch.Tensor:
+    def log_alphas_cumprod_at(self, t: torch.Tensor, ndim: int, *, check_range: bool = True) -> torch.Tensor:
         """log abar_t in float64, shaped (B, 1, ..., 1); t = -1 is x_0 itself (abar = 1, log 0).
 
         Summed from log(1 - beta) in float64 rather than read from the float32 abar: step coefficients such
         as 1 - abar_t / abar_prev lose most of their digits in float32 both near t = 0 (abar ~ 1) and near
         t = T (1 - abar ~ 1). B numbers per step, so the float64 costs nothing.
         """
+        ndim = check_whole_number("ndim", ndim, 1, "pass x.ndim, the rank of the batch it broadcasts against")
+        check_timesteps("t", t, self.num_timesteps, None, self.betas.device, check_range, lowest=-1)
         log_alphas_cumprod = torch.cumsum(torch.log1p(-self.betas.double()), dim=0)
         log_abar = torch.where(t < 0, 0.0, log_alphas_cumprod[t.clamp(min=0)])
         return log_abar.reshape(-1, *([1] * (ndim - 1)))
 
     def q_posterior(
-        self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, t_prev: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, t_prev: torch.Tensor | None = None, *,
+        check_range: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         """Mean and variance beta~ of q(x_{t_prev} | x_t, x_0), Eq. (6)-(7), and the step's beta.
 
         t_prev defaults to t - 1. A respaced step from t to any t_prev < t (Nichol & Dhariwal 2021) is the
         same formula with beta = 1 - abar_t / abar_{t_prev}; t_prev = -1 is the step to x_0 (abar = 1).
         Coefficients are formed in float64 (see `log_alphas_cumprod_at`) and cast to x_t's dtype.
         """
-        t_prev = t - 1 if t_prev is None else t_prev
-        log_abar_t = self.log_alphas_cumprod_at(t, x_t.ndim)
-        log_abar_prev = self.log_alphas_cumprod_at(t_prev, x_t.ndim)
+        x_t = check_inputs(self, t, "x_t", x_t, check_range, x0=x0)
+        t = (
+            torch.as_tensor(t, device=x_t.device).reshape(-1).expand(len(x_t))
+        )  # one timestep for all, or (B, 1)
+        if t_prev is None:
+            t_prev = t - 1
+        else:
+            check_timesteps(
+                "t_prev", t_prev, self.num_timesteps, len(x_t), x_t.device, check_range, lowest=-1
+            )
+            check_step_back(t, t_prev, check_range)
+        log_abar_t = self.log_alphas_cumprod_at(t, x_t.ndim, check_range=False)
+        log_abar_prev = self.log_alphas_cumprod_at(t_prev, x_t.ndim, check_range=False)
         beta = -torch.expm1(log_abar_t - log_abar_prev)  # 1 - abar_t / abar_prev
         one_minus_abar_t, one_minus_abar_prev = -torch.expm1(log_abar_t), -torch.expm1(log_abar_prev)
         coef_x0 = log_abar_prev.mul(0.5).exp() * beta / one_minus_abar_t
@@ -351,8 +386,9 @@ class NoiseSchedule(nn.Module):
         mean = coef_x0.to(dtype) * x0 + coef_xt.to(dtype) * x_t
         return mean, variance.to(dtype), beta.to(dtype)
 
-    def snr(self, t: torch.Tensor) -> torch.Tensor:
+    def snr(self, t: torch.Tensor, *, check_range: bool = True) -> torch.Tensor:
         """Signal-to-noise ratio abar_t / (1 - abar_t), shape (B,)."""
+        check_timesteps("t", t, self.num_timesteps, None, self.betas.device, check_range)
         alphas_cumprod = self.alphas_cumprod[t]
         return alphas_cumprod / (1 - alphas_cumprod)
 

@@ -49,11 +49,13 @@ def step_log_variances(
     ("posterior_log_variance_clipped"). That step adds no noise when sampling; it is the decoder's variance.
     """
     log_beta, log_posterior = _log_beta_and_posterior(
-        schedule.log_alphas_cumprod_at(t, ndim), schedule.log_alphas_cumprod_at(t_prev, ndim)
+        schedule.log_alphas_cumprod_at(t, ndim, check_range=False),
+        schedule.log_alphas_cumprod_at(t_prev, ndim, check_range=False),
     )
     one = torch.ones(1, dtype=torch.long, device=t.device)
     _, log_first_posterior = _log_beta_and_posterior(
-        schedule.log_alphas_cumprod_at(one, 1), schedule.log_alphas_cumprod_at(one - 1, 1)
+        schedule.log_alphas_cumprod_at(one, 1, check_range=False),
+        schedule.log_alphas_cumprod_at(one - 1, 1, check_range=False),
     )
     last_step = (t_prev < 0).reshape(log_posterior.shape)  # there log beta~ = log 0 = -inf
     log_posterior = torch.where(last_step, log_first_posterior.reshape(()), log_posterior)

@@ -89,7 +89,7 @@ def discretized_gaussian_log_likelihood(
 def prior_bpd(schedule: NoiseSchedule, x0: torch.Tensor) -> torch.Tensor:
     """L_T = KL(q(x_T | x_0) || N(0, I)) in bits/dim, (B,) float64: near 0 for the standard schedules."""
     last = torch.full((x0.shape[0],), schedule.num_timesteps - 1, device=x0.device, dtype=torch.long)
-    log_abar = schedule.log_alphas_cumprod_at(last, x0.ndim)
+    log_abar = schedule.log_alphas_cumprod_at(last, x0.ndim, check_range=False)
     kl = normal_kl(log_abar.mul(0.5).exp() * x0.double(), torch.log(-torch.expm1(log_abar)), 0.0, 0.0)
     return kl.flatten(1).mean(1) / math.log(2)
 
@@ -109,10 +109,10 @@ def model_posterior(
     prediction, v = split_output(output, process.learned_variance)
     if detach_mean:
         prediction = prediction.detach()
-    x0, _ = schedule.split_prediction(process.prediction_type, x_t, t, prediction.float())
+    x0, _ = schedule.split_prediction(process.prediction_type, x_t, t, prediction.float(), check_range=False)
     if process.clip_denoised:
         x0 = x0.clamp(-1, 1)
-    mean, _, _ = schedule.q_posterior(x0.double(), x_t.double(), t)
+    mean, _, _ = schedule.q_posterior(x0.double(), x_t.double(), t, check_range=False)
     log_variance = reverse_log_variance(schedule, process.variance, t, t - 1, x_t.ndim, v)
     return mean, log_variance
 
@@ -128,7 +128,7 @@ def bound_term(
 ) -> torch.Tensor:
     """The bound's term at each sample's t, in bits/dim, (B,) float64: L_0, the decoder's -log p(x_0 | x_1),
     where t = 0, else KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t)) with p = N(model_mean, e^model_log_variance)."""
-    true_mean, _, _ = schedule.q_posterior(x0.double(), x_t.double(), t)
+    true_mean, _, _ = schedule.q_posterior(x0.double(), x_t.double(), t, check_range=False)
     _, true_log_variance = step_log_variances(schedule, t, t - 1, x0.ndim)
     kl = normal_kl(true_mean, true_log_variance, model_mean, model_log_variance).flatten(1).mean(1)
     nll = (
@@ -147,7 +147,7 @@ def vlb_term(
     bin_width: float = EIGHT_BIT_BIN,
 ) -> torch.Tensor:
     """The bound's term at each sample's t (B,) in bits/dim, for x_t = q_sample(x0, t, noise)."""
-    x_t = schedule.q_sample(x0, t, noise)
+    x_t = schedule.q_sample(x0, t, noise, check_range=False)
     mean, log_variance = model_posterior(schedule, process, model(x_t, t), x_t, t)
     return bound_term(schedule, x0, x_t, t, mean, log_variance, bin_width)
 

@@ -73,8 +73,14 @@ def file_in_folder(path: str | os.PathLike, flag: str, kind: FileKind) -> Path:
     )
 
 
-def check_path_argument(name: str, value: object, what: str, fix: str, optional: bool = True) -> None:
+def check_path_argument(
+    name: str, value: object, what: str, fix: str, optional: bool = True, owner: type | None = None
+) -> None:
     """Refuse an argument that names a file or folder (`what`: "an (N, D) .npy file") given as something else,
     the array itself most likely; None too, unless `optional`."""
     if not isinstance(value, str | os.PathLike) and not (optional and value is None):
         raise WrongType(name, value, f"the path of {what}", fix)
+    if value is not None and not str(value).strip():  # pathlib reads "" as the current folder
+        raise InvalidValue(
+            f"{{--{name}}} {value!r} is an empty path, which would mean the current folder", fix, owner
+        )

@@ -1,7 +1,8 @@
 """One process at a time writes a folder: an advisory lock (`fcntl.flock`) on a lock file in it, which the kernel lets
 go when the process ends, even by SIGKILL, so a killed holder never blocks the next one. The lock file holds a line
 about its holder (`"<pid> <host> ..."`), read by whoever is refused. A run folder's (`training_in`, the training
-layer's) and a prepared set's folder's (`diffusion.data.staging`).
+layer's) and a prepared set's folder's (`diffusion.data.staging`); a command's --out (`writing_alone`: sample's, in
+the folder; export's and phema's, beside the folder or file they write).
 
 Windows has no advisory locks: there the folders go unguarded. Object storage has none either (a prepare to an
 `s3://` URL is not guarded).
@@ -9,9 +10,13 @@ Windows has no advisory locks: there the folders go unguarded. Object storage ha
 
 import contextlib
 import os
+import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+
+from diffusion.errors import InvalidValue, naming_a_full_disk
 
 fcntl: ModuleType | None
 try:
@@ -68,3 +73,37 @@ def holding_lock(path: Path, holder: str, refused: Callable[[list[str]], Excepti
             os.unlink(path)
         _held.discard(descriptor)
         os.close(descriptor)
+
+
+@contextlib.contextmanager
+def writing_alone(out: str, command: str, lock: Path) -> Iterator[None]:
+    """Hold `lock` (`holding_lock`: gone with its process, even one killed by SIGKILL) while the block checks what
+    `command` replaces at its --out `out` and writes it there, or refuse at once where another one holds it, naming
+    it: "--out OUT is being written by another COMMAND (pid N on host H, started ...)". Two at once into one --out
+    both said they wrote it, and one's output was the other's. The folders made for `lock` (its folder and those
+    above it that were missing) go again on the way out where they are empty: a refused or failed command's."""
+    folder = lock.parent.absolute()
+    existed = next(p for p in [folder, *folder.parents] if p.exists())
+    with naming_a_full_disk(lock):  # a folder that refuses it: CannotWrite
+        folder.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+
+    def refused(holder: list[str]) -> InvalidValue:
+        pid, host, *when = holder + ["?", "?"]
+        return InvalidValue(
+            f"{{command:--out}} {out} is being written by another {command} (pid {pid} on host {host}, started "
+            f"{' '.join(when[:2])})",
+            "wait for it to finish, or pass another {command:--out}",
+        )
+
+    try:
+        with holding_lock(lock, f"{os.getpid()} {socket.gethostname()} {started}\n", refused):
+            yield
+    finally:
+        for made in [folder, *folder.parents]:
+            if made == existed:
+                break
+            try:
+                made.rmdir()  # only an empty one
+            except OSError:
+                break

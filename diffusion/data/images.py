@@ -133,7 +133,7 @@ class ImageDataModule(SplitDataModule):
             batch_size, num_workers, val_fraction, seed, val_from_train, on_device, cache_dir, max_cache_size
         )
         fix = "pass the path of the folder (its images, the download, the prepared set)"
-        check_path_argument("root", root, "a folder", fix, optional=False)
+        check_path_argument("root", root, "a folder", fix, optional=False, owner=type(self))
         names = ("digits", *TORCHVISION, "folder", "streaming")  # the entries of now, not of import time
         if dataset not in names:
             raise InvalidValue(f"unknown image dataset {dataset!r}", f"choose one of {names}")

@@ -183,8 +183,12 @@ def labels_for_sampling(labels: Any, num_classes: int | None, num_samples: int) 
             "labels", labels, "integer class indices", "pass them as ints (torch.long): never truncated"
         )
     labels = labels.long()
-    if labels.shape != (num_samples,):
-        raise ValueError(f"need one label per sample: {num_samples}, got shape {tuple(labels.shape)}")
+    if labels.shape != (num_samples,):  # never cycled nor cut: the samples would get other classes than asked
+        count = f"{labels.numel()} labels" if labels.ndim == 1 else f"labels of shape {tuple(labels.shape)}"
+        raise OutOfRange(
+            "labels", f"<{count}>", f"one label per sample, shape ({num_samples},) for num_samples={num_samples}",
+            f"pass one int class per sample, e.g. class_labels({num_samples}, {num_classes}) (each class in turn)",
+        )  # fmt: skip
     check_labels(labels, num_classes, "labels")
     return labels
 

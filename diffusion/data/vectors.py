@@ -98,8 +98,10 @@ class VectorDataModule(SplitDataModule):
             max_cache_size=max_cache_size,
         )  # fmt: skip
         save = "save the array with np.save('{}.npy', array) and pass that file's path as a str"
-        check_path_argument("path", path, "an (N, D) .npy file", save.format("points"))
-        check_path_argument("labels", labels, "a .npy file of N class labels", save.format("labels"))
+        check_path_argument("path", path, "an (N, D) .npy file", save.format("points"), owner=type(self))
+        check_path_argument(
+            "labels", labels, "a .npy file of N class labels", save.format("labels"), owner=type(self)
+        )
         if dataset not in get_args(VectorDatasetName):
             raise InvalidValue(
                 f"unknown vector dataset {dataset!r}", f"choose one of {get_args(VectorDatasetName)}"

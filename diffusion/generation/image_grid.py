@@ -18,11 +18,14 @@ from PIL import Image
 from torchvision.utils import make_grid
 
 from diffusion.errors import (
+    CannotWrite,
     InvalidValue,
     MissingFile,
     WrongType,
+    check_can_replace,
     check_whole_number,
-    naming_a_full_disk,
+    naming_a_refusing_folder,
+    refusing_flag,
 )
 
 FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG"}  # suffix -> PIL's format
@@ -130,6 +133,11 @@ def check_picture_path(path: Any) -> Path:
         ends = f"ends in {picture.suffix}" if picture.suffix else "has no suffix"
         raise InvalidValue(f"path={str(path)!r} {ends}, which names no picture format this writes", formats)
     if not picture.parent.is_dir():
+        existing = next((folder for folder in picture.parents if folder.exists()), None)
+        if existing is not None and not existing.is_dir():  # `samples.npz/grid.png`
+            raise InvalidValue(
+                f"path={str(path)!r}: {existing} is a file, not a folder", "pass a path in a folder"
+            )
         raise MissingFile(
             f"path={str(path)!r}: the folder {picture.parent} does not exist",
             "make the folder first, or pass a path in a folder that exists",
@@ -144,8 +152,10 @@ def save_image_grid(images: torch.Tensor, path: str | Path, nrow: int | None = N
     The images are pixels: float in [0, 1] (`denormalize(samples, module.normalization)` of an image model) or
     uint8 in 0..255 (`to_uint8(samples, module.normalization)`). The format is `path`'s suffix: .png, or .jpg
     (.jpeg). Samples in model units (-1..1), values that are not finite, other channel counts and other suffixes
-    are refused by the argument's name (a ValueError; a folder that is not there, FileNotFoundError), not drawn as
-    something else. A folder that refuses the write, or a full disk, is said naming the picture (an OSError)."""
+    are refused by the argument's name (a ValueError; a folder that is not there, FileNotFoundError; a file where
+    a folder of the path should be, ValueError), not drawn as something else. A folder or an existing picture that
+    refuses the write (by its mode, or flagged immutable), or a full disk, is said naming the picture (an
+    OSError)."""
     check_images(images, f"pass {TAKES}, (N, C, H, W)")
     picture = check_picture_path(path)
     if nrow is not None:
@@ -157,10 +167,32 @@ def save_image_grid(images: torch.Tensor, path: str | Path, nrow: int | None = N
     pixels = (
         grid if grid.dtype == torch.uint8 else grid.float().mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8)
     )
-    # A folder that refuses the file (no permission, immutable, read-only) or a full disk: one line naming the
-    # picture and its folder (CannotWrite, DiskFull: OSErrors still), not PIL's bare PermissionError.
-    with naming_a_full_disk(picture, "free space on that disk, or save the picture on another disk"):
-        Image.fromarray(pixels.permute(1, 2, 0).cpu().numpy()).save(
-            picture, format=FORMATS[picture.suffix.lower()]
-        )
+    write_picture(pixels, picture)
     return grid
+
+
+def write_picture(pixels: torch.Tensor, picture: Path) -> None:
+    """`pixels` (C, H, W uint8) written to `picture`. A refusal is one line naming the picture and what refuses,
+    not PIL's bare PermissionError (CannotWrite, DiskFull: OSErrors still): a folder flagged immutable by that flag
+    (FlaggedFolder), a picture already there that refuses to be overwritten as that file (CannotReplace), any other
+    refusing folder as the folder, a full disk as its disk, and a folder that takes no new files (/proc: PIL's
+    bare FileNotFoundError) as that folder."""
+    folder, name = picture.parent, picture.name
+    full_disk = "free space on that disk, or save the picture on another disk"
+    with naming_a_refusing_folder(folder, name, full_disk):
+        # a flagged folder is said as the folder, its flag the first to clear
+        if refusing_flag(folder) is None:
+            check_can_replace(picture)
+        try:
+            Image.fromarray(pixels.permute(1, 2, 0).cpu().numpy()).save(
+                picture, format=FORMATS[picture.suffix.lower()]
+            )
+        except FileNotFoundError as error:
+            if not folder.is_dir():  # removed meanwhile: said as PIL says it
+                raise
+            raise CannotWrite(
+                folder,
+                name,
+                f"{error.strerror or 'No such file or directory'}: the folder takes no new files",
+                "pass a path in a folder that takes files (not one of the system's, such as /proc or /sys)",
+            ) from error

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from diffusion.core.guidance import guided_output
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.core.variational_bound import ReverseProcess, bound_terms
+from diffusion.errors import OutOfRange, WrongType
 from diffusion.generation.ranks import rank_indices
 
 COLUMNS = ("prior", "decoder", "kl", "total")
@@ -84,7 +85,14 @@ class BitsPerDim:
 
     @classmethod
     def of(cls, bounds: torch.Tensor) -> "BitsPerDim":
-        """From every image's row of `image_bounds` (N, 4)."""
+        """From every image's row of `image_bounds` (N, 4), N >= 1: refused (WrongType, OutOfRange) for anything
+        else, which gave torch's IndexError, or NaN for no images."""
+        fix = "pass the (N, 4) rows image_bounds returns, one per image, N >= 1"
+        if not isinstance(bounds, torch.Tensor):
+            raise WrongType("bounds", bounds, f"a tensor of shape (N, {len(COLUMNS)})", fix)
+        if bounds.ndim != 2 or bounds.shape[1] != len(COLUMNS) or len(bounds) == 0:
+            requirement = f"of shape (N, {len(COLUMNS)}) with N >= 1, a row ({', '.join(COLUMNS)}) per image"
+            raise OutOfRange("bounds", f"<shape {tuple(bounds.shape)}>", requirement, fix)
         mean = bounds.mean(0)
         error = bounds[:, 3].std().item() / math.sqrt(len(bounds)) if len(bounds) > 1 else math.nan
         return cls(mean[3].item(), error, mean[0].item(), mean[1].item(), mean[2].item(), len(bounds))

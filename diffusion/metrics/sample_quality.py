@@ -81,6 +81,28 @@ def check_metric_options(options: dict[str, Any]) -> None:
         )
 
 
+# The options of one metric, with their defaults: given otherwise without that metric, they are warned unused.
+METRIC_OF_OPTION = {
+    "kid_subset_size": ("kid", KID_SUBSET_SIZE),
+    "kid_subsets": ("kid", 100),
+    "is_splits": ("is", IS_SPLITS),
+}
+METRIC_NAMES = {"kid": "KID", "is": "Inception Score"}
+
+
+def note_unused_options(metrics: list[str], **given: int) -> None:
+    """A UserWarning for each option of a metric `metrics` leaves out, given a value other than its default (as the
+    project's other notes count an option given): it does nothing, and the caller may have meant that metric."""
+    for name, value in given.items():
+        metric, default = METRIC_OF_OPTION[name]
+        if metric not in metrics and value != default:
+            warnings.warn(
+                f"{name}={value} is not used: metrics={metrics} computes no {METRIC_NAMES[metric]} — add "
+                f"{metric!r} to metrics to compute it, or leave {name} out",
+                stacklevel=3,
+            )
+
+
 class SampleQuality(nn.Module):
     """FID, KID and IS of uint8 (N, C, H, W) images fed with ``update(images, real=...)``.
 
@@ -121,6 +143,13 @@ class SampleQuality(nn.Module):
             raise InvalidValue(f"unknown metrics {unknown}", f"choose from {names}")
         if not metrics:  # compute would return the image counts and no metric
             raise InvalidValue("metrics=[] names no metric", f"name some of {names}, e.g. metrics=['fid']")
+        repeated = next((name for name in metrics if list(metrics).count(name) > 1), None)
+        if repeated is not None:  # computed once: the repeat would be taken as once, without a word
+            times = list(metrics).count(repeated)
+            raise InvalidValue(
+                f"metrics={list(metrics)} has {repeated!r} {'twice' if times == 2 else f'{times} times'}",
+                f"name each metric once: metrics={list(dict.fromkeys(metrics))}",
+            )
         channels = check_whole_number("channels", channels, fix="pass the images' channel count: 1 or 3")
         if channels not in (1, 3):  # images are gray or RGB: what to_uint8 gives and Inception reads
             raise OutOfRange("channels", channels, "1 (gray) or 3 (RGB)", "pass the images' channel count")
@@ -143,6 +172,9 @@ class SampleQuality(nn.Module):
         check_whole_number("kid_subsets", kid_subsets, 1, fix="pass e.g. 100 (torch-fidelity's)")
         check_whole_number("is_splits", is_splits, 1, fix=f"pass e.g. {IS_SPLITS} (the papers')")
         check_inception_weights(inception_weights, features)
+        note_unused_options(
+            list(metrics), kid_subset_size=kid_subset_size, kid_subsets=kid_subsets, is_splits=is_splits
+        )
         self.features = features
         self.channels = channels
         self.reported = tuple(metrics)

@@ -51,10 +51,11 @@ def optional_whole(
 
 
 def whole_numbers(
-    owner: type, name: str, values: Any, minimum: int, requirement: str, example: str
+    owner: type, name: str, values: Any, minimum: int, requirement: str, example: str, distinct: bool = False
 ) -> tuple[int, ...]:
     """`values` as a tuple of ints: WrongType unless a sequence of numbers (naming the item that is not one),
-    OutOfRange (said as `requirement`) for a float (even 2.0: never rounded) or an item below `minimum`."""
+    OutOfRange (said as `requirement`) for a float (even 2.0: never rounded) or an item below `minimum`; `distinct`:
+    InvalidValue for an item given twice (a set of levels: the repeat would be taken as once, without a word)."""
     fix = f"pass {{--{name}}} as a list of ints, e.g. {example}"
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise _of(owner, WrongType(name, values, "a sequence of ints", fix))
@@ -64,7 +65,16 @@ def whole_numbers(
             raise _of(owner, WrongType(f"{name}[{index}]", item, "a whole number", fix))
         if isinstance(item, float) or item < minimum:  # never rounded, even 2.0, as `whole` refuses 2.0
             raise OutOfRange(name, list(items), requirement, fix, owner)
-    return tuple(int(item) for item in items)
+    numbers = tuple(int(item) for item in items)
+    repeated = next((item for item in numbers if numbers.count(item) > 1), None)
+    if distinct and repeated is not None:
+        times = numbers.count(repeated)
+        raise InvalidValue(
+            f"{{--{name}}} {list(numbers)} has level {repeated} {'twice' if times == 2 else f'{times} times'}",
+            f"name each level once, e.g. {{--{name}}} {sorted(set(numbers))}",
+            owner,
+        )
+    return numbers
 
 
 def fraction(owner: type, name: str, value: Any) -> float:

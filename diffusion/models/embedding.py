@@ -58,8 +58,8 @@ class ClassEmbedding(torch.nn.Embedding):
             y = torch.full((batch_size,), NO_LABEL, dtype=torch.long, device=self.weight.device)  # type: ignore[arg-type]
         if y.ndim != 1 or y.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"class labels must be integers of shape (B,), got {y.dtype} {tuple(y.shape)}")
-        # Values are checked where labels enter (check_batch, class_labels): here it would cost a device sync
-        # per step; nn.Embedding itself rejects an out-of-range index.
+        # Values are checked where labels enter (check_batch, class_labels) and, on the CPU, by the networks'
+        # forward (check_class_labels): here on a GPU it would cost a device sync per step.
         return super().forward(torch.where(y == NO_LABEL, self.num_classes, y))
 
 

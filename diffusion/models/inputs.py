@@ -2,12 +2,15 @@
 of batch (vectors or images), one timestep per sample, every input on x's device, the sample's shape and dtype (each
 network's own `check_input_shape`, `check_input_dtype`) and labels only where the network takes them. Each is said
 naming the argument (`x`, `t`, `y`) with its fix, as InvalidValue, OutOfRange or WrongType, never as torch's error
-from deep in a layer. A few comparisons of shapes, dtypes and devices per call: nothing is read from the device."""
+from deep in a layer. A few comparisons of shapes, dtypes and devices per call: nothing is read from the device
+(the labels' values are read only where they are on the CPU: `check_class_labels`)."""
 
 from typing import Literal, Protocol
 
 import torch
 
+from diffusion.core.guidance import NO_LABEL
+from diffusion.core.noise import WrongDtype
 from diffusion.errors import InvalidValue, OutOfRange, WrongType
 from diffusion.models.embedding import check_unconditional
 
@@ -36,6 +39,8 @@ def check_forward_inputs(
     network.check_input_dtype(x)
     if network.num_classes is None:
         check_unconditional(y, type(network).__name__)
+    elif y is not None:
+        check_class_labels(y, len(x), network.num_classes)
 
 
 def check_on_device_of_x(x: torch.Tensor, **inputs: object) -> None:
@@ -74,3 +79,29 @@ def check_timesteps(t: object, batch: int) -> None:
         raise WrongType("t", t, "a tensor of timesteps, shape (B,)", fix)
     if t.shape != (batch,):
         raise OutOfRange("t", f"<shape {tuple(t.shape)}>", f"of shape ({batch},), one per sample of x", fix)
+
+
+def check_class_labels(y: object, batch: int, num_classes: int) -> None:
+    """`y` one class label per sample of the batch, a (B,) integer tensor of classes 0..num_classes-1 or NO_LABEL:
+    WrongType or OutOfRange naming `y`, never torch's `IndexError: index out of range in self` from the class
+    embedding (on a GPU, a device-side assert). The values are read only on the CPU, where it costs a compare of B
+    numbers: on a GPU it would stall every step on a device sync, and the labels a run feeds are checked where they
+    enter (a batch's, `labels=` of sampling); nor while torch.compile traces the forward (a graph break)."""
+    fix = f"pass one class per sample, 0..{num_classes - 1} (or {NO_LABEL}: no label), as a torch.long tensor"
+    if not isinstance(y, torch.Tensor):
+        raise WrongType("y", y, "a tensor of class labels, shape (B,)", fix)
+    if y.dtype not in (torch.int64, torch.int32):  # what the class embedding takes
+        raise WrongDtype("y", y, "int64 class labels", fix)
+    if y.shape != (batch,):
+        raise OutOfRange(
+            "y", f"<shape {tuple(y.shape)}>", f"of shape ({batch},), one label per sample of x", fix
+        )
+    if y.device.type != "cpu" or torch.compiler.is_compiling() or batch == 0:
+        return
+    lowest, highest = torch.aminmax(y)  # one pass (about 2 us on a small batch), a third of a masked any()
+    if int(lowest) < NO_LABEL or int(highest) >= num_classes:
+        shown = sorted(set(y[(y < NO_LABEL) | (y >= num_classes)].tolist()))[:12]
+        raise OutOfRange(
+            "y", shown, f"classes 0..{num_classes - 1} (or {NO_LABEL}: no label)",
+            f"pass labels of this network's {num_classes} classes, as a torch.long tensor",
+        )  # fmt: skip

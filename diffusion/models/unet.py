@@ -292,7 +292,7 @@ class UNet(nn.Module):
     def _levels(
         self, name: str, levels: Any, channel_mult: tuple[int, ...], requirement: str
     ) -> tuple[int, ...]:
-        checked = whole_numbers(type(self), name, levels, 0, requirement, "[1]")
+        checked = whole_numbers(type(self), name, levels, 0, requirement, "[1]", distinct=True)
         for level in checked:
             if not 0 <= level < len(channel_mult):
                 raise InvalidValue(

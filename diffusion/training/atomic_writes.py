@@ -19,9 +19,7 @@ import contextlib
 import os
 import secrets
 import shutil
-import struct
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +31,15 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.strategies import Strategy
 
-from diffusion.errors import CannotWrite, UserError, is_disk_full, naming_a_full_disk
+# The refusals of a flagged file or folder live in the lowest layer (image grids say them too); kept importable
+# from here, where the writes are.
+from diffusion.errors import CannotReplace as CannotReplace
+from diffusion.errors import FlaggedFolder as FlaggedFolder
+from diffusion.errors import check_can_replace as check_can_replace
+from diffusion.errors import check_replaceable as check_replaceable
+from diffusion.errors import is_disk_full, naming_a_full_disk
+from diffusion.errors import naming_a_refusing_folder as naming_a_refusing_folder
+from diffusion.errors import refusing_flag as refusing_flag
 
 T = TypeVar("T")
 LEFTOVERS = ".*.ckpt.*.tmp"  # temporary names never end in .ckpt, so no glob for checkpoints picks them up
@@ -45,101 +51,6 @@ RUN_ON_ANOTHER_DISK = (
 
 def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-
-
-class CannotReplace(CannotWrite):
-    """The file already at a path refuses to be replaced, in a folder that takes new files (the new version was
-    written there): an immutable or append-only file (`chattr +i`), or another user's in a sticky folder. A
-    CannotWrite, whose usual fix (make the folder writable) would not help."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        UserError.__init__(
-            self,
-            f"cannot replace {path.name} in {path.parent} ({reason}): the folder takes new files, but {path.name} "
-            "itself refuses to be replaced",
-            f"check its attributes (lsattr {path}; chattr -i clears an immutable flag) and its owner, or move it "
-            "away; it is as it was, and the files written there before are intact",
-        )
-        self.folder, self.name = path.parent, path.name
-
-
-# Linux's file flags (linux/fs.h): FS_IOC_GETFLAGS, and the flags that make a file refuse to be replaced
-FS_IOC_GETFLAGS, REFUSING_FLAGS = 0x80086601, {0x10: "it is immutable", 0x20: "it is append-only"}
-
-
-def refusing_flag(path: Path) -> str | None:
-    """Why the file or folder at `path` refuses changes whatever its mode bits say ("it is immutable", "it is
-    append-only": `chattr +i` / `+a`), or None. Linux only; elsewhere, and on a file system without the flags,
-    nothing is known: None."""
-    if not sys.platform.startswith("linux") or not path.exists():
-        return None
-    import fcntl  # Unix only
-
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a folder opens too
-        try:
-            found = fcntl.ioctl(descriptor, FS_IOC_GETFLAGS, struct.pack("i", 0))
-        finally:
-            os.close(descriptor)
-    except OSError:
-        return None
-    flags = struct.unpack("i", found)[0]
-    return next((reason for flag, reason in REFUSING_FLAGS.items() if flags & flag), None)
-
-
-def check_replaceable(path: Path) -> None:
-    """Raise CannotReplace where the file at `path`, which a run is about to replace, is immutable or append-only
-    (`chattr +i` / `+a`), before any work is spent: the save at the end would fail. Linux only; elsewhere, and on a
-    file system without the flags, nothing is known and nothing raised."""
-    reason = refusing_flag(path) if path.is_file() else None
-    if reason is not None:
-        raise CannotReplace(path, reason)
-
-
-def check_can_replace(target: Path) -> None:
-    """Refuse, before any work is spent, a file that a command will replace (a new one written beside it, then
-    renamed over it) and that refuses to be: one flagged immutable or append-only (`check_replaceable`), or one that
-    refuses to be opened for writing while its folder takes new files, is said as the file (CannotReplace: "check
-    its attributes"), not as its folder; a folder that refuses is said as the folder (CannotWrite)."""
-    if not target.is_file():
-        return
-    check_replaceable(target)
-    with naming_a_full_disk(target):
-        try:
-            with open(target, "r+b"):
-                pass
-        except PermissionError as error:
-            if not os.access(target.parent, os.W_OK | os.X_OK):
-                raise  # the folder refuses: said of the folder (CannotWrite)
-            raise CannotReplace(target, error.strerror or type(error).__name__) from error
-
-
-class FlaggedFolder(CannotWrite):
-    """A folder that refuses writes for a flag of its own (`chattr +i` / `+a`), whatever its mode bits say: making
-    it "writable for this user" would not help (root is refused too)."""
-
-    def __init__(self, folder: Path, name: str, reason: str) -> None:
-        UserError.__init__(
-            self,
-            f"cannot write {name} into {folder} ({reason})",
-            f"check its attributes (lsattr -d {folder}; chattr -i clears an immutable flag), "
-            "or write to another folder; the files written there before are intact",
-        )
-        self.folder, self.name = folder, name
-
-
-@contextlib.contextmanager
-def naming_a_refusing_folder(folder: Path, name: str) -> Iterator[None]:
-    """`naming_a_full_disk(folder / name)`, a refusal of a folder flagged immutable or append-only said as its flag
-    (FlaggedFolder), not as its mode bits."""
-    try:
-        with naming_a_full_disk(folder / name):
-            yield
-    except CannotWrite as error:
-        reason = refusing_flag(folder)
-        if reason is None or isinstance(error, CannotReplace):
-            raise
-        raise FlaggedFolder(folder, name, reason) from error.__cause__
 
 
 def replace_into(temporary: Path, path: Path) -> None:

@@ -7,6 +7,7 @@ copy, a failing disk) would load as a wrong weight. `check_zip_checksums` checks
 a file is trusted, and `check_finite` refuses weights that are NaN or infinite before any work is done with them.
 """
 
+import json
 import os
 import pickle
 import zipfile
@@ -20,6 +21,7 @@ import torch
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.numpy_files import PICKLED, numpy_file_kind
 from diffusion.errors import InvalidValue, MissingFile, UserError
+from diffusion.training.export_files import export_network_weights, folder_of_weights_file, is_export
 from diffusion.training.from_diffusers import INIT_FROM, diffusers_folders, read_init_weights
 
 CHECKPOINT = FileKind(
@@ -104,6 +106,14 @@ def read_checkpoint(
             raise UnreadableCheckpoint(
                 flag, path, "is a NumPy array (np.save), not a PyTorch checkpoint", fix
             )
+        if is_safetensors(path):  # an export's or a diffusers model's weights, or a state_dict saved so
+            raise UnreadableCheckpoint(
+                flag,
+                path,
+                "is a safetensors file: weights alone, without the model's settings, not a PyTorch checkpoint",
+                "pass a .ckpt written by train.py, or where a model is read (sample, evaluate, init_from) the "
+                "folder it belongs to: an export (python -m diffusion.export) or a diffusers model folder",
+            )
         raise UnreadableCheckpoint(
             flag, path, "is truncated or not a PyTorch checkpoint (no intact zip archive)", fix
         )
@@ -139,6 +149,20 @@ def read_checkpoint(
     return checkpoint
 
 
+def is_safetensors(path: Path) -> bool:
+    """Whether the file at `path` is laid out as a safetensors file: the length of its header (8 bytes, little
+    endian, within the file), then the header, a JSON object."""
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        if not 2 <= length <= min(path.stat().st_size - 8, 100_000_000):
+            return False
+        header = file.read(length)
+    try:
+        return isinstance(json.loads(header), dict)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
 def check_written_by_train(
     checkpoint: dict[str, Any], path: str | os.PathLike, flag: str = ""
 ) -> dict[str, Any]:
@@ -163,11 +187,15 @@ def check_written_by_train(
 def read_network_weights(
     path: str | os.PathLike, network: torch.nn.Module | None = None
 ) -> dict[str, torch.Tensor]:
-    """Network weights from a checkpoint of this project (its `network.` entries), a plain state_dict, or a
-    diffusers DDPMPipeline / UNet2DModel folder (renamed to this project's UNet, checked to have `network`'s
-    channels)."""
+    """Network weights from a checkpoint of this project (its `network.` entries), a plain state_dict, an export
+    (`diffusion.training.export_files`: the weights it holds), or a diffusers DDPMPipeline / UNet2DModel folder
+    (renamed to this project's UNet, checked to have `network`'s channels)."""
     if diffusers_folders(path, INIT_FROM) is not None:
         return read_init_weights(path, network)
+    if is_export(path) or folder_of_weights_file(path) is not None:  # its one set of weights (ema or raw)
+        exported = export_network_weights(path)
+        check_finite(exported, f"init_from {path}", "start from an earlier checkpoint of that run")
+        return exported
     path = file_in_folder(path, INIT_FROM, CHECKPOINT)
     if not path.is_file():
         raise MissingFile(f"init_from: no such file {path}", "pass a .ckpt of this project or a state_dict")

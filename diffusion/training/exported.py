@@ -10,7 +10,6 @@ carry no checksum of their own; exports written without it load unchecked). Read
 safetensors only, and the network must be one of this project's (`NETWORKS`).
 """
 
-import hashlib
 import inspect
 import json
 import math
@@ -19,8 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 
 from diffusion.core.sampling_dicts import sampling_options_from
 from diffusion.core.schedule import schedule_betas
@@ -35,22 +33,21 @@ from diffusion.errors import (
 )
 from diffusion.generation.render import check_normalization
 from diffusion.models import MLP, UNet
+from diffusion.training.export_files import (
+    CONFIG,
+    FIX,
+    FORMAT,
+    FORMAT_VERSION,
+    WEIGHTS,
+    read_export_weights,
+    sha256_of,
+)
+from diffusion.training.from_diffusers import INIT_FROM
 from diffusion.training.module import DiffusionModule
 
-CONFIG, WEIGHTS = "config.json", "model.safetensors"
-FORMAT, FORMAT_VERSION = "diffusion.export", 1
 NETWORKS: dict[str, type[torch.nn.Module]] = {"UNet": UNet, "MLP": MLP}
 NETWORK_FIX = 'pass checkpoint["hyper_parameters"]["network"] of the checkpoint the module was loaded from'
 Weights = Literal["ema", "raw"]
-FIX = (
-    "pass a folder written by python -m diffusion.export {command:--format} safetensors (or its config.json)"
-)
-
-
-def is_export(path: str | os.PathLike) -> bool:
-    """Whether `path` names an export: a folder holding config.json, or a .json file."""
-    path = Path(path).expanduser()
-    return (path.is_dir() and (path / CONFIG).is_file()) or path.suffix == ".json"
 
 
 def write_export(
@@ -111,11 +108,6 @@ def float64_betas(module: DiffusionModule) -> torch.Tensor:
         hparams.beta_schedule, hparams.num_timesteps, hparams.beta_start, hparams.beta_end,
         hparams.get("zero_terminal_snr", False), hparams.get("trained_betas"),
     )  # fmt: skip
-
-
-def sha256_of(path: Path) -> str:
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
@@ -214,21 +206,28 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
             f"{folder / CONFIG} has settings this version does not take ({err})",
             "load it with the version of this package that wrote it",
         ) from err
-    expected = config.get("weights_sha256")
-    if expected is not None and (folder / WEIGHTS).is_file() and sha256_of(folder / WEIGHTS) != expected:
-        raise InvalidValue(
-            f"{folder / WEIGHTS} is damaged: its bytes do not match the checksum in {CONFIG} (a bad copy or a "
-            "failing disk)",
-            "copy the export again, or export the checkpoint again (python -m diffusion.export)",
-        )
-    try:
-        state = load_file(folder / WEIGHTS)
-    except (FileNotFoundError, SafetensorError) as err:
-        kind = MissingFile if isinstance(err, FileNotFoundError) else InvalidValue
-        raise kind(f"{folder / WEIGHTS} cannot be read ({str(err) or type(err).__name__})", FIX) from err
+    state = read_export_weights(folder, config.get("weights_sha256"))
     check_weights_fit(module.network, state, str(folder / WEIGHTS), FIX)
     module.network.load_state_dict(state)
     return module.to(map_location).eval()
+
+
+def check_init_from_export(path: str | os.PathLike, network: type) -> str:
+    """`{DiffusionModule:--init_from}` an export (its folder or config.json): a new run starts from the one set of
+    weights it holds, as from a checkpoint's network weights. Its config.json is read and checked, and its network
+    must be of the run's class (`network`); the settings that shape the weights are then checked by their fit
+    (DiffusionModule's `init_from`). Returns which weights it holds ("ema" or "raw")."""
+    config, folder = read_export_config(path)
+    hparams = config["hyper_parameters"]
+    saved = network_class(hparams["network"].get("class_path"))
+    if not issubclass(network, saved):
+        raise InvalidValue(
+            f"{INIT_FROM} {path} holds {saved.__name__} weights (of a model of samples of shape "
+            f"{hparams.get('sample_shape')}), but this run's network is {network.__name__}",
+            "start from an export of the same kind of model, or train with the config of the run it was "
+            "exported from",
+        )
+    return str(config.get("weights", "ema"))
 
 
 # An export's betas (a copy for code outside this package) checked against the schedule its hyper_parameters set:

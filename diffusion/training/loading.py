@@ -2,6 +2,7 @@
 (``weights_only=True``; an export is JSON and safetensors)."""
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,14 +18,8 @@ from diffusion.training.checkpoint_files import (
     check_written_by_train,
     read_checkpoint,
 )
-from diffusion.training.exported import (
-    CONFIG,
-    WEIGHTS,
-    check_model_settings,
-    is_export,
-    load_export,
-    read_export_config,
-)
+from diffusion.training.export_files import CONFIG, WEIGHTS, folder_of_weights_file, is_export
+from diffusion.training.exported import check_model_settings, load_export, read_export_config
 from diffusion.training.from_diffusers import (
     about,
     diffusers_folders,
@@ -80,9 +75,11 @@ def load_checkpoint(
     if kind == "export":
         exported = read_export_config(path)[0].get("weights")
         if weights is not None and weights != exported:
+            # {--weights}: load_checkpoint's argument, a command's --weights (its owner then the command's)
             raise InvalidValue(
-                f"{path} holds {exported} weights, not {weights}",
-                f"export the checkpoint again with {{command:--weights}} {weights}, or load it without weights=",
+                f"{path} holds {exported} weights, not {weights} ({{--weights}} {weights})",
+                f"pass {{--weights}} {exported} to load them, or export the checkpoint again with "
+                f"{{command:--weights}} {weights}",
             )
         module = load_export(path, map_location)
         check_finite(module.network.state_dict(), str(path), NOT_FINITE_FIX)
@@ -130,7 +127,8 @@ def check_device_available(map_location: str | torch.device) -> None:
 
 def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[ModelKind, Path]:
     """What a path given for a model is, decided in this one place for every command and `load_checkpoint`: a
-    diffusers DDPMPipeline or UNet2DModel folder, an export (its folder or config.json), else a checkpoint file,
+    diffusers DDPMPipeline or UNet2DModel folder, an export (its folder, its config.json, or its model.safetensors,
+    which stands for its folder with a note), else a checkpoint file,
     which a folder holding exactly one stands for (`file_in_folder`; `flag` names the option in its errors).
     A diffusers folder that is broken (a part missing, a model of another class) is refused as one, naming what
     is wrong with it (`diffusers_folders`), not searched for a checkpoint; so is an export that lost its config.json
@@ -139,6 +137,14 @@ def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[Mod
         return "diffusers", Path(path)
     if is_export(path):
         return "export", Path(path)
+    folder = folder_of_weights_file(path)
+    if folder is not None:  # the model is the folder: its config.json holds the settings these weights need
+        print(
+            f"note: {flag} {path} is the weights file of an export: using its folder {folder} (the model's "
+            f"settings are in its {CONFIG})",
+            file=sys.stderr,
+        )
+        return "export", folder
     check_not_an_export_without_config(path, flag)
     return "checkpoint", file_in_folder(path, flag, CHECKPOINT)
 

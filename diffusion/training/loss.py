@@ -99,10 +99,10 @@ def diffusion_loss(
     """The loss of each sample, (B,) float32, from the network `output` at x_t = q_sample(x0, t, noise)."""
     learned = variance == "learned_range"
     prediction, _ = split_output(output.float(), learned)
-    target = schedule.training_target(prediction_type, x0, t, noise)
+    target = schedule.training_target(prediction_type, x0, t, noise, check_range=False)  # t drawn in range
     loss = (prediction - target).pow(2).flatten(1).mean(dim=1)
     if loss_weighting == "min_snr":
-        snr = schedule.snr(t)
+        snr = schedule.snr(t, check_range=False)
         clipped = snr.clamp(max=min_snr_gamma)
         # Hang et al. 2023: weight min(SNR, gamma) on the x0 loss, expressed for each target.
         loss = loss * {"eps": clipped / snr, "x0": clipped, "v": clipped / (snr + 1)}[prediction_type]

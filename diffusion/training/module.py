@@ -321,7 +321,7 @@ class DiffusionModule(SamplingModule):
         self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The loss of each sample, shape (B,): `diffusion.training.loss.diffusion_loss` of the network output."""
-        x_t = self.schedule.q_sample(x0, t, noise)
+        x_t = self.schedule.q_sample(x0, t, noise, check_range=False)  # t is drawn in range: not read
         return diffusion_loss(
             self.schedule, self.forward(x_t, t, labels), x0, x_t, t, noise,
             prediction_type=self.hparams["prediction_type"], loss_weighting=self.hparams["loss_weighting"],

@@ -14,6 +14,7 @@ import math
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from diffusion.training.run_folders import POST_HOC_EMA, post_hoc_ema_folder, ru
 SNAPSHOT_NAME = re.compile(r"step=(\d+)-sigma_rel=([0-9.e-]+)\.pt")
 LEFTOVERS = ".step=*.pt.*.tmp"  # the hidden temporary files of snapshot writes that were killed
 GB = 1e9
+POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning (PoorFit)
 
 
 def snapshot_name(step: int, sigma_rel: float) -> str:
@@ -285,6 +287,11 @@ class Reconstruction:
     solution: Solution
 
 
+class PoorFit(UserWarning):
+    """The snapshots combine into a profile farther than `POOR_FIT` (relative L2 error) from the one asked for: the
+    weights only approximate that EMA. `python -m diffusion.phema` says it in a line of its own."""
+
+
 def snapshot_steps(snapshots: list[Snapshot]) -> list[int]:
     return sorted({snapshot.step for snapshot in snapshots})
 
@@ -326,11 +333,24 @@ def check_step(snapshots: list[Snapshot], step: int | None, owner: str | None = 
 
 def reconstruct(snapshots: list[Snapshot], sigma_rel: float, step: int | None = None) -> Reconstruction:
     """The EMA of relative width `sigma_rel` at `step` (a step with snapshots; default: the newest), from the
-    snapshots up to that step, streamed from disk one at a time."""
+    snapshots up to that step, streamed from disk one at a time. A fit worse than `POOR_FIT` (its relative L2 error:
+    `.solution.relative_error`) is warned of (PoorFit): few snapshots, or a sigma_rel far from the tracked ones."""
     check_sigma_rel(sigma_rel, "sigma_rel")
     step = check_step(snapshots, step)
     used = [snapshot for snapshot in snapshots if snapshot.step <= step]
     solution = solve([s.step for s in used], [s.gamma for s in used], step, gamma_of(sigma_rel))
+    if solution.relative_error > POOR_FIT:
+        tracked = ", ".join(f"{s:g}" for s in sorted({s.sigma_rel for s in used}))
+        count = f"{len(used)} snapshot{'s' if len(used) != 1 else ''}"
+        warnings.warn(
+            PoorFit(
+                f"the snapshots fit the profile of sigma_rel {sigma_rel:g} poorly (relative L2 error "
+                f"{100 * solution.relative_error:.0f}%, from {count} of sigma_rel {tracked} up to step {step}): "
+                "the weights only approximate that EMA — pass more snapshots (all that "
+                "find_snapshots(<run>/post_hoc_ema) returns), or a sigma_rel nearer the tracked ones"
+            ),
+            stacklevel=2,
+        )
 
     def weighted() -> Iterator[tuple[float, dict[str, torch.Tensor]]]:
         for coefficient, snapshot in zip(solution.coefficients.tolist(), used, strict=True):

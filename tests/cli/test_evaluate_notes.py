@@ -99,10 +99,12 @@ def fid_args(folder, reference="digits"):
     ],
     ids=["inception_weights", "overwrite", "data_root", "kid_subset_size"],
 )
-def test_an_option_that_does_nothing_here_is_said_unused(images, capsys, given, note):
+def test_an_option_that_does_nothing_here_is_said_unused(images, capsys, recwarn, given, note):
     values = evaluate.main([*fid_args(images), *given])
     err = capsys.readouterr().err
     assert note in err and err.count("is not used") == 1
+    # said once, as the flag: not again by the library in Python's words (SampleQuality's own note)
+    assert not [w for w in recwarn if "is not used" in str(w.message)], [str(w.message) for w in recwarn]
     assert values == evaluate.main(fid_args(images))  # the same figure as without it
     assert "is not used" not in capsys.readouterr().err
 

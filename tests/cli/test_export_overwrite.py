@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.user_errors import error_line
 
+from diffusion import errors
 from diffusion.cli import export
 from diffusion.errors import MAKE_WRITABLE
 from diffusion.training import atomic_writes
@@ -75,7 +76,9 @@ def test_a_file_that_refuses_to_be_opened_is_said_as_the_file_where_its_folder_t
             raise PermissionError(1, "Operation not permitted", str(path))
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(atomic_writes, "open", refusing, raising=False)  # where the probe opens it
+    # Where the probe opens it: check_can_replace, in diffusion.errors (atomic_writes' before)
+    for module in (atomic_writes, errors):
+        monkeypatch.setattr(module, "open", refusing, raising=False)
     monkeypatch.setattr(os, "access", lambda path, mode: folder_takes_files and real_access(path, mode))
     line = refused(capsys, argv)
     if folder_takes_files:

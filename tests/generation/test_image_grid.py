@@ -7,6 +7,7 @@ public API: tests/test_public_api_arguments.py.)"""
 import builtins
 import errno
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import torch
 from PIL import Image
 
 from diffusion import denormalize, save_image_grid, to_uint8
-from diffusion.errors import CannotWrite, DiskFull, InvalidValue
+from diffusion.errors import CannotReplace, CannotWrite, DiskFull, FlaggedFolder, InvalidValue
 from diffusion.generation.image_grid import HALF_A_LEVEL
 
 NORMALIZATION = {"shift": [0.5], "scale": [0.5]}
@@ -128,3 +129,57 @@ def test_a_folder_that_refuses_the_picture_is_said_naming_it_and_the_fix(error_n
     with pytest.raises(kind, match=expected) as refused:
         save_image_grid(torch.zeros(2, 1, 8, 8), tmp_path / "a.png")
     assert isinstance(refused.value, OSError) and str(tmp_path) in str(refused.value)
+
+
+def made_immutable(path) -> None:
+    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
+
+
+def test_an_immutable_folder_or_picture_is_said_by_its_flag_not_as_a_folder_to_make_writable(tmp_path):
+    # Tester 12b's X8: both said "make that folder writable for this user" (root, the folder writable in the second).
+    folder = tmp_path / "imm"
+    folder.mkdir()
+    made_immutable(folder)
+    try:
+        with pytest.raises(FlaggedFolder) as refused:
+            save_image_grid(torch.zeros(2, 1, 4, 4), folder / "g.png")
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert str(refused.value) == (
+        f"cannot write g.png into {folder} (it is immutable) — check its attributes (lsattr -d {folder}; chattr -i "
+        "clears an immutable flag), or write to another folder; the files written there before are intact"
+    )
+    picture = folder / "g.png"
+    save_image_grid(torch.zeros(2, 1, 4, 4), picture)
+    before = picture.read_bytes()
+    made_immutable(picture)
+    try:
+        with pytest.raises(
+            CannotReplace, match=r"^cannot replace g\.png in \S+ \(it is immutable\): the folder takes"
+        ):
+            save_image_grid(torch.ones(2, 1, 4, 4), picture)
+        assert picture.read_bytes() == before and os.listdir(folder) == ["g.png"]
+    finally:
+        subprocess.run(["chattr", "-i", str(picture)], check=True)
+
+
+def test_a_path_under_a_file_or_in_a_folder_that_takes_no_files_is_said_as_such(tmp_path):
+    # Tester 12b's X9: "the folder samples.npz does not exist — make the folder first" (a file has that name), and
+    # /proc's bare FileNotFoundError from inside PIL.
+    (tmp_path / "samples.npz").write_bytes(b"npz")
+    for path in ["samples.npz/g.png", "samples.npz/a/g.png"]:
+        with pytest.raises(InvalidValue) as refused:
+            save_image_grid(torch.zeros(2, 1, 4, 4), tmp_path / path)
+        assert str(refused.value) == (
+            f"path='{tmp_path / path}': {tmp_path / 'samples.npz'} is a file, not a folder — pass a path in a folder"
+        )
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
+    with pytest.raises(CannotWrite) as refused:
+        save_image_grid(torch.zeros(2, 1, 4, 4), "/proc/nope.png")
+    assert str(refused.value) == (
+        "cannot write nope.png into /proc (No such file or directory: the folder takes no new files) — pass a path "
+        "in a folder that takes files (not one of the system's, such as /proc or /sys)"
+    )

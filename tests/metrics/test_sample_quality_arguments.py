@@ -3,6 +3,7 @@
 metrics=[] computed nothing; a lone name was read letter by letter; 2 channels were taken."""
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -83,8 +84,22 @@ def test_real_must_be_a_bool():
         ({"channels": 0}, ValueError, r"^channels=0 must be 1 \(gray\) or 3 \(RGB\) — "),
         ({"channels": 1.0}, ValueError, r"^channels=1.0 must be a whole number — "),
         ({"channels": "1"}, TypeError, r"^channels='1' is a str, not a whole number — "),
+        # a repeated metric was computed once, without a word
+        (
+            {"metrics": ["fid", "kid", "fid"]},
+            ValueError,
+            r"^metrics=\['fid', 'kid', 'fid'\] has 'fid' twice — name each metric once: metrics=\['fid', 'kid'\]",
+        ),
     ],
-    ids=["lone-name", "no-metric", "two-channels", "zero-channels", "float-channels", "text-channels"],
+    ids=[
+        "lone-name",
+        "no-metric",
+        "two-channels",
+        "zero-channels",
+        "float-channels",
+        "text-channels",
+        "repeated-metric",
+    ],
 )
 def test_options_that_would_score_nothing_or_something_else_are_refused(options, error, words):
     with pytest.raises(error, match=words):
@@ -130,6 +145,26 @@ def test_inception_weights_with_pixel_features_are_warned_unused(tmp_path):
         SampleQuality("pixels", ["fid"], channels=1, inception_weights="nope.pth")  # not read, so not checked
     with pytest.warns(UserWarning, match=unused):
         SampleQualityCallback(features="pixels", num_samples=4, inception_weights="nope.pth")
+
+
+@pytest.mark.parametrize(
+    ("metrics", "option", "value", "computed"),
+    [(["fid"], "kid_subset_size", 5, "KID"), (["fid"], "kid_subsets", 3, "KID"), (["fid", "kid"], "is_splits", 2,
+     "Inception Score")],
+)  # fmt: skip
+def test_an_option_of_a_metric_not_computed_is_warned_unused(metrics, option, value, computed):
+    # kid_subset_size=5 without 'kid' was taken without a word, as if KID were computed (tester 12b, X12)
+    said = f"{option}={value} is not used: metrics={metrics!r} computes no {computed} — add "
+    unused = "^" + re.escape(said)
+    with pytest.warns(UserWarning, match=unused) as warned:
+        SampleQuality("pixels", metrics, channels=1, **{option: value})
+    assert len(warned) == 1 and warned[0].filename == __file__  # said of the caller's line
+
+
+def test_an_option_at_its_default_or_of_a_metric_computed_is_not_warned(recwarn):
+    SampleQuality("pixels", ["fid"], channels=1, kid_subset_size=1000, kid_subsets=100, is_splits=10)
+    SampleQuality("pixels", ["fid", "kid"], channels=1, kid_subset_size=5, kid_subsets=3)
+    assert not [w for w in recwarn if "is not used" in str(w.message)]
 
 
 def test_an_unknown_keyword_is_refused_naming_it_and_the_accepted_ones():

@@ -43,6 +43,19 @@ BAD_ARGUMENTS = [  # (network, arguments, error type, the line's start)
         r"attention_levels=\[1.5\] must be whole numbers in 0",
     ),
     (UNet, {**TINY, "checkpoint_levels": ("0",)}, WrongType, r"checkpoint_levels\[0\]='0' is a str"),
+    # a repeated level was taken as once, without a word
+    (
+        UNet,
+        {**TINY, "attention_levels": (1, 1)},
+        InvalidValue,
+        r"attention_levels \[1, 1\] has level 1 twice — name each level once, e\.g\. attention_levels \[1\]",
+    ),
+    (
+        UNet,
+        {**TINY, "checkpoint_levels": (0, 1, 0)},
+        InvalidValue,
+        r"checkpoint_levels \[0, 1, 0\] has level 0 twice",
+    ),
     (MLP, {"hidden_dim": 8.0}, OutOfRange, r"hidden_dim=8.0 must be a whole number"),
     (MLP, {"in_channels": "2"}, WrongType, r"in_channels='2' is a str, not a whole number"),
     (MLP, {"num_blocks": 2.5}, OutOfRange, r"num_blocks=2.5 must be a whole number"),
@@ -177,3 +190,17 @@ def test_a_network_keeps_the_call_forward_x_t_or_is_said_by_what_its_forward_tak
     from diffusion.models.checks import forward_parameters
 
     assert forward_parameters(network) == takes
+
+
+def test_class_labels_off_the_cpu_are_not_read_at_every_forward():
+    # The networks refuse a label out of range on the CPU (tester 12b, X7: torch's "index out of range in self");
+    # on a GPU reading them would stall every step on a device sync. A meta tensor has no values: reading fails.
+    meta = {"device": "meta", "dtype": torch.long}
+    network = MLP(in_channels=2, num_classes=3).to("meta")
+    assert network(
+        torch.zeros(3, 2, device="meta"), torch.zeros(3, **meta), torch.full((3,), 7, **meta)
+    ).shape == (3, 2)
+    with pytest.raises(OutOfRange, match=r"^y=\[7\] must be classes 0..2 \(or -1: no label\) — "):
+        MLP(in_channels=2, num_classes=3)(
+            torch.zeros(3, 2), torch.zeros(3, dtype=torch.long), torch.tensor([7, 0, -1])
+        )

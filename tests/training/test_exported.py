@@ -57,7 +57,9 @@ def test_an_export_holds_the_weights_it_names(exported):
     folder, _ = exported
     assert load_checkpoint(folder, weights="ema") is not None
     with pytest.raises(
-        UserError, match=r"holds ema weights, not raw — export the checkpoint again with --weights raw"
+        UserError,
+        match=r"holds ema weights, not raw \(weights raw\) — pass weights ema to load them, or export the "
+        r"checkpoint again with --weights raw",
     ):
         load_checkpoint(folder, weights="raw")
 

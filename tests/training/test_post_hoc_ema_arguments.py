@@ -3,13 +3,22 @@ a path that is not there or is a file is refused (a mistyped folder is no run wi
 argument is a WrongType naming it, a step without snapshots or an empty list an InvalidValue (a ValueError), and
 the lines name the arguments, not the command's flags (`tests/cli/test_phema.py` keeps the command's lines)."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
 from diffusion.errors import InvalidValue, MissingFile, WrongType
 from diffusion.training.ema_profiles import gamma_of
-from diffusion.training.post_hoc_ema import find_snapshots, reconstruct, snapshot_contents, snapshot_name
+from diffusion.training.post_hoc_ema import (
+    POOR_FIT,
+    PoorFit,
+    find_snapshots,
+    reconstruct,
+    snapshot_contents,
+    snapshot_name,
+)
 
 
 @pytest.fixture
@@ -105,3 +114,22 @@ def test_good_arguments_of_other_numeric_types_are_taken(folder):
     assert by_numpy.step == 2 and type(by_numpy.step) is int
     torch.testing.assert_close(by_numpy.weights["w"], plain.weights["w"])
     torch.testing.assert_close(plain.weights["w"], torch.full((2,), 2.0))  # one step: its snapshots' weights
+
+
+def test_a_poor_fit_is_warned_of_with_its_error_and_the_fix(folder):
+    # Tester 12b's X11: one snapshot of sigma_rel 0.05 returned as sigma_rel 0.2 (184% error) without a word, where
+    # the phema command warns.
+    snapshots = find_snapshots(folder)
+    with pytest.warns(PoorFit) as caught:
+        poor = reconstruct(snapshots[:1], 0.2)
+    assert poor.solution.relative_error > POOR_FIT and len(caught) == 1
+    assert str(caught[0].message) == (
+        "the snapshots fit the profile of sigma_rel 0.2 poorly (relative L2 error 184%, from 1 snapshot of sigma_rel "
+        "0.05 up to step 2): the weights only approximate that EMA — pass more snapshots (all that "
+        "find_snapshots(<run>/post_hoc_ema) returns), or a sigma_rel nearer the tracked ones"
+    )
+    assert caught[0].filename == __file__  # said at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PoorFit)
+        good = reconstruct(snapshots, 0.07)  # 4.8%: no warning
+    assert good.solution.relative_error < POOR_FIT

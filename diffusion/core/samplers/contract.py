@@ -126,10 +126,10 @@ def evaluate(
     """What `Denoiser` computes, as a plain function of tensors and settings (which torch.compile traces)."""
     output = guided_output(network, x, t, labels, guidance_scale, learned_variance)
     prediction, v = split_output(output, learned_variance)
-    x0, eps = schedule.split_prediction(prediction_type, x, t, prediction)
+    x0, eps = schedule.split_prediction(prediction_type, x, t, prediction, check_range=False)
     if clip_denoised:
         x0 = x0.clamp(-1, 1)
-        eps = schedule.predict_eps_from_x0(x, t, x0)
+        eps = schedule.predict_eps_from_x0(x, t, x0, check_range=False)
     return x0, eps, v
 
 

@@ -60,7 +60,9 @@ class DDPM(Sampler):
             # variance's.
             x0, _, v = self.predict(denoiser, x, t_batch)
             # 3. the posterior q(x_{t_prev} | x_t, x_0) of this (possibly respaced) step, Eq. (6)-(7).
-            mean, posterior_variance, beta = schedule.q_posterior(x0, x, t_batch, t_prev_batch)
+            mean, posterior_variance, beta = schedule.q_posterior(
+                x0, x, t_batch, t_prev_batch, check_range=False
+            )
             # 4. x_{t_prev} ~ N(mu~, sigma_t^2) with sigma_t^2 = beta_t or beta~_t (Sec. 3.2), or learned:
             # Nichol & Dhariwal Eq. 15 between this (respaced) step's beta and beta~.
             if self.variance == "learned_range":
@@ -104,10 +106,10 @@ class DDIM(Sampler):
             # 1-2. predicted x_0 (optionally clipped) and the eps consistent with it.
             x0, eps, _ = self.predict(denoiser, x, t_batch)
             # 3. the posterior variance beta~ of this (possibly respaced) step, Eq. (7).
-            _, posterior_variance, _ = schedule.q_posterior(x0, x, t_batch, t_prev_batch)
+            _, posterior_variance, _ = schedule.q_posterior(x0, x, t_batch, t_prev_batch, check_range=False)
             # 4. Eq. (12), with sigma_t^2 = eta^2 beta~_t from Eq. (16).
             sigma2 = self.eta**2 * posterior_variance
-            log_abar_prev = schedule.log_alphas_cumprod_at(t_prev_batch, x.ndim)
+            log_abar_prev = schedule.log_alphas_cumprod_at(t_prev_batch, x.ndim, check_range=False)
             coef_eps = (-torch.expm1(log_abar_prev) - sigma2.double()).clamp(min=0).sqrt()
             x = log_abar_prev.mul(0.5).exp().to(x.dtype) * x0 + coef_eps.to(x.dtype) * eps
             # 5. add noise, except on the last step and for eta = 0.
