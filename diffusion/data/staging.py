@@ -8,15 +8,12 @@ prepare wrote). Which files are a prepare's is said by `diffusion.data.prepared`
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import socket
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from diffusion.data.folder_lock import holding_lock
+from diffusion.data import folder_lock
 from diffusion.data.prepared import (
     MANIFEST,
     PARTS,
@@ -29,33 +26,20 @@ from diffusion.data.prepared import (
     prepares_file,
     written_by_a_prepare,
 )
-from diffusion.errors import CannotWrite, InvalidValue, UserError, naming_a_full_disk
+from diffusion.errors import CannotWrite, UserError
 
 KEPT_WHERE_REFUSED = "make that folder writable for this user, or write to another folder; what this prepare wrote is removed, the prepared set there before is kept"
 
 
 @contextlib.contextmanager
 def writing_alone(out: str) -> Iterator[None]:
-    """Hold `out`'s lock (`PREPARE_LOCK` in it, `holding_lock`: gone with its process, even one killed by SIGKILL)
-    while the block writes the set there, or refuse at once where another prepare holds it. A folder only: object
-    storage has no lock, so two prepares to one URL at once are not told apart (the last to finish wins)."""
+    """Hold `out`'s lock (`PREPARE_LOCK` in it; `folder_lock.writing_alone`, as sample, export and phema hold
+    theirs) while the block writes the set there, or refuse at once where another prepare holds it. A folder only:
+    object storage has no lock, so two prepares to one URL at once are not told apart (the last to finish wins)."""
     if is_url(out):
         yield
         return
-    path = Path(out, PREPARE_LOCK)
-    with naming_a_full_disk(path):  # a folder that refuses it: CannotWrite
-        path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
-
-    def refused(holder: list[str]) -> UserError:
-        pid, host, *when = holder + ["?", "?"]
-        return InvalidValue(
-            f"{{command:--out}} {out} is being written by another prepare (pid {pid} on host {host}, started "
-            f"{' '.join(when[:2])})",
-            "wait for it to finish, or pass another {command:--out}",
-        )
-
-    with holding_lock(path, f"{os.getpid()} {socket.gethostname()} {started}\n", refused):
+    with folder_lock.writing_alone(out, "prepare", Path(out, PREPARE_LOCK)):
         yield
 
 
