@@ -20,6 +20,7 @@ from diffusion.cli.command_line import Written
 from diffusion.cli.evaluate_notes import note_kid_subsets, note_unused, note_unused_options
 from diffusion.cli.flags import add_flags, check_paths_given
 from diffusion.data.file_in_folder import FileKind, file_in_folder
+from diffusion.data.folder_lock import writing_alone
 from diffusion.data.images import ImageDatasetName
 from diffusion.errors import COMMAND, MissingFile, UserError
 from diffusion.metrics.features import Features, distance_name, feature_size
@@ -102,8 +103,36 @@ def run(
             args[key] = str(Path(args[key]).expanduser())
     if args.samples is None and args.save_stats is None:
         return None
-    if args.save_stats is not None:
+    if args.save_stats is None:
+        return scored(args, device, checked, written)
+    for flag in ("samples", "reference"):  # --overwrite replaced the user's samples by the statistics
+        given = args[flag]
+        if (
+            given is not None
+            and Path(given).is_file()
+            and Path(given).resolve() == Path(args.save_stats).resolve()
+        ):
+            raise UserError(
+                f"--save_stats {args.save_stats} is the --{flag} file itself, which it would replace",
+                "pass another file name for the statistics, e.g. --save_stats reference_stats.npz",
+            )
+    # Held from here: a second evaluate writing --save_stats is refused at once, naming the first ("--save_stats
+    # FILE is being written by another evaluate"): two at once both said they wrote it, and it held one of them.
+    with writing_alone(args.save_stats, "evaluate", statistics_lock(args.save_stats), "save_stats"):
         check_new_statistics_file(args.save_stats, args.overwrite)  # before any time is spent
+        return scored(args, device, checked, written)
+
+
+def statistics_lock(path: str) -> Path:
+    """Where an evaluate writing the statistics file `path` holds its lock: `.NAME.lock` beside it."""
+    absolute = Path(path).absolute()
+    return absolute.parent / f".{absolute.name}.lock"
+
+
+def scored(
+    args: Namespace, device: str, checked: Callable[[], None], written: Sequence[Written]
+) -> dict[str, float] | None:
+    """`run`'s work once --save_stats (if any) is held and checked: the inputs read and checked, then scored."""
     samples = None if args.samples is None else load_npz_images(args.samples)
     if args.reference is None:
         if args.save_stats is not None:

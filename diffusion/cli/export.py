@@ -36,7 +36,7 @@ from diffusion.training.atomic_writes import check_can_replace
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
 from diffusion.training.loading import is_export_without_config, load_checkpoint, model_source
-from diffusion.training.run_folders import POST_HOC_EMA
+from diffusion.training.run_folders import POST_HOC_EMA, checkpoint_files
 
 Format = Literal["safetensors", "diffusers"]
 
@@ -70,6 +70,15 @@ def check_out(out: str) -> None:
             f"--out {out} names a file, and an export is a folder (config.json and model.safetensors, or a diffusers "
             "pipeline)",
             f"pass a folder: --out {path.with_suffix('')}",
+        )
+    # A run's folder or its checkpoints folder: --overwrite mixed an export into them, said "not empty" of an export
+    holds = "a run's checkpoints" if checkpoint_files(path) else None
+    if holds is None and (path / "checkpoints").is_dir() and checkpoint_files(path / "checkpoints"):
+        holds = "a run (its checkpoints folder)"
+    if path.is_dir() and holds:
+        raise UserError(
+            f"--out {out} holds {holds}, and an export is a folder of its own",
+            f"pass a new folder, e.g. --out {path.parent / (path.name + '_export')}",
         )
 
 

@@ -76,12 +76,13 @@ def holding_lock(path: Path, holder: str, refused: Callable[[list[str]], Excepti
 
 
 @contextlib.contextmanager
-def writing_alone(out: str, command: str, lock: Path) -> Iterator[None]:
+def writing_alone(out: str, command: str, lock: Path, flag: str = "out") -> Iterator[None]:
     """Hold `lock` (`holding_lock`: gone with its process, even one killed by SIGKILL) while the block checks what
-    `command` replaces at its --out `out` and writes it there, or refuse at once where another one holds it, naming
-    it: "--out OUT is being written by another COMMAND (pid N on host H, started ...)". Two at once into one --out
-    both said they wrote it, and one's output was the other's. The folders made for `lock` (its folder and those
-    above it that were missing) go again on the way out where they are empty: a refused or failed command's."""
+    `command` replaces at `out` (its option `flag`, --out by default) and writes it there, or refuse at once where
+    another one holds it, naming it: "--out OUT is being written by another COMMAND (pid N on host H, started
+    ...)". Two at once into one --out both said they wrote it, and one's output was the other's. The folders made
+    for `lock` (its folder and those above it that were missing) go again on the way out where they are empty: a
+    refused or failed command's."""
     folder = lock.parent.absolute()
     existed = next(p for p in [folder, *folder.parents] if p.exists())
     with naming_a_full_disk(lock):  # a folder that refuses it: CannotWrite
@@ -91,9 +92,9 @@ def writing_alone(out: str, command: str, lock: Path) -> Iterator[None]:
     def refused(holder: list[str]) -> InvalidValue:
         pid, host, *when = holder + ["?", "?"]
         return InvalidValue(
-            f"{{command:--out}} {out} is being written by another {command} (pid {pid} on host {host}, started "
+            f"{{command:--{flag}}} {out} is being written by another {command} (pid {pid} on host {host}, started "
             f"{' '.join(when[:2])})",
-            "wait for it to finish, or pass another {command:--out}",
+            f"wait for it to finish, or pass another {{command:--{flag}}}",
         )
 
     try:

@@ -50,6 +50,15 @@ def numpy_file_kind(path: Path) -> str:
     return "npz" if magic[:2] == b"PK" else "other"  # np.savez writes a zip archive
 
 
+def is_torch_archive(path: Path) -> bool:
+    """Whether the zip file `path` is torch.save's archive (its pickle, `<name>/data.pkl`), not np.savez's."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/data.pkl") or name == "data.pkl" for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):  # said as truncated or corrupt where np.load reads it
+        return False
+
+
 PICKLED = "holds pickled Python objects (pickle.dump, or torch.save's legacy format), not"
 
 
@@ -123,6 +132,10 @@ def read_array(path: str | Path, flag: str, fix: str) -> tuple[np.ndarray, np.nd
         raise InvalidValue(f"{flag} {path} {PICKLED} a NumPy array (np.save, np.savez)", fix)
     if kind == "other":
         raise InvalidValue(f"{flag} {path} is not a .npy file or an .npz archive", fix)
+    if kind == "npz" and is_torch_archive(path):  # a zip too: its entries were listed as if they were arrays
+        raise InvalidValue(
+            f"{flag} {path} is a PyTorch file (torch.save: a checkpoint), not a NumPy array", fix
+        )
     objects = InvalidValue(f"{flag} {path} holds Python objects (dtype object), not numbers", fix)
     try:
         if kind == "npy":
@@ -134,8 +147,9 @@ def read_array(path: str | Path, flag: str, fix: str) -> tuple[np.ndarray, np.nd
             with np.load(path, allow_pickle=False) as archive:
                 names = archive.files
                 if "arr_0" not in names and len(names) != 1:
+                    listed = names if len(names) <= 6 else [*names[:5], f"... ({len(names)} in all)"]
                     raise InvalidValue(
-                        f"{flag} {path} holds {names}, no arr_0 (FID statistics hold mu and sigma)", fix
+                        f"{flag} {path} holds {listed}, no arr_0 (FID statistics hold mu and sigma)", fix
                     )
                 name = "arr_0" if "arr_0" in names else names[0]
                 check_one_array(path, flag, names)

@@ -30,6 +30,7 @@ from diffusion.errors import (
     InvalidValue,
     MissingFile,
     OutOfRange,
+    UserError,
     WrongType,
     check_real,
     check_whole_number,
@@ -72,6 +73,8 @@ def _load(path: Path, verify: bool = False) -> dict[str, Any]:
         if verify:
             check_zip_checksums(path, "post-hoc EMA snapshot", fix)
         contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except UserError:  # said already (CannotRead is an OSError too: it was said again inside its own words)
+        raise
     except (pickle.UnpicklingError, EOFError, RuntimeError, OSError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CannotRead(f"post-hoc EMA snapshot {path} cannot be read ({first_line})", fix) from err

@@ -26,6 +26,9 @@ EXPORT_CASES = {
     "out_not_empty": (["--out", "{user}/samples"], r"--out .*samples is not empty — pass --overwrite"),
     # Round 10's S6: `--out x.ckpt` made a folder that looked like a checkpoint (sample --ckpt took it as an export)
     "out_names_a_file": (["--out", "{user}/e10.safetensors"], r"^error: --out \S*e10.safetensors names a file, and an export is a folder .* — pass a folder: --out \S*/e10$"),
+    # Round 13's Y2: said "not empty — pass --overwrite", which mixed an export into the run's folders
+    "out_a_checkpoints_folder": (["--out", "{user}/runs/digits/version_0/checkpoints", "--overwrite"], r"^error: --out \S*checkpoints holds a run's checkpoints, and an export is a folder of its own — pass a new folder, e.g. --out \S*checkpoints_export$"),
+    "out_a_run_folder": (["--out", "{user}/runs/digits/version_0", "--overwrite"], r"^error: --out \S*version_0 holds a run \(its checkpoints folder\), and an export is a folder of its own"),
     "out_empty": (["--out", ""], r'^error: --out "" is an empty path — pass a path'),  # was the working folder
     "ckpt_empty": (["--ckpt", ""], r'^error: --ckpt "" is an empty path — pass a path'),
     "a_vector_model_to_diffusers": (

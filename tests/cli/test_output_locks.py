@@ -1,4 +1,5 @@
-"""Two exports into one --out folder, or two phemas into one --out checkpoint, at once: the second is refused at once
+"""Two exports into one --out folder, two phemas into one --out checkpoint, or two evaluates into one --save_stats
+file, at once: the second is refused at once
 (before it reads anything), naming the running one (pid, host, start), with exit status 2, and the first writes its
 output whole (both said "wrote ...", and one's output was the other's). The lock lies beside the output (an export
 folder, what users copy and load, never holds it) and goes with its holder, even one killed by SIGKILL."""
@@ -9,36 +10,39 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import tiny_run, warm
 from helpers.user_errors import error_line
 
-from diffusion.cli import export, phema
+from diffusion.cli import evaluate, export, phema
 from diffusion.training.loading import load_checkpoint
 
 # A command whose writing waits, once it has begun, for the file `release` (its --out held meanwhile): argv[1] is
-# the folder of the signals, argv[2] the module ("export" or "phema"), argv[3] the function it writes with.
+# the folder of the signals, argv[2] the module that writes ("export", "phema", "evaluate_quality"), argv[3] the
+# function it writes with, argv[4] the command's module (whose main runs).
 WAITING = (
     "import importlib, sys, time\n"
     "from pathlib import Path\n"
-    "command = importlib.import_module('diffusion.cli.' + sys.argv[2])\n"
-    "writing = getattr(command, sys.argv[3])\n"
+    "writer = importlib.import_module('diffusion.cli.' + sys.argv[2])\n"
+    "writing = getattr(writer, sys.argv[3])\n"
     "def waiting(*args, **kwargs):\n"
     "    Path(sys.argv[1], 'writing').touch()\n"
     "    while not Path(sys.argv[1], 'release').exists():\n"
     "        time.sleep(0.05)\n"
     "    return writing(*args, **kwargs)\n"
-    "setattr(command, sys.argv[3], waiting)\n"
-    "command.main(sys.argv[4:])\n"
+    "setattr(writer, sys.argv[3], waiting)\n"
+    "importlib.import_module('diffusion.cli.' + sys.argv[4]).main(sys.argv[5:])\n"
 )
 
 
-def waiting_command(command: str, writer: str, argv: list[str], signals: Path):
+def waiting_command(module: str, writer: str, argv: list[str], signals: Path, command: str | None = None):
     signals.mkdir()
     first = warm.popen(
-        [sys.executable, "-c", WAITING, str(signals), command, writer, *argv], stderr=-1, stdout=-1, text=True
-    )
+        [sys.executable, "-c", WAITING, str(signals), module, writer, command or module, *argv],
+        stderr=-1, stdout=-1, text=True,
+    )  # fmt: skip
     deadline = time.monotonic() + 120
     while not (signals / "writing").exists():
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
@@ -46,7 +50,7 @@ def waiting_command(command: str, writer: str, argv: list[str], signals: Path):
     return first
 
 
-def refused_naming(main, argv: list[str], first, capsys) -> str:
+def refused_naming(main, argv: list[str], first, capsys, flag: str = "--out") -> str:
     started = time.monotonic()
     with pytest.raises(SystemExit) as exited:
         main(argv)
@@ -56,7 +60,7 @@ def refused_naming(main, argv: list[str], first, capsys) -> str:
     assert (
         f" (pid {first.pid} on host {socket.gethostname()}, started {time.strftime('%Y-%m-%d ')}" in line
     ), line
-    assert line.endswith(") — wait for it to finish, or pass another --out"), line
+    assert line.endswith(f") — wait for it to finish, or pass another {flag}"), line
     return line
 
 
@@ -158,3 +162,28 @@ def test_a_refused_phema_leaves_no_folder_it_made(run, tmp_path, capsys):
         )
     assert exited.value.code == 2, capsys.readouterr().err[-3000:]
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_second_evaluate_saving_statistics_into_one_file_is_refused_naming_the_first(tmp_path, capsys):
+    """Round 13's Z2: two `evaluate --save_stats` into one new file at once both said "wrote", and it held one."""
+    out = tmp_path / "new" / "stX.npz"
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, np.zeros((16, 8, 8, 1), np.uint8))
+    argv = ["--features", "pixels", "--save_stats", str(out)]
+    first = waiting_command(
+        "evaluate_quality",
+        "save_statistics",
+        [*argv, "--reference", "digits"],
+        tmp_path / "signals",
+        "evaluate",
+    )
+    try:
+        line = refused_naming(
+            evaluate.main, [*argv, "--reference", str(samples)], first, capsys, flag="--save_stats"
+        )
+        assert line.startswith(f"error: --save_stats {out} is being written by another evaluate (pid "), line
+    finally:
+        output = finished(first, tmp_path / "signals")
+    assert "wrote the FID statistics of digits" in output, output
+    assert sorted(p.name for p in out.parent.iterdir()) == ["stX.npz"]  # no .stX.npz.lock left
+    assert int(np.load(out)["num_images"]) == 1797  # the first's: the digits

@@ -371,3 +371,35 @@ def test_evaluate_refuses_an_empty_path(flag, user, capsys, monkeypatch):
     args = ["--samples", samples, "--reference", "digits", "--features", "pixels", flag, ""]
     line = run_in_process(evaluate.main, args, user, capsys)
     assert re.fullmatch(rf'error: {flag} "" is an empty path — pass a path .*', line), line
+
+
+@pytest.mark.parametrize("flag", ["--samples", "--reference"])
+def test_save_stats_onto_its_own_input_is_refused_and_the_input_kept(flag, tmp_path, capsys):
+    # Round 13's Y1: with --overwrite, the user's samples were replaced by the reference's statistics
+    images = tmp_path / "s.npz"
+    np.savez(images, np.full((8, 8, 8, 1), 7, np.uint8))
+    before = images.read_bytes()
+    given = [
+        flag,
+        str(images),
+        *(["--reference", "digits", "--metrics", "fid"] if flag == "--samples" else []),
+    ]
+    argv = [*given, "--features", "pixels", "--save_stats", str(images), "--overwrite"]
+    assert run_in_process(evaluate.main, argv, tmp_path, capsys) == (
+        f"error: --save_stats {images} is the {flag} file itself, which it would replace — pass another file name "
+        "for the statistics, e.g. --save_stats reference_stats.npz"
+    )
+    assert images.read_bytes() == before
+
+
+def test_a_checkpoint_given_as_samples_is_said_as_one(tmp_path, capsys):
+    # Round 13's Y3: torch.save's zip entries were listed as the arrays of an .npz, an 18 KB line
+    checkpoint = tmp_path / "last.ckpt"
+    torch.save({f"w{i}": torch.zeros(2) for i in range(50)}, checkpoint)
+    line = run_in_process(
+        evaluate.main, ["--samples", str(checkpoint), "--features", "pixels"], tmp_path, capsys
+    )
+    assert line.startswith(
+        f"error: --samples {checkpoint} is a PyTorch file (torch.save: a checkpoint), not a NumPy array — "
+    ), line
+    assert len(line) < 300

@@ -133,3 +133,15 @@ def test_a_poor_fit_is_warned_of_with_its_error_and_the_fix(folder):
         warnings.simplefilter("error", PoorFit)
         good = reconstruct(snapshots, 0.07)  # 4.8%: no warning
     assert good.solution.relative_error < POOR_FIT
+
+
+def test_a_truncated_snapshot_is_said_once(folder):
+    # Round 13's Z1: its refusal (an OSError too) was caught and said again inside its own words: path and fix twice
+    damaged = folder / snapshot_name(2, 0.1)
+    damaged.write_bytes(damaged.read_bytes()[:1000])
+    with pytest.raises(OSError) as raised:
+        reconstruct(find_snapshots(folder), 0.08)
+    assert str(raised.value) == (
+        f"post-hoc EMA snapshot {damaged} is truncated or not a PyTorch file — delete that file (the other "
+        "snapshots still reconstruct), or restore it from a backup"
+    )
