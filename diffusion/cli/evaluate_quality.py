@@ -118,8 +118,9 @@ def run(
             )
     # Held from here: a second evaluate writing --save_stats is refused at once, naming the first ("--save_stats
     # FILE is being written by another evaluate"): two at once both said they wrote it, and it held one of them.
+    check_new_statistics_file(args.save_stats, args.overwrite)  # before any time is spent, or a folder made
     with writing_alone(args.save_stats, "evaluate", statistics_lock(args.save_stats), "save_stats"):
-        check_new_statistics_file(args.save_stats, args.overwrite)  # before any time is spent
+        check_new_statistics_file(args.save_stats, args.overwrite)  # again, held: another may have written it
         return scored(args, device, checked, written)
 
 

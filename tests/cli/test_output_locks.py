@@ -167,6 +167,7 @@ def test_a_refused_phema_leaves_no_folder_it_made(run, tmp_path, capsys):
 def test_a_second_evaluate_saving_statistics_into_one_file_is_refused_naming_the_first(tmp_path, capsys):
     """Round 13's Z2: two `evaluate --save_stats` into one new file at once both said "wrote", and it held one."""
     out = tmp_path / "new" / "stX.npz"
+    out.parent.mkdir()  # evaluate writes into a folder that exists
     samples = tmp_path / "samples.npz"
     np.savez(samples, np.zeros((16, 8, 8, 1), np.uint8))
     argv = ["--features", "pixels", "--save_stats", str(out)]
