@@ -141,3 +141,16 @@ def test_samples_that_are_not_finite_exit_non_zero_and_leave_nothing_that_looks_
     assert re.search(r"sampling produced values that are not finite \(NaN or infinity\) among samples 0 to 3; "
                      r"nothing was written — sample at --precision 32", line)  # fmt: skip
     assert not out.exists()  # made for this run, and removed with what it held
+
+
+def test_a_checkpoint_given_as_samples_is_said_as_one(tmp_path, capsys):
+    # Round 13's Y3: torch.save's zip entries were listed as the arrays of an .npz, an 18 KB line
+    checkpoint = tmp_path / "last.ckpt"
+    torch.save({f"w{i}": torch.zeros(2) for i in range(50)}, checkpoint)
+    line = run_in_process(
+        evaluate.main, ["--samples", str(checkpoint), "--features", "pixels"], tmp_path, capsys
+    )
+    assert line.startswith(
+        f"error: --samples {checkpoint} is a PyTorch file (torch.save: a checkpoint), not a NumPy array — "
+    ), line
+    assert len(line) < 300

@@ -390,16 +390,3 @@ def test_save_stats_onto_its_own_input_is_refused_and_the_input_kept(flag, tmp_p
         "for the statistics, e.g. --save_stats reference_stats.npz"
     )
     assert images.read_bytes() == before
-
-
-def test_a_checkpoint_given_as_samples_is_said_as_one(tmp_path, capsys):
-    # Round 13's Y3: torch.save's zip entries were listed as the arrays of an .npz, an 18 KB line
-    checkpoint = tmp_path / "last.ckpt"
-    torch.save({f"w{i}": torch.zeros(2) for i in range(50)}, checkpoint)
-    line = run_in_process(
-        evaluate.main, ["--samples", str(checkpoint), "--features", "pixels"], tmp_path, capsys
-    )
-    assert line.startswith(
-        f"error: --samples {checkpoint} is a PyTorch file (torch.save: a checkpoint), not a NumPy array — "
-    ), line
-    assert len(line) < 300
