@@ -17,6 +17,7 @@ from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import restricted_number_type
 
 from diffusion.cli.command_line import Written
+from diffusion.cli.config_files import as_text
 from diffusion.cli.evaluate_notes import note_kid_subsets, note_unused, note_unused_options
 from diffusion.cli.flags import add_flags, check_paths_given
 from diffusion.data.file_in_folder import FileKind, file_in_folder
@@ -254,10 +255,16 @@ def choose_metrics(
         else "evaluate more samples, or leave is out of --metrics",
     }
     if requested is not None:
-        for name in dict.fromkeys(requested):
+        once = list(dict.fromkeys(requested))
+        if len(once) < len(requested):  # computed once: the repeat was dropped without a word
+            raise UserError(
+                f"--metrics {as_text(list(requested))} names a metric more than once",
+                f"name each metric once: --metrics {' '.join(once)}",
+            )
+        for name in once:
             if reasons.get(name):
                 raise UserError(f"--metrics {name}: {reasons[name]}", fixes[name])
-        return list(dict.fromkeys(requested)), {}
+        return once, {}
     chosen = [name for name in get_args(QualityMetric) if not reasons.get(name)]
     return chosen, {name: reason for name, reason in reasons.items() if reason}
 

@@ -17,7 +17,6 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from diffusion.cli.command_line import SayOption, as_flag
 from diffusion.cli.written_twice import check_short_and_long_form_agree, said_with_defaults
 from diffusion.errors import UserError
-from diffusion.training.module import VAL_LOSS
 
 SHORTHANDS = (
     "accelerator", "devices", "strategy", "precision", "num_nodes", "max_steps", "max_epochs",
@@ -119,15 +118,6 @@ def check_trainer_option_ranges(config: Namespace, say: SayOption = as_flag) -> 
                 "every --checkpoint.every_n_minutes and when the job is stopped)",
                 f"leave --{key} out; to keep fewer checkpoints, pass --checkpoint.save_top_k 0 (last.ckpt alone)",
             )
-    # Lightning's refusal named its constructor, ModelCheckpoint(save_top_k=3, monitor=None), and no fix
-    top_k = config.get("checkpoint.save_top_k")
-    if _count(top_k) and top_k > 1 and config.get("checkpoint.monitor") is None:
-        raise UserError(
-            f"{say('checkpoint.save_top_k', top_k)} keeps the best {top_k} checkpoints by a monitored value, "
-            "and no --checkpoint.monitor is given",
-            f"add --checkpoint.monitor {VAL_LOSS} (the validation loss, lowest best), or pass "
-            "--checkpoint.save_top_k -1 to keep every checkpoint (1: the newest)",
-        )
 
 
 # Lightning's double precision: the run trained into a dtype error in the EMA update (its float32 copy lerped

@@ -153,3 +153,25 @@ def test_an_image_size_that_inception_would_compare_with_other_samples_is_refuse
         "compare images of one size: leave --image_size out (a dataset reference is rendered at the samples' "
         "size), or pass --features pixels, which pools both to 8x8"
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (["--metrics", "fid", "kid", "fid"], "--metrics [fid, kid, fid]"),
+        (["--config", "run.yaml"], "metrics [fid, fid]"),
+    ],
+)
+def test_a_metric_named_twice_is_refused(images, capsys, monkeypatch, given, line):
+    """It was computed once, the repeat dropped without a word (SampleQuality refuses it in Python)."""
+    monkeypatch.chdir(images)
+    (images / "run.yaml").write_text("metrics: [fid, fid]\n")
+    with pytest.raises(SystemExit) as stop:
+        evaluate.main([*kid_args(images)[:-2], *given])
+    assert stop.value.code == 2
+    once = "fid kid" if "kid" in given else "fid"
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(f"{line} names a metric more than once — name each metric once: --metrics {once}")
+    )

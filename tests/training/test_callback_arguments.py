@@ -4,6 +4,8 @@ training step. A dict where SamplingOptions go failed at fit start with an Attri
 validation, after the steps before it, and every_n_minutes=NaN was taken, its timed checkpoints never written
 (tester round 6b: L4, L5)."""
 
+import warnings
+
 import pytest
 
 from diffusion import SamplingOptions
@@ -17,6 +19,8 @@ CASES = [
     ("checkpoint-text-minutes", lambda: Checkpoint(every_n_minutes="30"), TypeError, "every_n_minutes"),
     ("checkpoint-bool-minutes", lambda: Checkpoint(every_n_minutes=True), TypeError, "every_n_minutes"),
     ("checkpoint-text-top-k", lambda: Checkpoint(save_top_k="2"), TypeError, "save_top_k"),
+    # Lightning's MisconfigurationException named ModelCheckpoint(save_top_k=3, monitor=None) and no fix
+    ("checkpoint-top-k-without-monitor", lambda: Checkpoint(save_top_k=3), ValueError, "monitor"),
     ("checkpoint-fractional-steps", lambda: Checkpoint(every_n_train_steps=2.5), ValueError, "every_n_train_steps"),
     ("grid-dict-as-sampling", lambda: SampleGrid(sampling={"sampler": "ddim", "steps": 2}), TypeError, "sampling"),
     ("grid-name-as-sampling", lambda: SampleGrid(sampling="ddim"), TypeError, "sampling"),
@@ -50,6 +54,7 @@ def test_a_bad_callback_argument_is_refused_by_its_name_when_built(call, error, 
 def test_good_callback_arguments_are_taken():
     assert Preemption(every_n_minutes=None).every_n_minutes is None  # None: no timed checkpoints
     assert Checkpoint(every_n_minutes=0.5).preemption.every_n_minutes == 0.5
+    assert Checkpoint(save_top_k=3, monitor="val/loss").save_top_k == 3
     options = SamplingOptions(sampler="ddim", steps=2)
     assert SampleGrid(sampling=options, seed=2**64 - 1).sampling is options
     assert SampleGrid(sampling=None).sampling == SamplingOptions()  # None: the model's own defaults
@@ -74,3 +79,21 @@ def test_a_missing_inception_weights_file_is_refused_when_built(tmp_path):
     SampleQualityCallback(
         features="pixels", inception_weights=str(tmp_path / "nope.pth")
     )  # pixels read no file
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"kid": False}, "(kid=False)"),
+        ({"reference_stats": "digits.npz"}, "(reference_stats holds no real images'"),
+    ],
+)
+def test_a_kid_subset_size_with_no_kid_is_said_not_used(options, why):
+    # It was passed on to SampleQuality with metrics=['fid'] at setup, which warned in words the caller never wrote.
+    with pytest.warns(UserWarning, match=r"^kid_subset_size=8 not used: no KID is computed ") as caught:
+        SampleQualityCallback(features="pixels", kid_subset_size=8, **options)
+    assert why in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        SampleQualityCallback(features="pixels", kid_subset_size=8)  # KID computed: used
+        SampleQualityCallback(features="pixels", kid=False)  # left at its default

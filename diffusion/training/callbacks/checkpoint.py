@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from diffusion.errors import InvalidValue, check_whole_number, options_of, said
 from diffusion.training import atomic_writes as checkpoint_io
 from diffusion.training.callbacks.preemption import Preempted, Preemption, requeue_slurm_job
+from diffusion.training.module import VAL_LOSS
 
 
 def check_checkpoint_options(options: dict[str, Any]) -> None:
@@ -35,6 +36,15 @@ def check_checkpoint_options(options: dict[str, Any]) -> None:
         raise InvalidValue(
             f"{{--every_n_train_steps}} {every_n_train_steps} is out of range",
             "pass an integer >= 0 (0: no saves by step count)",
+            owner=Checkpoint,
+        )
+    # Lightning's refusal named its constructor, ModelCheckpoint(save_top_k=3, monitor=None), and no fix
+    if isinstance(save_top_k, int) and save_top_k > 1 and options.get("monitor") is None:
+        raise InvalidValue(
+            f"{{--save_top_k}} {save_top_k} keeps the best {save_top_k} checkpoints by a monitored value, and no "
+            "{--monitor} is given",
+            f"add {{--monitor}} {VAL_LOSS} (the validation loss, lowest best), or pass {{--save_top_k}} "
+            "-1 to keep every checkpoint (1: the newest)",
             owner=Checkpoint,
         )
     # Lightning refuses two of them in its own words ("should be mutually exclusive"), naming one it set itself.

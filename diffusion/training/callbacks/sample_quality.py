@@ -2,11 +2,12 @@
 statistics), at the end of validation, by the computation of `python -m diffusion.evaluate`
 (`diffusion.metrics.sample_quality`)."""
 
+from functools import partial
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from diffusion.core.sampling import DEFER, SamplingOptions, check_options
@@ -23,10 +24,11 @@ from diffusion.metrics.features import (
     feature_size,
 )
 from diffusion.metrics.reference_stats import load_statistics
-from diffusion.metrics.sample_quality import SampleQuality
+from diffusion.metrics.sample_quality import KID_SUBSET_SIZE, SampleQuality
 from diffusion.training.callbacks.grids import EveryNValidations
 from diffusion.training.callbacks.run_progress import shows_progress
 from diffusion.training.module import DiffusionModule
+from diffusion.training.option_notes import OptionNote, SayValue
 
 FID, KID = "val/fid", "val/kid"  # the metrics it logs (a checkpoint can monitor them)
 
@@ -78,7 +80,7 @@ class SampleQualityCallback(EveryNValidations):
         sampling: SamplingOptions = DEFER,
         seed: int = 0,
         kid: bool | None = None,
-        kid_subset_size: int = 1000,
+        kid_subset_size: int = KID_SUBSET_SIZE,
         num_real: int | None = None,
         batch_size: int = SAMPLING_BATCH,
         inception_weights: str | None = None,
@@ -119,6 +121,12 @@ class SampleQualityCallback(EveryNValidations):
         self.seed = checked_seed(seed)  # of the samples, the real subset and KID's subsets
         self.kid = kid if kid is not None else reference_stats is None
         self.kid_subset_size = kid_subset_size
+        if (
+            not self.kid and kid_subset_size != KID_SUBSET_SIZE
+        ):  # it did nothing, said as SampleQuality's metrics
+            rank_zero_warn(
+                OptionNote(partial(_kid_off, kid_subset_size, reference_stats is not None), type(self))
+            )
         self.num_real = num_samples if num_real is None else num_real
         self.batch_size = batch_size
         check_inception_weights(inception_weights, features)  # at construction, not at setup after steps
@@ -160,7 +168,7 @@ class SampleQualityCallback(EveryNValidations):
                 )
             self.quality = SampleQuality(
                 self.features, ["fid", "kid"] if self.kid else ["fid"], channels=shape[0], reference=reference,
-                kid_subset_size=self.kid_subset_size, inception_weights=self.inception_weights,
+                kid_subset_size=self.kid_subset_size if self.kid else KID_SUBSET_SIZE, inception_weights=self.inception_weights,
             )  # fmt: skip
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: DiffusionModule) -> None:  # type: ignore[override]
@@ -244,3 +252,13 @@ def _train_dataset(trainer: L.Trainer) -> Dataset:
 
 FIDCallback = SampleQualityCallback
 """The name configs of earlier versions give it (`diffusion.training.callbacks.FIDCallback`)."""
+
+
+def _kid_off(subset_size: int, by_statistics: bool, option: SayValue) -> str:
+    """The note on a KID subset size given with no KID computed, each option said by `option`."""
+    why = "reference_stats holds no real images' features" if by_statistics else option("kid", False)
+    fix = "drop reference_stats and " if by_statistics else ""
+    return (
+        f"{option('kid_subset_size', subset_size)} not used: no KID is computed ({why}) — {fix}pass "
+        f"{option('kid', True)} to compute it, or leave kid_subset_size out"
+    )
