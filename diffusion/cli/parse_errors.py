@@ -28,6 +28,7 @@ from typing import Any, Literal, get_args, get_origin
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from diffusion.cli import type_fits
+from diffusion.cli.chosen_classes import chosen_class, class_argument_hint, default_of, imported
 from diffusion.cli.command_line import (
     PRINT_CONFIG,
     Written,
@@ -55,17 +56,7 @@ from diffusion.cli.config_files import (
     yaml_or_none,
 )
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, option_names
-from diffusion.cli.type_fits import (
-    chosen_class,
-    class_argument_hint,
-    default_of,
-    fits,
-    group_file_said,
-    imported,
-    one_value_said,
-    required_said,
-    said_of,
-)
+from diffusion.cli.type_fits import fits, group_file_said, one_value_said, required_said, said_of
 from diffusion.cli.written_twice import (
     check_no_flag_replaced,
     check_one_name_each,

@@ -335,6 +335,14 @@ def test_a_class_of_the_right_kind_without_its_required_arguments_names_them(tmp
     assert train_line(["--model.network", "torch.nn.Conv2d"], capsys) == f"--{needs}"
     Path("run.yaml").write_text("model:\n  network: torch.nn.Conv2d\n")
     assert train_line(["--config", "run.yaml"], capsys) == f"run.yaml: {needs}"
+    # a logger by its bare name, its recipe's save_dir dropped by a `false` before it: "is not a valid Logger or list
+    # or bool — pass ... a list in brackets, e.g. [1, 2]"
+    assert train_line(
+        ["--trainer.logger", "false", "--trainer.logger", "CSVLogger"], capsys, logger=None
+    ) == (
+        "--trainer.logger CSVLogger: CSVLogger needs save_dir, which has no default — give it as "
+        "--trainer.logger.init_args.save_dir VALUE, or under init_args: in a config file"
+    )
 
 
 def test_a_network_setting_the_data_decides_is_refused_from_a_config_file_too(user, tmp_path, capsys):
