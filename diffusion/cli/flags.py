@@ -26,7 +26,7 @@ from diffusion.cli.jsonargparse_internals import take_negative_numbers_as_values
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 from diffusion.data.file_in_folder import file_in_folder
 from diffusion.data.labels import class_labels
-from diffusion.errors import COMMAND, CallerError, OutOfRange, UserError
+from diffusion.errors import COMMAND, CallerError, OutOfRange, UserError, refusing_flag
 from diffusion.generation.arguments import checked_seed
 from diffusion.generation.ranks import SAMPLING_BATCH
 from diffusion.training.checkpoint_files import CHECKPOINT
@@ -187,6 +187,14 @@ def check_writable_folder(path: str | os.PathLike, flag: str, given: str | os.Pa
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
+        if (
+            reason := refusing_flag(existing)
+        ) is not None:  # its mode bits allow it: "a folder you can write to"
+            raise UserError(  # pointed nowhere
+                f"{flag} {shown}: cannot write into {existing} ({reason})",
+                f"check its attributes (lsattr -d {existing}; chattr -i clears an immutable flag), or pick "
+                "another folder",
+            ) from err
         raise UserError(
             f"{flag} {shown}: cannot write into {existing} ({err.strerror or err})",
             "pick a folder you can write to",

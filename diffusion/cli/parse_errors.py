@@ -20,6 +20,7 @@ import difflib
 import inspect
 import os
 import sys
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,19 @@ class CommandLine:
             raise AssertionError(f"{self.print_request} printed nothing")  # jsonargparse exits after printing
 
 
+# The options a parser links from another (train.py: the model's from the data), with what sets them: given by the user,
+# they are refused naming it. Beside the parser, not in it: its attributes are jsonargparse's.
+_SET_BY_LINKS: "weakref.WeakKeyDictionary[ArgumentParser, dict[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def link_arguments(parser: ArgumentParser, source: str, target: str, set_by: str, **link: Any) -> None:
+    """`parser.link_arguments(source, target, **link)`, and `target` refused when written, said to be set by
+    `set_by` (jsonargparse said `Linked "model.sample_shape" must be given via "data.sample_shape"`, an option
+    no one can give)."""
+    parser.link_arguments(source, target, **link)
+    _SET_BY_LINKS.setdefault(parser, {})[target] = set_by
+
+
 def parsed_command_line(
     parser: ArgumentParser, argv: Sequence[str] | None, renamed: Mapping[str, str] | None = None
 ) -> CommandLine:
@@ -137,6 +151,11 @@ def parsed_command_line(
     items = list(
         everything_written(parser, written)
     )  # read once: the list forms' class hints, then the checks
+    for (
+        item
+    ) in items:  # jsonargparse refused it in its own words: `argument <lambda>(data) --> model.class_names`
+        if (set_by := _SET_BY_LINKS.get(parser, {}).get(plain_key(item.key))) is not None:
+            raise BadCommandLine(f"{item.shown()}: {set_by}", f"leave --{plain_key(item.key)} out")
     try:
         taken = as_the_parser_takes(parser, written, lambda key: class_argument_hint(parser, items, key))
         config = parser.parse_args(taken)

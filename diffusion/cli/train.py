@@ -11,6 +11,7 @@ checkpoint to resume or start from: `diffusion.cli.train_checks`), and a user er
 (`diffusion.errors`).
 """
 
+import operator
 import sys
 import weakref
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from diffusion.cli.command_line import SayOption, as_flag, where_written
 from diffusion.cli.flags import DEBUG_VARIABLE, add_debug_flag, check_path_given, cpu_mixed_precision_note
 from diffusion.cli.jsonargparse_internals import drop_print_config_request, take_negative_numbers_as_values
 from diffusion.cli.legacy import accept_moved_class_paths, class_at
-from diffusion.cli.parse_errors import CommandLine, parsed_command_line
+from diffusion.cli.parse_errors import CommandLine, link_arguments, parsed_command_line
 from diffusion.cli.process_group import check_other_machines_named, closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.resume import check_init_from_on_resume, check_same_training_settings, resolve_resume
@@ -87,6 +88,16 @@ NOT_OFFERED = {
     "optimizer": "--model.lr, --model.adam_betas and --model.weight_decay",
     "lr_scheduler": "--model.warmup_steps and --model.lr_schedule (constant or cosine)",
 }
+# The model's options the data sets, linked when the classes are built: what each is, how it is read from the data
+# module. Written by the user, they are refused (jsonargparse named "data.sample_shape", no flag, or "<lambda>(data)").
+SET_BY_THE_DATA = {
+    "model.sample_shape": ("the shape of one sample: --data.channels and --data.image_size for images, --data.dim "
+                           "for vectors", operator.attrgetter("sample_shape")),
+    "model.normalization": ("the shift and scale that map the model's units back to the data's, as samples are "
+                            "rendered", operator.attrgetter("normalization")),
+    "model.class_names": ("the names of its classes, for class-conditional data: --data.conditional true",
+                          lambda data: getattr(data, "class_names", None)),
+}  # fmt: skip
 
 
 class DiffusionCLI(LightningCLI):
@@ -191,17 +202,14 @@ class DiffusionCLI(LightningCLI):
                 "model.network": {"class_path": "diffusion.models.UNet"},
             }
         )
-        # The data decides the shape of a sample: the network's input width and the sampler's output shape.
-        parser.link_arguments("data.sample_shape", "model.sample_shape", apply_on="instantiate")
-        parser.link_arguments("data.normalization", "model.normalization", apply_on="instantiate")
+        # The data decides the shape of a sample, its normalization and class names, and the network's input width.
+        for target, (what, compute) in SET_BY_THE_DATA.items():
+            set_by = f"the data sets it ({what})"
+            link_arguments(parser, "data", target, set_by, compute_fn=compute, apply_on="instantiate")
         for name, compute in self._network_settings_from_the_data().items():
             parser.link_arguments(
                 "data", f"model.network.init_args.{name}", compute_fn=compute, apply_on="instantiate"
             )
-        parser.link_arguments(
-            "data", "model.class_names", compute_fn=lambda data: getattr(data, "class_names", None),
-            apply_on="instantiate",
-        )  # fmt: skip
 
     def _network_settings_from_the_data(self) -> dict[str, Callable[[Any], Any]]:
         """The network's input channels; its class embedding, sized by class-conditional data (--data.conditional

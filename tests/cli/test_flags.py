@@ -1,14 +1,16 @@
 """The flags several commands take are declared once (`diffusion.cli.flags.FLAGS`): no command adds one of them by
 hand, a command's change to one (a default, the help) stays its own, and a change to a flag it does not add is
-refused."""
+refused. An --out folder that refuses writes is said truly."""
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from diffusion.cli import evaluate, flags, phema, sample
-from diffusion.cli.flags import FLAGS, add_flags, command_parser
+from diffusion.cli.flags import FLAGS, add_flags, check_writable_folder, command_parser
+from diffusion.errors import UserError
 
 CLI = Path(flags.__file__).parent
 
@@ -47,3 +49,31 @@ def test_a_commands_change_to_a_shared_flag_is_its_own():
 def test_a_change_to_a_flag_not_added_is_refused():
     with pytest.raises(ValueError, match=r"changes to flags not added: \['sed'\]"):
         add_flags(command_parser("prog", ""), "seed", sed={"help": "a typo"})
+
+
+def test_an_immutable_out_folder_is_said_immutable(tmp_path):
+    """sample's, export's and phema's --out of a `chattr +i` folder said "(Operation not permitted) — pick a folder
+    you can write to", though its mode bits let the user write (tester round 14b: Q1)."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
+    try:
+        with pytest.raises(UserError) as refused:
+            check_writable_folder(folder, "--out")
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert str(refused.value) == (
+        f"--out {folder}: cannot write into {folder} (it is immutable) — check its attributes (lsattr -d {folder}; "
+        "chattr -i clears an immutable flag), or pick another folder"
+    )
+
+
+def test_a_folder_refusing_writes_for_its_mode_says_the_systems_reason(tmp_path, monkeypatch):
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(flags.tempfile, "TemporaryFile", refused)
+    with pytest.raises(UserError, match=r"\(Permission denied\) — pick a folder you can write to$"):
+        check_writable_folder(tmp_path, "--out")
