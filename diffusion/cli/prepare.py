@@ -26,7 +26,8 @@ from typing import Any
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import PositiveInt
 
-from diffusion.cli.command_line import written_as
+from diffusion.cli.command_line import Written, written_as
+from diffusion.cli.config_files import as_text
 from diffusion.cli.flags import add_flags, check_writable_folder, command_parser
 from diffusion.cli.legacy import class_at
 from diffusion.cli.parse_errors import flags_written, parsed_command_line
@@ -96,6 +97,28 @@ def check_no_training_flag(argv: list[str]) -> None:
             )
 
 
+# The data module's options of the training loader, which a prepared set does not hold: given, each is noted unused.
+LOADER_OPTIONS = {
+    "batch_size": "the batch size is the training loader's — pass it to train.py",
+    "num_workers": "it sets the training loader's workers — prepare's own --num_workers sets its processes",
+    "on_device": "it says where training holds the data — pass it to train.py with the prepared set",
+}
+
+
+def note_training_loader_options(written: list[Written], options: Any) -> None:
+    """A note for each training-loader option of --data the user gave: prepare writes the data set, and would take
+    it without a word (`--data.num_workers 3` set nothing)."""
+    for name, why in LOADER_OPTIONS.items():
+        keys = (f"data.{name}", f"data.init_args.{name}")
+        if any(item.key in keys for item in written):
+            key = next(item.key for item in reversed(written) if item.key in keys)
+            print(
+                f"note: {written_as(written, key)} {as_text(options.get(name))} is not used: prepare writes the "
+                f"data set, and {why}",
+                file=sys.stderr,
+            )
+
+
 def main(argv: list[str] | None = None) -> str:
     """`python -m diffusion.prepare [flags]`: write the prepared set, return where it is."""
     with reporting_user_errors(argv):
@@ -128,15 +151,7 @@ def main(argv: list[str] | None = None) -> str:
             if named is None:
                 raise
             raise named from error
-        for key in ("data.batch_size", "data.init_args.batch_size"):  # the loaders' setting: train.py's
-            if any(item.key == key for item in command_line.written):
-                print(
-                    f"note: {written_as(command_line.written, key)} {data.init_args.get('batch_size')} is not used: "
-                    "prepare writes the data set, and the batch size is the training loader's — pass it to "
-                    "train.py",
-                    file=sys.stderr,
-                )
-                break
+        note_training_loader_options(command_line.written, data.init_args)
         source = data.init_args.get("root") if dataset == "folder" else data.init_args.get("path") or dataset
         prepared = prepare(
             datamodule,

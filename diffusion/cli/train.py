@@ -59,6 +59,7 @@ from diffusion.cli.trainer_options import (
     drop_ddp_on_one_device,
     expand_shorthands,
     runs_on_cpu,
+    step_checkpoints_note,
     validation_off_note,
     warmup_note,
 )
@@ -267,8 +268,8 @@ class DiffusionCLI(LightningCLI):
                 )
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config, self._said)
-        for warning in (validation_off_note(self.config, self._said), warmup_note(self.config, self._said)):
-            if warning:
+        for note_of in (validation_off_note, warmup_note, step_checkpoints_note):
+            if warning := note_of(self.config, self._said):
                 rank_zero_warn(CommandNote(warning))
         check_hardware_flags(self.config.trainer)
         check_torchrun_restarts()  # before a restart would hang

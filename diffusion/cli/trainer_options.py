@@ -233,6 +233,21 @@ def warmup_note(config: Namespace, say: SayOption = as_flag) -> str | None:
     )
 
 
+def step_checkpoints_note(config: Namespace, say: SayOption = as_flag) -> str | None:
+    """A step-checkpoint interval past the run's last step: Lightning then saves at those steps instead of at
+    validations, so the run keeps last.ckpt alone, without a word (a plain run keeps its validations' too)."""
+    every, steps = config.get("checkpoint.every_n_train_steps"), config.get("trainer.max_steps")
+    if not (_count(every) and _count(steps)) or steps < 1 or every <= steps:
+        return None
+    say = said_with_defaults(say)
+    return (
+        f"{say('checkpoint.every_n_train_steps', every)} is more than {say('trainer.max_steps', steps)}: "
+        "this run reaches no step checkpoint, and with the interval set it saves none at validations either, "
+        "so it keeps last.ckpt alone — pass "
+        f"--checkpoint.every_n_train_steps {steps} or less, or leave it out to save at validations"
+    )
+
+
 def _check_name(
     key: str, written: Any, names: tuple[str, ...], any_case: bool = False, say: SayOption = as_flag
 ) -> None:

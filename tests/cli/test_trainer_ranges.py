@@ -104,6 +104,21 @@ def test_a_warmup_the_run_finishes_or_a_run_without_max_steps_says_nothing():
         assert warmup_note(Namespace(model=Namespace(**model), trainer=Namespace(**trainer))) is None
 
 
+def test_a_step_checkpoint_interval_past_the_run_is_said(tmp_path):
+    # It never fired, and with it set Lightning saved none at validations: last.ckpt alone, silently (round 14a: P7).
+    given = [*TINY_UNET, "--max_steps", "2", "--model.warmup_steps", "0", *VALIDATING_AT_2, *NO_LOGGER]
+    with pytest.warns(UserWarning) as caught:
+        DiffusionCLI([*given, "--checkpoint.every_n_train_steps", "3"])
+    assert [str(w.message) for w in caught if "every_n_train_steps" in str(w.message)] == [
+        "--checkpoint.every_n_train_steps 3 is more than --trainer.max_steps 2: this run reaches no step "
+        "checkpoint, and with the interval set it saves none at validations either, so it keeps last.ckpt alone — "
+        "pass --checkpoint.every_n_train_steps 2 or less, or leave it out to save at validations"
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        DiffusionCLI([*given, "--checkpoint.every_n_train_steps", "2"])
+
+
 def test_no_images_held_out_is_said_as_validation_turned_off(tmp_path):
     # --data.val_fraction 0 turned validation off (no grids, no loss.png val/loss, no step checkpoints) silently.
     with pytest.warns(UserWarning) as caught:

@@ -101,11 +101,24 @@ def test_a_url_with_a_bucket_is_not_refused(no_store):
     assert prepared_module.store_named(str(Path("s3:") / "x")) == str(Path("s3:") / "x")  # a local folder
 
 
-def test_a_batch_size_given_to_prepare_is_said_unused(tmp_path, capsys):
-    """Round 10's S3: `--data.batch_size 5` was range-checked, printed by --print_config, then dropped unsaid."""
+def test_the_training_loaders_options_given_to_prepare_are_said_unused(tmp_path, capsys):
+    """Round 10's S3: `--data.batch_size 5` was range-checked, printed by --print_config, then dropped unsaid;
+    round 14a's P6: `--data.num_workers 3` too (prepare's own --num_workers sets its processes)."""
     pytest.importorskip("litdata")
-    prepare(["--out", str(tmp_path / "set"), "--data.batch_size", "5"])
+    (tmp_path / "run.yaml").write_text("data:\n  init_args:\n    on_device: false\n")
+    given = ["--data.batch_size", "5", "--data.num_workers", "3", "--config", str(tmp_path / "run.yaml")]
+    prepare(["--out", str(tmp_path / "set"), *given])
+    err = capsys.readouterr().err
     assert (
         "note: --data.batch_size 5 is not used: prepare writes the data set, and the batch size is the training "
-        "loader's — pass it to train.py" in capsys.readouterr().err
+        "loader's — pass it to train.py" in err
     )
+    assert (
+        "note: --data.num_workers 3 is not used: prepare writes the data set, and it sets the training loader's "
+        "workers — prepare's own --num_workers sets its processes" in err
+    )
+    assert (
+        f"note: {tmp_path / 'run.yaml'}: data.on_device false is not used: prepare writes the data set" in err
+    )
+    prepare(["--out", str(tmp_path / "again"), "--num_workers", "1"])  # its own option: no note
+    assert "note:" not in capsys.readouterr().err
