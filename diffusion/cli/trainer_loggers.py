@@ -51,6 +51,12 @@ def check_logger_folders(trainer: dict[str, Any]) -> None:
     """Every logger's folder can be written, before the logger is built: some create it as they are built (MLflow's
     file store), and their OSError would reach the user wrapped in the parser's words."""
     for name, init_args in _loggers(trainer):
+        version = init_args.get("version")
+        if isinstance(version, int) and not isinstance(version, bool) and version < 0:  # made version_-1, unsaid
+            raise UserError(
+                f"--trainer.logger.init_args.version {version} is negative",
+                "pass a version number >= 0 (or a name), or leave it out for the next free version_N",
+            )
         uri = init_args.get("tracking_uri") if name == "MLFlowLogger" else None
         if uri is not None:
             if str(uri).startswith("file:"):

@@ -205,3 +205,15 @@ def test_an_unwritable_folder_of_any_logger_is_one_line_naming_its_flag(logger, 
         args += ["--trainer.logger.init_args.save_dir", str(folder)]
     line = run_in_process(train, args, tmp_path, capsys)
     assert re.search(rf"--trainer.logger.init_args.{flag} .*{folder}: .*{problem}", line), line
+
+
+@pytest.mark.parametrize("logger", [[], CSV], ids=["tensorboard", "csv"])
+def test_a_negative_run_version_is_refused(logger, tmp_path, capsys):
+    """`--trainer.logger.init_args.version -1` made runs/NAME/version_-1 without a word (tester round 14a)."""
+    args = [*TINY_UNET, *QUICK, *logger, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+    line = run_in_process(train, [*args, "--trainer.logger.init_args.version", "-1"], tmp_path, capsys)
+    assert line == (
+        "error: --trainer.logger.init_args.version -1 is negative — pass a version number >= 0 (or a name), or "
+        "leave it out for the next free version_N"
+    )
+    assert not (tmp_path / "runs").exists()
