@@ -36,7 +36,7 @@ from diffusion.training.atomic_writes import check_can_replace
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
 from diffusion.training.loading import is_export_without_config, load_checkpoint, model_source
-from diffusion.training.run_folders import POST_HOC_EMA, checkpoint_files
+from diffusion.training.run_folders import POST_HOC_EMA, part_of_a_run
 
 Format = Literal["safetensors", "diffusers"]
 
@@ -71,11 +71,10 @@ def check_out(out: str) -> None:
             "pipeline)",
             f"pass a folder: --out {path.with_suffix('')}",
         )
-    # A run's folder or its checkpoints folder: --overwrite mixed an export into them, said "not empty" of an export
-    holds = "a run's checkpoints" if checkpoint_files(path) else None
-    if holds is None and (path / "checkpoints").is_dir() and checkpoint_files(path / "checkpoints"):
-        holds = "a run (its checkpoints folder)"
-    if path.is_dir() and holds:
+    # A run's folder, its checkpoints, post-hoc EMA snapshots or sample grids: --overwrite mixed an export into
+    # them, said "not empty" of an export that was not there
+    holds = part_of_a_run(path)
+    if holds:
         raise UserError(
             f"--out {out} holds {holds}, and an export is a folder of its own",
             f"pass a new folder, e.g. --out {path.parent / (path.name + '_export')}",
@@ -100,7 +99,14 @@ def check_empty(out: str, overwrite: bool) -> None:
     """An --out with files is replaced with --overwrite only; checked with --out held (`export_lock`): another
     export may have written it since the command began."""
     path = Path(out).expanduser()
-    if path.is_dir() and any(p.name != EXPORT_LOCK for p in path.iterdir()) and not overwrite:
+    there = sorted(p.name for p in path.iterdir() if p.name != EXPORT_LOCK) if path.is_dir() else []
+    if there and not overwrite:
+        if not any(name in EXPORT_ENTRIES for name in there):  # "replace an export there" of a user's files
+            shown = ", ".join(there[:3]) + (f" and {len(there) - 3} more" if len(there) > 3 else "")
+            raise UserError(
+                f"--out {path} is not empty, and holds no export ({shown})",
+                "pass a new --out (--overwrite writes the export among those files)",
+            )
         raise UserError(
             f"--out {path} is not empty", "pass --overwrite to replace an export there, or a new --out"
         )

@@ -38,7 +38,6 @@ from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
     check_paths_given,
-    check_writable_folder,
     command_parser,
     given_checkpoint,
     ranges_said_as_flags,
@@ -46,6 +45,7 @@ from diffusion.cli.flags import (
     resolve_device,
 )
 from diffusion.cli.parse_errors import parsed_command_line
+from diffusion.cli.phema_inputs import check_one_mode, check_out, no_snapshots
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import chosen_sampler
 from diffusion.core.sampling import SamplingOptions
@@ -68,7 +68,7 @@ from diffusion.training.post_hoc_ema import (
     find_snapshots,
     reconstruct,
 )
-from diffusion.training.run_folders import checkpoint_files, checkpoints_of_run, post_hoc_ema_folder
+from diffusion.training.run_folders import checkpoints_of_run, post_hoc_ema_folder
 
 MIN_SAMPLES = 2  # an FD's covariance of the samples needs two
 # The options of a --sweep's sampling and scoring: --sigma_rel, which writes a checkpoint, uses none of them.
@@ -111,24 +111,6 @@ def build_parser() -> ArgumentParser:
     add_flags(sweep, "device")
     add_sampling_arguments(parser)
     return parser
-
-
-def check_out(out: str | None) -> None:
-    if out is None:
-        return
-    path = Path(out)
-    if path.is_dir():
-        raise UserError(
-            f"--out {out} is a folder", "pass the path of the checkpoint to write, e.g. phema.ckpt"
-        )
-    check_writable_folder(path.parent, "--out", given=out)
-    if path.parent.name == "checkpoints" and checkpoint_files(path.parent):  # a run's: its resume points
-        resumes = "where train.py resumes from the checkpoint of the highest step"
-        raise UserError(
-            f"--out {out} is in a run's checkpoints folder, {resumes} (last.ckpt is the run's resume point): its "
-            "EMA weights would be taken for the raw ones",
-            f"write it beside the run's folders, e.g. --out {path.parent.parent / 'phema.ckpt'}",
-        )
 
 
 def phema_lock(out: str) -> Path:
@@ -302,11 +284,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         command_line = parsed_command_line(build_parser(), argv)
         args = command_line.config
         check_paths_given(args, "run", "out", "ckpt", "reference", "data_root")
-        if (args.sigma_rel is None) == (args.sweep is None):
-            raise UserError(
-                "pass one of --sigma_rel and --sweep",
-                '--sigma_rel S --out OUT.ckpt, or --sweep "[S1, S2, ...]"',
-            )
+        check_one_mode(args.sigma_rel, args.sweep)
         if args.sigma_rel is not None and args.out is None:
             raise UserError("--sigma_rel needs --out", "pass the checkpoint to write: --out phema.ckpt")
         if args.sweep is not None and not args.sweep:
@@ -338,10 +316,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         folder = post_hoc_ema_folder(run)  # none in a run trained without post-hoc EMA
         snapshots = find_snapshots(folder) if folder.is_dir() else []
         if not snapshots:
-            raise UserError(
-                f"--run {run} holds no post-hoc EMA snapshots (in {folder})",
-                "train with --ema.post_hoc true, or pass the run folder that did",
-            )
+            raise no_snapshots(run, folder)
         step = check_step(snapshots, args.step, COMMAND)
         base = base_checkpoint(run, step, args.ckpt)
         command_line.print_config_if_asked()  # once the checks have passed: what would run

@@ -3,7 +3,8 @@ in ``config.yaml``, its sample grids in ``samples/`` and its post-hoc EMA snapsh
 the folder Lightning's ModelCheckpoint derives from the first logger (TensorBoard's and CSV's ``version_N``, a W&B
 run id, ...), or the Trainer's ``default_root_dir`` without a logger. The only code that knows that layout:
 `run_folder`, `run_folder_of`, `run_checkpoints`, `newest_checkpoint` (what `--ckpt_path last` resumes),
-`newest_checkpoint_of_run` (what `--ckpt_path auto` resumes), `checkpoints_of_run` and `post_hoc_ema_folder`.
+`newest_checkpoint_of_run` (what `--ckpt_path auto` resumes), `checkpoints_of_run`, `post_hoc_ema_folder`, and
+what a folder is of a run (`part_of_a_run`, `runs_in`: a folder a command would write into, a name folder).
 
 A run folder is trained by one job at a time: `training_in` holds an advisory lock (`fcntl.flock`) on
 ``<run>/.training.lock`` for the fit (`diffusion.data.folder_lock`, a prepare's too), which the kernel lets go when the
@@ -27,6 +28,8 @@ from diffusion.training.checkpoint_files import UnreadableCheckpoint, check_zip_
 NUMBERED_VERSION = re.compile(r"version_(\d+)")
 CHECKPOINTS = "checkpoints"
 POST_HOC_EMA = "post_hoc_ema"
+SAMPLE_GRIDS = "samples"  # the sample grids of a run (callbacks/grids.py's SampleGrid)
+SNAPSHOT_FILES = "step=*-sigma_rel=*.pt"  # a post-hoc EMA snapshot's name (post_hoc_ema.py's SNAPSHOT_NAME)
 TRAINING_LOCK = ".training.lock"  # holds "<pid> <host>" of the job training the folder while it runs
 
 
@@ -237,6 +240,48 @@ def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
         raise InvalidValue(
             problem, f"pass {instead} (the latest version is taken), or the checkpoint's path"
         ) from error
+
+
+def holds_snapshots(folder: Path) -> bool:
+    """Whether `folder` holds post-hoc EMA snapshot files (by their names: nothing is read)."""
+    return any(p.is_file() and not p.name.startswith(".") for p in folder.glob(SNAPSHOT_FILES))
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether `folder` is a run's (``<save_dir>/<name>/<version>``): it holds checkpoints in ``checkpoints/`` or
+    post-hoc EMA snapshots in ``post_hoc_ema/``."""
+    return bool(checkpoint_files(folder / CHECKPOINTS)) or holds_snapshots(folder / POST_HOC_EMA)
+
+
+def part_of_a_run(folder: Path) -> str | None:
+    """What of a run the folder `folder` holds, said for a command that would write its own files there ("a run's
+    checkpoints", "a run's post-hoc EMA snapshots", "a run's sample grids", "a run (its checkpoints folder)"), or
+    None for a folder of no run's."""
+    if not folder.is_dir():
+        return None
+    if checkpoint_files(folder):
+        return "a run's checkpoints"
+    if holds_snapshots(folder):
+        return "a run's post-hoc EMA snapshots"
+    if is_run_folder(folder):
+        return f"a run (its {CHECKPOINTS if checkpoint_files(folder / CHECKPOINTS) else POST_HOC_EMA} folder)"
+    if folder.name == SAMPLE_GRIDS and is_run_folder(folder.parent):
+        return "a run's sample grids"
+    return None
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The run folders directly in `folder` (a run's name folder, ``<save_dir>/<name>``), oldest first:
+    ``version_N`` by N, runs named by another logger's id (W&B) after them, by name."""
+    if not folder.is_dir():
+        return []
+    runs = [child for child in folder.iterdir() if child.is_dir() and is_run_folder(child)]
+
+    def order(run: Path) -> tuple[int, str]:
+        numbered = NUMBERED_VERSION.fullmatch(run.name)
+        return (int(numbered.group(1)), "") if numbered else (1 << 62, run.name)
+
+    return sorted(runs, key=order)
 
 
 def post_hoc_ema_folder(run: str | os.PathLike) -> Path:

@@ -23,7 +23,7 @@ EXPORT_CASES = {
     "bare_weights": (["--ckpt", "{user}/weights.pt"], r"weights.pt is not a checkpoint written by train.py"),
     "out_is_a_file": (["--out", "{user}/a_file"], r"--out .*a_file is a file, not a folder"),
     "out_under_a_file": (["--out", "{user}/a_file/export"], r"a_file is a file, not a folder"),
-    "out_not_empty": (["--out", "{user}/samples"], r"--out .*samples is not empty — pass --overwrite"),
+    "out_not_empty": (["--out", "{user}/samples"], r"--out .*samples is not empty, and holds no export \(samples.npz\) — pass a new --out"),
     # Round 10's S6: `--out x.ckpt` made a folder that looked like a checkpoint (sample --ckpt took it as an export)
     "out_names_a_file": (["--out", "{user}/e10.safetensors"], r"^error: --out \S*e10.safetensors names a file, and an export is a folder .* — pass a folder: --out \S*/e10$"),
     # Round 13's Y2: said "not empty — pass --overwrite", which mixed an export into the run's folders

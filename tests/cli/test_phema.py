@@ -135,8 +135,17 @@ def home(tmp_path_factory, run, digits_checkpoint) -> Path:
 
 RUN = ["--run", "{user}/runs/phema/version_0"]
 PHEMA_CASES = {  # id: (flags, what the line must say)
-    "neither": (RUN, r"pass one of --sigma_rel and --sweep — --sigma_rel S --out OUT.ckpt"),
-    "both": ([*RUN, "--sigma_rel", "0.1", "--sweep", "[0.1]"], r"pass one of --sigma_rel and --sweep"),
+    "neither": (
+        RUN,
+        r"^error: neither --sigma_rel nor --sweep is given — pass one of --sigma_rel and --sweep: --sigma_rel S "
+        r"--out OUT.ckpt writes one checkpoint, --sweep",
+    ),
+    # Round 14's P8: "pass one of --sigma_rel and --sweep" said of both given (and of a file's keys, as flags)
+    "both": (
+        [*RUN, "--sigma_rel", "0.1", "--sweep", "[0.1]"],
+        r"^error: --sigma_rel 0.1 and --sweep \[0.1\] are both given, and they are two modes: --sigma_rel writes "
+        r"one checkpoint, --sweep scores several — drop one",
+    ),
     "no_out": ([*RUN, "--sigma_rel", "0.1"], r"--sigma_rel needs --out — pass the checkpoint to write"),
     "sigma_rel_too_large": (
         [*RUN, "--sigma_rel", "0.5", "--out", "{user}/x.ckpt"],
@@ -194,6 +203,17 @@ PHEMA_CASES = {  # id: (flags, what the line must say)
         ["--run", "{user}/runs/digits/version_0", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
         r"holds no post-hoc EMA snapshots .* — train with --ema.post_hoc true",
     ),
+    # Round 14's P5: runs/<name> was said "holds no snapshots — train with --ema.post_hoc true"
+    "run_a_folder_of_runs": (
+        ["--run", "{user}/runs/phema", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
+        r"^error: --run \S*runs/phema is a folder of runs, and its run version_0 holds the post-hoc EMA snapshots — "
+        r"pass --run \S*runs/phema/version_0$",
+    ),
+    "run_a_folder_of_runs_without_snapshots": (
+        ["--run", "{user}/runs/digits", "--sigma_rel", "0.1", "--out", "{user}/x.ckpt"],
+        r"^error: --run \S*runs/digits is a folder of runs, and none of them \(version_0\) holds post-hoc EMA "
+        r"snapshots — train with --ema.post_hoc true",
+    ),
     "step_without_snapshots": (
         [*RUN, "--sigma_rel", "0.1", "--out", "{user}/x.ckpt", "--step", "3"],
         r"--step 3: no snapshot was written at that step — pick a step with snapshots \(the last ones: 2, 4\)",
@@ -249,7 +269,10 @@ IN_A_CONFIG_FILE = {  # id of a case of PHEMA_CASES, its flags written in a file
     r"--ema.post_hoc true",
     "step_without_snapshots": r"^error: \S*run.yaml: step 3: no snapshot was written at that step",
     "out_exists": r"^error: \S*run.yaml: out \S*mine.ckpt exists — pass --overwrite",
-    "both": r"^error: pass one of --sigma_rel and --sweep — ",  # flags named, not a value of the file's
+    "both": r"^error: \S*run.yaml: sigma_rel 0.1 and \S*run.yaml: sweep \[0.1\] are both given, and they are two "
+    r"modes: --sigma_rel writes one checkpoint",  # the values said as the file's, the modes as flags
+    "neither": r"^error: neither --sigma_rel nor --sweep is given — pass one of --sigma_rel and --sweep",
+    "run_a_folder_of_runs": r"^error: \S*run.yaml: run \S*runs/phema is a folder of runs, and its run version_0",
     "sweep_of_one_sample": r"^error: \S*run.yaml: num_samples 1: a --sweep scores each row by its FD",
 }
 
