@@ -41,7 +41,7 @@ from diffusion.training.divergence import check_weights
 from diffusion.training.ema_profiles import Solution, check_sigma_rel, combine, gamma_of, solve, update_weight
 from diffusion.training.run_folders import POST_HOC_EMA, post_hoc_ema_folder, run_folder
 
-SNAPSHOT_NAME = re.compile(r"step=(\d+)-sigma_rel=([0-9.e-]+)\.pt")
+SNAPSHOT_NAME = re.compile(r"step=(\d+)-sigma_rel=([0-9.e-]+)\.pt")  # run_folders.SNAPSHOT_FILES globs it
 LEFTOVERS = ".step=*.pt.*.tmp"  # the hidden temporary files of snapshot writes that were killed
 GB = 1e9
 POOR_FIT = 0.1  # a relative L2 error of the reconstructed profile worth a warning (PoorFit)

@@ -19,7 +19,7 @@ from diffusion.generation.render import save_preview
 from diffusion.training.atomic_writes import write_atomically
 from diffusion.training.callbacks.run_progress import shows_progress
 from diffusion.training.module import DiffusionModule
-from diffusion.training.run_folders import run_folder
+from diffusion.training.run_folders import SAMPLE_GRIDS, run_folder
 
 
 class EveryNValidations(L.Callback):
@@ -82,7 +82,7 @@ class SampleGrid(EveryNValidations):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # A collective under DDP (rank 0 broadcasts it): read here on every rank, never inside the rank-zero-only
         # save, where the other ranks would not join and it would deadlock.
-        self._out_dir = run_folder(trainer) / "samples"
+        self._out_dir = run_folder(trainer) / SAMPLE_GRIDS
         module = cast(DiffusionModule, pl_module)  # the module this callback trains with
         self.sampling.check_steps_fit(module.schedule.num_timesteps, type(self), "sampling.steps")
         conditional = getattr(pl_module, "num_classes", None) is not None
