@@ -286,20 +286,31 @@ def as_the_parser_takes(
     while index < len(argv):
         arg = argv[index]
         index += 1
-        taken.append(arg)
-        if not arg.startswith("--") or "=" in arg:
+        if not arg.startswith("--"):
+            taken.append(arg)
+            continue
+        key, equals, value = arg[2:].partition("=")
+        if equals:  # `--channel_mult=1,2` as `--channel_mult 1,2` (`--key+=value`, an append: as written)
+            listed = [] if key.endswith("+") else _list_form(parser, key, [value], class_hint)
+            taken += [f"--{key}", *listed] if listed not in ([], [value]) else [arg]
             continue
         values = []
         while index < len(argv) and not argv[index].startswith("--"):
             values.append(argv[index])
             index += 1
-        action = action_of(parser, arg[2:])
-        if action is not None and values:
-            values = in_list_form(declared_type(action), action.nargs, values)
-        elif values and (hint := class_hint(arg[2:])) is not None:
-            values = in_list_form(hint, None, values)
-        taken += values
+        taken += [arg, *_list_form(parser, key, values, class_hint)]
     return taken
+
+
+def _list_form(
+    parser: ArgumentParser, key: str, values: list[str], class_hint: Callable[[str], Any]
+) -> list[str]:
+    """A flag's values in the form its parser takes (`in_list_form`), from its action's type or its class's."""
+    if values and (action := action_of(parser, key)) is not None:
+        return in_list_form(declared_type(action), action.nargs, values)
+    if values and (hint := class_hint(key)) is not None:
+        return in_list_form(hint, None, values)
+    return values
 
 
 def in_list_form(hint: Any, nargs: Any, values: Sequence[str]) -> list[str]:

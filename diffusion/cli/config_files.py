@@ -6,7 +6,7 @@ in it found beside it.
 
 import functools
 import re
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,17 @@ def command_line_only(file: str, key: str, value: Any) -> tuple[str, str] | None
     )
 
 
-def config_file_problem(key: str, value: str, shown: str | None = None) -> tuple[str, str] | None:
-    """(what is wrong, fix) with the file a config flag names, as a whole: missing, not YAML, empty, or a list or
-    a single value where a mapping of options goes; None when it is a mapping. `shown`: how the line says the
-    option (default `--key value`)."""
+# The file Lightning writes into a run folder, beside the run's config.yaml: the module's arguments, with Python tags.
+LIGHTNING_HPARAMS = "hparams.yaml"
+
+
+def config_file_problem(
+    key: str, value: str, shown: str | None = None, command_options: Collection[str] | None = None
+) -> tuple[str, str] | None:
+    """(what is wrong, fix) with the file a config flag names, as a whole: missing, not YAML, a run's
+    hparams.yaml, a Python object, empty, or a list or a single value where a mapping of options goes; None when
+    it is a mapping. `shown`: how the line says the option (default `--key value`); `command_options`: the command's
+    (how it takes a run instead of its hparams.yaml: `_run_instead`)."""
     path = Path(value)
     shown = shown or f"--{key} {value}"
     if path.is_dir():
@@ -69,6 +76,16 @@ def config_file_problem(key: str, value: str, shown: str | None = None) -> tuple
             f"{shown}: the config file is not text (a checkpoint, an image, ...?)",
             "pass a YAML file of these options (see --print_config)",
         )
+    if isinstance(options, PythonObject):
+        if path.name == LIGHTNING_HPARAMS:
+            return (
+                f"{shown} is Lightning's record of a run's module arguments ({LIGHTNING_HPARAMS}), not a config file",
+                _run_instead(path.parent, command_options),
+            )
+        return (
+            f"{shown}: {options.msg}, which a config file cannot hold",
+            "write the value as plain YAML (a list in brackets for a tuple)",
+        )
     if isinstance(options, SyntaxError):
         return f"Problems parsing config {value}: {options.msg}", f"fix the YAML syntax of the --{key} file"
     if options is None:
@@ -83,6 +100,18 @@ def config_file_problem(key: str, value: str, shown: str | None = None) -> tuple
             "write its options as key: value lines (see --print_config)",
         )
     return None
+
+
+def _run_instead(run: Path, options: Collection[str] | None) -> str:
+    """How a command whose `options` are these takes the run whose hparams.yaml was given as a config file: phema
+    its folder, sample and export its checkpoint, train.py and prepare its config.yaml (and so by default)."""
+    if options is not None and "run" in options:
+        return f"pass the run folder as --run {run}"
+    if options is not None and "ckpt" in options:
+        return f"pass a checkpoint of the run as --ckpt {run / 'checkpoints' / 'last.ckpt'}"
+    if options is None or "ckpt_path" in options:
+        return f"pass the run's config.yaml beside it: --config {run / 'config.yaml'}"
+    return "pass a YAML file of this command's options (see --print_config)"  # evaluate: no run to read
 
 
 def read_config_file(value: str) -> Any:
@@ -101,6 +130,11 @@ class KeyGivenTwice(SyntaxError):
 
 class NotText(SyntaxError):
     """A config file that is no text at all (a checkpoint given as --config)."""
+
+
+class PythonObject(SyntaxError):
+    """A value tagged as a Python object (`!!python/tuple`, as Lightning writes hparams.yaml), which safe YAML and
+    the parser do not read."""
 
 
 class OctalNumber(SyntaxError):
@@ -145,6 +179,9 @@ def _read_version(path: str, mtime_ns: int, size: int) -> Any:
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        tag = re.search(r"tag:yaml\.org,2002:(python/\S+?)'", str(getattr(error, "problem", None)))
+        if tag:  # `!!python/tuple`: not wrong YAML, a Python object
+            return PythonObject(f"line {where.line + 1 if where else '?'} holds a Python object (!!{tag[1]})")
         return SyntaxError(f"{getattr(error, 'problem', None) or type(error).__name__}{at}")
 
 

@@ -169,7 +169,7 @@ def parsed_command_line(
     check_one_name_each(command_line.written, config, renamed or {})
     for item in command_line.written:  # a file the parser read as meant may still say a key twice
         if item.file is None and item.values and is_config_file_flag(parser, item.key):
-            found = config_file_problem(item.key, str(item.values[-1]))
+            found = config_file_problem(item.key, str(item.values[-1]), None, option_names(parser))
             if found is not None:
                 raise BadCommandLine(*found)
         if item.file is not None and (found := _taken_but_unusable(parser, command_line.written, item)):
@@ -227,10 +227,10 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
         if inline or isinstance(yaml_or_none(str(value)), dict):
             return None  # options written inline: --model '{lr: 1e-3}', or a mapping under the key in a file
         if item.file is None:
-            return config_file_problem(item.key, str(value))
+            return config_file_problem(item.key, str(value), None, option_names(parser))
         path = beside(item.file, str(value))  # a file named in a file: read from that file's folder
         shown = item.shown() + ("" if path == str(value) else f" (read from its folder: {path})")
-        found = config_file_problem(item.key, path, shown)
+        found = config_file_problem(item.key, path, shown, option_names(parser))
         if found and path != str(value) and not Path(path).exists():
             folder = Path(item.file).parent
             return found[0], f"write its path from {folder}/, the folder of {item.file}, or an absolute path"
@@ -245,6 +245,8 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     nargs = getattr(action, "nargs", None)
     if item.file is None:
         values = in_list_form(hint, nargs, item.values)
+        if not values:  # `--metrics []` (or `,`): its list form has no item, and the flag takes at least one
+            return _names_nothing(item, hint) if nargs == "+" else None
         if len(values) > 1 and nargs in (None, "?"):  # argparse leaves the words after the first unread
             return (
                 f"{item.shown()}: --{item.key} takes one value",
@@ -278,6 +280,21 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     sections = {action.dest.split(".")[0] for action in actions(parser)}
     file_said = group_file_said(item.shown(), hint, values[-1], beside(item.file, values[-1]), sections)
     return file_said or said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
+
+
+def _names_nothing(item: Written, hint: Any) -> tuple[str, str]:
+    """`--metrics []`: no item for a flag of one value or more, said with its choices if it has them."""
+    flag = f"--{plain_key(item.key)}"
+    choices = [str(c) for kind in alternatives(hint) if get_origin(kind) is Literal for c in get_args(kind)]
+    some = (
+        f"name some of {' '.join(choices)} (e.g. {flag} {choices[0]})"
+        if choices
+        else "pass one value or more"
+    )
+    return (
+        f"{item.shown()} names nothing: {flag} takes one value or more",
+        f"{some}, or leave {flag} out for its default",
+    )
 
 
 def _text_kinds(hint: Any) -> str | None:

@@ -52,7 +52,8 @@ def check_logger_folders(trainer: dict[str, Any]) -> None:
     file store), and their OSError would reach the user wrapped in the parser's words."""
     for name, init_args in _loggers(trainer):
         version = init_args.get("version")
-        if isinstance(version, int) and not isinstance(version, bool) and version < 0:  # made version_-1, unsaid
+        # a negative one made version_-1 without a word
+        if isinstance(version, int) and not isinstance(version, bool) and version < 0:
             raise UserError(
                 f"--trainer.logger.init_args.version {version} is negative",
                 "pass a version number >= 0 (or a name), or leave it out for the next free version_N",
