@@ -33,6 +33,7 @@ from diffusion import (
     to_uint8,
 )
 from diffusion.errors import OutOfRange, WrongType
+from diffusion.generation.precision import network_precision
 from diffusion.training.post_hoc_ema import PostHocEMA, find_snapshots, reconstruct
 
 NORMALIZATION = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
@@ -324,6 +325,11 @@ CASES = [
     ("posthoc-text-sigma-rel", lambda: PostHocEMA(["0.1"], 100, 2.0), TypeError, "sigma_rels"),
     ("posthoc-bool-sigma-rel", lambda: PostHocEMA([0.05, True], 100, 2.0), TypeError, "sigma_rels"),
     ("posthoc-text-sigma-rels", lambda: PostHocEMA("0.1", 100, 2.0), TypeError, "sigma_rels"),
+    # network_precision: None, the network itself, a str ended in "has no attribute 'device'" (S1)
+    ("precision-no-module", lambda: network_precision(None, "bf16-mixed").__enter__(), TypeError, "module"),
+    ("precision-the-network", lambda: network_precision(UNCONDITIONAL.network, "bf16-mixed").__enter__(),
+     TypeError, "module"),
+    ("precision-text-module", lambda: network_precision("m", "32").__enter__(), TypeError, "module"),
 ]  # fmt: skip
 
 

@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> str:
         command_line = parsed_command_line(parser, argv)
         args = command_line.config
         named_out(args.out)  # before anything is read: "" would be the current folder
+        if not 0 <= args.seed < 2**64:  # prepare() would say it as its argument, seed=-4
+            raise UserError(
+                f"--seed {args.seed} is out of range (must be a whole number in [0, 2**64 - 1])",
+                "pass a seed from 0 to 18446744073709551615: the order the samples are stored in",
+            )
         args.out = args.out if is_url(args.out) else str(Path(args.out).expanduser())  # `out: ~/x`
         if not is_url(args.out):
             check_writable_folder(args.out, "--out")

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from diffusion.core.guidance import NO_LABEL
+from diffusion.data.images import ImageDataModule
 from diffusion.data.optimizing import PREPARE_ON_ANOTHER_DISK, in_a_process_group_of_its_own
 from diffusion.data.prepared import (
     INDEX,
@@ -52,11 +53,16 @@ from diffusion.data.prepared import (
     write_bytes,
 )
 from diffusion.data.staging import clear, swap_in, writing_alone
+from diffusion.data.vectors import VectorDataModule
 from diffusion.errors import (
     DiskFull,
     InvalidValue,
+    OutOfRange,
     UserError,
     WrongType,
+    check_bool,
+    check_choice,
+    check_whole_number,
     is_disk_full,
 )
 
@@ -138,6 +144,7 @@ def prepare(
     """Write `datamodule`'s data as a prepared set at `out` (a folder or an object-storage URL). `checked` is
     called once everything is checked and the data read, before anything is written (the command's
     `--print_config`, which prints what would run)."""
+    check_prepare_arguments(datamodule, encoding, seed, num_workers, overwrite)
     litdata()  # installed: said before anything is read
     shape = tuple(datamodule.sample_shape)
     kind: Literal["images", "vectors"] = "images" if len(shape) == 3 else "vectors"
@@ -160,6 +167,32 @@ def prepare(
         for folder in made:
             with contextlib.suppress(OSError):  # one that holds something stays
                 folder.rmdir()
+
+
+SEED_LIMIT = 2**64  # torch.Generator takes seeds below it (a negative one modulo 2**64: another seed's order)
+
+
+def check_prepare_arguments(
+    datamodule: Any, encoding: Any, seed: Any, num_workers: Any, overwrite: Any
+) -> None:
+    """Refuse, naming the argument, what the command's parser refuses of its flags: a data module not of this
+    project's kinds (a name ended in an AttributeError), an encoding not among `Encoding`'s ("webp" stored JPEG and
+    recorded "webp"), a seed that is no whole number in [0, 2**64), a num_workers below 1 (litdata's traceback)
+    and an overwrite that is no bool ("yes" was taken as True)."""
+    if not isinstance(datamodule, ImageDataModule | VectorDataModule):
+        raise WrongType(
+            "datamodule", datamodule, "an ImageDataModule or a VectorDataModule",
+            "build the data module first, e.g. prepare(ImageDataModule(\"digits\"), out)",
+        )  # fmt: skip
+    check_choice("encoding", encoding, Encoding)
+    fix = f"pass a seed from 0 to {SEED_LIMIT - 1}: the order the samples are stored in"
+    if not 0 <= check_whole_number("seed", seed, fix=fix) < SEED_LIMIT:
+        raise OutOfRange("seed", seed, "a whole number in [0, 2**64 - 1]", fix)
+    if num_workers is not None:
+        check_whole_number(
+            "num_workers", num_workers, 1, "pass the number of processes to write with, or None for up to 8"
+        )
+    check_bool("overwrite", overwrite)
 
 
 def write_set(

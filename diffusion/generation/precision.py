@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from diffusion.errors import check_choice
+from diffusion.errors import WrongType, check_choice
 
 # Lightning's names for the precisions sampling supports. "16-true"/"bf16-true" are not among them: they
 # would cast the noise schedule's buffers to half precision (as training refuses them too).
@@ -42,6 +42,23 @@ class AutocastNetwork(nn.Module):
         return output.float()
 
 
+def check_module(module: object) -> None:
+    """Refuse (naming `module`) anything but a LightningModule holding a network: the network itself (the easy
+    mistake: it is the network that runs under autocast), a path, None."""
+    if isinstance(module, L.LightningModule) and isinstance(getattr(module, "network", None), nn.Module):
+        return
+    if isinstance(module, nn.Module):
+        expected = "a LightningModule holding a network (a DiffusionModule)"
+        fix = (
+            "pass the module that holds the network (network_precision(module, ...), not module.network): it "
+            "swaps the module's network for the block"
+        )
+    else:
+        expected = "a model (a DiffusionModule)"
+        fix = "pass a loaded model: diffusion.load_checkpoint(path)"
+    raise WrongType("module", module, expected, fix)
+
+
 @contextmanager
 def network_precision(module: L.LightningModule, precision: str) -> Iterator[None]:
     """Within the block, `module`'s network runs under autocast for `precision` (see `autocast_dtype`).
@@ -49,6 +66,7 @@ def network_precision(module: L.LightningModule, precision: str) -> Iterator[Non
     Only the network: the schedule's coefficients and the x_t updates of the reverse process stay float32
     (the small betas and the long chain of updates are what half precision would hurt). 32 changes nothing.
     """
+    check_module(module)
     dtype = autocast_dtype(precision, module.device)
     if dtype is None:
         yield

@@ -16,7 +16,7 @@ from diffusion.data.image_files import find_images
 from diffusion.data.images import MIN_IMAGE_SIZE, ImageDataModule, ImageDatasetName
 from diffusion.data.numpy_files import ARRAY_FILE, read_images
 from diffusion.data.split import READING_BATCH
-from diffusion.errors import InvalidValue
+from diffusion.errors import InvalidValue, check_whole_number
 from diffusion.generation.render import to_uint8_images
 from diffusion.metrics.progress import progress_bar
 from diffusion.metrics.reference_stats import FeatureStatistics, is_statistics_file, load_statistics
@@ -44,6 +44,10 @@ def load_reference(
     """The reference: FID statistics (an .npz holding ``mu`` and ``sigma`` and no images), uint8 (N, H, W, C)
     images of an .npz, or of a dataset's train split rendered at ``image_size`` (None: the dataset's own; all
     images, or a fixed random ``num_reference`` of them). A folder holding one .npz or .npy stands for it."""
+    # -3 was all but 3 images (a slice), 0 numpy's error: evaluate's --num_reference takes 2 or more
+    if num_reference is not None:
+        fix = "pass at least 2 (FID needs 2), or None for all of them"
+        check_whole_number("num_reference", num_reference, MIN_REFERENCE, fix)
     if Path(reference).is_dir() and reference not in get_args(ImageDatasetName):
         reference = str(file_in_folder(reference, "{command:--reference}", ARRAY_FILE))
     if is_statistics_file(reference):
@@ -86,6 +90,9 @@ def load_reference(
             parts.append(to_uint8_images(batch.x, data.normalization))
             bar.update(len(batch.x))
     return np.concatenate(parts)
+
+
+MIN_REFERENCE = 2  # FID's covariance needs 2 images: evaluate's --num_reference takes 2 or more
 
 
 def _subset(n: int, num: int | None, seed: int) -> np.ndarray:

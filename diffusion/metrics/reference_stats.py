@@ -157,6 +157,13 @@ def check_new_statistics_file(path: str | Path, overwrite: bool = False) -> Path
 def save_statistics(path: str | Path, stats: FeatureStatistics) -> Path:
     """Write ``stats`` to ``path`` atomically (a temporary file in the same folder, renamed into place): a
     crash leaves the previous file or none, never a truncated one."""
+    if not isinstance(path, str | os.PathLike):
+        raise WrongType("path", path, "a file's path", "pass the .npz file to write the statistics into")
+    if not isinstance(stats, FeatureStatistics):  # a str failed with an AttributeError naming nothing
+        raise WrongType(
+            "stats", stats, "FeatureStatistics",
+            "pass the statistics to save: SampleQuality.real_statistics(), or load_statistics(path)",
+        )  # fmt: skip
     path = Path(path)
     extra = {
         key: np.asarray(value)

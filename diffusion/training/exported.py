@@ -69,6 +69,7 @@ def write_export(
     name = type(module.network).__name__
     if name not in NETWORKS:
         raise InvalidValue(f"a {name} network cannot be exported", f"export a network of {sorted(NETWORKS)}")
+    check_network_of(module.network, network)  # another class or other settings: an export that cannot load
     hparams = {
         **module.hparams,
         "network": {"class_path": f"diffusion.models.{name}", "init_args": network["init_args"]},
@@ -84,6 +85,53 @@ def write_export(
         "weights_sha256": sha256_of(folder / WEIGHTS),
     }  # fmt: skip
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def check_network_of(built: torch.nn.Module, network: dict[str, Any]) -> None:
+    """Refuse (naming `network`) a config the module's network was not built with: another class (its class_path
+    was replaced by the module's without a word), or init_args that build a network of other weights or other
+    settings (the export was written, and loading it refused the folder). The network is built again from
+    `network` on the meta device (no memory, no time) and compared with the module's, part by part."""
+    name = type(built).__name__
+    given = network.get("class_path")
+    package, _, class_name = str(given).rpartition(".")
+    # diffusion.UNet (as the recipes write it), diffusion.models.UNet, diffusion.models.unet.UNet
+    ours = package in ("", "diffusion", "diffusion.models") or package.startswith("diffusion.models.")
+    if not isinstance(given, str) or not ours or class_name != name:
+        raise InvalidValue(
+            f"network['class_path']={given!r} is not the class of the module's network ({name})",
+            NETWORK_FIX,
+        )
+    try:
+        with torch.device("meta"):
+            rebuilt = type(built)(**network["init_args"])
+    except (TypeError, ValueError) as error:  # an unknown setting; a value its own check refuses
+        raise InvalidValue(f"network['init_args'] build no {name} ({error})", NETWORK_FIX) from error
+    ours_now, theirs = parts_of(built), parts_of(rebuilt)
+    differing = [key for key in {**ours_now, **theirs} if ours_now.get(key) != theirs.get(key)]
+    if differing:
+        key = differing[0]
+        raise InvalidValue(
+            f"network['init_args'] build a {name} other than the module's ({len(differing)} parts differ, e.g. "
+            f"{key}: {theirs.get(key, 'none')} from init_args, {ours_now.get(key, 'none')} in the module)",
+            NETWORK_FIX,
+        )
+
+
+def parts_of(network: torch.nn.Module) -> dict[str, object]:
+    """What makes a network what it is, by name: each weight's shape, and each submodule's class and plain settings
+    (a Dropout's p, an attention block's num_heads, a convolution's stride)."""
+    parts: dict[str, object] = {key: tuple(value.shape) for key, value in network.state_dict().items()}
+    for path, part in network.named_modules():
+        prefix = f"{path}." if path else ""
+        parts[f"{prefix}class"] = type(part).__name__
+        for setting, value in vars(part).items():
+            if not setting.startswith("_") and setting != "training" and isinstance(value, PLAIN):
+                parts[prefix + setting] = value
+    return parts
+
+
+PLAIN = (bool, int, float, str, tuple, list, type(None))
 
 
 def check_export_arguments(module: Any, folder: Any) -> None:

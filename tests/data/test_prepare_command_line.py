@@ -122,3 +122,15 @@ def test_the_training_loaders_options_given_to_prepare_are_said_unused(tmp_path,
     )
     prepare(["--out", str(tmp_path / "again"), "--num_workers", "1"])  # its own option: no note
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_negative_seed_is_refused_as_the_flag(tmp_path, capsys):
+    """`--seed -4` was recorded in prepared.json without a word; prepare() refuses it now, said of its argument."""
+    with pytest.raises(SystemExit) as stop:
+        prepare(["--out", str(tmp_path / "set"), "--seed", "-4"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --seed -4 is out of range (must be a whole number in [0, 2**64 - 1]) — pass a seed from 0 to "
+        "18446744073709551615: the order the samples are stored in"
+    )
+    assert not (tmp_path / "set").exists()

@@ -10,6 +10,7 @@ import pytest
 
 from diffusion import SamplingOptions
 from diffusion.training.callbacks import EMA, Checkpoint, FIDCallback, SampleGrid, SampleQualityCallback
+from diffusion.training.callbacks.heartbeat import Heartbeat
 from diffusion.training.callbacks.preemption import Preemption
 
 CASES = [
@@ -37,6 +38,12 @@ CASES = [
      "num_real=2.5"),
     # a fractional snapshot interval was stored as given (T3)
     ("ema-fractional-snapshots", lambda: EMA(post_hoc=True, snapshot_every=2.5), ValueError, "snapshot_every=2.5"),
+    # a str failed in arithmetic (TypeError naming nothing); 0, -5 and NaN were taken (S5)
+    ("heartbeat-text-timeout", lambda: Heartbeat(timeout_s="60"), TypeError, "timeout_s"),
+    ("heartbeat-zero-timeout", lambda: Heartbeat(timeout_s=0), ValueError, "timeout_s=0"),
+    ("heartbeat-negative-timeout", lambda: Heartbeat(timeout_s=-5), ValueError, "timeout_s=-5"),
+    ("heartbeat-nan-timeout", lambda: Heartbeat(timeout_s=float("nan")), ValueError, "timeout_s=nan"),
+    ("heartbeat-infinite-timeout", lambda: Heartbeat(timeout_s=float("inf")), ValueError, "timeout_s=inf"),
 ]  # fmt: skip
 
 

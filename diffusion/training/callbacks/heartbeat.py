@@ -22,6 +22,7 @@ either, which names rank 0.
 """
 
 import contextlib
+import math
 import os
 import select
 import signal
@@ -38,7 +39,7 @@ import lightning as L
 import torch.distributed as dist
 from lightning.fabric.strategies.launchers import subprocess_script
 
-from diffusion.errors import said
+from diffusion.errors import OutOfRange, check_real, said
 from diffusion.training.callbacks.preemption import Preemption
 
 DEFAULT_DDP_TIMEOUT_S = 600.0  # 10 minutes; Lightning's and torch's default is 30
@@ -141,7 +142,11 @@ class Heartbeat(L.Callback):
     the other ranks' processes."""
 
     def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+        # A str failed in the arithmetic below; 0, a negative, NaN or inf set a collective timeout of no meaning.
+        fix = "pass the seconds a collective may wait before the job is ended, e.g. 600"
+        if not 0 < check_real("timeout_s", timeout_s, fix) < math.inf:
+            raise OutOfRange("timeout_s", timeout_s, "> 0 and finite", fix)
+        self.timeout_s = float(timeout_s)
         self.interval = min(max(timeout_s / 20, 0.05), 1.0)  # a store call per second at most
         self._store: dist.Store | None = None
         self._world_size = 1
