@@ -2,6 +2,7 @@
 that turns anything else into one clear error; `IndexBatch`, what the training loader of data held on the device
 yields before its DataModule makes a `Batch` of it."""
 
+from collections.abc import Callable
 from numbers import Integral
 from typing import Any, NamedTuple
 
@@ -115,6 +116,28 @@ class StoredBatch(NamedTuple):
     """(B,) int64 classes, -1 where the set holds none."""
     epoch: int
     seed: int
+
+
+def check_sample_shape(
+    x: torch.Tensor,
+    sample_shape: tuple[int, ...],
+    owner: str,
+    which: str,
+    network_check: Callable[[tuple[int, ...]], None] | None = None,
+) -> None:
+    """Refuse a `which` ("training", "validation") batch whose samples are not of the `sample_shape` its `owner`
+    (the module's class name) was built with: it would train on one shape and sample another. Where the network
+    cannot take the data's shape either, its own check (`network_check`) says so first (its fix is the network's).
+    Shapes only (no read of the device: it runs every step); train.py sets sample_shape from the data."""
+    if x.shape[1:] != sample_shape:
+        data_shape = tuple(x.shape[1:])
+        if network_check is not None:
+            network_check(data_shape)
+        raise InvalidValue(
+            f"the {which} batch's samples have shape {data_shape}, and this {owner} was built with sample_shape "
+            f"{sample_shape}: it would train on one shape and sample the other",
+            f"build the {owner} with sample_shape={data_shape} (the data's), or resize the data to {sample_shape}",
+        )
 
 
 def check_batch(batch: Any, num_classes: int | None = None) -> Batch:

@@ -13,6 +13,11 @@ with one line (`UserError`, exit status 2) naming the step and the likely causes
   so the checkpoints written before it, `last.ckpt` among them, stay as they were.
 
 Every rank holds the same weights and the same all-reduced interval loss, so every rank stops at the same step.
+
+Data that holds NaN or infinity makes the loss and the weights NaN at once: the fit's first training batch is checked
+(`FirstBatch`, computed on the device at that batch, read at the first of these places) and refused as data, before
+any line blames divergence. A run too short to reach any of them (a Python `Trainer.fit` of a few steps, no
+checkpoint, no validation) is checked at its end (`DiffusionModule.on_train_end`): the data, then the weights.
 """
 
 import os
@@ -21,7 +26,7 @@ from collections.abc import Iterable, Mapping
 import lightning as L
 import torch
 
-from diffusion.errors import UserError
+from diffusion.errors import InvalidValue, UserError
 
 
 class TrainingDiverged(UserError, RuntimeError):
@@ -59,18 +64,57 @@ def check_interval_loss(loss: torch.Tensor, trainer: L.Trainer) -> None:
     )
 
 
-def check_weights(weights: Mapping[str, torch.Tensor], trainer: L.Trainer, before: str) -> None:
+def check_weights(
+    weights: Mapping[str, torch.Tensor], trainer: L.Trainer, before: str = "", at_end: bool = False
+) -> None:
     """Stop, naming the first tensor, if any of `weights` (name -> tensor) is not finite, `before` doing something
-    with them ("a checkpoint save", "validation", ...)."""
+    with them ("a checkpoint save", "validation", ...), or `at_end` of the fit."""
     finite, first = all_finite(weights.values())
     if finite:
         return
     name = [n for n, t in weights.items() if isinstance(t, torch.Tensor) and t.is_floating_point()][first]
+    where = "found at the end of training" if at_end else f"the run stopped before {before}"
     raise TrainingDiverged(
         f"training diverged: the weights are not finite (NaN or infinity) at step {trainer.global_step}, first "
-        f"{name}; the run stopped before {before} ({kept(trainer)})",
+        f"{name}; {where} ({kept(trainer)})",
         likely_causes(trainer),
     )
+
+
+class FirstBatch:
+    """Whether the fit's first training batch holds NaN or infinity: computed on the device at that batch (no read:
+    the steps stay free of syncs), read once at the first place that reads anyway (`check`)."""
+
+    def __init__(self) -> None:
+        self._armed = False
+        self._found: tuple[torch.Tensor, torch.Tensor] | None = None  # (per sample: not finite, its index)
+
+    def arm(self) -> None:
+        """A fit starts: its next training batch is the one checked."""
+        self._armed, self._found = True, None
+
+    def see(self, x: torch.Tensor, index: torch.Tensor) -> None:
+        """At each training batch: the first after `arm` is kept, as flags on its device."""
+        if self._armed:
+            self._armed = False
+            self._found = (~torch.isfinite(x.detach().flatten(1)).all(dim=1), index)
+
+    def check(self) -> None:
+        """Refuse the data if the batch seen holds NaN or infinity (one read, the first time only)."""
+        if self._found is None:
+            return
+        bad, index = self._found
+        self._found = None
+        if not bool(bad.any()):  # the read
+            return
+        positions = index[bad.to(index.device)].tolist()
+        shown = ", ".join(map(str, positions[:5])) + (", ..." if len(positions) > 5 else "")
+        raise InvalidValue(
+            "the training data holds NaN or infinity: "
+            f"{len(positions)} of the {len(bad)} samples of the fit's first training batch are not finite "
+            f"(dataset positions {shown}), and every step on them makes the weights NaN",
+            "clean the data: drop or repair those samples (torch.nan_to_num replaces such values) before training",
+        )
 
 
 def last_checkpoint(trainer: L.Trainer) -> str:

@@ -24,14 +24,13 @@ from diffusion.core.guidance import call_network
 from diffusion.core.sampling import DEFER, SamplingOptions, check_options
 from diffusion.core.sampling_dicts import sampling_options_from
 from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
-from diffusion.data.batch import Batch, check_batch
+from diffusion.data.batch import Batch, check_batch, check_sample_shape
 from diffusion.data.labels import check_class_names
 from diffusion.data.resumable import describe_batches
 from diffusion.errors import InvalidValue, WrongType, check_bool, check_weights_fit, options_of
-from diffusion.models.checks import sample_shape_given
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import read_network_weights
-from diffusion.training.divergence import check_interval_loss, check_weights
+from diffusion.training.divergence import FirstBatch, check_interval_loss, check_weights
 from diffusion.training.logging_steps import IntervalLoss
 from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
 from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
@@ -48,7 +47,12 @@ from diffusion.training.random_states import (
     restore_global_random_states,
     resumed_states,
 )
-from diffusion.training.sampling_module import SamplingModule, check_fits_data, checked_sample_shape
+from diffusion.training.sampling_module import (
+    SamplingModule,
+    check_fits_data,
+    check_network_fits,
+    checked_sample_shape,
+)
 
 NoiseMode = Literal["fast", "per_sample"]  # diffusion/training/loss.py
 # compile_training: True, False, or "cuda" (compiled where it pays: on a CUDA device)
@@ -207,6 +211,7 @@ class DiffusionModule(SamplingModule):
         self._resumed_step = 0
         self._states_before_validation: dict[str, Any] | None = None
         self._train_loss = IntervalLoss()  # logged at logging steps (diffusion/training/logging_steps.py)
+        self._first_batch = FirstBatch()  # NaN data, said as such (diffusion/training/divergence.py)
         if init_from is not None:
             weights = read_network_weights(init_from, self.network)
             fix = "use the {--network} settings of the run that saved them"
@@ -271,7 +276,13 @@ class DiffusionModule(SamplingModule):
             restore_global_random_states(self._resumed_states, self.device)
             self._resumed_states = None
         self._train_loss.reset()
+        self._first_batch.arm()
         rank_zero_info(describe_batches(self.trainer))
+
+    def on_train_end(self) -> None:
+        # A short fit may reach no logging step, validation or checkpoint save: its data and weights are checked here.
+        self._first_batch.check()
+        check_weights(dict(self.named_parameters()), self.trainer, at_end=True)
 
     # Validation must not move the training streams (the val loader seeds its iterator from the global RNG, an
     # augmented val set draws from it): a checkpoint taken before a validation would otherwise resume with
@@ -279,6 +290,7 @@ class DiffusionModule(SamplingModule):
     # training states from before it.
     def on_validation_start(self) -> None:
         # Before the EMA's weights are swapped in and any sample grid is drawn from weights that diverged.
+        self._first_batch.check()
         check_weights(dict(self.named_parameters()), self.trainer, before="validation")
         self._states_before_validation = global_random_states(self.device)
 
@@ -290,6 +302,7 @@ class DiffusionModule(SamplingModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The last hook before the file is written: a checkpoint of weights that diverged is never written.
         # Parameters only: the schedule's buffers may be infinite by design (1/sqrt(alpha_bar) at zero terminal SNR).
+        self._first_batch.check()
         trained = {name for name, _ in self.named_parameters()}
         for key in ("state_dict", "current_model_state"):
             weights = {name: t for name, t in (checkpoint.get(key) or {}).items() if name in trained}
@@ -328,14 +341,17 @@ class DiffusionModule(SamplingModule):
             min_snr_gamma=self.hparams["min_snr_gamma"], variance=self.hparams["variance"],
         )  # fmt: skip
 
-    def _checked(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The batch's samples, indices and labels, checked (check_batch): the labels a tensor for a
-        class-conditional model and None for an unconditional one, which Batch's type cannot say."""
+    def _checked(self, batch: Batch, which: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The batch's samples (of this module's sample_shape), indices and labels, checked (check_batch): the
+        labels a tensor for a class-conditional model and None for an unconditional one."""
         x0, indices, labels = check_batch(batch, self.num_classes)
+        network_check = getattr(self.network, "check_input_shape", None)
+        check_sample_shape(x0, self.sample_shape, type(self).__name__, which, network_check)
         return x0, indices, cast(torch.Tensor | None, labels)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        x0, indices, labels = self._checked(batch)
+        x0, indices, labels = self._checked(batch, "training")
+        self._first_batch.see(x0, indices)
         per_sample = self.hparams["noise_mode"] == "per_sample"
         noise, t = self.draw_noise_and_timesteps(x0, indices, self.global_step, per_sample)
         if labels is not None:
@@ -348,12 +364,13 @@ class DiffusionModule(SamplingModule):
         # Read once per logging interval; the bar gets a number (a prog_bar metric is read after every batch).
         loss = self._train_loss.mean_at_logging_step(self.trainer)
         if loss is not None:
+            self._first_batch.check()  # data that holds NaN is said as such, not as divergence
             check_interval_loss(loss, self.trainer)  # a host tensor: nothing more is read
             self.log(TRAIN_LOSS, loss, on_step=True, on_epoch=False)
             self.trainer.progress_bar_metrics[TRAIN_LOSS] = loss.item()
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        x0, indices, labels = self._checked(batch)
+        x0, indices, labels = self._checked(batch, "validation")
         # Fixed noise per validation sample (step 0), so val/loss is comparable across epochs and world sizes.
         # Labels are kept: a conditional model's val/loss is its conditional loss.
         noise, t = self.draw_noise_and_timesteps(x0, indices, step=0, per_sample=True)
@@ -389,12 +406,3 @@ class DiffusionModule(SamplingModule):
                 checkpoint[key] = {
                     k: v for k, v in checkpoint[key].items() if k in own or not k.startswith("schedule.")
                 }
-
-
-def check_network_fits(network: nn.Module, sample_shape: tuple[int, ...]) -> None:
-    """The network's own check of one sample's shape (`check_input_shape`, where it has one: UNet, MLP), said of the
-    `sample_shape` argument to a Python caller; a command, which sets it from the data, says it of the data."""
-    check_input_shape = getattr(network, "check_input_shape", None)
-    if callable(check_input_shape):
-        with sample_shape_given():
-            check_input_shape(sample_shape)

@@ -21,6 +21,7 @@ from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
 from diffusion.generation.arguments import check_model_can_sample, checked_seed
+from diffusion.models.checks import sample_shape_given
 
 LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
 SHAPE_FIX = "pass the shape of one sample: (C, H, W) for images, (D,) for vectors, e.g. (1, 8, 8)"
@@ -36,6 +37,15 @@ def checked_sample_shape(sample_shape: Any) -> tuple[int, ...]:
     return tuple(
         check_whole_number(f"sample_shape[{i}]", size, 1, SHAPE_FIX) for i, size in enumerate(sample_shape)
     )
+
+
+def check_network_fits(network: nn.Module, sample_shape: tuple[int, ...]) -> None:
+    """The network's own check of one sample's shape (`check_input_shape`, where it has one: UNet, MLP), said of the
+    `sample_shape` argument to a Python caller; a command, which sets it from the data, says it of the data."""
+    check_input_shape = getattr(network, "check_input_shape", None)
+    if callable(check_input_shape):
+        with sample_shape_given():
+            check_input_shape(sample_shape)
 
 
 FROM_THE_DATA = (

@@ -82,7 +82,7 @@ def test_a_module_built_for_other_data_is_refused_before_the_first_step(case):
 
 def test_a_module_built_from_the_data_or_without_its_optional_values_trains():
     """Built from the data's values, or without normalization and class names (nothing to compare), or on a
-    data module that says none of these (a user's own): trained, not refused."""
+    data module that says none of these (a user's own, its samples of the module's shape): trained, not refused."""
     digits = ImageDataModule(batch_size=8, conditional=True)
     built = DiffusionModule(
         unet(num_classes=10), sample_shape=digits.sample_shape, normalization=digits.normalization,
@@ -102,4 +102,5 @@ def test_a_module_built_from_the_data_or_without_its_optional_values_trains():
         def train_dataloader(self):
             return self.inner.train_dataloader()
 
-    assert fit(DiffusionModule(unet(), sample_shape=(1, 4, 4)), Plain()).global_step == 1
+    # its batches are held to the module's sample_shape (tests/training/test_own_trainer_data_checks.py)
+    assert fit(DiffusionModule(unet(), sample_shape=(1, 8, 8)), Plain()).global_step == 1

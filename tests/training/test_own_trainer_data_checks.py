@@ -1,0 +1,115 @@
+"""A DiffusionModule fit by a user's own `Trainer` on a plain DataLoader (no data module to hold it against at setup)
+refuses data it would train wrongly on (tester round 15b): samples of another shape than its `sample_shape` (S3),
+at the first training or validation batch, and data holding NaN or infinity (S4), found in the fit's first
+training batch and said as data, not as divergence, even by a run too short to reach any logging step, validation
+or checkpoint save. A run whose weights end up NaN from later data is said to have diverged at its end."""
+
+import lightning as L
+import pytest
+import torch
+from helpers import tiny_vector_model
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader
+
+from diffusion import DiffusionModule, ImageDataModule, IndexedDataset
+from diffusion.models import UNet
+from diffusion.training.divergence import TrainingDiverged
+
+
+def fit(module, train, val=None, max_steps: int = 3, **trainer_options) -> L.Trainer:
+    options = dict(
+        max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=1, limit_val_batches=0 if val is None else 1,
+    )  # fmt: skip
+    trainer = L.Trainer(**{**options, **trainer_options})
+    loader = DataLoader(IndexedDataset(train), batch_size=4)
+    trainer.fit(module, loader, None if val is None else DataLoader(IndexedDataset(val), batch_size=4))
+    return trainer
+
+
+def tiny_images(sample_shape=(1, 8, 8)) -> DiffusionModule:
+    network = UNet(channels=8, channel_mult=(1, 2), num_res_blocks=1, attention_levels=())
+    return DiffusionModule(network, sample_shape=sample_shape, num_timesteps=100, warmup_steps=0)
+
+
+def test_training_batches_of_another_size_than_sample_shape_are_refused_naming_both():
+    images = [torch.rand(1, 16, 16) for _ in range(8)]
+    expected = (
+        r"^the training batch's samples have shape \(1, 16, 16\), and this DiffusionModule was built with "
+        r"sample_shape \(1, 8, 8\): .* — build the DiffusionModule with sample_shape=\(1, 16, 16\) \(the data's\), "
+        r"or resize the data to \(1, 8, 8\)$"
+    )
+    with pytest.raises(ValueError, match=expected):
+        fit(tiny_images(), images)
+
+
+def test_a_data_module_that_says_nothing_of_its_shape_is_held_to_it_at_the_first_batch():
+    class Plain(LightningDataModule):  # a user's own: no sample_shape to compare at setup
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = ImageDataModule(batch_size=8, on_device=False)
+
+        def setup(self, stage: str) -> None:
+            self.inner.setup(stage)
+
+        def train_dataloader(self):
+            return self.inner.train_dataloader()
+
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match=r"^the training batch's samples have shape \(1, 8, 8\), and this "):
+        trainer.fit(tiny_images((1, 4, 4)), datamodule=Plain())
+    assert trainer.global_step == 0
+
+
+def test_validation_batches_of_another_size_are_refused_too():
+    images = [torch.rand(1, 8, 8) for _ in range(8)]
+    with pytest.raises(ValueError, match=r"^the validation batch's samples have shape \(1, 16, 16\)"):
+        fit(tiny_images(), images, val=[torch.rand(1, 16, 16) for _ in range(4)])
+
+
+def test_another_channel_count_is_said_by_the_network_with_its_fix():
+    with pytest.raises(ValueError, match=r"^UNet is for images of 1 channel, and the data's samples have 3"):
+        fit(tiny_images(), [torch.rand(3, 8, 8) for _ in range(8)])
+
+
+def test_data_of_the_modules_shape_trains_images_and_vectors():
+    fit(tiny_images((1, 8, 16)), [torch.rand(1, 8, 16) for _ in range(8)])
+    fit(tiny_vector_model(), [torch.randn(2) for _ in range(8)], val=[torch.randn(2) for _ in range(4)])
+
+
+def test_a_first_batch_holding_nan_is_refused_as_data_at_the_end_of_a_short_fit():
+    data = [torch.randn(2) for _ in range(8)]
+    data[1] = torch.tensor([float("nan"), 0.0])
+    data[2] = torch.tensor([0.0, float("inf")])
+    expected = (
+        r"^the training data holds NaN or infinity: 2 of the 4 samples of the fit's first training batch are not "
+        r"finite \(dataset positions 1, 2\), .* — clean the data"
+    )
+    with pytest.raises(ValueError, match=expected):
+        fit(tiny_vector_model(), data)  # 3 steps: no logging step, validation or checkpoint save
+
+
+def test_it_is_said_as_data_at_the_first_logging_step_rather_than_as_divergence():
+    data = [torch.full((2,), float("nan"))] * 8
+    with pytest.raises(ValueError, match=r"^the training data holds NaN or infinity: 4 of the 4") as refused:
+        fit(tiny_vector_model(), data, max_steps=20, log_every_n_steps=1)
+    assert not isinstance(refused.value, TrainingDiverged)
+
+
+def test_weights_made_nan_by_later_data_are_said_at_the_end_of_the_fit():
+    data = [torch.randn(2) for _ in range(8)]
+    data[5] = torch.tensor([float("nan"), 0.0])  # in the second batch: the first is clean
+    with pytest.raises(TrainingDiverged) as diverged:
+        fit(tiny_vector_model(), data)
+    line = str(diverged.value)
+    assert line.startswith(
+        "training diverged: the weights are not finite (NaN or infinity) at step 3, first "
+    ), line
+    assert "; found at the end of training (no checkpoint was written) — " in line
+    assert "check the data for extreme values" in line and "holds NaN" not in line  # not found: not claimed
+
+
+def test_a_clean_fit_ends_normally_with_finite_weights():
+    module = tiny_vector_model()
+    fit(module, [torch.randn(2) for _ in range(8)])
+    assert all(torch.isfinite(p).all() for p in module.parameters())
