@@ -19,7 +19,7 @@ from jsonargparse.typing import restricted_number_type
 from diffusion.cli.command_line import Written
 from diffusion.cli.config_files import as_text
 from diffusion.cli.evaluate_notes import note_kid_subsets, note_unused, note_unused_options
-from diffusion.cli.flags import add_flags, check_paths_given
+from diffusion.cli.flags import add_flags, check_local_output, check_paths_given
 from diffusion.data.file_in_folder import FileKind, file_in_folder
 from diffusion.data.folder_lock import writing_alone
 from diffusion.data.images import ImageDatasetName
@@ -91,6 +91,7 @@ def run(
     features are computed (the command's --print_config: what would run); `written`, the command line's options
     (a note names those given that do nothing here)."""
     check_paths_given(args, "samples", "reference", "save_stats", "data_root", "inception_weights")
+    check_local_output(args.save_stats, "--save_stats", "evaluate")
     if args.metrics is not None and not args.metrics:  # a file's `metrics: []`: nothing computed, exit 0
         raise UserError(
             "--metrics [] names no metric",

@@ -26,7 +26,13 @@ from typing import Literal
 
 from jsonargparse import ArgumentParser
 
-from diffusion.cli.flags import add_flags, check_path_given, check_writable_folder, command_parser
+from diffusion.cli.flags import (
+    add_flags,
+    check_local_output,
+    check_path_given,
+    check_writable_folder,
+    command_parser,
+)
 from diffusion.cli.parse_errors import parsed_command_line
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
@@ -61,6 +67,7 @@ FILE_SUFFIXES = (".ckpt", ".safetensors", ".pt", ".pth", ".bin", ".npz")
 
 
 def check_out(out: str) -> None:
+    check_local_output(out, "--out", "export")
     check_writable_folder(out, "--out")
     path = Path(out).expanduser()
     if (

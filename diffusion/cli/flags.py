@@ -24,7 +24,7 @@ from jsonargparse.typing import PositiveInt
 
 from diffusion.cli.jsonargparse_internals import take_negative_numbers_as_values
 from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
-from diffusion.data.file_in_folder import file_in_folder
+from diffusion.data.file_in_folder import file_in_folder, url_given
 from diffusion.data.labels import class_labels
 from diffusion.errors import COMMAND, CallerError, OutOfRange, UserError, refusing_flag
 from diffusion.generation.arguments import checked_seed
@@ -169,13 +169,33 @@ def check_paths_given(args: Any, *names: str) -> None:
         check_path_given(getattr(args, name), f"--{name}")
 
 
+def check_local_output(path: str | os.PathLike | None, flag: str, command: str) -> None:
+    """Refuse an object-storage URL as an output path of a command that writes local files only (sample, export,
+    phema, evaluate): pathlib read `s3://b/x` as the local folder `s3:/b/x`, written there and said to be "s3:/b/x"
+    (prepare writes to object storage; train.py's folders go through Lightning's fsspec: `check_writable_folder`).
+    Before the path is expanded, which collapses the `//`. None (an optional path left out) passes."""
+    url = url_given(path)
+    if url is not None:
+        raise UserError(
+            f"{flag} {url} is an object-storage URL, and {command} writes local files only",
+            "pass a local path, and copy the result up with your storage's tool (python -m diffusion.prepare "
+            "alone writes to s3://, gs://, az://)",
+        )
+
+
 def check_writable_folder(path: str | os.PathLike, flag: str, given: str | os.PathLike | None = None) -> None:
     """Raise UserError unless `path` is a folder this process can write into, or could create.
 
     Nothing is created: the nearest existing ancestor is tested by writing a temporary file there. `given`: the
     flag's value when `path` is the folder of it (a file's `--out`); the line quotes it, as the user typed it.
+    An object-storage URL (train.py's folders, which Lightning writes through fsspec) is not probed: refused only
+    where fsspec lacks the package for it (s3fs, gcsfs, adlfs), whose ImportError ended the run as a bug.
     """
     check_path_given(path if given is None else given, flag)
+    url = url_given(path if given is None else given)
+    if url is not None:
+        check_fsspec_protocol(url, flag)
+        return
     path = Path(path).expanduser()
     shown = path if given is None else given
     if given is None and path.exists() and not path.is_dir():
@@ -198,6 +218,21 @@ def check_writable_folder(path: str | os.PathLike, flag: str, given: str | os.Pa
         raise UserError(
             f"{flag} {shown}: cannot write into {existing} ({err.strerror or err})",
             "pick a folder you can write to",
+        ) from err
+
+
+def check_fsspec_protocol(url: str, flag: str) -> None:
+    """fsspec can write to `url` (the package of its storage is installed), as Lightning's loggers and checkpoints
+    would: its ImportError's own words, said of the flag."""
+    import fsspec  # Lightning's dependency
+
+    try:
+        fsspec.get_filesystem_class(url.split("://")[0])
+    except (ImportError, ValueError) as err:
+        raise UserError(
+            f"{flag} {url} is an object-storage URL, which Lightning writes through fsspec, "
+            f"and fsspec cannot write there ({err})",
+            "install the package it names (s3fs, gcsfs or adlfs), or pass a local folder",
         ) from err
 
 

@@ -37,6 +37,7 @@ from diffusion.cli.command_line import Written
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
+    check_local_output,
     check_paths_given,
     command_parser,
     given_checkpoint,
@@ -49,6 +50,7 @@ from diffusion.cli.phema_inputs import check_one_mode, check_out, no_snapshots
 from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.sample import chosen_sampler
 from diffusion.core.sampling import SamplingOptions
+from diffusion.data.file_in_folder import check_local_file
 from diffusion.data.folder_lock import writing_alone
 from diffusion.errors import COMMAND, UserError
 from diffusion.generation.ranks import generate
@@ -284,6 +286,8 @@ def main(argv: list[str] | None = None) -> Path | None:
         command_line = parsed_command_line(build_parser(), argv)
         args = command_line.config
         check_paths_given(args, "run", "out", "ckpt", "reference", "data_root")
+        check_local_output(args.out, "--out", "phema")  # before `~` is expanded, which reads s3:// as s3:/
+        check_local_file(args.run, "--run", "a run folder")
         check_one_mode(args.sigma_rel, args.sweep)
         if args.sigma_rel is not None and args.out is None:
             raise UserError("--sigma_rel needs --out", "pass the checkpoint to write: --out phema.ckpt")

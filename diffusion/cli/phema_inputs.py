@@ -44,6 +44,12 @@ def check_out(out: str | None) -> None:
             f"--out {out} is a folder", "pass the path of the checkpoint to write, e.g. phema.ckpt"
         )
     check_writable_folder(path.parent, "--out", given=out)
+    if path.suffix != ".ckpt":  # a .safetensors name held a torch checkpoint, which torch.load then misread
+        raise UserError(
+            f"--out {out} is not a .ckpt name, and phema writes a training checkpoint (torch.save)",
+            f"name it .ckpt: --out {path.with_suffix('.ckpt')} (python -m diffusion.export writes safetensors "
+            "from it)",
+        )
     if path.parent.name == CHECKPOINTS and checkpoint_files(path.parent):  # a run's: its resume points
         resumes = "where train.py resumes from the checkpoint of the highest step"
         raise UserError(

@@ -41,6 +41,7 @@ from diffusion.cli.command_line import Written
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
+    check_local_output,
     check_seed_flag,
     check_writable_folder,
     command_parser,
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> Path:
         check_precision(args.precision)
         check_other_machines_named(args.num_nodes)  # before --print_config; it waited for them without end
         args.precision = str(args.precision)  # `precision: 32` in a file is YAML's int
+        check_local_output(args.out, "--out", "sample")
         check_writable_folder(args.out, "--out")
         # As export's: `out: ~/x` in a file wrote into a folder named ~
         args.out = str(Path(args.out).expanduser())

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from diffusion.cli.command_line import remembered_written
-from diffusion.cli.flags import check_path_given
+from diffusion.cli.flags import check_fsspec_protocol, check_path_given, url_given
 from diffusion.errors import DiskFull, UserError, is_disk_full
 from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK, write_atomically
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
@@ -189,6 +189,10 @@ def check_checkpoint_dirpath(config: Namespace, fast_dev_run: Any = False) -> No
     run would: a new run's --checkpoint.dirpath into a folder that holds checkpoints."""
     dirpath = config.checkpoint.dirpath
     check_path_given(dirpath, "--checkpoint.dirpath")  # "" would put the checkpoints in the current folder
+    # Lightning's fsspec writes a URL: not a local folder to look into
+    if (url := url_given(dirpath)) is not None:
+        check_fsspec_protocol(url, "--checkpoint.dirpath")
+        return
     if config.ckpt_path is None and dirpath and not fast_dev_run:
         check_nothing_overwritten(Path(dirpath), dirpath)
 

@@ -10,15 +10,39 @@ written) are not searched.
 """
 
 import os
+import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
+from diffusion.data.prepared import URL_SCHEMES
 from diffusion.errors import InvalidValue, WrongType
 
 SEARCH_DEPTH = 4  # <save_dir>/<name>/<version>/checkpoints/last.ckpt from <save_dir>
 SHOWN = 5  # files listed in a refusal before "and N more"
+
+
+# A URL of object storage, also as pathlib left it ("s3://b/x" -> "s3:/b/x"): a local folder named "s3:" is none
+_URL = re.compile("^(" + "|".join(re.escape(scheme.removesuffix("://")) for scheme in URL_SCHEMES) + "):/+")
+COPY_DOWN = "copy it to a local path with your storage's tool (aws s3 cp, gcloud storage cp, azcopy copy) and pass that"
+
+
+def url_given(path: object) -> str | None:
+    """The object-storage URL `path` is (`s3://bucket/x`, as it was typed), or None for a local path."""
+    match = _URL.match(str(path)) if isinstance(path, str | os.PathLike) else None
+    return None if match is None else f"{match.group(1)}://{str(path)[match.end() :]}"
+
+
+def check_local_file(path: object, flag: str, what: str) -> None:
+    """Refuse an object-storage URL given for a file that is read from local storage only (`what`: "a
+    checkpoint"): pathlib read `s3://b/x.ckpt` as the local `s3:/b/x.ckpt`, said to be missing."""
+    url = url_given(path)
+    if url is not None:
+        raise InvalidValue(
+            f"{flag} {url} is an object-storage URL, and {what} is read from a local path only", COPY_DOWN
+        )
 
 
 @dataclass(frozen=True)
@@ -28,6 +52,9 @@ class FileKind:
     name: str  # "checkpoint"
     patterns: tuple[str, ...]  # ("*.ckpt",)
     made_by: str  # "train.py writes them into runs/<name>/version_N/checkpoints/"
+    # A folder holding none, said as what it is (a folder of another kind, which holds another kind of file) where
+    # this says so: (what the folder is, the fix), or None for the generic "holds no <kind>"
+    folder_said: Callable[[Path, str], tuple[str, str] | None] | None = None
 
 
 def files_of_kind(folder: Path, kind: FileKind) -> list[Path]:
@@ -49,7 +76,9 @@ def files_of_kind(folder: Path, kind: FileKind) -> list[Path]:
 
 def file_in_folder(path: str | os.PathLike, flag: str, kind: FileKind) -> Path:
     """`path` itself unless it is a folder; a folder holding exactly one file of `kind`: that file (a note on
-    stderr says so); else a UserError that lists the files found, or says that there are none."""
+    stderr says so); else a UserError that lists the files found, or says that there are none. An object-storage
+    URL is refused (`check_local_file`)."""
+    check_local_file(path, flag, f"a {kind.name}")
     path = Path(path).expanduser()
     if not path.is_dir():
         return path
@@ -61,6 +90,9 @@ def file_in_folder(path: str | os.PathLike, flag: str, kind: FileKind) -> Path:
         return found[0]
     patterns = " or ".join(kind.patterns)
     if not found:
+        said = kind.folder_said(path, flag) if kind.folder_said is not None else None
+        if said is not None:
+            raise InvalidValue(f"{flag} {path} {said[0]}", said[1])
         raise InvalidValue(
             f"{flag} {path} is a folder, and it holds no {kind.name} ({patterns})",
             f"pass the path of a {kind.name} as {flag}; {kind.made_by}",

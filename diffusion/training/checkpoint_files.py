@@ -18,14 +18,43 @@ from typing import Any
 
 import torch
 
-from diffusion.data.file_in_folder import FileKind, file_in_folder
+from diffusion.data.file_in_folder import FileKind, check_local_file, file_in_folder
 from diffusion.data.numpy_files import PICKLED, numpy_file_kind
 from diffusion.errors import InvalidValue, MissingFile, UserError
 from diffusion.training.export_files import export_network_weights, folder_of_weights_file, is_export
 from diffusion.training.from_diffusers import INIT_FROM, diffusers_folders, read_init_weights
 
+# A run's post-hoc EMA folder and its snapshots' names: run_folders' POST_HOC_EMA and SNAPSHOT_FILES (it imports this
+# module; tests/cli/test_local_paths.py holds them equal)
+POST_HOC_EMA, SNAPSHOT_FILES = "post_hoc_ema", "step=*-sigma_rel=*.pt"
+
+
+def checkpoint_folder_said(folder: Path, flag: str) -> tuple[str, str] | None:
+    """What a folder holding no checkpoint is, where it is a folder of a model that is no training checkpoint:
+    a run's post-hoc EMA snapshots, an export, a diffusers model (`FileKind.folder_said`: every command's --ckpt,
+    train.py's --ckpt_path and --model.init_from say it the same way; "holds no checkpoint" would call it empty)."""
+    if folder.name == POST_HOC_EMA or any(p.is_file() for p in folder.glob(SNAPSHOT_FILES)):
+        run = f" {folder.parent}" if folder.name == POST_HOC_EMA else ""
+        return (
+            "is a post-hoc EMA snapshots folder, which holds one profile's averages, not a model",
+            f"reconstruct a model from the snapshots first (python -m diffusion.phema with the run{run} and a "
+            "sigma_rel writes a .ckpt), then pass that checkpoint",
+        )
+    if is_export(folder) or diffusers_folders(folder, flag) is not None:
+        what = "a diffusers folder" if not is_export(folder) else "an export (python -m diffusion.export)"
+        return (
+            f"is {what}, which holds one set of weights and no training state",
+            "pass a training checkpoint (runs/<name>/version_N/checkpoints/*.ckpt); python -m diffusion.sample "
+            "and load_checkpoint take it as it is",
+        )
+    return None
+
+
 CHECKPOINT = FileKind(
-    "checkpoint", ("*.ckpt",), "train.py writes them into runs/<name>/version_N/checkpoints/"
+    "checkpoint",
+    ("*.ckpt",),
+    "train.py writes them into runs/<name>/version_N/checkpoints/",
+    checkpoint_folder_said,
 )
 DAMAGED = "its bytes do not match their checksum (a bad copy or a failing disk)"
 _INTACT: set[tuple[str, int, int]] = set()  # (path, size, mtime) of file versions whose checksums matched
@@ -127,6 +156,15 @@ def read_checkpoint(
             "is a NumPy archive (np.savez, such as sample's samples.npz), not a PyTorch checkpoint",
             fix,
         )
+    # A torch.save archive named .safetensors (phema once wrote one): torch.load, Lightning's too, would read it with
+    # safetensors, by its name, and fail in safetensors' words
+    if path.suffix == ".safetensors":
+        raise UnreadableCheckpoint(
+            flag,
+            path,
+            "is a PyTorch checkpoint (torch.save) named .safetensors",
+            f"rename it to .ckpt ({path.with_suffix('.ckpt')}): torch reads a file of that name as safetensors",
+        )
     if verify:
         check_zip_checksums(path, flag, "pass an intact checkpoint: an earlier one of the run, or a backup")
     try:
@@ -190,6 +228,7 @@ def read_network_weights(
     """Network weights from a checkpoint of this project (its `network.` entries), a plain state_dict, an export
     (`diffusion.training.export_files`: the weights it holds), or a diffusers DDPMPipeline / UNet2DModel folder
     (renamed to this project's UNet, checked to have `network`'s channels)."""
+    check_local_file(path, INIT_FROM, "a model")
     if diffusers_folders(path, INIT_FROM) is not None:
         return read_init_weights(path, network)
     if is_export(path) or folder_of_weights_file(path) is not None:  # its one set of weights (ema or raw)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import torch
 
-from diffusion.data.file_in_folder import file_in_folder, files_of_kind
+from diffusion.data.file_in_folder import check_local_file, file_in_folder, files_of_kind
 from diffusion.errors import InvalidValue, MissingFile, WrongType, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
@@ -132,7 +132,8 @@ def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[Mod
     which a folder holding exactly one stands for (`file_in_folder`; `flag` names the option in its errors).
     A diffusers folder that is broken (a part missing, a model of another class) is refused as one, naming what
     is wrong with it (`diffusers_folders`), not searched for a checkpoint; so is an export that lost its config.json
-    (`check_not_an_export_without_config`)."""
+    (`check_not_an_export_without_config`). An object-storage URL is refused (`check_local_file`)."""
+    check_local_file(path, flag, "a model")
     if diffusers_folders(path, flag) is not None:
         return "diffusers", Path(path)
     if is_export(path):
