@@ -396,27 +396,3 @@ def test_a_shorthand_and_its_long_form_with_different_values_are_refused(capsys)
         "--trainer.max_steps 3 and --max_steps 4 set one option (--max_steps is short for --trainer.max_steps) to "
         "different values — give it once (--max_steps or --trainer.max_steps)"
     )
-
-
-@pytest.mark.parametrize(
-    ("key", "value", "what"),
-    [
-        ("model.class_names", "[a,b]", "the names of its classes"),  # was "argument <lambda>(data) --> ..."
-        ("model.class_names", "a", "the names of its classes"),  # was "a is not a valid str"
-        (
-            "model.sample_shape",
-            "[1,8,8]",
-            "the shape of one sample",
-        ),  # was: must be given via "data.sample_shape"
-        ("model.normalization", "x", "the shift and scale"),  # was "x is not a valid dict"
-    ],
-)
-def test_an_option_the_data_sets_is_refused_naming_the_data(key, value, what, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    line = train_line([f"--{key}", value], capsys)
-    assert line.startswith(f"--{key} {value}: the data sets it ({what}") and line.endswith(
-        f"— leave --{key} out"
-    )
-    group, name = key.split(".")
-    Path("run.yaml").write_text(f"{group}:\n  {name}: {value}\n")
-    assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: {key} ")

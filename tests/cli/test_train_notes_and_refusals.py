@@ -1,13 +1,16 @@
 """train.py's notes and refusals said of its flags: a class's note (an unused --ema.snapshot_every) as one line
 `warning: ...` naming the flags as the user gave them, never Python's file:line and source line; the checkpoint's
 save triggers given together refused naming both flags; a Lightning refusal of a checkpoint's setting pointing at
-the --checkpoint flags; --print_config refusing another run's checkpoints folder as the run does."""
+the --checkpoint flags; --print_config refusing another run's checkpoints folder as the run does; an option the data
+sets (model.class_names, sample_shape, normalization) refused when written, naming the data."""
 
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from helpers import QUICK, TINY_UNET, warm
+from helpers.parse_errors import train_line
 from helpers.user_errors import REPO, in_a_config_file, run_in_process, train_args
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -90,3 +93,27 @@ def test_print_config_refuses_another_runs_checkpoints_folder_as_the_run_does(tm
         args = train_args([*flags, *extra], tmp_path, tmp_path / "runs")
         assert run_in_process(train, args, tmp_path, capsys) == refused
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "what"),
+    [
+        ("model.class_names", "[a,b]", "the names of its classes"),  # was "argument <lambda>(data) --> ..."
+        ("model.class_names", "a", "the names of its classes"),  # was "a is not a valid str"
+        (
+            "model.sample_shape",
+            "[1,8,8]",
+            "the shape of one sample",
+        ),  # was: must be given via "data.sample_shape"
+        ("model.normalization", "x", "the shift and scale"),  # was "x is not a valid dict"
+    ],
+)
+def test_an_option_the_data_sets_is_refused_naming_the_data(key, value, what, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = train_line([f"--{key}", value], capsys)
+    assert line.startswith(f"--{key} {value}: the data sets it ({what}") and line.endswith(
+        f"— leave --{key} out"
+    )
+    group, name = key.split(".")
+    Path("run.yaml").write_text(f"{group}:\n  {name}: {value}\n")
+    assert train_line(["--config", "run.yaml"], capsys).startswith(f"run.yaml: {key} ")

@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning import LightningDataModule
 
 from diffusion.cli.train import main
 from diffusion.core.sampling import SamplingOptions
+from diffusion.data import ImageDataModule
 from diffusion.models import MLP
 from diffusion.training.module import DiffusionModule
 
@@ -89,3 +91,17 @@ def assert_refused_by_name(call, error, argument: str, folder: Path) -> None:
     assert argument in message.split("—")[0], message
     assert "—" in message, f"no fix: {message}"
     assert not list(folder.iterdir()), "refused, yet it wrote something"
+
+
+class DigitsSayingNothing(LightningDataModule):
+    """A user's own data module: the digits, with no sample_shape, normalization or class names to compare."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = ImageDataModule(batch_size=8, on_device=False)
+
+    def setup(self, stage: str) -> None:
+        self.inner.setup(stage)
+
+    def train_dataloader(self):
+        return self.inner.train_dataloader()

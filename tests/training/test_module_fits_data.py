@@ -4,7 +4,7 @@ round 6b, L3). Each refusal comes before the first step; what a data module does
 
 import lightning as L
 import pytest
-from lightning import LightningDataModule
+from helpers import DigitsSayingNothing
 
 from diffusion import DiffusionModule, ImageDataModule, VectorDataModule
 from diffusion.models import MLP, UNet
@@ -91,16 +91,5 @@ def test_a_module_built_from_the_data_or_without_its_optional_values_trains():
     assert fit(built, digits).global_step == 1
     assert fit(DiffusionModule(unet()), ImageDataModule(batch_size=8)).global_step == 1
 
-    class Plain(LightningDataModule):  # a user's own: says nothing of its samples
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = ImageDataModule(batch_size=8, on_device=False)
-
-        def setup(self, stage: str) -> None:
-            self.inner.setup(stage)
-
-        def train_dataloader(self):
-            return self.inner.train_dataloader()
-
     # its batches are held to the module's sample_shape (tests/training/test_own_trainer_data_checks.py)
-    assert fit(DiffusionModule(unet(), sample_shape=(1, 8, 8)), Plain()).global_step == 1
+    assert fit(DiffusionModule(unet(), sample_shape=(1, 8, 8)), DigitsSayingNothing()).global_step == 1

@@ -7,11 +7,10 @@ or checkpoint save. A run whose weights end up NaN from later data is said to ha
 import lightning as L
 import pytest
 import torch
-from helpers import tiny_vector_model
-from lightning import LightningDataModule
+from helpers import DigitsSayingNothing, tiny_vector_model
 from torch.utils.data import DataLoader
 
-from diffusion import DiffusionModule, ImageDataModule, IndexedDataset
+from diffusion import DiffusionModule, IndexedDataset
 from diffusion.models import UNet
 from diffusion.training.divergence import TrainingDiverged
 
@@ -44,20 +43,10 @@ def test_training_batches_of_another_size_than_sample_shape_are_refused_naming_b
 
 
 def test_a_data_module_that_says_nothing_of_its_shape_is_held_to_it_at_the_first_batch():
-    class Plain(LightningDataModule):  # a user's own: no sample_shape to compare at setup
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = ImageDataModule(batch_size=8, on_device=False)
-
-        def setup(self, stage: str) -> None:
-            self.inner.setup(stage)
-
-        def train_dataloader(self):
-            return self.inner.train_dataloader()
 
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     with pytest.raises(ValueError, match=r"^the training batch's samples have shape \(1, 8, 8\), and this "):
-        trainer.fit(tiny_images((1, 4, 4)), datamodule=Plain())
+        trainer.fit(tiny_images((1, 4, 4)), datamodule=DigitsSayingNothing())
     assert trainer.global_step == 0
 
 
