@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
-from diffusion.errors import InvalidValue, naming_a_full_disk
+from diffusion.errors import InvalidValue, naming_a_full_disk, naming_a_refusing_folder
 
 fcntl: ModuleType | None
 try:
@@ -97,8 +97,16 @@ def writing_alone(out: str, command: str, lock: Path, flag: str = "out") -> Iter
             f"wait for it to finish, or pass another {{command:--{flag}}}",
         )
 
+    # A folder that refuses the lock file (no permission, an immutable folder): one line naming the option, by its
+    # flag where it has one (FlaggedFolder), not a PermissionError said as a bug; the block's own errors pass as
+    # they are.
+    named = f"the lock file {lock.name} of {{command:--{flag}}} {out}"
     try:
-        with holding_lock(lock, f"{os.getpid()} {socket.gethostname()} {started}\n", refused):
+        with contextlib.ExitStack() as held:
+            with naming_a_refusing_folder(folder, named):
+                held.enter_context(
+                    holding_lock(lock, f"{os.getpid()} {socket.gethostname()} {started}\n", refused)
+                )
             yield
     finally:
         for made in [folder, *folder.parents]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from diffusion.data.numpy_files import holds_objects, numpy_file_kind
-from diffusion.errors import InvalidValue, MissingFile, WrongType, naming_a_full_disk
+from diffusion.errors import InvalidValue, MissingFile, WrongType, check_can_replace, naming_a_full_disk
 
 WRITE_FIX = "write one with python -m diffusion.evaluate {command:--reference} DATASET_OR_NPZ {command:--save_stats} FILE.npz"
 
@@ -151,6 +151,7 @@ def check_new_statistics_file(path: str | Path, overwrite: bool = False) -> Path
             f"{{command:--save_stats}} {path}: no folder {path.parent}",
             "create it first, or pass another path",
         )
+    check_can_replace(path)  # an immutable file said as the file (CannotReplace), not as its writable folder
     return path
 
 
@@ -171,6 +172,7 @@ def save_statistics(path: str | Path, stats: FeatureStatistics) -> Path:
                            ("image_size", stats.image_size)]
         if value is not None
     }  # fmt: skip
+    check_can_replace(path)  # an immutable file: said as the file, before the new one is written beside it
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         with naming_a_full_disk(path), open(temporary, "xb") as file:  # a file object: np.savez adds no .npz

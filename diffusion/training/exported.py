@@ -30,9 +30,11 @@ from diffusion.errors import (
     check_choice,
     check_weights_fit,
     check_whole_number,
+    said,
 )
 from diffusion.generation.render import check_normalization
 from diffusion.models import MLP, UNet
+from diffusion.training.checkpoint_files import check_finite
 from diffusion.training.export_files import (
     CONFIG,
     FIX,
@@ -48,6 +50,7 @@ from diffusion.training.module import DiffusionModule
 NETWORKS: dict[str, type[torch.nn.Module]] = {"UNet": UNet, "MLP": MLP}
 NETWORK_FIX = 'pass checkpoint["hyper_parameters"]["network"] of the checkpoint the module was loaded from'
 Weights = Literal["ema", "raw"]
+NOT_FINITE_FIX = "its training diverged: export a module loaded from an earlier checkpoint of the run"
 
 
 def write_export(
@@ -135,12 +138,15 @@ PLAIN = (bool, int, float, str, tuple, list, type(None))
 
 
 def check_export_arguments(module: Any, folder: Any) -> None:
-    """Refuse (naming the argument) a `module` that is no DiffusionModule and a `folder` that is no existing folder's
-    path: an export writer's arguments, checked before anything is written."""
+    """Refuse (naming the argument) a `module` that is no DiffusionModule or whose weights are not finite (the
+    export command's check), and a `folder` that is no existing folder's path: an export writer's arguments
+    (`write_export`'s and the diffusers writer's), checked before anything is written."""
     if not isinstance(module, DiffusionModule):
         raise WrongType(
             "module", module, "a DiffusionModule", "pass a loaded model: diffusion.load_checkpoint(path)"
         )
+    # The export command's check (load_checkpoint's): an export of NaN weights loaded and failed only when sampled
+    check_finite(module.network.state_dict(), "module", NOT_FINITE_FIX)
     if not isinstance(folder, str | os.PathLike):
         raise WrongType("folder", folder, "a folder's path", "pass the folder to write the export into")
     if Path(folder).exists() and not Path(folder).is_dir():
@@ -225,6 +231,40 @@ def check_model_settings(hparams: dict[str, Any], source: str, fix: str) -> None
             check_normalization(normalization)
     except UserError as error:  # a file's settings: a ValueError, whichever kind its check was
         raise InvalidValue(f"{source}: {error.problem}", fix, error.owner) from error
+    check_network_settings(network, source, fix)
+
+
+def check_network_settings(network: dict[str, Any], source: str, fix: str) -> None:
+    """The network's own argument checks on the settings a model's file holds (`network`: its class_path and
+    init_args), said as the file's keys: `<source>: network.init_args.channels='eight' is a str, ... — <fix>`, not
+    as the flags that build a network on a command line (`--model.network.channels`), which sample has not. The
+    network is built on the meta device (no memory, no weights drawn); a network not of this project's is the
+    caller's (`load_from_checkpoint(path, network=...)`), not checked here."""
+    module, _, name = str(network.get("class_path")).rpartition(".")
+    if name not in NETWORKS or not (module == "diffusion" or module.startswith("diffusion.")):
+        return
+    try:
+        with torch.device("meta"):
+            NETWORKS[name](**network.get("init_args", {}))
+    except TypeError as error:  # a key the network does not take
+        if isinstance(error, UserError):
+            raise said_as_key(error, source, fix) from error
+        raise InvalidValue(
+            f"{source}: network.init_args holds a setting {name} does not take ({error})", fix
+        ) from error
+    except UserError as error:
+        raise said_as_key(error, source, fix) from error
+
+
+def said_as_key(error: UserError, source: str, fix: str) -> InvalidValue:
+    """A network's argument check said of the key `network.init_args.NAME` of the file `source`."""
+    problem = said(error.problem, lambda owner, option: f"network.init_args.{option}")
+    named = getattr(error, "name", None)
+    if isinstance(named, str) and problem.startswith(f"{named}="):
+        problem = f"network.init_args.{problem}"
+    elif "network.init_args." not in problem:
+        problem = f"network.init_args: {problem}"
+    return InvalidValue(f"{source}: {problem}", fix)
 
 
 def network_class(class_path: object) -> type[torch.nn.Module]:
