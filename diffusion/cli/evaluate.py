@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         refuse_the_other_modes_options(parser, evaluate_nll.build_parser(), argv, nll=False)
         command_line = parsed_command_line(parser, argv)
         args = command_line.config
-        check_seed_flag(args.seed)
+        check_seed_flag(args.seed, "it picks the reference subset and KID's subsets")
         device, _ = resolve_device(args.device, "auto")
         results: dict[str, float] = {}
         ran = False

@@ -204,7 +204,7 @@ def main(
             refuse_the_other_modes_options(parser, other_mode(), argv, nll=True)
         command_line = parsed_command_line(parser, argv)
         args = command_line.config
-        check_seed_flag(args.seed)
+        check_seed_flag(args.seed, "the noise of every term is a function of it")
         device: str | torch.device
         device, accelerator = resolve_device(args.device, args.accelerator)
         args.ckpt, hparams = given_model(args.ckpt)
@@ -276,3 +276,9 @@ def main(
         if fabric is not None:
             fabric.barrier()
         return {**result.__dict__, "per_image": bounds[: len(images), 3]}
+
+
+if __name__ == "__main__":  # the mode of evaluate's that --nll chooses
+    from diffusion.cli.reporting import not_a_command
+
+    not_a_command("evaluate the NLL with python -m diffusion.evaluate --nll --ckpt CKPT")

@@ -377,3 +377,9 @@ def result_lines(values: dict[str, float], notes: dict[str, str], features: Feat
     elif "is" in notes:
         lines.append(f"IS:  not computed — {notes['is']}")
     return lines
+
+
+if __name__ == "__main__":  # a part of evaluate's, not a command
+    from diffusion.cli.reporting import not_a_command
+
+    not_a_command("evaluate samples with python -m diffusion.evaluate --samples FILE --reference ...")

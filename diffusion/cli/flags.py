@@ -27,7 +27,7 @@ from diffusion.core.sampling import SamplingOptions, option_help, sampler_help
 from diffusion.data.file_in_folder import file_in_folder, url_given
 from diffusion.data.labels import class_labels
 from diffusion.errors import COMMAND, CallerError, OutOfRange, UserError, refusing_flag
-from diffusion.generation.arguments import checked_seed
+from diffusion.generation.arguments import SEED_LIMIT, checked_seed
 from diffusion.generation.ranks import SAMPLING_BATCH
 from diffusion.training.checkpoint_files import CHECKPOINT
 from diffusion.training.loading import Weights, model_hyperparameters, model_source
@@ -292,12 +292,15 @@ def out_of_range(error: OutOfRange, shown: str, fix: str | None = None) -> UserE
     return UserError(f"{shown} is out of range (must be {error.requirement})", fix or error.fix)
 
 
-def check_seed_flag(seed: Any) -> None:
-    """--seed is one torch takes as it is (`checked_seed`: a larger or negative one wraps to another seed)."""
+def check_seed_flag(seed: Any, picks: str = "sample i's noise is a function of (seed, i)") -> None:
+    """--seed is one torch takes as it is (`checked_seed`: a larger or negative one wraps to another seed);
+    `picks`, what the seed decides in this command, said in the fix (sample's by default)."""
     try:
         checked_seed(seed)
     except OutOfRange as error:
-        raise out_of_range(error, f"--seed {seed}") from error
+        raise out_of_range(
+            error, f"--seed {seed}", f"pass a seed from 0 to {SEED_LIMIT - 1}: {picks}"
+        ) from error
 
 
 @contextmanager

@@ -152,3 +152,13 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, ArgumentError):  # a refusal parse_command_line did not explain: the parser's words
         return f"{line} — see --help for the options (--print_config for a full config)"
     return line
+
+
+def not_a_command(fix: str) -> NoReturn:
+    """`python -m diffusion.cli.<name>` of a part of the commands whose name reads like one (to_diffusers,
+    evaluate_nll, evaluate_quality, train): one line naming the command to run (`fix`) and exit status 2, rather
+    than importing, ignoring every argument and exiting 0."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    name = spec.name if spec is not None else "this module"
+    print(f"error: {name} is a library module, not a command — {fix}", file=sys.stderr, flush=True)
+    raise SystemExit(2)

@@ -125,3 +125,11 @@ def save_pipeline(module: DiffusionModule, folder: str | os.PathLike) -> None:
     weights = {name: value.detach().cpu().contiguous() for name, value in unet.state_dict().items()}
     with open(folder / "unet" / SAFETENSORS_WEIGHTS_NAME, "wb") as file:
         file.write(save(weights, metadata={"format": "pt"}))  # save_pretrained's one shard, its metadata
+
+
+if __name__ == "__main__":  # the command is export's --format diffusers
+    from diffusion.cli.reporting import not_a_command
+
+    not_a_command(
+        "export a diffusers folder with python -m diffusion.export --ckpt CKPT --format diffusers --out DIR"
+    )

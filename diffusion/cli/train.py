@@ -406,3 +406,9 @@ def main(args: list[str] | None = None) -> DiffusionCLI:
         cli = DiffusionCLI(args, parser_kwargs={"exit_on_error": False})
         fit(cli)
         return cli
+
+
+if __name__ == "__main__":  # the command is the repository's train.py
+    from diffusion.cli.reporting import not_a_command
+
+    not_a_command("train with python train.py (in the repository's root; --help for its options)")

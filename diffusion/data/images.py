@@ -155,8 +155,9 @@ class ImageDataModule(SplitDataModule):
             native_channels, native_size = (entry.channels, entry.size) if entry else (1, 8)
             if channels is not None and channels != native_channels:
                 raise InvalidValue(
-                    f"dataset {dataset!r} has {native_channels} channel(s), got channels={channels}",
-                    "leave {--channels} unset (it only applies to dataset 'folder')",
+                    f"{{--channels}} {channels} does not fit dataset {dataset!r}, whose images have "
+                    f"{native_channels} channel{'s' if native_channels > 1 else ''}",
+                    "leave the channels unset: they are chosen for dataset 'folder' only",
                     type(self),
                 )
             image_size = native_size if image_size is None else image_size

@@ -148,8 +148,9 @@ class SplitDataModule(LightningDataModule):
             )  # fmt: skip
         if val_from_train is not None and val_fraction > 0:
             raise InvalidValue(
-                f"val_from_train={val_from_train} validates on training samples and holds nothing out",
-                f"set {{--val_fraction}} 0 (got {val_fraction})",
+                f"{{--val_from_train}} {val_from_train} validates on training samples and holds nothing out, yet "
+                f"{{--val_fraction}} {val_fraction} holds some out",
+                "set {--val_fraction} 0 with it",
                 type(self),
             )
         self.val_from_train = val_from_train
@@ -194,7 +195,7 @@ class SplitDataModule(LightningDataModule):
         if self.val_from_train is not None:
             if self.val_from_train > n:
                 raise InvalidValue(
-                    f"val_from_train={self.val_from_train} is more than the {n} training samples",
+                    f"{{--val_from_train}} {self.val_from_train} is more than the {n} training samples",
                     f"pass {{--val_from_train}} {n} or less",
                     type(self),
                 )
@@ -204,7 +205,7 @@ class SplitDataModule(LightningDataModule):
         n_val = max(1, round(n * self.val_fraction)) if self.val_fraction > 0 else 0
         if n - n_val < 1:
             raise InvalidValue(
-                f"{n} samples leave none for training with val_fraction={self.val_fraction}",
+                f"{{--val_fraction}} {self.val_fraction} leaves none of the {n} samples for training",
                 "add data or set {--val_fraction} 0",
                 type(self),
             )

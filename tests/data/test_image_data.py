@@ -178,7 +178,10 @@ def test_mnist_setup_from_local_files(tmp_path):
     [
         ({"dataset": "imagenet"}, "imagenet.*digits"),
         ({"image_size": 4}, r"image_size=4 must be >= 8 — pass image_size 8 or more"),
-        ({"dataset": "cifar10", "channels": 1}, "channels=1"),
+        (
+            {"dataset": "cifar10", "channels": 1},
+            "channels 1 does not fit dataset .cifar10., whose images have 3 channels",
+        ),
         ({"val_fraction": 1.0}, "val_fraction"),
         (
             {"val_fraction": 1.5},
