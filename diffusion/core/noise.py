@@ -142,7 +142,7 @@ class WrongDtype(WrongType):
 
     def __init__(self, name: str, tensor: torch.Tensor, expected: str, fix: str) -> None:
         dtype = str(tensor.dtype).removeprefix("torch.")
-        article = "an" if dtype[0] in "aeiou" else "a"
+        article = "an" if dtype[0] in "aeio" else "a"  # "a uint8" (said you-int), "an int64"
         UserError.__init__(self, f"{name} is {article} {dtype} tensor, not {expected}", fix)
         self.name, self.value, self.expected = name, tensor, expected
 

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from diffusion.core.guidance import NO_LABEL
+from diffusion.core.noise import WrongDtype
 from diffusion.data.labels import check_labels
 from diffusion.errors import InvalidValue, WrongType
 
@@ -142,7 +143,9 @@ def check_sample_shape(
 
 def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
     """The training batch, or a clear error for a DataModule that does not yield `Batch(x, index)`, or (for a
-    class-conditional model, `num_classes` set) whose labels are missing or out of range.
+    class-conditional model, `num_classes` set) whose labels are missing or out of range, or whose samples are not
+    floats (uint8 images would train on their raw 0..255 values). Metadata only: it runs every step (the first
+    batch's label values are checked by `diffusion.training.divergence.FirstBatch`).
 
     The returned batch's label is None for an unconditional model (its labels, if any, are not used)."""
     if isinstance(batch, IndexBatch | StoredBatch):
@@ -156,6 +159,15 @@ def check_batch(batch: Any, num_classes: int | None = None) -> Batch:
         raise TypeError(
             f"training batches must be diffusion.data.Batch(x, index), got {type(batch).__name__}; wrap your "
             "dataset in diffusion.data.IndexedDataset (the index seeds per-sample noise)"
+        )
+    # Metadata only: integer images would train on their raw 0..255 values.
+    if not batch.x.is_floating_point():
+        raise WrongDtype(
+            "batch x",
+            batch.x,
+            "floating point in model units (floats in [-1, 1])",
+            "convert them in your dataset: x.float() / 127.5 - 1 for 0..255 images, as the project's data modules "
+            "do (x.float() for data already in model units)",
         )
     if num_classes is None:
         return batch._replace(label=None)

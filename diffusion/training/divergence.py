@@ -16,7 +16,9 @@ Every rank holds the same weights and the same all-reduced interval loss, so eve
 
 Data that holds NaN or infinity makes the loss and the weights NaN at once: the fit's first training batch is checked
 (`FirstBatch`, computed on the device at that batch, read at the first of these places) and refused as data, before
-any line blames divergence. A run too short to reach any of them (a Python `Trainer.fit` of a few steps, no
+any line blames divergence. The same read refuses labels that do not fit the model: a class-conditional model's
+first batch without a single class (unlabelled data: it would train as unconditional), or an unconditional model's
+with classes (they would be ignored). A run too short to reach any of them (a Python `Trainer.fit` of a few steps, no
 checkpoint, no validation) is checked at its end (`DiffusionModule.on_train_end`): the data, then the weights.
 """
 
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Mapping
 import lightning as L
 import torch
 
+from diffusion.core.guidance import NO_LABEL
 from diffusion.errors import InvalidValue, UserError
 
 
@@ -82,38 +85,68 @@ def check_weights(
 
 
 class FirstBatch:
-    """Whether the fit's first training batch holds NaN or infinity: computed on the device at that batch (no read:
+    """Whether the fit's first training batch holds NaN or infinity, or labels that do not fit the model (none at all
+    for a class-conditional one, classes for an unconditional one): computed on the device at that batch (no read:
     the steps stay free of syncs), read once at the first place that reads anyway (`check`)."""
 
     def __init__(self) -> None:
         self._armed = False
-        self._found: tuple[torch.Tensor, torch.Tensor] | None = None  # (per sample: not finite, its index)
+        # (per sample: not finite, its index, the labels do not fit, the model's num_classes)
+        self._found: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int | None] | None = None
 
     def arm(self) -> None:
         """A fit starts: its next training batch is the one checked."""
         self._armed, self._found = True, None
 
-    def see(self, x: torch.Tensor, index: torch.Tensor) -> None:
-        """At each training batch: the first after `arm` is kept, as flags on its device."""
-        if self._armed:
-            self._armed = False
-            self._found = (~torch.isfinite(x.detach().flatten(1)).all(dim=1), index)
+    def see(
+        self, x: torch.Tensor, index: torch.Tensor, label: object = None, num_classes: int | None = None
+    ) -> None:
+        """At each training batch: the first after `arm` is kept, as flags on its device. `label` is the batch's as it
+        came (before any label dropout), `num_classes` the model's (None: unconditional)."""
+        if not self._armed:
+            return
+        self._armed = False
+        bad = ~torch.isfinite(x.detach().flatten(1)).all(dim=1)
+        if not isinstance(label, torch.Tensor):  # None or an int: check_batch refuses it if conditional
+            misfit = torch.zeros((), dtype=torch.bool, device=bad.device)
+        elif num_classes is None:  # classes given to an unconditional model would be ignored
+            misfit = (label != NO_LABEL).any()
+        else:  # a conditional model given no class would train as an unconditional one
+            misfit = (label == NO_LABEL).all()
+        self._found = (bad, index, misfit.to(bad.device), num_classes)
 
     def check(self) -> None:
-        """Refuse the data if the batch seen holds NaN or infinity (one read, the first time only)."""
+        """Refuse the data if the batch seen holds NaN or infinity, or labels that do not fit the model (one read, the
+        first time only)."""
         if self._found is None:
             return
-        bad, index = self._found
+        bad, index, misfit, num_classes = self._found
         self._found = None
-        if not bool(bad.any()):  # the read
+        flags = torch.cat([bad, misfit.view(1)]).cpu()  # the read
+        if bool(flags[:-1].any()):
+            positions = index[bad.to(index.device)].tolist()
+            shown = ", ".join(map(str, positions[:5])) + (", ..." if len(positions) > 5 else "")
+            raise InvalidValue(
+                "the training data holds NaN or infinity: "
+                f"{len(positions)} of the {len(bad)} samples of the fit's first training batch are not finite "
+                f"(dataset positions {shown}), and every step on them makes the weights NaN",
+                "clean the data: drop or repair those samples (torch.nan_to_num replaces such values) before training",
+            )
+        if not bool(flags[-1]):
             return
-        positions = index[bad.to(index.device)].tolist()
-        shown = ", ".join(map(str, positions[:5])) + (", ..." if len(positions) > 5 else "")
+        if num_classes is None:
+            raise InvalidValue(
+                "the fit's first training batch holds class labels, and this model is unconditional (its network "
+                "has no num_classes): it would train without them, as unconditional",
+                "build the network with num_classes (the number of classes) to train a class-conditional model, "
+                "or leave with_labels out of IndexedDataset to train an unconditional one",
+            )
         raise InvalidValue(
-            "the training data holds NaN or infinity: "
-            f"{len(positions)} of the {len(bad)} samples of the fit's first training batch are not finite "
-            f"(dataset positions {shown}), and every step on them makes the weights NaN",
-            "clean the data: drop or repair those samples (torch.nan_to_num replaces such values) before training",
+            f"every label of the fit's first training batch is NO_LABEL (-1), and this model is class-conditional "
+            f"(num_classes={num_classes}): it would train as an unconditional one, its classes never learnt",
+            "build IndexedDataset(..., with_labels=True) over (x, label) items, or train with "
+            "{LightningDataModule:--conditional} true; or build the network without num_classes for an "
+            "unconditional model",
         )
 
 

@@ -211,7 +211,7 @@ class DiffusionModule(SamplingModule):
         self._resumed_step = 0
         self._states_before_validation: dict[str, Any] | None = None
         self._train_loss = IntervalLoss()  # logged at logging steps (diffusion/training/logging_steps.py)
-        self._first_batch = FirstBatch()  # NaN data, said as such (diffusion/training/divergence.py)
+        self._first_batch = FirstBatch()  # NaN data, labels unfit, said as such (training/divergence.py)
         if init_from is not None:
             weights = read_network_weights(init_from, self.network)
             fix = "use the {--network} settings of the run that saved them"
@@ -351,7 +351,8 @@ class DiffusionModule(SamplingModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x0, indices, labels = self._checked(batch, "training")
-        self._first_batch.see(x0, indices)
+        # The labels as they came, before any label dropout.
+        self._first_batch.see(x0, indices, batch.label, self.num_classes)
         per_sample = self.hparams["noise_mode"] == "per_sample"
         noise, t = self.draw_noise_and_timesteps(x0, indices, self.global_step, per_sample)
         if labels is not None:

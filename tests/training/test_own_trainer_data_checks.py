@@ -102,3 +102,57 @@ def test_a_clean_fit_ends_normally_with_finite_weights():
     module = tiny_vector_model()
     fit(module, [torch.randn(2) for _ in range(8)])
     assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+# Tester round 16b: F5-F7, data that does not fit the model, refused rather than trained on.
+def tiny_conditional_images(num_classes: int | None = 3) -> DiffusionModule:
+    network = UNet(
+        channels=8, channel_mult=(1, 2), num_res_blocks=1, attention_levels=(), num_classes=num_classes
+    )
+    return DiffusionModule(network, sample_shape=(1, 8, 8), num_timesteps=100, warmup_steps=0)
+
+
+def fit_labelled(module, items, with_labels: bool) -> None:
+    trainer = L.Trainer(
+        max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=1, limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(module, DataLoader(IndexedDataset(items, with_labels=with_labels), batch_size=4))
+
+
+def test_a_conditional_model_given_unlabelled_data_is_refused_not_trained_as_unconditional():
+    expected = (
+        r"^every label of the fit's first training batch is NO_LABEL \(-1\), and this model is class-conditional "
+        r"\(num_classes=3\): .* — build IndexedDataset\(\.\.\., with_labels=True\)"
+    )
+    with pytest.raises(ValueError, match=expected):
+        fit_labelled(tiny_conditional_images(), [torch.rand(1, 8, 8) for _ in range(8)], with_labels=False)
+
+
+def test_a_conditional_model_trains_on_labelled_data_some_of_it_unlabelled():
+    items = [
+        (torch.rand(1, 8, 8), -1 if i % 2 else i % 3) for i in range(8)
+    ]  # NO_LABEL for some samples only
+    fit_labelled(tiny_conditional_images(), items, with_labels=True)
+
+
+def test_labels_given_to_an_unconditional_model_are_refused_not_ignored():
+    expected = (
+        r"^the fit's first training batch holds class labels, and this model is unconditional \(its network has no "
+        r"num_classes\): .* — build the network with num_classes"
+    )
+    items = [(torch.rand(1, 8, 8), 1) for _ in range(8)]
+    with pytest.raises(ValueError, match=expected):
+        fit_labelled(tiny_conditional_images(None), items, with_labels=True)
+    fit_labelled(tiny_conditional_images(None), items, with_labels=False)  # the labels left out: it trains
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool])
+def test_integer_samples_are_refused_with_their_conversion_to_model_units(dtype):
+    images = [torch.randint(0, 2 if dtype == torch.bool else 255, (1, 8, 8)).to(dtype) for _ in range(8)]
+    expected = (
+        rf"^batch x is an? {str(dtype).removeprefix('torch.')} tensor, not floating point in model units "
+        r"\(floats in \[-1, 1\]\) — convert them in your dataset: x\.float\(\) / 127\.5 - 1 for 0\.\.255 images"
+    )
+    with pytest.raises(TypeError, match=expected):
+        fit(tiny_images(), images)
