@@ -73,9 +73,12 @@ def test_init_from_an_export_of_another_network_class_is_refused(raw_export, tmp
     (edited / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError) as caught:
         DiffusionCLI(with_default_config([*FLAGS, "--model.init_from", str(edited)]))
-    assert one_line(caught.value).startswith(
-        f"--model.init_from {edited} holds MLP weights (of a model of samples of shape [1, 8, 8]), but this run's "
-        "network is UNet — start from an export of the same kind of model"
+    # Its class_path edited to MLP beside UNet's init_args: the file is said as inconsistent, by its key (round 16b's
+    # F2 check of a model file's network settings), before its weights are compared with this run's network.
+    line = one_line(caught.value)
+    assert line.startswith(f"{edited / 'config.json'}: network.init_args holds a setting MLP"), line
+    assert line.endswith(
+        "— correct it in config.json's hyper_parameters, or export the checkpoint again (python -m diffusion.export)"
     )
 
 
