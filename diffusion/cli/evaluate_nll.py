@@ -206,7 +206,7 @@ def main(
         args = command_line.config
         check_seed_flag(args.seed, "the noise of every term is a function of it")
         device: str | torch.device
-        device, accelerator = resolve_device(args.device, args.accelerator)
+        device, accelerator = resolve_device(args.device, args.accelerator, args.devices * args.num_nodes)
         args.ckpt, hparams = given_model(args.ckpt)
         shape = tuple(hparams.get("sample_shape", ()))
         if len(shape) != 3:

@@ -128,9 +128,17 @@ def add_sampling_arguments(parser: ArgumentParser) -> None:
         group.add_argument(f"--{option.name}", type=option.type, default=None, help=text)
 
 
-def resolve_device(device: str | None, accelerator: str) -> tuple[str, str]:
+def resolve_device(device: str | None, accelerator: str, processes: int = 1) -> tuple[str, str]:
     """(device of a one-device run, accelerator of a Fabric run): an explicit --accelerator decides both, and one
-    that names another kind of device than an explicit --device is refused (one of them was dropped unsaid)."""
+    that names another kind of device than an explicit --device is refused (one of them was dropped unsaid), as is
+    one device by its index (`cuda:1`) for a run of more than one process (`processes`: --devices x --num_nodes),
+    which would take devices 0..N-1 whatever the index."""
+    if processes > 1 and device is not None and ":" in device:
+        raise UserError(
+            f"--device {device} names one device, and --devices/--num_nodes start {processes} processes, "
+            "one per device (0, 1, ...): the index would not be used",
+            "drop --device (choose the GPUs with CUDA_VISIBLE_DEVICES), or pass --devices 1 to run on that one",
+        )
     explicit = accelerator in ("cpu", "cuda", "gpu")
     if explicit and device is not None and device.startswith("cuda") != (accelerator != "cpu"):
         raise UserError(

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> Path:
         with ranges_said_as_flags():
             options = SamplingOptions.taken_from(args)
         device: str | torch.device
-        device, accelerator = resolve_device(args.device, args.accelerator)
+        device, accelerator = resolve_device(args.device, args.accelerator, args.devices * args.num_nodes)
         check_precision(args.precision)
         check_other_machines_named(args.num_nodes)  # before --print_config; it waited for them without end
         args.precision = str(args.precision)  # `precision: 32` in a file is YAML's int

@@ -64,7 +64,6 @@ from diffusion.cli.trainer_options import (
     warmup_note,
 )
 from diffusion.cli.training_run import (
-    DEFAULT_CONFIG,
     SaveConfigToRunFolder,
     callbacks_of,
     check_checkpoint_dirpath,
@@ -72,6 +71,7 @@ from diffusion.cli.training_run import (
     log_learning_rate,
     refused_by_the_trainer,
     use_run_progress,
+    with_default_config,
 )
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
@@ -377,23 +377,6 @@ class DiffusionCLI(LightningCLI):
 def plain_instance(cls: type, *args: Any, **kwargs: Any) -> Any:
     """jsonargparse's instantiator in its simplest form: the class called with its arguments."""
     return cls(*args, **kwargs)
-
-
-def with_default_config(args: list[str]) -> list[str]:
-    """No --config given: train the default recipe, configs/digits.yaml, or stop if it is not there.
-
-    Without it (the package installed without the project's configs/ folder) the code defaults would train a
-    different, far longer model than the README promises.
-    """
-    if any(arg in ("-h", "--help", "--config") or arg.startswith("--config=") for arg in args):
-        return args
-    if not DEFAULT_CONFIG.is_file():
-        raise UserError(
-            f"no --config given and the default recipe {DEFAULT_CONFIG} is missing (this copy of the package "
-            "came without the project's configs/ folder)",
-            "pass --config PATH/TO/configs/digits.yaml (from the project's source) or another recipe",
-        )
-    return ["--config", str(DEFAULT_CONFIG), *args]
 
 
 def main(args: list[str] | None = None) -> DiffusionCLI:

@@ -39,6 +39,23 @@ from diffusion.training.run_folders import (
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 
 
+def with_default_config(args: list[str]) -> list[str]:
+    """No --config given: train the default recipe, configs/digits.yaml, or stop if it is not there.
+
+    Without it (the package installed without the project's configs/ folder) the code defaults would train a
+    different, far longer model than the README promises.
+    """
+    if any(arg in ("-h", "--help", "--config") or arg.startswith("--config=") for arg in args):
+        return args
+    if not DEFAULT_CONFIG.is_file():
+        raise UserError(
+            f"no --config given and the default recipe {DEFAULT_CONFIG} is missing (this copy of the package "
+            "came without the project's configs/ folder)",
+            "pass --config PATH/TO/configs/digits.yaml (from the project's source) or another recipe",
+        )
+    return ["--config", str(DEFAULT_CONFIG), *args]
+
+
 class BuiltRun(Protocol):
     """What `fit` reads of train.py's CLI once it has built its classes (that CLI imports this module)."""
 

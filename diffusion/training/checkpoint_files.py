@@ -20,7 +20,7 @@ import torch
 
 from diffusion.data.file_in_folder import FileKind, check_local_file, file_in_folder
 from diffusion.data.numpy_files import PICKLED, numpy_file_kind
-from diffusion.errors import InvalidValue, MissingFile, UserError
+from diffusion.errors import InvalidValue, MissingFile, UserError, check_weights_fit
 from diffusion.training.export_files import export_network_weights, folder_of_weights_file, is_export
 from diffusion.training.from_diffusers import INIT_FROM, diffusers_folders, read_init_weights
 
@@ -248,3 +248,22 @@ def read_network_weights(
         }
     check_finite(state, f"init_from {path}", "start from an earlier checkpoint of that run")
     return state
+
+
+def load_network_weights(network: torch.nn.Module, init_from: str | os.PathLike, owner: type) -> None:
+    """Load `init_from`'s network weights (`read_network_weights`) into `network`, refusing weights of another shape
+    in one line naming `owner`'s option."""
+    weights = read_network_weights(init_from, network)
+    fix = "use the {--network} settings of the run that saved them"
+    check_weights_fit(network, weights, f"init_from={init_from}", fix, owner)
+    network.load_state_dict(weights)
+
+
+def drop_old_schedule_buffers(checkpoint: dict[str, Any], own: set[str]) -> None:
+    """Checkpoints of earlier versions carry six more schedule buffers (posterior terms now computed on use): the
+    `schedule.` entries of the module's and the EMA's weights that the module (its state_dict keys, `own`) lacks."""
+    for key in ("state_dict", "current_model_state"):
+        if key in checkpoint:
+            checkpoint[key] = {
+                k: v for k, v in checkpoint[key].items() if k in own or not k.startswith("schedule.")
+            }

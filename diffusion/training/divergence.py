@@ -24,6 +24,7 @@ checkpoint, no validation) is checked at its end (`DiffusionModule.on_train_end`
 
 import os
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import lightning as L
 import torch
@@ -82,6 +83,15 @@ def check_weights(
         f"{name}; {where} ({kept(trainer)})",
         likely_causes(trainer),
     )
+
+
+def check_checkpoint_weights(checkpoint: dict[str, Any], trained: set[str], trainer: L.Trainer) -> None:
+    """`check_weights` of a checkpoint about to be written: its trained parameters (`trained`, by name) in the module's
+    and the EMA's weights. Parameters only: the schedule's buffers may be infinite by design (1/sqrt(alpha_bar) at zero
+    terminal SNR)."""
+    for key in ("state_dict", "current_model_state"):
+        weights = {name: t for name, t in (checkpoint.get(key) or {}).items() if name in trained}
+        check_weights(weights, trainer, before="a checkpoint save")
 
 
 class FirstBatch:

@@ -27,10 +27,15 @@ from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch, check_sample_shape
 from diffusion.data.labels import check_class_names
 from diffusion.data.resumable import describe_batches
-from diffusion.errors import InvalidValue, WrongType, check_bool, check_weights_fit, options_of
+from diffusion.errors import InvalidValue, WrongType, check_bool, options_of
 from diffusion.training import loss as objective
-from diffusion.training.checkpoint_files import read_network_weights
-from diffusion.training.divergence import FirstBatch, check_interval_loss, check_weights
+from diffusion.training.checkpoint_files import drop_old_schedule_buffers, load_network_weights
+from diffusion.training.divergence import (
+    FirstBatch,
+    check_checkpoint_weights,
+    check_interval_loss,
+    check_weights,
+)
 from diffusion.training.logging_steps import IntervalLoss
 from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
 from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
@@ -213,10 +218,7 @@ class DiffusionModule(SamplingModule):
         self._train_loss = IntervalLoss()  # logged at logging steps (diffusion/training/logging_steps.py)
         self._first_batch = FirstBatch()  # NaN data, labels unfit, said as such (training/divergence.py)
         if init_from is not None:
-            weights = read_network_weights(init_from, self.network)
-            fix = "use the {--network} settings of the run that saved them"
-            check_weights_fit(self.network, weights, f"init_from={init_from}", fix, type(self))
-            self.network.load_state_dict(weights)
+            load_network_weights(self.network, init_from, type(self))
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self._training_graph is not None and self.network.training and torch.is_grad_enabled():
@@ -301,12 +303,8 @@ class DiffusionModule(SamplingModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The last hook before the file is written: a checkpoint of weights that diverged is never written.
-        # Parameters only: the schedule's buffers may be infinite by design (1/sqrt(alpha_bar) at zero terminal SNR).
         self._first_batch.check()
-        trained = {name for name, _ in self.named_parameters()}
-        for key in ("state_dict", "current_model_state"):
-            weights = {name: t for name, t in (checkpoint.get(key) or {}).items() if name in trained}
-            check_weights(weights, self.trainer, before="a checkpoint save")
+        check_checkpoint_weights(checkpoint, {name for name, _ in self.named_parameters()}, self.trainer)
         states = dict(self._states_before_validation or global_random_states(self.device))
         states["generator"] = None if self._generator is None else self._generator.get_state()
         checkpoint["random_states"] = gather_from_ranks(states, self.trainer.world_size)  # one per rank
@@ -400,10 +398,4 @@ class DiffusionModule(SamplingModule):
         if self._trainer is not None:  # fitting: this rank's random states (on_fit_start, on_train_start)
             rank, world_size = self.trainer.global_rank, self.trainer.world_size
             self._resumed_states, self._resumed_step = resumed_states(checkpoint, rank, world_size)
-        # Checkpoints of earlier versions carry six more schedule buffers (posterior terms now computed on use).
-        for key in ("state_dict", "current_model_state"):
-            if key in checkpoint:
-                own = self.state_dict()
-                checkpoint[key] = {
-                    k: v for k, v in checkpoint[key].items() if k in own or not k.startswith("schedule.")
-                }
+        drop_old_schedule_buffers(checkpoint, set(self.state_dict()))

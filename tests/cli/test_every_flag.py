@@ -42,8 +42,9 @@ from diffusion.cli.jsonargparse_internals import (
     loads_a_group_file,
 )
 from diffusion.cli.prepare import TRAINING_SECTIONS
-from diffusion.cli.train import DEFAULT_CONFIG, DiffusionCLI, with_default_config
+from diffusion.cli.train import DiffusionCLI
 from diffusion.cli.train import main as train
+from diffusion.cli.training_run import DEFAULT_CONFIG, with_default_config
 from diffusion.data import ImageDataModule, VectorDataModule
 from diffusion.models import MLP, UNet
 

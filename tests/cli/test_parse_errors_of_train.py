@@ -23,7 +23,8 @@ def test_train_says_a_bad_value_of_its_config_file_with_the_file(tmp_path, monke
 
 
 def test_train_prints_the_config_of_the_whole_command_line(tmp_path, monkeypatch, capsys):
-    from diffusion.cli.train import DEFAULT_CONFIG, main
+    from diffusion.cli.train import main
+    from diffusion.cli.training_run import DEFAULT_CONFIG
 
     monkeypatch.chdir(tmp_path)
     Path("run.yaml").write_text("model:\n  lr: 0.5\n")

@@ -59,6 +59,12 @@ SAMPLE_CASES = {
         ["--accelerator", "gpu", "--device", "cpu"],
         r"^error: --accelerator gpu and --device cpu name different kinds of device — give one of them",
     ),
+    # One device by its index for several processes: the index was dropped (ranks take devices 0..N-1)
+    "one_indexed_device_for_several_processes": (
+        ["--device", "cuda:1", "--devices", "2"],
+        r"^error: --device cuda:1 names one device, and --devices/--num_nodes start 2 processes, one per device "
+        r"\(0, 1, \.\.\.\): the index would not be used — drop --device",
+    ),
     "accelerator_without_a_gpu": (
         ["--accelerator", "gpu"],
         r"--accelerator gpu: no CUDA GPU .* — use --accelerator cpu",

@@ -18,7 +18,8 @@ import pytest
 import torch
 from helpers import TINY_UNET, warm
 
-from diffusion.cli.train import DEFAULT_CONFIG, DiffusionCLI, fit
+from diffusion.cli.train import DiffusionCLI, fit
+from diffusion.cli.training_run import DEFAULT_CONFIG
 from diffusion.training.callbacks import StepTimer
 from diffusion.training.callbacks.step_timer import count_flops_per_sample, kernel_kind, kernel_summary
 
