@@ -170,11 +170,25 @@ def chosen_sampler(
         warnings.simplefilter("ignore", UnusedSamplingOption)
         sampler = module.model_sampling.sampler(options)
     given = {item.key for item in written if item.values != (None,)}
-    note = "; ".join(
+    notes = [
         f"--{name} is no option of the {sampler.name} sampler: not used ({takers} {'take' if ',' in takers else 'takes'} it)"
         for name, takers in unused_options(sampler, given).items()
-    )
-    return sampler, note or None
+    ]
+    # The steps the checkpoint chose for its own sampler, taken by another: `--sampler ddpm` ran 20 DDPM steps where
+    # the user may have expected all of the schedule's (a recipe's comment once promised them).
+    default = module.sampling
+    if (
+        "sampler" in given
+        and "steps" not in given
+        and default.steps is not None
+        and sampler.name != default.sampler
+    ):
+        notes.append(
+            f"--sampler {sampler.name} takes the checkpoint's --steps {default.steps} (chosen for its sampler "
+            f"{default.sampler}); pass --steps N for another number (the schedule has "
+            f"{module.schedule.num_timesteps})"
+        )
+    return sampler, "; ".join(notes) or None
 
 
 def main(argv: list[str] | None = None) -> Path:

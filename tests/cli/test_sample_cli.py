@@ -248,3 +248,20 @@ def test_out_under_home_in_a_config_file_is_written_there(toy2d_checkpoint, tmp_
     path = main(["--config", "sample.yaml", *override(BASE, num_samples="2")])
     assert path == tmp_path / "home" / "x" / "samples.npz"
     assert path.is_file() and not (tmp_path / "~").exists()
+
+
+def test_a_sampler_given_without_steps_says_it_takes_the_checkpoints_steps(
+    digits_checkpoint, tmp_path, capsys
+):
+    """Round 17a's G1: `--sampler ddpm` on a digits checkpoint (dpmpp_2m_sde, 20 steps) ran 20 DDPM steps without a
+    word, where the recipe's comment promised the paper's 1,000."""
+    default = load_checkpoint(digits_checkpoint).sampling
+    assert default.sampler != "ddpm" and default.steps is not None
+    args = ["--ckpt", str(digits_checkpoint), "--num_samples", "2", "--device", "cpu", "--sampler", "ddpm"]
+    main([*args, "--out", str(tmp_path / "a")])
+    assert (
+        f"note: --sampler ddpm takes the checkpoint's --steps {default.steps} (chosen for its sampler "
+        in (capsys.readouterr().err)
+    )
+    main([*args, "--steps", "2", "--out", str(tmp_path / "b")])
+    assert "note:" not in capsys.readouterr().err  # the steps given
