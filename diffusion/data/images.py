@@ -22,7 +22,7 @@ from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
 from diffusion.data.prepared import PreparedSet, open_prepared
-from diffusion.data.split import IndexedDataset, SplitDataModule
+from diffusion.data.split import DEFAULT_VAL_FRACTION, IndexedDataset, SplitDataModule
 from diffusion.errors import (
     InvalidValue,
     MissingFile,
@@ -115,7 +115,7 @@ class ImageDataModule(SplitDataModule):
         random_flip: bool | None = None,
         batch_size: int = 64,
         num_workers: int = 0,
-        val_fraction: float = 0.05,
+        val_fraction: float = DEFAULT_VAL_FRACTION,
         seed: int = 0,
         val_from_train: int | None = None,
         verify: bool = False,

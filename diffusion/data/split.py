@@ -44,6 +44,11 @@ CACHE_SIZE = re.compile(r"\d+(\.\d+)?\s*[KMGT]?B", re.IGNORECASE)  # litdata's s
 READING_BATCH = 500
 
 
+# The share of the data held out for validation unless set (the data modules' default): said as the default where a
+# check names it, since no flag or config file need have set it.
+DEFAULT_VAL_FRACTION = 0.05
+
+
 class FailedItem:
     """An item a DataLoader worker could not read for a fault of the user's data (a corrupt image): its UserError
     carried to the main process as data, where `SplitDataModule.on_after_batch_transfer` raises it as itself. A
@@ -149,7 +154,8 @@ class SplitDataModule(LightningDataModule):
         if val_from_train is not None and val_fraction > 0:
             raise InvalidValue(
                 f"{{--val_from_train}} {val_from_train} validates on training samples and holds nothing out, yet "
-                f"{{--val_fraction}} {val_fraction} holds some out",
+                f"{{--val_fraction}} {val_fraction}{' (its default)' if val_fraction == DEFAULT_VAL_FRACTION else ''} "
+                "holds some out",
                 "set {--val_fraction} 0 with it",
                 type(self),
             )

@@ -19,7 +19,7 @@ from diffusion.data.labels import load_labels
 from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.prepared import open_prepared
-from diffusion.data.split import IndexedDataset, SplitDataModule
+from diffusion.data.split import DEFAULT_VAL_FRACTION, IndexedDataset, SplitDataModule
 from diffusion.errors import (
     InvalidValue,
     OutOfRange,
@@ -83,7 +83,7 @@ class VectorDataModule(SplitDataModule):
         noise: float = 0.05,
         batch_size: int = 256,
         num_workers: int = 0,
-        val_fraction: float = 0.05,
+        val_fraction: float = DEFAULT_VAL_FRACTION,
         seed: int = 0,
         normalize: Normalize = "standardize",
         feature_std: float = 3.0,

@@ -45,7 +45,10 @@ def test_a_validation_count_of_a_file_is_said_as_its_key(tmp_path, capsys):
     assert line.startswith(f"{tmp_path / 'data.yaml'}: data.val_from_train 5000 is more than the 1797"), line
     line = prepare_line(["--data.val_from_train", "5", "--out", str(tmp_path / "out")], capsys)
     assert line.startswith("--data.val_from_train 5 validates on training samples and holds nothing out, yet "
-                           "--data.val_fraction 0.05 holds some out"), line  # fmt: skip
+                           "--data.val_fraction 0.05 (its default) holds some out"), line  # fmt: skip
+    line = prepare_line(["--data.val_from_train", "5", "--data.val_fraction", "0.1", "--out", str(tmp_path / "o")],
+                        capsys)  # fmt: skip
+    assert "yet --data.val_fraction 0.1 holds some out" in line, line
 
 
 @pytest.mark.parametrize(
