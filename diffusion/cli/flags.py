@@ -291,7 +291,8 @@ def requested_labels(
             "sample it without --class_label and --guidance_scale, or pass a class-conditional checkpoint",
         )
     label = None if class_label is None else str(class_label)  # an index as a config file writes it: 3
-    return class_labels(num_samples, num_classes, label, hparams.get("class_names"))
+    with ranges_said_as_flags():  # `{--class_label}` said as this command's flag
+        return class_labels(num_samples, num_classes, label, hparams.get("class_names"))
 
 
 def out_of_range(error: OutOfRange, shown: str, fix: str | None = None) -> UserError:

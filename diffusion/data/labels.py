@@ -120,7 +120,7 @@ def class_labels(
             label = -1
     if not 0 <= label < num_classes:
         raise InvalidValue(
-            f"class_label={class_label!r} is not a class of this model",
+            f"{{--class_label}} {class_label} is not a class of this model",
             f"use 0..{num_classes - 1}, 'all'" + (f" or a name in {names}" if names else ""),
         )
     return torch.full((num_samples,), label, dtype=torch.long)
