@@ -4,10 +4,10 @@ new config.json beside the old weights, which then failed their checksum), and t
 
 import errno
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.full_disk import immutable
 from helpers.user_errors import error_line
 
 from diffusion import errors
@@ -42,13 +42,8 @@ def test_an_export_whose_weights_cannot_be_replaced_is_left_whole(earlier, tmp_p
     argv, out = earlier
     before = files(out)
     weights = out / "model.safetensors"
-    made = subprocess.run(["chattr", "+i", str(weights)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
-    try:
+    with immutable(weights):
         line = refused(capsys, argv)
-    finally:
-        subprocess.run(["chattr", "-i", str(weights)], check=True)
     assert files(out) == before
     # The folder takes new files: the file is said (T9: "make that folder writable" pointed at the wrong thing).
     assert line == f"error: {replacing(out / 'model.safetensors', 'it is immutable')}"

@@ -3,10 +3,10 @@ hand, a command's change to one (a default, the help) stays its own, and a chang
 refused. An --out folder that refuses writes is said truly."""
 
 import ast
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.full_disk import immutable
 
 from diffusion.cli import evaluate, flags, phema, sample
 from diffusion.cli.flags import FLAGS, add_flags, check_writable_folder, command_parser
@@ -56,14 +56,8 @@ def test_an_immutable_out_folder_is_said_immutable(tmp_path):
     you can write to", though its mode bits let the user write (tester round 14b: Q1)."""
     folder = tmp_path / "out"
     folder.mkdir()
-    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
-    try:
-        with pytest.raises(UserError) as refused:
-            check_writable_folder(folder, "--out")
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    with immutable(folder), pytest.raises(UserError) as refused:
+        check_writable_folder(folder, "--out")
     assert str(refused.value) == (
         f"--out {folder}: cannot write into {folder} (it is immutable) — check its attributes (lsattr -d {folder}; "
         "chattr -i clears an immutable flag), or pick another folder"

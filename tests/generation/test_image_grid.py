@@ -7,11 +7,11 @@ public API: tests/test_public_api_arguments.py.)"""
 import builtins
 import errno
 import os
-import subprocess
 
 import numpy as np
 import pytest
 import torch
+from helpers.full_disk import immutable
 from PIL import Image
 
 from diffusion import denormalize, save_image_grid, to_uint8
@@ -131,22 +131,12 @@ def test_a_folder_that_refuses_the_picture_is_said_naming_it_and_the_fix(error_n
     assert isinstance(refused.value, OSError) and str(tmp_path) in str(refused.value)
 
 
-def made_immutable(path) -> None:
-    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
-
-
 def test_an_immutable_folder_or_picture_is_said_by_its_flag_not_as_a_folder_to_make_writable(tmp_path):
     # Tester 12b's X8: both said "make that folder writable for this user" (root, the folder writable in the second).
     folder = tmp_path / "imm"
     folder.mkdir()
-    made_immutable(folder)
-    try:
-        with pytest.raises(FlaggedFolder) as refused:
-            save_image_grid(torch.zeros(2, 1, 4, 4), folder / "g.png")
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    with immutable(folder), pytest.raises(FlaggedFolder) as refused:
+        save_image_grid(torch.zeros(2, 1, 4, 4), folder / "g.png")
     assert str(refused.value) == (
         f"cannot write g.png into {folder} (it is immutable) — check its attributes (lsattr -d {folder}; chattr -i "
         "clears an immutable flag), or write to another folder; the files written there before are intact"
@@ -154,15 +144,12 @@ def test_an_immutable_folder_or_picture_is_said_by_its_flag_not_as_a_folder_to_m
     picture = folder / "g.png"
     save_image_grid(torch.zeros(2, 1, 4, 4), picture)
     before = picture.read_bytes()
-    made_immutable(picture)
-    try:
+    with immutable(picture):
         with pytest.raises(
             CannotReplace, match=r"^cannot replace g\.png in \S+ \(it is immutable\): the folder takes"
         ):
             save_image_grid(torch.ones(2, 1, 4, 4), picture)
         assert picture.read_bytes() == before and os.listdir(folder) == ["g.png"]
-    finally:
-        subprocess.run(["chattr", "-i", str(picture)], check=True)
 
 
 def test_a_path_under_a_file_or_in_a_folder_that_takes_no_files_is_said_as_such(tmp_path):

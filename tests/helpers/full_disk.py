@@ -4,14 +4,17 @@
 `FullDiskAt` makes the checkpoint writer's disk full at a step of a `train.py` run (by class path:
 `helpers.full_disk.FullDiskAt`); tests/training/test_full_disk.py also hands `full_open` to the writers directly.
 `on_a_small_disk` runs a command with a real, small disk: a tmpfs in a mount namespace of its own.
+`immutable` makes a file or folder refuse every write (`chattr +i`) for the length of a `with` block.
 """
 
+import contextlib
 import errno
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +93,19 @@ class FullDiskOutsideTheProject(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         raise no_space(self.path)
+
+
+@contextlib.contextmanager
+def immutable(folder: Path) -> Iterator[None]:
+    """`folder` refuses every write, as `chattr +i` makes it (even for root, as tests here run): skipped where the
+    file system or the process cannot set the flag."""
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
 def on_a_small_disk(

@@ -5,13 +5,13 @@ is still said as the folder."""
 
 import errno
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import QUICK, tiny_run
+from helpers.full_disk import immutable
 
 from diffusion.errors import MAKE_WRITABLE, CannotWrite
 from diffusion.training import atomic_writes
@@ -81,24 +81,13 @@ def test_a_folder_that_refuses_the_rename_is_still_said_as_the_folder(tmp_path, 
 
 def test_a_real_immutable_file_is_named(tmp_path):
     path, before = saved(tmp_path)
-    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
-    try:
+    with immutable(path):
         with pytest.raises(
             CannotReplace, match=r"^cannot replace last\.ckpt in .* itself refuses to be replaced"
         ):
             save_atomically({"step": 2}, path)
         assert os.access(tmp_path, os.W_OK) and path.read_bytes() == before
         assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
-
-
-def made_immutable(path: Path) -> None:
-    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
 
 
 def test_a_resume_whose_last_ckpt_is_immutable_is_refused_before_training(tmp_path, capsys):
@@ -107,8 +96,7 @@ def test_a_resume_whose_last_ckpt_is_immutable_is_refused_before_training(tmp_pa
     tiny_run(tmp_path / "runs", *QUICK)
     last = tmp_path / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
     check_replaceable(last)  # a plain file passes
-    made_immutable(last)
-    try:
+    with immutable(last):
         with pytest.raises(SystemExit) as exited:
             tiny_run(tmp_path / "runs", *QUICK, "--ckpt_path", "last", "--max_steps", "6")
         assert exited.value.code == 2
@@ -122,8 +110,6 @@ def test_a_resume_whose_last_ckpt_is_immutable_is_refused_before_training(tmp_pa
             "last.ckpt",
             "step=4.ckpt",
         ]  # nothing trained
-    finally:
-        subprocess.run(["chattr", "-i", str(last)], check=True)
 
 
 def test_a_flagged_folder_is_said_by_its_flag_and_another_by_its_mode(tmp_path, monkeypatch):
@@ -131,16 +117,13 @@ def test_a_flagged_folder_is_said_by_its_flag_and_another_by_its_mode(tmp_path, 
     folder writable for this user"; it is said by its flag. A folder refusing for its mode bits still says that."""
     folder = tmp_path / "post_hoc_ema"
     folder.mkdir()
-    made_immutable(folder)
-    try:
-        with (
-            pytest.raises(FlaggedFolder) as raised,
-            naming_a_refusing_folder(folder, "the resumed run's files"),
-            tempfile.TemporaryFile(dir=folder),
-        ):
-            pass
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    with (
+        immutable(folder),
+        pytest.raises(FlaggedFolder) as raised,
+        naming_a_refusing_folder(folder, "the resumed run's files"),
+        tempfile.TemporaryFile(dir=folder),
+    ):
+        pass
     assert str(raised.value) == (
         f"cannot write the resumed run's files into {folder} (it is immutable) — check its attributes (lsattr -d "
         f"{folder}; chattr -i clears an immutable flag), or write to another folder; the files written there before "
@@ -170,9 +153,8 @@ def test_a_file_a_command_replaces_is_said_as_the_file_when_immutable(tmp_path):
     check_can_replace(path)
     path.write_bytes(b"png")
     check_can_replace(path)
-    made_immutable(path)
-    try:
-        with pytest.raises(CannotReplace, match=r"^cannot replace grid\.png in .* \(it is immutable\)"):
-            check_can_replace(path)
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
+    with (
+        immutable(path),
+        pytest.raises(CannotReplace, match=r"^cannot replace grid\.png in .* \(it is immutable\)"),
+    ):
+        check_can_replace(path)

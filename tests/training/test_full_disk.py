@@ -7,20 +7,18 @@ a 64 KiB tmpfs in a mount namespace of its own (`unshare -rm`, skipped where use
 zip writer raises its own RuntimeError ("unexpected pos") for the OSError it was given.
 """
 
-import contextlib
 import errno
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import QUICK, VALIDATING_EVERY_2, tiny_run, two_cpu_ranks_on_vectors
-from helpers.full_disk import full_open, no_space, on_a_small_disk
+from helpers.full_disk import full_open, immutable, no_space, on_a_small_disk
 
 from diffusion.errors import FREE_SPACE, CannotWrite, DiskFull, naming_a_full_disk
 from diffusion.generation.render import SamplesWriter
@@ -228,19 +226,6 @@ def test_under_ddp_a_full_disk_at_a_checkpoint_ends_the_job_in_one_line(tmp_path
     assert "Traceback" not in output, output[-3000:]
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == reference.read_bytes()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step=2.ckpt"]
-
-
-@contextlib.contextmanager
-def immutable(folder: Path) -> Iterator[None]:
-    """`folder` refuses every write, as `chattr +i` makes it (even for root, as tests here run): skipped where the
-    file system or the process cannot set the flag."""
-    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
 @pytest.mark.parametrize("refusing", ["checkpoints", "run", "samples"])

@@ -4,12 +4,11 @@ the file's key (not as a flag sample has not), a folder that refuses a command's
 that refuses to be replaced, said as the file."""
 
 import json
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers.full_disk import immutable
 
 from diffusion.data.folder_lock import writing_alone
 from diffusion.errors import CannotReplace, FlaggedFolder, InvalidValue
@@ -28,12 +27,6 @@ def tiny_module() -> DiffusionModule:
     return DiffusionModule(
         UNet(**INIT_ARGS), sample_shape=(1, 8, 8), num_timesteps=10, beta_schedule="cosine"
     )
-
-
-def made_immutable(path: Path) -> None:
-    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
 
 
 def test_write_export_refuses_weights_that_are_not_finite(tmp_path):
@@ -78,15 +71,12 @@ def test_a_network_setting_of_a_checkpoint_is_said_as_its_key():
 def test_a_folder_that_refuses_the_lock_file_is_said_in_one_line(tmp_path):
     folder = tmp_path / "stI"
     folder.mkdir()
-    made_immutable(folder)
-    try:
-        with (
-            pytest.raises(FlaggedFolder) as refused,
-            writing_alone(str(folder / "st.npz"), "evaluate", folder / ".st.npz.lock", "save_stats"),
-        ):
-            pass
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    with (
+        immutable(folder),
+        pytest.raises(FlaggedFolder) as refused,
+        writing_alone(str(folder / "st.npz"), "evaluate", folder / ".st.npz.lock", "save_stats"),
+    ):
+        pass
     assert str(refused.value).startswith(
         f"cannot write the lock file .st.npz.lock of --save_stats {folder / 'st.npz'} into {folder} (it is "
         f"immutable) — check its attributes (lsattr -d {folder}"
@@ -97,12 +87,9 @@ def test_a_statistics_file_that_refuses_to_be_replaced_is_said_as_the_file(tmp_p
     path = tmp_path / "st.npz"
     stats = FeatureStatistics(mu=np.zeros(2), sigma=np.eye(2))
     save_statistics(path, stats)
-    made_immutable(path)
-    try:
+    with immutable(path):
         with pytest.raises(CannotReplace, match=r"^cannot replace st\.npz in .* \(it is immutable\)"):
             check_new_statistics_file(path, overwrite=True)
         with pytest.raises(CannotReplace, match="itself refuses to be replaced — check its attributes"):
             save_statistics(path, stats)
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left
