@@ -115,3 +115,15 @@ def test_a_zero_terminal_snr_model_samples_its_last_timesteps_inf_is_no_broken_s
         sampling=SamplingOptions(sampler="ddim", steps=2),
     )  # fmt: skip
     assert torch.isfinite(generate(module, 2)).all() and torch.isfinite(module.sample(2)).all()
+
+
+def test_a_sampler_of_more_steps_than_the_schedule_is_refused_as_it_is_built():
+    """Round 17b (noted): `module.sampler(SamplingOptions(steps=2000))` of a T=50 model built a sampler that only
+    generate() refused; a sampler of every step still builds."""
+    module = tiny_vector_model()
+    steps = module.schedule.num_timesteps
+    with pytest.raises(
+        OutOfRange, match=rf"^steps={steps + 1} must be between 1 and the schedule's num_timesteps"
+    ):
+        module.sampler(SamplingOptions(sampler="ddim", steps=steps + 1))
+    assert module.sampler(SamplingOptions(sampler="ddim", steps=steps)).steps == steps

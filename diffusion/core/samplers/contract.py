@@ -42,7 +42,7 @@ from tqdm import tqdm
 from diffusion.core.compiling import compiled
 from diffusion.core.guidance import guided_output
 from diffusion.core.noise import Generators
-from diffusion.core.samplers.spacing import Spacing, spaced_timesteps
+from diffusion.core.samplers.spacing import Spacing, check_steps, spaced_timesteps
 from diffusion.core.schedule import NoiseSchedule, PredictionType
 from diffusion.core.variance import split_output
 from diffusion.errors import InvalidValue, OutOfRange, check_choice
@@ -209,7 +209,9 @@ class Sampler:
 
     def check_fits(self, schedule: NoiseSchedule, learned_variance: bool, conditional: bool) -> None:
         """Refuse in one line what this sampler cannot sample: guidance (of a class-conditional model), a network
-        with learned variances, a schedule that ends at alpha_bar_T = 0."""
+        with learned variances, a schedule that ends at alpha_bar_T = 0, more steps than the schedule's (refused
+        here, as the sampler is built, not at its first sample)."""
+        check_steps(schedule.num_timesteps, self.steps_for(schedule.num_timesteps))
         if conditional and self.guidance_scale != 1 and not self.takes_guidance:
             raise InvalidValue(
                 f"sampler {self.name} does not take classifier-free guidance (guidance_scale="
