@@ -57,7 +57,15 @@ from diffusion.cli.config_files import (
     yaml_or_none,
 )
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, option_names
-from diffusion.cli.type_fits import fits, group_file_said, one_value_said, required_said, said_of
+from diffusion.cli.type_fits import (
+    fits,
+    group_file_said,
+    names_nothing,
+    one_value_said,
+    required_said,
+    said_of,
+    text_kinds,
+)
 from diffusion.cli.written_twice import (
     check_no_flag_replaced,
     check_one_name_each,
@@ -246,7 +254,7 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     if item.file is None:
         values = in_list_form(hint, nargs, item.values)
         if not values:  # `--metrics []` (or `,`): its list form has no item, and the flag takes at least one
-            return _names_nothing(item, hint) if nargs == "+" else None
+            return names_nothing(item, hint) if nargs == "+" else None
         if len(values) > 1 and nargs in (None, "?"):  # argparse leaves the words after the first unread
             return (
                 f"{item.shown()}: --{item.key} takes one value",
@@ -271,7 +279,7 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
         if found := one_value_said(item.shown(), hint, value, nargs):
             return found
         # `precision: 8` (YAML's int) where only text goes, `default_root_dir: 5` where a path: the parser's words
-        if isinstance(value, int | float) and (texts := _text_kinds(hint)):
+        if isinstance(value, int | float) and (texts := text_kinds(hint)):
             return f"{item.shown()} is a number, {texts}", f"write it in quotes: '{as_text(value)}'"
     if fits(hint, values, nargs):
         return None
@@ -280,32 +288,6 @@ def _bad_item(parser: ArgumentParser, written: list[Written], item: Written) -> 
     sections = {action.dest.split(".")[0] for action in actions(parser)}
     file_said = group_file_said(item.shown(), hint, values[-1], beside(item.file, values[-1]), sections)
     return file_said or said_of(item.shown(), hint, values, several=nargs in ("+", "*"))
-
-
-def _names_nothing(item: Written, hint: Any) -> tuple[str, str]:
-    """`--metrics []`: no item for a flag of one value or more, said with its choices if it has them."""
-    flag = f"--{plain_key(item.key)}"
-    choices = [str(c) for kind in alternatives(hint) if get_origin(kind) is Literal for c in get_args(kind)]
-    some = (
-        f"name some of {' '.join(choices)} (e.g. {flag} {choices[0]})"
-        if choices
-        else "pass one value or more"
-    )
-    return (
-        f"{item.shown()} names nothing: {flag} takes one value or more",
-        f"{some}, or leave {flag} out for its default",
-    )
-
-
-def _text_kinds(hint: Any) -> str | None:
-    """'not text' for an option that takes only text (or null), 'not a path' for one that takes a path (or text,
-    or null); None for any other (a number would fit one of its types). jsonargparse refuses a YAML number for
-    either."""
-    kinds = [kind for kind in alternatives(hint) if kind is not type(None)]
-    paths = [kind for kind in kinds if isinstance(kind, type) and issubclass(kind, os.PathLike)]
-    if not kinds or not all(kind is str or kind in paths for kind in kinds):
-        return None
-    return "not a path" if paths else "not text"
 
 
 def _chooses_a_class_by_name_or_file(parser: ArgumentParser, item: Written) -> bool:
@@ -378,12 +360,20 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
         if not _no_group_takes(parser, item.key):
             return None
         # A near miss named (flags are not taken by a prefix: `--step` for `--steps` is refused, not guessed)
-        close = difflib.get_close_matches(item.key, option_names(parser), n=1, cutoff=0.8)
+        names = option_names(parser)
+        close = difflib.get_close_matches(item.key, names, n=1, cutoff=0.8)
         if close:
             meant = close[0] if item.file else f"--{close[0]}"
             return (
                 f"{where} is not an option of this command",
                 f"write {meant} if that is what was meant, or {_FLAG_HELP}",
+            )
+        if own := _own_options_under_a_group(item, names):  # `sampling: {sampler: ddim}` of train.py's config
+            meant = ", ".join(own) if item.file else " ".join(f"--{name}" for name in own)
+            return (
+                f"{where} is not an option of this command",
+                f"write {meant} ({'its own options' if len(own) > 1 else 'its own option'}"
+                f"{', at the top level of the file' if item.file else ''}), or {_FLAG_HELP}",
             )
         return f"{where} is not an option of this command", _FLAG_HELP
     cls, name = chosen
@@ -395,3 +385,14 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
     if any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return f"{where} is not an option of {cls.__name__}", _FLAG_HELP
+
+
+def _own_options_under_a_group(item: Written, names: list[str]) -> list[str]:
+    """This command's options that `item` wrote under a group it does not have: `--sampling.steps` (sample's
+    --steps), a file's `sampling:` mapping of `sampler` and `steps` (as train.py's config nests them)."""
+    parts = item.key.split(".")
+    for cut in range(1, len(parts)):
+        if ".".join(parts[cut:]) in names:
+            return [".".join(parts[cut:])]
+    value = item.values[-1] if item.file and item.values else None
+    return [key for key in value if key in names] if isinstance(value, dict) else []

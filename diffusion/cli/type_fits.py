@@ -258,3 +258,29 @@ def required_said(parser: ArgumentParser, written: Sequence[Written]) -> tuple[s
         if given[-1].file is not None and given[-1].values == (None,):
             return f"{given[-1].file}: {key} is blank, and it is required", f"write its value after '{key}:'"
     return None
+
+
+def names_nothing(item: Written, hint: Any) -> tuple[str, str]:
+    """`--metrics []`: no item for a flag of one value or more, said with its choices if it has them."""
+    flag = f"--{plain_key(item.key)}"
+    choices = [str(c) for kind in alternatives(hint) if get_origin(kind) is Literal for c in get_args(kind)]
+    some = (
+        f"name some of {' '.join(choices)} (e.g. {flag} {choices[0]})"
+        if choices
+        else "pass one value or more"
+    )
+    return (
+        f"{item.shown()} names nothing: {flag} takes one value or more",
+        f"{some}, or leave {flag} out for its default",
+    )
+
+
+def text_kinds(hint: Any) -> str | None:
+    """'not text' for an option that takes only text (or null), 'not a path' for one that takes a path (or text,
+    or null); None for any other (a number would fit one of its types). jsonargparse refuses a YAML number for
+    either."""
+    kinds = [kind for kind in alternatives(hint) if kind is not type(None)]
+    paths = [kind for kind in kinds if isinstance(kind, type) and issubclass(kind, os.PathLike)]
+    if not kinds or not all(kind is str or kind in paths for kind in kinds):
+        return None
+    return "not a path" if paths else "not text"

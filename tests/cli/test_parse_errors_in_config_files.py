@@ -43,6 +43,11 @@ FILE_CASES = {  # id: (the file's text, the line)
     "an_unknown_key_of_a_group": ("optimizer:\n  lrr: 0.1\n", "run.yaml: optimizer.lrr is not an option of this "
                                   "command — write optimizer.lr if that is what was meant, or see --help for the "
                                   "options (--print_config for a full config)"),
+    # Round 17 (noted): train.py's `sampling:` mapping copied into sample's config said only "not an option"
+    "the_commands_own_options_under_a_group": ("sampling:\n  sampler: ddim\n  lr: 0.1\n", "run.yaml: sampling is "
+                                               "not an option of this command — write sampler, lr (its own "
+                                               "options, at the top level of the file), or see --help for the "
+                                               "options (--print_config for a full config)"),
     "an_unknown_key_far_from_any": ("bogus: 1\n", "run.yaml: bogus is not an option of this command — see --help for "
                                     "the options (--print_config for a full config)"),
     "a_name_where_a_group_goes": ("optimizer: adam\n", "run.yaml: optimizer adam: no such config file — pass a YAML "
@@ -219,4 +224,16 @@ def test_a_group_file_named_in_a_config_file_from_the_working_directory_is_said_
     assert refused(["--out", "s", "--config", "configs/run.yaml"]) == (
         "configs/run.yaml: optimizer configs/optimizer.yaml (read from its folder: configs/configs/optimizer.yaml): "
         "no such config file — write its path from configs/, the folder of configs/run.yaml, or an absolute path"
+    )
+
+
+def test_a_flag_of_the_command_written_under_a_group_it_lacks_names_the_flag():
+    # `--sampling.sampler ddim` (train.py's --model.sampling.sampler, cut short) for sample's --sampler
+    assert refused(["--out", "o", "--sampling.sampler", "ddim"]) == (
+        "--sampling.sampler is not an option of this command — write --sampler (its own option), or see --help for "
+        "the options (--print_config for a full config)"
+    )
+    # a near miss of an option is said as that option first: `--optimizer.bogus.lr` is near --optimizer.lr
+    assert refused(["--out", "o", "--optimizer.bogus.lr", "1"]).startswith(
+        "--optimizer.bogus.lr is not an option of this command — write --optimizer.lr if that is what was meant"
     )
