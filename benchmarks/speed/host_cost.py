@@ -108,7 +108,8 @@ def plain_round(flags: list[str], steps: int, warmup: int, save_dir: str) -> lis
         except StopIteration:
             batches = iter(data.train_dataloader())
             batch = next(batches)
-        batch = data.on_after_batch_transfer(batch, 0)  # data held on the device: the indices become a Batch there
+        # data held on the device: the indices become a Batch there
+        batch = data.on_after_batch_transfer(batch, 0)
         x0, index = batch[0], batch[1]
         noise, t = module.draw_noise_and_timesteps(x0, index, step, per_sample=False)
         loss = module.per_sample_loss(x0, noise, t).mean()

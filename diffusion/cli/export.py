@@ -38,7 +38,7 @@ from diffusion.cli.reporting import reporting_user_errors
 from diffusion.cli.to_diffusers import check_pipeline_fits, import_diffusers, save_pipeline
 from diffusion.data.folder_lock import writing_alone
 from diffusion.errors import UserError, naming_a_full_disk
-from diffusion.training.atomic_writes import check_can_replace
+from diffusion.training.atomic_writes import EXPORT_ENTRIES, move_into, staging_folder
 from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
 from diffusion.training.exported import write_export
 from diffusion.training.loading import is_export_without_config, load_checkpoint, model_source
@@ -156,71 +156,6 @@ def weights_written(asked: str | None, checkpoint: dict) -> str:
     raw ones were asked for (None asks for the EMA, as load_checkpoint reads it); a run without EMA keeps only raw
     weights, under "state_dict", which every choice loads."""
     return "raw" if asked == "raw" or "current_model_state" not in checkpoint else "ema"
-
-
-# What an export writes at the top of its folder, of either format (safetensors: config.json and its weights;
-# diffusers: a pipeline's model_index.json, unet/ and scheduler/).
-EXPORT_ENTRIES = ("config.json", "model.safetensors", "model_index.json", "unet", "scheduler")
-
-
-def staging_folder(out: Path) -> Path:
-    """Where the export is written, and what it replaces set aside, before the moves into the existing folder
-    `out`: next to it where a rename into it works (the same filesystem, and a folder that can be written), else in
-    `out` itself: a mount point's parent is another filesystem, and a rename across them failed with EXDEV
-    ("Invalid cross-device link")."""
-    try:
-        if os.stat(out.parent).st_dev == os.stat(out).st_dev and os.access(out.parent, os.W_OK | os.X_OK):
-            return out.parent
-    except OSError:
-        pass
-    return out
-
-
-def move_into(staged: Path, out: Path) -> None:
-    """Move every file of `staged` to the same place under `out`, all of them or none: each file of `out` it
-    replaces is first tried for writing (`chattr +i` refused only the move, the files before it moved in already:
-    `check_can_replace`) and set aside, and where a move fails the files moved in go and those set aside come back."""
-    sources = sorted(p for p in staged.rglob("*") if p.is_file())
-    targets = [out / source.relative_to(staged) for source in sources]
-    # An earlier export of the other format: its files, which the new one does not replace, go too (a diffusers
-    # pipeline left beside a new safetensors export was what the folder loaded as).
-    earlier = [out / name for name in EXPORT_ENTRIES if (out / name).exists()]
-    targets_within = {entry for target in targets for entry in (target, *target.parents)}
-    stale = [entry for entry in earlier if entry not in targets_within]
-    for target in [*targets, *stale]:
-        if target.is_file():
-            check_can_replace(target)
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=staging_folder(out)))
-    done: list[tuple[Path, Path]] = []  # (from, to), undone last first
-    made: list[Path] = []  # the folders under `out` the moves made, removed with them
-    try:
-        for entry in stale:  # set aside whole, as the replaced files are
-            os.rename(entry, aside / entry.name)
-            done.append((entry, aside / entry.name))
-        for target in targets:
-            if target.exists():
-                (aside / target.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
-                os.rename(target, aside / target.relative_to(out))
-                done.append((target, aside / target.relative_to(out)))
-        for source, target in zip(sources, targets, strict=True):
-            made += [d for d in (target.parent, *target.parent.parents) if d not in made and not d.exists()]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(source, target)
-            done.append((source, target))
-    except BaseException:
-        try:
-            for before, after in reversed(done):
-                os.rename(after, before)
-            for folder in sorted(made, key=lambda d: len(d.parts), reverse=True):
-                folder.rmdir()
-        except OSError as error:
-            raise UserError(
-                f"cannot write the export into {out}, nor put back the files it replaced ({error.strerror})",
-                f"they are in {aside}: move them back into {out}, or export again into a new --out",
-            ) from error
-        shutil.rmtree(aside, ignore_errors=True)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> Path:

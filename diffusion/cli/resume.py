@@ -16,7 +16,6 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_only
 
-from diffusion.cli.legacy import same_class
 from diffusion.cli.resumed_state import check_not_a_phema_output, check_post_hoc_kept
 from diffusion.cli.training_run import note_run_options_unused
 from diffusion.data.file_in_folder import file_in_folder
@@ -291,86 +290,6 @@ def resolve_resume(config: Namespace) -> tuple[dict[str, Any] | None, dict[str, 
     if run.config_file.is_file():
         saving["config_filename"] = f"config-resumed-at-step-{step}.yaml"
     return checkpoint, saving
-
-
-# ---- the right run: settings a resumed run must share with the run it continues ---------------------------
-# Everything in the groups of TRAINING_GROUPS and the keys of TRAINING_KEYS changes what is trained (network,
-# schedule, loss, optimizer and lr, data, batch, EMA, noise seed), except what NOT_TRAINING names: how to sample
-# (the whole `model.sampling` group), where the first weights came from, whether and how the training step is
-# compiled, how to read the data and how often to keep EMA snapshots may change on resume. Keys are exact (a group
-# is its key and the keys under it, never a prefix of a longer name), so a new setting is a training setting until
-# it is listed here. How long to train, how often to validate, sample or save, and the world size (with the warning
-# in `DiffusionModule`) are trainer settings outside these groups.
-TRAINING_GROUPS = ("model", "data", "ema")
-TRAINING_KEYS = frozenset({
-    "seed_everything", "trainer.accumulate_grad_batches", "trainer.gradient_clip_val",
-    "trainer.gradient_clip_algorithm", "trainer.precision",
-})  # fmt: skip
-NOT_TRAINING_GROUPS = ("model.sampling",)
-NOT_TRAINING = frozenset({
-    "model.init_from",
-    "model.compile_training", "model.compile", "model.compile_mode", "model.compile_channels_last",
-    "data.init_args.num_workers", "data.init_args.verify",
-    "ema.snapshot_every", "ema.max_snapshot_gb",
-})  # fmt: skip
-
-
-def _in_group(key: str, groups: tuple[str, ...]) -> bool:
-    return any(key == group or key.startswith(f"{group}.") for group in groups)
-
-
-def is_training_setting(key: str) -> bool:
-    """Whether a flattened config key (`model.lr`, `data.init_args.batch_size`) changes what a run trains."""
-    if key in NOT_TRAINING or _in_group(key, NOT_TRAINING_GROUPS):
-        return False
-    return key in TRAINING_KEYS or _in_group(key, TRAINING_GROUPS)
-
-
-def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def differing_training_settings(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(key, saved value, current value) for every training setting that differs between two configs as
-    LightningCLI dumps them (a run's config.yaml). Keys that one of them lacks (a config written by an older
-    version of the code) are not compared."""
-    saved, current = flatten(saved), flatten(current)
-    return [
-        (key, saved[key], current[key])
-        for key in sorted(saved.keys() & current.keys())
-        if is_training_setting(key)
-        and saved[key] != current[key]
-        and not (key.endswith("class_path") and same_class(saved[key], current[key]))
-    ]
-
-
-def check_same_training_settings(path: str, current_config: str) -> None:
-    """Refuse to resume a run with settings that change what it trains (network, data, optimizer, ...), naming
-    them: the optimizer state, EMA and data order in the checkpoint belong to the run's own settings."""
-    run = run_folder_of(path)
-    if run is None or not run.config_file.is_file():
-        return  # not in a run folder, or a run made without the CLI: nothing to compare with
-    saved = yaml.safe_load(run.config_file.read_text()) or {}
-    differences = differing_training_settings(saved, yaml.safe_load(current_config) or {})
-    if not differences:
-        return
-    shown = "; ".join(
-        f"--{key.replace('.init_args.', '.')} {theirs!r} there, {ours!r} here"
-        for key, theirs, ours in differences[:4]
-    )
-    more = f" (and {len(differences) - 4} more)" if len(differences) > 4 else ""
-    raise UserError(
-        f"--ckpt_path {path} belongs to a run trained with other settings: {shown}{more}",
-        f"resume it with its own config: --config {run.config_file} (flags such as --max_steps may follow), "
-        f"or start a new run from its weights: --model.init_from {path} (without --ckpt_path)",
-    )
 
 
 def check_init_from_on_resume(ckpt_path: str | None, init_from: str | None) -> None:

@@ -27,7 +27,13 @@ from diffusion.models.diffusers_unet import (
     diffusers_unet_config,
     diffusers_unet_weights,
 )
-from diffusion.training.exported import check_export_arguments, float64_betas
+from diffusion.training.atomic_writes import writing_whole
+from diffusion.training.exported import (
+    EXPORT_ON_ANOTHER_DISK,
+    WRITE_AGAIN,
+    check_export_arguments,
+    float64_betas,
+)
 from diffusion.training.module import DiffusionModule
 
 PREDICTION_TYPES = {"eps": "epsilon", "x0": "sample", "v": "v_prediction"}
@@ -109,7 +115,9 @@ def save_pipeline(module: DiffusionModule, folder: str | os.PathLike) -> None:
 
     Each file is written by Python, not by `save_pretrained`: diffusers writes the weights with safetensors' own
     writer, which says a full disk as a SafetensorError naming no errno, where a Python write raises the OSError
-    that the export command names as a full disk (as `diffusion.training.exported.write_export` does)."""
+    that the export command names as a full disk (as `diffusion.training.exported.write_export` does). The files
+    are written whole, or none (`writing_whole`; a pipeline already in `folder` stays as it was): a full disk or a
+    folder that refuses writes raises DiskFull, FlaggedFolder or CannotWrite, naming `folder`."""
     check_export_arguments(module, folder)
     diffusers = import_diffusers()
     check_pipeline_fits(module)
@@ -118,13 +126,14 @@ def save_pipeline(module: DiffusionModule, folder: str | os.PathLike) -> None:
     unet.load_state_dict(diffusers_unet_weights(network))  # strict: every weight has its place
     scheduler = diffusers.DDPMScheduler(**ddpm_scheduler_config(module, diffusers.DDPMScheduler))
     pipeline = diffusers.DDPMPipeline(unet=unet, scheduler=scheduler)
-    folder = Path(folder)
-    pipeline.save_config(folder)  # model_index.json: which class each part is
-    scheduler.save_pretrained(folder / "scheduler")  # a config file alone
-    unet.save_config(folder / "unet")
     weights = {name: value.detach().cpu().contiguous() for name, value in unet.state_dict().items()}
-    with open(folder / "unet" / SAFETENSORS_WEIGHTS_NAME, "wb") as file:
-        file.write(save(weights, metadata={"format": "pt"}))  # save_pretrained's one shard, its metadata
+    # All files or none (as write_export's): a full disk left a 0-byte model_index.json, said as a bare OSError
+    with writing_whole(Path(folder), "the pipeline", EXPORT_ON_ANOTHER_DISK, WRITE_AGAIN) as staged:
+        pipeline.save_config(staged)  # model_index.json: which class each part is
+        scheduler.save_pretrained(staged / "scheduler")  # a config file alone
+        unet.save_config(staged / "unet")
+        with open(staged / "unet" / SAFETENSORS_WEIGHTS_NAME, "wb") as file:
+            file.write(save(weights, metadata={"format": "pt"}))  # save_pretrained's one shard, its metadata
 
 
 if __name__ == "__main__":  # the command is export's --format diffusers

@@ -30,15 +30,14 @@ from diffusion.cli.legacy import accept_moved_class_paths, class_at
 from diffusion.cli.parse_errors import CommandLine, link_arguments, parsed_command_line
 from diffusion.cli.process_group import check_other_machines_named, closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.cli.resume import check_init_from_on_resume, check_same_training_settings, resolve_resume
+from diffusion.cli.resume import check_init_from_on_resume, resolve_resume
+from diffusion.cli.resumed_state import check_resume_fits, check_same_training_settings, check_steps_left
 from diffusion.cli.train_checks import (
     check_init_from,
     check_monitored_metric,
     check_network_class,
     check_output_folders,
-    check_resume_fits,
     check_settings_from_the_data,
-    check_steps_left,
     check_torchrun_restarts,
     check_torchrun_world_size,
     class_error_as_written,
@@ -366,7 +365,7 @@ class DiffusionCLI(LightningCLI):
             check_steps_left(self._resume_checkpoint, self.trainer.max_steps)
             self._resume_checkpoint = None  # unmap the file: the resumed run will write its checkpoints
             check_same_training_settings(
-                self.config.ckpt_path, self.parser.dump(self.config, skip_none=False)
+                self.config.ckpt_path, self.parser.dump(self.config, skip_none=False), self.model.sample_shape
             )
         check_output_folders(self.trainer, self.config.checkpoint.dirpath, self.config.ckpt_path)
         check_monitored_metric(self.trainer, self.config.checkpoint.monitor)

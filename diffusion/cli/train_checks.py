@@ -23,18 +23,16 @@ from diffusion.cli.training_run import callbacks_of
 from diffusion.errors import (
     OutOfRange,
     UserError,
-    WeightsDoNotFit,
     WrongType,
-    check_weights_fit,
     said,
 )
 from diffusion.models import UNet
 from diffusion.models.checks import forward_parameters
 from diffusion.training.atomic_writes import check_replaceable, naming_a_refusing_folder
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
-from diffusion.training.checkpoint_files import check_written_by_train, read_checkpoint
+from diffusion.training.checkpoint_files import read_checkpoint
 from diffusion.training.from_diffusers import init_settings
-from diffusion.training.module import TRAIN_LOSS, VAL_LOSS, DiffusionModule
+from diffusion.training.module import TRAIN_LOSS, VAL_LOSS
 from diffusion.training.run_folders import CHECKPOINTS, run_folder_of
 
 
@@ -49,69 +47,6 @@ def check_init_from(path: str, network_class: str) -> None:
             f"shape {checkpoint['hyper_parameters'].get('sample_shape')}), but this config's network is "
             f"{network_class.rsplit('.', 1)[-1]}",
             "start from a checkpoint of the same kind of run, or pass that run's config (--config)",
-        )
-
-
-def _plain(value: Any) -> Any:
-    """A jsonargparse Namespace (a network's config as the CLI built it) as the dict a checkpoint stores."""
-    as_dict = getattr(value, "as_dict", None)
-    return as_dict() if callable(as_dict) else value
-
-
-def network_differences(saved: Any, current: Any) -> list[str]:
-    """'channels 8 in the checkpoint, 16 now' for each network setting (init_args) that differs, or the two
-    network classes."""
-    saved, current = _plain(saved), _plain(current)
-    if not (isinstance(saved, dict) and isinstance(current, dict)):
-        return []
-    differences = []
-    saved_path, current_path = (str(c.get("class_path", "?")) for c in (saved, current))
-    if not same_class(saved_path, current_path):  # the settings of two classes do not compare
-        saved_class, current_class = (path.rsplit(".", 1)[-1] for path in (saved_path, current_path))
-        return [f"the network {saved_class} in the checkpoint, {current_class} now"]
-    saved_args, current_args = saved.get("init_args") or {}, current.get("init_args") or {}
-    for key in sorted(saved_args.keys() & current_args.keys()):
-        if saved_args[key] != current_args[key]:
-            differences.append(f"{key} {saved_args[key]} in the checkpoint, {current_args[key]} now")
-    return differences
-
-
-def check_resume_fits(checkpoint: dict[str, Any], path: str, module: DiffusionModule) -> None:
-    """The checkpoint to resume holds this module's weights, by name and shape; else name the network settings
-    that differ, and the two ways on that work."""
-    check_written_by_train(checkpoint, path, "--ckpt_path")
-    try:
-        check_weights_fit(module, checkpoint["state_dict"], f"--ckpt_path {path}", "")
-        return
-    except WeightsDoNotFit as misfit:
-        weights, cause = misfit.summary, misfit
-    hparams = checkpoint.get("hyper_parameters", {})
-    settings = network_differences(hparams.get("network"), module.hparams.get("network"))
-    if tuple(hparams.get("sample_shape") or ()) != tuple(module.sample_shape):
-        settings.append(
-            f"samples of shape {hparams.get('sample_shape')} in the checkpoint, {module.sample_shape} now"
-        )
-    differences = "; ".join(settings) or f"the network {type(module.network).__name__}"
-    run = run_folder_of(path)
-    own = (
-        f"--config {run.config_file} with no flag that changes these"
-        if run is not None and run.config_file.is_file()
-        else "the config of the run that saved it"
-    )
-    raise UserError(
-        f"--ckpt_path {path} is from a run with another network: {differences} ({weights})",
-        f"resume it with its own settings ({own}), or train the changed network as a new run, without "
-        "--ckpt_path (its weights do not fit it, so neither does --model.init_from)",
-    ) from cause
-
-
-def check_steps_left(checkpoint: dict[str, Any], max_steps: int) -> None:
-    """A resumed run has steps left to train: Lightning would stop at once, exit 0 and add files to the run."""
-    step = int(checkpoint.get("global_step", 0))
-    if max_steps != -1 and max_steps <= step:
-        raise UserError(
-            f"--max_steps {max_steps} is not past step {step} of the checkpoint to resume: it would train nothing",
-            f"pass --max_steps > {step} to train on",
         )
 
 

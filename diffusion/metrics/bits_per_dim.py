@@ -14,9 +14,10 @@ from torch import nn
 from tqdm import tqdm
 
 from diffusion.core.guidance import guided_output
+from diffusion.core.noise import WrongDtype
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.core.variational_bound import ReverseProcess, bound_terms
-from diffusion.errors import OutOfRange, WrongType
+from diffusion.errors import InvalidValue, OutOfRange, WrongType
 from diffusion.generation.ranks import rank_indices
 
 COLUMNS = ("prior", "decoder", "kl", "total")
@@ -85,14 +86,25 @@ class BitsPerDim:
 
     @classmethod
     def of(cls, bounds: torch.Tensor) -> "BitsPerDim":
-        """From every image's row of `image_bounds` (N, 4), N >= 1: refused (WrongType, OutOfRange) for anything
-        else, which gave torch's IndexError, or NaN for no images."""
+        """From every image's row of `image_bounds` (N, 4) of floats, N >= 1: refused (WrongType, OutOfRange) for
+        anything else, which gave torch's IndexError or RuntimeError, or NaN for no images; rows holding NaN, a
+        bound of no number (a network whose outputs were not finite), are refused too (InvalidValue), not averaged
+        into a NaN bits/dim without a word."""
         fix = "pass the (N, 4) rows image_bounds returns, one per image, N >= 1"
         if not isinstance(bounds, torch.Tensor):
             raise WrongType("bounds", bounds, f"a tensor of shape (N, {len(COLUMNS)})", fix)
+        if not bounds.is_floating_point():  # torch's mean() of integers failed naming no argument
+            raise WrongDtype("bounds", bounds, "floating point (bits/dim)", f"{fix}, or bounds.double()")
         if bounds.ndim != 2 or bounds.shape[1] != len(COLUMNS) or len(bounds) == 0:
             requirement = f"of shape (N, {len(COLUMNS)}) with N >= 1, a row ({', '.join(COLUMNS)}) per image"
             raise OutOfRange("bounds", f"<shape {tuple(bounds.shape)}>", requirement, fix)
+        rows = torch.isnan(bounds).any(1).nonzero().flatten().tolist()
+        if rows:
+            raise InvalidValue(
+                f"bounds holds NaN in {len(rows)} of its {len(bounds)} rows (first row {rows[0]}), and a mean of "
+                "NaN is no bits/dim: the network's outputs were not finite for those images",
+                "evaluate finite weights: the checkpoint's other weights (ema or raw), or an earlier checkpoint",
+            )
         mean = bounds.mean(0)
         error = bounds[:, 3].std().item() / math.sqrt(len(bounds)) if len(bounds) > 1 else math.nan
         return cls(mean[3].item(), error, mean[0].item(), mean[1].item(), mean[2].item(), len(bounds))

@@ -152,6 +152,9 @@ class InceptionFeatures(nn.Module):
 
 
 def check_features(features: str) -> None:
+    if not isinstance(features, str):  # a list or None was said as an unknown name
+        choices = " or ".join(map(repr, get_args(Features)))
+        raise WrongType("features", features, choices, "pass features='inception' (the papers') or 'pixels'")
     if features not in get_args(Features):
         raise InvalidValue(f"unknown features {features!r}", f"choose one of {get_args(Features)}")
 

@@ -19,11 +19,19 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, get_args
 
 import numpy as np
 
-from diffusion.data.numpy_files import holds_objects, numpy_file_kind
-from diffusion.errors import InvalidValue, MissingFile, WrongType, check_can_replace, naming_a_full_disk
+from diffusion.data.numpy_files import PICKLED, holds_objects, is_torch_archive, numpy_file_kind
+from diffusion.errors import (
+    InvalidValue,
+    MissingFile,
+    WrongType,
+    check_can_replace,
+    naming_a_refusing_folder,
+)
+from diffusion.metrics.features import Features
 
 WRITE_FIX = "write one with python -m diffusion.evaluate {command:--reference} DATASET_OR_NPZ {command:--save_stats} FILE.npz"
 
@@ -102,32 +110,69 @@ def load_statistics(path: str | Path) -> FeatureStatistics:
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise MissingFile(f"statistics file {path} {what}", WRITE_FIX)
-    if numpy_file_kind(path) != "npz":
+    kind = numpy_file_kind(path)
+    if kind == "pickle":
+        raise InvalidValue(f"{path} {PICKLED} FID statistics (an .npz of mu and sigma)", WRITE_FIX)
+    if kind != "npz":
         raise InvalidValue(f"{path} is not an .npz archive of FID statistics", WRITE_FIX)
+    if is_torch_archive(path):  # a zip too: its hundreds of members were listed as the keys it holds
+        raise InvalidValue(
+            f"{path} is a PyTorch checkpoint (torch.save), not FID statistics",
+            f"pass the .npz of mu and sigma that evaluate wrote, or {WRITE_FIX}",
+        )
     try:
         with np.load(path, allow_pickle=False) as archive:
-            missing = [key for key in ("mu", "sigma") if key not in archive.files]
+            names = archive.files
+            missing = [key for key in ("mu", "sigma") if key not in names]
             if missing:
+                listed = names if len(names) <= 6 else [*names[:5], f"... ({len(names)} in all)"]
                 raise InvalidValue(
-                    f"{path} has no {' and no '.join(missing)} (it holds {archive.files}), so it is no FID "
+                    f"{path} has no {' and no '.join(missing)} (it holds {listed}), so it is no FID "
                     "statistics file",
                     WRITE_FIX,
                 )
-            if any(holds_objects(path, key) for key in ("mu", "sigma")):
-                raise InvalidValue(f"{path} holds Python objects (dtype object), not numbers", WRITE_FIX)
-            mu, sigma = archive["mu"], archive["sigma"]
-            features = str(archive["features"]) if "features" in archive.files else None
-            num_images = int(archive["num_images"]) if "num_images" in archive.files else None
-            size = tuple(int(s) for s in archive["image_size"]) if "image_size" in archive.files else None
+            read = {key: read_key(path, archive, key) for key in STATISTICS_KEYS if key in names}
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
         raise InvalidValue(f"{path} is truncated or corrupt ({err})", WRITE_FIX) from err
     try:
-        return FeatureStatistics(
-            mu.astype(np.float64), sigma.astype(np.float64), features, num_images,
-            size,  # type: ignore[arg-type]  # (H, W) as save_statistics wrote it; its length is not checked
-        )  # fmt: skip
+        return FeatureStatistics(**read)
     except ValueError as err:
         raise InvalidValue(f"{path}: {err}", WRITE_FIX) from err
+
+
+# What each key of a statistics file must hold, as save_statistics writes it.
+STATISTICS_KEYS = {
+    "mu": "an array of numbers",
+    "sigma": "an array of numbers",
+    "features": f"one of {' or '.join(map(repr, get_args(Features)))}",
+    "num_images": "a whole number >= 1",
+    "image_size": "(height, width), two whole numbers >= 1",
+}
+
+
+def read_key(path: Path, archive: Any, key: str) -> Any:
+    """The value of `key` in the statistics file `path`'s open archive, checked against STATISTICS_KEYS: a damaged
+    one is said as the file and the key (int('abc') and iterating a 0-d array named neither)."""
+    if holds_objects(path, key):  # numpy reads those only by unpickling them
+        raise InvalidValue(f"{path}: {key} holds Python objects (dtype object), not numbers", WRITE_FIX)
+    array = archive[key]
+    kind = array.dtype.kind
+    if key in ("mu", "sigma"):
+        ok = kind in "iuf"
+        value = array.astype(np.float64) if ok else None
+    elif key == "features":
+        value = str(array) if kind == "U" and array.ndim == 0 else None
+        ok = value in get_args(Features)
+    elif key == "num_images":
+        ok = kind in "iu" and array.ndim == 0 and int(array) >= 1
+        value = int(array) if ok else None
+    else:
+        ok = kind in "iu" and array.shape == (2,) and bool((array >= 1).all())
+        value = (int(array[0]), int(array[1])) if ok else None
+    if not ok:
+        shown = repr(array.item()) if array.ndim == 0 else f"<array of shape {array.shape}, {array.dtype}>"
+        raise InvalidValue(f"{path}: {key}={shown} is not {STATISTICS_KEYS[key]}", WRITE_FIX)
+    return value
 
 
 def check_new_statistics_file(path: str | Path, overwrite: bool = False) -> Path:
@@ -175,12 +220,14 @@ def save_statistics(path: str | Path, stats: FeatureStatistics) -> Path:
     check_can_replace(path)  # an immutable file: said as the file, before the new one is written beside it
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with naming_a_full_disk(path), open(temporary, "xb") as file:  # a file object: np.savez adds no .npz
+        # A folder flagged immutable is said by its flag (FlaggedFolder), as every other writer says it; a file
+        # object: np.savez adds no .npz
+        with naming_a_refusing_folder(path.parent, path.name), open(temporary, "xb") as file:
             # numpy's stub types savez's keyword arrays as its allow_pickle flag.
             np.savez(file, mu=stats.mu, sigma=stats.sigma, **extra)  # type: ignore[arg-type]
             file.flush()
             os.fsync(file.fileno())
-        with naming_a_full_disk(path):
+        with naming_a_refusing_folder(path.parent, path.name):
             os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)

@@ -17,8 +17,9 @@ only at 50,000 samples against the same reference set; smaller counts compare ru
 from __future__ import annotations
 
 import math
+import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -41,6 +42,7 @@ from diffusion.metrics.features import (
     Features,
     check_features,
     check_inception_weights,
+    feature_size,
     make_feature_extractor,
 )
 from diffusion.metrics.fid import FrechetDistance, GivenFeatures, check_image_count
@@ -71,13 +73,46 @@ class UnexpectedKeyword(UserError, TypeError):
 
 
 def check_metric_options(options: dict[str, Any]) -> None:
-    """Refuse keywords that are not torchmetrics' Metric options, naming them and the ones accepted."""
+    """Refuse keywords that are not torchmetrics' Metric options, naming them and the ones accepted, and options of
+    the wrong kind by their name (torchmetrics' ValueError gave no fix; a function option not callable, none)."""
     unknown = [name for name in options if name not in METRIC_OPTIONS]
     if unknown:
         raise UnexpectedKeyword(
             f"SampleQuality got unexpected keyword arguments {unknown}",
             "pass only its own arguments (features, metrics, channels, reference, kid_subset_size, kid_subsets, "
             f"is_splits, inception_weights) and torchmetrics' Metric options: {', '.join(METRIC_OPTIONS)}",
+        )
+    for name, value in options.items():
+        if name.endswith("_fn") and value is not None and not callable(value):
+            raise WrongType(name, value, "a function or None", f"pass {name} as a function, or leave it out")
+        if name not in ("process_group", "dist_sync_fn", "distributed_available_fn"):
+            check_bool(name, value)
+
+
+def check_reference(reference: object, features: str, size: int) -> None:
+    """`reference` is None or `FeatureStatistics` of `features` of length `size`: a statistics file's path was
+    taken for them and failed in an AttributeError naming nothing, and other features of the same length were
+    compared without a word."""
+    if reference is None:
+        return
+    if not isinstance(reference, FeatureStatistics):
+        fix = (
+            f"pass load_statistics({os.fspath(reference)!r}), the statistics that file holds"
+            if isinstance(reference, str | os.PathLike)
+            else "pass load_statistics(path) of a statistics .npz, another SampleQuality's real_statistics(), "
+            "or None to feed the real images with update(images, real=True)"
+        )
+        raise WrongType("reference", reference, "FeatureStatistics (or None)", fix)
+    if reference.features not in (None, features):
+        raise InvalidValue(
+            f"reference holds statistics of {reference.features} features, not {features}",
+            f"build SampleQuality(features={reference.features!r}), or pass statistics of {features} features",
+        )
+    if reference.size != size:
+        raise InvalidValue(
+            f"reference holds {reference.size}-d statistics, and {features} features of these images are "
+            f"{size}-d",
+            "pass statistics of the same features and channels (load_statistics of a file evaluate wrote for them)",
         )
 
 
@@ -110,7 +145,8 @@ class SampleQuality(nn.Module):
         features: "inception" (the papers' features) or "pixels" (offline 8x8 pixels; no IS).
         metrics: which of "fid", "kid", "is" ``compute`` reports. IS is of the generated images alone.
         channels: the images' channel count (sizes the pixel features).
-        reference: fixed FID statistics for the real side (no real images are fed then; no KID).
+        reference: fixed FID statistics for the real side, ``load_statistics(path)`` (not the path), of these
+            features and channels (no real images are fed then; no KID).
         kid_subset_size: KID's subset size, capped at the image counts when computed.
         kid_subsets: how many random subsets KID averages.
         is_splits: the Inception Score's splits (10, as the papers).
@@ -138,6 +174,9 @@ class SampleQuality(nn.Module):
         names = list(get_args(QualityMetric))
         if isinstance(metrics, str):  # iterated, "fid" would be the metrics 'f', 'i', 'd'
             raise WrongType("metrics", metrics, "a list of metric names", f"pass metrics=[{metrics!r}]")
+        if not isinstance(metrics, Iterable):  # iterating it was a TypeError naming nothing
+            raise WrongType("metrics", metrics, "a list of metric names", "pass e.g. metrics=['fid']")
+        metrics = list(metrics)  # read once: a generator was used up by the checks, and no metric reported
         unknown = [name for name in metrics if name not in names]
         if unknown:
             raise InvalidValue(f"unknown metrics {unknown}", f"choose from {names}")
@@ -153,6 +192,7 @@ class SampleQuality(nn.Module):
         channels = check_whole_number("channels", channels, fix="pass the images' channel count: 1 or 3")
         if channels not in (1, 3):  # images are gray or RGB: what to_uint8 gives and Inception reads
             raise OutOfRange("channels", channels, "1 (gray) or 3 (RGB)", "pass the images' channel count")
+        check_reference(reference, features, feature_size(features, channels))  # before the weights load
         if "is" in metrics and features != "inception":
             raise InvalidValue(
                 f"the Inception Score needs Inception features (the classifier's logits), not {features}",

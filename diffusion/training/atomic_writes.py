@@ -13,13 +13,18 @@ its file's `write` raised and raises a RuntimeError of its own ("unexpected pos"
 that OSError (`RecordingWrites`) and the save raises it instead: the cause is known by its errno, not read from
 torch's words.
 `diffusion.training.callbacks.Checkpoint` installs all of this for every run of the CLI.
+
+A folder of files written whole (an export: `writing_whole`) is written into a hidden staging folder beside it and
+its files moved in once complete, all of them or none (`move_into`, the export command's way): a full disk or a
+folder that refuses writes leaves no partial export, and an export already there as it was.
 """
 
 import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,10 +39,10 @@ from lightning.pytorch.strategies import Strategy
 # The refusals of a flagged file or folder live in the lowest layer (image grids say them too); kept importable
 # from here, where the writes are.
 from diffusion.errors import CannotReplace as CannotReplace
+from diffusion.errors import CannotWrite, UserError, is_disk_full, naming_a_full_disk
 from diffusion.errors import FlaggedFolder as FlaggedFolder
 from diffusion.errors import check_can_replace as check_can_replace
 from diffusion.errors import check_replaceable as check_replaceable
-from diffusion.errors import is_disk_full, naming_a_full_disk
 from diffusion.errors import naming_a_refusing_folder as naming_a_refusing_folder
 from diffusion.errors import refusing_flag as refusing_flag
 
@@ -153,6 +158,117 @@ def link_atomically(target: _PATH, link: _PATH) -> None:
             replace_into(temporary, link)
     except BaseException:
         temporary.unlink(missing_ok=True)
+        raise
+
+
+# A folder of files written whole: an export (`diffusion.training.exported.write_export`, the diffusers pipeline's
+# `save_pipeline`), written into a staging folder and moved in once complete, all of its files or none (the export
+# command's way). What an export writes at the top of its folder, of either format (safetensors: config.json and its
+# weights; diffusers: a pipeline's model_index.json, unet/ and scheduler/).
+EXPORT_ENTRIES = ("config.json", "model.safetensors", "model_index.json", "unet", "scheduler")
+AGAIN = "or export again into a new {command:--out}"  # the export command's; a Python writer says its own
+
+
+class CannotPutBack(CannotWrite):
+    """A failed move of an export's files into `out` (`move_into`) whose files set aside (those it replaced) could
+    not be put back either: they are in `aside`. An OSError too, as every CannotWrite."""
+
+    def __init__(self, out: Path, aside: Path, reason: str, again: str) -> None:
+        UserError.__init__(
+            self,
+            f"cannot write the export into {out}, nor put back the files it replaced ({reason})",
+            f"they are in {aside}: move them back into {out}, {again}",
+        )
+        self.folder, self.name = out, "the export"
+
+
+def staging_folder(out: Path) -> Path:
+    """Where the export is written, and what it replaces set aside, before the moves into the existing folder
+    `out`: next to it where a rename into it works (the same filesystem, and a folder that can be written), else in
+    `out` itself: a mount point's parent is another filesystem, and a rename across them failed with EXDEV
+    ("Invalid cross-device link")."""
+    try:
+        if os.stat(out.parent).st_dev == os.stat(out).st_dev and os.access(out.parent, os.W_OK | os.X_OK):
+            return out.parent
+    except OSError:
+        pass
+    return out
+
+
+def move_into(
+    staged: Path, out: Path, stale_entries: tuple[str, ...] = EXPORT_ENTRIES, again: str = AGAIN
+) -> None:
+    """Move every file of `staged` to the same place under `out`, all of them or none: each file of `out` it
+    replaces is first tried for writing (`chattr +i` refused only the move, the files before it moved in already:
+    `check_can_replace`) and set aside, and where a move fails the files moved in go and those set aside come back.
+    The entries of `stale_entries` in `out` that the new files do not replace go too (an earlier export of the other
+    format, which the folder loaded as); `again`: the fix where the files set aside cannot be put back ("or ...")."""
+    sources = sorted(p for p in staged.rglob("*") if p.is_file())
+    targets = [out / source.relative_to(staged) for source in sources]
+    earlier = [out / name for name in stale_entries if (out / name).exists()]
+    targets_within = {entry for target in targets for entry in (target, *target.parents)}
+    stale = [entry for entry in earlier if entry not in targets_within]
+    for target in [*targets, *stale]:
+        if target.is_file():
+            check_can_replace(target)
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=staging_folder(out)))
+    done: list[tuple[Path, Path]] = []  # (from, to), undone last first
+    made: list[Path] = []  # the folders under `out` the moves made, removed with them
+    try:
+        for entry in stale:  # set aside whole, as the replaced files are
+            os.rename(entry, aside / entry.name)
+            done.append((entry, aside / entry.name))
+        for target in targets:
+            if target.exists():
+                (aside / target.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+                os.rename(target, aside / target.relative_to(out))
+                done.append((target, aside / target.relative_to(out)))
+        for source, target in zip(sources, targets, strict=True):
+            made += [d for d in (target.parent, *target.parent.parents) if d not in made and not d.exists()]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(source, target)
+            done.append((source, target))
+    except BaseException:
+        try:
+            for before, after in reversed(done):
+                os.rename(after, before)
+            for folder in sorted(made, key=lambda d: len(d.parts), reverse=True):
+                folder.rmdir()
+        except OSError as error:
+            raise CannotPutBack(out, aside, error.strerror or type(error).__name__, again) from error
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def writing_whole(folder: Path, name: str, fix: str, again: str) -> Iterator[Path]:
+    """A new hidden folder for the block to write `name` (an export's files) into, moved into `folder` once the
+    block ends (`move_into`, replacing the files of the same names there): a failure (a full disk, a folder that
+    refuses writes, Ctrl+C) leaves `folder` as it was (one it made is removed again) and no staging folder, and a
+    full disk or a refusing folder is said in one line naming `folder`: `DiskFull` (its fix `fix`), `FlaggedFolder`
+    (`chattr +i`), `CannotWrite`."""
+    # save_pipeline's folder may be new (save_pretrained's is): made with its missing parents, a refusal said as
+    # the refusal of the folder that exists (`chattr +i` on it)
+    made = [] if folder.exists() else [folder, *(p for p in folder.parents if not p.exists())]
+    try:
+        if made:
+            base = made[-1].parent
+            with naming_a_refusing_folder(base, str(folder.relative_to(base)), fix):
+                folder.mkdir(parents=True)
+        with naming_a_refusing_folder(folder, name, fix):
+            staged = Path(
+                tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=staging_folder(folder))
+            )
+            try:
+                yield staged
+                move_into(staged, folder, (), again)
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
+    except BaseException:
+        for path in made:  # the deepest first, each while it is empty
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
         raise
 
 

@@ -160,6 +160,70 @@ class FirstBatch:
         )
 
 
+class ValidationData:
+    """Whether a validation's batches hold NaN or infinity (its loss would be NaN without a word, where a fit refuses
+    such data at its first batch), or no class at all for a class-conditional model that never learnt an
+    unconditional prediction (label_dropout 0): counts kept on the device batch by batch (no read: no sync per
+    batch), read once at the validation's end (`check`, with one gather across the ranks), where its loss is read."""
+
+    def __init__(self) -> None:
+        # (samples not finite, the first one's dataset position, labelled samples, samples seen): on the device
+        self._found: list[torch.Tensor] | None = None
+
+    def reset(self) -> None:
+        """A validation starts: nothing seen yet."""
+        self._found = None
+
+    def see(self, x: torch.Tensor, index: torch.Tensor, labels: torch.Tensor | None) -> None:
+        """At each validation batch, after check_batch (`labels`: a conditional model's, None for another)."""
+        bad = ~torch.isfinite(x.detach().flatten(1)).all(dim=1)
+        unseen = torch.full_like(index, torch.iinfo(index.dtype).max)
+        first = torch.where(bad.to(index.device), index, unseen).min().to(bad.device)
+        labelled = torch.zeros((), dtype=torch.long, device=bad.device)
+        if labels is not None:
+            labelled = (labels != NO_LABEL).sum().to(bad.device)
+        seen = torch.full((), len(bad), dtype=torch.long, device=bad.device)  # a fill: no copy from the host
+        found = [bad.sum(), first, labelled, seen]
+        if self._found is None:
+            self._found = found
+        else:
+            totals = self._found
+            self._found = [totals[0] + found[0], torch.minimum(totals[1], first), totals[2] + found[2],
+                           totals[3] + found[3]]  # fmt: skip
+
+    def check(self, module: L.LightningModule) -> None:
+        """Refuse the data if a sample validated on any rank held NaN or infinity, or (`module` class-conditional,
+        trained without label_dropout) no sample held a class; every rank calls it (the gather)."""
+        found, self._found = self._found, None
+        if found is None:
+            found = [torch.zeros((), dtype=torch.long, device=module.device)] * 4
+            found[1] = torch.full((), torch.iinfo(torch.long).max, device=module.device)
+        flags = torch.stack([value.to(module.device, torch.long) for value in found])
+        if module._trainer is not None and module.trainer.world_size > 1:
+            flags = module.all_gather(flags).reshape(-1, 4)  # type: ignore[union-attr]
+        flags = flags.reshape(-1, 4).cpu()  # the read
+        bad, first = int(flags[:, 0].sum()), int(flags[:, 1].min())
+        labelled, total = flags[:, 2:].sum(0).tolist()
+        if bad:
+            raise InvalidValue(
+                "the validation data holds NaN or infinity: "
+                f"{bad} of the {total} samples validated are not finite (first at dataset position {first}), and "
+                "the validation loss is NaN",
+                "clean the data: drop or repair those samples (torch.nan_to_num replaces such values) before "
+                "validating or training",
+            )
+        num_classes = getattr(module, "num_classes", None)
+        if total and num_classes is not None and not labelled and not module.hparams.get("label_dropout"):
+            raise InvalidValue(
+                f"every label of the validation data is NO_LABEL (-1), and this model is class-conditional "
+                f"(num_classes={num_classes}) and never learnt an unconditional prediction ({{--label_dropout}} 0): "
+                "its validation loss would say nothing of the model",
+                "build IndexedDataset(..., with_labels=True) over (x, label) items, or validate with "
+                "{LightningDataModule:--conditional} true",
+                type(module),
+            )
+
+
 def last_checkpoint(trainer: L.Trainer) -> str:
     """The newest checkpoint of the run on disk ("" if none): its weights are finite, as no save of others gets
     this far. ModelCheckpoint names a file before saving it, so a name counts only once its file exists."""

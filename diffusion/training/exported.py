@@ -10,17 +10,15 @@ carry no checksum of their own; exports written without it load unchecked). Read
 safetensors only, and the network must be one of this project's (`NETWORKS`).
 """
 
-import inspect
 import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from safetensors.torch import save
 
-from diffusion.core.sampling_dicts import sampling_options_from
 from diffusion.core.schedule import schedule_betas
 from diffusion.errors import (
     InvalidValue,
@@ -29,11 +27,8 @@ from diffusion.errors import (
     WrongType,
     check_choice,
     check_weights_fit,
-    check_whole_number,
-    said,
 )
-from diffusion.generation.render import check_normalization
-from diffusion.models import MLP, UNet
+from diffusion.training.atomic_writes import writing_whole
 from diffusion.training.checkpoint_files import check_finite
 from diffusion.training.export_files import (
     CONFIG,
@@ -45,19 +40,27 @@ from diffusion.training.export_files import (
     sha256_of,
 )
 from diffusion.training.from_diffusers import INIT_FROM
+from diffusion.training.model_settings import NETWORKS, check_model_settings, schedule_of
 from diffusion.training.module import DiffusionModule
 
-NETWORKS: dict[str, type[torch.nn.Module]] = {"UNet": UNet, "MLP": MLP}
 NETWORK_FIX = 'pass checkpoint["hyper_parameters"]["network"] of the checkpoint the module was loaded from'
 Weights = Literal["ema", "raw"]
 NOT_FINITE_FIX = "its training diverged: export a module loaded from an earlier checkpoint of the run"
+# The Python export writers' fixes (write_export's, save_pipeline's) for a full disk, and for files set aside
+# that could not be put back
+EXPORT_ON_ANOTHER_DISK = (
+    "free space on that disk, or write the export into another folder; an export already there is as it was"
+)
+WRITE_AGAIN = "or write the export again into a new folder"
 
 
 def write_export(
     module: DiffusionModule, network: dict[str, Any], folder: str | os.PathLike, weights: str
 ) -> None:
     """Write `module` into `folder` (which exists): its network's weights and settings, `network` being the
-    checkpoint's {"class_path", "init_args"} of the network and `weights` which set the module holds."""
+    checkpoint's {"class_path", "init_args"} of the network and `weights` which set the module holds. Both files
+    are written whole, or neither (an export already in `folder` stays as it was): a full disk or a folder that
+    refuses writes raises DiskFull, FlaggedFolder or CannotWrite (OSErrors too), naming `folder`."""
     check_export_arguments(module, folder)
     if not Path(folder).is_dir():
         raise MissingFile(f"folder={folder} does not exist", "make the folder first, or pass one that exists")
@@ -78,16 +81,19 @@ def write_export(
         "network": {"class_path": f"diffusion.models.{name}", "init_args": network["init_args"]},
     }
     state = {key: value.detach().cpu().contiguous() for key, value in module.network.state_dict().items()}
-    # Serialized here and written by Python: safetensors' own writer says a full disk as a SafetensorError, which
-    # names no errno; a Python write raises the OSError that the export's caller names as a full disk.
-    with open(folder / WEIGHTS, "wb") as file:
-        file.write(save(state, metadata={"format": "pt"}))
-    config = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "weights": weights,
-        "hyper_parameters": hparams, "betas": float64_betas(module).tolist(),
-        "weights_sha256": sha256_of(folder / WEIGHTS),
-    }  # fmt: skip
-    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    # Written whole or not at all (`writing_whole`: a staging folder, then moved in): a full disk left a truncated
+    # model.safetensors without config.json, said as a bare OSError.
+    with writing_whole(folder, "the export", EXPORT_ON_ANOTHER_DISK, WRITE_AGAIN) as staged:
+        # Serialized here and written by Python: safetensors' own writer says a full disk as a SafetensorError,
+        # which names no errno; a Python write raises the OSError that is named as a full disk.
+        with open(staged / WEIGHTS, "wb") as file:
+            file.write(save(state, metadata={"format": "pt"}))
+        config = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "weights": weights,
+            "hyper_parameters": hparams, "betas": float64_betas(module).tolist(),
+            "weights_sha256": sha256_of(staged / WEIGHTS),
+        }  # fmt: skip
+        (staged / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def check_network_of(built: torch.nn.Module, network: dict[str, Any]) -> None:
@@ -184,87 +190,25 @@ def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
         )
     if not isinstance(config.get("hyper_parameters"), dict):
         raise InvalidValue(f"{config_path} holds no hyper_parameters (the model's settings)", FIX)
+    # Which set of weights it holds: an edit said as another set, whose --weights the commands then refused
+    if config.get("weights") not in get_args(Weights):
+        held = "which of the run's weights model.safetensors holds"
+        problem = (
+            f"{config_path}: weights={config['weights']!r} is not 'ema' or 'raw' ({held})"
+            if "weights" in config
+            else f"{config_path} does not say {held} (its key weights: 'ema' or 'raw')"
+        )
+        raise InvalidValue(
+            problem,
+            'set it to "ema" in config.json ("raw" if the export holds the raw weights), '
+            "or export the checkpoint again (python -m diffusion.export)",
+        )
     check_model_settings(
         config["hyper_parameters"], str(config_path),
         "correct it in config.json's hyper_parameters, or export the checkpoint again (python -m diffusion.export)",
     )  # fmt: skip
     check_export_betas(config, config_path)  # its betas, a copy for code outside: an edit of one alone
     return config, config_path.parent
-
-
-# What a model's file may leave out: DiffusionModule's own defaults.
-MODULE_DEFAULTS = {
-    name: parameter.default
-    for name, parameter in inspect.signature(DiffusionModule.__init__).parameters.items()
-    if parameter.default is not inspect.Parameter.empty
-}
-
-
-def check_model_settings(hparams: dict[str, Any], source: str, fix: str) -> None:
-    """The settings commands read of a model's file before building it (the schedule, whose length bounds --steps;
-    the sample shape; the network's settings and classes; the normalization), refused by the checks building it
-    runs (the schedule's own), naming `source`: an edited config.json's `"num_timesteps": "abc"` ended in int()'s
-    traceback in the sample command, a normalization's scale of 0 in images of one colour. `fix`: what to do
-    about the file."""
-    try:
-        schedule_of(hparams)
-        shape = hparams.get("sample_shape", MODULE_DEFAULTS["sample_shape"])
-        if not isinstance(shape, list | tuple) or not shape:
-            raise WrongType("sample_shape", shape, "a list of sizes, e.g. [3, 32, 32]", fix)
-        for index, size in enumerate(shape):
-            check_whole_number(f"sample_shape[{index}]", size, 1)
-        network = hparams.get("network")
-        if not isinstance(network, dict):
-            raise WrongType("network", network, "a mapping of class_path and init_args", fix)
-        if not isinstance(network.get("init_args", {}), dict):
-            raise WrongType(
-                "network.init_args", network["init_args"], "a mapping of the network's settings", fix
-            )
-        classes = network.get("init_args", {}).get("num_classes")
-        if classes is not None:  # the labels to sample are counted from it before the network is built
-            check_whole_number("network.init_args.num_classes", classes, 1)
-        sampling_options_from(hparams.get("sampling") or {}, "sampling")
-        normalization = hparams.get("normalization", MODULE_DEFAULTS["normalization"])
-        if normalization is not None:
-            if not isinstance(normalization, dict) or not {"shift", "scale"} <= set(normalization):
-                raise WrongType("normalization", normalization, "a mapping of 'shift' and 'scale'", fix)
-            check_normalization(normalization)
-    except UserError as error:  # a file's settings: a ValueError, whichever kind its check was
-        raise InvalidValue(f"{source}: {error.problem}", fix, error.owner) from error
-    check_network_settings(network, source, fix)
-
-
-def check_network_settings(network: dict[str, Any], source: str, fix: str) -> None:
-    """The network's own argument checks on the settings a model's file holds (`network`: its class_path and
-    init_args), said as the file's keys: `<source>: network.init_args.channels='eight' is a str, ... — <fix>`, not
-    as the flags that build a network on a command line (`--model.network.channels`), which sample has not. The
-    network is built on the meta device (no memory, no weights drawn); a network not of this project's is the
-    caller's (`load_from_checkpoint(path, network=...)`), not checked here."""
-    module, _, name = str(network.get("class_path")).rpartition(".")
-    if name not in NETWORKS or not (module == "diffusion" or module.startswith("diffusion.")):
-        return
-    try:
-        with torch.device("meta"):
-            NETWORKS[name](**network.get("init_args", {}))
-    except TypeError as error:  # a key the network does not take
-        if isinstance(error, UserError):
-            raise said_as_key(error, source, fix) from error
-        raise InvalidValue(
-            f"{source}: network.init_args holds a setting {name} does not take ({error})", fix
-        ) from error
-    except UserError as error:
-        raise said_as_key(error, source, fix) from error
-
-
-def said_as_key(error: UserError, source: str, fix: str) -> InvalidValue:
-    """A network's argument check said of the key `network.init_args.NAME` of the file `source`."""
-    problem = said(error.problem, lambda owner, option: f"network.init_args.{option}")
-    named = getattr(error, "name", None)
-    if isinstance(named, str) and problem.startswith(f"{named}="):
-        problem = f"network.init_args.{problem}"
-    elif "network.init_args." not in problem:
-        problem = f"network.init_args: {problem}"
-    return InvalidValue(f"{source}: {problem}", fix)
 
 
 def network_class(class_path: object) -> type[torch.nn.Module]:
@@ -327,18 +271,6 @@ BETAS_FIX = (
     "export the checkpoint again (python -m diffusion.export), or put back the betas it wrote; for a schedule of "
     'your own, set hyper_parameters\' "beta_schedule": "trained" with "trained_betas"'
 )
-
-
-def schedule_of(hparams: dict[str, Any]) -> torch.Tensor:
-    """The float64 betas the settings `hparams` give (DiffusionModule's defaults for what they leave out)."""
-
-    def setting(name: str) -> Any:
-        return hparams.get(name, MODULE_DEFAULTS[name])
-
-    return schedule_betas(
-        setting("beta_schedule"), setting("num_timesteps"), setting("beta_start"), setting("beta_end"),
-        setting("zero_terminal_snr"), setting("trained_betas"),
-    )  # fmt: skip
 
 
 def check_export_betas(config: dict[str, Any], config_path: Path) -> None:

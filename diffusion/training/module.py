@@ -12,7 +12,6 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any, Literal, cast
 
-import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import LRSchedulerConfigType, OptimizerLRSchedulerConfig
@@ -27,11 +26,12 @@ from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch, check_sample_shape
 from diffusion.data.labels import check_class_names
 from diffusion.data.resumable import describe_batches
-from diffusion.errors import InvalidValue, WrongType, check_bool, options_of
+from diffusion.errors import WrongType, check_bool, options_of
 from diffusion.training import loss as objective
 from diffusion.training.checkpoint_files import drop_old_schedule_buffers, load_network_weights
 from diffusion.training.divergence import (
     FirstBatch,
+    ValidationData,
     check_checkpoint_weights,
     check_interval_loss,
     check_weights,
@@ -42,6 +42,8 @@ from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_
 from diffusion.training.option_notes import OptionNote
 from diffusion.training.options import (
     check_module_normalization,
+    check_resumed_checkpoint,
+    check_trainer_precision,
     check_training_options,
     checked_noise_seed,
     unused_training_options,
@@ -159,7 +161,7 @@ class DiffusionModule(SamplingModule):
             check_options(sampling, "sampling", "DiffusionModule(network, sampling=SamplingOptions(...))")
             noise_seed = checked_noise_seed(noise_seed)  # taken modulo 2**64: another seed's noise
             sample_shape = checked_sample_shape(sample_shape)
-            check_network_fits(network, sample_shape)  # otherwise found at the first step, blamed on the data
+            check_network_fits(network, sample_shape, variance)  # else found at the first step or sample
             check_module_normalization(normalization, sample_shape)  # otherwise found only when rendering
             check_class_names(
                 class_names, getattr(network, "num_classes", None), "pass the data's class_names, or None"
@@ -217,6 +219,7 @@ class DiffusionModule(SamplingModule):
         self._states_before_validation: dict[str, Any] | None = None
         self._train_loss = IntervalLoss()  # logged at logging steps (diffusion/training/logging_steps.py)
         self._first_batch = FirstBatch()  # NaN data, labels unfit, said as such (training/divergence.py)
+        self._validation_data = ValidationData()  # the same of validation's batches, read at its end
         if init_from is not None:
             load_network_weights(self.network, init_from, type(self))
 
@@ -236,16 +239,7 @@ class DiffusionModule(SamplingModule):
         # A Python `Trainer.fit(module, datamodule=data)` never links the module to the data as train.py does
         # (Lightning sets the Trainer's `datamodule` at run time: its class does not declare it).
         check_fits_data(self, getattr(self.trainer, "datamodule", None))
-        precision = str(self.trainer.precision)
-        if precision in ("16-true", "bf16-true"):
-            # True half precision casts every buffer, and the noise schedule loses the precision its small
-            # betas need (Lightning's HalfPrecision calls module.to(dtype)); mixed precision keeps it float32.
-            raise InvalidValue(
-                f"precision={precision} is not supported: it would cast the noise schedule to half precision",
-                f"use {{--precision}} {precision.replace('-true', '-mixed')} (the network runs in half, the "
-                "schedule and loss stay float32)",
-                L.Trainer,
-            )
+        check_trainer_precision(str(self.trainer.precision))
         use_tf32_on_cuda(self.device)  # Lightning already points self.device at the run's device here
         if self._compile_when_fitting() and stage == "fit" and self._training_graph is None:
             # After the EMA callback's setup has copied the module: its copy stays a plain module. A function of
@@ -295,6 +289,10 @@ class DiffusionModule(SamplingModule):
         self._first_batch.check()
         check_weights(dict(self.named_parameters()), self.trainer, before="validation")
         self._states_before_validation = global_random_states(self.device)
+        self._validation_data.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._validation_data.check(self)  # before on_validation_end's checkpoint: NaN data said as such
 
     def on_validation_end(self) -> None:
         if self._states_before_validation is not None:
@@ -373,6 +371,7 @@ class DiffusionModule(SamplingModule):
         # Fixed noise per validation sample (step 0), so val/loss is comparable across epochs and world sizes.
         # Labels are kept: a conditional model's val/loss is its conditional loss.
         noise, t = self.draw_noise_and_timesteps(x0, indices, step=0, per_sample=True)
+        self._validation_data.see(x0, indices, labels)
         self.log(VAL_LOSS, self.per_sample_loss(x0, noise, t, labels).mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
@@ -399,3 +398,5 @@ class DiffusionModule(SamplingModule):
             rank, world_size = self.trainer.global_rank, self.trainer.world_size
             self._resumed_states, self._resumed_step = resumed_states(checkpoint, rank, world_size)
         drop_old_schedule_buffers(checkpoint, set(self.state_dict()))
+        if self._trainer is not None and self.trainer.state.fn == "fit":  # before its weights are loaded
+            check_resumed_checkpoint(self, checkpoint, self.trainer.ckpt_path)

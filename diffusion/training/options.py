@@ -8,15 +8,18 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+import lightning as L
 import torch
 
 from diffusion.core.sampling import DEFAULT_SAMPLER, OPTION_OWNERS, SAMPLERS, SamplingOptions
 from diffusion.errors import (
     InvalidValue,
     OutOfRange,
+    WeightsDoNotFit,
     WrongType,
     check_choice,
     check_real,
+    check_weights_fit,
     check_whole_number,
 )
 from diffusion.generation.arguments import SEED_LIMIT
@@ -186,3 +189,92 @@ def _not_of_the_sampler(name: str, value: Any, sampler: str, takers: str, option
         f"{option(f'sampling.{name}', value)} is no option of the {sampler} sampler: not used by this model's "
         f"sampling ({takers} take it, as the default of a command that samples with one)"
     )
+
+
+def check_trainer_precision(precision: str) -> None:
+    """Refuse true half precision (`16-true`, `bf16-true`): it casts every buffer (Lightning's HalfPrecision calls
+    module.to(dtype)), and the noise schedule loses the precision its small betas need; mixed precision keeps it
+    float32."""
+    if precision in ("16-true", "bf16-true"):
+        raise InvalidValue(
+            f"precision={precision} is not supported: it would cast the noise schedule to half precision",
+            f"use {{--precision}} {precision.replace('-true', '-mixed')} (the network runs in half, the "
+            "schedule and loss stay float32)",
+            L.Trainer,
+        )
+
+
+# ---- resuming: the settings a module must share with the checkpoint it resumes ----------------------------------
+# As train.py's check_same_training_settings (diffusion/cli/resumed_state.py): every hyperparameter changes what is trained
+# except how to sample, where the first weights came from and how the training step is compiled. The network is
+# held to the checkpoint by its weights (a network built in Python is not among the hyperparameters). The samples'
+# shape is compared (a UNet's weights fit any size: 16x16 digits went on at 8x8); the data's normalization and class
+# names are held to the data (`check_fits_data`, the first batch), as train.py compares the data's own settings.
+NOT_TRAINING = frozenset({
+    "network", "sampling", "init_from", "compile", "compile_training", "compile_mode", "compile_channels_last",
+    "_instantiator", "normalization", "class_names",
+})  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists and a jsonargparse Namespace as a dict, at any depth: as a checkpoint compares."""
+    as_dict = getattr(value, "as_dict", None)
+    value = as_dict() if callable(as_dict) else value
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return [_plain(item) for item in value] if isinstance(value, list | tuple) else value
+
+
+def differing_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, saved, current) for each training setting of two modules' hyperparameters that differs; a key one of them
+    lacks (a checkpoint written by an older version) is not compared."""
+    return [
+        (key, _plain(saved[key]), _plain(current[key]))
+        for key in sorted(saved.keys() & current.keys())
+        if key not in NOT_TRAINING and _plain(saved[key]) != _plain(current[key])
+    ]
+
+
+def check_resumed_checkpoint(module: torch.nn.Module, checkpoint: Mapping[str, Any], path: Any) -> None:
+    """Refuse to resume `checkpoint` (read from `path`) into `module` when its training settings differ (the
+    optimizer state, EMA and schedule belong to them: another prediction_type trained on without a word) or its
+    weights do not fit (torch's size-mismatch report): what train.py checks of --ckpt_path, for a fit of the
+    user's own, `trainer.fit(module, ..., ckpt_path=path)`, before the weights are loaded."""
+    hparams = checkpoint.get("hyper_parameters")
+    settings = (
+        differing_settings(hparams, getattr(module, "hparams", {})) if isinstance(hparams, Mapping) else []
+    )
+    misfit = None
+    weights = checkpoint.get("state_dict")
+    refit = (
+        f"resume it with a DiffusionModule of the network it was trained with "
+        f"(DiffusionModule.load_from_checkpoint({str(path)!r}) builds it), or train this network as a new run, "
+        "without ckpt_path (its weights do not fit it, so neither does {--init_from})"
+    )
+    if isinstance(weights, Mapping):
+        try:
+            check_weights_fit(module, weights, f"ckpt_path {path}", refit, type(module))
+        except WeightsDoNotFit as error:
+            misfit = error
+    if not settings:
+        if misfit is not None:
+            raise misfit
+        return
+    shown = "; ".join(f"{{--{key}}} {theirs!r} there, {ours!r} here" for key, theirs, ours in settings[:4])
+    more = f" (and {len(settings) - 4} more)" if len(settings) > 4 else ""
+    weights_too = "" if misfit is None else f"; and its weights do not fit this module ({misfit.summary})"
+    own = (
+        f"resume it with a DiffusionModule of its own settings (DiffusionModule.load_from_checkpoint({str(path)!r}) "
+        "builds one; pass network= for a network built in Python)"
+    )
+    raise InvalidValue(
+        f"ckpt_path {path} belongs to a run trained with other settings: {shown}{more}{weights_too}",
+        own
+        + (
+            ", or train this module as a new run, without ckpt_path"
+            if misfit is not None
+            else f", or start a new run from its weights: DiffusionModule(..., init_from={str(path)!r}), fitted "
+            "without ckpt_path"
+        ),
+        type(module),
+    ) from misfit

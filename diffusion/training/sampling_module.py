@@ -21,6 +21,7 @@ from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
 from diffusion.generation.arguments import check_model_can_sample, checked_seed
+from diffusion.models import MLP, UNet
 from diffusion.models.checks import sample_shape_given
 
 LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
@@ -39,13 +40,56 @@ def checked_sample_shape(sample_shape: Any) -> tuple[int, ...]:
     )
 
 
-def check_network_fits(network: nn.Module, sample_shape: tuple[int, ...]) -> None:
+def check_network_fits(network: nn.Module, sample_shape: tuple[int, ...], variance: Any = "fixed") -> None:
     """The network's own check of one sample's shape (`check_input_shape`, where it has one: UNet, MLP), said of the
-    `sample_shape` argument to a Python caller; a command, which sets it from the data, says it of the data."""
+    `sample_shape` argument to a Python caller; a command, which sets it from the data, says it of the data. Then
+    its output channels (`check_network_outputs`)."""
     check_input_shape = getattr(network, "check_input_shape", None)
     if callable(check_input_shape):
         with sample_shape_given():
             check_input_shape(sample_shape)
+    check_network_outputs(network, sample_shape, variance)
+
+
+def output_channels(network: nn.Module) -> int | None:
+    """The channels (features) a network of this project outputs, None for one that does not say (a user's own)."""
+    if isinstance(network, UNet):
+        return int(network.conv_out.out_channels)
+    if isinstance(network, MLP):
+        return int(network.out.out_features)
+    return None
+
+
+def check_network_outputs(network: nn.Module, sample_shape: tuple[int, ...], variance: Any) -> None:
+    """A network that outputs C channels for samples of C (`variance` "fixed"), or 2C, the prediction then the
+    variance's v ("learned_range", for images): another count trained on a loss broadcast against the samples and
+    failed only when sampling, naming nothing the user wrote. An unknown `variance` is left to its own check, and
+    "learned_range" for vectors to check_training_options ("is for images")."""
+    given, learned, images = output_channels(network), variance == "learned_range", len(sample_shape) == 3
+    if given is None or variance not in ("fixed", "learned_range") or (learned and not images):
+        return
+    count = sample_shape[0]
+    wanted = 2 * count if learned else count
+    if given == wanted:
+        return
+    name, unit = type(network).__name__, "channel" if images else "feature"
+    why = (
+        f"2 x {count} = {wanted} (the prediction, then the variance's v)"
+        if learned
+        else f"{count}, the {unit}s of sample_shape={tuple(sample_shape)}"
+    )
+    other = (
+        ", or pass {--variance} 'fixed'"
+        if learned and given == count
+        else ", or pass {--variance} 'learned_range' (it learns the variance in the second half)"
+        if images and given == 2 * count
+        else ""
+    )
+    raise InvalidValue(
+        f"{name} outputs {given} {unit}{'s' * (given != 1)} ({{{name}:--out_channels}}={given}), and with {{--variance}} "
+        f"{variance!r} it must output {why}",
+        f"build the {name} with {{{name}:--out_channels}}={wanted}{' (or leave it out)' * (not learned)}{other}",
+    )
 
 
 FROM_THE_DATA = (

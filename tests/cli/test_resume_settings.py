@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from diffusion.cli.resume import (
+from diffusion.cli.resumed_state import (
     NOT_TRAINING,
     NOT_TRAINING_GROUPS,
     differing_training_settings,
