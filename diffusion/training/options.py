@@ -46,6 +46,8 @@ def check_training_options(
     ):
         check_real(name, value)  # not True for 1.0, nor text
     check_whole_number("warmup_steps", warmup_steps)
+    if not isinstance(adam_betas, list | tuple):  # a bare number ended in "'float' object is not iterable"
+        raise WrongType("adam_betas", adam_betas, "two numbers", "pass e.g. {--adam_betas} '[0.9, 0.999]'")
     for beta in adam_betas:
         check_real("adam_betas", beta, "pass e.g. {--adam_betas} '[0.9, 0.999]'")
     if not (math.isfinite(lr) and lr > 0):

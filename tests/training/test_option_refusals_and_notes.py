@@ -25,6 +25,7 @@ def module(**options) -> DiffusionModule:
     [({"lr": True}, "lr"), ({"lr": "2e-4"}, "lr"), ({"weight_decay": False}, "weight_decay"),
      ({"min_snr_gamma": True}, "min_snr_gamma"), ({"label_dropout": True}, "label_dropout"),
      ({"offset_noise": True}, "offset_noise"), ({"adam_betas": (True, 0.999)}, "adam_betas"),
+     ({"adam_betas": 0.9}, "adam_betas"),
      ({"warmup_steps": True}, "warmup_steps"), ({"compile_channels_last": "no"}, "compile_channels_last"),
      ({"zero_terminal_snr": "no"}, "zero_terminal_snr"), ({"beta_end": True}, "beta_end")],
 )  # fmt: skip
