@@ -2,12 +2,12 @@
 said in one line naming the file and the key; SampleQuality's arguments and BitsPerDim.of's rows refused by their
 name, not in an AttributeError or torch's RuntimeError; save_statistics into an immutable folder said by its flag."""
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers.full_disk import immutable
 from helpers.user_errors import error_line
 
 from diffusion.cli import evaluate
@@ -174,15 +174,10 @@ def test_save_statistics_into_an_immutable_folder_is_said_by_its_flag(tmp_path):
     # "(Operation not permitted) — make that folder writable for this user": root is refused too (J10)
     folder = tmp_path / "imm"
     folder.mkdir()
-    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
-    try:
+    with immutable(folder):
         with pytest.raises(FlaggedFolder) as refused:
             save_statistics(folder / "s.npz", FeatureStatistics(np.zeros(2), np.eye(2)))
         left = list(folder.iterdir())
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
     assert str(refused.value) == (
         f"cannot write s.npz into {folder} (it is immutable) — check its attributes (lsattr -d {folder}; chattr -i "
         "clears an immutable flag), or write to another folder; the files written there before are intact"

@@ -9,14 +9,11 @@ files; the export command staged its files, its Python writers did not). Faked f
 import errno
 import os
 import re
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.full_disk import full_open, on_a_small_disk
+from helpers.full_disk import full_open, immutable, on_a_small_disk
 
 from diffusion.errors import CannotReplace, DiskFull, FlaggedFolder
 from diffusion.models import UNet
@@ -47,17 +44,6 @@ def tiny_module(seed: int = 0) -> DiffusionModule:
 def contents(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` (hidden ones too), by its path relative to it, with its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-@contextmanager
-def immutable(path: Path) -> Iterator[None]:
-    made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
 @pytest.mark.parametrize("earlier", [False, True], ids=["empty folder", "over an export"])
