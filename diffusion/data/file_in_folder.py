@@ -19,6 +19,7 @@ from pathlib import Path
 
 from diffusion.data.prepared import URL_SCHEMES
 from diffusion.errors import InvalidValue, WrongType
+from diffusion.errors import said as said_as_parameters
 
 SEARCH_DEPTH = 4  # <save_dir>/<name>/<version>/checkpoints/last.ckpt from <save_dir>
 SHOWN = 5  # files listed in a refusal before "and N more"
@@ -85,7 +86,8 @@ def file_in_folder(path: str | os.PathLike, flag: str, kind: FileKind) -> Path:
     found = files_of_kind(path, kind)
     if len(found) == 1:
         print(
-            f"note: {flag} {path} is a folder: using {found[0]}, the one {kind.name} in it", file=sys.stderr
+            f"note: {said_as_parameters(flag)} {path} is a folder: using {found[0]}, the one {kind.name} in it",
+            file=sys.stderr,
         )
         return found[0]
     patterns = " or ".join(kind.patterns)

@@ -34,6 +34,11 @@ def test_the_one_file_of_its_kind_is_taken_and_named(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"note: --samples {tmp_path / 'out'} is a folder: using {wanted}, the one NumPy file in it"
     )
+    # a command's flag as its readers name it (evaluate's image sets): said as the flag, not as the placeholder
+    assert file_in_folder(tmp_path / "out", "{command:--samples}", ARRAYS) == wanted
+    assert capsys.readouterr().err.strip() == (
+        f"note: --samples {tmp_path / 'out'} is a folder: using {wanted}, the one NumPy file in it"
+    )
     assert file_in_folder(wanted, "--samples", ARRAYS) == wanted  # a file: itself, silently
     assert file_in_folder(tmp_path / "nope", "--samples", ARRAYS) == tmp_path / "nope"  # its reader says
     assert capsys.readouterr().err == ""
