@@ -201,7 +201,8 @@ def scored(
         note_unused(written, "kid_subset_size", args.kid_subset_size, "no KID is computed (see --metrics)")
     lines = describe(args, samples, reference) + result_lines(values, notes, args.features)
     if "fid" in values and samples is not None:
-        lines += too_few_for_a_covariance(samples, reference, feature_size(args.features, samples.shape[-1]))
+        size = feature_size(args.features, samples.shape[-1])
+        lines += too_few_for_a_covariance(image_counts(samples, reference), size)
     if saved is not None:
         lines.append(f"wrote the FID statistics of {args.reference} ({args.features} features) to {saved}")
     print("\n".join(lines))
@@ -347,12 +348,18 @@ def build_quality(
         ) from err
 
 
-def too_few_for_a_covariance(
-    samples: np.ndarray, reference: np.ndarray | FeatureStatistics | None, size: int
-) -> list[str]:
-    """A note when a set has no more images than the features have dimensions: its covariance is singular, and
-    the distance mostly the noise of its estimate (the figure would be taken at face value)."""
-    counts = [len(samples)] + ([len(reference)] if isinstance(reference, np.ndarray) else [])
+def image_counts(samples: np.ndarray | int, reference: np.ndarray | FeatureStatistics | None) -> list[int]:
+    """How many images each side of a distance has: the samples (or their count), and a reference of images (a
+    reference of statistics holds no images to count)."""
+    return [samples if isinstance(samples, int) else len(samples)] + (
+        [len(reference)] if isinstance(reference, np.ndarray) else []
+    )
+
+
+def too_few_for_a_covariance(counts: list[int], size: int) -> list[str]:
+    """A note when a set has no more images (`counts`, `image_counts`) than the features have dimensions: its
+    covariance is singular, and the distance mostly the noise of its estimate (the figure would be taken at face
+    value; a phema --sweep's "best" too)."""
     if min(counts) > size:
         return []
     return [

@@ -34,6 +34,7 @@ from jsonargparse import ArgumentParser, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from diffusion.cli.command_line import Written
+from diffusion.cli.evaluate_quality import image_counts, too_few_for_a_covariance
 from diffusion.cli.flags import (
     add_flags,
     add_sampling_arguments,
@@ -54,7 +55,7 @@ from diffusion.data.file_in_folder import check_local_file
 from diffusion.data.folder_lock import writing_alone
 from diffusion.errors import COMMAND, UserError
 from diffusion.generation.ranks import generate
-from diffusion.metrics.features import Features
+from diffusion.metrics.features import Features, feature_size
 from diffusion.metrics.image_sets import load_reference
 from diffusion.metrics.sample_quality import SampleQuality, feed_images
 from diffusion.training.atomic_writes import save_atomically
@@ -219,6 +220,7 @@ def sweep(
     reference = load_reference(args.reference, size, channels, args.data_root, None, args.seed)
     statistics = None if isinstance(reference, np.ndarray) else reference  # an .npz of FID statistics
     quality = SampleQuality(args.features, ["fid"], channels=channels, reference=statistics).to(device)
+    quality_size = feature_size(args.features, channels)
     if statistics is None:
         feed_images(quality, reference, True, args.batch_size, device, "features of the reference")  # type: ignore[arg-type]
     run_ema = {name: value.clone() for name, value in module.state_dict().items()}
@@ -257,6 +259,9 @@ def sweep(
     print(f"| weights | sigma_rel | profile fit error | {metric} |\n| --- | ---: | ---: | ---: |")
     for label, sigma_rel, error, fd in rows:
         print(f"| {label} | {sigma_rel} | {error} | {fd:.3f} |")
+    # 4 samples of 64-d pixel features named a "best" from noise without a word (evaluate notes it)
+    for note in too_few_for_a_covariance(image_counts(args.num_samples, reference), quality_size):
+        print(note.replace("this distance is", "these distances are"), file=sys.stderr)
     if best is not None:
         change = 100 * (best[0] - rows[0][3]) / rows[0][3]
         print(

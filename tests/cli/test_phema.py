@@ -96,7 +96,12 @@ def test_a_sweep_prints_the_runs_ema_and_every_sigma_rel_and_writes_the_best(run
     best = tmp_path / "best.ckpt"
     flags = ["--sweep", "[0.05, 0.2]", "--num_samples", "8", "--sampler", "ddim", "--steps", "2"]
     phema.main(["--run", str(run), *flags, "--out", str(best)])
-    output = capsys.readouterr().out
+    output, notes = capsys.readouterr()
+    # Round 18a's K2: 8 samples of 64-d pixel features named a "best" from noise without a word
+    assert (
+        "note: 8 images for 64-d features: their covariance is singular, so these distances are mostly the noise"
+        in (notes)
+    )
     table = [line for line in output.splitlines() if line.startswith("| ") and "---" not in line]
     assert table[0] == "| weights | sigma_rel | profile fit error | FD (8x8 pixels) |"
     assert re.fullmatch(r"\| the run's EMA \(decay 0\.999\) \| - \| - \| [\d.]+ \|", table[1]), table
