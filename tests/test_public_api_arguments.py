@@ -40,11 +40,11 @@ NORMALIZATION = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
 IMAGES = torch.zeros(4, 1, 2, 2)
 
 
-def tiny(num_classes: int | None = None) -> DiffusionModule:
-    return tiny_vector_model(num_classes, steps=3)
+def tiny(num_classes: int | None = None, label_dropout: float = 0.0) -> DiffusionModule:
+    return tiny_vector_model(num_classes, steps=3, label_dropout=label_dropout)
 
 
-UNCONDITIONAL, CONDITIONAL = tiny(), tiny(num_classes=3)
+UNCONDITIONAL, CONDITIONAL = tiny(), tiny(num_classes=3, label_dropout=0.1)  # guided below: label_dropout > 0
 DDIM = UNCONDITIONAL.sampler(SamplingOptions(sampler="ddim", steps=2))
 GUIDED = CONDITIONAL.sampler(SamplingOptions(guidance_scale=2.0))
 SCHEDULE = NoiseSchedule("cosine", num_timesteps=20)

@@ -361,7 +361,8 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
             return None
         # A near miss named (flags are not taken by a prefix: `--step` for `--steps` is refused, not guessed)
         names = option_names(parser)
-        close = difflib.get_close_matches(item.key, names, n=1, cutoff=0.8)
+        longer = [name for name in names if name.startswith(item.key)]  # `--guidance` of --guidance_scale
+        close = difflib.get_close_matches(item.key, names, n=1, cutoff=0.8) or longer[:1] * (len(longer) == 1)
         if close:
             meant = close[0] if item.file else f"--{close[0]}"
             return (

@@ -168,7 +168,8 @@ def chosen_sampler(
     say it a second time, in Python's words."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnusedSamplingOption)
-        sampler = module.model_sampling.sampler(options)
+        with ranges_said_as_flags():  # a sampling check (guidance the model never learnt) said of the flags
+            sampler = module.model_sampling.sampler(options)
     given = {item.key for item in written if item.values != (None,)}
     notes = [
         f"--{name} is no option of the {sampler.name} sampler: not used ({takers} {'take' if ',' in takers else 'takes'} it)"

@@ -356,7 +356,8 @@ class DiffusionCLI(LightningCLI):
             if isinstance(sampling, SamplingOptions):
                 sampling.check_steps_fit(self.model.schedule.num_timesteps, type(callback), "sampling.steps")
                 conditional = self.model.num_classes is not None
-                sampling.check_guidance_fits(conditional, type(callback), "sampling.guidance_scale")
+                dropout = self.model.hparams.get("label_dropout")  # 0: guidance is refused
+                sampling.check_guidance_fits(conditional, type(callback), "sampling.guidance_scale", dropout)
         check_input_shape = getattr(self.model.network, "check_input_shape", None)
         if check_input_shape is not None:
             check_input_shape(self.model.sample_shape)

@@ -9,6 +9,8 @@ a row of its own.
 import torch
 from torch import nn
 
+from diffusion.errors import InvalidValue
+
 NO_LABEL = -1
 
 
@@ -41,16 +43,26 @@ def guided_output(
     guided mean has no variance of its own, and the conditional one models the class being drawn.
     """
     if labels is None or guidance_scale == 1:
-        return call_network(model, x, t, labels).float()
+        return as_float(call_network(model, x, t, labels))
     unconditional = torch.full_like(labels, NO_LABEL)
     if guidance_scale == 0:
-        return model(x, t, unconditional).float()
-    both = model(
-        torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, unconditional])
-    ).float()  # (2B, ...)
+        return as_float(model(x, t, unconditional))
+    both = as_float(
+        model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, unconditional]))
+    )  # (2B, ...)
     conditional, unconditional_output = both.chunk(2)
     guided = unconditional_output + guidance_scale * (conditional - unconditional_output)
     if learned_variance:
         channels = x.shape[1]
         guided = torch.cat([guided[:, :channels], conditional[:, channels:]], dim=1)
     return guided
+
+
+def as_float(output: object) -> torch.Tensor:
+    """The network's output in float32, refused by name where it is no tensor (a tuple, a dict of outputs)."""
+    if not isinstance(output, torch.Tensor):
+        raise InvalidValue(
+            f"the network returned a {type(output).__name__}, not a tensor of x_t's shape",
+            "make model(x_t, t) return the prediction itself, one tensor of x_t's shape",
+        )
+    return output.float()

@@ -17,7 +17,6 @@ help are made from `SamplingOptions`, so every layer reads the names, defaults a
 """
 
 import warnings
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import Field, dataclass, fields
 from numbers import Real
@@ -29,10 +28,11 @@ from torch import nn
 from diffusion.core.noise import Generators, check_generator, check_initial_noise
 from diffusion.core.samplers import ddpm_ddim, dpm_solver, karras
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
+from diffusion.core.samplers.contract import final_sample as final_sample  # its home was here
 from diffusion.core.samplers.spacing import Spacing
 from diffusion.core.schedule import NoiseSchedule, PredictionType
 from diffusion.core.variance import VarianceType
-from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_choice, check_whole_number
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_choice, check_whole_number
 
 # The registry. A new sampler is its file in diffusion/core/samplers/ and one line here.
 SAMPLERS: dict[str, type[Sampler]] = {
@@ -152,10 +152,12 @@ class SamplingOptions:
             )
 
     def check_guidance_fits(
-        self, conditional: bool, owner: type | None = None, name: str = "guidance_scale"
-    ) -> None:
-        """Guidance asked of a model without classes, refused when a run starts rather than at its first sample
-        grid; `owner`'s option `name` holds it (a module's `sampling`: 'sampling.guidance_scale')."""
+        self, conditional: bool, owner: type | None = None, name: str = "guidance_scale",
+        label_dropout: float | None = None,
+    ) -> None:  # fmt: skip
+        """Guidance asked of a model without classes, or of one trained with `label_dropout` 0 (None: not known),
+        refused when a run starts rather than at its first sample grid; `owner`'s option `name` holds it (a
+        module's `sampling`: 'sampling.guidance_scale')."""
         if self.guidance_scale not in (None, 1) and not conditional:
             raise InvalidValue(
                 f"{{--{name}}} {self.guidance_scale:g} asks for classifier-free guidance, "
@@ -163,6 +165,8 @@ class SamplingOptions:
                 "leave it unset (or 1), or train a class-conditional model",
                 owner,
             )
+        if self.guidance_scale not in (None, 1) and label_dropout == 0:
+            raise guidance_unlearnt(self.guidance_scale, name, owner)
 
     def over(self, base: "SamplingOptions | None") -> "SamplingOptions":
         """These options on top of `base`: a field set here wins, an unset one comes from `base`."""
@@ -266,12 +270,14 @@ class ModelSampling:
     defaults: the model's own layers of options under the user's, the first on top (a checkpoint's `sampling`,
         then the default of a model that learned its variance).
     schedule, learned_variance, conditional: what the sampler must fit (`Sampler.check_fits`).
+    label_dropout: the model's (None: not known); 0, it never learnt the unconditional prediction guidance needs.
     """
 
     defaults: tuple["SamplingOptions", ...]
     schedule: NoiseSchedule
     learned_variance: bool
     conditional: bool
+    label_dropout: float | None = None
 
     def sampler(self, options: "SamplingOptions | None" = None) -> Sampler:
         """The sampler `options` ask for, fields set there over this model's defaults, built once and checked
@@ -279,6 +285,8 @@ class ModelSampling:
         check_options(options, "options", "module.sampler(SamplingOptions(...))")
         if options is not None and options.guidance_scale not in (None, 1) and not self.conditional:
             raise unconditional_guidance(options.guidance_scale)
+        if options is not None and options.guidance_scale not in (None, 1) and self.label_dropout == 0:
+            raise guidance_unlearnt(options.guidance_scale)
         sampler = build_sampler(options, *self.defaults)
         sampler.check_fits(self.schedule, self.learned_variance, conditional=self.conditional)
         # The user's own options only (a default's is the model's): said at the caller of module.sampler
@@ -308,6 +316,16 @@ def unconditional_guidance(scale: float) -> OutOfRange:
     )  # fmt: skip
 
 
+def guidance_unlearnt(scale: float, name: str = "guidance_scale", owner: type | None = None) -> InvalidValue:
+    """Guidance (or unconditional sampling, 0) of a conditional model trained with label_dropout 0, which never
+    learnt the unconditional prediction it takes (its "no label" row was never trained)."""
+    return InvalidValue(
+        f"{{--{name}}} {scale:g} asks for the unconditional prediction, which this model never learnt "
+        "(it was trained with {DiffusionModule:--label_dropout} 0)",
+        f"sample with {{--{name}}} 1 (or unset), or train with {{DiffusionModule:--label_dropout}} 0.1-0.2", owner,
+    )  # fmt: skip
+
+
 def reverse_steps(
     model: nn.Module,
     schedule: NoiseSchedule,
@@ -330,6 +348,8 @@ def reverse_steps(
         (`diffusion.core.variance`).
     """
     check_reverse_steps_arguments(model, schedule, x_T, labels, options, generator)
+    check_bool("learned_variance", learned_variance)
+    check_bool("progress", progress)
     sampler = build_sampler(SamplingOptions(**options))
     check_choice("prediction_type", prediction_type, PredictionType)
     sampler.check_fits(schedule, learned_variance, conditional=labels is not None)
@@ -377,18 +397,3 @@ def check_reverse_steps_arguments(
             "labels", f"<shape {tuple(labels.shape)}>", f"one label per sample of x_T, shape ({len(x_T)},)",
             "pass as many labels as x_T has samples",
         )  # fmt: skip
-
-
-def final_sample(steps: Iterator[Step]) -> torch.Tensor:
-    """Run a reverse process to the end and return its last x (x_0), keeping no intermediate x_t."""
-    if isinstance(steps, torch.Tensor) or not isinstance(steps, Iterable):
-        raise WrongType(
-            "steps", steps, "the steps of a reverse process", "pass final_sample(reverse_steps(...))"
-        )
-    last = deque(steps, maxlen=1)
-    if not last or not isinstance(last[0], Step):
-        raise WrongType(
-            "steps", steps, "the steps of a reverse process (it yielded no Step)",
-            "pass what reverse_steps or module.trajectory returns",
-        )  # fmt: skip
-    return last[0].x

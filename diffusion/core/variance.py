@@ -39,6 +39,34 @@ def split_output(output: torch.Tensor, learned_variance: bool) -> tuple[torch.Te
     return prediction, v
 
 
+def check_output_fits(output: torch.Tensor, x: torch.Tensor, learned_variance: bool) -> None:
+    """The network's output at x_t said of the network, at a sampler's evaluation (a shape compare costs nothing):
+    x_t's shape, with 2C channels (features of vectors) when it learned its variances."""
+    count, given = x.shape[1] if x.ndim > 1 else 0, output.shape[1] if output.ndim > 1 else 0
+    wanted = 2 * count if learned_variance else count
+    if output.ndim != x.ndim or output.shape[0] != x.shape[0] or output.shape[2:] != x.shape[2:]:
+        raise InvalidValue(
+            f"the network outputs shape {tuple(output.shape)} for x_t of shape {tuple(x.shape)}",
+            "make model(x_t, t) return one prediction of x_t's shape per sample"
+            + (" (2C channels with learned variances)" if learned_variance else ""),
+        )
+    if given == wanted:
+        return
+    unit = ("channel" if x.ndim > 2 else "feature") + "s" * (given != 1)
+    if learned_variance:
+        other = " (or pass learned_variance=False: it outputs the prediction alone)" if given == count else ""
+        raise InvalidValue(
+            f"the network outputs {given} {unit} and x_T has {count}: a network with learned variances outputs "
+            f"2 x {count} (the prediction, then v)",
+            f"build it with out_channels {wanted}{other}",
+        )
+    other = f" (or pass learned_variance=True for 2 x {count})" if given == 2 * count else ""
+    raise InvalidValue(
+        f"the network outputs {given} {unit} and x_T has {count}",
+        f"build it with out_channels {count}{other}",
+    )
+
+
 def step_log_variances(
     schedule: NoiseSchedule, t: torch.Tensor, t_prev: torch.Tensor, ndim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

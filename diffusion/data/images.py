@@ -22,7 +22,8 @@ from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
 from diffusion.data.prepared import PreparedSet, open_prepared
-from diffusion.data.split import DEFAULT_VAL_FRACTION, IndexedDataset, SplitDataModule
+from diffusion.data.split import IndexedDataset, SplitDataModule
+from diffusion.data.split_options import DEFAULT_VAL_FRACTION
 from diffusion.errors import (
     InvalidValue,
     MissingFile,
@@ -137,6 +138,9 @@ class ImageDataModule(SplitDataModule):
         names = ("digits", *TORCHVISION, "folder", "streaming")  # the entries of now, not of import time
         if dataset not in names:
             raise InvalidValue(f"unknown image dataset {dataset!r}", f"choose one of {names}")
+        # 1.0 and True passed `in (1, 3)`, and '3' was said as `channels=3 must be 1 or 3`
+        if channels is not None:
+            check_whole_number("channels", channels, fix="pass 1 (grayscale) or 3 (RGB), or leave it unset")
         if channels is not None and channels not in (1, 3):
             raise OutOfRange("channels", channels, "1 or 3", owner=type(self))
         native_channels: int

@@ -12,9 +12,7 @@ by a DataLoader (and its ``num_workers`` worker processes).
 """
 
 import os
-import re
 from collections.abc import Callable, Iterator, Sized
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -35,18 +33,13 @@ from diffusion.data.on_device import (
 )
 from diffusion.data.prepared import PreparedSet
 from diffusion.data.resumable import ResumableLoader, ResumableSampler
+from diffusion.data.split_options import check_streaming_options, checked_split_options
 from diffusion.data.streaming import PreparedPart, StreamLoader
-from diffusion.errors import InvalidValue, OutOfRange, UserError, WrongType, check_bool, check_whole_number
+from diffusion.errors import InvalidValue, UserError, WrongType, check_bool
 
-CACHE_SIZE = re.compile(r"\d+(\.\d+)?\s*[KMGT]?B", re.IGNORECASE)  # litdata's sizes: 500MB, 50GB, 1.5TB
 # Items read at once when a command collects a data set's images (evaluation's reference, the bound's held-out
 # images), not training's batches (--data.batch_size).
 READING_BATCH = 500
-
-
-# The share of the data held out for validation unless set (the data modules' default): said as the default where a
-# check names it, since no flag or config file need have set it.
-DEFAULT_VAL_FRACTION = 0.05
 
 
 class FailedItem:
@@ -131,34 +124,9 @@ class SplitDataModule(LightningDataModule):
         max_cache_size: str | None = None,
     ) -> None:
         super().__init__()
-        batch_size = check_whole_number("batch_size", batch_size, fix="pass an int >= 1")
-        if batch_size < 1:
-            raise OutOfRange("batch_size", batch_size, ">= 1", "pass {--batch_size} 1 or more", type(self))
-        if num_workers < 0:
-            raise OutOfRange(
-                "num_workers", num_workers, ">= 0",
-                "pass {--num_workers} 0 (load in the main process) or a count of worker processes", type(self),
-            )  # fmt: skip
-        if not 0 <= seed < 2**32:  # numpy's generators take no negative seed
-            raise OutOfRange("seed", seed, "in [0, 2**32)", owner=type(self))
-        if not 0 <= val_fraction < 1:
-            raise OutOfRange(
-                "val_fraction", val_fraction, "in [0, 1)",
-                "pass the share of the data to hold out, e.g. {--val_fraction} 0.05 (0: no validation)", type(self),
-            )  # fmt: skip
-        if val_from_train is not None and val_from_train < 1:
-            raise OutOfRange(
-                "val_from_train", val_from_train, ">= 1 (or None)",
-                "pass a count of training samples, or leave {--val_from_train} unset", type(self),
-            )  # fmt: skip
-        if val_from_train is not None and val_fraction > 0:
-            raise InvalidValue(
-                f"{{--val_from_train}} {val_from_train} validates on training samples and holds nothing out, yet "
-                f"{{--val_fraction}} {val_fraction}{' (its default)' if val_fraction == DEFAULT_VAL_FRACTION else ''} "
-                "holds some out",
-                "set {--val_fraction} 0 with it",
-                type(self),
-            )
+        batch_size, num_workers, val_fraction, seed, val_from_train = checked_split_options(
+            type(self), batch_size, num_workers, val_fraction, seed, val_from_train
+        )
         self.val_from_train = val_from_train
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -219,21 +187,8 @@ class SplitDataModule(LightningDataModule):
         self.train_set = Subset(full, perm[n_val:].sort().values.tolist())
 
     def _check_streaming_options(self) -> None:
-        """The cache options apply to a prepared set alone; a size is a number of bytes with its unit."""
-        owner = type(self)
-        for name, value in (("cache_dir", self.cache_dir), ("max_cache_size", self.max_cache_size)):
-            if value is not None and self.prepared is None:
-                raise OutOfRange(
-                    name, value, "unset unless the data is a prepared set", "leave it unset", owner
-                )
-        if self.max_cache_size is not None and not CACHE_SIZE.fullmatch(self.max_cache_size):
-            raise OutOfRange(
-                "max_cache_size", self.max_cache_size, "a size such as 50GB or 500MB", owner=owner
-            )
-        if self.cache_dir is not None and Path(self.cache_dir).expanduser().is_file():
-            raise OutOfRange(
-                "cache_dir", self.cache_dir, "a folder (made if missing), not a file", owner=owner
-            )
+        """The cache options apply to a prepared set alone (`diffusion.data.split_options`)."""
+        check_streaming_options(type(self), self.prepared is not None, self.cache_dir, self.max_cache_size)
 
     def _prepared_split(self, with_labels: bool) -> None:
         """The prepared set's own parts as the training and validation sets (its split was made by prepare)."""

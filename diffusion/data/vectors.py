@@ -19,7 +19,8 @@ from diffusion.data.labels import load_labels
 from diffusion.data.numpy_files import read_array
 from diffusion.data.on_device import HeldSamples
 from diffusion.data.prepared import open_prepared
-from diffusion.data.split import DEFAULT_VAL_FRACTION, IndexedDataset, SplitDataModule
+from diffusion.data.split import IndexedDataset, SplitDataModule
+from diffusion.data.split_options import DEFAULT_VAL_FRACTION
 from diffusion.errors import (
     InvalidValue,
     OutOfRange,

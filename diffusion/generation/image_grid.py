@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 from torchvision.utils import make_grid
 
+from diffusion.data.atomic_file import write_atomically
 from diffusion.errors import (
     CannotWrite,
     InvalidValue,
@@ -59,11 +60,20 @@ def rows_by_class(
         check_whole_number(
             "per_class", per_class, 1, "pass how many samples of each class a row shows, or None"
         )
-    labels = torch.as_tensor(labels).cpu()
-    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+    labels_fix = "pass the labels generate was given (ints)"
+    if labels is None:  # torch said "Could not infer dtype of NoneType"
         raise WrongType(
-            "labels", labels, "integer class indices", "pass the labels generate was given (ints)"
+            "labels",
+            labels,
+            "integer class indices, one per image",
+            "an unconditional model's samples have no labels: save them with save_image_grid(images, path), not in rows by class; of a conditional model, pass the labels generate was given",
         )
+    try:
+        labels = torch.as_tensor(labels).cpu()
+    except (TypeError, ValueError, RuntimeError) as error:  # strings, ragged lists, objects
+        raise WrongType("labels", labels, "integer class indices", labels_fix) from error
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise WrongType("labels", labels, "integer class indices", labels_fix)
     if labels.shape != (len(images),):
         raise InvalidValue(
             f"labels has shape {tuple(labels.shape)}, not one label per image ({len(images)} images)",
@@ -176,16 +186,18 @@ def write_picture(pixels: torch.Tensor, picture: Path) -> None:
     not PIL's bare PermissionError (CannotWrite, DiskFull: OSErrors still): a folder flagged immutable by that flag
     (FlaggedFolder), a picture already there that refuses to be overwritten as that file (CannotReplace), any other
     refusing folder as the folder, a full disk as its disk, and a folder that takes no new files (/proc: PIL's
-    bare FileNotFoundError) as that folder."""
+    bare FileNotFoundError) as that folder. Written to a hidden temporary name in the folder and renamed into place
+    (`write_atomically`): a full disk, a kill or Ctrl+C leaves the picture there before intact and no partial file."""
     folder, name = picture.parent, picture.name
     full_disk = "free space on that disk, or save the picture on another disk"
     with naming_a_refusing_folder(folder, name, full_disk):
         # a flagged folder is said as the folder, its flag the first to clear
         if refusing_flag(folder) is None:
             check_can_replace(picture)
-        try:
-            Image.fromarray(pixels.permute(1, 2, 0).cpu().numpy()).save(
-                picture, format=FORMATS[picture.suffix.lower()]
+        image = Image.fromarray(pixels.permute(1, 2, 0).cpu().numpy())
+        try:  # whole or not at all: the picture there before stays as it was, and no partial file is left
+            write_atomically(
+                picture, lambda into: save_synced(image, into, FORMATS[picture.suffix.lower()]), full_disk
             )
         except FileNotFoundError as error:
             if not folder.is_dir():  # removed meanwhile: said as PIL says it
@@ -196,3 +208,11 @@ def write_picture(pixels: torch.Tensor, picture: Path) -> None:
                 f"{error.strerror or 'No such file or directory'}: the folder takes no new files",
                 "pass a path in a folder that takes files (not one of the system's, such as /proc or /sys)",
             ) from error
+
+
+def save_synced(image: Image.Image, into: Path, format: str) -> None:
+    """`image` saved in `format` as the new file `into`, on disk (fsynced) before it is renamed into place."""
+    with open(into, "xb") as file:
+        image.save(file, format=format)
+        file.flush()
+        os.fsync(file.fileno())

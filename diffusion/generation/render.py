@@ -81,11 +81,13 @@ NORMALIZATION_FIX = (
 
 def check_normalization(
     normalization: Mapping, name: str = "normalization", fix: str = NORMALIZATION_FIX
-) -> None:
+) -> dict[str, list[float]]:
     """Every `shift` a finite number and every `scale` a finite number > 0: a scale of 0 made every image one colour,
     NaN or infinity NaN images, a negative one inverted images (white drawn black), without a word; no data
-    module gives one (images' is 0.5, vectors' a spread). `name`: how the message names the mapping."""
+    module gives one (images' is 0.5, vectors' a spread). `name`: how the message names the mapping. Returned as
+    plain lists of floats (what a checkpoint stores), from lists, tuples, tensors or numpy arrays alike."""
     check_normalization_keys(normalization, name, fix)
+    plain: dict[str, list[float]] = {}
     for key in ("shift", "scale"):
         given = normalization[key]
         try:
@@ -104,6 +106,8 @@ def check_normalization(
                     "> 0 (a negative one inverts every sample)" if negative else f"{requirement} other than 0"
                 )
             raise OutOfRange(f"{name}[{key!r}][{index}]", value, requirement, fix)
+        plain[key] = values.tolist()
+    return plain
 
 
 def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:

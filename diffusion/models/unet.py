@@ -280,7 +280,7 @@ class UNet(nn.Module):
         levels = f"whole numbers in 0..{len(channel_mult) - 1} (indices into channel_mult)"
         return (
             whole(owner, "in_channels", in_channels, 1),
-            whole(owner, "channels", channels, 1),
+            whole(owner, "channels", channels, 2),  # the time embedding is channels wide: a sine, a cosine
             channel_mult,
             whole(owner, "num_res_blocks", num_res_blocks, 0),
             self._levels("attention_levels", attention_levels, channel_mult, levels),

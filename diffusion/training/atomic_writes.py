@@ -8,11 +8,14 @@ full disk leaves the previous file of that name intact. A kill -9 can still leav
 the checkpoint folder (nowhere else); `remove_leftovers` clears those when the next run starts.
 
 A full disk at any point of a save (opening the temporary file, torch's zip writer, the fsync, the rename) ends in
-`diffusion.errors.DiskFull` naming the folder, with no temporary file left. torch's writer swallows the OSError
-its file's `write` raised and raises a RuntimeError of its own ("unexpected pos"), so the file it is handed records
-that OSError (`RecordingWrites`) and the save raises it instead: the cause is known by its errno, not read from
-torch's words.
-`diffusion.training.callbacks.Checkpoint` installs all of this for every run of the CLI.
+`diffusion.errors.DiskFull` naming the folder, with no temporary file left; a folder that refuses the write in
+`CannotWrite`, one flagged immutable (`chattr +i`, which refuses root too) in `FlaggedFolder`, said by its flag.
+torch's writer swallows the OSError its file's `write` raised and raises a RuntimeError of its own ("unexpected
+pos"), so the file it is handed records that OSError (`RecordingWrites`) and the save raises it instead: the cause
+is known by its errno, not read from torch's words.
+`diffusion.training.callbacks.Checkpoint` installs all of this for every run of the CLI, and
+`DiffusionModule.setup` for a user's own Trainer, whose `ckpt_path` Lightning reads after `setup`:
+`AtomicCheckpointIO.load_checkpoint` checks that file first (`checkpoint_files.checked_checkpoint_file`).
 
 A folder of files written whole (an export: `writing_whole`) is written into a hidden staging folder beside it and
 its files moved in once complete, all of them or none (`move_into`, the export command's way): a full disk or a
@@ -36,15 +39,19 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.strategies import Strategy
 
+from diffusion.data import atomic_file
+from diffusion.data.atomic_file import replace_into as replace_into
+from diffusion.errors import FREE_SPACE, CannotWrite, UserError, is_disk_full
+
 # The refusals of a flagged file or folder live in the lowest layer (image grids say them too); kept importable
 # from here, where the writes are.
 from diffusion.errors import CannotReplace as CannotReplace
-from diffusion.errors import CannotWrite, UserError, is_disk_full, naming_a_full_disk
 from diffusion.errors import FlaggedFolder as FlaggedFolder
 from diffusion.errors import check_can_replace as check_can_replace
 from diffusion.errors import check_replaceable as check_replaceable
 from diffusion.errors import naming_a_refusing_folder as naming_a_refusing_folder
 from diffusion.errors import refusing_flag as refusing_flag
+from diffusion.training.checkpoint_files import UnreadableCheckpoint, checked_checkpoint_file
 
 T = TypeVar("T")
 LEFTOVERS = ".*.ckpt.*.tmp"  # temporary names never end in .ckpt, so no glob for checkpoints picks them up
@@ -58,24 +65,29 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
 
 
-def replace_into(temporary: Path, path: Path) -> None:
-    """`os.replace(temporary, path)`, where `temporary` was just written in `path`'s folder: a refusal then is the
-    file at `path` refusing to go (CannotReplace), unless the folder itself no longer takes writes."""
-    try:
-        os.replace(temporary, path)
-    except PermissionError as error:  # EPERM (an immutable file), EACCES
-        if os.path.lexists(path) and os.access(path.parent, os.W_OK | os.X_OK):
-            raise CannotReplace(path, error.strerror or type(error).__name__) from error
-        raise
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO whose local saves are atomic; remote paths (s3://, ...) keep Lightning's writer."""
+    """TorchCheckpointIO whose local saves are atomic, and whose loads (a fit's, validate's, ... `ckpt_path`) check
+    the file first; remote paths (s3://, ...) keep Lightning's writer and reader."""
 
     def save_checkpoint(self, checkpoint: dict, path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             return super().save_checkpoint(checkpoint, path, storage_options)
         save_atomically(checkpoint, path, RUN_ON_ANOTHER_DISK)
+
+    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        # A missing, truncated, damaged or foreign file (an export folder, an .npz) said in one line naming it, as
+        # load_checkpoint says it: Lightning's reader raised fsspec's `OSError: [Errno 22] Invalid argument` for a
+        # truncated one. The zip checksums are read once per file version (train.py's --ckpt_path checks did).
+        if not isinstance(get_filesystem(path), LocalFileSystem):
+            return super().load_checkpoint(path, *args, **kwargs)
+        path = checked_checkpoint_file(path, "ckpt_path")
+        checkpoint = super().load_checkpoint(path, *args, **kwargs)
+        if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+            raise UnreadableCheckpoint(
+                "ckpt_path", path, "holds no model weights (state_dict): it is not a checkpoint of a Lightning run",
+                "pass a checkpoint a Trainer saved, e.g. runs/<name>/version_N/checkpoints/last.ckpt",
+            )  # fmt: skip
+        return checkpoint
 
 
 class RecordingWrites:
@@ -104,7 +116,8 @@ def save_atomically(contents: Any, path: _PATH, full_disk_fix: str | None = None
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_name(path)
     try:
-        with naming_a_full_disk(path, *filter(None, [full_disk_fix])):
+        # a folder flagged immutable (`chattr +i`; root is refused too, whatever the mode bits) said by its flag
+        with naming_a_refusing_folder(path.parent, path.name, full_disk_fix or FREE_SPACE):
             with open(temporary, "xb") as file:
                 writes = RecordingWrites(file)
                 try:
@@ -123,19 +136,8 @@ def save_atomically(contents: Any, path: _PATH, full_disk_fix: str | None = None
 
 
 def write_atomically(path: _PATH, write: Callable[[Path], T], full_disk_fix: str = RUN_ON_ANOTHER_DISK) -> T:
-    """`write(temporary)` (a hidden name in `path`'s folder that keeps its suffix: image writers choose the format
-    by it), then renamed into place; returns what `write` returned. A full disk raises `DiskFull`, and no
-    temporary file stays behind."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp{path.suffix}")
-    try:
-        with naming_a_full_disk(path, full_disk_fix):
-            written = write(temporary)
-            replace_into(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return written
+    """`diffusion.data.atomic_file.write_atomically`, a full disk's fix the run's (`RUN_ON_ANOTHER_DISK`)."""
+    return atomic_file.write_atomically(path, write, full_disk_fix)
 
 
 def link_atomically(target: _PATH, link: _PATH) -> None:
@@ -146,7 +148,7 @@ def link_atomically(target: _PATH, link: _PATH) -> None:
     if link.is_dir() and not link.is_symlink():
         shutil.rmtree(link)
     try:
-        with naming_a_full_disk(link, RUN_ON_ANOTHER_DISK):
+        with naming_a_refusing_folder(link.parent, link.name, RUN_ON_ANOTHER_DISK):
             try:
                 temporary.symlink_to(os.path.relpath(target, link.parent))
             except OSError as error:

@@ -100,19 +100,11 @@ def check_finite(weights: Mapping[str, torch.Tensor], what: str, fix: str) -> No
             )
 
 
-def read_checkpoint(
-    path: str | os.PathLike,
-    flag: str = "checkpoint",
-    map_location: str | torch.device = "cpu",
-    verify: bool = True,
-) -> dict[str, Any]:
-    """A checkpoint file's contents (tensors memory-mapped, no code run), or one clear error naming `flag`.
-
-    A folder holding one checkpoint stands for it (`file_in_folder`). Raises FileNotFoundError (no such file) or
-    a ValueError (a folder holding none or several, an empty, truncated, damaged or foreign file, or one that
-    carries pickled objects other than tensors and plain data, which could run code when loaded).
-    `verify` False skips the checksums (`check_zip_checksums`), for reading a checkpoint's step only.
-    """
+def checked_checkpoint_file(path: str | os.PathLike, flag: str = "checkpoint", verify: bool = True) -> Path:
+    """The checkpoint file at `path` (a folder holding one stands for it: `file_in_folder`), checked before torch
+    reads it: a missing, empty, truncated, damaged (`verify`: its zip checksums) or foreign file (an .npz, a
+    safetensors file, a pickle, an export folder) raises one clear error naming `flag`, where torch's or fsspec's
+    error (`OSError: [Errno 22] Invalid argument` for a truncated file) named neither the file nor its defect."""
     path = file_in_folder(path, flag, CHECKPOINT)
     fix = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
     if not path.is_file():
@@ -167,6 +159,24 @@ def read_checkpoint(
         )
     if verify:
         check_zip_checksums(path, flag, "pass an intact checkpoint: an earlier one of the run, or a backup")
+    return path
+
+
+def read_checkpoint(
+    path: str | os.PathLike,
+    flag: str = "checkpoint",
+    map_location: str | torch.device = "cpu",
+    verify: bool = True,
+) -> dict[str, Any]:
+    """A checkpoint file's contents (tensors memory-mapped, no code run), or one clear error naming `flag`.
+
+    A folder holding one checkpoint stands for it (`file_in_folder`). Raises FileNotFoundError (no such file) or
+    a ValueError (a folder holding none or several, an empty, truncated, damaged or foreign file, or one that
+    carries pickled objects other than tensors and plain data, which could run code when loaded).
+    `verify` False skips the checksums (`check_zip_checksums`), for reading a checkpoint's step only.
+    """
+    path = checked_checkpoint_file(path, flag, verify)
+    fix = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:

@@ -12,6 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from diffusion.data.numpy_files import is_torch_archive
 from diffusion.errors import InvalidValue, MissingFile
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -48,7 +49,14 @@ def sha256_of(path: Path) -> str:
 
 def read_export_weights(folder: Path, expected_sha256: object = None) -> dict[str, torch.Tensor]:
     """The state_dict in `folder`'s model.safetensors, refused when its bytes do not match `expected_sha256`
-    (config.json's ``weights_sha256``; None: an export written without it, read unchecked)."""
+    (config.json's ``weights_sha256``; None: an export written without it, read unchecked). A torch checkpoint
+    copied there (a .ckpt renamed) is said as such before the checksum: it is no damaged copy of the weights."""
+    if is_torch_archive(folder / WEIGHTS):
+        raise InvalidValue(
+            f"{folder / WEIGHTS} is a PyTorch checkpoint (torch.save), not the safetensors weights an export holds",
+            "pass the .ckpt itself to load_checkpoint (under a .ckpt name), or export it again (python -m "
+            f"diffusion.export) into {folder}",
+        )
     if (
         expected_sha256 is not None
         and (folder / WEIGHTS).is_file()

@@ -28,6 +28,7 @@ from diffusion.data.labels import check_class_names
 from diffusion.data.resumable import describe_batches
 from diffusion.errors import WrongType, check_bool, options_of
 from diffusion.training import loss as objective
+from diffusion.training.atomic_writes import install as install_checkpoint_io
 from diffusion.training.checkpoint_files import drop_old_schedule_buffers, load_network_weights
 from diffusion.training.divergence import (
     FirstBatch,
@@ -41,10 +42,11 @@ from diffusion.training.loss import LossWeighting, ModelVariance, diffusion_loss
 from diffusion.training.optim import LRSchedule, adam, clip_gradients, use_tf32_on_cuda, warmup_scheduler
 from diffusion.training.option_notes import OptionNote
 from diffusion.training.options import (
-    check_module_normalization,
     check_resumed_checkpoint,
     check_trainer_precision,
     check_training_options,
+    checked_compile_training,
+    checked_module_normalization,
     checked_noise_seed,
     unused_training_options,
 )
@@ -153,7 +155,7 @@ class DiffusionModule(SamplingModule):
                 "a network (a torch.nn.Module)",
                 "pass one built, e.g. UNet(in_channels=1)",
             )
-        compile_training = compile_training if compile is None else compile  # the old name, as written before
+        compile_training = checked_compile_training(compile_training, compile)  # or compile, its old name
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
         with options_of(type(self)):  # the checks' `{--name}`s are this class's options
             check_bool("compile_channels_last", compile_channels_last)
@@ -162,7 +164,7 @@ class DiffusionModule(SamplingModule):
             noise_seed = checked_noise_seed(noise_seed)  # taken modulo 2**64: another seed's noise
             sample_shape = checked_sample_shape(sample_shape)
             check_network_fits(network, sample_shape, variance)  # else found at the first step or sample
-            check_module_normalization(normalization, sample_shape)  # otherwise found only when rendering
+            normalization = checked_module_normalization(normalization, sample_shape)  # as lists of floats
             check_class_names(
                 class_names, getattr(network, "num_classes", None), "pass the data's class_names, or None"
             )
@@ -176,8 +178,6 @@ class DiffusionModule(SamplingModule):
                     ("noise_mode", noise_mode, NoiseMode),
                     ("lr_schedule", lr_schedule, LRSchedule),
                     ("variance", variance, ModelVariance),
-                    *([] if isinstance(compile_training, bool)
-                      else [("compile_training", compile_training, CompileWhen)]),
                     *([] if compile_mode is None else [("compile_mode", compile_mode, CompileMode)]),
                 ],
                 lr=lr, warmup_steps=warmup_steps, adam_betas=adam_betas, weight_decay=weight_decay,
@@ -211,7 +211,8 @@ class DiffusionModule(SamplingModule):
         names = [f"schedule.{name}" for name, _ in self.schedule.named_buffers()]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
         self.sampling.check_steps_fit(num_timesteps, type(self), "sampling.steps")
-        self.sampling.check_guidance_fits(self.num_classes is not None, type(self), "sampling.guidance_scale")
+        conditional, dropout = self.num_classes is not None, self.hparams.get("label_dropout")
+        self.sampling.check_guidance_fits(conditional, type(self), "sampling.guidance_scale", dropout)
         self._generator: torch.Generator | None = None
         self._training_graph: Callable | None = None  # the network compiled for training steps (setup)
         self._resumed_states: dict[str, Any] | None = None  # this rank's random states from the checkpoint
@@ -231,9 +232,8 @@ class DiffusionModule(SamplingModule):
     # ---- training -------------------------------------------------------------------------------------
     @property
     def _noise_seed(self) -> int:
-        if self.hparams["noise_seed"] is not None:
-            return self.hparams["noise_seed"]
-        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+        seed = self.hparams["noise_seed"]
+        return int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
 
     def setup(self, stage: str) -> None:
         # A Python `Trainer.fit(module, datamodule=data)` never links the module to the data as train.py does
@@ -241,6 +241,7 @@ class DiffusionModule(SamplingModule):
         check_fits_data(self, getattr(self.trainer, "datamodule", None))
         check_trainer_precision(str(self.trainer.precision))
         use_tf32_on_cuda(self.device)  # Lightning already points self.device at the run's device here
+        install_checkpoint_io(self.trainer.strategy)  # atomic saves; a ckpt_path checked when read
         if self._compile_when_fitting() and stage == "fit" and self._training_graph is None:
             # After the EMA callback's setup has copied the module: its copy stays a plain module. A function of
             # the network rather than the network compiled in place: evaluation keeps calling the eager network.

@@ -6,7 +6,7 @@ a negative one turns descent into ascent) are refused here too."""
 import math
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -121,13 +121,18 @@ NORMALIZATION_FIX = (
 )
 
 
-def check_module_normalization(normalization: Any, sample_shape: tuple[int, ...]) -> None:
+def checked_module_normalization(
+    normalization: Any, sample_shape: tuple[int, ...]
+) -> dict[str, list[float]] | None:
     """`normalization` None, or a dict of `shift` and `scale` as `denormalize` takes them (each finite, every scale
     > 0: `check_normalization`), one of each per channel (images) or feature (vectors) of `sample_shape`: a module
     built for sampling or export is never fitted, so a wrong one was found only when its samples were rendered,
-    by a line whose fix was to pass the module's normalization, the very one given."""
+    by a line whose fix was to pass the module's normalization, the very one given. Returned as a checkpoint and
+    an export's config.json store it, lists of floats: what a user computes (tensors, numpy arrays, tuples) is
+    converted, as a tensor kept in the hyperparameters failed the fit's comparison with the data's and the
+    export's JSON."""
     if normalization is None:
-        return
+        return None
     if not isinstance(normalization, Mapping):
         raise WrongType("normalization", normalization, "a dict of 'shift' and 'scale'", NORMALIZATION_FIX)
     missing = [key for key in ("shift", "scale") if key not in normalization]
@@ -135,8 +140,8 @@ def check_module_normalization(normalization: Any, sample_shape: tuple[int, ...]
         raise InvalidValue(
             f"normalization={dict(normalization)} has no {' and no '.join(missing)}", NORMALIZATION_FIX
         )
-    check_normalization(normalization, "normalization", NORMALIZATION_FIX)
-    counts = {key: torch.as_tensor(normalization[key]).numel() for key in ("shift", "scale")}
+    plain = check_normalization(normalization, "normalization", NORMALIZATION_FIX)
+    counts = {key: len(plain[key]) for key in ("shift", "scale")}
     shape = tuple(sample_shape)
     if counts["shift"] != shape[0] or counts["scale"] != shape[0]:
         kind = ("channel" if len(shape) == 3 else "feature") + "s" * (shape[0] != 1)
@@ -145,6 +150,22 @@ def check_module_normalization(normalization: Any, sample_shape: tuple[int, ...]
             f"but the samples of sample_shape={shape} have {shape[0]} {kind}",
             NORMALIZATION_FIX,
         )
+    return plain
+
+
+def checked_compile_training(compile_training: Any, compile: Any = None) -> bool | Literal["cuda"]:
+    """`compile_training`, or `compile`, its old name, where given (it wins, as configs written before it read):
+    True, False or "cuda". Another value was refused as "choose one of ['cuda']", which hid True and False."""
+    name, value = ("compile_training", compile_training) if compile is None else ("compile", compile)
+    if value is True or value is False:
+        return value
+    if isinstance(value, str) and value == "cuda":
+        return "cuda"
+    old = "" if compile is None else " (compile is the old name of compile_training)"
+    raise InvalidValue(
+        f"{name}={value!r} is not supported{old}",
+        "pass True, False or 'cuda' (compile on a CUDA device only)",
+    )
 
 
 def unused_training_options(

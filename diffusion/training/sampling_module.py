@@ -5,7 +5,7 @@ lives here; the training objective, the optimizer and the training hooks are mod
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,6 +21,7 @@ from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
 from diffusion.generation.arguments import check_model_can_sample, checked_seed
+from diffusion.generation.render import check_normalization
 from diffusion.models import MLP, UNet
 from diffusion.models.checks import sample_shape_given
 
@@ -103,18 +104,22 @@ def _classes(num_classes: int | None) -> str:
     return "None (unconditional)" if num_classes is None else str(num_classes)
 
 
-def _normalization(values: dict[str, Any]) -> str:
-    return " ".join(f"{key} {[float(v) for v in values.get(key, [])]}" for key in ("shift", "scale"))
+def _normalization(values: dict[str, list[float]]) -> str:
+    return " ".join(f"{key} {values[key]}" for key in ("shift", "scale"))
 
 
-def _same_normalization(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    for key in ("shift", "scale"):
-        ours, theirs = [float(v) for v in a.get(key) or []], [float(v) for v in b.get(key) or []]
-        if len(ours) != len(theirs) or not all(
-            math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) for x, y in zip(ours, theirs, strict=True)
-        ):
-            return False
-    return True
+def _same_normalization(a: dict[str, list[float]], b: dict[str, list[float]]) -> bool:
+    return all(
+        len(a[key]) == len(b[key])
+        and all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) for x, y in zip(a[key], b[key], strict=True))
+        for key in ("shift", "scale")
+    )
+
+
+DATA_NORMALIZATION_FIX = (
+    "give the data module a normalization dict of a 'shift' and a 'scale' list of numbers, one of each per channel "
+    "or feature (data = model * scale + shift)"
+)
 
 
 def check_fits_data(module: "SamplingModule", data: Any) -> None:
@@ -131,8 +136,12 @@ def check_fits_data(module: "SamplingModule", data: Any) -> None:
     if data_shape is not None and tuple(data_shape) != tuple(module.sample_shape):
         wrong.append(f"sample_shape {tuple(module.sample_shape)} where the data's is {tuple(data_shape)}")
     own, theirs = module.hparams.get("normalization"), getattr(data, "normalization", None)
-    if own and isinstance(theirs, dict) and not _same_normalization(own, theirs):
-        wrong.append(f"normalization {_normalization(own)} where the data's is {_normalization(theirs)}")
+    # A user's data module may hold tensors or arrays: compared as floats, each checked as the module's was.
+    if own and isinstance(theirs, Mapping):
+        ours = check_normalization(own)
+        theirs = check_normalization(theirs, f"{type(data).__name__}.normalization", DATA_NORMALIZATION_FIX)
+        if not _same_normalization(ours, theirs):
+            wrong.append(f"normalization {_normalization(ours)} where the data's is {_normalization(theirs)}")
     own_names, names = module.hparams.get("class_names"), getattr(data, "class_names", None)
     if hasattr(data, "num_classes") and data.num_classes != module.num_classes:
         dropped = " (the data's labels would be dropped)" if module.num_classes is None else ""
@@ -222,6 +231,7 @@ class SamplingModule(L.LightningModule):
             self.schedule,
             learned,
             self.num_classes is not None,
+            self.hparams.get("label_dropout"),  # None where a loaded model lacks it: then nothing is said
         )
 
     def sampler(self, options: SamplingOptions | None = None) -> Sampler:

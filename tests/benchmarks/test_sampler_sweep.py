@@ -57,7 +57,9 @@ def test_a_conditional_model_is_counted_at_its_guidance():
     from diffusion.training.module import DiffusionModule
 
     network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, num_classes=3)
-    module = DiffusionModule(network, sample_shape=(2,), sampling=SamplingOptions(guidance_scale=1.5))
+    module = DiffusionModule(
+        network, sample_shape=(2,), sampling=SamplingOptions(guidance_scale=1.5), label_dropout=0.1
+    )
     labels = torch.tensor([0, 1, 2, 0])
     assert sampler_sweep.evaluations_of(module, "ddim", 7, labels) == 7
     assert module.network is network

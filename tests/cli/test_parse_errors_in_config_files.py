@@ -227,6 +227,19 @@ def test_a_group_file_named_in_a_config_file_from_the_working_directory_is_said_
     )
 
 
+def test_the_start_of_one_option_names_it():
+    # Round 18a (noted): `--guidance` for --guidance_scale said only "not an option"
+    assert refused(["--out", "o", "--num_sample", "3"]).startswith(  # near --num_samples, by difflib
+        "--num_sample is not an option of this command — write --num_samples if that is what was meant"
+    )
+    assert refused(["--out", "o", "--inter", "3"]).startswith(
+        "--inter is not an option of this command — write --interval if that is what was meant"
+    )
+    assert refused(["--out", "o", "--s", "3"]).endswith(
+        "— see --help for the options (--print_config for a full config)"
+    )
+
+
 def test_a_flag_of_the_command_written_under_a_group_it_lacks_names_the_flag():
     # `--sampling.sampler ddim` (train.py's --model.sampling.sampler, cut short) for sample's --sampler
     assert refused(["--out", "o", "--sampling.sampler", "ddim"]) == (

@@ -68,7 +68,7 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     ),
     "network_channels_0": (
         ["--model.network.channels", "0"],
-        r"--model.network.channels 0 is out of range \(must be >= 1\) — pass a value >= 1$",
+        r"--model.network.channels 0 is out of range \(must be >= 2\) — pass a value >= 2$",
     ),
     "network_channels_null": (  # the network's TypeError (a traceback before), said of the flag
         ["--model.network.channels", "null"],

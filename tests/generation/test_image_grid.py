@@ -14,8 +14,8 @@ import torch
 from helpers.full_disk import immutable
 from PIL import Image
 
-from diffusion import denormalize, save_image_grid, to_uint8
-from diffusion.errors import CannotReplace, CannotWrite, DiskFull, FlaggedFolder, InvalidValue
+from diffusion import denormalize, rows_by_class, save_image_grid, to_uint8
+from diffusion.errors import CannotReplace, CannotWrite, DiskFull, FlaggedFolder, InvalidValue, WrongType
 from diffusion.generation.image_grid import HALF_A_LEVEL
 
 NORMALIZATION = {"shift": [0.5], "scale": [0.5]}
@@ -170,3 +170,71 @@ def test_a_path_under_a_file_or_in_a_folder_that_takes_no_files_is_said_as_such(
         "cannot write nope.png into /proc (No such file or directory: the folder takes no new files) — pass a path "
         "in a folder that takes files (not one of the system's, such as /proc or /sys)"
     )
+
+
+def test_a_picture_saved_over_on_a_full_disk_or_stopped_is_left_as_it_was(tmp_path, monkeypatch):
+    # Tester 18b's M7: PIL saved straight onto the path; a full disk left a truncated PNG where the grid was.
+    from helpers.full_disk import full_open
+
+    from diffusion.generation import image_grid
+
+    picture = tmp_path / "grid.png"
+    save_image_grid(torch.rand(4, 1, 8, 8), picture)
+    before = picture.read_bytes()
+    monkeypatch.setattr(image_grid, "open", full_open(100), raising=False)  # the disk fills after 100 bytes
+    with pytest.raises(DiskFull) as refused:
+        save_image_grid(torch.rand(16, 3, 32, 32), picture)
+    assert str(refused.value) == (
+        f"no space left on the disk of {tmp_path} while saving grid.png — free space on that disk, or save the "
+        "picture on another disk"
+    )
+    assert picture.read_bytes() == before and os.listdir(tmp_path) == ["grid.png"]
+    with pytest.raises(DiskFull):  # a new name: no partial (or empty) file left either
+        save_image_grid(torch.rand(16, 3, 32, 32), tmp_path / "new.png")
+    assert os.listdir(tmp_path) == ["grid.png"]
+    monkeypatch.undo()
+
+    def stopped(descriptor):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(image_grid.os, "fsync", stopped)  # Ctrl+C once the new picture is written
+    with pytest.raises(KeyboardInterrupt):
+        save_image_grid(torch.rand(16, 3, 32, 32), picture)
+    assert picture.read_bytes() == before and os.listdir(tmp_path) == ["grid.png"]
+
+
+def test_a_picture_saved_over_on_a_real_full_disk_is_left_as_it_was(tmp_path):
+    from helpers.full_disk import on_a_small_disk
+
+    script = (
+        "import os, torch; from diffusion import save_image_grid\n"
+        "save_image_grid(torch.rand(4, 1, 8, 8), 'disk/grid.png'); before = open('disk/grid.png', 'rb').read()\n"
+        "try: open('disk/filler', 'wb').write(b'x' * 300_000)\n"
+        "except OSError: pass\n"
+        "try: save_image_grid(torch.rand(64, 3, 64, 64), 'disk/grid.png')\n"
+        "except OSError as error: print(type(error).__name__, error)\n"
+        "print(open('disk/grid.png', 'rb').read() == before, sorted(os.listdir('disk')))\n"
+    )
+    (tmp_path / "m7.py").write_text(script)
+    ran = on_a_small_disk(tmp_path / "disk", "200k", "{python} m7.py", tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        "DiskFull no space left on the disk of disk while saving grid.png — free space on that disk, or save the "
+        "picture on another disk",
+        "True ['filler', 'grid.png']",
+    ]
+
+
+def test_rows_by_class_of_samples_without_labels_says_how_to_save_them():
+    # Tester 18b's M8: "RuntimeError: Could not infer dtype of NoneType" (torch.as_tensor)
+    with pytest.raises(WrongType) as refused:
+        rows_by_class(torch.rand(4, 1, 8, 8), None)
+    assert str(refused.value) == (
+        "labels=None is a NoneType, not integer class indices, one per image — an unconditional model's samples "
+        "have no labels: save them with save_image_grid(images, path), not in rows by class; of a conditional "
+        "model, pass the labels generate was given"
+    )
+    with pytest.raises(
+        WrongType, match=r"^labels=\['a', 'b'\] is a list, not integer class indices — pass the"
+    ):
+        rows_by_class(torch.rand(2, 1, 8, 8), ["a", "b"])

@@ -71,14 +71,16 @@ def counting_backend(graphs: list, options: list | None = None) -> object:
     return backend
 
 
-def tiny_vector_model(num_classes: int | None = None, steps: int = 3) -> DiffusionModule:
+def tiny_vector_model(
+    num_classes: int | None = None, steps: int = 3, label_dropout: float = 0.0
+) -> DiffusionModule:
     """A 2-d vector model of 20 timesteps whose own sampler is DDIM-`steps`: seconds of nothing, for tests of
     what the public functions take (the same weights at each call: seed 0)."""
     torch.manual_seed(0)
     network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8, num_classes=num_classes)
     return DiffusionModule(
         network, sample_shape=(2,), num_timesteps=20, normalization={"shift": [0.0, 0.0], "scale": [1.0, 1.0]},
-        sampling=SamplingOptions(sampler="ddim", steps=steps),
+        sampling=SamplingOptions(sampler="ddim", steps=steps), label_dropout=label_dropout,
     )  # fmt: skip
 
 

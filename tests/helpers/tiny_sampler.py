@@ -72,6 +72,7 @@ def tiny_module(
     return DiffusionModule(
         network, sample_shape=(1, 2, 2), num_timesteps=T, variance=variance, zero_terminal_snr=zero_terminal_snr,
         prediction_type="v" if zero_terminal_snr else "eps",
+        label_dropout=0.1,  # its NO_LABEL row is the unconditional model: guidance takes it
     )  # fmt: skip
 
 

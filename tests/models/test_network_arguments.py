@@ -16,6 +16,13 @@ BAD_ARGUMENTS = [  # (network, arguments, error type, the line's start)
     (UNet, {"channels": 8.0}, OutOfRange, r"channels=8.0 must be a whole number — pass channels as an int"),
     (UNet, {"channels": "8"}, WrongType, r"channels='8' is a str, not a whole number"),
     (UNet, {"channels": True}, WrongType, r"channels=True is a bool, not a whole number"),
+    # the time embedding is `channels` wide (a sine and a cosine): said of channels, not of an inner `dim`
+    (
+        UNet,
+        {**TINY, "channels": 1, "channel_mult": (1,), "attention_levels": ()},
+        OutOfRange,
+        r"^channels=1 must be >= 2 — pass a value >= 2$",
+    ),
     (
         UNet,
         {**TINY, "channel_mult": (1, "2")},

@@ -158,3 +158,25 @@ def test_a_file_a_command_replaces_is_said_as_the_file_when_immutable(tmp_path):
         pytest.raises(CannotReplace, match=r"^cannot replace grid\.png in .* \(it is immutable\)"),
     ):
         check_can_replace(path)
+
+
+@pytest.mark.parametrize("writer", ["save_atomically", "link_atomically"])
+def test_a_checkpoint_or_its_link_into_an_immutable_folder_is_said_by_its_flag(writer, tmp_path):
+    """Round 18b's M10: a checkpoint save (or the last.ckpt link) into a folder flagged immutable said `(Operation not
+    permitted) — make that folder writable for this user`; said by its flag, the file saved before as it was."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    step = folder / "step=2.ckpt"
+    save_atomically({"step": 2}, step)
+    before = step.read_bytes()
+    write = {
+        "save_atomically": lambda: save_atomically({"step": 4}, folder / "last.ckpt"),
+        "link_atomically": lambda: link_atomically(step, folder / "last.ckpt"),
+    }[writer]
+    with immutable(folder), pytest.raises(FlaggedFolder) as refused:
+        write()
+    assert str(refused.value) == (
+        f"cannot write last.ckpt into {folder} (it is immutable) — check its attributes (lsattr -d {folder}; chattr "
+        "-i clears an immutable flag), or write to another folder; the files written there before are intact"
+    )
+    assert [p.name for p in folder.iterdir()] == ["step=2.ckpt"] and step.read_bytes() == before

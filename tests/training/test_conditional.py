@@ -203,7 +203,7 @@ def test_guiding_the_prediction_is_guiding_eps(prediction_type):
 @pytest.mark.parametrize("sampler", ["ddpm", "ddim", "dpmpp_2m"])
 def test_every_step_is_one_forward_of_the_doubled_batch(sampler):
     network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, num_classes=3)
-    module = DiffusionModule(randomized(network), sample_shape=(2,), num_timesteps=50)
+    module = DiffusionModule(randomized(network), sample_shape=(2,), num_timesteps=50, label_dropout=0.1)
     sizes = []
     network.register_forward_pre_hook(lambda m, inputs: sizes.append((len(inputs[0]), inputs[2].tolist())))
     options = SamplingOptions(sampler=sampler, steps=4, guidance_scale=2.0)
@@ -214,7 +214,7 @@ def test_every_step_is_one_forward_of_the_doubled_batch(sampler):
 @pytest.mark.parametrize(("scale", "batch"), [(1.0, 4), (3.0, 8)])
 def test_fid_callback_samples_classes_in_turn_with_its_guidance_scale(scale, batch):
     network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, num_classes=3)
-    module = DiffusionModule(randomized(network), sample_shape=(2,), num_timesteps=50)
+    module = DiffusionModule(randomized(network), sample_shape=(2,), num_timesteps=50, label_dropout=0.1)
     calls = []
     network.register_forward_pre_hook(lambda m, inputs: calls.append((len(inputs[0]), inputs[2].tolist())))
     callback = SampleQualityCallback(num_samples=4, features="pixels", batch_size=4,

@@ -10,11 +10,13 @@ zip writer raises its own RuntimeError ("unexpected pos") for the OSError it was
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from helpers import QUICK, VALIDATING_EVERY_2, tiny_run, two_cpu_ranks_on_vectors
@@ -262,6 +264,62 @@ def test_a_checkpoint_folder_that_refuses_a_save_is_named_and_keeps_the_one_befo
     ):
         save_atomically({"w": torch.zeros(3)}, path, atomic_writes.RUN_ON_ANOTHER_DISK)
     assert_intact(path, before)
+
+
+class FlaggedAt(L.Callback):
+    """At optimizer step `step`, between two checkpoint saves, `folder` (the run's checkpoints/) is made immutable
+    (`chattr +i`), after its last.ckpt was copied to `reference`, for the test to compare; the test clears the flag."""
+
+    def __init__(self, step: int, folder: str, reference: str) -> None:
+        self.step, self.folder, self.reference = step, folder, reference
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, index: int
+    ) -> None:
+        if trainer.global_step == self.step and not Path(self.reference).exists():
+            shutil.copyfile(Path(self.folder) / "last.ckpt", self.reference)
+            subprocess.run(["chattr", "+i", self.folder], check=True)
+
+
+@pytest.mark.parametrize("when", ["before the run", "between saves"])
+def test_an_immutable_checkpoint_folder_is_said_by_its_flag_and_keeps_the_checkpoints_before(
+    when, tmp_path, capsys
+):
+    """Round 18b's M10: train.py's save into a checkpoints/ folder flagged immutable (`chattr +i`; root, whose mode
+    bits allow the write, is refused too) said `(Operation not permitted) — make that folder writable for this
+    user`, which would not help: said by its flag, as the export writers say it. Flagged before the run (its first
+    save fails) or between two saves (the checkpoints saved before stay as they were)."""
+    with immutable(tmp_path):  # skipped where the flag cannot be set
+        pass
+    checkpoints = tmp_path / "runs" / "digits" / "v" / "checkpoints"
+    reference = tmp_path / "last_of_step_2.ckpt"
+    flagged = {"class_path": "test_full_disk.FlaggedAt", "init_args": {
+        "step": 3, "folder": str(checkpoints), "reference": str(reference)}}  # fmt: skip
+    if when == "before the run":
+        checkpoints.mkdir(parents=True)
+        subprocess.run(["chattr", "+i", str(checkpoints)], check=True)
+    extra = ["--trainer.callbacks=" + json.dumps([flagged])] if when == "between saves" else []
+    args = [*QUICK, *VALIDATING_EVERY_2, "--trainer.logger.init_args.version", "v", *extra]
+    try:
+        with pytest.raises(SystemExit) as exited:
+            tiny_run(tmp_path / "runs", *args)
+    finally:
+        if checkpoints.is_dir():
+            subprocess.run(["chattr", "-i", str(checkpoints)], check=True)
+    error = capsys.readouterr().err
+    assert exited.value.code == 2, error[-3000:]
+    name = "step=2.ckpt" if when == "before the run" else "step=4.ckpt"
+    assert [line for line in error.splitlines() if line.startswith("error:")] == [
+        f"error: cannot write {name} into {checkpoints} (it is immutable) — check its attributes (lsattr -d "
+        f"{checkpoints}; chattr -i clears an immutable flag), or write to another folder; the files written there "
+        "before are intact"
+    ], error[-3000:]
+    assert "Traceback" not in error
+    if when == "before the run":
+        assert list(checkpoints.iterdir()) == []
+    else:
+        assert (checkpoints / "last.ckpt").read_bytes() == reference.read_bytes()
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step=2.ckpt"]
 
 
 def test_a_diffusers_export_onto_a_real_full_disk_is_one_line_naming_the_folder(digits_checkpoint, tmp_path):

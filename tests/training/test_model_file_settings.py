@@ -39,6 +39,7 @@ CHECKPOINT_SETTINGS = {
     "adam_betas": ([0.9], "adam_betas=[0.9] must be two numbers in [0, 1)"),
     "class_names": (5, "class_names=5 is an int, not a list of names"),
     "compile_mode": ("x", "compile_mode='x' is not supported"),
+    "compile_training": ("yes", "compile_training='yes' is not supported"),
 }
 EXPORT_SETTINGS = {
     **CHECKPOINT_SETTINGS,

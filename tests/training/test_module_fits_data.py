@@ -3,10 +3,13 @@ train.py builds the module from the data, a plain `Trainer.fit` takes whatever t
 round 6b, L3). Each refusal comes before the first step; what a data module does not say is not compared."""
 
 import lightning as L
+import numpy as np
 import pytest
+import torch
 from helpers import DigitsSayingNothing
+from torch.utils.data import DataLoader, TensorDataset
 
-from diffusion import DiffusionModule, ImageDataModule, VectorDataModule
+from diffusion import DiffusionModule, ImageDataModule, IndexedDataset, VectorDataModule
 from diffusion.models import MLP, UNet
 
 
@@ -93,3 +96,50 @@ def test_a_module_built_from_the_data_or_without_its_optional_values_trains():
 
     # its batches are held to the module's sample_shape (tests/training/test_own_trainer_data_checks.py)
     assert fit(DiffusionModule(unet(), sample_shape=(1, 8, 8)), DigitsSayingNothing()).global_step == 1
+
+
+class OwnVectors(L.LightningDataModule):
+    """A user's own data module whose normalization was computed from the data, as tensors (tester 18b, M4)."""
+
+    sample_shape = (2,)
+
+    def __init__(self, normalization) -> None:
+        super().__init__()
+        self.normalization = normalization
+        self.x = torch.randn(32, 2, generator=torch.Generator().manual_seed(0))
+
+    def train_dataloader(self):
+        return DataLoader(IndexedDataset(TensorDataset(self.x)), batch_size=8)
+
+
+def vector_module(normalization) -> DiffusionModule:
+    network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8)
+    return DiffusionModule(network, sample_shape=(2,), normalization=normalization, num_timesteps=50)
+
+
+def test_a_normalization_of_tensors_in_the_module_and_the_data_is_compared_as_numbers():
+    # "Boolean value of Tensor with more than one value is ambiguous" at setup, numpy's "truth value of an array"
+    x = torch.randn(32, 2) * 3 + 1
+    tensors = {"shift": x.mean(0), "scale": x.std(0)}
+    assert fit(vector_module(tensors), OwnVectors(tensors)).global_step == 1
+    arrays = {"shift": np.zeros(2), "scale": np.ones(2)}
+    assert fit(vector_module(arrays), OwnVectors(arrays)).global_step == 1
+    assert fit(vector_module({"shift": [0.0, 0.0], "scale": [1.0, 1.0]}), OwnVectors(arrays)).global_step == 1
+    with pytest.raises(ValueError, match="built for other data than its trainer's") as refused:
+        fit(vector_module(arrays), OwnVectors({"shift": torch.tensor([0.0, 2.0]), "scale": torch.ones(2)}))
+    assert (
+        "normalization shift [0.0, 0.0] scale [1.0, 1.0] where the data's is shift [0.0, 2.0] scale [1.0, 1.0]"
+        in (str(refused.value))
+    )
+
+
+def test_a_data_modules_normalization_that_holds_no_numbers_is_refused_naming_it():
+    with pytest.raises(TypeError) as refused:
+        fit(
+            vector_module({"shift": [0.0, 0.0], "scale": [1.0, 1.0]}),
+            OwnVectors({"shift": [0, 0], "scale": "x"}),
+        )
+    assert str(refused.value).startswith(
+        "OwnVectors.normalization['scale']='x' is a str, not a list of numbers, one per channel — give the data "
+        "module a normalization dict of a 'shift' and a 'scale' list of numbers"
+    )

@@ -4,12 +4,15 @@ noise seed out of [0, 2**64) was taken modulo 2**64 without a word (-1 trained w
 or scale per channel miscounted, a scale of 0) was stored, and refused only when rendering, by a line whose fix
 was to pass the module's normalization, the very one given. Also: `latest_checkpoint`'s empty run name."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from diffusion import MLP, DiffusionModule, UNet, latest_checkpoint
+from diffusion import MLP, DiffusionModule, UNet, latest_checkpoint, load_checkpoint
 from diffusion.core.noise import noise_key
+from diffusion.training.exported import write_export
 
 
 def vectors(**options) -> DiffusionModule:
@@ -92,3 +95,47 @@ def test_an_empty_run_name_is_said_to_be_empty():
     # "name='' is a str, not a run name (str)" (tester 8b, P6)
     with pytest.raises(ValueError, match=r"^name='' is empty: it names no run — pass the run's name"):
         latest_checkpoint("runs", "")
+
+
+MLP_CONFIG = {
+    "class_path": "diffusion.models.MLP",
+    "init_args": {"in_channels": 2, "hidden_dim": 8, "num_blocks": 1, "time_embed_dim": 8},
+}
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        lambda values: torch.tensor(values),
+        lambda values: torch.tensor(values, requires_grad=True),
+        lambda values: np.asarray(values),
+        lambda values: np.asarray(values, dtype=np.float32),
+        tuple,
+    ],
+    ids=["tensor", "tensor-with-grad", "ndarray", "float32-ndarray", "tuple"],
+)
+def test_a_normalization_computed_as_tensors_arrays_or_tuples_is_kept_as_lists_of_floats(kind, tmp_path):
+    # A tensor was kept as given: Trainer.fit's setup then failed in "Boolean value of Tensor with more than one
+    # value is ambiguous", write_export in "Object of type Tensor is not JSON serializable" (tester 18b, M4).
+    module = vectors(normalization={"shift": kind([-2.5, 0.25]), "scale": kind([0.5, 3.0])})
+    assert module.normalization == {"shift": [-2.5, 0.25], "scale": [0.5, 3.0]}
+    assert all(
+        type(value) is float for key in ("shift", "scale") for value in module.hparams["normalization"][key]
+    )
+    write_export(module, MLP_CONFIG, tmp_path, "raw")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["hyper_parameters"]["normalization"] == {"shift": [-2.5, 0.25], "scale": [0.5, 3.0]}
+    assert load_checkpoint(str(tmp_path)).normalization == module.normalization
+
+
+def test_a_normalization_of_tensors_is_checked_as_lists_are():
+    with pytest.raises(
+        ValueError, match=r"^normalization\['scale'\]\[1\]=0.0 must be a finite number other than 0"
+    ):
+        vectors(normalization={"shift": torch.zeros(2), "scale": torch.tensor([1.0, 0.0])})
+    with pytest.raises(
+        ValueError, match=r"^normalization has 3 shift and 2 scale values, but the samples of "
+    ):
+        vectors(normalization={"shift": np.zeros(3), "scale": np.ones(2)})
+    with pytest.raises(TypeError, match=r"^normalization\['shift'\]='0' is a str, not a list of numbers"):
+        vectors(normalization={"shift": "0", "scale": np.ones(2)})

@@ -286,7 +286,7 @@ def test_tf32_is_switched_on_for_cuda_only_and_an_explicit_choice_is_kept(float3
 def test_the_module_sets_tf32_when_fitting_on_cuda(float32_matmul_precision):
     network = UNet(in_channels=1, channels=8, channel_mult=[1, 2], num_res_blocks=1, attention_levels=[1])
     module = DiffusionModule(network, sample_shape=(1, 8, 8))
-    module._trainer = SimpleNamespace(precision="32-true")
+    module._trainer = SimpleNamespace(precision="32-true", strategy=SimpleNamespace(checkpoint_io=None))
     module.setup("fit")  # on the CPU
     assert torch.get_float32_matmul_precision() == "highest"
     module._device = torch.device("cuda", 0)  # what Lightning sets before setup on a GPU run

@@ -31,6 +31,7 @@ made from these fields, so a new option needs no other line.
 """
 
 import math
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -44,8 +45,8 @@ from diffusion.core.guidance import guided_output
 from diffusion.core.noise import Generators
 from diffusion.core.samplers.spacing import Spacing, check_steps, spaced_timesteps
 from diffusion.core.schedule import NoiseSchedule, PredictionType
-from diffusion.core.variance import split_output
-from diffusion.errors import InvalidValue, OutOfRange, check_choice
+from diffusion.core.variance import check_output_fits, split_output
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_choice
 
 SPACING_HELP = (
     "the timesteps visited (diffusion/core/samplers/spacing.py): uniform (both ends), trailing (from T - 1, "
@@ -125,6 +126,7 @@ def evaluate(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """What `Denoiser` computes, as a plain function of tensors and settings (which torch.compile traces)."""
     output = guided_output(network, x, t, labels, guidance_scale, learned_variance)
+    check_output_fits(output, x, learned_variance)  # said of the network, not of a formula's `output`
     prediction, v = split_output(output, learned_variance)
     x0, eps = schedule.split_prediction(prediction_type, x, t, prediction, check_range=False)
     if clip_denoised:
@@ -244,3 +246,18 @@ class Sampler:
 def timestep_batch(t: int, x: torch.Tensor) -> torch.Tensor:
     """t for every sample of x: (B,) int64 on x's device, as networks take it."""
     return torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)
+
+
+def final_sample(steps: Iterator[Step]) -> torch.Tensor:
+    """Run a reverse process to the end and return its last x (x_0), keeping no intermediate x_t."""
+    if isinstance(steps, torch.Tensor) or not isinstance(steps, Iterable):
+        raise WrongType(
+            "steps", steps, "the steps of a reverse process", "pass final_sample(reverse_steps(...))"
+        )
+    last = deque(steps, maxlen=1)
+    if not last or not isinstance(last[0], Step):
+        raise WrongType(
+            "steps", steps, "the steps of a reverse process (it yielded no Step)",
+            "pass what reverse_steps or module.trajectory returns",
+        )  # fmt: skip
+    return last[0].x

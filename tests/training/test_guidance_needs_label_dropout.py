@@ -1,0 +1,90 @@
+"""Classifier-free guidance asked of a class-conditional model trained with label_dropout 0, which never learnt the
+unconditional prediction guidance takes: refused in one line naming guidance_scale, the model's label_dropout 0 and
+the fix, as guidance of an unconditional model is (module.sampler, a module's own sampling, train.py at start)."""
+
+import re
+
+import pytest
+from helpers import QUICK, TINY_UNET
+from helpers.user_errors import CONFIGS, run_in_process
+
+from diffusion.cli.train import main
+from diffusion.core.sampling import SamplingOptions
+from diffusion.generation.ranks import generate
+from diffusion.models import MLP
+from diffusion.training.module import DiffusionModule
+
+LINE = (
+    "guidance_scale {scale} asks for the unconditional prediction, which this model never learnt (it was trained "
+    "with label_dropout 0) — sample with guidance_scale 1 (or unset), or train with label_dropout 0.1-0.2"
+)
+
+
+def conditional(**arguments) -> DiffusionModule:
+    network = MLP(in_channels=2, hidden_dim=16, num_blocks=1, time_embed_dim=8, num_classes=3)
+    return DiffusionModule(
+        network, sample_shape=(2,), num_timesteps=50, class_names=["a", "b", "c"], **arguments
+    )
+
+
+@pytest.mark.parametrize("scale", [3.0, 0.0])
+def test_guidance_of_a_model_that_never_dropped_labels_is_refused(scale):
+    module = conditional()  # label_dropout 0, the default
+    with pytest.raises(ValueError) as caught:
+        module.sampler(SamplingOptions(steps=2, guidance_scale=scale))
+    assert str(caught.value) == LINE.format(scale=f"{scale:g}")
+    # plain conditional sampling needs no unconditional prediction
+    sampler = module.sampler(SamplingOptions(steps=2, guidance_scale=1.0))
+    assert generate(module, 2, sampler=sampler, labels=[0, 1]).shape == (2, 2)
+
+
+def test_a_module_whose_own_sampling_guides_is_refused_when_built():
+    with pytest.raises(ValueError, match=r"^sampling.guidance_scale 3 asks for the unconditional prediction, which "
+                       r"this model never learnt \(it was trained with label_dropout 0\) — sample with "
+                       r"sampling.guidance_scale 1 \(or unset\), or train with label_dropout 0.1-0.2$"):  # fmt: skip
+        conditional(sampling=SamplingOptions(guidance_scale=3.0))
+
+
+def test_a_model_that_dropped_labels_or_does_not_say_guides():
+    assert (
+        conditional(label_dropout=0.1).sampler(SamplingOptions(steps=2, guidance_scale=3.0)).guidance_scale
+        == 3
+    )
+    unknown = conditional()
+    del unknown.hparams["label_dropout"]  # a model loaded from a diffusers folder or an export may lack it
+    assert unknown.sampler(SamplingOptions(steps=2, guidance_scale=3.0)).guidance_scale == 3
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], r"^error: .*digits_conditional.yaml: model.sampling.guidance_scale 1.5 asks for the unconditional "
+         r"prediction, which this model never learnt \(it was trained with --model.label_dropout 0\) — sample with "
+         r"--model.sampling.guidance_scale 1 \(or unset\), or train with --model.label_dropout 0.1-0.2$"),
+        (["--model.sampling.guidance_scale", "1", "--sample_grid.sampling.guidance_scale", "2"],
+         r"^error: --sample_grid.sampling.guidance_scale 2 asks for the unconditional prediction, which this model "
+         r"never learnt \(it was trained with --model.label_dropout 0\) — sample with "
+         r"--sample_grid.sampling.guidance_scale 1 \(or unset\)"),
+    ],
+    ids=["model_sampling", "sample_grid"],
+)  # fmt: skip
+def test_train_refuses_guidance_without_label_dropout_at_start(flags, expected, tmp_path, capsys):
+    args = ["--config", str(CONFIGS / "digits_conditional.yaml"), *TINY_UNET, *QUICK, "--model.label_dropout", "0",
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *flags]  # fmt: skip
+    line = run_in_process(main, args, tmp_path, capsys)  # exit 2, one line, nothing left behind
+    assert re.match(expected, line), line
+
+
+def test_sample_refuses_guidance_of_such_a_checkpoint_naming_its_flag(tmp_path, capsys):
+    from diffusion.cli import sample
+
+    main(["--config", str(CONFIGS / "digits_conditional.yaml"), *TINY_UNET, *QUICK, "--model.label_dropout", "0",
+          "--model.sampling.guidance_scale", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])  # fmt: skip
+    checkpoint = next((tmp_path / "runs").rglob("last.ckpt"))
+    line = run_in_process(sample.main, ["--ckpt", str(checkpoint), "--num_samples", "2", "--steps", "2",
+                                        "--guidance_scale", "3", "--out", str(tmp_path / "s")], tmp_path, capsys)  # fmt: skip
+    assert line == (
+        "error: --guidance_scale 3 asks for the unconditional prediction, which this model never learnt (it was "
+        "trained with --model.label_dropout 0) — sample with --guidance_scale 1 (or unset), or train with "
+        "--model.label_dropout 0.1-0.2"
+    )
