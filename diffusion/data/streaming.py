@@ -70,17 +70,26 @@ def read_part(
     from torch.utils.data import DataLoader
 
     litdata()
+    from litdata.utilities.env import _DistributedEnv
+
     from diffusion.data.checked_chunks import checked_stream
 
     dataset = checked_stream(prepared, part, cache_dir=cache_dir, transform=decoded_sample)
+    # Every sample, on every rank: litdata would otherwise give this process the share of its DDP rank (it reads the
+    # rank from torch.distributed and WORLD_SIZE), and the other ranks' rows would stay unwritten memory.
+    dataset.distributed_env = _DistributedEnv(world_size=1, global_rank=0, num_nodes=1)
     n = prepared.counts[part]
     samples = torch.empty(
         (n, *prepared.sample_shape), dtype=torch.uint8 if prepared.kind == "images" else torch.float32
     )
     labels = torch.full((n,), NO_LABEL_STORED, dtype=torch.long)
+    read = torch.zeros(n, dtype=torch.bool)
     for batch in DataLoader(dataset, batch_size=1024):
         samples[batch["index"]] = torch.as_tensor(batch["sample"])
         labels[batch["index"]] = batch["label"]
+        read[batch["index"]] = True
+    if not read.all():  # a row never written holds whatever the memory held: never handed on
+        raise RuntimeError(f"read {int(read.sum())} of the {n} samples of {prepared.root}/{part}")
     return samples, labels
 
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 
 from diffusion.core.guidance import NO_LABEL
 from diffusion.errors import InvalidValue, UserError
@@ -206,14 +205,12 @@ class ValidationData:
         bad, first = int(flags[:, 0].sum()), int(flags[:, 1].min())
         labelled, total = flags[:, 2:].sum(0).tolist()
         if bad:
-            # A warning, not a refusal: a 2-process streamed resume under load once validated a sample read as NaN
-            # (tests/training/test_streamed_resume.py, CI at 3ae61fc), data that is finite on disk: said, and the
-            # run goes on (validation trains nothing), until that read is understood (the session note of 11-30).
-            rank_zero_warn(
+            raise InvalidValue(
                 "the validation data holds NaN or infinity: "
                 f"{bad} of the {total} samples validated are not finite (first at dataset position {first}), and "
-                "the validation loss is NaN — clean the data: drop or repair those samples (torch.nan_to_num "
-                "replaces such values) before validating or training"
+                "the validation loss is NaN",
+                "clean the data: drop or repair those samples (torch.nan_to_num replaces such values) before "
+                "validating or training",
             )
         num_classes = getattr(module, "num_classes", None)
         if total and num_classes is not None and not labelled and not module.hparams.get("label_dropout"):

@@ -206,6 +206,18 @@ def test_a_prepared_set_that_fits_is_held_and_one_that_does_not_is_streamed(digi
         assert torch.equal(batch.label, labels[batch.index])
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_rank_of_a_ddp_run_reads_a_part_read_whole_whole(gaussian_set, monkeypatch, rank):
+    """Validation sets, the set held on the device and FID's reference are read whole on every rank: litdata's
+    StreamingDataset would give each rank its share (it reads the rank as DDP sets it), the rest left unwritten."""
+    prepared = open_prepared(str(gaussian_set))
+    alone = read_part(prepared, "val")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("GLOBAL_RANK", str(rank))
+    samples, labels = read_part(prepared, "val")
+    assert len(samples) == 12 and torch.equal(samples, alone[0]) and torch.equal(labels, alone[1])
+
+
 def stream(
     prepared, world: int, rank: int, workers: int, epoch: list[int], accumulate: int = 1
 ) -> StreamLoader:

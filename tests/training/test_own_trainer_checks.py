@@ -166,7 +166,7 @@ def test_a_validation_on_data_holding_nan_is_refused_as_data():
         r"^the validation data holds NaN or infinity: 2 of the 16 samples validated are not finite \(first at "
         r"dataset position 5\), and the validation loss is NaN — clean the data: drop or repair those samples"
     )
-    with pytest.warns(UserWarning, match=expected):  # said (a warning: see ValidationData.check)
+    with pytest.raises(ValueError, match=expected):
         _validate(tiny_vector_model(), IndexedDataset(TensorDataset(x)))
     assert (
         _validate(tiny_vector_model(), IndexedDataset(TensorDataset(x.nan_to_num(0.0, 0.0))))[0]["val/loss"]
