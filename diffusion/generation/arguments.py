@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from diffusion.core.samplers.contract import Sampler
-from diffusion.core.sampling import ModelSampling, SamplingOptions, check_options, unconditional_guidance
+from diffusion.core.sampling import (
+    ModelSampling,
+    SamplingOptions,
+    check_options,
+    guidance_unlearnt,
+    unconditional_guidance,
+)
 from diffusion.errors import GIB, InvalidValue, OutOfRange, WrongType, check_whole_number, machine_memory
 
 OPTIONS_DEPRECATED = "generate(module, n, options=...) is deprecated; pass sampler=module.sampler(options)"
@@ -213,11 +219,14 @@ def check_sampler_and_switches(module: Any, sampler: Any, switches: dict[str, An
 
 
 def check_guidance_fits(module: Any, sampler: Sampler) -> None:
-    """Guidance of a model without classes would be ignored: refused, as the sample command refuses it (in the
-    sampler the caller built; the module's own is its checkpoint's to answer for)."""
+    """Guidance of a model without classes would be ignored, and one trained with label_dropout 0 never learnt the
+    unconditional prediction it takes: refused, as the sample command refuses them (in the sampler the caller
+    built; the module's own is its checkpoint's to answer for)."""
     sampling = own_sampling(module)
     if sampling is not None and not sampling.conditional and sampler.guidance_scale != 1:
         raise unconditional_guidance(sampler.guidance_scale)
+    if sampling is not None and sampling.label_dropout == 0 and sampler.guidance_scale != 1:
+        raise guidance_unlearnt(sampler.guidance_scale)  # a sampler built by hand: module.sampler refuses it too
 
 
 def checked_labels(module: Any, labels: Any, num_samples: int) -> torch.Tensor | None:

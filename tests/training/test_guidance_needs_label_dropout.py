@@ -9,7 +9,7 @@ from helpers import QUICK, TINY_UNET
 from helpers.user_errors import CONFIGS, run_in_process
 
 from diffusion.cli.train import main
-from diffusion.core.sampling import SamplingOptions
+from diffusion.core.sampling import SAMPLERS, SamplingOptions
 from diffusion.generation.ranks import generate
 from diffusion.models import MLP
 from diffusion.training.module import DiffusionModule
@@ -36,6 +36,15 @@ def test_guidance_of_a_model_that_never_dropped_labels_is_refused(scale):
     # plain conditional sampling needs no unconditional prediction
     sampler = module.sampler(SamplingOptions(steps=2, guidance_scale=1.0))
     assert generate(module, 2, sampler=sampler, labels=[0, 1]).shape == (2, 2)
+
+
+@pytest.mark.parametrize("scale", [3.0, 0.0])
+def test_a_guiding_sampler_built_by_hand_is_refused_by_generate(scale):
+    with pytest.raises(ValueError) as caught:
+        generate(conditional(), 2, sampler=SAMPLERS["ddim"](steps=2, guidance_scale=scale), labels=[0, 1])
+    assert str(caught.value) == LINE.format(scale=f"{scale:g}")
+    guided = generate(conditional(label_dropout=0.1), 2, sampler=SAMPLERS["ddim"](steps=2, guidance_scale=scale))
+    assert guided.shape == (2, 2)
 
 
 def test_a_module_whose_own_sampling_guides_is_refused_when_built():
