@@ -1,17 +1,22 @@
 """Classifier-free guidance asked of a class-conditional model trained with label_dropout 0, which never learnt the
 unconditional prediction guidance takes: refused in one line naming guidance_scale, the model's label_dropout 0 and
-the fix, as guidance of an unconditional model is (module.sampler, a module's own sampling, train.py at start)."""
+the fix, as guidance of an unconditional model is (module.sampler, a module's own sampling, generate with a sampler built by hand, the grid and quality callbacks of a user's own Trainer, train.py at start)."""
 
 import re
 
+import lightning as L
 import pytest
+import torch
 from helpers import QUICK, TINY_UNET
 from helpers.user_errors import CONFIGS, run_in_process
+from torch.utils.data import DataLoader, TensorDataset
 
+from diffusion import IndexedDataset
 from diffusion.cli.train import main
 from diffusion.core.sampling import SAMPLERS, SamplingOptions
 from diffusion.generation.ranks import generate
-from diffusion.models import MLP
+from diffusion.models import MLP, UNet
+from diffusion.training import callbacks
 from diffusion.training.module import DiffusionModule
 
 LINE = (
@@ -43,7 +48,9 @@ def test_a_guiding_sampler_built_by_hand_is_refused_by_generate(scale):
     with pytest.raises(ValueError) as caught:
         generate(conditional(), 2, sampler=SAMPLERS["ddim"](steps=2, guidance_scale=scale), labels=[0, 1])
     assert str(caught.value) == LINE.format(scale=f"{scale:g}")
-    guided = generate(conditional(label_dropout=0.1), 2, sampler=SAMPLERS["ddim"](steps=2, guidance_scale=scale))
+    guided = generate(
+        conditional(label_dropout=0.1), 2, sampler=SAMPLERS["ddim"](steps=2, guidance_scale=scale)
+    )
     assert guided.shape == (2, 2)
 
 
@@ -52,6 +59,30 @@ def test_a_module_whose_own_sampling_guides_is_refused_when_built():
                        r"this model never learnt \(it was trained with label_dropout 0\) — sample with "
                        r"sampling.guidance_scale 1 \(or unset\), or train with label_dropout 0.1-0.2$"):  # fmt: skip
         conditional(sampling=SamplingOptions(guidance_scale=3.0))
+
+
+@pytest.mark.parametrize("callback", ["SampleGrid", "SampleQualityCallback"])
+def test_a_callback_that_guides_is_refused_when_a_users_own_trainer_starts(tmp_path, callback):
+    """Found at the callback's setup, before a step trained: the first grid, after the steps to the first validation,
+    was where module.sampler refused it."""
+    network = UNet(
+        in_channels=1, channels=8, channel_mult=(1,), num_res_blocks=1, attention_levels=(), num_classes=3
+    )
+    module = DiffusionModule(network, sample_shape=(1, 8, 8), num_timesteps=50)  # label_dropout 0
+    options = {"features": "pixels"} if callback == "SampleQualityCallback" else {}
+    guiding = getattr(callbacks, callback)(
+        num_samples=4, sampling=SamplingOptions(steps=2, guidance_scale=3.0), **options
+    )
+    trainer = L.Trainer(
+        max_steps=2, callbacks=[guiding], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
+    )  # fmt: skip
+    data = IndexedDataset(TensorDataset(torch.randn(8, 1, 8, 8), torch.arange(8) % 3), with_labels=True)
+    with pytest.raises(
+        ValueError, match=r"^sampling.guidance_scale 3 asks for the unconditional prediction, which "
+    ):
+        trainer.fit(module, DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))
+    assert trainer.global_step == 0
 
 
 def test_a_model_that_dropped_labels_or_does_not_say_guides():

@@ -86,7 +86,8 @@ class SampleGrid(EveryNValidations):
         module = cast(DiffusionModule, pl_module)  # the module this callback trains with
         self.sampling.check_steps_fit(module.schedule.num_timesteps, type(self), "sampling.steps")
         conditional = getattr(pl_module, "num_classes", None) is not None
-        self.sampling.check_guidance_fits(conditional, type(self), "sampling.guidance_scale")
+        dropout = getattr(pl_module, "hparams", {}).get("label_dropout")  # 0: it never learnt to be guided
+        self.sampling.check_guidance_fits(conditional, type(self), "sampling.guidance_scale", dropout)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.is_due(trainer):

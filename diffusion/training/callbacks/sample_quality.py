@@ -146,7 +146,8 @@ class SampleQualityCallback(EveryNValidations):
             )
         self.sampling.check_steps_fit(pl_module.schedule.num_timesteps, type(self), "sampling.steps")  # type: ignore[union-attr, arg-type]
         conditional = getattr(pl_module, "num_classes", None) is not None
-        self.sampling.check_guidance_fits(conditional, type(self), "sampling.guidance_scale")
+        dropout = getattr(pl_module, "hparams", {}).get("label_dropout")  # 0: it never learnt to be guided
+        self.sampling.check_guidance_fits(conditional, type(self), "sampling.guidance_scale", dropout)
         if self.num_samples < trainer.world_size:
             raise OutOfRange(
                 "num_samples", self.num_samples, f">= the world size {trainer.world_size}",
