@@ -1,6 +1,7 @@
 """Classifier-free guidance asked of a class-conditional model trained with label_dropout 0, which never learnt the
 unconditional prediction guidance takes: refused in one line naming guidance_scale, the model's label_dropout 0 and
-the fix, as guidance of an unconditional model is (module.sampler, a module's own sampling, generate with a sampler built by hand, the grid and quality callbacks of a user's own Trainer, train.py at start)."""
+the fix, as guidance of an unconditional model is (module.sampler, a module's own sampling, generate with a sampler
+built by hand, the grid and quality callbacks of a user's own Trainer, train.py at start)."""
 
 import re
 
