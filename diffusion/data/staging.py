@@ -3,15 +3,23 @@
 written beside it in `STAGING` (`swap_in`, the old one set aside in `REPLACED` until then), and a prepare's own files
 removed, never the user's (`clear`: a stopped prepare's leftovers, a set `--overwrite` replaces, what a failed
 prepare wrote). Which files are a prepare's is said by `diffusion.data.prepared` (`written_by_a_prepare`).
+
+A single file written whole or not at all (`write_atomically`): written under a hidden temporary name in its own
+folder and renamed into place (`os.replace`, atomic on one filesystem), so a full disk, a kill or Ctrl+C leaves the
+file of that name as it was and no partial file. Here, below generation/ and training/, which both write so (image
+grids, a run's previews; training's checkpoints add their own torch writer in `diffusion.training.atomic_writes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from diffusion.data import folder_lock
 from diffusion.data.prepared import (
@@ -26,7 +34,9 @@ from diffusion.data.prepared import (
     prepares_file,
     written_by_a_prepare,
 )
-from diffusion.errors import CannotWrite, UserError
+from diffusion.errors import FREE_SPACE, CannotReplace, CannotWrite, UserError, naming_a_refusing_folder
+
+T = TypeVar("T")
 
 KEPT_WHERE_REFUSED = "make that folder writable for this user, or write to another folder; what this prepare wrote is removed, the prepared set there before is kept"
 
@@ -110,3 +120,33 @@ def clear(root: str) -> None:
     for entry in base.iterdir():
         if prepares_file(entry, base):
             entry.unlink()
+
+
+def replace_into(temporary: Path, path: Path) -> None:
+    """`os.replace(temporary, path)`, where `temporary` was just written in `path`'s folder: a refusal then is the
+    file at `path` refusing to go (CannotReplace), unless the folder itself no longer takes writes."""
+    try:
+        os.replace(temporary, path)
+    except PermissionError as error:  # EPERM (an immutable file), EACCES
+        if os.path.lexists(path) and os.access(path.parent, os.W_OK | os.X_OK):
+            raise CannotReplace(path, error.strerror or type(error).__name__) from error
+        raise
+
+
+def write_atomically(
+    path: str | os.PathLike, write: Callable[[Path], T], full_disk_fix: str = FREE_SPACE
+) -> T:
+    """`write(temporary)` (a hidden name in `path`'s folder that keeps its suffix: image writers choose the format
+    by it), then renamed into place; returns what `write` returned. A full disk raises `DiskFull` (its fix
+    `full_disk_fix`), a folder flagged immutable `FlaggedFolder` (its flag the fix), and on any failure (Ctrl+C
+    too) no temporary file stays behind."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp{path.suffix}")
+    try:
+        with naming_a_refusing_folder(path.parent, path.name, full_disk_fix):
+            written = write(temporary)
+            replace_into(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return written

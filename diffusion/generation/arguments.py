@@ -225,8 +225,9 @@ def check_guidance_fits(module: Any, sampler: Sampler) -> None:
     sampling = own_sampling(module)
     if sampling is not None and not sampling.conditional and sampler.guidance_scale != 1:
         raise unconditional_guidance(sampler.guidance_scale)
+    # a sampler built by hand: module.sampler refuses it too
     if sampling is not None and sampling.label_dropout == 0 and sampler.guidance_scale != 1:
-        raise guidance_unlearnt(sampler.guidance_scale)  # a sampler built by hand: module.sampler refuses it too
+        raise guidance_unlearnt(sampler.guidance_scale)
 
 
 def checked_labels(module: Any, labels: Any, num_samples: int) -> torch.Tensor | None:

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torchvision.utils import make_grid
 
-from diffusion.data.atomic_file import write_atomically
+from diffusion.data.staging import write_atomically
 from diffusion.errors import (
     CannotWrite,
     InvalidValue,

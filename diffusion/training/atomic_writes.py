@@ -39,8 +39,8 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.strategies import Strategy
 
-from diffusion.data import atomic_file
-from diffusion.data.atomic_file import replace_into as replace_into
+from diffusion.data import staging
+from diffusion.data.staging import replace_into as replace_into
 from diffusion.errors import FREE_SPACE, CannotWrite, UserError, is_disk_full
 
 # The refusals of a flagged file or folder live in the lowest layer (image grids say them too); kept importable
@@ -136,8 +136,8 @@ def save_atomically(contents: Any, path: _PATH, full_disk_fix: str | None = None
 
 
 def write_atomically(path: _PATH, write: Callable[[Path], T], full_disk_fix: str = RUN_ON_ANOTHER_DISK) -> T:
-    """`diffusion.data.atomic_file.write_atomically`, a full disk's fix the run's (`RUN_ON_ANOTHER_DISK`)."""
-    return atomic_file.write_atomically(path, write, full_disk_fix)
+    """`diffusion.data.staging.write_atomically`, a full disk's fix the run's (`RUN_ON_ANOTHER_DISK`)."""
+    return staging.write_atomically(path, write, full_disk_fix)
 
 
 def link_atomically(target: _PATH, link: _PATH) -> None:

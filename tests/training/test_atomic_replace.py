@@ -160,7 +160,7 @@ def test_a_file_a_command_replaces_is_said_as_the_file_when_immutable(tmp_path):
         check_can_replace(path)
 
 
-@pytest.mark.parametrize("writer", ["save_atomically", "link_atomically"])
+@pytest.mark.parametrize("writer", ["save_atomically", "link_atomically", "write_atomically"])
 def test_a_checkpoint_or_its_link_into_an_immutable_folder_is_said_by_its_flag(writer, tmp_path):
     """Round 18b's M10: a checkpoint save (or the last.ckpt link) into a folder flagged immutable said `(Operation not
     permitted) — make that folder writable for this user`; said by its flag, the file saved before as it was."""
@@ -172,6 +172,10 @@ def test_a_checkpoint_or_its_link_into_an_immutable_folder_is_said_by_its_flag(w
     write = {
         "save_atomically": lambda: save_atomically({"step": 4}, folder / "last.ckpt"),
         "link_atomically": lambda: link_atomically(step, folder / "last.ckpt"),
+        # a run's previews (loss.png, the sample grids), as written under the run folder
+        "write_atomically": lambda: write_atomically(
+            folder / "last.ckpt", lambda into: into.write_bytes(b"png")
+        ),
     }[writer]
     with immutable(folder), pytest.raises(FlaggedFolder) as refused:
         write()
