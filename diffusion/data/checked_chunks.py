@@ -76,6 +76,7 @@ class CheckedStream(StreamingDataset):
             return self._item(index)
         except InvalidValue as error:
             if self.errors is not None and get_worker_info() is not None:
+                Path(self.errors).mkdir(mode=0o700, exist_ok=True)
                 Path(self.errors, f"{os.getpid()}.pickle").write_bytes(pickle.dumps(error))
             raise
 

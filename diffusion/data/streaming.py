@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import secrets
 import shutil
 import tempfile
 import warnings
@@ -156,8 +157,9 @@ class StreamLoader:
             # 6,774 -> 26,385 images/s); in the training process its window is the faster (47,505).
             batch_decode=0 if num_workers > 0 else "auto",
         )
-        # A damaged chunk met in a loading process: raised here as itself (`CheckedStream.errors`).
-        self.stream.errors = tempfile.mkdtemp(prefix="diffusion-stream-")
+        # A damaged chunk met in a loading process: raised here as itself (`CheckedStream.errors`). The folder is made
+        # by the first refusal, so a run killed with SIGKILL (no finalizer) leaves nothing behind in the common case.
+        self.stream.errors = str(Path(tempfile.gettempdir(), f"diffusion-stream-{secrets.token_hex(8)}"))
         weakref.finalize(self, shutil.rmtree, self.stream.errors, ignore_errors=True)
         # The Trainer's ranks, not litdata's guess from the visible GPUs (which miscounts nodes on CPUs).
         self.stream.distributed_env = _DistributedEnv(world_size, rank, num_nodes)
