@@ -288,6 +288,13 @@ def naming_a_full_disk(path: str | Path, fix: str = FREE_SPACE) -> Iterator[None
     """A full disk (OSError ENOSPC or EDQUOT) while the block writes `path` becomes `DiskFull` naming its folder
     (the outermost naming's: a grid's temporary file is said as the run's grid), and a folder that refuses the write
     (EACCES, EPERM, EROFS) `CannotWrite`; any other error passes as it is."""
+    with _naming_the_write(Path(path).parent, Path(path).name, fix):
+        yield
+
+
+@contextmanager
+def _naming_the_write(folder: Path, name: str, fix: str) -> Iterator[None]:
+    """`naming_a_full_disk` of `name` in `folder`: a name said in words ("the lock file X of --out A/B") kept whole."""
     try:
         yield
     except OSError as error:
@@ -296,10 +303,9 @@ def naming_a_full_disk(path: str | Path, fix: str = FREE_SPACE) -> Iterator[None
                 error.__cause__
             )  # an inner naming's (a temporary file's): this one knows what the user asked for
         if is_disk_full(error):
-            raise DiskFull(Path(path).parent, Path(path).name, fix) from error
+            raise DiskFull(folder, name, fix) from error
         if error.errno in REFUSED_WRITE_ERRNOS:
-            reason = error.strerror or type(error).__name__
-            raise CannotWrite(Path(path).parent, Path(path).name, reason) from error
+            raise CannotWrite(folder, name, error.strerror or type(error).__name__) from error
         raise
 
 
@@ -391,7 +397,7 @@ def naming_a_refusing_folder(folder: Path, name: str, fix: str = FREE_SPACE) -> 
     """`naming_a_full_disk(folder / name, fix)`, a refusal of a folder flagged immutable or append-only said as its
     flag (FlaggedFolder), not as its mode bits."""
     try:
-        with naming_a_full_disk(folder / name, fix):
+        with _naming_the_write(folder, name, fix):
             yield
     except CannotWrite as error:
         reason = refusing_flag(folder)

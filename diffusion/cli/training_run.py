@@ -181,7 +181,15 @@ def fit(cli: BuiltRun) -> None:
         check_nothing_overwritten(folder, cli.config.checkpoint.dirpath, logged, run_version(cli.config))
     created = new_run_folders(cli.trainer)
     # Rank 0 holds the run folder for the fit: a second job on it (a resume started twice) is refused here.
-    with training_in(run_folder(cli.trainer)) if cli.trainer.is_global_zero else contextlib.nullcontext():
+    with contextlib.ExitStack() as held:
+        if cli.trainer.is_global_zero:
+            try:
+                held.enter_context(training_in(run_folder(cli.trainer)))
+            except BaseException:
+                remove_unused_run_folders(
+                    created
+                )  # refused at the lock (a full disk): no empty version_N left
+                raise
         fit_in_run_folder(cli, created)
 
 

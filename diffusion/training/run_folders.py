@@ -23,6 +23,7 @@ import lightning as L
 
 from diffusion.data.folder_lock import fcntl, holding_lock
 from diffusion.errors import InvalidValue, MissingFile, UserError, WrongType, naming_a_full_disk
+from diffusion.training.atomic_writes import RUN_ON_ANOTHER_DISK
 from diffusion.training.checkpoint_files import UnreadableCheckpoint, check_zip_checksums, read_checkpoint
 
 NUMBERED_VERSION = re.compile(r"version_(\d+)")
@@ -116,15 +117,17 @@ def training_in(folder: Path) -> Iterator[None]:
         yield
         return
     path = folder / TRAINING_LOCK
-    with naming_a_full_disk(path):  # a folder that refuses it: CannotWrite
-        folder.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
 
     def refused(holder: list[str]) -> RunFolderInUse:
         pid, host = (holder + ["?", "?"])[:2]
         return RunFolderInUse(folder, pid, host)
 
-    with holding_lock(path, f"{os.getpid()} {socket.gethostname()}\n", refused):
+    with contextlib.ExitStack() as held:
+        # A folder that refuses the lock file: CannotWrite; a disk with no room for it (its holder's line is the
+        # run's first write): DiskFull, the run's own fix. The block's errors pass as they are.
+        with naming_a_full_disk(path, RUN_ON_ANOTHER_DISK):
+            folder.mkdir(parents=True, exist_ok=True)
+            held.enter_context(holding_lock(path, f"{os.getpid()} {socket.gethostname()}\n", refused))
         yield
 
 

@@ -5,6 +5,7 @@ free again (a resume trains on), and a job killed with SIGKILL leaves it free as
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from helpers import QUICK, TINY_UNET, VALIDATING_EVERY_2, tiny_run, warm
 
 from diffusion.cli.train import main
+from diffusion.errors import FREE_SPACE
 from diffusion.training.run_folders import TRAINING_LOCK, RunFolderInUse, training_in
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,3 +166,35 @@ def test_a_run_without_a_logger_started_again_in_its_folder_is_told_where_it_wri
         "--trainer.default_root_dir NEW"
     )
     assert {p.name for p in folder.iterdir()} >= {"checkpoints", "config.yaml", "samples", "loss.png"}
+
+
+def test_a_lock_file_the_disk_has_no_room_for_is_said_as_a_full_disk(tmp_path):
+    """Round 19b's Q5/Q6, on a real full disk (a tmpfs, helpers.full_disk.on_a_small_disk): the run folder's lock
+    (train.py's first write) ended in "this is a bug" with an OSError traceback and left an empty version_0; a
+    command's lock beside its --out was said with the folder and the file swapped ("the disk of DISK/the lock file
+    .st.npz.lock of --save_stats DISK while saving st.npz")."""
+    from helpers.full_disk import on_a_small_disk
+
+    disk = tmp_path / "disk"
+    train = "{python} " + shlex.join(
+        [str(REPO / "train.py"), *TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", f"{disk}/runs"]
+    )
+    evaluate = (
+        f"{{python}} -m diffusion.evaluate --reference digits --features pixels --save_stats {disk}/s/st.npz"
+    )
+    command = (
+        f"mkdir {disk}/runs {disk}/s && dd if=/dev/zero of={disk}/filler bs=1k count=256 2>/dev/null; "
+        f"{train}; echo exit $?; ls {disk}/runs; {evaluate}; echo exit $?"
+    )
+    ran = on_a_small_disk(disk, "64k", command, tmp_path)
+    assert ran.stdout.splitlines() == ["exit 2", "exit 2"], (
+        ran.stdout + ran.stderr[-3000:]
+    )  # no version_0 listed
+    lines = [line for line in ran.stderr.splitlines() if line.startswith("error: ")]
+    assert lines == [
+        f"error: no space left on the disk of {disk}/runs/digits/version_0 while saving {TRAINING_LOCK} — free "
+        "space there, or put the run on another disk (--trainer.logger.init_args.save_dir DIR, or "
+        "--trainer.default_root_dir DIR without a logger); any checkpoint saved before is intact",
+        f"error: no space left on the disk of {disk}/s while saving the lock file .st.npz.lock of --save_stats "
+        f"{disk}/s/st.npz — {FREE_SPACE}",
+    ], ran.stderr[-3000:]
