@@ -86,6 +86,18 @@ def test_a_callback_that_guides_is_refused_when_a_users_own_trainer_starts(tmp_p
     assert trainer.global_step == 0
 
 
+def test_samples_without_a_label_of_a_model_that_never_dropped_labels_are_refused():
+    """Round 19b's Q1: labels -1 (NO_LABEL) ask for the very prediction guidance 0 asks for."""
+    with pytest.raises(ValueError) as caught:
+        generate(conditional(), 2, sampler=SAMPLERS["ddim"](steps=2), labels=torch.tensor([0, -1]))
+    assert str(caught.value) == (
+        "labels holds -1 (no label) for 1 of the 2 samples: the unconditional prediction, which this model never "
+        "learnt (it was trained with label_dropout 0) — pass a class 0..2 for every sample, or train with "
+        "label_dropout 0.1-0.2"
+    )
+    assert generate(conditional(label_dropout=0.1), 2, labels=torch.tensor([0, -1])).shape == (2, 2)
+
+
 def test_a_model_that_dropped_labels_or_does_not_say_guides():
     assert (
         conditional(label_dropout=0.1).sampler(SamplingOptions(steps=2, guidance_scale=3.0)).guidance_scale
