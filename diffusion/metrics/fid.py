@@ -17,10 +17,7 @@ from torch import nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
 from diffusion.errors import InvalidValue, OutOfRange, WrongType
-from diffusion.metrics.reference_stats import FeatureStatistics
-
-ROUNDING = 1e-5  # of a covariance's norm: how far below zero its eigenvalues may come out of rounding alone
-TINY = 1e-300  # the least shift: an all-zero covariance (features that never vary) is one
+from diffusion.metrics.reference_stats import FeatureStatistics, check_covariance
 
 
 def frechet_distance(
@@ -83,29 +80,6 @@ def checked_statistics(values: bool = True, **given: object) -> list[torch.Tenso
         if name.startswith("sigma"):
             check_covariance(name, value)
     return list(tensors.values())
-
-
-def check_covariance(name: str, sigma: torch.Tensor) -> None:
-    """Refuse (InvalidValue) a finite (D, D) `sigma` that is no covariance: not symmetric, or with a negative
-    eigenvalue, each beyond rounding (ROUNDING of its Frobenius norm, which bounds every eigenvalue; a singular
-    covariance's zero eigenvalues come out a rounding below zero). The formula would give such a matrix a number,
-    even 0 (a perfect score) for sigma1 = -I against I. A Cholesky factorization of sigma shifted by the tolerance
-    decides it: a fraction of the cost of the eigenvalues the formula computes."""
-    fix = f"pass {name} as a covariance: symmetric and positive semi-definite (e.g. torch.cov(features.T))"
-    tolerance = ROUNDING * float(torch.linalg.matrix_norm(sigma))
-    asymmetry = float((sigma - sigma.T).abs().max())
-    if asymmetry > tolerance:
-        raise InvalidValue(
-            f"{name} is not symmetric (entries differ from their mirror by up to {asymmetry:.3g})", fix
-        )
-    identity = torch.eye(len(sigma), dtype=sigma.dtype, device=sigma.device)
-    if int(torch.linalg.cholesky_ex(sigma + max(tolerance, TINY) * identity).info) != 0:
-        smallest = float(torch.linalg.eigvalsh(sigma)[0])
-        raise InvalidValue(
-            f"{name} is not a covariance: it has a negative eigenvalue ({smallest:.3g}), not positive "
-            "semi-definite",
-            fix,
-        )
 
 
 class GivenFeatures(nn.Module):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
+import torch
 
 from diffusion.data.numpy_files import PICKLED, holds_objects, is_torch_archive, numpy_file_kind
 from diffusion.errors import (
@@ -55,6 +56,8 @@ class FeatureStatistics:
             )
         if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
             raise ValueError("mu or sigma holds NaN or infinite values")
+        # FID would give a number to a sigma that is no covariance (an edited or foreign file), even a perfect 0
+        check_covariance("sigma", torch.as_tensor(np.asarray(sigma, dtype=np.float64)))
 
     @property
     def size(self) -> int:
@@ -136,8 +139,37 @@ def load_statistics(path: str | Path) -> FeatureStatistics:
         raise InvalidValue(f"{path} is truncated or corrupt ({err})", WRITE_FIX) from err
     try:
         return FeatureStatistics(**read)
+    except InvalidValue as err:  # a sigma that is no covariance (an edited or foreign file)
+        raise InvalidValue(f"{path}: {err.problem}", WRITE_FIX) from err
     except ValueError as err:
         raise InvalidValue(f"{path}: {err}", WRITE_FIX) from err
+
+
+ROUNDING = 1e-5  # of a covariance's norm: how far below zero its eigenvalues may come out of rounding alone
+TINY = 1e-300  # the least shift: an all-zero covariance (features that never vary) is one
+
+
+def check_covariance(name: str, sigma: torch.Tensor) -> None:
+    """Refuse (InvalidValue) a finite (D, D) `sigma` that is no covariance: not symmetric, or with a negative
+    eigenvalue, each beyond rounding (ROUNDING of its Frobenius norm, which bounds every eigenvalue; a singular
+    covariance's zero eigenvalues come out a rounding below zero). The formula would give such a matrix a number,
+    even 0 (a perfect score) for sigma1 = -I against I. A Cholesky factorization of sigma shifted by the tolerance
+    decides it: a fraction of the cost of the eigenvalues the formula computes."""
+    fix = f"pass {name} as a covariance: symmetric and positive semi-definite (e.g. torch.cov(features.T))"
+    tolerance = ROUNDING * float(torch.linalg.matrix_norm(sigma))
+    asymmetry = float((sigma - sigma.T).abs().max())
+    if asymmetry > tolerance:
+        raise InvalidValue(
+            f"{name} is not symmetric (entries differ from their mirror by up to {asymmetry:.3g})", fix
+        )
+    identity = torch.eye(len(sigma), dtype=sigma.dtype, device=sigma.device)
+    if int(torch.linalg.cholesky_ex(sigma + max(tolerance, TINY) * identity).info) != 0:
+        smallest = float(torch.linalg.eigvalsh(sigma)[0])
+        raise InvalidValue(
+            f"{name} is not a covariance: it has a negative eigenvalue ({smallest:.3g}), not positive "
+            "semi-definite",
+            fix,
+        )
 
 
 # What each key of a statistics file must hold, as save_statistics writes it.

@@ -2,6 +2,7 @@
 a reference that gives the FID of the images it was made from; the Fréchet distance formula; progress bars."""
 
 import io
+import re
 import sys
 
 import numpy as np
@@ -67,6 +68,27 @@ def test_statistics_that_are_not_finite_or_not_a_covariance_are_refused_by_their
     }
     with pytest.raises(ValueError, match=expected):
         frechet_distance(**{**statistics, argument: value})
+
+
+@pytest.mark.parametrize(
+    ("sigma", "expected"),
+    [
+        (
+            -np.eye(4),
+            "sigma is not a covariance: it has a negative eigenvalue (-1), not positive semi-definite",
+        ),
+        (np.triu(np.ones((4, 4))), "sigma is not symmetric (entries differ from their mirror by up to 1)"),
+    ],
+)
+def test_a_statistics_file_whose_sigma_is_no_covariance_is_refused_naming_it(sigma, expected, tmp_path):
+    """Round 19b's Q2: an edited or foreign file was read, and SampleQuality and evaluate gave an FID against it."""
+    path = tmp_path / "edited.npz"
+    np.savez(path, mu=np.zeros(4), sigma=sigma)
+    with pytest.raises(ValueError) as refused:
+        load_statistics(path)
+    assert str(refused.value).startswith(f"{path}: {expected} — write one with python -m diffusion.evaluate ")
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        FeatureStatistics(np.zeros(4), sigma)
 
 
 def test_covariances_singular_or_rounded_to_float32_are_taken():
