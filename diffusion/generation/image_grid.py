@@ -85,6 +85,18 @@ def rows_by_class(
     return torch.cat([torch.cat([row, blank.expand(width - len(row), -1, -1, -1)]) for row in rows]), width
 
 
+def check_channels_first(images: torch.Tensor, channels: tuple[int, ...]) -> None:
+    """Refuse, as channels last, a batch (N, H, W, C) whose last axis is one of the `channels` taken and whose second
+    is not: the layout of sample's samples.npz, NumPy and PIL, read as (N, C, H, W) it has H channels."""
+    shape = tuple(images.shape)
+    if len(shape) == 4 and shape[-1] in channels and shape[1] not in channels:
+        raise InvalidValue(
+            f"images has shape {shape}: channels last (N, H, W, C), as samples.npz and NumPy hold images, where "
+            "(N, C, H, W) goes",
+            "pass images.permute(0, 3, 1, 2) (a NumPy array: torch.from_numpy(array).permute(0, 3, 1, 2))",
+        )
+
+
 def check_pixels(images: torch.Tensor) -> None:
     """`images` (N, C, H, W) are pictures `save_image_grid` can draw as they are: some, of 1 or 3 channels, uint8
     or float in [0, 1] (up to half a pixel level) with every value finite; InvalidValue naming `images` else."""
@@ -97,6 +109,7 @@ def check_pixels(images: torch.Tensor) -> None:
     if images.numel() == 0:
         raise InvalidValue(f"images has shape {shape}, which holds no pixels", "pass at least one image")
     if images.shape[1] not in (1, 3):
+        check_channels_first(images, (1, 3))
         raise InvalidValue(
             f"images has {images.shape[1]} channels (shape {shape}), not 1 (gray) or 3 (RGB)",
             "pass gray or RGB images (of RGBA, images[:, :3]; one channel of several, images[:, i : i + 1])",

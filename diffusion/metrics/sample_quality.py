@@ -37,7 +37,7 @@ from diffusion.errors import (
     check_bool,
     check_whole_number,
 )
-from diffusion.generation.image_grid import FROM_SAMPLES, HALF_A_LEVEL, check_images
+from diffusion.generation.image_grid import FROM_SAMPLES, HALF_A_LEVEL, check_channels_first, check_images
 from diffusion.metrics.features import (
     Features,
     check_features,
@@ -257,10 +257,14 @@ class SampleQuality(nn.Module):
         a word. A range check reads every value once, far less than the features cost."""
         check_images(images, FROM_SAMPLES)
         if images.shape[1] != self.channels:
+            check_channels_first(images, (self.channels,))
+            built = (
+                f", or build SampleQuality(channels={images.shape[1]})" if images.shape[1] in (1, 3) else ""
+            )
             raise InvalidValue(
                 f"images has {images.shape[1]} channels (shape {tuple(images.shape)}), and this SampleQuality "
                 f"was built for channels={self.channels}",
-                f"pass images of {self.channels} channel(s), or build SampleQuality(channels={images.shape[1]})",
+                f"pass images of {self.channels} channel(s){built}",
             )
         if images.dtype == torch.uint8:
             return

@@ -62,12 +62,17 @@ def test_a_rounding_beyond_0_and_1_is_drawn_and_a_jpeg_is_written_by_its_suffix(
          r"^images holds values that are not finite \(NaN or infinity\), which have no pixels, in 2 of its 4 images"),
         (torch.rand(4, 2, 8, 8), r"^images has 2 channels \(shape \(4, 2, 8, 8\)\), not 1 \(gray\) or 3 \(RGB\) — "),
         (torch.rand(4, 4, 8, 8), r"^images has 4 channels .* images\[:, :3\]"),
+        (torch.zeros(8, 8, 8, 1, dtype=torch.uint8), r"^images has shape \(8, 8, 8, 1\): channels last \(N, H, W, C\), "
+                                                     r"as samples.npz .* — pass images.permute\(0, 3, 1, 2\)"),
         (torch.zeros(0, 1, 8, 8), r"^images has shape \(0, 1, 8, 8\), which holds no pixels — pass at least one"),
         (torch.zeros(2, 1, 8, 8, dtype=torch.int64), r"^images are torch.int64 values, not float images in \[0, 1\] "
                                                      r"or uint8 images in 0..255 — "),
         (torch.zeros(2, 1, 8, 8, device="meta"), r"^images is a tensor on the meta device, whose values cannot be "),
     ],
-    ids=["model-units", "beyond-rounding", "float-0-255", "nan", "two-channels", "rgba", "empty", "int64", "meta"],
+    ids=[
+        "model-units", "beyond-rounding", "float-0-255", "nan", "two-channels", "rgba", "channels-last", "empty", "int64",
+        "meta",
+    ],
 )  # fmt: skip
 def test_images_it_would_draw_as_another_picture_are_refused_by_their_name(images, expected, tmp_path):
     # Each was drawn (clamped: black for every negative value, only 0 and 255, NaN black; 2 channels as gray +

@@ -183,3 +183,21 @@ def test_save_statistics_into_an_immutable_folder_is_said_by_its_flag(tmp_path):
         "clears an immutable flag), or write to another folder; the files written there before are intact"
     )
     assert left == []
+
+
+@pytest.mark.parametrize(
+    ("images", "said"),
+    [
+        (torch.zeros(8, 8, 8, 1, dtype=torch.uint8), r"^images has shape \(8, 8, 8, 1\): channels last \(N, H, W, C\), "
+                                                     r".* — pass images.permute\(0, 3, 1, 2\)"),
+        (torch.zeros(8, 8, 8, 8, dtype=torch.uint8), r"^images has 8 channels \(shape \(8, 8, 8, 8\)\), and this "
+                                                     r"SampleQuality was built for channels=1 — pass images of 1 channel\(s\)$"),
+        (torch.zeros(8, 3, 8, 8, dtype=torch.uint8), r"— pass images of 1 channel\(s\), or build SampleQuality\(channels=3\)$"),
+    ],
+    ids=["channels-last", "eight channels", "rgb"],
+)  # fmt: skip
+def test_images_of_other_channels_are_said_with_a_fix_that_works(images, said):
+    """Round 19b's Q3: sample's own samples.npz (N, H, W, C) was said as 8 channels, the fix SampleQuality(channels=8),
+    which its constructor refuses."""
+    with pytest.raises(ValueError, match=said):
+        SampleQuality(features="pixels", metrics=("fid",), channels=1).update(images, real=False)
