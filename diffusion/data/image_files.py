@@ -2,6 +2,7 @@
 is read."""
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -101,3 +102,30 @@ class ImageFiles(Dataset):
         if self.labels is not None:
             return image, self.labels[index]
         return image
+
+
+def check_root_of_digits(root: str, owner: type) -> None:
+    """The bundled digits read no root: one given (`--data.root my_images` without `--data.dataset folder`, the
+    README's line without its --config) trained on the digits without a word. A root that holds images is refused
+    (those were meant); any other is said in a warning (a config kept for several datasets may carry one)."""
+    folder = Path(root).expanduser()
+    try:  # a glance at the folder and its subfolders (a class per folder), not a search
+        top = [folder, *(p for p in folder.iterdir() if p.is_dir())] if folder.is_dir() else []
+        images = any(
+            p.suffix.lower() in IMAGE_EXTENSIONS for level in top for p in level.iterdir() if p.is_file()
+        )
+    except OSError:  # a folder it may not read: not looked into
+        images = False
+    if images:
+        raise InvalidValue(
+            f"{{--root}} {root} holds images, and dataset 'digits' (the default) does not read root: the digits "
+            "are bundled with scikit-learn",
+            "to train on those images pass {--dataset} folder and {--image_size} (configs/folder.yaml sets them), "
+            "or leave {--root} out to train on the digits",
+            owner,
+        )
+    warnings.warn(
+        f"root={root!r} not used: dataset 'digits' is bundled with scikit-learn and reads no folder — leave it "
+        "out, or pass dataset='folder' for a folder of images",
+        stacklevel=3,
+    )

@@ -17,7 +17,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from diffusion.data.file_in_folder import check_path_argument
-from diffusion.data.image_files import ImageFiles, find_images, read_image
+from diffusion.data.image_files import ImageFiles, check_root_of_digits, find_images, read_image
 from diffusion.data.image_transform import ToModelUnits
 from diffusion.data.labels import folder_classes
 from diffusion.data.on_device import HeldSamples, held_images
@@ -68,6 +68,9 @@ TORCHVISION = {
 ImageDatasetName = Literal["digits", "mnist", "fashion_mnist", "cifar10", "folder", "streaming"]
 
 
+DOWNLOADS = "data"  # root's default: where torchvision's sets are downloaded
+
+
 class ImageDataModule(SplitDataModule):
     """Images in [-1, 1] of shape (C, image_size, image_size).
 
@@ -110,7 +113,7 @@ class ImageDataModule(SplitDataModule):
     def __init__(
         self,
         dataset: ImageDatasetName = "digits",
-        root: str = "data",
+        root: str = DOWNLOADS,
         image_size: int | None = None,
         channels: Literal[1, 3] | None = None,
         random_flip: bool | None = None,
@@ -138,6 +141,8 @@ class ImageDataModule(SplitDataModule):
         names = ("digits", *TORCHVISION, "folder", "streaming")  # the entries of now, not of import time
         if dataset not in names:
             raise InvalidValue(f"unknown image dataset {dataset!r}", f"choose one of {names}")
+        if dataset == "digits" and root != DOWNLOADS:
+            check_root_of_digits(root, type(self))
         # 1.0 and True passed `in (1, 3)`, and '3' was said as `channels=3 must be 1 or 3`
         if channels is not None:
             check_whole_number("channels", channels, fix="pass 1 (grayscale) or 3 (RGB), or leave it unset")

@@ -42,7 +42,8 @@ def test_shorthands_expand_to_trainer_flags():
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_every_config_parses_and_builds(config, tmp_path):
-    extra = ["--data.init_args.root", str(tmp_path)]
+    # The download folder of the torchvision sets, the folder's images; the bundled digits read none
+    extra = [] if config.stem.startswith("digits") else ["--data.init_args.root", str(tmp_path)]
     if config.stem == "folder":
         Image.new("RGB", (40, 30), "red").save(tmp_path / "a.png")
         extra += ["--data.init_args.image_size", "32"]

@@ -1,5 +1,6 @@
 """Data modules: offline only (scikit-learn's bundled digits and files written into tmp_path)."""
 
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import get_args
@@ -365,3 +366,25 @@ def test_batches_are_typed_and_a_foreign_batch_is_refused_with_a_clear_error(dig
 def test_a_root_that_is_no_path_is_refused_naming_it(root):
     with pytest.raises(TypeError, match="^root=.* not the path of a folder — pass the path of the folder"):
         ImageDataModule("folder", root=root, image_size=8)
+
+
+def test_a_root_given_to_the_bundled_digits_is_refused_where_it_holds_images_and_said_otherwise(tmp_path):
+    """Round 19b's Q4: ImageDataModule(root=FOLDER) (or train.py --data.root FOLDER) without dataset 'folder' trained
+    on the digits without a word."""
+    (tmp_path / "imgs" / "cats").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "imgs" / "cats" / "a.png")
+    with pytest.raises(ValueError) as refused:
+        ImageDataModule(root=str(tmp_path / "imgs"), image_size=8)
+    assert str(refused.value) == (
+        f"root {tmp_path / 'imgs'} holds images, and dataset 'digits' (the default) does not read root: the digits are "
+        "bundled with scikit-learn — to train on those images pass dataset folder and image_size (configs/folder.yaml "
+        "sets them), or leave root out to train on the digits"
+    )
+    with pytest.warns(
+        UserWarning, match=r"^root='.*empty' not used: dataset 'digits' is bundled with scikit-learn"
+    ):
+        ImageDataModule(root=str(tmp_path / "empty"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ImageDataModule(root="data")  # the default, written out
+        ImageDataModule("folder", root=str(tmp_path / "imgs"), image_size=8)
