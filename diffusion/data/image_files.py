@@ -118,8 +118,8 @@ def check_root_of_digits(root: str, owner: type) -> None:
         images = False
     if images:
         raise InvalidValue(
-            f"{{--root}} {root} holds images, and dataset 'digits' (the default) does not read root: the digits "
-            "are bundled with scikit-learn",
+            f"{{--root}} {root} holds images, and dataset 'digits' (the default) does not read root: "
+            "the digits are bundled with scikit-learn",
             "to train on those images pass {--dataset} folder and {--image_size} (configs/folder.yaml sets them), "
             "or leave {--root} out to train on the digits",
             owner,

@@ -269,8 +269,8 @@ def checked_labels(module: Any, labels: Any, num_samples: int) -> torch.Tensor |
     if unlabelled and sampling is not None and sampling.label_dropout == 0:  # as guidance is refused
         last = getattr(module, "num_classes", None)
         raise InvalidValue(
-            f"labels holds {NO_LABEL} (no label) for {unlabelled} of the {num_samples} samples: the unconditional "
-            "prediction, which this model never learnt (it was trained with label_dropout 0)",
+            f"labels holds {NO_LABEL} (no label) for {unlabelled} of the {num_samples} samples: "
+            "the unconditional prediction, which this model never learnt (it was trained with label_dropout 0)",
             f"pass a class{f' 0..{last - 1}' if last else ''} for every sample, or train with label_dropout "
             "0.1-0.2",
         )
