@@ -51,7 +51,7 @@ from diffusion.errors import check_can_replace as check_can_replace
 from diffusion.errors import check_replaceable as check_replaceable
 from diffusion.errors import naming_a_refusing_folder as naming_a_refusing_folder
 from diffusion.errors import refusing_flag as refusing_flag
-from diffusion.training.checkpoint_files import UnreadableCheckpoint, checked_checkpoint_file
+from diffusion.training.checkpoint_files import check_holds_weights, checked_checkpoint_file
 
 T = TypeVar("T")
 LEFTOVERS = ".*.ckpt.*.tmp"  # temporary names never end in .ckpt, so no glob for checkpoints picks them up
@@ -82,11 +82,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().load_checkpoint(path, *args, **kwargs)
         path = checked_checkpoint_file(path, "ckpt_path")
         checkpoint = super().load_checkpoint(path, *args, **kwargs)
-        if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
-            raise UnreadableCheckpoint(
-                "ckpt_path", path, "holds no model weights (state_dict): it is not a checkpoint of a Lightning run",
-                "pass a checkpoint a Trainer saved, e.g. runs/<name>/version_N/checkpoints/last.ckpt",
-            )  # fmt: skip
+        check_holds_weights(checkpoint, path, "ckpt_path")  # weights alone: torch.save(network.state_dict())
         return checkpoint
 
 

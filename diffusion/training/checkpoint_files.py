@@ -7,6 +7,7 @@ copy, a failing disk) would load as a wrong weight. `check_zip_checksums` checks
 a file is trusted, and `check_finite` refuses weights that are NaN or infinite before any work is done with them.
 """
 
+import contextlib
 import json
 import os
 import pickle
@@ -14,9 +15,14 @@ import zipfile
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Self, cast
 
+import lightning as L
 import torch
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.types import _MAP_LOCATION_TYPE, _PATH
+from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 
 from diffusion.data.file_in_folder import FileKind, check_local_file, file_in_folder
 from diffusion.data.numpy_files import PICKLED, numpy_file_kind
@@ -195,6 +201,63 @@ def read_checkpoint(
     if not isinstance(checkpoint, dict):
         raise UnreadableCheckpoint(flag, path, f"holds a {type(checkpoint).__name__}, not a checkpoint", fix)
     return checkpoint
+
+
+def check_holds_weights(checkpoint: object, path: str | os.PathLike, flag: str) -> None:
+    """A checkpoint a Trainer saved holds the model's weights ("state_dict"): weights alone
+    (`torch.save(network.state_dict())`) or other data are refused naming `flag`, where Lightning's reader ended in
+    `KeyError: 'pytorch-lightning_version'`."""
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise UnreadableCheckpoint(
+            flag, path, "holds no model weights (state_dict): it is not a checkpoint of a Lightning run",
+            "pass a checkpoint a Trainer saved, e.g. runs/<name>/version_N/checkpoints/last.ckpt",
+        )  # fmt: skip
+
+
+def is_local_file_path(path: object) -> bool:
+    """Whether `path` is a path of the local disk (not a file object, a URL or another fsspec filesystem's path),
+    which this package checks before Lightning reads it."""
+    return (
+        isinstance(path, str | os.PathLike)
+        and "://" not in str(path)
+        and isinstance(get_filesystem(str(path)), LocalFileSystem)
+    )
+
+
+class CheckedLoad(L.LightningModule):
+    """Lightning's `load_from_checkpoint`, its file checked first as `load_checkpoint` and a Trainer's `ckpt_path`
+    check it (`checked_checkpoint_file`, `check_holds_weights`): a missing, truncated, damaged (its zip checksums)
+    or foreign file (an export folder, an .npz, weights alone) is one line naming it, where Lightning loaded a
+    damaged file's changed weights without a word and said the others in fsspec's, torch's or its own words. A URL,
+    another fsspec path or a file object is Lightning's to read. `load_checkpoint`, which reads and checks the file
+    itself, calls Lightning's own (`super(CheckedLoad, DiffusionModule)`): the file is checked once."""
+
+    @_restricted_classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: _PATH | IO,
+        map_location: _MAP_LOCATION_TYPE = None,
+        hparams_file: _PATH | None = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        if not is_local_file_path(checkpoint_path):
+            return super().load_from_checkpoint(
+                checkpoint_path, map_location, hparams_file, strict, weights_only, **kwargs
+            )
+        path = checked_checkpoint_file(cast(_PATH, checkpoint_path), "checkpoint_path")
+        try:
+            return super().load_from_checkpoint(
+                path, map_location, hparams_file, strict, weights_only, **kwargs
+            )
+        except (KeyError, TypeError):  # Lightning's words for a file without a checkpoint's keys
+            # Read again, the tensors memory-mapped and nothing but tensors and plain data unpickled; a file torch
+            # cannot read so keeps Lightning's error
+            with contextlib.suppress(pickle.UnpicklingError, RuntimeError, OSError, EOFError):
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                check_holds_weights(checkpoint, path, "checkpoint_path")
+            raise
 
 
 def is_safetensors(path: Path) -> bool:

@@ -14,6 +14,7 @@ from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
 from diffusion.training.checkpoint_files import (
     CHECKPOINT,
+    CheckedLoad,
     check_finite,
     check_written_by_train,
     read_checkpoint,
@@ -84,10 +85,12 @@ def load_checkpoint(
         module = load_export(path, map_location)
         check_finite(module.network.state_dict(), str(path), NOT_FINITE_FIX)
         return module
-    # Read and checked before Lightning reads it again.
+    # Read and checked before Lightning reads it again: Lightning's own load_from_checkpoint, not DiffusionModule's,
+    # which would check the file a second time (`CheckedLoad`)
     checkpoint = read_checkpoint(path, "path", map_location=map_location)
     check_model_settings(check_written_by_train(checkpoint, path), str(path), SETTINGS_FIX)
-    module = DiffusionModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
+    lightning_load = super(CheckedLoad, DiffusionModule).load_from_checkpoint
+    module = lightning_load(path, map_location=map_location, weights_only=True)
     if weights == "raw" and "current_model_state" in checkpoint:
         module.load_state_dict(checkpoint["current_model_state"])
     check_finite(module.network.state_dict(), f"{path} ({weights or 'ema'} weights)", NOT_FINITE_FIX)

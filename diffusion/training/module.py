@@ -29,7 +29,7 @@ from diffusion.data.resumable import describe_batches
 from diffusion.errors import WrongType, check_bool, options_of
 from diffusion.training import loss as objective
 from diffusion.training.atomic_writes import install as install_checkpoint_io
-from diffusion.training.checkpoint_files import drop_old_schedule_buffers, load_network_weights
+from diffusion.training.checkpoint_files import CheckedLoad, drop_old_schedule_buffers, load_network_weights
 from diffusion.training.divergence import (
     FirstBatch,
     ValidationData,
@@ -70,7 +70,7 @@ TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"  # the metrics it logs (a checkp
 LEARNING_RATE = "train/lr"  # its learning rate, as LearningRateMonitor logs it
 
 
-class DiffusionModule(SamplingModule):
+class DiffusionModule(CheckedLoad, SamplingModule):  # load_from_checkpoint checks its file first
     """Trains `network` to predict the noise (or x_0, or v) added by the forward process.
 
     Args:

@@ -1,0 +1,189 @@
+"""`DiffusionModule.load_from_checkpoint(path)`, Lightning's classmethod that troubleshooting.md tells Python users to
+call, checks a local file first as `load_checkpoint` and a Trainer's `ckpt_path` do (tester round 19b's Q7): a
+checkpoint with a byte changed inside a tensor loaded its changed weights without a word, and a truncated file, an
+export folder, a missing file, an .npz and weights alone were said in fsspec's, torch's or Lightning's words
+(`OSError: [Errno 22] Invalid argument`, `IsADirectoryError`, `RuntimeError [enforce fail ...]`,
+`KeyError: 'pytorch-lightning_version'`). One line each now, naming the file (`checkpoint_files.CheckedLoad`)."""
+
+import inspect
+import shutil
+from pathlib import Path
+
+import fsspec
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_vector_model
+from helpers.damage import flip_byte_inside_largest_entry
+from torch.utils.data import DataLoader, TensorDataset
+
+from diffusion import MLP, DiffusionModule, IndexedDataset
+from diffusion.errors import UserError
+from diffusion.training import checkpoint_files
+from diffusion.training.exported import write_export
+from diffusion.training.loading import load_checkpoint
+
+INTACT = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
+MLP_SETTINGS = {"in_channels": 2, "hidden_dim": 8, "num_blocks": 1, "time_embed_dim": 8}
+
+
+@pytest.fixture(scope="module")
+def own_checkpoint(tmp_path_factory) -> Path:
+    """A checkpoint of a module built in Python (its network is not in its hyperparameters: load it with
+    network=...), saved by a Trainer of the user's own."""
+    trainer = L.Trainer(
+        max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=1, limit_val_batches=0,
+    )  # fmt: skip
+    data = DataLoader(IndexedDataset(TensorDataset(torch.randn(16, 2))), batch_size=4)
+    trainer.fit(tiny_vector_model(), data)
+    path = tmp_path_factory.mktemp("own") / "step2.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def truncated(checkpoint: Path, folder: Path) -> tuple[Path, str]:
+    path = folder / "cut.ckpt"
+    path.write_bytes(checkpoint.read_bytes()[:20000])  # a copy that died, a full disk
+    return path, (
+        f"checkpoint_path {path} is truncated or not a PyTorch checkpoint (no intact zip archive) — {INTACT}"
+    )
+
+
+def damaged(checkpoint: Path, folder: Path) -> tuple[Path, str]:
+    path = folder / "flipped.ckpt"
+    shutil.copyfile(checkpoint, path)
+    entry = flip_byte_inside_largest_entry(path)  # a network weight: Lightning loaded it changed
+    return path, (
+        f"checkpoint_path {path} is damaged: its bytes do not match their checksum (a bad copy or a failing disk) "
+        f"(in {entry}) — pass an intact checkpoint: an earlier one of the run, or a backup"
+    )
+
+
+def missing(checkpoint: Path, folder: Path) -> tuple[Path, str]:
+    path = folder / "nope.ckpt"
+    return path, f"checkpoint_path: no checkpoint at {path} — {INTACT}"
+
+
+def export_folder(checkpoint: Path, folder: Path) -> tuple[Path, str]:
+    path = folder / "export"
+    path.mkdir()
+    write_export(
+        tiny_vector_model(), {"class_path": "diffusion.models.MLP", "init_args": MLP_SETTINGS}, path, "raw"
+    )
+    return path, (
+        f"checkpoint_path {path} is an export (python -m diffusion.export), which holds one set of weights and no "
+        "training state — pass a training checkpoint (runs/<name>/version_N/checkpoints/*.ckpt); python -m "
+        "diffusion.sample and load_checkpoint take it as it is"
+    )
+
+
+def samples_file(checkpoint: Path, folder: Path) -> tuple[Path, str]:
+    path = folder / "samples.npz"
+    np.savez(path, np.zeros((2, 2), np.float32))
+    return path, (
+        f"checkpoint_path {path} is a NumPy archive (np.savez, such as sample's samples.npz), not a PyTorch "
+        f"checkpoint — {INTACT}"
+    )
+
+
+def bare_state_dict(checkpoint: Path, folder: Path) -> tuple[Path, str]:
+    path = folder / "weights.ckpt"
+    torch.save(tiny_vector_model().network.state_dict(), path)
+    return path, (
+        f"checkpoint_path {path} holds no model weights (state_dict): it is not a checkpoint of a Lightning run — "
+        "pass a checkpoint a Trainer saved, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
+    )
+
+
+FILES = [truncated, damaged, missing, export_folder, samples_file, bare_state_dict]
+
+
+@pytest.mark.parametrize("given", FILES, ids=[given.__name__ for given in FILES])
+def test_a_file_that_is_no_intact_checkpoint_is_one_line_naming_it(given, toy2d_checkpoint, tmp_path):
+    path, line = given(toy2d_checkpoint, tmp_path)
+    with pytest.raises(UserError) as refused:
+        DiffusionModule.load_from_checkpoint(path)
+    assert str(refused.value) == line
+    # of the built-in kinds: a missing file is a FileNotFoundError, every other a ValueError
+    assert isinstance(refused.value, FileNotFoundError if given is missing else ValueError)
+    with pytest.raises(
+        UserError
+    ) as as_str:  # a str as a Path, and with the keywords of a module built in Python
+        DiffusionModule.load_from_checkpoint(str(path), map_location="cpu", network=MLP(**MLP_SETTINGS))
+    assert str(as_str.value) == line
+
+
+def test_a_damaged_checkpoint_of_a_module_built_in_python_is_refused_with_network_given(
+    own_checkpoint, tmp_path
+):
+    path, line = damaged(own_checkpoint, tmp_path)
+    with pytest.raises(UserError) as refused:
+        DiffusionModule.load_from_checkpoint(
+            path, network=MLP(**MLP_SETTINGS), strict=True, weights_only=True
+        )
+    assert str(refused.value) == line
+
+
+def test_a_sound_checkpoint_loads_the_weights_load_checkpoint_loads(toy2d_checkpoint, tmp_path, capsys):
+    expected = load_checkpoint(toy2d_checkpoint).state_dict()  # EMA weights: the checkpoint's "state_dict"
+    for given in (toy2d_checkpoint, str(toy2d_checkpoint)):
+        loaded = DiffusionModule.load_from_checkpoint(given, map_location="cpu").state_dict()
+        assert loaded.keys() == expected.keys()
+        assert all(torch.equal(loaded[key], expected[key]) for key in expected)
+    folder = tmp_path / "run"  # a folder holding one checkpoint stands for it, as for load_checkpoint
+    folder.mkdir()
+    shutil.copyfile(toy2d_checkpoint, folder / "last.ckpt")
+    loaded = DiffusionModule.load_from_checkpoint(folder).state_dict()
+    assert all(torch.equal(loaded[key], expected[key]) for key in expected)
+    assert (
+        f"note: checkpoint_path {folder} is a folder: using {folder / 'last.ckpt'}" in capsys.readouterr().err
+    )
+
+
+def test_a_sound_checkpoint_of_a_module_built_in_python_loads_with_network_given(own_checkpoint):
+    expected = torch.load(own_checkpoint, weights_only=True)["state_dict"]
+    module = DiffusionModule.load_from_checkpoint(
+        own_checkpoint, map_location="cpu", hparams_file=None, strict=True, weights_only=True,
+        network=MLP(**MLP_SETTINGS),
+    )  # fmt: skip
+    loaded = module.state_dict()
+    assert all(torch.equal(loaded[key], expected[key]) for key in expected)
+    assert module.hparams["num_timesteps"] == 20  # the checkpoint's settings, network= the one given
+
+
+def test_a_path_of_another_filesystem_is_lightnings_to_read(own_checkpoint):
+    with fsspec.open("memory://own/step2.ckpt", "wb") as file:
+        file.write(own_checkpoint.read_bytes())
+    try:
+        module = DiffusionModule.load_from_checkpoint("memory://own/step2.ckpt", network=MLP(**MLP_SETTINGS))
+    finally:
+        fsspec.filesystem("memory").rm("memory://own", recursive=True)
+    expected = torch.load(own_checkpoint, weights_only=True)["state_dict"]
+    assert all(torch.equal(module.state_dict()[key], expected[key]) for key in expected)
+
+
+def test_load_checkpoint_checks_the_file_once(toy2d_checkpoint, monkeypatch):
+    checked = []
+    check = checkpoint_files.checked_checkpoint_file
+
+    def counting(*args, **kwargs):
+        checked.append(args[0])
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_files, "checked_checkpoint_file", counting)
+    load_checkpoint(toy2d_checkpoint)
+    assert len(checked) == 1
+    DiffusionModule.load_from_checkpoint(toy2d_checkpoint)
+    assert len(checked) == 2
+
+
+def test_lightnings_signature_and_its_refusal_on_an_instance_are_kept(own_checkpoint):
+    ours = inspect.signature(DiffusionModule.load_from_checkpoint).parameters
+    lightnings = inspect.signature(L.LightningModule.load_from_checkpoint).parameters
+    assert list(ours) == list(lightnings)
+    assert all(ours[name].default == lightnings[name].default for name in ours)
+    module = tiny_vector_model()
+    with pytest.raises(TypeError, match="cannot be called on an instance"):
+        module.load_from_checkpoint(own_checkpoint, network=MLP(**MLP_SETTINGS))
