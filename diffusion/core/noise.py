@@ -170,10 +170,22 @@ def check_network_dtype(name: str, x: torch.Tensor, weights: torch.dtype, networ
     raise WrongDtype(name, x, f"{theirs}, the dtype of the {network}'s weights", fix)
 
 
-def check_initial_noise(x_T: torch.Tensor) -> None:
-    """x_T floating point (integer noise ended in torch's dtype error at the network's first layer) and finite
-    (NaN noise gave NaN samples without a word)."""
-    fix = "pass the initial noise, e.g. torch.randn(n, *sample_shape)"
+def check_initial_noise(
+    x_T: Any, network: Any = None, sample_shape: str = "sample_shape", count: str = ""
+) -> None:
+    """x_T, the initial noise of `reverse_steps` and `module.trajectory`, before the first step: a tensor (a count
+    of samples ended in "object of type 'int' has no len()", a NumPy array in a false claim of devices), floating
+    point (integer noise ended in torch's dtype error at the network's first layer), finite (NaN noise gave NaN
+    samples without a word), and float64 only for a `network` of float64 (its `check_input_dtype`, this project's
+    networks': said of x_T, not of the network's x). The fix names `sample_shape` as the caller knows it, and for
+    an int the call `count` that draws that many samples ("module.sample({n})"), where there is one."""
+    fix = f"pass the initial noise, e.g. torch.randn(n, *{sample_shape})"
+    if not isinstance(x_T, torch.Tensor):
+        if isinstance(x_T, int) and not isinstance(x_T, bool) and x_T >= 1:  # a count of samples
+            fix = fix.replace("(n,", f"({x_T},") + (f", or {count.format(n=x_T)} for samples" * bool(count))
+        elif hasattr(x_T, "__array__"):  # a NumPy array
+            fix += ", or torch.as_tensor(x_T, dtype=torch.float32) for an array"
+        raise WrongType("x_T", x_T, "a tensor", fix)
     if not x_T.is_floating_point():
         raise WrongDtype("x_T", x_T, "a floating-point tensor", fix)
     if not x_T.is_meta and not bool(torch.isfinite(x_T).all()):
@@ -181,6 +193,9 @@ def check_initial_noise(x_T: torch.Tensor) -> None:
             "x_T holds values that are not finite (NaN or infinity), and every sample drawn from it would be NaN",
             fix,
         )
+    check_input_dtype = getattr(network, "check_input_dtype", None)
+    if x_T.dtype == torch.float64 and callable(check_input_dtype):  # float64: refused under autocast too
+        check_input_dtype(x_T, "x_T")
 
 
 def check_generator(generator: Any, batch: int) -> None:

@@ -370,12 +370,7 @@ def check_reverse_steps_arguments(
         )
     if not isinstance(schedule, NoiseSchedule):
         raise WrongType("schedule", schedule, "a NoiseSchedule", "pass the model's, e.g. module.schedule")
-    if not isinstance(x_T, torch.Tensor):
-        raise WrongType("x_T", x_T, "a tensor", "pass the initial noise, e.g. torch.randn(n, *sample_shape)")
-    check_initial_noise(x_T)
-    check_input_dtype = getattr(model, "check_input_dtype", None)  # this project's networks'
-    if x_T.dtype == torch.float64 and callable(check_input_dtype):  # float64: refused under autocast too
-        check_input_dtype(x_T, "x_T")
+    check_initial_noise(x_T, model)
     check_generator(generator, len(x_T) if x_T.ndim else 0)
     unknown = sorted(set(options) - {f.name for f in fields(SamplingOptions)})
     if unknown:

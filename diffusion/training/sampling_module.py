@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from diffusion.core import noise as counter_noise
-from diffusion.core.noise import Generators, randn
+from diffusion.core.noise import Generators, check_generator, check_initial_noise, randn
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, check_options, final_sample
 from diffusion.core.schedule import NoiseSchedule
@@ -266,12 +266,50 @@ class SamplingModule(L.LightningModule):
         progress: bool = False, labels: torch.Tensor | None = None,
     ) -> Iterator[Step]:  # fmt: skip
         """The reverse process from x_T in eval mode: (t, x_{t_prev}, predicted x_0) after every step, by
-        `self.sampler(options)` for `self.denoiser(len(x_T), labels)`, guided by `guidance_scale`."""
+        `self.sampler(options)` for `self.denoiser(len(x_T), labels)`, guided by `guidance_scale`.
+
+        Its arguments are checked when it is called, before the first step, by `reverse_steps`' own checks: x_T a
+        finite floating-point tensor (N, *sample_shape) on this model's device, the generator(s) and `progress`;
+        the model as `sample` checks it (`check_model_can_sample`)."""
         check_options(options, "options", "module.trajectory(x_T, options=SamplingOptions(...))")
+        check_bool("progress", progress)  # "x" is truthy: a bar, as reverse_steps and generate refuse it
+        check_model_can_sample(self)  # as sample: a .half() module, a meta one
+        check_initial_noise(x_T, self.network, "module.sample_shape", "module.sample({n})")
+        self._check_noise_fits(x_T)
+        check_generator(generator, len(x_T))
+        return self._reverse(x_T, generator, options, progress, labels)
+
+    def _check_noise_fits(self, x_T: torch.Tensor) -> None:
+        """x_T of (N, *sample_shape) on this model's device, read without a host sync: another shape would be said
+        as the data's (a vector model's) or sampled at a size the model never saw, a 0-d tensor would end in torch's
+        len(), another device in torch's words."""
+        shape = tuple(self.sample_shape)
+        if x_T.ndim == 0 or tuple(x_T.shape[1:]) != shape:
+            one = ", ".join(map(str, shape))
+            raise InvalidValue(
+                f"x_T has shape {tuple(x_T.shape)}, and this model samples (N, {one}) (its sample_shape={shape})",
+                "pass the initial noise of its shape, e.g. torch.randn(n, *module.sample_shape)",
+            )
+        if x_T.device != self.device:
+            raise InvalidValue(
+                f"x_T is on {x_T.device} and this model on {self.device}",
+                "pass x_T.to(module.device), or move the model there: module.to(x_T.device)",
+            )
+
+    def _reverse(
+        self, x_T: torch.Tensor, generator: Generators, options: SamplingOptions | None, progress: bool,
+        labels: torch.Tensor | None,
+    ) -> Iterator[Step]:  # fmt: skip
+        """The steps of `trajectory`, its arguments checked (or made here, by `sample`): sampler and denoiser built
+        now, so that their refusals come at the call too, and the steps run in eval mode."""
         sampler = self.sampler(options)
         denoiser = self.denoiser(len(x_T), labels)
-        with self.evaluating():
-            yield from sampler(denoiser, x_T, generator, progress)
+
+        def steps() -> Iterator[Step]:
+            with self.evaluating():
+                yield from sampler(denoiser, x_T, generator, progress)
+
+        return steps()
 
     def sample(
         self, num_samples: int, *, seed: int | None = None, indices: torch.Tensor | None = None,
@@ -288,4 +326,4 @@ class SamplingModule(L.LightningModule):
         # Its own form: module.sampler's ("module.sampler(SamplingOptions(**...))") led to the next refusal here.
         check_options(options, "options", "module.sample(n, options=SamplingOptions(...))")
         x_T, generator = self.initial_noise(num_samples, seed, indices)
-        return final_sample(self.trajectory(x_T, generator, options, progress, labels))
+        return final_sample(self._reverse(x_T, generator, options, progress, labels))
