@@ -67,6 +67,7 @@ from diffusion.cli.type_fits import (
     text_kinds,
 )
 from diffusion.cli.written_twice import (
+    check_each_flag_once,
     check_no_flag_replaced,
     check_one_name_each,
     options_turned_off,
@@ -156,12 +157,10 @@ def parsed_command_line(
     if (problem := print_config_problem(parser, argv)) is not None:
         raise BadCommandLine(*problem)
     written, print_request = without_print_config(argv)
-    items = list(
-        everything_written(parser, written)
-    )  # read once: the list forms' class hints, then the checks
-    for (
-        item
-    ) in items:  # jsonargparse refused it in its own words: `argument <lambda>(data) --> model.class_names`
+    check_each_flag_once(parser, written)  # `--steps 3 --steps 5`: the 3 lost without a word
+    items = list(everything_written(parser, written))  # read once: the list forms' hints, then the checks
+    # jsonargparse refused a linked option in its own words: `argument <lambda>(data) --> model.class_names`
+    for item in items:
         if (set_by := _SET_BY_LINKS.get(parser, {}).get(plain_key(item.key))) is not None:
             raise BadCommandLine(f"{item.shown()}: {set_by}", f"leave --{plain_key(item.key)} out")
     try:

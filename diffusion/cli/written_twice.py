@@ -5,8 +5,12 @@ run changes one option of its file. Written the other way round (`--model.lr 0.5
 `model: {lr: 0.001}` in the file), the file's value replaces the flag's and the flag does nothing: the run trained
 at 0.001, and `export --out new --config f.yaml` wrote into the file's `out`. An option given under its old name
 and its new one is the same loss. Both are refused naming the two places, unless they give the same value (a file
-that repeats a flag's value loses nothing). A config file after another (`--config a.yaml --config b.yaml`) is the
-documented way to layer files, and is left alone.
+that repeats a flag's value loses nothing). The very same flag written twice (`--steps 3 ... --steps 5`) is the
+usual way to override a flag of a long command (a script's flags, then the user's): the last wins, as in every
+argparse command, and a note says which value was dropped; a list flag written twice (`--metrics fid --metrics kid`,
+`--trainer.callbacks A --trainer.callbacks B`) is refused, as its first items would be lost where they were most
+likely meant to add up. A config file after another (`--config a.yaml --config b.yaml`) is the documented way to
+layer files, and a list added to (`--trainer.callbacks+=CLASS`) takes every item: both are left alone.
 
 An option of a class (`--trainer.logger.init_args.name foo`) with that class turned off (`--trainer.logger false`)
 does nothing: after the option, the run goes on without it, and a note says so (`options_turned_off`); before
@@ -16,8 +20,9 @@ Written by no one: a note on an option that no flag or config file set says it a
 (`said_with_defaults`), not as a flag the user never gave.
 """
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, get_origin
 
 from jsonargparse import ArgumentParser, Namespace
 
@@ -54,21 +59,113 @@ def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: 
 
 
 def check_short_and_long_form_agree(args: Sequence[str], shorthands: Sequence[str], group: str) -> None:
-    """Refuse a shorthand (`--max_steps 4`) and its long form (`--trainer.max_steps 3`) given different values:
-    both set one option, and the last would win without a word."""
+    """Refuse a shorthand (`--max_steps 4`) and its long form (`--trainer.max_steps 3`) given different values: both
+    set one option, and the last would win without a word (the same form twice is `check_each_flag_once`'s)."""
     given: dict[str, list[tuple[str, str]]] = {}
     for key, values in flags_written(args):
         name = key.removeprefix(f"{group}.")
         if name in shorthands:
             given.setdefault(name, []).append((key, " ".join(values)))
     for name, forms in given.items():
-        if len({key for key, _ in forms}) > 1 and len({value for _, value in forms}) > 1:
-            (first, first_value), (last, last_value) = forms[0], forms[-1]
+        (first, first_value), *later = forms
+        other = next(((key, value) for key, value in later if not _same_words(first_value, value)), None)
+        if other is None:
+            continue
+        last, last_value = other
+        if first == last:  # the very flag twice: the last wins, said by the parse (`check_each_flag_once`)
+            continue
+        raise UserError(
+            f"--{first} {first_value} and --{last} {last_value} set one option (--{name} is short for "
+            f"--{group}.{name}) to different values",
+            f"give it once (--{name} or --{group}.{name})",
+        )
+
+
+def check_each_flag_once(parser: ArgumentParser, argv: Sequence[str]) -> None:
+    """A flag written twice with different values (`--steps 3 ... --steps=5`): the last wins, and a note says which
+    value was dropped; a list flag written twice is refused (`_give_once`). The same value twice loses nothing.
+    Left alone: config files (`--config a.yaml --config b.yaml` layer), a list added to (`--trainer.callbacks+=X`,
+    `--sweep+=0.3`) and the options of each item added (a `--trainer.callbacks.logging_interval` after each), and a
+    flag that is no option (the parse says it)."""
+    keys = [arg[2:].partition("=")[0] for arg in argv if arg.startswith("--")]  # as written: `callbacks+`
+    added_to = {key.removesuffix("+") for key in keys if key.endswith("+")}
+    first: dict[str, Written] = {}
+    for written_key, (key, values) in zip(keys, flags_written(argv), strict=True):
+        if written_key.endswith("+"):  # the options after it are those of the item added
+            first = {k: flag for k, flag in first.items() if not k.startswith(f"{plain_key(key)}.")}
+        if key in added_to or is_config_file_flag(parser, key) or not _an_option(parser, key):
+            continue
+        flag = Written(key, tuple(values))
+        earlier = first.setdefault(plain_key(key), flag)
+        if earlier is not flag and _turns_off(earlier) and _class_option(parser, key):
+            # `--trainer.logger false --trainer.logger CSVLogger`: off, then chosen anew (its arguments dropped)
+            first[plain_key(key)] = flag
+        elif earlier is not flag and not _same_flag_value(parser, earlier, flag):
+            if not _a_list(parser, key):
+                say_last_wins(earlier.shown(), flag.shown())
+                first[plain_key(key)] = flag  # a third value is said against the one it replaces
+                continue
             raise UserError(
-                f"--{first} {first_value} and --{last} {last_value} set one option (--{name} is short for "
-                f"--{group}.{name}) to different values",
-                f"give it once (--{name} or --{group}.{name})",
+                f"{earlier.shown()} and {flag.shown()} set one option to different values",
+                _give_once(parser, key),
             )
+
+
+def say_last_wins(earlier: str, last: str) -> None:
+    """The note of a flag given twice: the last value is the one used (once, by rank 0 of a run)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) == 0:  # set by Lightning at import, from the launcher's environment
+        print(f"note: {earlier} and then {last}: the last given is used ({last})", file=sys.stderr)
+
+
+def _a_list(parser: ArgumentParser, key: str) -> bool:
+    """Whether `key` takes several values (`--metrics A B`) or a list (`--sweep [A, B]`, callbacks)."""
+    action = action_of(parser, key)
+    return action is not None and (
+        action.nargs in ("+", "*")
+        or any(get_origin(kind) is list for kind in alternatives(declared_type(action)))
+    )
+
+
+def _class_option(parser: ArgumentParser, key: str) -> bool:
+    action = action_of(parser, key)
+    return action is not None and takes_a_class(declared_type(action))
+
+
+def _an_option(parser: ArgumentParser, key: str) -> bool:
+    """Whether `key` is an option of `parser`, or an argument of a class one of its options chooses."""
+    parts = key.split(".")
+    return any(action_of(parser, ".".join(parts[:cut])) is not None for cut in range(len(parts), 0, -1))
+
+
+def _same_flag_value(parser: ArgumentParser, one: Written, other: Written) -> bool:
+    """Whether two flags of one option give it the same value: `1e-3` and `0.001`, `fid kid` and `[fid, kid]`,
+    `--overwrite` and `--overwrite true`, a class by its name and by its path."""
+    action = action_of(parser, one.key)
+    if _class_option(parser, one.key) and len(one.values) == len(other.values) == 1:
+        return _class_name(one.values[0]) == _class_name(other.values[0])
+    words = [list(flag.values) or ["true"] for flag in (one, other)]  # a flag alone (`--overwrite`): true
+    if action is not None:
+        words = [in_list_form(declared_type(action), action.nargs, each) for each in words]
+    return _same_words(" ".join(words[0]), " ".join(words[1])) or _equal(
+        *([yaml_or_none(word) for word in each] for each in words)
+    )
+
+
+def _same_words(one: str, other: str) -> bool:
+    """Whether two values as written are the same value read as YAML (`3` and `3`, `1e-3` and `0.001`)."""
+    return one == other or _equal(yaml_or_none(one), yaml_or_none(other))
+
+
+def _give_once(parser: ArgumentParser, key: str) -> str:
+    """The fix: give it once; a list gives all its items at once, or adds one (`+=`)."""
+    action = action_of(parser, key)
+    if action is not None and action.nargs in ("+", "*"):
+        return f"give it once, with all its values (--{key} A B)"
+    if action is not None and any(get_origin(kind) is list for kind in alternatives(declared_type(action))):
+        return f"give it once, with all its items ([A, B]), or add one with --{key}+=B"
+    return "give it once"
 
 
 def check_no_flag_replaced(parser: ArgumentParser, written: Sequence[Written]) -> None:
