@@ -24,6 +24,7 @@ from diffusion.errors import (
     InvalidValue,
     MissingFile,
     UserError,
+    WeightsDoNotFit,
     WrongType,
     check_choice,
     check_weights_fit,
@@ -239,9 +240,30 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
             "load it with the version of this package that wrote it",
         ) from err
     state = read_export_weights(folder, config.get("weights_sha256"))
-    check_weights_fit(module.network, state, str(folder / WEIGHTS), FIX)
+    try:
+        check_weights_fit(module.network, state, str(folder / WEIGHTS), FIX)
+    except WeightsDoNotFit as misfit:  # the weights the export wrote (their checksum): config.json was edited
+        checked = config.get("weights_sha256") is not None
+        raise network_edited(misfit, type(module.network).__name__, folder / CONFIG, checked) from misfit
     module.network.load_state_dict(state)
     return module.to(map_location).eval()
+
+
+def network_edited(
+    misfit: WeightsDoNotFit, network: str, config_path: Path, checked: bool
+) -> WeightsDoNotFit:
+    """The misfit of an export's weights with the network its config.json describes, said of config.json's
+    network: the weights are the ones the export wrote (`checked`: their checksum matched), so its network's
+    settings were edited. An export without a checksum may hold other weights instead."""
+    weights = "" if checked else f" (or put back the {WEIGHTS} the export wrote)"
+    said = WeightsDoNotFit(
+        f"{config_path.parent / WEIGHTS}: these weights do not fit the {network} config.json describes "
+        f"({misfit.summary})",
+        f"correct hyper_parameters.network in {config_path} to the network the weights were trained with{weights}, "
+        "or export the checkpoint again (python -m diffusion.export)",
+    )
+    said.summary = misfit.summary
+    return said
 
 
 def check_init_from_export(path: str | os.PathLike, network: type) -> str:
