@@ -120,11 +120,16 @@ def say_last_wins(earlier: str, last: str) -> None:
 
 
 def _a_list(parser: ArgumentParser, key: str) -> bool:
-    """Whether `key` takes several values (`--metrics A B`) or a list (`--sweep [A, B]`, callbacks)."""
+    """Whether `key` takes several values (`--metrics A B`), only a list (`--sweep [A, B]`), or a list of classes
+    (`--trainer.callbacks`, whose second list jsonargparse failed to read); not an option of which a list is one
+    form among single values (`--trainer.devices 4`, `[0, 1]` or `auto`): a later value of it replaces the first."""
     action = action_of(parser, key)
-    return action is not None and (
-        action.nargs in ("+", "*")
-        or any(get_origin(kind) is list for kind in alternatives(declared_type(action)))
+    if action is None:
+        return False
+    kinds = [kind for kind in alternatives(declared_type(action)) if kind is not type(None)]
+    lists = [kind for kind in kinds if get_origin(kind) is list]
+    return action.nargs in ("+", "*") or (
+        bool(lists) and (len(lists) == len(kinds) or _class_option(parser, key))
     )
 
 

@@ -67,9 +67,9 @@ def test_paths_under_home_are_read_there(images, tmp_path, monkeypatch, capsys):
     assert (images / "s.npz").is_file() and not (tmp_path / "~").exists()
 
 
-def fid_args(folder, reference="digits"):
+def fid_args(folder, reference="digits", features="pixels"):
     """The 16 samples against `reference` (the bundled 8x8 digits by default), pixel FD alone."""
-    return ["--samples", str(folder / "samples.npz"), "--reference", reference, "--features", "pixels",
+    return ["--samples", str(folder / "samples.npz"), "--reference", reference, "--features", features,
             "--metrics", "fid"]  # fmt: skip
 
 
@@ -144,7 +144,7 @@ def test_an_image_size_of_pixel_features_is_said_pooled_to_8x8(images, capsys):
 
 def test_an_image_size_that_inception_would_compare_with_other_samples_is_refused(images, capsys):
     """Refused before the reference is read or any Inception model built (no download, no torch-fidelity)."""
-    args = [*fid_args(images), "--features", "inception", "--image_size", "16"]
+    args = [*fid_args(images, features="inception"), "--image_size", "16"]
     with pytest.raises(SystemExit) as stop:
         evaluate.main(args)
     assert stop.value.code == 2

@@ -47,6 +47,13 @@ def test_train_takes_the_last_of_a_flag_given_twice_and_says_so(capsys):
     ]
 
 
+def test_an_option_of_which_a_list_is_one_form_takes_the_last_too(capsys):
+    # --trainer.devices takes 4, [0, 1] or auto: a documented command with --devices 2 added runs on 2
+    config, notes = printed_config(["--devices", "4", "--devices", "2", "--accelerator", "cpu"], capsys)
+    assert str(config["trainer"]["devices"]) == "2"
+    assert notes == [f"note: --trainer.devices 4 and then --trainer.devices 2: {LAST} (--trainer.devices 2)"]
+
+
 def test_train_refuses_a_list_of_classes_given_twice(capsys):
     # the first list lost (jsonargparse failed with a traceback); `+=` adds to it
     step_timer, monitor = (
