@@ -2,6 +2,7 @@
 first time a process reads it (its SHA-256 in prepared.json), held or streamed, with or without loading processes;
 a set prepared before the checksums (format 1) is read as before, and a chunk of it litdata cannot decode is named."""
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -11,7 +12,8 @@ import torch
 
 from diffusion.cli.prepare import main as prepare
 from diffusion.data import ImageDataModule
-from diffusion.data.prepared import MANIFEST, sha256
+from diffusion.data.prepared import MANIFEST, open_prepared, sha256
+from diffusion.data.streaming import StreamLoader
 from diffusion.errors import UserError
 
 DAMAGED = (
@@ -72,3 +74,11 @@ def test_a_set_prepared_before_the_checksums_is_read_as_before_and_a_chunk_it_ca
         with pytest.raises(UserError, match=r"chunk .*/train/chunk-1-0\.bin cannot be decoded \(") as refused:
             batches(damaged, on_device)
         assert "the prepared set is damaged — prepare the set again" in str(refused.value)
+
+
+def test_a_stream_that_meets_no_damage_leaves_no_folder_behind(digits_set):
+    """Its loading processes' refusals go into a folder made by the first one: a run killed with SIGKILL (no
+    finalizer runs) left an empty diffusion-stream-* folder in the temporary folder each time."""
+    loader = StreamLoader(open_prepared(str(digits_set)), 8, num_workers=2, seed=3)
+    assert len(list(itertools.islice(loader, 3))) == 3
+    assert not Path(loader.stream.errors).exists()
