@@ -37,6 +37,7 @@ from diffusion.errors import (
     check_bool,
     check_whole_number,
 )
+from diffusion.generation.arguments import checked_seed
 from diffusion.generation.image_grid import FROM_SAMPLES, HALF_A_LEVEL, check_channels_first, check_images
 from diffusion.metrics.features import (
     Features,
@@ -228,9 +229,11 @@ class SampleQuality(nn.Module):
             with warnings.catch_warnings():
                 # KID keeps every feature vector (N x 2048 floats: 8 MB per 1000 images); no need to warn.
                 warnings.filterwarnings("ignore", message=".*will save all extracted features in buffer.*")
+                # Not cached: torchmetrics returns a cached compute() until the next update, so a compute under
+                # another seed gave the first seed's subsets without a word.
                 self.kid = KernelInceptionDistance(
                     feature=GivenFeatures(size), subsets=kid_subsets, subset_size=kid_subset_size,
-                    reset_real_features=False, **metric_kwargs,
+                    reset_real_features=False, **{**metric_kwargs, "compute_with_cache": False},
                 )  # fmt: skip
         self.inception_score = InceptionScore(is_splits, **metric_kwargs) if "is" in metrics else None
 
@@ -299,6 +302,7 @@ class SampleQuality(nn.Module):
         it, and every rank gets the same values. KID draws its random subsets under ``seed`` in a forked RNG,
         so ranks agree and training randomness is left untouched.
         """
+        seed = checked_seed(seed)  # torch cut 1.5 to 1 and took -1 as 2**64 - 1 without a word
         num_fake = _gathered_sum(self.fid, self.fid.fake_features_num_samples)
         num_real: int | None
         if self.reference is None:

@@ -201,3 +201,37 @@ def test_images_of_other_channels_are_said_with_a_fix_that_works(images, said):
     which its constructor refuses."""
     with pytest.raises(ValueError, match=said):
         SampleQuality(features="pixels", metrics=("fid",), channels=1).update(images, real=False)
+
+
+def kid_of(seed: int, then: int | None = None) -> float:
+    torch.manual_seed(0)
+    quality = SampleQuality("pixels", ("kid",), channels=1, kid_subset_size=2, kid_subsets=3)
+    quality.update(torch.rand(16, 1, 8, 8), real=True)
+    quality.update(torch.rand(16, 1, 8, 8), real=False)
+    first = quality.compute(seed=seed)["kid_mean"]
+    return first if then is None else quality.compute(seed=then)["kid_mean"]
+
+
+def test_a_second_compute_under_another_seed_draws_that_seeds_kid_subsets():
+    """Round 20b's S3: torchmetrics returned the first compute's KID (seed 0's subsets) for seed 12345."""
+    assert kid_of(0, then=12345) == kid_of(12345) != kid_of(0)
+
+
+@pytest.mark.parametrize(
+    ("seed", "said"),
+    [
+        ("x", r"^seed='x' is a str, not a whole number"),
+        (None, r"^seed=None is a NoneType, not a whole number"),
+        (1.5, r"^seed=1.5 must be a whole number"),
+        (True, r"^seed=True is a bool, not a whole number"),
+        (-1, r"^seed=-1 must be a whole number in \[0, 2\*\*64 - 1\]"),
+        (2**70, r"^seed=1180591620717411303424 must be a whole number in \[0, 2\*\*64 - 1\]"),
+    ],
+)
+def test_a_kid_seed_that_is_no_seed_is_refused_by_its_name(seed, said):
+    """Round 20b's S2: torch's own errors named no seed, and 1.5, True and -1 gave a KID without a word."""
+    quality = SampleQuality("pixels", ("kid",), channels=1, kid_subset_size=2, kid_subsets=3)
+    quality.update(torch.zeros(4, 1, 8, 8, dtype=torch.uint8), real=True)
+    quality.update(torch.zeros(4, 1, 8, 8, dtype=torch.uint8), real=False)
+    with pytest.raises((TypeError, ValueError), match=said):
+        quality.compute(seed=seed)
