@@ -243,6 +243,10 @@ def save_statistics(path: str | Path, stats: FeatureStatistics) -> Path:
             "pass the statistics to save: SampleQuality.real_statistics(), or load_statistics(path)",
         )  # fmt: skip
     path = Path(path)
+    if path.is_dir():  # the rename into place failed naming its temporary file
+        raise InvalidValue(
+            f"path {path} is a folder, not a file", f"pass the .npz file to write, e.g. {path / 'stats.npz'}"
+        )
     extra = {
         key: np.asarray(value)
         for key, value in [("features", stats.features), ("num_images", stats.num_images),

@@ -235,3 +235,13 @@ def test_a_kid_seed_that_is_no_seed_is_refused_by_its_name(seed, said):
     quality.update(torch.zeros(4, 1, 8, 8, dtype=torch.uint8), real=False)
     with pytest.raises((TypeError, ValueError), match=said):
         quality.compute(seed=seed)
+
+
+def test_save_statistics_into_a_folders_path_names_the_folder(tmp_path):
+    """Round 20b's S5: a bare IsADirectoryError naming a temporary file the caller never wrote."""
+    with pytest.raises(ValueError) as refused:
+        save_statistics(tmp_path, FeatureStatistics(np.zeros(4), np.eye(4)))
+    assert str(refused.value) == (
+        f"path {tmp_path} is a folder, not a file — pass the .npz file to write, e.g. {tmp_path / 'stats.npz'}"
+    )
+    assert not list(tmp_path.iterdir())
