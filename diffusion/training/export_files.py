@@ -6,6 +6,7 @@ modules."""
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -57,10 +58,18 @@ def read_export_weights(folder: Path, expected_sha256: object = None) -> dict[st
             "pass the .ckpt itself to load_checkpoint (under a .ckpt name), or export it again (python -m "
             f"diffusion.export) into {folder}",
         )
+    if expected_sha256 is not None and not (
+        isinstance(expected_sha256, str) and re.fullmatch(r"[0-9a-fA-F]{64}", expected_sha256)
+    ):  # an edited config.json: the weights are not what is wrong
+        raise InvalidValue(
+            f"{folder / CONFIG}: weights_sha256={expected_sha256!r} is not a SHA-256 (64 hex digits)",
+            f"write back the value export wrote, or export the checkpoint again (python -m diffusion.export) into "
+            f"{folder}",
+        )
     if (
         expected_sha256 is not None
         and (folder / WEIGHTS).is_file()
-        and sha256_of(folder / WEIGHTS) != expected_sha256
+        and sha256_of(folder / WEIGHTS) != str(expected_sha256).lower()
     ):
         raise InvalidValue(
             f"{folder / WEIGHTS} is damaged: its bytes do not match the checksum in {CONFIG} (a bad copy or a "

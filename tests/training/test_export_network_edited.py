@@ -80,3 +80,23 @@ def test_the_export_as_written_still_loads(edited):
     config["hyper_parameters"]["network"]["init_args"]["channels"] = 8
     (edited / CONFIG).write_text(json.dumps(config))
     assert torch.is_tensor(next(diffusion.load_checkpoint(edited).network.parameters()))
+
+
+@pytest.mark.parametrize(
+    "checksum", [12, "abc", "A" * 64, None], ids=["number", "short", "upper-case", "null"]
+)
+def test_a_weights_checksum_that_is_none_is_said_of_config_json(edited, checksum):
+    """Round 20b's S4: `"weights_sha256": 12` was said as model.safetensors damaged (a bad copy or a failing disk)."""
+    config = json.loads((edited / CONFIG).read_text())
+    config["hyper_parameters"]["network"]["init_args"]["channels"] = 8  # the network of the weights again
+    config["weights_sha256"] = checksum
+    (edited / CONFIG).write_text(json.dumps(config))
+    if checksum is None:  # an export written without it: read unchecked
+        assert isinstance(diffusion.load_checkpoint(edited), DiffusionModule)
+        return
+    with pytest.raises(ValueError) as refused:
+        diffusion.load_checkpoint(edited)
+    assert str(refused.value) == (
+        f"{edited / CONFIG}: weights_sha256={checksum!r} is not a SHA-256 (64 hex digits) — write back the value "
+        f"export wrote, or export the checkpoint again (python -m diffusion.export) into {edited}"
+    )
