@@ -399,5 +399,5 @@ class DiffusionModule(CheckedLoad, SamplingModule):  # load_from_checkpoint chec
             rank, world_size = self.trainer.global_rank, self.trainer.world_size
             self._resumed_states, self._resumed_step = resumed_states(checkpoint, rank, world_size)
         drop_old_schedule_buffers(checkpoint, set(self.state_dict()))
-        if self._trainer is not None and self.trainer.state.fn == "fit":  # before its weights are loaded
-            check_resumed_checkpoint(self, checkpoint, self.trainer.ckpt_path)
+        if self._trainer is not None:  # before its weights are loaded (fit: its training settings too)
+            check_resumed_checkpoint(self, checkpoint, self.trainer.ckpt_path, self.trainer.state.fn)

@@ -258,11 +258,23 @@ def differing_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> 
     ]
 
 
-def check_resumed_checkpoint(module: torch.nn.Module, checkpoint: Mapping[str, Any], path: Any) -> None:
+def check_resumed_checkpoint(
+    module: torch.nn.Module, checkpoint: Mapping[str, Any], path: Any, stage: str | None = "fit"
+) -> None:
     """Refuse to resume `checkpoint` (read from `path`) into `module` when its training settings differ (the
     optimizer state, EMA and schedule belong to them: another prediction_type trained on without a word) or its
     weights do not fit (torch's size-mismatch report): what train.py checks of --ckpt_path, for a fit of the
-    user's own, `trainer.fit(module, ..., ckpt_path=path)`, before the weights are loaded."""
+    user's own, `trainer.fit(module, ..., ckpt_path=path)`, before the weights are loaded. Of another `stage`
+    (`trainer.validate(module, ..., ckpt_path=path)`, test, predict) only the weights are its to check."""
+    if stage != "fit":
+        weights = checkpoint.get("state_dict")
+        if isinstance(weights, Mapping):
+            fix = (
+                f"{getattr(stage, 'value', stage)} it with a DiffusionModule of the network it was trained with "
+                f"(DiffusionModule.load_from_checkpoint({str(path)!r}) builds it), without ckpt_path"
+            )
+            check_weights_fit(module, weights, f"ckpt_path {path}", fix, type(module))
+        return
     hparams = checkpoint.get("hyper_parameters")
     settings = (
         differing_settings(hparams, getattr(module, "hparams", {})) if isinstance(hparams, Mapping) else []

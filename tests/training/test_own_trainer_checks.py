@@ -124,6 +124,27 @@ def test_a_resume_of_another_network_is_refused_in_one_line_not_torchs_report(ch
         _fit(vector_model(hidden_dim=16), max_steps=4, ckpt_path=checkpoint)
 
 
+@pytest.mark.parametrize("stage", ["validate"])  # the stages DiffusionModule has a step of
+def test_a_checkpoint_of_another_network_validated_is_one_line(checkpoint, stage):
+    """Round 20b's S1: trainer.validate / test(..., ckpt_path=) gave torch's size-mismatch report; other training
+    settings are no matter there (nothing is trained), the weights alone are checked."""
+    trainer = L.Trainer(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu"
+    )
+    run = getattr(trainer, stage)
+    with pytest.raises(WeightsDoNotFit) as refused:
+        run(vector_model(hidden_dim=16), _loader(), ckpt_path=checkpoint)
+    assert re.match(
+        rf"^ckpt_path {re.escape(checkpoint)}: these weights do not fit DiffusionModule \(\d+ of another shape .*\)\) — "
+        rf"{stage} it with a DiffusionModule of the network it was trained with "
+        rf"\(DiffusionModule.load_from_checkpoint\('{re.escape(checkpoint)}'\) builds it\), without ckpt_path$",
+        str(refused.value),
+    ), str(refused.value)
+    assert run(
+        vector_model(prediction_type="v"), _loader(), ckpt_path=checkpoint
+    )  # settings of sampling: its own
+
+
 def test_a_resume_with_the_same_settings_goes_on_and_sampling_may_change(checkpoint):
     trainer = _fit(vector_model(sampling={"sampler": "ddpm"}), max_steps=4, ckpt_path=checkpoint)
     assert trainer.global_step == 4
