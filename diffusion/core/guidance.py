@@ -6,6 +6,8 @@ the unconditional model, and the unconditional half of a guided forward. The net
 a row of its own.
 """
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -66,3 +68,26 @@ def as_float(output: object) -> torch.Tensor:
             "make model(x_t, t) return the prediction itself, one tensor of x_t's shape",
         )
     return output.float()
+
+
+def labels_unlearnt(labels: torch.Tensor | None, num_classes: int, label_dropout: Any) -> None:
+    """Refuse labels that ask a class-conditional model trained with label_dropout 0 for its unconditional
+    prediction, which it never learnt (its "no label" row was never trained): None (every sample without a label)
+    or NO_LABEL (-1) for some; as guidance, which takes that prediction too, is refused (`guidance_unlearnt`)."""
+    if label_dropout != 0:
+        return
+    fix = f"pass a class 0..{num_classes - 1} for every sample (class_labels(n, module.num_classes): each in turn)"
+    unlearnt = (
+        "the unconditional prediction, which this model never learnt (it was trained with label_dropout 0)"
+    )
+    if labels is None:
+        raise InvalidValue(
+            f"labels is unset: every sample would take {unlearnt}",
+            f"{fix}, or train with label_dropout 0.1-0.2",
+        )
+    unlabelled = int((labels == NO_LABEL).sum())
+    if unlabelled:
+        raise InvalidValue(
+            f"labels holds {NO_LABEL} (no label) for {unlabelled} of the {len(labels)} samples: {unlearnt}",
+            f"{fix}, or train with label_dropout 0.1-0.2",
+        )

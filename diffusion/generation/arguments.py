@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from diffusion.core.guidance import NO_LABEL
+from diffusion.core.guidance import labels_unlearnt
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.sampling import (
     ModelSampling,
@@ -265,15 +265,8 @@ def checked_labels(module: Any, labels: Any, num_samples: int) -> torch.Tensor |
         raise OutOfRange(
             "labels", f"<{tuple(tensor.shape)} labels>", f"one label per sample, shape ({num_samples},)", fix
         )
-    unlabelled = int((tensor == NO_LABEL).sum())
-    if unlabelled and sampling is not None and sampling.label_dropout == 0:  # as guidance is refused
-        last = getattr(module, "num_classes", None)
-        raise InvalidValue(
-            f"labels holds {NO_LABEL} (no label) for {unlabelled} of the {num_samples} samples: "
-            "the unconditional prediction, which this model never learnt (it was trained with label_dropout 0)",
-            f"pass a class{f' 0..{last - 1}' if last else ''} for every sample, or train with label_dropout "
-            "0.1-0.2",
-        )
+    if sampling is not None and getattr(module, "num_classes", None) is not None:  # as guidance is refused
+        labels_unlearnt(tensor, module.num_classes, sampling.label_dropout)
     return tensor.long()
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from diffusion.core import noise as counter_noise
+from diffusion.core.guidance import labels_unlearnt
 from diffusion.core.noise import Generators, check_generator, check_initial_noise, randn
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
 from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, check_options, final_sample
@@ -241,11 +242,14 @@ class SamplingModule(L.LightningModule):
 
     def denoiser(self, num_samples: int, labels: torch.Tensor | None = None) -> Denoiser:
         """The network as samplers see it, for `num_samples` samples of these `labels` (B,): the class of each
-        sample of a class-conditional model (NO_LABEL: none); None samples a conditional model unconditionally."""
+        sample of a class-conditional model (NO_LABEL: none); None samples a conditional model unconditionally,
+        refused, as NO_LABEL is, for a model trained with label_dropout 0 (it never learnt that)."""
+        checked = labels_for_sampling(labels, self.num_classes, num_samples)
+        if self.num_classes is not None:  # a model that never learnt without labels: every sample takes one
+            labels_unlearnt(checked, self.num_classes, self.hparams.get("label_dropout"))
         return Denoiser(
             self.network, self.schedule, self.hparams["prediction_type"],
-            learned_variance=self.hparams["variance"] == "learned_range",
-            labels=self._to_device(labels_for_sampling(labels, self.num_classes, num_samples)),
+            learned_variance=self.hparams["variance"] == "learned_range", labels=self._to_device(checked),
         )  # fmt: skip
 
     def _to_device(self, tensor: torch.Tensor | None) -> torch.Tensor | None:

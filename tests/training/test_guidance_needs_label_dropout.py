@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from diffusion import IndexedDataset
 from diffusion.cli.train import main
-from diffusion.core.sampling import SAMPLERS, SamplingOptions
+from diffusion.core.sampling import SAMPLERS, SamplingOptions, final_sample
 from diffusion.generation.ranks import generate
 from diffusion.models import MLP, UNet
 from diffusion.training import callbacks
@@ -92,10 +92,33 @@ def test_samples_without_a_label_of_a_model_that_never_dropped_labels_are_refuse
         generate(conditional(), 2, sampler=SAMPLERS["ddim"](steps=2), labels=torch.tensor([0, -1]))
     assert str(caught.value) == (
         "labels holds -1 (no label) for 1 of the 2 samples: the unconditional prediction, which this model never "
-        "learnt (it was trained with label_dropout 0) — pass a class 0..2 for every sample, or train with "
-        "label_dropout 0.1-0.2"
+        "learnt (it was trained with label_dropout 0) — pass a class 0..2 for every sample (class_labels(n, "
+        "module.num_classes): each in turn), or train with label_dropout 0.1-0.2"
     )
     assert generate(conditional(label_dropout=0.1), 2, labels=torch.tensor([0, -1])).shape == (2, 2)
+
+
+@pytest.mark.parametrize("labels", [None, torch.tensor([0, -1])], ids=["unset", "one without a label"])
+@pytest.mark.parametrize("call", ["sample", "trajectory"])
+def test_module_sampling_without_a_label_of_a_model_that_never_dropped_labels_is_refused(call, labels):
+    """Round 20b's S6: module.sample and module.trajectory (and generate without labels) sampled the unconditional
+    prediction such a model never learnt; a model trained with label dropout samples unconditionally."""
+    options = SamplingOptions(sampler="ddim", steps=2)
+    draw = {
+        "sample": lambda module: module.sample(2, options=options, labels=labels),
+        "trajectory": lambda module: final_sample(
+            module.trajectory(torch.randn(2, 2), options=options, labels=labels)
+        ),
+    }[call]
+    with pytest.raises(
+        ValueError, match=r"the unconditional prediction, which this model never learnt \(it was "
+    ):
+        draw(conditional())
+    assert draw(conditional(label_dropout=0.1)).shape == (2, 2)
+    with pytest.raises(
+        ValueError, match=r"^labels is unset: every sample would take the unconditional prediction"
+    ):
+        generate(conditional(), 2, sampler=SAMPLERS["ddim"](steps=2))
 
 
 def test_a_model_that_dropped_labels_or_does_not_say_guides():
