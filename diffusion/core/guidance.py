@@ -82,7 +82,8 @@ def labels_unlearnt(labels: torch.Tensor | None, num_classes: int, label_dropout
     )
     if labels is None:
         raise InvalidValue(
-            f"labels is unset: every sample would take {unlearnt}",
+            "labels is unset: every sample would take the unconditional prediction, which this model never learnt "
+            "(it was trained with label_dropout 0)",
             f"{fix}, or train with label_dropout 0.1-0.2",
         )
     unlabelled = int((labels == NO_LABEL).sum())
