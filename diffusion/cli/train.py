@@ -59,6 +59,7 @@ from diffusion.cli.trainer_options import (
     expand_shorthands,
     runs_on_cpu,
     step_checkpoints_note,
+    unused_root_dir_note,
     validation_off_note,
     warmup_note,
 )
@@ -267,7 +268,7 @@ class DiffusionCLI(LightningCLI):
                 )
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config, self._said)
-        for note_of in (validation_off_note, warmup_note, step_checkpoints_note):
+        for note_of in (validation_off_note, warmup_note, step_checkpoints_note, unused_root_dir_note):
             if warning := note_of(self.config, self._said):
                 rank_zero_warn(CommandNote(warning))
         check_hardware_flags(self.config.trainer)

@@ -248,6 +248,25 @@ def step_checkpoints_note(config: Namespace, say: SayOption = as_flag) -> str | 
     )
 
 
+def unused_root_dir_note(config: Namespace, say: SayOption = as_flag) -> str | None:
+    """--trainer.default_root_dir with a logger: Lightning puts the run under the logger's save_dir (the recipes'
+    `runs`), and the folder given went unused without a word."""
+    root, logger = config.get("trainer.default_root_dir"), config.get("trainer.logger")
+    loggers = logger if isinstance(logger, list) else [logger]
+    save_dirs = [
+        item.get("init_args", {}).get("save_dir")
+        for item in loggers
+        if hasattr(item, "get") and item.get("class_path")
+    ]
+    if root is None or not save_dirs or save_dirs[0] is None:
+        return None
+    return (
+        f"{say('trainer.default_root_dir', root)} does not move the run: with a logger, "
+        f"the run folder is under the logger's save_dir ({save_dirs[0]}) — pass --trainer.logger.init_args.save_dir "
+        f"{root} to put it there"
+    )
+
+
 def _check_name(
     key: str, written: Any, names: tuple[str, ...], any_case: bool = False, say: SayOption = as_flag
 ) -> None:

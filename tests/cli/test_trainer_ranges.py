@@ -119,6 +119,33 @@ def test_a_step_checkpoint_interval_past_the_run_is_said(tmp_path):
         DiffusionCLI([*given, "--checkpoint.every_n_train_steps", "2"])
 
 
+def test_a_default_root_dir_beside_a_logger_is_said_not_to_move_the_run(tmp_path):
+    """Round 20a's R1: the run went under the logger's save_dir (runs/) and the folder given stayed unused, silent."""
+    root = str(tmp_path / "elsewhere")
+    with pytest.warns(UserWarning) as caught:
+        DiffusionCLI(
+            [
+                *TINY_UNET,
+                "--max_steps",
+                "2",
+                "--trainer.default_root_dir",
+                root,
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path / "runs"),
+            ]
+        )
+    notes = [str(w.message) for w in caught if "default_root_dir" in str(w.message)]
+    assert notes == [
+        f"--trainer.default_root_dir {root} does not move the run: with a logger, the run folder is under the "
+        f"logger's save_dir ({tmp_path / 'runs'}) — pass --trainer.logger.init_args.save_dir {root} to put it there"
+    ]
+    with warnings.catch_warnings():  # without a logger it is the run folder itself
+        warnings.filterwarnings("error", message=".*default_root_dir.*")
+        DiffusionCLI(
+            [*TINY_UNET, "--max_steps", "2", "--trainer.default_root_dir", root, "--trainer.logger", "false"]
+        )
+
+
 def test_no_images_held_out_is_said_as_validation_turned_off(tmp_path):
     # --data.val_fraction 0 turned validation off (no grids, no loss.png val/loss, no step checkpoints) silently.
     with pytest.warns(UserWarning) as caught:

@@ -82,9 +82,7 @@ def test_the_export_as_written_still_loads(edited):
     assert torch.is_tensor(next(diffusion.load_checkpoint(edited).network.parameters()))
 
 
-@pytest.mark.parametrize(
-    "checksum", [12, "abc", "g" * 64, None], ids=["number", "short", "not hex", "null"]
-)
+@pytest.mark.parametrize("checksum", [12, "abc", "g" * 64, None], ids=["number", "short", "not hex", "null"])
 def test_a_weights_checksum_that_is_none_is_said_of_config_json(edited, checksum):
     """Round 20b's S4: `"weights_sha256": 12` was said as model.safetensors damaged (a bad copy or a failing disk)."""
     config = json.loads((edited / CONFIG).read_text())
