@@ -20,7 +20,11 @@ NOISE_FIX = "pass the initial noise, e.g. torch.randn(n, *module.sample_shape)"
 
 def vectors(num_classes: int | None = None) -> DiffusionModule:
     network = MLP(in_channels=2, hidden_dim=8, num_blocks=1, time_embed_dim=8, num_classes=num_classes)
-    return DiffusionModule(network, sample_shape=(2,), num_timesteps=20, beta_schedule="cosine")
+    # label dropout: a conditional model that learnt the unconditional prediction samples a label -1 too
+    dropout = 0.1 if num_classes is not None else 0.0
+    return DiffusionModule(
+        network, sample_shape=(2,), num_timesteps=20, beta_schedule="cosine", label_dropout=dropout
+    )
 
 
 def images() -> DiffusionModule:
