@@ -11,21 +11,16 @@ from pathlib import Path
 
 import fsspec
 import lightning as L
-import numpy as np
 import pytest
 import torch
 from helpers import tiny_vector_model
-from helpers.damage import flip_byte_inside_largest_entry
+from helpers.bad_checkpoints import BAD_FILES, MLP_SETTINGS, damaged, missing
 from torch.utils.data import DataLoader, TensorDataset
 
 from diffusion import MLP, DiffusionModule, IndexedDataset
 from diffusion.errors import UserError
 from diffusion.training import checkpoint_files
-from diffusion.training.exported import write_export
 from diffusion.training.loading import load_checkpoint
-
-INTACT = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
-MLP_SETTINGS = {"in_channels": 2, "hidden_dim": 8, "num_blocks": 1, "time_embed_dim": 8}
 
 
 @pytest.fixture(scope="module")
@@ -43,66 +38,12 @@ def own_checkpoint(tmp_path_factory) -> Path:
     return path
 
 
-def truncated(checkpoint: Path, folder: Path) -> tuple[Path, str]:
-    path = folder / "cut.ckpt"
-    path.write_bytes(checkpoint.read_bytes()[:20000])  # a copy that died, a full disk
-    return path, (
-        f"checkpoint_path {path} is truncated or not a PyTorch checkpoint (no intact zip archive) — {INTACT}"
-    )
-
-
-def damaged(checkpoint: Path, folder: Path) -> tuple[Path, str]:
-    path = folder / "flipped.ckpt"
-    shutil.copyfile(checkpoint, path)
-    entry = flip_byte_inside_largest_entry(path)  # a network weight: Lightning loaded it changed
-    return path, (
-        f"checkpoint_path {path} is damaged: its bytes do not match their checksum (a bad copy or a failing disk) "
-        f"(in {entry}) — pass an intact checkpoint: an earlier one of the run, or a backup"
-    )
-
-
-def missing(checkpoint: Path, folder: Path) -> tuple[Path, str]:
-    path = folder / "nope.ckpt"
-    return path, f"checkpoint_path: no checkpoint at {path} — {INTACT}"
-
-
-def export_folder(checkpoint: Path, folder: Path) -> tuple[Path, str]:
-    path = folder / "export"
-    path.mkdir()
-    write_export(
-        tiny_vector_model(), {"class_path": "diffusion.models.MLP", "init_args": MLP_SETTINGS}, path, "raw"
-    )
-    return path, (
-        f"checkpoint_path {path} is an export (python -m diffusion.export), which holds one set of weights and no "
-        "training state — pass a training checkpoint (runs/<name>/version_N/checkpoints/*.ckpt); python -m "
-        "diffusion.sample and load_checkpoint take it as it is"
-    )
-
-
-def samples_file(checkpoint: Path, folder: Path) -> tuple[Path, str]:
-    path = folder / "samples.npz"
-    np.savez(path, np.zeros((2, 2), np.float32))
-    return path, (
-        f"checkpoint_path {path} is a NumPy archive (np.savez, such as sample's samples.npz), not a PyTorch "
-        f"checkpoint — {INTACT}"
-    )
-
-
-def bare_state_dict(checkpoint: Path, folder: Path) -> tuple[Path, str]:
-    path = folder / "weights.ckpt"
-    torch.save(tiny_vector_model().network.state_dict(), path)
-    return path, (
-        f"checkpoint_path {path} holds no model weights (state_dict): it is not a checkpoint of a Lightning run — "
-        "pass a checkpoint a Trainer saved, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
-    )
-
-
-FILES = [truncated, damaged, missing, export_folder, samples_file, bare_state_dict]
+FILES = BAD_FILES
 
 
 @pytest.mark.parametrize("given", FILES, ids=[given.__name__ for given in FILES])
 def test_a_file_that_is_no_intact_checkpoint_is_one_line_naming_it(given, toy2d_checkpoint, tmp_path):
-    path, line = given(toy2d_checkpoint, tmp_path)
+    path, line = given(toy2d_checkpoint, tmp_path, "checkpoint_path")
     with pytest.raises(UserError) as refused:
         DiffusionModule.load_from_checkpoint(path)
     assert str(refused.value) == line
@@ -118,7 +59,7 @@ def test_a_file_that_is_no_intact_checkpoint_is_one_line_naming_it(given, toy2d_
 def test_a_damaged_checkpoint_of_a_module_built_in_python_is_refused_with_network_given(
     own_checkpoint, tmp_path
 ):
-    path, line = damaged(own_checkpoint, tmp_path)
+    path, line = damaged(own_checkpoint, tmp_path, "checkpoint_path")
     with pytest.raises(UserError) as refused:
         DiffusionModule.load_from_checkpoint(
             path, network=MLP(**MLP_SETTINGS), strict=True, weights_only=True
