@@ -298,10 +298,9 @@ def _naming_the_write(folder: Path, name: str, fix: str) -> Iterator[None]:
     try:
         yield
     except OSError as error:
+        # An inner naming's (a temporary file's) is said again: this one knows what the user asked for
         if isinstance(error, DiskFull) and isinstance(error.__cause__, OSError):
-            error = (
-                error.__cause__
-            )  # an inner naming's (a temporary file's): this one knows what the user asked for
+            error = error.__cause__
         if is_disk_full(error):
             raise DiskFull(folder, name, fix) from error
         if error.errno in REFUSED_WRITE_ERRNOS:
