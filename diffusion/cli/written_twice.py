@@ -67,13 +67,14 @@ def check_short_and_long_form_agree(args: Sequence[str], shorthands: Sequence[st
         if name in shorthands:
             given.setdefault(name, []).append((key, " ".join(values)))
     for name, forms in given.items():
-        (first, first_value), *later = forms
-        other = next(((key, value) for key, value in later if not _same_words(first_value, value)), None)
-        if other is None:
+        # one form twice is no pair here: the last wins, said by the parse (`check_each_flag_once`)
+        pairs = (
+            (one, other) for i, one in enumerate(forms) for other in forms[i + 1 :] if one[0] != other[0]
+        )
+        differing = next(((one, other) for one, other in pairs if not _same_words(one[1], other[1])), None)
+        if differing is None:
             continue
-        last, last_value = other
-        if first == last:  # the very flag twice: the last wins, said by the parse (`check_each_flag_once`)
-            continue
+        (first, first_value), (last, last_value) = differing
         raise UserError(
             f"--{first} {first_value} and --{last} {last_value} set one option (--{name} is short for "
             f"--{group}.{name}) to different values",

@@ -54,6 +54,14 @@ def test_an_option_of_which_a_list_is_one_form_takes_the_last_too(capsys):
     assert notes == [f"note: --trainer.devices 4 and then --trainer.devices 2: {LAST} (--trainer.devices 2)"]
 
 
+def test_a_shorthand_and_its_long_form_that_differ_are_refused_whatever_came_between(capsys):
+    # the shorthand twice first (a note), then the long form: still one option under two names
+    assert train_line(["--max_steps", "2", "--max_steps", "3", "--trainer.max_steps", "4"], capsys) == (
+        "--max_steps 2 and --trainer.max_steps 4 set one option (--max_steps is short for --trainer.max_steps) to "
+        "different values — give it once (--max_steps or --trainer.max_steps)"
+    )
+
+
 def test_train_refuses_a_list_of_classes_given_twice(capsys):
     # the first list lost (jsonargparse failed with a traceback); `+=` adds to it
     step_timer, monitor = (
