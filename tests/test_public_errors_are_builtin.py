@@ -86,7 +86,7 @@ def test_the_library_makes_no_bare_user_error():
     found = [
         f"{path.relative_to(package.parent)}:{line}"
         for path in sorted(package.rglob("*.py"))
-        if "cli" not in path.relative_to(package).parts[:1] and path.name != "errors.py"
+        if path.relative_to(package).parts[0] not in ("cli", "errors")
         for line in bare_user_errors(path.read_text())
     ]
     assert not found, f"a bare UserError (make it InvalidValue, MissingFile, ... instead) at: {found}"
