@@ -146,6 +146,20 @@ def test_a_forward_of_the_other_kind_of_data_is_refused_as_a_user_error(network,
         networks[network]()(torch.zeros(x), torch.zeros(4, dtype=torch.long))
 
 
+@pytest.mark.parametrize("network", ["unet", "mlp"])
+@pytest.mark.parametrize("x", [np.zeros, lambda shape: np.zeros(shape).tolist()], ids=["ndarray", "list"])
+def test_a_forward_of_x_that_is_no_tensor_names_x_kind(network, x):
+    # A NumPy array has a shape and, in NumPy 2, a device ("cpu"): it was said as "t is on cpu and x on cpu"
+    networks = {"unet": lambda: (UNet(**TINY), (2, 1, 8, 8)), "mlp": lambda: (MLP(in_channels=2), (2, 2))}
+    built, shape = networks[network]()
+    with pytest.raises(WrongType) as refused:
+        built(x(shape), torch.zeros(2, dtype=torch.long))
+    kind = "ndarray" if x is np.zeros else "list"
+    assert str(refused.value).endswith(
+        f"is a {kind}, not a torch.Tensor — pass x as a tensor: torch.as_tensor(x, dtype=torch.float32)"
+    )
+
+
 def test_an_mlp_no_memory_holds_is_refused_before_allocating(monkeypatch):
     # torch's "can't allocate memory ... 562949953421312 bytes" before, from inside nn.Linear
     with pytest.raises(
