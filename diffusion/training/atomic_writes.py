@@ -82,7 +82,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().load_checkpoint(path, *args, **kwargs)
         path = checked_checkpoint_file(path, "ckpt_path")
         checkpoint = super().load_checkpoint(path, *args, **kwargs)
-        check_holds_weights(checkpoint, path, "ckpt_path")  # weights alone: torch.save(network.state_dict())
+        check_holds_weights(checkpoint, path, "ckpt_path")  # weights alone, or saved by hand
         return checkpoint
 
 

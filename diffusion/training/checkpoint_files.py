@@ -204,14 +204,34 @@ def read_checkpoint(
 
 
 def check_holds_weights(checkpoint: object, path: str | os.PathLike, flag: str) -> None:
-    """A checkpoint a Trainer saved holds the model's weights ("state_dict"): weights alone
-    (`torch.save(network.state_dict())`) or other data are refused naming `flag`, where Lightning's reader ended in
+    """A checkpoint a Trainer saved holds the model's weights ("state_dict") and the Trainer's own entry
+    (`pytorch-lightning_version`): weights alone (`torch.save(network.state_dict())`), weights saved by hand as
+    {"state_dict": ...} or other data are refused naming `flag`, where Lightning's reader ended in
     `KeyError: 'pytorch-lightning_version'`."""
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise UnreadableCheckpoint(
             flag, path, "holds no model weights (state_dict): it is not a checkpoint of a Lightning run",
             "pass a checkpoint a Trainer saved, e.g. runs/<name>/version_N/checkpoints/last.ckpt",
         )  # fmt: skip
+    if "pytorch-lightning_version" not in checkpoint:
+        raise UnreadableCheckpoint(
+            flag, path, "holds model weights but no pytorch-lightning_version: a Trainer did not save it",
+            "pass a checkpoint a Trainer saved (trainer.save_checkpoint(path), runs/<name>/version_N/checkpoints/"
+            "*.ckpt), or load these weights into a module yourself: module.load_state_dict(checkpoint['state_dict'])",
+        )  # fmt: skip
+
+
+def check_holds_the_network(checkpoint: dict[str, Any], path: str | os.PathLike, network_given: bool) -> None:
+    """The network's settings, which `load_from_checkpoint` rebuilds the network from unless `network=` is given:
+    a module built in Python keeps its network out of its hyperparameters. Said naming the file where Lightning said
+    `__init__() missing 1 required positional argument: 'network'`."""
+    hparams = checkpoint.get("hyper_parameters")
+    if not network_given and not (isinstance(hparams, dict) and isinstance(hparams.get("network"), dict)):
+        raise InvalidValue(
+            f"checkpoint_path {path} does not hold its network's settings (a module built in Python keeps its "
+            "network out of its hyperparameters)",
+            "pass the network it was trained with: DiffusionModule.load_from_checkpoint(path, network=MLP(...))",
+        )
 
 
 def is_local_file_path(path: object) -> bool:
@@ -257,6 +277,7 @@ class CheckedLoad(L.LightningModule):
             with contextlib.suppress(pickle.UnpicklingError, RuntimeError, OSError, EOFError):
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
                 check_holds_weights(checkpoint, path, "checkpoint_path")
+                check_holds_the_network(checkpoint, path, network_given="network" in kwargs)
             raise
 
 

@@ -2,13 +2,15 @@
 
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from lightning import LightningDataModule
+from torch.utils.data import DataLoader, TensorDataset
 
 from diffusion.cli.train import main
 from diffusion.core.sampling import SamplingOptions
-from diffusion.data import ImageDataModule
+from diffusion.data import ImageDataModule, IndexedDataset
 from diffusion.models import MLP
 from diffusion.training.module import DiffusionModule
 
@@ -82,6 +84,18 @@ def tiny_vector_model(
         network, sample_shape=(2,), num_timesteps=20, normalization={"shift": [0.0, 0.0], "scale": [1.0, 1.0]},
         sampling=SamplingOptions(sampler="ddim", steps=steps), label_dropout=label_dropout,
     )  # fmt: skip
+
+
+def fit_with_own_trainer(max_steps: int, ckpt_path: str | None = None) -> L.Trainer:
+    """`tiny_vector_model()` fitted on random vectors by a Trainer of a user's own (no logger, no checkpoint
+    callback, no validation): the run of the tests of such a user's checkpoints."""
+    trainer = L.Trainer(
+        max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=1, limit_val_batches=0,
+    )  # fmt: skip
+    data = DataLoader(IndexedDataset(TensorDataset(torch.randn(16, 2))), batch_size=4)
+    trainer.fit(tiny_vector_model(), data, ckpt_path=ckpt_path)
+    return trainer
 
 
 def assert_refused_by_name(call, error, argument: str, folder: Path) -> None:

@@ -68,4 +68,14 @@ def bare_state_dict(checkpoint: Path, folder: Path, flag: str) -> tuple[Path, st
     )
 
 
-BAD_FILES = [truncated, damaged, missing, export_folder, samples_file, bare_state_dict]
+def weights_saved_by_hand(checkpoint: Path, folder: Path, flag: str) -> tuple[Path, str]:
+    path = folder / "by_hand.ckpt"
+    torch.save({"state_dict": torch.load(checkpoint, weights_only=True)["state_dict"]}, path)
+    return path, (
+        f"{flag} {path} holds model weights but no pytorch-lightning_version: a Trainer did not save it — pass a "
+        "checkpoint a Trainer saved (trainer.save_checkpoint(path), runs/<name>/version_N/checkpoints/*.ckpt), or "
+        "load these weights into a module yourself: module.load_state_dict(checkpoint['state_dict'])"
+    )
+
+
+BAD_FILES = [truncated, damaged, missing, export_folder, samples_file, bare_state_dict, weights_saved_by_hand]

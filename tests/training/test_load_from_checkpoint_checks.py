@@ -13,11 +13,10 @@ import fsspec
 import lightning as L
 import pytest
 import torch
-from helpers import tiny_vector_model
+from helpers import fit_with_own_trainer, tiny_vector_model
 from helpers.bad_checkpoints import BAD_FILES, MLP_SETTINGS, damaged, missing
-from torch.utils.data import DataLoader, TensorDataset
 
-from diffusion import MLP, DiffusionModule, IndexedDataset
+from diffusion import MLP, DiffusionModule
 from diffusion.errors import UserError
 from diffusion.training import checkpoint_files
 from diffusion.training.loading import load_checkpoint
@@ -27,14 +26,8 @@ from diffusion.training.loading import load_checkpoint
 def own_checkpoint(tmp_path_factory) -> Path:
     """A checkpoint of a module built in Python (its network is not in its hyperparameters: load it with
     network=...), saved by a Trainer of the user's own."""
-    trainer = L.Trainer(
-        max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", devices=1, limit_val_batches=0,
-    )  # fmt: skip
-    data = DataLoader(IndexedDataset(TensorDataset(torch.randn(16, 2))), batch_size=4)
-    trainer.fit(tiny_vector_model(), data)
     path = tmp_path_factory.mktemp("own") / "step2.ckpt"
-    trainer.save_checkpoint(path)
+    fit_with_own_trainer(max_steps=2).save_checkpoint(path)
     return path
 
 
@@ -128,3 +121,14 @@ def test_lightnings_signature_and_its_refusal_on_an_instance_are_kept(own_checkp
     module = tiny_vector_model()
     with pytest.raises(TypeError, match="cannot be called on an instance"):
         module.load_from_checkpoint(own_checkpoint, network=MLP(**MLP_SETTINGS))
+
+
+def test_a_python_modules_checkpoint_loaded_without_its_network_is_one_line(own_checkpoint):
+    # Lightning's words were `__init__() missing 1 required positional argument: 'network'`
+    with pytest.raises(ValueError) as refused:
+        DiffusionModule.load_from_checkpoint(own_checkpoint, map_location="cpu")
+    assert str(refused.value) == (
+        f"checkpoint_path {own_checkpoint} does not hold its network's settings (a module built in Python keeps "
+        "its network out of its hyperparameters) — pass the network it was trained with: "
+        "DiffusionModule.load_from_checkpoint(path, network=MLP(...))"
+    )

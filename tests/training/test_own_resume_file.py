@@ -8,31 +8,17 @@ writer in `setup`, whose `load_checkpoint` checks the file first (`atomic_writes
 import shutil
 from pathlib import Path
 
-import lightning as L
 import pytest
-import torch
-from helpers import tiny_vector_model
+from helpers import fit_with_own_trainer
 from helpers.bad_checkpoints import BAD_FILES
-from torch.utils.data import DataLoader, TensorDataset
 
-from diffusion import IndexedDataset
 from diffusion.errors import UserError
-
-
-def _fit(max_steps: int, ckpt_path=None) -> L.Trainer:
-    trainer = L.Trainer(
-        max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", devices=1, limit_val_batches=0,
-    )  # fmt: skip
-    data = DataLoader(IndexedDataset(TensorDataset(torch.randn(16, 2))), batch_size=4)
-    trainer.fit(tiny_vector_model(), data, ckpt_path=ckpt_path)
-    return trainer
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("own") / "step2.ckpt"
-    _fit(max_steps=2).save_checkpoint(path)
+    fit_with_own_trainer(max_steps=2).save_checkpoint(path)
     return path
 
 
@@ -43,16 +29,16 @@ FILES = BAD_FILES
 def test_a_resume_from_a_file_that_is_no_intact_checkpoint_is_one_line_naming_it(given, checkpoint, tmp_path):
     path, line = given(checkpoint, tmp_path, "ckpt_path")
     with pytest.raises(UserError) as refused:
-        _fit(max_steps=4, ckpt_path=str(path))
+        fit_with_own_trainer(max_steps=4, ckpt_path=str(path))
     assert str(refused.value) == line
 
 
 def test_an_intact_checkpoint_and_a_folder_holding_one_resume(checkpoint, tmp_path, capsys):
-    assert _fit(max_steps=4, ckpt_path=str(checkpoint)).global_step == 4
+    assert fit_with_own_trainer(max_steps=4, ckpt_path=str(checkpoint)).global_step == 4
     folder = tmp_path / "run"
     folder.mkdir()
     shutil.copyfile(checkpoint, folder / "last.ckpt")
     assert (
-        _fit(max_steps=3, ckpt_path=str(folder)).global_step == 3
+        fit_with_own_trainer(max_steps=3, ckpt_path=str(folder)).global_step == 3
     )  # the one checkpoint in it, as --ckpt_path
     assert f"note: ckpt_path {folder} is a folder: using {folder / 'last.ckpt'}" in capsys.readouterr().err
