@@ -259,6 +259,7 @@ from diffusion.errors.writes import (  # noqa: E402, F401
     FlaggedFolder,
     _naming_the_write,
     check_can_replace,
+    check_folder_exists,
     check_replaceable,
     is_disk_full,
     naming_a_full_disk,

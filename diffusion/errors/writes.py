@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeGuard
 
-from diffusion.errors import UserError
+from diffusion.errors import InvalidValue, MissingFile, UserError
 
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left; the user's quota used up
 FREE_SPACE = (
@@ -169,3 +169,20 @@ def naming_a_refusing_folder(folder: Path, name: str, fix: str = FREE_SPACE) -> 
         if reason is None or isinstance(error, CannotReplace):
             raise
         raise FlaggedFolder(folder, name, reason) from error.__cause__
+
+
+def check_folder_exists(path: Path, name: str) -> None:
+    """The folder a file of a Python caller's is to be written into (`name`=`path`) exists: a missing folder
+    (MissingFile) or a file where a folder goes (`samples.npz/grid.png`: InvalidValue) said of `path`, where the
+    write said the OS's error naming its temporary file."""
+    if path.parent.is_dir():
+        return
+    existing = next((folder for folder in path.parents if folder.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise InvalidValue(
+            f"{name}={str(path)!r}: {existing} is a file, not a folder", "pass a path in a folder"
+        )
+    raise MissingFile(
+        f"{name}={str(path)!r}: the folder {path.parent} does not exist",
+        "make the folder first, or pass a path in a folder that exists",
+    )

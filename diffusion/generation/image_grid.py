@@ -21,9 +21,9 @@ from diffusion.data.staging import write_atomically
 from diffusion.errors import (
     CannotWrite,
     InvalidValue,
-    MissingFile,
     WrongType,
     check_can_replace,
+    check_folder_exists,
     check_whole_number,
     naming_a_refusing_folder,
     refusing_flag,
@@ -155,16 +155,7 @@ def check_picture_path(path: Any) -> Path:
     if picture.suffix.lower() not in FORMATS:
         ends = f"ends in {picture.suffix}" if picture.suffix else "has no suffix"
         raise InvalidValue(f"path={str(path)!r} {ends}, which names no picture format this writes", formats)
-    if not picture.parent.is_dir():
-        existing = next((folder for folder in picture.parents if folder.exists()), None)
-        if existing is not None and not existing.is_dir():  # `samples.npz/grid.png`
-            raise InvalidValue(
-                f"path={str(path)!r}: {existing} is a file, not a folder", "pass a path in a folder"
-            )
-        raise MissingFile(
-            f"path={str(path)!r}: the folder {picture.parent} does not exist",
-            "make the folder first, or pass a path in a folder that exists",
-        )
+    check_folder_exists(picture, "path")
     return picture
 
 

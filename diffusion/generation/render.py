@@ -285,8 +285,16 @@ class SamplesWriter:
         self.partial = self.out_dir / "samples.partial"
         # The nearest folder that existed: those below it are made for OUT, and removed again on an error.
         self.existed = next(p for p in [self.out_dir, *self.out_dir.absolute().parents] if p.exists())
+        if (
+            not self.existed.is_dir()
+        ):  # `samples.npz/out`: mkdir said NotADirectoryError of the partial folder
+            raise InvalidValue(
+                f"out_dir={str(out_dir)!r}: {self.existed} is a file, not a folder",
+                "pass a folder's path (the folders missing are made)",
+            )
         shutil.rmtree(self.partial, ignore_errors=True)  # a killed run's
-        self.partial.mkdir(parents=True)
+        with naming_a_full_disk(self.out_dir / SAMPLES):  # a folder that refuses: said of it, as the write is
+            self.partial.mkdir(parents=True)
         self.archive = zipfile.ZipFile(self.partial / SAMPLES, "w", zipfile.ZIP_STORED, allowZip64=True)
         in_file = (*sample_shape[1:], sample_shape[0]) if self.images else sample_shape  # images NHWC
         shape = (num_samples, *in_file)

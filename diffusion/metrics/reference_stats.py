@@ -30,6 +30,7 @@ from diffusion.errors import (
     MissingFile,
     WrongType,
     check_can_replace,
+    check_folder_exists,
     naming_a_refusing_folder,
 )
 from diffusion.metrics.features import Features
@@ -247,6 +248,7 @@ def save_statistics(path: str | Path, stats: FeatureStatistics) -> Path:
         raise InvalidValue(
             f"path {path} is a folder, not a file", f"pass the .npz file to write, e.g. {path / 'stats.npz'}"
         )
+    check_folder_exists(path, "path")  # the write said the OS's error naming its temporary file
     extra = {
         key: np.asarray(value)
         for key, value in [("features", stats.features), ("num_images", stats.num_images),

@@ -127,3 +127,17 @@ def test_sane_counts_are_not_refused():
     check_result_fits_memory(10**6, 1, (1, 8, 8), uint8_images=True)  # a million digits: 64 MB
     check_result_fits_memory(50_000, 1, (3, 32, 32), uint8_images=False)  # CIFAR-10's size as float: 614 MB
     assert generate(tiny_vector_model(), 3).shape == (3, 2)
+
+
+def test_samples_into_a_folder_under_a_file_name_the_file(tmp_path):
+    # mkdir said `NotADirectoryError: [Errno 20] Not a directory: 'u.ckpt/out/samples.partial'`
+    (tmp_path / "u.ckpt").write_bytes(b"a file")
+    vectors, shift_scale = torch.zeros(2, 2), {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
+    for out in (tmp_path / "u.ckpt" / "out", tmp_path / "u.ckpt"):
+        with pytest.raises(InvalidValue) as refused:
+            write_samples(vectors, shift_scale, out)
+        assert str(refused.value) == (
+            f"out_dir='{out}': {tmp_path / 'u.ckpt'} is a file, not a folder — pass a folder's path (the folders "
+            "missing are made)"
+        )
+    assert (tmp_path / "u.ckpt").read_bytes() == b"a file"

@@ -245,3 +245,22 @@ def test_save_statistics_into_a_folders_path_names_the_folder(tmp_path):
         f"path {tmp_path} is a folder, not a file — pass the .npz file to write, e.g. {tmp_path / 'stats.npz'}"
     )
     assert not list(tmp_path.iterdir())
+
+
+def test_save_statistics_into_a_missing_folder_or_under_a_file_names_the_path(tmp_path):
+    """Round 21b's S1: the OS's FileNotFoundError / NotADirectoryError named the temporary file (`.x.npz.<hex>.tmp`)."""
+    (tmp_path / "u.ckpt").write_bytes(b"a file")
+    stats = FeatureStatistics(np.zeros(4), np.eye(4))
+    with pytest.raises(FileNotFoundError) as refused:
+        save_statistics(tmp_path / "nodir" / "x.npz", stats)
+    assert str(refused.value) == (
+        f"path='{tmp_path / 'nodir' / 'x.npz'}': the folder {tmp_path / 'nodir'} does not exist — make the folder "
+        "first, or pass a path in a folder that exists"
+    )
+    with pytest.raises(ValueError) as refused:
+        save_statistics(tmp_path / "u.ckpt" / "x.npz", stats)
+    assert str(refused.value) == (
+        f"path='{tmp_path / 'u.ckpt' / 'x.npz'}': {tmp_path / 'u.ckpt'} is a file, not a folder — pass a path in "
+        "a folder"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["u.ckpt"]
