@@ -161,13 +161,23 @@ def run_checkpoints(save_dir: str | os.PathLike, name: str) -> list[tuple[RunFol
     return sorted(found, key=age)
 
 
-def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
+RESUME_FIX = (
+    "pass the path of an intact checkpoint (a backup), or start a new run without {command:--ckpt_path}"
+)
+
+
+def newest_checkpoint(
+    save_dir: str | os.PathLike,
+    name: str,
+    asked_as: str = "{command:--ckpt_path} last",
+    fix: str = RESUME_FIX,
+) -> ResumePoint:
     """The newest intact checkpoint of the newest run of this name (the last of `run_checkpoints`).
 
     Newest = highest global step (``last.ckpt``, ``last-vN.ckpt`` and ``step=N.ckpt`` alike; a tie goes to a
     ``last`` file, then to the file written last). Files that cannot be read (empty, truncated, damaged, foreign)
     are passed over and listed in `skipped`; a run without an intact checkpoint is an error, never a silent fall
-    back to an older run.
+    back to an older run, said as `asked_as` with `fix` (a Python caller's own words: no flag).
     """
     runs = run_checkpoints(save_dir, name)
     if not runs:
@@ -175,17 +185,17 @@ def newest_checkpoint(save_dir: str | os.PathLike, name: str) -> ResumePoint:
             f"no checkpoint under {Path(save_dir, name)}/*/checkpoints/",
             "train first (python train.py), or pass the path of a checkpoint",
         )
-    return _newest_intact(*runs[-1], "{command:--ckpt_path} last")
+    return _newest_intact(*runs[-1], asked_as, fix)
 
 
 def newest_checkpoint_of_run(run: RunFolder) -> ResumePoint | None:
     """The newest intact checkpoint of this one run folder, as `newest_checkpoint` chooses it; None when the run
     holds no checkpoint file (not yet saved), an error when it holds only unreadable ones."""
     files = checkpoint_files(run.path / CHECKPOINTS)
-    return _newest_intact(run, files, "{command:--ckpt_path} auto") if files else None
+    return _newest_intact(run, files, "{command:--ckpt_path} auto", RESUME_FIX) if files else None
 
 
-def _newest_intact(run: RunFolder, files: list[Path], flag: str) -> ResumePoint:
+def _newest_intact(run: RunFolder, files: list[Path], asked_as: str, fix: str) -> ResumePoint:
     readable, skipped = [], []
 
     def passed_over(path: Path, err: Exception) -> None:
@@ -206,10 +216,7 @@ def _newest_intact(run: RunFolder, files: list[Path], flag: str) -> ResumePoint:
             continue
         return ResumePoint(path, run.version, step, tuple(skipped))
     reasons = "; ".join(f"{path.name} {why}" for path, why in skipped)
-    raise InvalidValue(
-        f"{flag}: no intact checkpoint in {files[0].parent} ({reasons})",
-        "pass the path of an intact checkpoint (a backup), or start a new run without {command:--ckpt_path}",
-    )
+    raise InvalidValue(f"{asked_as}: no intact checkpoint in {files[0].parent} ({reasons})", fix)
 
 
 def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
@@ -229,7 +236,9 @@ def latest_checkpoint(save_dir: str | os.PathLike, name: str) -> Path:
             "pass the folder train.py wrote to (e.g. runs), or pass the checkpoint itself where a path goes",
         )
     try:
-        return newest_checkpoint(save_dir, name).path
+        asked_as = f"latest_checkpoint({str(save_dir)!r}, {name!r})"  # no flag: a Python caller's line
+        fix = "pass the path of an intact checkpoint (a backup) where a checkpoint goes, e.g. load_checkpoint(path)"
+        return newest_checkpoint(save_dir, name, asked_as, fix).path
     except MissingFile as error:  # "train first", unless `name` names a run's version folder
         run, parent = Path(save_dir, name), Path(name).parent.as_posix()
         versioned = NUMBERED_VERSION.fullmatch(run.name) or (run / CHECKPOINTS).is_dir()

@@ -97,6 +97,20 @@ def test_an_empty_run_name_is_said_to_be_empty():
         latest_checkpoint("runs", "")
 
 
+def test_latest_checkpoint_of_a_run_without_an_intact_one_says_itself_not_a_flag(tmp_path):
+    # "--ckpt_path last: no intact checkpoint in ..." to a Python caller (tester 21b, S2)
+    checkpoints = tmp_path / "runs" / "x" / "version_0" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(ValueError) as refused:
+        latest_checkpoint(tmp_path / "runs", "x")
+    assert str(refused.value) == (
+        f"latest_checkpoint('{tmp_path / 'runs'}', 'x'): no intact checkpoint in {checkpoints} (last.ckpt is "
+        "truncated or not a PyTorch checkpoint (no intact zip archive)) — pass the path of an intact checkpoint (a "
+        "backup) where a checkpoint goes, e.g. load_checkpoint(path)"
+    )
+
+
 MLP_CONFIG = {
     "class_path": "diffusion.models.MLP",
     "init_args": {"in_channels": 2, "hidden_dim": 8, "num_blocks": 1, "time_embed_dim": 8},
