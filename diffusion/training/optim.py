@@ -46,7 +46,32 @@ def warmup_scheduler(
         )
     total = int(min(total_steps, 2**62))
     factor = functools.partial(lr_factor, schedule=schedule, warmup_steps=warmup_steps, total_steps=total)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return RunLengthSchedule(optimizer, factor)
+
+
+class RunLengthSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """`warmup_scheduler`'s LambdaLR, which says on resume where the rate jumps: a decaying schedule follows the
+    run's current max_steps from where it stands, so a run resumed with another length than the one it decayed
+    over leaves the rate of its last step at once (a shortened cosine run fell 30x, tester round 21a), without a
+    word otherwise. A jump of less than a tenth of the peak rate (a length changed a little) is not said."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        factor = self.lr_lambdas[0]
+        if not isinstance(factor, functools.partial) or factor.keywords["schedule"] == "constant":
+            return  # (a schedule changed on resume is `check_resumed_checkpoint`'s to say)
+        peak, before = self.base_lrs[0], self._last_lr[0]  # the rate of the checkpoint's last step
+        now = peak * factor(self.last_epoch)
+        if abs(now - before) > 0.1 * peak:
+            from lightning.pytorch.utilities import rank_zero_warn
+
+            rank_zero_warn(
+                f"the learning rate jumps from {before:.3g} to {now:.3g} at the resumed step {self.last_epoch}: "
+                f"the {factor.keywords['schedule']} schedule follows this run's max_steps "
+                f"({factor.keywords['total_steps']}), not the length the checkpoint's run decayed over — resume "
+                "with the max_steps the run was started with to keep its decay (a longer run: start one with the "
+                "longer max_steps)"
+            )
 
 
 def use_tf32_on_cuda(device: torch.device) -> None:

@@ -65,3 +65,50 @@ def test_a_resumed_scheduler_decays_over_the_runs_new_length():
     assert optimizer.param_groups[0]["lr"] == pytest.approx(lr_factor(101, schedule="cosine", warmup_steps=1,
                                                                       total_steps=200))  # fmt: skip
     assert optimizer.param_groups[0]["lr"] > 0.4
+
+
+def test_a_resume_whose_rate_would_jump_says_so_and_one_that_continues_does_not(recwarn):
+    # A cosine run of 200 steps stopped at 74 and resumed with max_steps 80 fell from 0.6x to 0.02x of the peak
+    # rate at once, without a word (tester round 21a)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    first = warmup_scheduler(optimizer, "cosine", warmup_steps=1, total_steps=200)
+    for _ in range(74):
+        optimizer.step()
+        first.step()
+    before = lr_factor(74, schedule="cosine", warmup_steps=1, total_steps=200)
+    now = lr_factor(74, schedule="cosine", warmup_steps=1, total_steps=80)
+    with pytest.warns(UserWarning) as said:
+        warmup_scheduler(optimizer, "cosine", warmup_steps=1, total_steps=80).load_state_dict(
+            first.state_dict()
+        )
+    assert [str(warning.message) for warning in said] == [
+        f"the learning rate jumps from {before:.3g} to {now:.3g} at the resumed step 74: the cosine schedule "
+        "follows this run's max_steps (80), not the length the checkpoint's run decayed over — resume with the "
+        "max_steps the run was started with to keep its decay (a longer run: start one with the longer max_steps)"
+    ]
+    recwarn.clear()
+    for total in (
+        200,
+        210,
+    ):  # the same length, or one changed a little (a rate 0.02x of the peak off): no word
+        warmup_scheduler(optimizer, "cosine", warmup_steps=1, total_steps=total).load_state_dict(
+            first.state_dict()
+        )
+    warmup_scheduler(optimizer, "constant", warmup_steps=1, total_steps=80).load_state_dict(
+        first.state_dict()
+    )
+    assert not [warning for warning in recwarn if "learning rate jumps" in str(warning.message)]
+
+
+def test_train_py_says_the_jump_of_a_cosine_run_resumed_with_another_length(tmp_path, recwarn):
+    cosine = ["--model.lr_schedule", "cosine", "--model.warmup_steps", "1", "--model.lr", "0.01"]
+    tiny_run(tmp_path, *cosine)  # 4 steps: the rate ends at zero
+    assert not [warning for warning in recwarn if "learning rate jumps" in str(warning.message)]
+    tiny_run(tmp_path, *cosine, "--max_steps", "5", "--ckpt_path", "last")
+    now = 0.01 * lr_factor(4, schedule="cosine", warmup_steps=1, total_steps=5)
+    said = [str(warning.message) for warning in recwarn if "learning rate jumps" in str(warning.message)]
+    assert said == [
+        f"the learning rate jumps from 0 to {now:.3g} at the resumed step 4: the cosine schedule follows this "
+        "run's max_steps (5), not the length the checkpoint's run decayed over — resume with the max_steps the run "
+        "was started with to keep its decay (a longer run: start one with the longer max_steps)"
+    ]
