@@ -382,8 +382,19 @@ def check_reverse_steps_arguments(
         raise WrongType("sampler", options["sampler"], "a sampler's name", "pass the options' fields as keywords: "
                         "reverse_steps(..., **options.as_kwargs())")  # fmt: skip
     if labels is None:
-        if options.get("guidance_scale") not in (None, 1):
-            raise unconditional_guidance(options["guidance_scale"])
+        scale = options.get("guidance_scale")
+        num_classes = getattr(model, "num_classes", 0)  # None: a network without classes; 0: not said
+        if scale not in (None, 1) and num_classes is None:
+            raise unconditional_guidance(scale)
+        if scale not in (
+            None,
+            1,
+        ):  # a class-conditional network (or a callable that does not say) without labels
+            each = f"class_labels(len(x_T), {num_classes})" if num_classes else "torch.tensor([...])"
+            raise InvalidValue(
+                f"guidance_scale={scale} guides each sample towards its label, and labels is unset",
+                f"pass labels={each}, one class per sample of x_T, or leave guidance_scale unset",
+            )
         return
     if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
         raise WrongType("labels", labels, "an integer tensor", "pass torch.tensor([...], dtype=torch.long)")
