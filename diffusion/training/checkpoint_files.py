@@ -230,7 +230,8 @@ def check_holds_the_network(checkpoint: dict[str, Any], path: str | os.PathLike,
         raise InvalidValue(
             f"checkpoint_path {path} does not hold its network's settings (a module built in Python keeps its "
             "network out of its hyperparameters)",
-            "pass the network it was trained with: DiffusionModule.load_from_checkpoint(path, network=MLP(...))",
+            "pass the network it was trained with, built with the same settings (a UNet(...), an MLP(...) or your "
+            "own): DiffusionModule.load_from_checkpoint(path, network=...)",
         )
 
 

@@ -129,6 +129,6 @@ def test_a_python_modules_checkpoint_loaded_without_its_network_is_one_line(own_
         DiffusionModule.load_from_checkpoint(own_checkpoint, map_location="cpu")
     assert str(refused.value) == (
         f"checkpoint_path {own_checkpoint} does not hold its network's settings (a module built in Python keeps "
-        "its network out of its hyperparameters) — pass the network it was trained with: "
-        "DiffusionModule.load_from_checkpoint(path, network=MLP(...))"
+        "its network out of its hyperparameters) — pass the network it was trained with, built with the same "
+        "settings (a UNet(...), an MLP(...) or your own): DiffusionModule.load_from_checkpoint(path, network=...)"
     )
