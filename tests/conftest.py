@@ -140,6 +140,7 @@ def user(tmp_path_factory, digits_checkpoint, toy2d_checkpoint) -> Path:
     np.savez(home / "stats" / "of_inception.npz", mu=np.zeros(3), sigma=np.eye(3), features="inception")
     np.savez(home / "stats" / "only_mu.npz", mu=np.zeros(64))
     (home / "grid_only").mkdir()
+    (home / "npz_a_folder" / "samples.npz").mkdir(parents=True)  # an unzipped samples.npz, say
     (home / "grid_only" / "grid.png").write_bytes(b"a picture of the user's, not made by the sample CLI")
     (home / "images").mkdir()
     for i in range(6):

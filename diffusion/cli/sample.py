@@ -112,6 +112,13 @@ def check_replaced(out: str, overwrite: bool) -> None:
     would refuse to be replaced (`chattr +i`: it failed after the sampling, the grid replaced already) refused
     now, said as the file where its folder takes files (`check_can_replace`)."""
     for written in (Path(out) / "samples.npz", Path(out) / "grid.png"):
+        if (
+            written.is_dir()
+        ):  # --overwrite would replace a folder: the OS's IsADirectoryError, grid.png moved in
+            raise UserError(
+                f"--out {out}: {written} is a folder, where the file {written.name} goes",
+                "move that folder away, or pass another --out",
+            )
         if written.exists() and not overwrite:
             raise UserError(f"{written} exists", "pass --overwrite to replace it, or another --out")
         check_can_replace(written)

@@ -156,6 +156,11 @@ def check_picture_path(path: Any) -> Path:
         ends = f"ends in {picture.suffix}" if picture.suffix else "has no suffix"
         raise InvalidValue(f"path={str(path)!r} {ends}, which names no picture format this writes", formats)
     check_folder_exists(picture, "path")
+    if picture.is_dir():  # the move into place said IsADirectoryError of a temporary file
+        raise InvalidValue(
+            f"path={str(path)!r} is a folder, not a picture's file",
+            "move that folder away, or pass another path",
+        )
     return picture
 
 

@@ -32,7 +32,7 @@ import torch
 from matplotlib.figure import Figure
 
 from diffusion.core.noise import WrongDtype
-from diffusion.errors import InvalidValue, OutOfRange, WrongType, naming_a_full_disk
+from diffusion.errors import InvalidValue, OutOfRange, WrongType, naming_a_full_disk, naming_a_refusing_folder
 from diffusion.generation.image_grid import rows_by_class, save_image_grid
 
 SAMPLES, GRID = "samples.npz", "grid.png"
@@ -285,15 +285,25 @@ class SamplesWriter:
         self.partial = self.out_dir / "samples.partial"
         # The nearest folder that existed: those below it are made for OUT, and removed again on an error.
         self.existed = next(p for p in [self.out_dir, *self.out_dir.absolute().parents] if p.exists())
-        if (
-            not self.existed.is_dir()
-        ):  # `samples.npz/out`: mkdir said NotADirectoryError of the partial folder
+        # `samples.npz/out`: mkdir said NotADirectoryError of the partial folder; a folder named samples.npz in
+        # OUT, the OS's IsADirectoryError of the last move, after grid.png had been moved in
+        if not self.existed.is_dir():
             raise InvalidValue(
                 f"out_dir={str(out_dir)!r}: {self.existed} is a file, not a folder",
                 "pass a folder's path (the folders missing are made)",
             )
+        taken = next(
+            (self.out_dir / name for name in (SAMPLES, GRID) if (self.out_dir / name).is_dir()), None
+        )
+        if taken is not None:
+            raise InvalidValue(
+                f"out_dir={str(out_dir)!r}: {taken} is a folder, where the file {taken.name} goes",
+                "move that folder away, or pass another out_dir; nothing was written",
+            )
         shutil.rmtree(self.partial, ignore_errors=True)  # a killed run's
-        with naming_a_full_disk(self.out_dir / SAMPLES):  # a folder that refuses: said of it, as the write is
+        # A folder that refuses (flagged immutable too) said of the folder that existed, which refused
+        inside = self.out_dir.absolute().relative_to(self.existed.absolute()) / SAMPLES
+        with naming_a_refusing_folder(self.existed, str(inside)):
             self.partial.mkdir(parents=True)
         self.archive = zipfile.ZipFile(self.partial / SAMPLES, "w", zipfile.ZIP_STORED, allowZip64=True)
         in_file = (*sample_shape[1:], sample_shape[0]) if self.images else sample_shape  # images NHWC

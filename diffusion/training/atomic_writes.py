@@ -41,7 +41,7 @@ from lightning.pytorch.strategies import Strategy
 
 from diffusion.data import staging
 from diffusion.data.staging import replace_into as replace_into
-from diffusion.errors import FREE_SPACE, CannotWrite, UserError, is_disk_full
+from diffusion.errors import FREE_SPACE, CannotWrite, InvalidValue, UserError, is_disk_full
 
 # The refusals of a flagged file or folder live in the lowest layer (image grids say them too); kept importable
 # from here, where the writes are.
@@ -209,6 +209,12 @@ def move_into(
     for target in [*targets, *stale]:
         if target.is_file():
             check_can_replace(target)
+    taken = next((target for target in targets if target.is_dir()), None)
+    if taken is not None:  # it would be set aside with what it holds, and removed with the files replaced
+        raise InvalidValue(
+            f"{taken} is a folder, where the file {taken.relative_to(out)} of the export goes",
+            f"move that folder away (it is as it was), {again.removeprefix('or ')}",
+        )
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=staging_folder(out)))
     done: list[tuple[Path, Path]] = []  # (from, to), undone last first
     made: list[Path] = []  # the folders under `out` the moves made, removed with them

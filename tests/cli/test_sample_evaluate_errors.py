@@ -82,6 +82,11 @@ SAMPLE_CASES = {
     "out_under_a_file": (["--out", "{user}/a_file/samples"], r"a_file is a file, not a folder"),
     "samples_exist": (["--out", "{user}/samples"], r"samples.npz exists — pass --overwrite"),
     "grid_exists": (["--out", "{user}/grid_only"], r"grid.png exists — pass --overwrite"),
+    # with --overwrite, the OS's IsADirectoryError after the sampling, grid.png moved in (tester 22b, S5)
+    "samples_npz_a_folder": (
+        ["--out", "{user}/npz_a_folder", "--overwrite"],
+        r"--out .*npz_a_folder: .*samples.npz is a folder, where the file samples.npz goes — move that folder away",
+    ),
     "guidance_negative": (
         ["--guidance_scale", "-1"],
         r"^error: --guidance_scale -1.0 is out of range \(must be a finite number >= 0\) — pass 0 for unconditional",

@@ -89,14 +89,18 @@ def test_images_it_would_draw_as_another_picture_are_refused_by_their_name(image
         ("grid", r"^path='.*grid' has no suffix, which names no picture format this writes — end it in .png"),
         ("", r"^path is empty — pass the picture's path; end it in .png \(lossless\) or .jpg"),
         ("missing/grid.png", r"^path='.*missing/grid.png': the folder .*missing does not exist — make the folder"),
+        # the OS's IsADirectoryError naming a temporary file (tester 22b, S5)
+        ("a_folder.png", r"^path='.*a_folder.png' is a folder, not a picture's file — move that folder away"),
     ],
 )  # fmt: skip
 def test_a_path_it_cannot_write_a_picture_to_is_refused_by_its_name(path, expected, tmp_path, monkeypatch):
     # PIL said "unknown file extension: .txt" (and of "" the same), naming neither the argument nor the formats.
     monkeypatch.chdir(tmp_path)
+    if path == "a_folder.png":
+        (tmp_path / path).mkdir()
     with pytest.raises(ValueError if path != "missing/grid.png" else FileNotFoundError, match=expected):
         save_image_grid(torch.rand(2, 1, 4, 4), str(tmp_path / path) if path else path)
-    assert not list(tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == (["a_folder.png"] if path == "a_folder.png" else [])
 
 
 def refusing_open(folder, error_number):

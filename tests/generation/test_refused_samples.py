@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import tiny_vector_model
+from helpers.full_disk import immutable
 
-from diffusion.errors import InvalidValue, UserError
+from diffusion.errors import FlaggedFolder, InvalidValue, UserError
 from diffusion.generation import arguments
 from diffusion.generation.arguments import check_result_fits_memory
 from diffusion.generation.ranks import drawn_anyway, generate, generate_in_chunks, sample_across_ranks
@@ -141,3 +142,29 @@ def test_samples_into_a_folder_under_a_file_name_the_file(tmp_path):
             "missing are made)"
         )
     assert (tmp_path / "u.ckpt").read_bytes() == b"a file"
+
+
+def test_samples_where_a_folder_holds_the_name_of_their_file_move_nothing_in(tmp_path):
+    # The OS's IsADirectoryError of the last move, after grid.png had been moved in (tester round 22b, S5)
+    out = tmp_path / "out"
+    (out / "samples.npz").mkdir(parents=True)
+    with pytest.raises(InvalidValue) as refused:
+        write_samples(torch.zeros(2, 2), {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}, out)
+    assert str(refused.value) == (
+        f"out_dir='{out}': {out / 'samples.npz'} is a folder, where the file samples.npz goes — move that folder "
+        "away, or pass another out_dir; nothing was written"
+    )
+    assert [p.name for p in out.iterdir()] == ["samples.npz"]
+
+
+def test_samples_into_an_immutable_folder_are_said_by_its_flag(tmp_path):
+    # "cannot write samples.npz into imm (Operation not permitted) — make that folder writable" (tester 22b, S1)
+    flagged = tmp_path / "imm"
+    flagged.mkdir()
+    for out, name in ((flagged, "samples.npz"), (flagged / "sub", "sub/samples.npz")):
+        with immutable(flagged), pytest.raises(FlaggedFolder) as refused:
+            write_samples(torch.zeros(2, 2), {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}, out)
+        assert str(refused.value).startswith(
+            f"cannot write {name} into {flagged} (it is immutable) — check its "
+        )
+    assert not any(flagged.iterdir())

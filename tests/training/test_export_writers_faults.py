@@ -195,3 +195,19 @@ def test_files_that_cannot_be_put_back_are_said_where_they_are(tmp_path, monkeyp
     )
     assert aside, line
     assert contents(Path(aside[1])) == before  # the earlier export, whole, where the line says
+
+
+def test_write_export_where_a_folder_holds_the_name_of_its_file_keeps_that_folder(tmp_path):
+    # config.json a folder of the user's: it was set aside with the files replaced and removed with them, without a
+    # word (tester round 22b, noted)
+    folder = tmp_path / "exp"
+    (folder / "config.json").mkdir(parents=True)
+    (folder / "config.json" / "mine.txt").write_text("keep")
+    with pytest.raises(ValueError) as refused:
+        write_export(tiny_module(), NETWORK, folder, "raw")
+    assert str(refused.value) == (
+        f"{folder / 'config.json'} is a folder, where the file config.json of the export goes — move that folder "
+        "away (it is as it was), write the export again into a new folder"
+    )
+    assert contents(folder) == {"config.json/mine.txt": b"keep"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]
