@@ -94,15 +94,23 @@ def check_checkpoint_weights(checkpoint: dict[str, Any], trained: set[str], trai
         check_weights(weights, trainer, before="a checkpoint save")
 
 
+# Images beyond this in model units (-1..1) are no model units: 0..255 pixels made floats without the scaling. Their
+# samples are clipped to -1..1 (`clip_denoised`), so such a model can never draw them; a user's own standardized
+# images (a few units) stay well below it.
+IMAGE_UNITS_LIMIT = 10.0
+
+
 class FirstBatch:
-    """Whether the fit's first training batch holds NaN or infinity, or labels that do not fit the model (none at all
-    for a class-conditional one, classes for an unconditional one): computed on the device at that batch (no read:
-    the steps stay free of syncs), read once at the first place that reads anyway (`check`)."""
+    """Whether the fit's first training batch holds NaN or infinity, labels that do not fit the model (none at all
+    for a class-conditional one, classes for an unconditional one), or images far outside model units: computed on
+    the device at that batch (no read: the steps stay free of syncs), read once at the first place that reads anyway
+    (`check`)."""
 
     def __init__(self) -> None:
         self._armed = False
-        # (per sample: not finite, its index, the labels do not fit, the model's num_classes)
-        self._found: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int | None] | None = None
+        # (per sample: not finite, its index, the labels do not fit, the images' largest magnitude (0 for vectors),
+        # the model's num_classes)
+        self._found: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int | None] | None = None
 
     def arm(self) -> None:
         """A fit starts: its next training batch is the one checked."""
@@ -123,17 +131,19 @@ class FirstBatch:
             misfit = (label != NO_LABEL).any()
         else:  # a conditional model given no class would train as an unconditional one
             misfit = (label == NO_LABEL).all()
-        self._found = (bad, index, misfit.to(bad.device), num_classes)
+        finite = torch.where(torch.isfinite(x.detach()), x.detach(), 0)  # NaN data is said as such first
+        peak = finite.abs().amax() if x.ndim == 4 else torch.zeros((), device=x.device)
+        self._found = (bad, index, misfit.to(bad.device), peak.float().to(bad.device), num_classes)
 
     def check(self) -> None:
         """Refuse the data if the batch seen holds NaN or infinity, or labels that do not fit the model (one read, the
         first time only)."""
         if self._found is None:
             return
-        bad, index, misfit, num_classes = self._found
+        bad, index, misfit, peak, num_classes = self._found
         self._found = None
-        flags = torch.cat([bad, misfit.view(1)]).cpu()  # the read
-        if bool(flags[:-1].any()):
+        flags = torch.cat([bad.float(), misfit.float().view(1), peak.view(1)]).cpu()  # the read
+        if bool(flags[:-2].any()):
             positions = index[bad.to(index.device)].tolist()
             shown = ", ".join(map(str, positions[:5])) + (", ..." if len(positions) > 5 else "")
             raise InvalidValue(
@@ -142,7 +152,14 @@ class FirstBatch:
                 f"(dataset positions {shown}), and every step on them makes the weights NaN",
                 "clean the data: drop or repair those samples (torch.nan_to_num replaces such values) before training",
             )
-        if not bool(flags[-1]):
+        if float(flags[-1]) > IMAGE_UNITS_LIMIT:
+            raise InvalidValue(
+                f"the fit's first training batch holds images with values up to {float(flags[-1]):g}, far outside "
+                "model units (-1..1): the samples are clipped to -1..1, so this model could never draw them",
+                "scale the images in your dataset: x / 127.5 - 1 for 0..255 pixels, x * 2 - 1 for 0..1 (the "
+                "project's data modules do)",
+            )
+        if not bool(flags[-2]):
             return
         if num_classes is None:
             raise InvalidValue(

@@ -156,3 +156,19 @@ def test_integer_samples_are_refused_with_their_conversion_to_model_units(dtype)
     )
     with pytest.raises(TypeError, match=expected):
         fit(tiny_images(), images)
+
+
+def test_images_far_outside_model_units_are_refused_as_data():
+    # 0..255 pixels made floats without the scaling trained without a word, and every sample came out clipped
+    # (tester round 22b, S3); images in model units and a user's standardized ones (a few units) train.
+    pixels = [(torch.rand(1, 8, 8) * 255).round() for _ in range(8)]
+    peak = max(float(image.max()) for image in pixels[:4])
+    with pytest.raises(ValueError) as refused:
+        fit(tiny_images(), pixels)
+    assert str(refused.value) == (
+        f"the fit's first training batch holds images with values up to {peak:g}, far outside model units (-1..1): "
+        "the samples are clipped to -1..1, so this model could never draw them — scale the images in your dataset: "
+        "x / 127.5 - 1 for 0..255 pixels, x * 2 - 1 for 0..1 (the project's data modules do)"
+    )
+    fit(tiny_images(), [torch.rand(1, 8, 8) * 8 - 4 for _ in range(8)])  # in -4..4
+    fit(tiny_vector_model(), [torch.randn(2) * 100 for _ in range(8)])  # vectors: any scale
