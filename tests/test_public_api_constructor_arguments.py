@@ -66,6 +66,9 @@ CASES = [
     ("batch-text-label", lambda: Batch(torch.rand(4, 2), torch.arange(4), "cat"), TypeError, "label"),
     # DiffusionModule itself: a network's name where the network goes failed at the first sample
     ("module-name-as-network", lambda: DiffusionModule("UNet", sample_shape=(2,)), TypeError, "network"),
+    # a module of another kind failed at the first step: "forward() takes 2 positional arguments but 3 were given"
+    ("module-linear-as-network", lambda: DiffusionModule(torch.nn.Linear(2, 2), sample_shape=(2,)), TypeError,
+     "network"),
     # its sample shape failed at the first sample in torch's words; class names of no class were kept silently
     ("module-negative-size", lambda: DiffusionModule(UNCONDITIONAL.network, sample_shape=(1, -8, 8)), ValueError,
      "sample_shape[1]"),

@@ -24,7 +24,7 @@ from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, ch
 from diffusion.generation.arguments import check_model_can_sample, checked_seed
 from diffusion.generation.render import check_normalization
 from diffusion.models import MLP, UNet
-from diffusion.models.checks import sample_shape_given
+from diffusion.models.checks import forward_parameters, sample_shape_given
 
 LEARNED_VARIANCE = SamplingOptions(variance="learned_range")  # how a model that learned its variance samples
 SHAPE_FIX = "pass the shape of one sample: (C, H, W) for images, (D,) for vectors, e.g. (1, 8, 8)"
@@ -45,7 +45,15 @@ def checked_sample_shape(sample_shape: Any) -> tuple[int, ...]:
 def check_network_fits(network: nn.Module, sample_shape: tuple[int, ...], variance: Any = "fixed") -> None:
     """The network's own check of one sample's shape (`check_input_shape`, where it has one: UNet, MLP), said of the
     `sample_shape` argument to a Python caller; a command, which sets it from the data, says it of the data. Then
-    its output channels (`check_network_outputs`)."""
+    its output channels (`check_network_outputs`). First, its call: a module of another kind (`torch.nn.Linear`)
+    failed at the first step with torch's `forward() takes 2 positional arguments but 3 were given`."""
+    takes = forward_parameters(type(network))
+    if takes is not None:
+        raise WrongType(
+            "network", network, f"a noise-prediction network (its forward takes {takes}, not (x, t, y=None))",
+            "pass a diffusion.models network (UNet for images, MLP for vectors), or a torch.nn.Module whose "
+            "forward takes (x, t, y=None)",
+        )  # fmt: skip
     check_input_shape = getattr(network, "check_input_shape", None)
     if callable(check_input_shape):
         with sample_shape_given():
