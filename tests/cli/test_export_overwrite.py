@@ -10,9 +10,8 @@ import pytest
 from helpers.full_disk import immutable
 from helpers.user_errors import error_line
 
-from diffusion import errors
 from diffusion.cli import export
-from diffusion.errors import MAKE_WRITABLE
+from diffusion.errors import MAKE_WRITABLE, writes
 from diffusion.training import atomic_writes
 from diffusion.training.atomic_writes import CannotReplace
 from diffusion.training.loading import load_checkpoint
@@ -71,8 +70,8 @@ def test_a_file_that_refuses_to_be_opened_is_said_as_the_file_where_its_folder_t
             raise PermissionError(1, "Operation not permitted", str(path))
         return real_open(path, mode, *args, **kwargs)
 
-    # Where the probe opens it: check_can_replace, in diffusion.errors (atomic_writes' before)
-    for module in (atomic_writes, errors):
+    # Where the probe opens it: check_can_replace, in diffusion.errors.writes (atomic_writes' before)
+    for module in (atomic_writes, writes):
         monkeypatch.setattr(module, "open", refusing, raising=False)
     monkeypatch.setattr(os, "access", lambda path, mode: folder_takes_files and real_access(path, mode))
     line = refused(capsys, argv)

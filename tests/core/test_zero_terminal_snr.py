@@ -9,6 +9,7 @@ import torch
 
 from diffusion.core.sampling import reverse_steps
 from diffusion.core.schedule import NoiseSchedule, make_betas
+from diffusion.models import MLP
 from diffusion.training.loss import diffusion_loss
 from diffusion.training.module import DiffusionModule
 
@@ -59,9 +60,9 @@ def test_at_alpha_bar_0_x_t_is_the_noise_and_v_or_x0_predictions_give_x0(predict
 
 def test_eps_prediction_is_refused_in_one_line_at_zero_terminal_snr():
     schedule = NoiseSchedule("cosine", num_timesteps=10, zero_terminal_snr=True)
-    model = torch.nn.Linear(4, 4)
+    model = MLP(in_channels=4, hidden_dim=8, num_blocks=1, time_embed_dim=8)
     with pytest.raises(ValueError, match=r"^eps-prediction is undefined at alpha_bar_T = 0 .* — train with"):
-        reverse_steps(lambda x, t: model(x), schedule, torch.zeros(2, 4), sampler="ddim", steps=2)
+        reverse_steps(model, schedule, torch.zeros(2, 4), sampler="ddim", steps=2)
     with pytest.raises(ValueError, match=r"^zero_terminal_snr needs v- or x0-prediction: .* — pass"):
         DiffusionModule(model, sample_shape=(4,), zero_terminal_snr=True)
     module = DiffusionModule(model, sample_shape=(4,), zero_terminal_snr=True, prediction_type="v")

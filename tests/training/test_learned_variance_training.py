@@ -15,7 +15,7 @@ from helpers import QUICK, TINY_UNET, tiny_run, warm
 from diffusion.core.sampling import SamplingOptions
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.core.variational_bound import ReverseProcess, vlb_term
-from diffusion.models import UNet
+from diffusion.models import MLP, UNet
 from diffusion.training.loading import load_checkpoint
 from diffusion.training.loss import VLB_WEIGHT, diffusion_loss
 from diffusion.training.module import DiffusionModule
@@ -68,7 +68,7 @@ def test_the_bound_trains_only_the_variance_and_the_simple_loss_only_the_mean():
 
 def test_learned_variances_are_for_images_and_only_a_learned_model_samples_with_one():
     with pytest.raises(ValueError, match="variance='learned_range' is for images"):
-        DiffusionModule(torch.nn.Linear(2, 4), sample_shape=(2,), variance="learned_range")
+        DiffusionModule(MLP(in_channels=2, out_channels=4), sample_shape=(2,), variance="learned_range")
     with pytest.raises(
         ValueError, match="sampling.variance learned_range needs a model that learns its variance"
     ):
