@@ -47,7 +47,7 @@ class Written:
     def shown(self) -> str:
         """As the user wrote it: `--model.lr abc`, or `run.yaml: model.lr abc`."""
         if self.file is None:
-            return f"--{self.key} {' '.join(self.values)}".rstrip()
+            return f"--{as_typed(self.key)} {' '.join(self.values)}".rstrip()
         return f"{self.file}: {self.key} {as_text(self.values[0])}".rstrip()
 
 
@@ -58,7 +58,7 @@ SayOption = Callable[[str, Any], str]
 
 def as_flag(key: str, value: Any) -> str:
     """An option's value as a flag gives it: `--data.batch_size 0` (a class's argument without `init_args`)."""
-    return f"--{plain_key(key)} {value}"
+    return f"--{as_typed(plain_key(key))} {value}"
 
 
 def where_written(written: Sequence[Written]) -> SayOption:
@@ -74,7 +74,11 @@ def where_written(written: Sequence[Written]) -> SayOption:
 def written_as(written: Sequence[Written], key: str) -> str:
     """An option as the command line gave it: `--ckpt`, or `run.yaml: ckpt` where a config file set it last."""
     last = _last_written(written, key)
-    return f"{last.file}: {plain_key(key)}" if last is not None and last.file else f"--{plain_key(key)}"
+    return (
+        f"{last.file}: {plain_key(key)}"
+        if last is not None and last.file
+        else f"--{as_typed(plain_key(key))}"
+    )
 
 
 # What the running command's command line wrote, once it parsed (`remember_written`): the one place every command
@@ -83,6 +87,22 @@ def written_as(written: Sequence[Written], key: str) -> str:
 _WRITTEN: ContextVar[tuple[Written, ...]] = ContextVar("written", default=())
 # `--sigma_rel`, `--sigma_rel=2.0`, `--data.image_size` in a line (not a word's inner dashes)
 _FLAG_IN_TEXT = re.compile(r"(?<![\w-])--([A-Za-z_][\w.]*\w)(=?)")
+
+
+# train.py's shorthands the running command line typed, by the options they stand for (`trainer.max_steps` for
+# `--max_steps`, `expand_shorthands`): its lines say each as typed, not as the long form the parser read
+_TYPED_SHORT: ContextVar[frozenset[str]] = ContextVar("typed_short", default=frozenset())
+
+
+def remember_shorthands(options: Iterable[str]) -> None:
+    """The options (`trainer.max_steps`) the command line being run gave by a shorthand (`--max_steps`)."""
+    _TYPED_SHORT.set(frozenset(options))
+
+
+def as_typed(key: str) -> str:
+    """An option's flag as the command line typed it: `max_steps` where `--max_steps` stood for
+    `--trainer.max_steps` (`remember_shorthands`), else `key` as it is."""
+    return key.partition(".")[2] if key in _TYPED_SHORT.get() else key
 
 
 def remember_written(written: Sequence[Written]) -> None:
@@ -104,6 +124,8 @@ def said_as_written(text: str, written: Sequence[Written] | None = None) -> str:
 
     def as_given(match: re.Match) -> str:
         last = _last_written(written, match[1])
+        if last is not None and last.file is None and plain_key(match[1]) in _TYPED_SHORT.get():
+            return f"--{as_typed(plain_key(match[1]))}{match[2]}"  # `--max_steps`, as typed, for `--trainer.max_steps`
         if last is None or last.file is None or not _says_its_value(text[match.end(1) :], last.values[0]):
             return match[0]
         return f"{last.file}: {plain_key(last.key)}" + (" " if match[2] else "")  # `=2.0` said ` 2.0`

@@ -25,7 +25,7 @@ from typing import NoReturn
 import torch
 from jsonargparse import ArgumentError
 
-from diffusion.cli.command_line import remember_written, said_as_written
+from diffusion.cli.command_line import remember_shorthands, remember_written, said_as_written
 from diffusion.cli.flag_names import flag_text
 from diffusion.cli.flags import debug_requested
 from diffusion.errors import CallerError, Interrupted, UserError, said
@@ -56,6 +56,7 @@ def reporting_user_errors(argv: Sequence[str] | None = None) -> Iterator[None]:
     """Around a command's main: a user error (see USER_ERRORS) becomes one line and exit 2; any other exception
     a line saying it is a bug, then its traceback (exit 1); SIGINT and SIGTERM one line and exit 130 / 143."""
     remember_written(())  # a command run before in this process wrote its own
+    remember_shorthands(())
     try:
         with stopping_on_signals():
             yield
@@ -79,6 +80,7 @@ def reporting_user_errors(argv: Sequence[str] | None = None) -> Iterator[None]:
         raise
     finally:
         remember_written(())
+        remember_shorthands(())
 
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -14,7 +14,7 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from diffusion.cli.command_line import SayOption, as_flag
+from diffusion.cli.command_line import SayOption, as_flag, flags_written, remember_shorthands
 from diffusion.cli.written_twice import check_short_and_long_form_agree, said_with_defaults
 from diffusion.errors import UserError
 
@@ -25,8 +25,10 @@ SHORTHANDS = (
 
 
 def expand_shorthands(args: list[str]) -> list[str]:
-    """Rewrite `--devices 4` / `--devices=4` as `--trainer.devices ...` (LightningCLI's own flags stay)."""
+    """Rewrite `--devices 4` / `--devices=4` as `--trainer.devices ...` (LightningCLI's own flags stay); the lines of
+    the run say each as typed (`remember_shorthands`)."""
     check_short_and_long_form_agree(args, SHORTHANDS, "trainer")
+    remember_shorthands(f"trainer.{key}" for key, _ in flags_written(args) if key in SHORTHANDS)
     pattern = re.compile(rf"--({'|'.join(SHORTHANDS)})(=.*)?$")
     return [pattern.sub(r"--trainer.\1\2", arg) for arg in args]
 

@@ -36,7 +36,7 @@ def test_train_takes_the_last_of_a_flag_given_twice_and_says_so(capsys):
     )
     assert config["trainer"]["max_steps"] == 3 and config["model"]["lr"] == 0.5
     assert notes == [
-        f"note: --trainer.max_steps 2 and then --trainer.max_steps 3: {LAST} (--trainer.max_steps 3)",
+        f"note: --max_steps 2 and then --max_steps 3: {LAST} (--max_steps 3)",  # the shorthand, as typed
         f"note: --model.lr 1e-3 and then --model.lr 0.5: {LAST} (--model.lr 0.5)",
     ]
     # a class's argument, under its two spellings
@@ -51,6 +51,10 @@ def test_an_option_of_which_a_list_is_one_form_takes_the_last_too(capsys):
     # --trainer.devices takes 4, [0, 1] or auto: a documented command with --devices 2 added runs on 2
     config, notes = printed_config(["--devices", "4", "--devices", "2", "--accelerator", "cpu"], capsys)
     assert str(config["trainer"]["devices"]) == "2"
+    assert notes == [f"note: --devices 4 and then --devices 2: {LAST} (--devices 2)"]
+    _, notes = printed_config(
+        ["--trainer.devices", "4", "--trainer.devices", "2", "--accelerator", "cpu"], capsys
+    )
     assert notes == [f"note: --trainer.devices 4 and then --trainer.devices 2: {LAST} (--trainer.devices 2)"]
 
 

@@ -188,7 +188,7 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
     # --precision is a union of Literals: each value once, no parser internals.
     "precision_not_a_choice": (
         ["--precision", "17"],
-        r"--trainer.precision 17 is not one of the choices — choose one of 64, 32, 16, [^\]]*'bf16-mixed'[^\]]*$",
+        r"--precision 17 is not one of the choices — choose one of 64, 32, 16, [^\]]*'bf16-mixed'[^\]]*$",
     ),
     "devices_0": (["--devices", "0"], r"--devices 0 is not a number of devices — pass a count >= 1"),
     "devices_not_a_number": (["--devices", "abc"], r"--devices abc is not a number of devices"),
@@ -200,7 +200,7 @@ TRAIN_CASES = {  # id: (flags, what the line must say)
         ["--strategy", "ddpx"],
         r"--strategy ddpx is not a Lightning strategy — pass auto, ddp",
     ),
-    "num_nodes_0": (["--num_nodes", "0"], r"--trainer.num_nodes 0 is out of range — pass an integer >= 1"),
+    "num_nodes_0": (["--num_nodes", "0"], r"--num_nodes 0 is out of range — pass an integer >= 1"),
     # Lightning skips clipping for a value <= 0: -1 would silently train unclipped.
     "gradient_clip_negative": (
         ["--trainer.gradient_clip_val", "-1"],

@@ -23,11 +23,11 @@ VALIDATING_AT_2 = ["--trainer.val_check_interval", "2"]
     ("flags", "expected"),
     [
         (["--trainer.min_steps", "10", "--max_steps", "2"],
-         r"^error: --trainer.min_steps 10 is more than --trainer.max_steps 2: the run stops at the maximum, so the "
+         r"^error: --trainer.min_steps 10 is more than --max_steps 2: the run stops at the maximum, so the "
          r"minimum would never be reached — lower the minimum to 2 or less \(or leave it out\), or raise the "
          r"maximum to 10 or more$"),
         (["--trainer.min_epochs", "3", "--max_epochs", "2"],
-         r"^error: --trainer.min_epochs 3 is more than --trainer.max_epochs 2: the run stops at the maximum"),
+         r"^error: --trainer.min_epochs 3 is more than --max_epochs 2: the run stops at the maximum"),
     ],
 )  # fmt: skip
 def test_a_minimum_past_the_maximum_is_refused_naming_both(flags, expected, tmp_path, capsys):
@@ -40,7 +40,7 @@ def test_a_minimum_from_a_config_file_is_said_as_its_key(tmp_path, capsys):
     config = in_a_config_file(["--trainer.min_steps", "10"], tmp_path)
     args = train_args([*config, "--max_steps", "2"], tmp_path, tmp_path / "runs")
     line = run_in_process(train, args, tmp_path, capsys)
-    assert re.search(r"run\.yaml: trainer\.min_steps 10 is more than --trainer\.max_steps 2: ", line), line
+    assert re.search(r"run\.yaml: trainer\.min_steps 10 is more than --max_steps 2: ", line), line
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_a_warmup_longer_than_the_run_is_said_in_a_warning():
         DiffusionCLI([*TINY_UNET, "--model.warmup_steps", "5", "--max_steps", "2", *NO_LOGGER])
     notes = [str(w.message) for w in caught if "warmup_steps" in str(w.message)]
     assert notes == [
-        "--model.warmup_steps 5 is more than --trainer.max_steps 2: the learning rate is still warming up when the "
+        "--model.warmup_steps 5 is more than --max_steps 2: the learning rate is still warming up when the "
         "run ends, and never reaches --model.lr (at most 2/5 of it) — pass --model.warmup_steps 2 or less, unless "
         "this run is a short test or is to be resumed longer"
     ]
@@ -110,7 +110,7 @@ def test_a_step_checkpoint_interval_past_the_run_is_said(tmp_path):
     with pytest.warns(UserWarning) as caught:
         DiffusionCLI([*given, "--checkpoint.every_n_train_steps", "3"])
     assert [str(w.message) for w in caught if "every_n_train_steps" in str(w.message)] == [
-        "--checkpoint.every_n_train_steps 3 is more than --trainer.max_steps 2: this run reaches no step "
+        "--checkpoint.every_n_train_steps 3 is more than --max_steps 2: this run reaches no step "
         "checkpoint, and with the interval set it saves none at validations either, so it keeps last.ckpt alone — "
         "pass --checkpoint.every_n_train_steps 2 or less, or leave it out to save at validations"
     ]
@@ -174,7 +174,7 @@ def test_double_precision_is_refused_before_a_run_folder_is_made(precision, tmp_
     args = train_args(["--precision", precision], tmp_path, tmp_path / "runs")
     line = run_in_process(train, args, tmp_path, capsys)
     assert re.search(
-        rf"^error: --trainer.precision {precision}: train.py does not train in double precision \(its EMA, sample "
+        rf"^error: --precision {precision}: train.py does not train in double precision \(its EMA, sample "
         r"grids and samplers run in float32\) — choose 32 \(32-true\), bf16-mixed or 16-mixed",
         line,
     ), line
@@ -217,9 +217,9 @@ def test_a_validation_interval_past_the_run_is_said_in_a_warning(tmp_path):
         DiffusionCLI([*flags, *NO_LOGGER])
     notes = [str(w.message) for w in caught if "never validates" in str(w.message)]
     assert notes == [
-        "--trainer.val_check_interval 500 is past --trainer.max_steps 2: this run never validates, so it draws no "
+        "--trainer.val_check_interval 500 is past --max_steps 2: this run never validates, so it draws no "
         "sample grids (samples/step_*.png), plots no val/loss and saves no checkpoint at validations, only "
-        "last.ckpt, and as --trainer.max_steps 2 is less than the default --trainer.log_every_n_steps 10 (no flag or "
+        "last.ckpt, and as --max_steps 2 is less than the default --trainer.log_every_n_steps 10 (no flag or "
         "config file sets it) it logs no train/loss either, so it writes no loss.png — pass "
         "--trainer.val_check_interval 2 or less to validate at least once "
         "(at the last step)"
