@@ -67,6 +67,7 @@ from diffusion.cli.training_run import (
     SaveConfigToRunFolder,
     callbacks_of,
     check_checkpoint_dirpath,
+    chosen_resume,
     fit,
     log_learning_rate,
     refused_by_the_trainer,
@@ -289,8 +290,9 @@ class DiffusionCLI(LightningCLI):
         config = self.config
         check_path_given(config.ckpt_path, "--ckpt_path")  # "" would start a new run without a word
         if config.ckpt_path:
-            self._resume_checkpoint, saving = resolve_resume(config)
+            asked, (self._resume_checkpoint, saving) = config.ckpt_path, resolve_resume(config)
             self.save_config_kwargs.update(saving)
+            self.resume_chosen = chosen_resume(asked, config.ckpt_path)  # held to it once the run is locked
         if config.model.init_from:
             # What the path is (a diffusers folder, an export, a checkpoint or a folder holding one), decided
             # where every command decides it, so a broken diffusers folder is reported as one.

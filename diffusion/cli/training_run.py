@@ -7,7 +7,9 @@ Trainer refused, a preemption): said as the user's, or passed on as a bug.
 import contextlib
 import signal
 import sys
+import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -169,6 +171,48 @@ def _written_last(key: str) -> str | None:
     return found[-1].shown()
 
 
+@dataclass(frozen=True)
+class ResumeChosen:
+    """The checkpoint `--ckpt_path last` / `auto` chose (`asked`), as it was when read, and when (`at_ns`)."""
+
+    asked: str
+    path: Path
+    mtime_ns: int
+    size: int
+    at_ns: int
+
+
+def chosen_resume(asked: str | None, path: str | None) -> ResumeChosen | None:
+    """What `--ckpt_path last` / `auto` chose (None for a path given, or a new run), to hold the run to it once its
+    folder is locked (`check_resume_still_newest`)."""
+    if asked not in ("last", "auto") or not path:
+        return None
+    at_ns, stat = time.time_ns(), Path(path).stat()
+    return ResumeChosen(asked, Path(path), stat.st_mtime_ns, stat.st_size, at_ns)
+
+
+def check_resume_still_newest(chosen: ResumeChosen | None) -> None:
+    """Refuse a resume whose checkpoint another job replaced, or wrote a newer one beside, between this job's choice
+    and its lock of the run folder (rank 0, `fit`): a job stopped by Ctrl+C saves as it ends, and a second job
+    started meanwhile had read the checkpoint before, then took the freed lock and trained from it, its saves
+    replacing the newer ones (tester round 23a)."""
+    if chosen is None:
+        return
+    newer = [
+        path
+        for path in chosen.path.parent.glob("*.ckpt")
+        if path.is_file() and path.stat().st_mtime_ns > chosen.at_ns
+    ]  # fmt: skip  (written since the choice: a checkpoint copied in before it is no save of another job)
+    stat = chosen.path.stat() if chosen.path.is_file() else None
+    if newer or stat is None or (stat.st_mtime_ns, stat.st_size) != (chosen.mtime_ns, chosen.size):
+        written = sorted(newer, key=lambda path: path.stat().st_mtime_ns)[-1] if newer else chosen.path
+        raise UserError(
+            f"--ckpt_path {chosen.asked}: another job saved {written} after this one chose {chosen.path.name} to "
+            "resume from (it ended as this one started)",
+            "run the command again: it resumes from the newest checkpoint",
+        )
+
+
 def fit(cli: BuiltRun) -> None:
     if cast(
         Any, cli.trainer
@@ -185,6 +229,7 @@ def fit(cli: BuiltRun) -> None:
         if cli.trainer.is_global_zero:
             try:
                 held.enter_context(training_in(run_folder(cli.trainer)))
+                check_resume_still_newest(getattr(cli, "resume_chosen", None))  # chosen before the lock
             except BaseException:
                 remove_unused_run_folders(
                     created

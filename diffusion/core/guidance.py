@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from diffusion.errors import InvalidValue
+from diffusion.errors import InvalidValue, OutOfRange
 
 NO_LABEL = -1
 
@@ -92,3 +92,30 @@ def labels_unlearnt(labels: torch.Tensor | None, num_classes: int, label_dropout
             f"labels holds {NO_LABEL} (no label) for {unlabelled} of the {len(labels)} samples: {unlearnt}",
             f"{fix}, or train with label_dropout 0.1-0.2",
         )
+
+
+def unconditional_guidance(scale: float) -> OutOfRange:
+    """Guidance asked of a model without classes, which would be ignored: refused, as `--guidance_scale` is."""
+    return OutOfRange(
+        "guidance_scale", scale, "unset (or 1) for an unconditional model (it has no classes to guide towards)",
+        "leave guidance_scale unset, or load a class-conditional checkpoint",
+    )  # fmt: skip
+
+
+def guidance_unlearnt(scale: float, name: str = "guidance_scale", owner: type | None = None) -> InvalidValue:
+    """Guidance (or unconditional sampling, 0) of a conditional model trained with label_dropout 0, which never
+    learnt the unconditional prediction it takes (its "no label" row was never trained)."""
+    return InvalidValue(
+        f"{{--{name}}} {scale:g} asks for the unconditional prediction, which this model never learnt "
+        "(it was trained with {DiffusionModule:--label_dropout} 0)",
+        f"sample with {{--{name}}} 1 (or unset), or train with {{DiffusionModule:--label_dropout}} 0.1-0.2", owner,
+    )  # fmt: skip
+
+
+def guidance_without_labels(scale: float, labels: str, unset: str) -> InvalidValue:
+    """Guidance (any scale but 1, and 0: unconditional) where no sample has a label: each would take the unconditional
+    prediction for both halves, the samples of guidance_scale 0 at twice its cost, without a word."""
+    return InvalidValue(
+        f"guidance_scale={scale} guides each sample towards its label, and labels is unset",
+        f"pass {labels}, {unset}",
+    )

@@ -25,6 +25,12 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import torch
 from torch import nn
 
+from diffusion.core.guidance import (  # the guidance lines, said where guidance is
+    NO_LABEL,
+    guidance_unlearnt,
+    guidance_without_labels,
+    unconditional_guidance,
+)
 from diffusion.core.noise import Generators, check_generator, check_initial_noise
 from diffusion.core.samplers import ddpm_ddim, dpm_solver, karras
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
@@ -308,24 +314,6 @@ def check_options(options: Any, name: str, form: str) -> None:
     raise WrongType(name, options, "SamplingOptions", fix)
 
 
-def unconditional_guidance(scale: float) -> OutOfRange:
-    """Guidance asked of a model without classes, which would be ignored: refused, as `--guidance_scale` is."""
-    return OutOfRange(
-        "guidance_scale", scale, "unset (or 1) for an unconditional model (it has no classes to guide towards)",
-        "leave guidance_scale unset, or load a class-conditional checkpoint",
-    )  # fmt: skip
-
-
-def guidance_unlearnt(scale: float, name: str = "guidance_scale", owner: type | None = None) -> InvalidValue:
-    """Guidance (or unconditional sampling, 0) of a conditional model trained with label_dropout 0, which never
-    learnt the unconditional prediction it takes (its "no label" row was never trained)."""
-    return InvalidValue(
-        f"{{--{name}}} {scale:g} asks for the unconditional prediction, which this model never learnt "
-        "(it was trained with {DiffusionModule:--label_dropout} 0)",
-        f"sample with {{--{name}}} 1 (or unset), or train with {{DiffusionModule:--label_dropout}} 0.1-0.2", owner,
-    )  # fmt: skip
-
-
 def reverse_steps(
     model: nn.Module,
     schedule: NoiseSchedule,
@@ -381,19 +369,15 @@ def check_reverse_steps_arguments(
     if isinstance(options.get("sampler"), SamplingOptions | Sampler):
         raise WrongType("sampler", options["sampler"], "a sampler's name", "pass the options' fields as keywords: "
                         "reverse_steps(..., **options.as_kwargs())")  # fmt: skip
+    num_classes = getattr(model, "num_classes", 0)  # None: a network without classes; 0: not said
     if labels is None:
         scale = options.get("guidance_scale")
-        num_classes = getattr(model, "num_classes", 0)  # None: a network without classes; 0: not said
         if scale not in (None, 1) and num_classes is None:
             raise unconditional_guidance(scale)
-        if scale not in (
-            None,
-            1,
-        ):  # a class-conditional network (or a callable that does not say) without labels
+        if scale not in (None, 0, 1):  # a conditional network (or one that does not say); 0: unconditional
             each = f"class_labels(len(x_T), {num_classes})" if num_classes else "torch.tensor([...])"
-            raise InvalidValue(
-                f"guidance_scale={scale} guides each sample towards its label, and labels is unset",
-                f"pass labels={each}, one class per sample of x_T, or leave guidance_scale unset",
+            raise guidance_without_labels(
+                scale, f"labels={each}, one class per sample of x_T", "or leave guidance_scale unset"
             )
         return
     if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
@@ -403,3 +387,8 @@ def check_reverse_steps_arguments(
             "labels", f"<shape {tuple(labels.shape)}>", f"one label per sample of x_T, shape ({len(x_T)},)",
             "pass as many labels as x_T has samples",
         )  # fmt: skip
+    outside = (labels < NO_LABEL) | (labels >= num_classes) if num_classes else labels < NO_LABEL
+    if bool(outside.any()):  # once, before the first step; the network's forward would say it of its `y`
+        classes = f"classes 0..{num_classes - 1}" if num_classes else "classes"
+        raise OutOfRange("labels", sorted(set(labels[outside].tolist()))[:12], f"{classes} (or {NO_LABEL}: no label)",
+                         f"pass labels of this model's classes, e.g. class_labels(len(x_T), {num_classes or 'N'})")  # fmt: skip

@@ -34,6 +34,7 @@ from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.generation.arguments import (
     check_guidance_fits,
+    check_guidance_has_labels,
     check_model_can_sample,
     check_module,
     check_result_fits_memory,
@@ -162,6 +163,7 @@ def generate(
     else:
         check_guidance_fits(module, sampler)
     labels = checked_labels(module, labels, num_samples)
+    check_guidance_has_labels(module, sampler, labels)
     indices = rank_indices(num_samples, rank, world_size, equal_shares=True)
     batches = generate_batches(
         module, indices, sampler=sampler, seed=seed, batch_size=batch_size, progress=progress, labels=labels

@@ -10,6 +10,9 @@ grids show one row per class.
 Images may also arrive as uint8 (N, C, H, W) in 0..255 (`compact`): what ranks gather when they sample
 together, a quarter of float32's bytes. `write_samples` and `save_preview` take either form.
 
+The normalization given is checked in `diffusion.generation.normalization` (`check_normalization`, re-exported
+here for its callers).
+
 A grid of images in pixel units (float in [0, 1], uint8) is drawn by `diffusion.generation.image_grid`
 (`save_image_grid`, `rows_by_class`), which `save_preview` uses and this module passes on to its deep path.
 
@@ -22,7 +25,6 @@ import math
 import os
 import shutil
 import zipfile
-from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -31,83 +33,25 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from diffusion.core.noise import WrongDtype
-from diffusion.errors import InvalidValue, OutOfRange, WrongType, naming_a_full_disk, naming_a_refusing_folder
+from diffusion.core.guidance import NO_LABEL
+from diffusion.errors import (
+    InvalidValue,
+    OutOfRange,
+    WrongType,
+    check_can_replace,
+    check_whole_number,
+    naming_a_full_disk,
+    naming_a_refusing_folder,
+)
+from diffusion.generation.arguments import checked_labels
 from diffusion.generation.image_grid import rows_by_class, save_image_grid
+from diffusion.generation.normalization import check_normalization as check_normalization
+from diffusion.generation.normalization import check_samples_and_normalization
 
 SAMPLES, GRID = "samples.npz", "grid.png"
 MAX_SCATTER = 100_000  # vectors drawn in grid.png: a scatter of more shows no more
 LABEL_CHUNK = 1 << 20
 GB = 1e9
-
-
-def check_samples_and_normalization(x: object, normalization: object) -> None:
-    """Samples as a tensor, and the normalization as the module's (a dict of per-channel `shift` and `scale`)."""
-    if not isinstance(x, torch.Tensor):
-        raise WrongType(
-            "x", x, "a tensor of samples", "pass what generate returns (torch.as_tensor(x) for arrays)"
-        )
-    # A bool's or an int's values are no model units (and an int tensor truncated a scale of 0.5 to 0)
-    if not x.is_floating_point():
-        raise WrongDtype(
-            "x", x, "a floating-point tensor of samples in model units",
-            "pass what generate returns (float); uint8 images are pixels already",
-        )  # fmt: skip
-    if not isinstance(normalization, Mapping):
-        raise WrongType(
-            "normalization", normalization, "a dict of 'shift' and 'scale'", "pass module.normalization"
-        )
-    check_normalization_keys(normalization, "normalization", "pass module.normalization")
-
-
-def check_normalization_keys(normalization: Mapping, name: str, fix: str) -> None:
-    """Exactly the keys `shift` and `scale`: a missing one named (a dict of a typo was said to be "a dict, not a
-    dict of 'shift' and 'scale'"), and any other key refused, naming it, rather than ignored ('offset', a second
-    shift misspelt)."""
-    missing = [key for key in ("shift", "scale") if key not in normalization]
-    unknown = [repr(key) for key in normalization if key not in ("shift", "scale")]
-    clauses = ["no " + " and no ".join(missing)] if missing else []
-    if unknown:
-        clauses.append(f"keys other than shift and scale ({', '.join(unknown)})")
-    if clauses:
-        raise InvalidValue(f"{name} has {', and '.join(clauses)}", fix)
-
-
-NORMALIZATION_FIX = (
-    "pass module.normalization of a trained model (the data module's: data = model * scale + shift, per "
-    "channel)"
-)
-
-
-def check_normalization(
-    normalization: Mapping, name: str = "normalization", fix: str = NORMALIZATION_FIX
-) -> dict[str, list[float]]:
-    """Every `shift` a finite number and every `scale` a finite number > 0: a scale of 0 made every image one colour,
-    NaN or infinity NaN images, a negative one inverted images (white drawn black), without a word; no data
-    module gives one (images' is 0.5, vectors' a spread). `name`: how the message names the mapping. Returned as
-    plain lists of floats (what a checkpoint stores), from lists, tuples, tensors or numpy arrays alike."""
-    check_normalization_keys(normalization, name, fix)
-    plain: dict[str, list[float]] = {}
-    for key in ("shift", "scale"):
-        given = normalization[key]
-        try:
-            values = torch.as_tensor(given, dtype=torch.float64).flatten().cpu()
-        except (TypeError, ValueError, RuntimeError) as error:  # text, nested lists of other lengths, None
-            raise WrongType(f"{name}[{key!r}]", given, "a list of numbers, one per channel", fix) from error
-        bad = ~torch.isfinite(values)
-        if key == "scale":
-            bad |= values <= 0
-        if bool(bad.any()):
-            index = int(bad.nonzero()[0, 0])
-            value, requirement = float(values[index]), "a finite number"
-            if key == "scale":  # 0, NaN and infinity said as before; a negative scale in its own words
-                negative = value < 0
-                requirement = (
-                    "> 0 (a negative one inverts every sample)" if negative else f"{requirement} other than 0"
-                )
-            raise OutOfRange(f"{name}[{key!r}][{index}]", value, requirement, fix)
-        plain[key] = values.tolist()
-    return plain
 
 
 def denormalize(x: torch.Tensor, normalization: dict) -> torch.Tensor:
@@ -265,6 +209,10 @@ class SamplesWriter:
         labels: torch.Tensor | None = None,
         grid_size: int = 64,
     ) -> None:
+        if not isinstance(out_dir, str | os.PathLike):  # Path(5) said TypeError of os.fspath
+            raise WrongType("out_dir", out_dir, "a folder's path", "pass out_dir as a str or a Path")
+        grid_fix = "pass how many samples grid.png shows, >= 1"  # 0: torch.cat's error; 2.5: a slice's
+        grid_size = check_whole_number("grid_size", grid_size, 1, grid_fix)
         self.out_dir, self.num_samples, self.normalization = Path(out_dir), num_samples, normalization
         self.images = len(sample_shape) == 3
         self.labels = None if labels is None else torch.as_tensor(labels).cpu().long()
@@ -300,6 +248,8 @@ class SamplesWriter:
                 f"out_dir={str(out_dir)!r}: {taken} is a folder, where the file {taken.name} goes",
                 "move that folder away, or pass another out_dir; nothing was written",
             )
+        for name in (GRID, SAMPLES):  # one flagged immutable: refused now, not after grid.png was replaced
+            check_can_replace(self.out_dir / name)
         shutil.rmtree(self.partial, ignore_errors=True)  # a killed run's
         # A folder that refuses (flagged immutable too) said of the folder that existed, which refused
         inside = self.out_dir.absolute().relative_to(self.existed.absolute()) / SAMPLES
@@ -406,7 +356,18 @@ def write_samples(
     units; with `labels`, `arr_1`: int64 N labels) and out_dir/grid.png (the first `grid_size` images, or with
     labels of several classes about grid_size of them in one row per class; a scatter of the vectors); return
     the npz. `samples` are in model units, or images already uint8 (`compact`). Samples made a chunk at a time
-    are written with `SamplesWriter`."""
+    are written with `SamplesWriter`. `labels`: one int class per sample (NO_LABEL, -1, for none), never cycled
+    when too few."""
+    # SamplesWriter repeats its labels (`class_labels`): here 3 labels for 8 samples were cycled, 0.7 stored as 0
+    if labels is not None:
+        checked = checked_labels(None, labels, len(samples))
+        assert checked is not None  # labels were given
+        if len(checked) and int(checked.min()) < NO_LABEL:
+            raise OutOfRange(
+                "labels", int(checked.min()), f">= {NO_LABEL} (class indices; {NO_LABEL} for no class)",
+                "pass one int class per sample, as generate's labels",
+            )  # fmt: skip
+        labels = checked
     sample_shape = tuple(samples.shape[1:])
     with SamplesWriter(out_dir, len(samples), sample_shape, normalization, labels, grid_size) as writer:
         writer.write(samples)

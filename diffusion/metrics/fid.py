@@ -123,8 +123,11 @@ class FrechetDistance(FrechetInceptionDistance):
 
     def update(self, features: torch.Tensor, real: bool) -> None:
         if real and self.reference is not None:
-            raise ValueError(
-                "this FrechetDistance compares with fixed reference statistics: feed no real features"
+            raise InvalidValue(
+                "real=True: this FrechetDistance compares with fixed reference statistics,"
+                " which stand for the real features",
+                "feed generated features as update(features, real=False),"
+                " or build FrechetDistance without reference= to feed real ones",
             )
         super().update(features, real)
 

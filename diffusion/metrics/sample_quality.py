@@ -245,6 +245,13 @@ class SampleQuality(nn.Module):
         """Feed uint8 (N, C, H, W) images in 0..255 (`to_uint8(samples, module.normalization)`): one extractor pass
         for every metric. Pixel features take float images in [0, 1] too; anything else is refused, not scored."""
         check_bool("real", real)
+        if real and self.reference is not None:  # said before the extractor's pass, in this class's words
+            raise InvalidValue(
+                "real=True: this SampleQuality compares with fixed reference statistics (reference=),"
+                " which stand for the real images",
+                "feed generated images as update(images, real=False),"
+                " or build SampleQuality without reference= to feed real images",
+            )
         self._check_images(images)
         with torch.no_grad():
             pool, logits = self.extractor(images)

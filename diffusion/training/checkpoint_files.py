@@ -235,6 +235,34 @@ def check_holds_the_network(checkpoint: dict[str, Any], path: str | os.PathLike,
         )
 
 
+def class_count(weights: Mapping[str, Any]) -> int | None:
+    """The classes of a network's weights: its `ClassEmbedding`'s rows less the NO_LABEL one (None: unconditional)."""
+    embedding = next((v for k, v in weights.items() if k.split(".")[-2:] == ["class_embed", "weight"]), None)
+    return None if embedding is None else int(embedding.shape[0]) - 1
+
+
+def check_network_given(checkpoint: dict[str, Any], path: Path, network: torch.nn.Module) -> None:
+    """`load_from_checkpoint`'s `network=` fits the checkpoint's weights (its `network.` entries), said before Lightning
+    builds the module: its words were torch's `size mismatch` lines, or class_names said to be given by the user."""
+    state = checkpoint.get("state_dict")
+    weights = {k.removeprefix("network."): v for k, v in (state or {}).items() if k.startswith("network.")}
+    if not weights:  # not this project's kind of checkpoint: Lightning's to say
+        return
+    trained, given, name = class_count(weights), class_count(network.state_dict()), type(network).__name__
+    if trained != given:  # a conditional model's checkpoint and an unconditional network, or the reverse
+        said, wanted = "is of an unconditional model", f"{name}(...) without num_classes"
+        if trained is not None:
+            said = f"is of a class-conditional model of {trained} classes"
+            wanted = f"{name}(..., num_classes={trained})"
+        has = "no num_classes" if given is None else f"num_classes={given}"
+        raise InvalidValue(
+            f"checkpoint_path {path} {said}, and the network given has {has}",
+            f"pass the network it was trained with: network={wanted}, its other settings those it was trained with",
+        )
+    fix = f"pass the network it was trained with: network={name}(...) with the settings it was trained with"
+    check_weights_fit(network, weights, f"checkpoint_path {path}", fix)
+
+
 def is_local_file_path(path: object) -> bool:
     """Whether `path` is a path of the local disk (not a file object, a URL or another fsspec filesystem's path),
     which this package checks before Lightning reads it."""
@@ -268,6 +296,14 @@ class CheckedLoad(L.LightningModule):
                 checkpoint_path, map_location, hparams_file, strict, weights_only, **kwargs
             )
         path = checked_checkpoint_file(cast(_PATH, checkpoint_path), "checkpoint_path")
+        network = kwargs.get("network")
+        if isinstance(network, torch.nn.Module) and strict is not False:  # cheap: the tensors memory-mapped
+            contents: object = None  # a file torch cannot read so is Lightning's to say
+            with contextlib.suppress(pickle.UnpicklingError, RuntimeError, OSError, EOFError):
+                contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            if isinstance(contents, dict):  # the file's own defects said first
+                check_holds_weights(contents, path, "checkpoint_path")
+                check_network_given(contents, path, network)
         try:
             return super().load_from_checkpoint(
                 path, map_location, hparams_file, strict, weights_only, **kwargs

@@ -98,6 +98,18 @@ def check_checkpoint_weights(checkpoint: dict[str, Any], trained: set[str], trai
 # samples are clipped to -1..1 (`clip_denoised`), so such a model can never draw them; a user's own standardized
 # images (a few units) stay well below it.
 IMAGE_UNITS_LIMIT = 10.0
+SCALE_IMAGES = (
+    "scale the images in your dataset: x / 127.5 - 1 for 0..255 pixels, x * 2 - 1 for 0..1 (the project's data "
+    "modules do)"
+)
+
+
+def image_peak(x: torch.Tensor) -> torch.Tensor:
+    """The largest magnitude of a batch of images' finite values (0 for vectors: any scale), on its device."""
+    if x.ndim != 4:
+        return torch.zeros((), device=x.device)
+    x = x.detach()
+    return torch.where(torch.isfinite(x), x, 0).abs().amax().float()
 
 
 class FirstBatch:
@@ -131,9 +143,8 @@ class FirstBatch:
             misfit = (label != NO_LABEL).any()
         else:  # a conditional model given no class would train as an unconditional one
             misfit = (label == NO_LABEL).all()
-        finite = torch.where(torch.isfinite(x.detach()), x.detach(), 0)  # NaN data is said as such first
-        peak = finite.abs().amax() if x.ndim == 4 else torch.zeros((), device=x.device)
-        self._found = (bad, index, misfit.to(bad.device), peak.float().to(bad.device), num_classes)
+        peak = image_peak(x)  # of the finite values: NaN data is said as such first
+        self._found = (bad, index, misfit.to(bad.device), peak.to(bad.device), num_classes)
 
     def check(self) -> None:
         """Refuse the data if the batch seen holds NaN or infinity, or labels that do not fit the model (one read, the
@@ -156,8 +167,7 @@ class FirstBatch:
             raise InvalidValue(
                 f"the fit's first training batch holds images with values up to {float(flags[-1]):g}, far outside "
                 "model units (-1..1): the samples are clipped to -1..1, so this model could never draw them",
-                "scale the images in your dataset: x / 127.5 - 1 for 0..255 pixels, x * 2 - 1 for 0..1 (the "
-                "project's data modules do)",
+                SCALE_IMAGES,
             )
         if not bool(flags[-2]):
             return
@@ -179,12 +189,13 @@ class FirstBatch:
 
 class ValidationData:
     """Whether a validation's batches hold NaN or infinity (its loss would be NaN without a word, where a fit refuses
-    such data at its first batch), or no class at all for a class-conditional model that never learnt an
-    unconditional prediction (label_dropout 0): counts kept on the device batch by batch (no read: no sync per
-    batch), read once at the validation's end (`check`, with one gather across the ranks), where its loss is read."""
+    such data at its first batch), images far outside model units (0..255 floats, as `FirstBatch`), or no class at
+    all for a class-conditional model that never learnt an unconditional prediction (label_dropout 0): counts kept
+    on the device batch by batch (no read: no sync per batch), read once at the validation's end (`check`, with one gather across the ranks), where its loss is read."""
 
     def __init__(self) -> None:
-        # (samples not finite, the first one's dataset position, labelled samples, samples seen): on the device
+        # (samples not finite, the first one's dataset position, labelled samples, samples seen, the images' largest
+        # magnitude in thousandths (`image_peak`, a running max)): on the device
         self._found: list[torch.Tensor] | None = None
 
     def reset(self) -> None:
@@ -200,27 +211,30 @@ class ValidationData:
         if labels is not None:
             labelled = (labels != NO_LABEL).sum().to(bad.device)
         seen = torch.full((), len(bad), dtype=torch.long, device=bad.device)  # a fill: no copy from the host
-        found = [bad.sum(), first, labelled, seen]
+        # the images' largest magnitude in thousandths: an integer, as the counts are
+        milli = (image_peak(x).clamp(max=1e15) * 1000).round().long().to(bad.device)
+        found = [bad.sum(), first, labelled, seen, milli]
         if self._found is None:
             self._found = found
         else:
             totals = self._found
             self._found = [totals[0] + found[0], torch.minimum(totals[1], first), totals[2] + found[2],
-                           totals[3] + found[3]]  # fmt: skip
+                           totals[3] + found[3], torch.maximum(totals[4], milli)]  # fmt: skip
 
     def check(self, module: L.LightningModule) -> None:
         """Refuse the data if a sample validated on any rank held NaN or infinity, or (`module` class-conditional,
         trained without label_dropout) no sample held a class; every rank calls it (the gather)."""
         found, self._found = self._found, None
         if found is None:
-            found = [torch.zeros((), dtype=torch.long, device=module.device)] * 4
+            found = [torch.zeros((), dtype=torch.long, device=module.device)] * 5
             found[1] = torch.full((), torch.iinfo(torch.long).max, device=module.device)
         flags = torch.stack([value.to(module.device, torch.long) for value in found])
         if module._trainer is not None and module.trainer.world_size > 1:
-            flags = module.all_gather(flags).reshape(-1, 4)  # type: ignore[union-attr]
-        flags = flags.reshape(-1, 4).cpu()  # the read
+            flags = module.all_gather(flags).reshape(-1, 5)  # type: ignore[union-attr]
+        flags = flags.reshape(-1, 5).cpu()  # the read
         bad, first = int(flags[:, 0].sum()), int(flags[:, 1].min())
-        labelled, total = flags[:, 2:].sum(0).tolist()
+        labelled, total = flags[:, 2:4].sum(0).tolist()
+        peak = int(flags[:, 4].max()) / 1000
         if bad:
             raise InvalidValue(
                 "the validation data holds NaN or infinity: "
@@ -228,6 +242,12 @@ class ValidationData:
                 "the validation loss is NaN",
                 "clean the data: drop or repair those samples (torch.nan_to_num replaces such values) before "
                 "validating or training",
+            )
+        if peak > IMAGE_UNITS_LIMIT:
+            raise InvalidValue(
+                f"the validation data holds images with values up to {peak:g}, far outside model units (-1..1): "
+                "its validation loss says nothing of the model, whose samples are clipped to -1..1",
+                SCALE_IMAGES,
             )
         num_classes = getattr(module, "num_classes", None)
         if total and num_classes is not None and not labelled and not module.hparams.get("label_dropout"):

@@ -171,6 +171,17 @@ def float64_betas(module: DiffusionModule) -> torch.Tensor:
     )  # fmt: skip
 
 
+# The settings every export of this format has written (the model's shape, units, network and schedule)
+EXPORT_SETTINGS = (
+    "network",
+    "sample_shape",
+    "normalization",
+    "num_timesteps",
+    "beta_schedule",
+    "prediction_type",
+)
+
+
 def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
     """(config.json's contents, the export's folder) for an export folder or its config.json, checked."""
     path = Path(path).expanduser()
@@ -191,6 +202,16 @@ def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
         )
     if not isinstance(config.get("hyper_parameters"), dict):
         raise InvalidValue(f"{config_path} holds no hyper_parameters (the model's settings)", FIX)
+    # A setting deleted would be filled in by DiffusionModule's default without a word (sample_shape (1, 8, 8)) or
+    # said as the model's lack (no normalization) with a fix in Python: said as the key config.json lacks
+    missing = [key for key in EXPORT_SETTINGS if key not in config["hyper_parameters"]]
+    if missing:
+        raise InvalidValue(
+            f"{config_path}: hyper_parameters has no {' and no '.join(missing)} (every export writes "
+            f"{', '.join(EXPORT_SETTINGS)})",
+            "put it back in config.json's hyper_parameters as the export wrote it, or export the checkpoint again "
+            "(python -m diffusion.export)",
+        )
     # Which set of weights it holds: an edit said as another set, whose --weights the commands then refused
     if config.get("weights") not in get_args(Weights):
         held = "which of the run's weights model.safetensors holds"

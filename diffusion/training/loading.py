@@ -111,7 +111,15 @@ def check_device_available(map_location: str | torch.device) -> None:
             "cannot be loaded onto it",
             fix,
         )
+    # torch.device("cpu:1") is made, and torch.load failed as if the file were broken ("don't know how to restore
+    # data location ... (tagged with cpu:1)"), even for cpu:0
     if device.type == "cpu":
+        if device.index is not None:
+            raise InvalidValue(
+                f"map_location={str(map_location)!r}: the CPU takes no index (torch loads a checkpoint onto 'cpu', "
+                f"not onto {device})",
+                fix,
+            )
         return
     backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu: each says what it sees
     is_available = getattr(backend, "is_available", None)

@@ -17,7 +17,14 @@ from diffusion.core import noise as counter_noise
 from diffusion.core.guidance import labels_unlearnt
 from diffusion.core.noise import Generators, check_generator, check_initial_noise, randn
 from diffusion.core.samplers.contract import Denoiser, Sampler, Step
-from diffusion.core.sampling import DEFER, ModelSampling, SamplingOptions, check_options, final_sample
+from diffusion.core.sampling import (
+    DEFER,
+    ModelSampling,
+    SamplingOptions,
+    check_options,
+    final_sample,
+    guidance_without_labels,
+)
 from diffusion.core.schedule import NoiseSchedule
 from diffusion.data.labels import labels_for_sampling
 from diffusion.errors import InvalidValue, OutOfRange, WrongType, check_bool, check_whole_number
@@ -289,7 +296,22 @@ class SamplingModule(L.LightningModule):
         check_initial_noise(x_T, self.network, "module.sample_shape", "module.sample({n})")
         self._check_noise_fits(x_T)
         check_generator(generator, len(x_T))
+        self._check_guidance_has_labels(options, labels, "len(x_T)")
         return self._reverse(x_T, generator, options, progress, labels)
+
+    def _check_guidance_has_labels(self, options: SamplingOptions | None, labels: Any, count: str) -> None:
+        """The caller's guidance (a scale but 0 and 1) without labels, refused: no sample has a label, so both
+        halves are the unconditional prediction, guidance 0's samples at twice its cost. The model's own scale
+        (its `sampling`) samples unconditionally as ever; one trained with label_dropout 0 is refused guidance
+        by its sampler (`model_sampling`), as is a model without classes."""
+        scale = None if options is None else options.guidance_scale
+        if labels is not None or scale in (None, 0, 1) or self.num_classes is None:
+            return
+        if self.hparams.get("label_dropout") != 0:
+            raise guidance_without_labels(
+                scale, f"labels=class_labels({count}, {self.num_classes}), one class per sample",
+                "or leave guidance_scale unset (0 for unconditional samples)",
+            )  # fmt: skip
 
     def _check_noise_fits(self, x_T: torch.Tensor) -> None:
         """x_T of (N, *sample_shape) on this model's device, read without a host sync: another shape would be said
@@ -337,5 +359,6 @@ class SamplingModule(L.LightningModule):
         check_model_can_sample(self)  # a .half() module ended in torch's dtype error at its first layer
         # Its own form: module.sampler's ("module.sampler(SamplingOptions(**...))") led to the next refusal here.
         check_options(options, "options", "module.sample(n, options=SamplingOptions(...))")
+        self._check_guidance_has_labels(options, labels, "num_samples")
         x_T, generator = self.initial_noise(num_samples, seed, indices)
         return final_sample(self._reverse(x_T, generator, options, progress, labels))

@@ -198,3 +198,32 @@ def test_a_lock_file_the_disk_has_no_room_for_is_said_as_a_full_disk(tmp_path):
         f"error: no space left on the disk of {disk}/s while saving the lock file .st.npz.lock of --save_stats "
         f"{disk}/s/st.npz — {FREE_SPACE}",
     ], ran.stderr[-3000:]
+
+
+def test_a_resume_whose_checkpoint_another_job_saved_anew_before_the_lock_is_refused(
+    tmp_path, capsys, monkeypatch
+):
+    # A job stopped by Ctrl+C saves last.ckpt as it ends; a second job started meanwhile had chosen the older
+    # last.ckpt, took the freed lock and trained from it, its saves replacing the newer ones (tester round 23a)
+    from diffusion.cli import training_run
+
+    runs = tmp_path / "runs"
+    tiny_run(runs)
+    (last,) = runs.glob("digits/version_0/checkpoints/last.ckpt")
+    locking = training_run.training_in
+
+    def saved_meanwhile(folder):
+        os.utime(last, ns=(time.time_ns(), time.time_ns()))  # the other job's save, as it ended
+        return locking(folder)
+
+    monkeypatch.setattr(training_run, "training_in", saved_meanwhile)
+    with pytest.raises(SystemExit) as exited:
+        main([*TINY_UNET, *QUICK, "--trainer.logger.init_args.save_dir", str(runs), "--ckpt_path", "last",
+              "--max_steps", "6"])  # fmt: skip
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --ckpt_path last: another job saved {last} after this one chose last.ckpt to resume from (it ended "
+        "as this one started) — run the command again: it resumes from the newest checkpoint"
+    )
+    monkeypatch.setattr(training_run, "training_in", locking)
+    assert tiny_run(runs, "--ckpt_path", "last", "--max_steps", "6").trainer.global_step == 6

@@ -4,12 +4,13 @@ samples `generate` could not hold in memory, refused before any sampling rather 
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from helpers import tiny_vector_model
 from helpers.full_disk import immutable
 
-from diffusion.errors import FlaggedFolder, InvalidValue, UserError
+from diffusion.errors import CannotReplace, FlaggedFolder, InvalidValue, OutOfRange, UserError, WrongType
 from diffusion.generation import arguments
 from diffusion.generation.arguments import check_result_fits_memory
 from diffusion.generation.ranks import drawn_anyway, generate, generate_in_chunks, sample_across_ranks
@@ -168,3 +169,74 @@ def test_samples_into_an_immutable_folder_are_said_by_its_flag(tmp_path):
             f"cannot write {name} into {flagged} (it is immutable) — check its "
         )
     assert not any(flagged.iterdir())
+
+
+SHIFT_SCALE = {"shift": [0.0, 0.0], "scale": [1.0, 1.0]}
+LABELS_FIX = " — pass class_labels(num_samples, module.num_classes), or one int class per sample"
+
+
+@pytest.mark.parametrize(
+    ("labels", "error", "said"),
+    [
+        ([1, 2, 3], OutOfRange, "labels=<(3,) labels> must be one label per sample, shape (8,)" + LABELS_FIX),
+        (torch.arange(10), OutOfRange, "labels=<(10,) labels> must be one label per sample, shape (8,)" + LABELS_FIX),
+        ([0.7] * 8, OutOfRange, "labels=[0.699999988079071, 0.699999988079071, 0.699999988079071, "
+         "0.699999988079071, 0.699999988079071], ... (8 values) must be whole numbers (class indices)" + LABELS_FIX),
+        ([-7] + [0] * 7, OutOfRange, "labels=-7 must be >= -1 (class indices; -1 for no class) — pass one int class "
+         "per sample, as generate's labels"),
+        ("abc", WrongType, "labels='abc' is a str, not a sequence of class numbers" + LABELS_FIX),
+    ],
+)  # fmt: skip
+def test_write_samples_takes_one_label_per_sample_never_cycled_nor_truncated(tmp_path, labels, error, said):
+    # 3 labels for 8 samples were cycled into arr_1 ([1 2 3 1 2 3 1 2]), 8 for 3 kept 3, 0.7 stored as 0, -7 stored
+    # (tester round 23, S4)
+    with pytest.raises(error) as refused:
+        write_samples(torch.zeros(8, 2), SHIFT_SCALE, tmp_path / "out", labels=labels)
+    assert str(refused.value) == said
+    assert not (tmp_path / "out").exists()
+
+
+def test_write_samples_stores_the_labels_given_no_label_included(tmp_path):
+    labels = [0, 1, 2, -1, 1, 0, 2, 1]  # NO_LABEL (-1), as generate takes it
+    written = write_samples(torch.zeros(8, 2), SHIFT_SCALE, tmp_path / "out", labels=torch.tensor(labels))
+    assert np.load(written)["arr_1"].tolist() == labels
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "said"),
+    [
+        ({"grid_size": 0}, OutOfRange, "grid_size=0 must be a whole number >= 1"),
+        ({"grid_size": -1}, OutOfRange, "grid_size=-1 must be a whole number >= 1"),
+        ({"grid_size": 2.5}, OutOfRange, "grid_size=2.5 must be a whole number >= 1"),
+        ({"grid_size": "8"}, WrongType, "grid_size='8' is a str, not a whole number >= 1"),
+        ({"grid_size": True}, WrongType, "grid_size=True is a bool, not a whole number >= 1"),
+        ({"out_dir": 5}, WrongType, "out_dir=5 is an int, not a folder's path — pass out_dir as a str or a Path"),
+    ],
+)  # fmt: skip
+def test_write_samples_refuses_a_grid_size_or_out_dir_by_its_name(tmp_path, given, error, said):
+    # grid_size 0 or -1: torch.cat's error; 2.5, "8": TypeErrors of a slice; True taken; out_dir=5: os.fspath's
+    # TypeError (tester round 23, S6)
+    arguments = {"out_dir": tmp_path / "out", **given}
+    with pytest.raises(error) as refused:
+        write_samples(torch.zeros(4, 1, 2, 2), {"shift": [0.5], "scale": [0.5]}, **arguments)
+    if "grid_size" in given:
+        said += " — pass how many samples grid.png shows, >= 1"
+    assert str(refused.value) == said
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flagged", ["samples.npz", "grid.png"])
+def test_write_samples_over_an_immutable_file_replaces_neither(tmp_path, flagged):
+    # "CannotWrite: cannot write samples.npz into wsi (Operation not permitted) — make that folder writable", and
+    # grid.png replaced while samples.npz kept the old samples (tester round 23, S5)
+    out = tmp_path / "wsi"
+    write_samples(torch.zeros(2, 2), SHIFT_SCALE, out)
+    before = {name: (out / name).read_bytes() for name in ("samples.npz", "grid.png")}
+    with immutable(out / flagged), pytest.raises(CannotReplace) as refused:
+        write_samples(torch.ones(3, 2), SHIFT_SCALE, out)
+    assert str(refused.value).startswith(
+        f"cannot replace {flagged} in {out} (it is immutable): the folder takes new files, but {flagged} itself "
+        f"refuses to be replaced — check its attributes (lsattr {out / flagged}; chattr -i clears"
+    )
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in out.iterdir()) == ["grid.png", "samples.npz"]

@@ -264,3 +264,23 @@ def test_save_statistics_into_a_missing_folder_or_under_a_file_names_the_path(tm
         "a folder"
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["u.ckpt"]
+
+
+def test_real_images_fed_where_reference_statistics_stand_for_them_are_refused_by_real():
+    # "ValueError: this FrechetDistance compares with fixed reference statistics: feed no real features", an inner
+    # class's words with no fix (tester round 23, S10)
+    reference = FeatureStatistics(np.zeros(64), np.eye(64), "pixels", 10, (8, 8))
+    metric = SampleQuality(features="pixels", metrics=("fid",), channels=1, reference=reference)
+    images = torch.zeros(4, 1, 8, 8, dtype=torch.uint8)
+    with pytest.raises(InvalidValue) as refused:
+        metric.update(images, real=True)
+    assert str(refused.value) == (
+        "real=True: this SampleQuality compares with fixed reference statistics (reference=), which stand for the "
+        "real images — feed generated images as update(images, real=False), or build SampleQuality without "
+        "reference= to feed real images"
+    )
+    with pytest.raises(
+        InvalidValue, match=r"^real=True: this FrechetDistance compares with fixed reference stat"
+    ):
+        metric.fid.update(torch.zeros(4, 64), real=True)
+    metric.update(images, real=False)  # the generated ones, as before

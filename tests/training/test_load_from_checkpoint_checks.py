@@ -15,8 +15,9 @@ import pytest
 import torch
 from helpers import fit_with_own_trainer, tiny_vector_model
 from helpers.bad_checkpoints import BAD_FILES, MLP_SETTINGS, damaged, missing
+from torch.utils.data import DataLoader
 
-from diffusion import MLP, DiffusionModule
+from diffusion import MLP, DiffusionModule, IndexedDataset
 from diffusion.errors import UserError
 from diffusion.training import checkpoint_files
 from diffusion.training.loading import load_checkpoint
@@ -131,4 +132,67 @@ def test_a_python_modules_checkpoint_loaded_without_its_network_is_one_line(own_
         f"checkpoint_path {own_checkpoint} does not hold its network's settings (a module built in Python keeps "
         "its network out of its hyperparameters) — pass the network it was trained with, built with the same "
         "settings (a UNet(...), an MLP(...) or your own): DiffusionModule.load_from_checkpoint(path, network=...)"
+    )
+
+
+# Tester round 23: S7, S8. A network given that does not fit the checkpoint is one line naming the file, said before
+# Lightning builds the module (it was torch's `size mismatch` lines, or class_names said as given by the user).
+def fitted_and_saved(module: DiffusionModule, items, path: Path, with_labels: bool = False) -> Path:
+    trainer = L.Trainer(
+        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=1, limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(module, DataLoader(IndexedDataset(items, with_labels=with_labels), batch_size=4))
+    trainer.save_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def conditional_checkpoint(tmp_path_factory) -> Path:
+    """A checkpoint of a class-conditional model of 3 classes built in Python, its class_names kept in it."""
+    network = MLP(**MLP_SETTINGS, num_classes=3)
+    module = DiffusionModule(network, sample_shape=(2,), num_timesteps=20, class_names=["a", "b", "c"])
+    items = [(torch.randn(2), i % 3) for i in range(8)]
+    return fitted_and_saved(module, items, tmp_path_factory.mktemp("cond") / "c.ckpt", with_labels=True)
+
+
+def test_a_network_of_other_settings_is_one_line_naming_the_file(own_checkpoint):
+    with pytest.raises(RuntimeError) as refused:
+        DiffusionModule.load_from_checkpoint(
+            own_checkpoint, network=MLP(**{**MLP_SETTINGS, "hidden_dim": 16})
+        )
+    line = str(refused.value)
+    assert line.startswith(f"checkpoint_path {own_checkpoint}: these weights do not fit MLP ("), line
+    assert "of another shape" in line and "size mismatch" not in line, line
+    assert line.endswith(
+        " — pass the network it was trained with: network=MLP(...) with the settings it was trained with"
+    ), line
+    assert isinstance(refused.value, UserError)
+
+
+def test_a_conditional_checkpoint_given_an_unconditional_network_says_its_classes(conditional_checkpoint):
+    with pytest.raises(ValueError) as refused:
+        DiffusionModule.load_from_checkpoint(conditional_checkpoint, network=MLP(**MLP_SETTINGS))
+    assert str(refused.value) == (
+        f"checkpoint_path {conditional_checkpoint} is of a class-conditional model of 3 classes, and the network "
+        "given has no num_classes — pass the network it was trained with: network=MLP(..., num_classes=3), its "
+        "other settings those it was trained with"
+    )
+    with pytest.raises(ValueError, match=r"of 3 classes, and the network given has num_classes=5 — "):
+        DiffusionModule.load_from_checkpoint(
+            conditional_checkpoint, network=MLP(**MLP_SETTINGS, num_classes=5)
+        )
+    module = DiffusionModule.load_from_checkpoint(
+        conditional_checkpoint, network=MLP(**MLP_SETTINGS, num_classes=3)
+    )
+    assert module.hparams["class_names"] == ["a", "b", "c"]
+
+
+def test_an_unconditional_checkpoint_given_a_conditional_network_says_so(own_checkpoint):
+    with pytest.raises(ValueError) as refused:
+        DiffusionModule.load_from_checkpoint(own_checkpoint, network=MLP(**MLP_SETTINGS, num_classes=3))
+    assert str(refused.value) == (
+        f"checkpoint_path {own_checkpoint} is of an unconditional model, and the network given has num_classes=3 "
+        "— pass the network it was trained with: network=MLP(...) without num_classes, its other settings those it "
+        "was trained with"
     )

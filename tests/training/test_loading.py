@@ -35,6 +35,22 @@ def test_the_cpu_loads_as_before(toy2d_checkpoint):
     assert next(load_checkpoint(toy2d_checkpoint, map_location=torch.device("cpu")).parameters()).is_cpu
 
 
+@pytest.mark.parametrize("map_location", ["cpu:1", "cpu:0", torch.device("cpu", 3)])
+def test_a_cpu_with_an_index_is_refused_by_map_location_not_said_of_the_intact_file(
+    toy2d_checkpoint, map_location
+):
+    # "cannot be read as a checkpoint (... tagged with cpu:1) — pass an intact .ckpt" (tester round 23, S3); torch
+    # makes torch.device("cpu:1"), and torch.load fails so even for cpu:0
+    device = torch.device(map_location)
+    with pytest.raises(InvalidValue) as raised:
+        load_checkpoint(toy2d_checkpoint, map_location=map_location)
+    assert str(raised.value) == (
+        f"map_location='{device}': the CPU takes no index (torch loads a checkpoint onto 'cpu', not onto {device}) "
+        "— pass map_location='cpu' (or a device this machine has), and move the model later with .to(device)"
+    )
+    assert not isinstance(raised.value, UnreadableCheckpoint)
+
+
 def test_the_meta_device_is_refused_by_map_location_not_by_torch(toy2d_checkpoint):
     # Its tensors have no values: torch raised "Error(s) in loading state_dict" after reading the file.
     with pytest.raises(

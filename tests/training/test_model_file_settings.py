@@ -114,3 +114,20 @@ def test_sample_says_a_checkpoint_setting_as_the_files_key(digits_checkpoint, tm
     line = error_line(capsys.readouterr().err)
     assert line == f"error: {path}: prediction_type='q' is not supported — {SETTINGS_FIX}"  # no "see --help"
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("key", ["sample_shape", "normalization", "network", "num_timesteps"])
+def test_a_setting_deleted_from_an_exports_config_is_said_as_the_key_it_lacks(key, tmp_path):
+    # sample_shape deleted was filled in as (1, 8, 8) without a word, normalization deleted said as the model's lack
+    # with a fix in Python, network deleted a KeyError (tester round 23a, R1)
+    folder = edited_export(tmp_path, "unused", None)
+    config = json.loads((folder / CONFIG).read_text())
+    del config["hyper_parameters"][key], config["hyper_parameters"]["unused"]
+    (folder / CONFIG).write_text(json.dumps(config))
+    with pytest.raises(InvalidValue) as refused:
+        load_checkpoint(folder)
+    assert str(refused.value) == (
+        f"{folder / CONFIG}: hyper_parameters has no {key} (every export writes network, sample_shape, "
+        "normalization, num_timesteps, beta_schedule, prediction_type) — put it back in config.json's "
+        "hyper_parameters as the export wrote it, or export the checkpoint again (python -m diffusion.export)"
+    )

@@ -172,3 +172,29 @@ def test_images_far_outside_model_units_are_refused_as_data():
     )
     fit(tiny_images(), [torch.rand(1, 8, 8) * 8 - 4 for _ in range(8)])  # in -4..4
     fit(tiny_vector_model(), [torch.randn(2) * 100 for _ in range(8)])  # vectors: any scale
+
+
+def test_validation_images_far_outside_model_units_are_refused_as_data():
+    # Training data in -1..1 and validation data of 0..255 floats logged a val/loss without a word (tester round 23,
+    # S2): the validation's images are held to the same range, their largest value kept on the device.
+    images = [torch.rand(1, 8, 8) * 2 - 1 for _ in range(8)]
+    pixels = [(torch.rand(1, 8, 8) * 255).round() for _ in range(8)]
+    pixels[5][0, 0, 0] = 300.5  # in the second batch: the peak is kept across batches
+    line = (
+        "the validation data holds images with values up to 300.5, far outside model units (-1..1): its validation "
+        "loss says nothing of the model, whose samples are clipped to -1..1 — scale the images in your dataset: "
+        "x / 127.5 - 1 for 0..255 pixels, x * 2 - 1 for 0..1 (the project's data modules do)"
+    )
+    with pytest.raises(ValueError) as refused:
+        fit(tiny_images(), images, val=pixels, limit_val_batches=2, num_sanity_val_steps=0)
+    assert str(refused.value) == line
+    module = tiny_images()
+    trainer = L.Trainer(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu"
+    )
+    with pytest.raises(ValueError) as validated:
+        trainer.validate(module, DataLoader(IndexedDataset(pixels), batch_size=4))
+    assert str(validated.value) == line
+    fit(
+        tiny_images(), images, val=[torch.rand(1, 8, 8) * 8 - 4 for _ in range(8)], limit_val_batches=2
+    )  # -4..4
