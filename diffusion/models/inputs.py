@@ -33,7 +33,9 @@ def check_forward_inputs(
 ) -> None:
     """`network(x, t, y)`'s inputs, checked before its first layer (see the module's docstring)."""
     if not isinstance(x, torch.Tensor):  # a NumPy array has a shape, an ndim and even a device ("cpu")
-        raise WrongType("x", x, "a torch.Tensor", "pass x as a tensor: torch.as_tensor(x, dtype=torch.float32)")
+        raise WrongType(
+            "x", x, "a torch.Tensor", "pass x as a tensor: torch.as_tensor(x, dtype=torch.float32)"
+        )
     check_batch_rank(type(network), x, kind, network.in_channels)
     check_timesteps(t, len(x))
     check_on_device_of_x(x, t=t, y=y)

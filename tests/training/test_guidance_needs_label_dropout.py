@@ -50,7 +50,10 @@ def test_a_guiding_sampler_built_by_hand_is_refused_by_generate(scale):
         generate(conditional(), 2, sampler=SAMPLERS["ddim"](steps=2, guidance_scale=scale), labels=[0, 1])
     assert str(caught.value) == LINE.format(scale=f"{scale:g}")
     guided = generate(  # labels: guidance without them is refused (tests/generation/test_guidance_without_labels.py)
-        conditional(label_dropout=0.1), 2, sampler=SAMPLERS["ddim"](steps=2, guidance_scale=scale), labels=[0, 1]
+        conditional(label_dropout=0.1),
+        2,
+        sampler=SAMPLERS["ddim"](steps=2, guidance_scale=scale),
+        labels=[0, 1],
     )
     assert guided.shape == (2, 2)
 
