@@ -130,7 +130,8 @@ EDITED_EXPORTS = {  # an export's config.json edited by hand: what the sample co
     # a KeyError or an AttributeError traceback
     "no_network": (
         lambda h: h.pop("network"),
-        r"config.json: network=None is a NoneType, not a mapping of class_path and init_args — correct it",
+        r"config.json: hyper_parameters has no network \(every export writes network, sample_shape, .*\) — put it "
+        r"back",
     ),
     # a misspelled sampling option: said as the dict's key, but without the file (round 11's V3 fix)
     "sampling_key_misspelled": (
