@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from diffusion.cli.command_line import Written, where_written
 from diffusion.cli.config_files import as_text
 from diffusion.cli.flag_names import flag_text
-from diffusion.training.option_notes import OptionNote
+from diffusion.training.option_notes import OptionNote, RunNote
 
 
 class CommandNote(UserWarning):
@@ -69,14 +69,14 @@ def notes_said_as_written(groups: dict[type, str], written: Sequence[Written]) -
 
 @contextmanager
 def one_line_notes() -> Iterator[None]:
-    """While the command runs, a CommandNote is shown as one line, `warning: <text>`; any other warning as the
+    """While the command runs, a CommandNote or a RunNote is shown as one line, `warning: <text>`; any other warning as the
     warnings module (or Lightning, which formats its own) shows it."""
     shown_before = warnings.formatwarning
 
     def formatted(
         message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None
     ) -> str:
-        if issubclass(category, CommandNote):
+        if issubclass(category, CommandNote | RunNote):
             return f"warning: {message}\n"
         return shown_before(message, category, filename, lineno, line)
 

@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from diffusion.errors import InvalidValue
+from diffusion.training.option_notes import RunNote
 
 LRSchedule = Literal["constant", "cosine"]
 
@@ -65,12 +66,13 @@ class RunLengthSchedule(torch.optim.lr_scheduler.LambdaLR):
         if abs(now - before) > 0.1 * peak:
             from lightning.pytorch.utilities import rank_zero_warn
 
+            jump = f"the learning rate jumps from {before:.3g} to {now:.3g} at the resumed step {self.last_epoch}"
             rank_zero_warn(
-                f"the learning rate jumps from {before:.3g} to {now:.3g} at the resumed step {self.last_epoch}: "
-                f"the {factor.keywords['schedule']} schedule follows this run's max_steps "
+                f"{jump}: the {factor.keywords['schedule']} schedule follows this run's max_steps "
                 f"({factor.keywords['total_steps']}), not the length the checkpoint's run decayed over — resume "
                 "with the max_steps the run was started with to keep its decay (a longer run: start one with the "
-                "longer max_steps)"
+                "longer max_steps)",
+                category=RunNote,
             )
 
 

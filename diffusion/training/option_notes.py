@@ -25,3 +25,8 @@ class OptionNote(UserWarning):
     def __init__(self, say: Callable[[SayValue], str], owner: type) -> None:
         self.say, self.owner = say, owner
         super().__init__(say(as_parameter))
+
+
+class RunNote(UserWarning):
+    """A note of a run's own, found as it runs (a resumed schedule's jump: `optim.RunLengthSchedule`), worded alike
+    for a Python caller and a command (no option said as a flag): train.py shows it as one line, `warning: <text>`."""

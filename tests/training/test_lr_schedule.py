@@ -1,6 +1,7 @@
 """`--model.lr_schedule cosine`: linear warmup, then half a cosine to zero at the run's last step."""
 
 import math
+import warnings
 
 import lightning as L
 import pytest
@@ -8,8 +9,10 @@ import torch
 from helpers import tiny_run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from diffusion.cli.train_warnings import one_line_notes
 from diffusion.training.module import LEARNING_RATE, TRAIN_LOSS
 from diffusion.training.optim import lr_factor, warmup_scheduler
+from diffusion.training.option_notes import RunNote
 
 
 def test_warmup_then_constant_or_cosine_to_zero():
@@ -107,6 +110,10 @@ def test_train_py_says_the_jump_of_a_cosine_run_resumed_with_another_length(tmp_
     tiny_run(tmp_path, *cosine, "--max_steps", "5", "--ckpt_path", "last")
     now = 0.01 * lr_factor(4, schedule="cosine", warmup_steps=1, total_steps=5)
     said = [str(warning.message) for warning in recwarn if "learning rate jumps" in str(warning.message)]
+    # a RunNote: train.py shows it as one line, `warning: ...`, not Python's file:line form (tester round 23a)
+    assert [w.category for w in recwarn if "learning rate jumps" in str(w.message)] == [RunNote]
+    with one_line_notes():
+        assert warnings.formatwarning(said[0], RunNote, "optim.py", 68) == f"warning: {said[0]}\n"
     assert said == [
         f"the learning rate jumps from 0 to {now:.3g} at the resumed step 4: the cosine schedule follows this "
         "run's max_steps (5), not the length the checkpoint's run decayed over — resume with the max_steps the run "
