@@ -11,8 +11,6 @@ its flag, or the file and key that set it); and how a declared type is said (`ki
 
 import math
 import re
-import types
-import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -25,9 +23,10 @@ from diffusion.cli.config_files import as_text, beside, read_config_file, yaml_o
 from diffusion.cli.jsonargparse_internals import (
     action_of,
     actions,
+    alternatives,
     declared_type,
+    is_union,
     loads_a_group_file,
-    number_bounds,
     print_config_options,
 )
 
@@ -266,9 +265,6 @@ def is_class_choice(kind: Any) -> bool:
     return isinstance(kind, type) and kind.__module__ not in value_types
 
 
-_UnionType = type(int | None)
-
-
 def without_print_config(argv: Sequence[str]) -> tuple[list[str], str | None]:
     """`argv` without `--print_config[=flags]`, and that flag (None if absent): it is honoured after the rest of
     the command line parses (jsonargparse prints at the point it meets it: flags after a `--config` it precedes
@@ -359,7 +355,7 @@ def in_list_form(hint: Any, nargs: Any, values: Sequence[str]) -> list[str]:
 
 def _list_item(hint: Any) -> Any:
     """The item type of a list of plain values (numbers, choices, text), optional or not; None for other types."""
-    kinds = [arg for arg in get_args(hint) if arg is not type(None)] if _is_union(hint) else [hint]
+    kinds = [arg for arg in get_args(hint) if arg is not type(None)] if is_union(hint) else [hint]
     if len(kinds) != 1 or get_origin(kinds[0]) not in (list, tuple, Sequence):
         return None
     items = [_plain(arg) for arg in get_args(kinds[0]) if arg is not Ellipsis]
@@ -375,39 +371,6 @@ def _plain(kind: Any) -> Any:
     if isinstance(kind, type) and issubclass(kind, str):
         return str
     return kind if isinstance(kind, type) and issubclass(kind, int | float) else None
-
-
-def _is_union(hint: Any) -> bool:
-    return get_origin(hint) in (typing.Union, _UnionType)
-
-
-def kind_name(kind: Any) -> str:
-    """int, float, bool, list (a list, tuple or Sequence), timedelta, ...: how a type is said."""
-    base = builtin_base(kind) if number_bounds(kind) else (get_origin(kind) or kind)
-    items = get_args(kind)
-    if base is tuple and items and Ellipsis not in items:  # tuple[float, float]: so many items
-        return f"list of {len(items)} {' and '.join(dict.fromkeys(kind_name(item) for item in items))}s"
-    return "list" if base in (list, tuple, Sequence, Iterable) else getattr(base, "__name__", str(base))
-
-
-def alternatives(hint: Any) -> list[Any]:
-    """The members of a union (nested unions flattened); a type that is no union, alone."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        return [member for arg in get_args(hint) for member in alternatives(arg)]
-    return [hint]
-
-
-def builtin_base(kind: type) -> type:
-    """int for jsonargparse's PositiveInt, ...: the built-in type a restricted number extends."""
-    return next(base for base in kind.__mro__ if base.__module__ == "builtins")
-
-
-def parses_as(base: type, text: str) -> bool:
-    try:
-        base(text)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def takes_a_collection(hint: Any) -> bool:

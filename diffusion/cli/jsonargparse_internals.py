@@ -10,8 +10,11 @@ the newest version tested; `.ci/run` also runs the parser's tests on the oldest 
 
 import operator
 import re
+import types
+import typing
 from argparse import Action
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, get_args, get_origin
 
 # The private modules imported whole: a class that moved fails at import, by its name here.
 import jsonargparse._actions as _jsonargparse_actions
@@ -95,3 +98,40 @@ def print_config_options(parser: ArgumentParser) -> list[str] | None:
     _, found, listed = help_text.partition("supported flags are:")
     options = [word.strip(" .") for word in listed.split(",") if word.strip(" .")]
     return options if found and options and all(word.isidentifier() for word in options) else None
+
+
+# How a declared type is read (its union's members, the built-in a restricted number extends, its name in a line)
+_UnionType = type(int | None)
+
+
+def is_union(hint: Any) -> bool:
+    return get_origin(hint) in (typing.Union, _UnionType)
+
+
+def kind_name(kind: Any) -> str:
+    """int, float, bool, list (a list, tuple or Sequence), timedelta, ...: how a type is said."""
+    base = builtin_base(kind) if number_bounds(kind) else (get_origin(kind) or kind)
+    items = get_args(kind)
+    if base is tuple and items and Ellipsis not in items:  # tuple[float, float]: so many items
+        return f"list of {len(items)} {' and '.join(dict.fromkeys(kind_name(item) for item in items))}s"
+    return "list" if base in (list, tuple, Sequence, Iterable) else getattr(base, "__name__", str(base))
+
+
+def alternatives(hint: Any) -> list[Any]:
+    """The members of a union (nested unions flattened); a type that is no union, alone."""
+    if get_origin(hint) in (typing.Union, types.UnionType):
+        return [member for arg in get_args(hint) for member in alternatives(arg)]
+    return [hint]
+
+
+def builtin_base(kind: type) -> type:
+    """int for jsonargparse's PositiveInt, ...: the built-in type a restricted number extends."""
+    return next(base for base in kind.__mro__ if base.__module__ == "builtins")
+
+
+def parses_as(base: type, text: str) -> bool:
+    try:
+        base(text)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -41,7 +41,6 @@ from diffusion.cli.command_line import (
     in_list_form,
     is_class_choice,
     is_config_file_flag,
-    kind_name,
     plain_key,
     print_config_problem,
     remember_written,
@@ -56,7 +55,14 @@ from diffusion.cli.config_files import (
     read_config_file,
     yaml_or_none,
 )
-from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, option_names
+from diffusion.cli.jsonargparse_internals import (
+    action_of,
+    actions,
+    declared_type,
+    is_required,
+    kind_name,
+    option_names,
+)
 from diffusion.cli.type_fits import (
     fits,
     group_file_said,

@@ -21,18 +21,18 @@ from diffusion.cli.chosen_classes import class_said, default_of
 from diffusion.cli.command_line import (
     Written,
     alternatives,
-    builtin_base,
     is_class_choice,
-    kind_name,
-    parses_as,
     plain_key,
     takes_a_collection,
 )
 from diffusion.cli.config_files import as_text, config_file_problem, read_config_file, yaml_or_none
 from diffusion.cli.jsonargparse_internals import (
     actions,
+    builtin_base,
     is_required,
+    kind_name,
     number_bounds,
+    parses_as,
     take_negative_numbers_as_values,
 )
 
