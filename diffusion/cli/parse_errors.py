@@ -28,7 +28,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
-from diffusion.cli import type_fits
+from diffusion.cli import jsonargparse_internals, type_fits
 from diffusion.cli.chosen_classes import chosen_class, class_argument_hint, default_of, imported
 from diffusion.cli.command_line import (
     PRINT_CONFIG,
@@ -55,14 +55,7 @@ from diffusion.cli.config_files import (
     read_config_file,
     yaml_or_none,
 )
-from diffusion.cli.jsonargparse_internals import (
-    action_of,
-    actions,
-    declared_type,
-    is_required,
-    kind_name,
-    option_names,
-)
+from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, option_names
 from diffusion.cli.type_fits import (
     fits,
     group_file_said,
@@ -339,7 +332,7 @@ def _taken_but_unusable(
     said = [
         f"one of {', '.join(map(str, get_args(kind)))}"
         if get_origin(kind) is Literal
-        else f"a {kind_name(kind)}"
+        else f"a {jsonargparse_internals.kind_name(kind)}"
         for kind in kinds
     ]
     unset = ("remove the line" if item.file else "leave the flag out") + (
