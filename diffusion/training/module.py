@@ -26,7 +26,7 @@ from diffusion.core.schedule import BetaSchedule, NoiseSchedule, PredictionType
 from diffusion.data.batch import Batch, check_batch, check_sample_shape
 from diffusion.data.labels import check_class_names
 from diffusion.data.resumable import describe_batches
-from diffusion.errors import WrongType, check_bool, options_of
+from diffusion.errors import check_bool, options_of
 from diffusion.training import loss as objective
 from diffusion.training.atomic_writes import install as install_checkpoint_io
 from diffusion.training.checkpoint_files import CheckedLoad, drop_old_schedule_buffers, load_network_weights
@@ -59,6 +59,7 @@ from diffusion.training.random_states import (
 from diffusion.training.sampling_module import (
     SamplingModule,
     check_fits_data,
+    check_is_network,
     check_network_fits,
     checked_sample_shape,
 )
@@ -148,13 +149,7 @@ class DiffusionModule(CheckedLoad, SamplingModule):  # load_from_checkpoint chec
         offset_noise: float = 0.0,
     ) -> None:
         super().__init__()
-        if not isinstance(network, torch.nn.Module):  # a name or a class would fail at the first step
-            raise WrongType(
-                "network",
-                network,
-                "a network (a torch.nn.Module)",
-                "pass one built, e.g. UNet(in_channels=1)",
-            )
+        check_is_network(network)  # a name or a class would fail at the first step
         compile_training = checked_compile_training(compile_training, compile)  # or compile, its old name
         # Built first: whether alpha_bar_T = 0 is the schedule's to say (rescaled, or trained betas ending at 1).
         with options_of(type(self)):  # the checks' `{--name}`s are this class's options

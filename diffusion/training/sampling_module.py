@@ -49,6 +49,14 @@ def checked_sample_shape(sample_shape: Any) -> tuple[int, ...]:
     )
 
 
+def check_is_network(network: Any) -> None:
+    """A network built: a name or a class passed where it goes would fail only at the first step."""
+    if not isinstance(network, nn.Module):
+        raise WrongType(
+            "network", network, "a network (a torch.nn.Module)", "pass one built, e.g. UNet(in_channels=1)"
+        )
+
+
 def check_network_fits(network: nn.Module, sample_shape: tuple[int, ...], variance: Any = "fixed") -> None:
     """The network's own check of one sample's shape (`check_input_shape`, where it has one: UNet, MLP), said of the
     `sample_shape` argument to a Python caller; a command, which sets it from the data, says it of the data. Then
