@@ -187,3 +187,38 @@ def test_a_checkpoint_dirpath_on_object_storage_without_its_fsspec_package(capsy
     assert re.match(r"--checkpoint.dirpath gs://b/c is an object-storage URL, which Lightning writes through fsspec, "
                     r"and fsspec cannot write there \(.*gcsfs", line), line  # fmt: skip
     assert list(tmp_path.iterdir()) == []  # no local folder named gs:
+
+
+GOOD_SAMPLE = ["--sampler", "ddim", "--steps", "2", "--num_samples", "2"]
+
+
+@pytest.mark.parametrize("flag", ["--out", "--ckpt"])
+def test_sample_refuses_an_empty_path(flag, user, tmp_path, capsys, monkeypatch):
+    """`--out ""` (an unset shell variable) wrote into the working folder, `--ckpt ""` sampled a checkpoint found
+    there: refused, naming the flag. Run in the user's folder, which run_in_process checks is left unchanged."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(user)
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    args = ["--ckpt", str(good), "--out", str(tmp_path / "new"), *GOOD_SAMPLE, flag, ""]
+    line = run_in_process(sample.main, args, user, capsys)
+    assert re.fullmatch(
+        rf'error: {flag} "" is an empty path — pass a path \(an unset shell variable .*', line
+    )
+
+
+def test_sample_refuses_an_empty_path_of_a_config_file_by_its_key(user, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(user)
+    (tmp_path / "run.yaml").write_text('out: ""\n')
+    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    args = ["--ckpt", str(good), *GOOD_SAMPLE, "--config", str(tmp_path / "run.yaml")]
+    line = run_in_process(sample.main, args, user, capsys)
+    assert re.match(r'error: \S*run.yaml: out "" is an empty path — pass a path', line), line
+
+
+@pytest.mark.parametrize("flag", ["--samples", "--reference", "--save_stats", "--data_root"])
+def test_evaluate_refuses_an_empty_path(flag, user, capsys, monkeypatch):
+    monkeypatch.chdir(user)
+    samples = str(user / "samples" / "samples.npz")
+    args = ["--samples", samples, "--reference", "digits", "--features", "pixels", flag, ""]
+    line = run_in_process(evaluate.main, args, user, capsys)
+    assert re.fullmatch(rf'error: {flag} "" is an empty path — pass a path .*', line), line

@@ -1,6 +1,6 @@
 """A data module's check of an option said where the user wrote it (a flag, or a config file's key), a --seed's
 fix of what the seed picks in that command, and a library module of diffusion/cli run with -m refused in one line
-(tester round 16a: E1-E3)."""
+(tester round 16a: E1-E3); a range check of a network said of its flag from the check's fields."""
 
 import runpy
 import subprocess
@@ -8,8 +8,11 @@ import sys
 
 import pytest
 from helpers.parse_errors import train_line
+from torch import nn
 
 from diffusion.cli import evaluate, prepare
+from diffusion.cli.train_checks import naming_the_flag
+from diffusion.errors import OutOfRange
 
 NOT_DIGITS = "does not fit dataset 'digits', whose images have 1 channel — leave the channels unset"
 
@@ -105,3 +108,25 @@ def test_to_diffusers_run_with_dash_m_names_the_export_command(tmp_path):
         "python -m diffusion.export --ckpt CKPT --format diffusers --out DIR"
     )
     assert not (tmp_path / "d").exists()
+
+
+def test_a_range_check_is_said_of_its_flag_from_its_fields_and_owner_not_its_words():
+    class Network(nn.Module):
+        pass
+
+    class Part(nn.Module):
+        pass
+
+    built = {Network: "model.network"}
+    # Words no pattern would read, wrapped as jsonargparse wraps a class's error in a union of types.
+    check = OutOfRange("width", [3, 0], "a list; of powers of two, got it?", "pass [64, 128]", owner=Network)
+    wrapped = ValueError("Does not validate against any of the Union subtypes")
+    wrapped.__cause__ = check
+    named = naming_the_flag(wrapped, built)
+    assert str(named) == (
+        "--model.network.width [3, 0] is out of range (must be a list; of powers of two, got it?) — pass [64, 128]"
+    )
+    # A check of one of the network's parts, or of no class, is no flag of the user's: left as it is.
+    assert naming_the_flag(OutOfRange("width", 0, ">= 1", owner=Part), built) is None
+    assert naming_the_flag(OutOfRange("width", 0, ">= 1"), built) is None
+    assert naming_the_flag(ValueError("width must be >= 1, got 0"), built) is None

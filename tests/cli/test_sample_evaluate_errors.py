@@ -349,41 +349,6 @@ def test_existing_samples_are_replaced_only_with_overwrite(user, tmp_path):
     assert np.load(path)["arr_0"].shape == (3, 8, 8, 1)  # the user's 4 blank images replaced
 
 
-GOOD_SAMPLE = ["--sampler", "ddim", "--steps", "2", "--num_samples", "2"]
-
-
-@pytest.mark.parametrize("flag", ["--out", "--ckpt"])
-def test_sample_refuses_an_empty_path(flag, user, tmp_path, capsys, monkeypatch):
-    """`--out ""` (an unset shell variable) wrote into the working folder, `--ckpt ""` sampled a checkpoint found
-    there: refused, naming the flag. Run in the user's folder, which run_in_process checks is left unchanged."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.chdir(user)
-    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
-    args = ["--ckpt", str(good), "--out", str(tmp_path / "new"), *GOOD_SAMPLE, flag, ""]
-    line = run_in_process(sample.main, args, user, capsys)
-    assert re.fullmatch(
-        rf'error: {flag} "" is an empty path — pass a path \(an unset shell variable .*', line
-    )
-
-
-def test_sample_refuses_an_empty_path_of_a_config_file_by_its_key(user, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(user)
-    (tmp_path / "run.yaml").write_text('out: ""\n')
-    good = user / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
-    args = ["--ckpt", str(good), *GOOD_SAMPLE, "--config", str(tmp_path / "run.yaml")]
-    line = run_in_process(sample.main, args, user, capsys)
-    assert re.match(r'error: \S*run.yaml: out "" is an empty path — pass a path', line), line
-
-
-@pytest.mark.parametrize("flag", ["--samples", "--reference", "--save_stats", "--data_root"])
-def test_evaluate_refuses_an_empty_path(flag, user, capsys, monkeypatch):
-    monkeypatch.chdir(user)
-    samples = str(user / "samples" / "samples.npz")
-    args = ["--samples", samples, "--reference", "digits", "--features", "pixels", flag, ""]
-    line = run_in_process(evaluate.main, args, user, capsys)
-    assert re.fullmatch(rf'error: {flag} "" is an empty path — pass a path .*', line), line
-
-
 @pytest.mark.parametrize("flag", ["--samples", "--reference"])
 def test_save_stats_onto_its_own_input_is_refused_and_the_input_kept(flag, tmp_path, capsys):
     # Round 13's Y1: with --overwrite, the user's samples were replaced by the reference's statistics

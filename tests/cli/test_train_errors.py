@@ -17,11 +17,8 @@ import pytest
 import torch
 from helpers.user_errors import error_line, run_in_process, train_args
 from PIL import Image
-from torch import nn
 
 from diffusion.cli.train import main as train
-from diffusion.cli.train_checks import naming_the_flag
-from diffusion.errors import OutOfRange
 from diffusion.training.loading import load_checkpoint
 
 FOLDER = ["--config", "{configs}/folder.yaml", "--data.root", "{user}/images", "--data.image_size", "8",
@@ -357,28 +354,6 @@ if Path("/proc/self").is_dir():  # Linux: a folder nobody can write into, root i
 @pytest.mark.parametrize(("flags", "expected"), TRAIN_CASES.values(), ids=TRAIN_CASES.keys())
 def test_train_reports_a_bad_input_in_one_line(flags, expected, user, capsys):
     assert re.search(expected, run_in_process(train, train_args(flags, user, user / "runs"), user, capsys))
-
-
-def test_a_range_check_is_said_of_its_flag_from_its_fields_and_owner_not_its_words():
-    class Network(nn.Module):
-        pass
-
-    class Part(nn.Module):
-        pass
-
-    built = {Network: "model.network"}
-    # Words no pattern would read, wrapped as jsonargparse wraps a class's error in a union of types.
-    check = OutOfRange("width", [3, 0], "a list; of powers of two, got it?", "pass [64, 128]", owner=Network)
-    wrapped = ValueError("Does not validate against any of the Union subtypes")
-    wrapped.__cause__ = check
-    named = naming_the_flag(wrapped, built)
-    assert str(named) == (
-        "--model.network.width [3, 0] is out of range (must be a list; of powers of two, got it?) — pass [64, 128]"
-    )
-    # A check of one of the network's parts, or of no class, is no flag of the user's: left as it is.
-    assert naming_the_flag(OutOfRange("width", 0, ">= 1", owner=Part), built) is None
-    assert naming_the_flag(OutOfRange("width", 0, ">= 1"), built) is None
-    assert naming_the_flag(ValueError("width must be >= 1, got 0"), built) is None
 
 
 def test_a_corrupt_image_met_in_training_names_it_and_keeps_the_last_checkpoint(tmp_path, capsys):

@@ -127,3 +127,20 @@ def test_reverse_steps_refuses_labels_outside_the_networks_classes_as_labels(lab
     )
     assert len(list(reverse_steps(network, schedule, x_T, labels=torch.tensor([9, NO_LABEL]), steps=2,
                                   sampler="ddim"))) == 2  # fmt: skip
+
+
+def test_guidance_without_labels_says_the_labels_of_a_conditional_network_and_the_classes_of_another():
+    # A 10-class network was called "an unconditional model (it has no classes to guide towards)" (tester 22b S4)
+    schedule, x_T = NoiseSchedule(num_timesteps=20), torch.randn(2, 2)
+    conditional = MLP(in_channels=2, hidden_dim=8, num_blocks=1, num_classes=10)
+    with pytest.raises(ValueError) as refused:
+        reverse_steps(conditional, schedule, x_T, sampler="ddim", steps=2, guidance_scale=2.0)
+    assert str(refused.value) == (
+        "guidance_scale=2.0 guides each sample towards its label, and labels is unset — pass "
+        "labels=class_labels(len(x_T), 10), one class per sample of x_T, or leave guidance_scale unset"
+    )
+    unconditional = MLP(in_channels=2, hidden_dim=8, num_blocks=1)
+    with pytest.raises(
+        ValueError, match=r"^guidance_scale=2.0 must be unset \(or 1\) for an unconditional model"
+    ):
+        reverse_steps(unconditional, schedule, x_T, sampler="ddim", steps=2, guidance_scale=2.0)
