@@ -56,6 +56,7 @@ from diffusion.cli.config_files import (
     yaml_or_none,
 )
 from diffusion.cli.jsonargparse_internals import action_of, actions, declared_type, is_required, option_names
+from diffusion.cli.trainer_options import SHORTHANDS
 from diffusion.cli.type_fits import (
     fits,
     group_file_said,
@@ -358,7 +359,8 @@ def _not_an_option(parser: ArgumentParser, written: list[Written], item: Written
         if not _no_group_takes(parser, item.key):
             return None
         # A near miss named (flags are not taken by a prefix: `--step` for `--steps` is refused, not guessed)
-        names = option_names(parser)
+        names = option_names(parser)  # and on a command line train.py's shorthands (`--max_stepz`)
+        names += [] if item.file else [name for name in SHORTHANDS if f"trainer.{name}" in names]
         longer = [name for name in names if name.startswith(item.key)]  # `--guidance` of --guidance_scale
         close = difflib.get_close_matches(item.key, names, n=1, cutoff=0.8) or longer[:1] * (len(longer) == 1)
         if close:

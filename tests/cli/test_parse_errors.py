@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.parse_errors import CASES, a_parser, refused, refused_with_nonsense
+from helpers.parse_errors import CASES, a_parser, refused, refused_with_nonsense, train_line
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import Path_fr
 
@@ -253,4 +253,14 @@ def test_a_bad_item_of_a_list_flag_says_the_forms_it_takes():
     assert refused(["--out", "s", "--metrics", "fid,fd"]) == (
         "--metrics fid,fd is not one of the choices — choose one of 'fid', 'kid'; several as fid kid, [fid, kid] "
         "or fid,kid"
+    )
+
+
+@pytest.mark.parametrize("argv", [["--max_stepz", "3"], ["--print_config", "--devicez", "2"]])
+def test_a_near_miss_of_a_shorthand_of_train_py_names_the_shorthand(argv, capsys):
+    # Round 23a (noted): `--max_stepz 3` got no "did you mean" where `--trainer.max_stepz 3` did
+    meant = {"--max_stepz": "--max_steps", "--devicez": "--devices"}[argv[-2]]
+    assert train_line(argv, capsys) == (
+        f"{argv[-2]} is not an option of this command — write {meant} if that is what was meant, or see --help for "
+        "the options (--print_config for a full config)"
     )
