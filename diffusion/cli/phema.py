@@ -263,11 +263,18 @@ def sweep(
     for note in too_few_for_a_covariance(image_counts(args.num_samples, reference), quality_size):
         print(note.replace("this distance is", "these distances are"), file=sys.stderr)
     if best is not None:
-        change = 100 * (best[0] - rows[0][3]) / rows[0][3]
         print(
-            f"\nbest: sigma_rel {best[1].sigma_rel:g}, {metric} {best[0]:.3f} ({change:+.1f}% against the run's EMA)"
+            f"\nbest: sigma_rel {best[1].sigma_rel:g}, {metric} {best[0]:.3f} ({against_the_runs_ema(best[0], rows[0][3])})"
         )
     return None if best is None else best[1]
+
+
+def against_the_runs_ema(distance: float, runs_ema: float) -> str:
+    """The best sweep's distance beside the run's EMA's: a change under 0.05% keeps its first digit (a worse FD
+    was said as "+0.0%"), and one that is no better says so."""
+    change = 100 * (distance - runs_ema) / runs_ema
+    said = f"{change:+.1f}%" if abs(change) >= 0.05 or change == 0 else f"{change:+.1g}%"
+    return f"{said} against the run's EMA" + ("" if change < 0 else ": no sigma_rel of the sweep beats it")
 
 
 def note_unused_by_sigma_rel(written: Sequence[Written], out: str) -> None:

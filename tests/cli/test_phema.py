@@ -320,3 +320,17 @@ def test_a_full_disk_at_the_written_checkpoint_names_it_and_the_fix(run, tmp_pat
         "another --out"
     )
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_the_best_of_a_sweep_is_said_beside_the_runs_ema_without_rounding_a_worse_one_to_zero():
+    # Round 23a (noted): an FD 0.04% worse than the run's EMA was printed as "+0.0% against the run's EMA"
+    assert phema.against_the_runs_ema(9.79, 10.0) == "-2.1% against the run's EMA"
+    assert (
+        phema.against_the_runs_ema(10.004, 10.0)
+        == "+0.04% against the run's EMA: no sigma_rel of the sweep beats it"
+    )
+    assert phema.against_the_runs_ema(9.996, 10.0) == "-0.04% against the run's EMA"
+    assert (
+        phema.against_the_runs_ema(10.0, 10.0)
+        == "+0.0% against the run's EMA: no sigma_rel of the sweep beats it"
+    )
