@@ -377,6 +377,11 @@ def result_lines(values: dict[str, float], notes: dict[str, str], features: Feat
         lines.append(f"{distance_name(features)}: {values['fid']:.4f}")
     if "kid_mean" in values:
         lines.append(f"KID: {values['kid_mean']:.6f} ± {values['kid_std']:.6f}")
+        if values["kid_mean"] < 0:  # a figure below 0 read as a fault, or as better than the reference itself
+            lines.append(
+                "note: KID is below 0: its unbiased estimate of a distance smaller than its noise at these image "
+                "counts — read it as about 0, within its ± std, or compare more images"
+            )
     elif "kid" in notes:
         lines.append(f"KID: not computed — {notes['kid']}")
     if "is_mean" in values:

@@ -1,10 +1,12 @@
 """`python -m diffusion.evaluate`'s notes of an option the user gave that does nothing in the combination given:
-one `note: ...` line on stderr, naming the option as written and why it is not used; none when it was not given."""
+one `note: ...` line on stderr, naming the option as written and why it is not used; none when it was not given.
+And a figure that would read wrong without a note (a KID below 0)."""
 
 import numpy as np
 import pytest
 
 from diffusion.cli import evaluate
+from diffusion.cli.evaluate_quality import result_lines
 
 
 @pytest.fixture
@@ -175,3 +177,14 @@ def test_a_metric_named_twice_is_refused(images, capsys, monkeypatch, given, lin
         .err.strip()
         .endswith(f"{line} names a metric more than once — name each metric once: --metrics {once}")
     )
+
+
+def test_a_kid_below_zero_is_said_to_be_the_noise_of_its_estimate():
+    # Round 23a (noted): 4 images gave "KID: -0.001234 ± ..." without a word
+    below = result_lines({"kid_mean": -0.001234, "kid_std": 0.002}, {}, "pixels")
+    assert below == [
+        "KID: -0.001234 ± 0.002000",
+        "note: KID is below 0: its unbiased estimate of a distance smaller than its noise at these image counts — "
+        "read it as about 0, within its ± std, or compare more images",
+    ]
+    assert result_lines({"kid_mean": 0.0, "kid_std": 0.002}, {}, "pixels") == ["KID: 0.000000 ± 0.002000"]
