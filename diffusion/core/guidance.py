@@ -6,6 +6,7 @@ the unconditional model, and the unconditional half of a guided forward. The net
 a row of its own.
 """
 
+import weakref
 from typing import Any
 
 import torch
@@ -119,3 +120,20 @@ def guidance_without_labels(scale: float, labels: str, unset: str) -> InvalidVal
         f"guidance_scale={scale} guides each sample towards its label, and labels is unset",
         f"pass {labels}, {unset}",
     )
+
+
+# The samplers a model built whose guidance scale is its own default (no option of the caller's set it), by id: a
+# model's own guidance, asked without labels, samples unconditionally as it always did (the sample command without
+# --class_label), while a sampler the caller built (by hand, or with `guidance_scale=`) guides, and needs labels,
+# whatever its scale. By identity, not equality: a caller's sampler equal to the model's own is still the caller's.
+_MODELS_OWN_GUIDANCE: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+
+
+def mark_models_own_guidance(sampler: Any) -> None:
+    """`sampler`'s guidance scale is its model's default (`ModelSampling.sampler` without a caller's scale)."""
+    _MODELS_OWN_GUIDANCE[id(sampler)] = sampler
+
+
+def guidance_is_the_models(sampler: Any) -> bool:
+    """Whether `sampler` is one its model built with its own default guidance (`mark_models_own_guidance`)."""
+    return _MODELS_OWN_GUIDANCE.get(id(sampler)) is sampler

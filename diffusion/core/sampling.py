@@ -29,6 +29,7 @@ from diffusion.core.guidance import (  # the guidance lines, said where guidance
     NO_LABEL,
     guidance_unlearnt,
     guidance_without_labels,
+    mark_models_own_guidance,
     unconditional_guidance,
 )
 from diffusion.core.noise import Generators, check_generator, check_initial_noise
@@ -295,6 +296,10 @@ class ModelSampling:
             raise guidance_unlearnt(options.guidance_scale)
         sampler = build_sampler(options, *self.defaults)
         sampler.check_fits(self.schedule, self.learned_variance, conditional=self.conditional)
+        if (
+            options is None or options.guidance_scale is None
+        ):  # without labels: unconditional, as it always was
+            mark_models_own_guidance(sampler)
         # The user's own options only (a default's is the model's): said at the caller of module.sampler
         warn_unused_options(sampler, options, stacklevel=4)
         return sampler

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from diffusion.core.guidance import labels_unlearnt
+from diffusion.core.guidance import guidance_is_the_models, labels_unlearnt
 from diffusion.core.samplers.contract import Sampler
 from diffusion.core.sampling import (
     ModelSampling,
@@ -235,24 +235,18 @@ def check_guidance_fits(module: Any, sampler: Sampler) -> None:
 def check_guidance_has_labels(module: Any, sampler: Sampler, labels: torch.Tensor | None) -> None:
     """Guidance (a scale but 0 and 1) by the sampler the caller built, of a conditional model, without labels: every
     sample has none, so both halves are the unconditional prediction and the samples are guidance 0's at twice its
-    cost. Refused; the model's own scale (its checkpoint's, `module.sampler()`'s) samples unconditionally as ever."""
+    cost. Refused; the model's own scale (its checkpoint's, in a sampler `module.sampler()` built without a scale of
+    the caller's) samples unconditionally as ever, and a sampler the caller built with that same scale is refused."""
     scale, sampling = getattr(sampler, "guidance_scale", 1), own_sampling(module)
     classes = getattr(module, "num_classes", None)
     if labels is not None or scale in (0, 1) or (sampling is None and classes is None):
         return
-    if sampling is not None and (not sampling.conditional or scale == own_guidance(sampling)):
+    if sampling is not None and (not sampling.conditional or guidance_is_the_models(sampler)):
         return
     raise guidance_without_labels(
         scale, f"labels=class_labels(num_samples, {classes or 'N'}), one class per sample",
         "or build the sampler without guidance_scale (0 for unconditional samples)",
     )  # fmt: skip
-
-
-def own_guidance(sampling: ModelSampling) -> float:
-    """The guidance scale of a model's own sampler (its defaults', 1 where none sets it)."""
-    return next(
-        (layer.guidance_scale for layer in sampling.defaults if layer.guidance_scale is not None), 1.0
-    )
 
 
 def checked_labels(module: Any, labels: Any, num_samples: int) -> torch.Tensor | None:

@@ -6,6 +6,8 @@ word (tester round 22 S1). Refused, before any sampling, by `generate` (a sample
 samples unconditionally as it always did. And labels out of a network's classes are refused by `reverse_steps` as
 `labels`, the caller's word, not as the network's `y` (S9)."""
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import tiny_vector_model
@@ -77,6 +79,27 @@ def test_a_models_own_guidance_samples_unconditionally_without_labels_as_before(
     also_own = generate(module, 4, sampler=module.sampler(SamplingOptions(steps=3)), seed=0)
     assert own.shape == (4, 2) and torch.equal(own, also_own)
     assert module.sample(4, seed=0).shape == (4, 2)
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        lambda m: SAMPLERS["ddim"](steps=3, guidance_scale=1.5),  # by hand, equal to the model's own
+        lambda m: m.sampler(SamplingOptions(steps=3, guidance_scale=1.5)),  # the model's scale, given again
+        lambda m: dataclasses.replace(m.sampler(), steps=2),  # the model's own, remade by the caller
+    ],
+    ids=["by-hand", "scale-given", "replaced"],
+)
+def test_a_callers_sampler_of_the_models_own_scale_still_needs_labels(sampler):
+    # Session 25's known gap: a sampler the caller built with exactly the model's default scale was taken for
+    # the model's own and sampled unconditionally without a word
+    module = guided_model()
+    module.sampling = SamplingOptions(sampler="ddim", steps=3, guidance_scale=1.5)
+    with pytest.raises(ValueError) as refused:
+        generate(module, 4, sampler=sampler(module), seed=0)
+    assert str(refused.value) == refusal(
+        1.5, "labels=class_labels(num_samples, 3)", "build the sampler without guidance_scale"
+    )
 
 
 def test_module_sample_and_trajectory_refuse_guidance_without_labels_before_sampling():
