@@ -208,7 +208,7 @@ class ImageDataModule(SplitDataModule):
             raise InvalidValue(
                 f"{{--root}} {prepared.root} holds prepared vectors, not images",
                 "train it with {--class_path} diffusion.data.VectorDataModule {--dataset} streaming "
-                f"{{--path}} {prepared.root}",
+                f"{{--path}} {prepared.root} and an MLP network (the vectors recipe, configs/toy2d.yaml, has both)",
                 type(self),
             )
         have_channels, have_size = prepared.sample_shape[0], prepared.sample_shape[-1]

@@ -168,7 +168,7 @@ class VectorDataModule(SplitDataModule):
             raise InvalidValue(
                 f"{{--path}} {path} holds prepared images, not vectors",
                 f"train it with {{--class_path}} diffusion.data.ImageDataModule {{--dataset}} streaming "
-                f"{{--root}} {path}",
+                f"{{--root}} {path} and a UNet network (the image recipes, e.g. configs/digits.yaml, have both)",
                 type(self),
             )
         self.dataset, self.path, self.labels = "streaming", path, None

@@ -176,9 +176,14 @@ def test_a_set_that_does_not_fit_the_run_is_refused_before_training(digits_set, 
         ImageDataModule("streaming", root=str(digits_set), image_size=16)
     with pytest.raises(ValueError, match="^channels 3 does not fit"):
         ImageDataModule("streaming", root=str(digits_set), channels=3)
-    with pytest.raises(ValueError, match="holds prepared vectors"):
+    # the network named too: the data module alone, as the hint said, then failed on the recipe's UNet (23a)
+    with pytest.raises(
+        ValueError, match=r"holds prepared vectors.* and an MLP network \(.*configs/toy2d.yaml"
+    ):
         ImageDataModule("streaming", root=str(gaussian_set))
-    with pytest.raises(ValueError, match="holds prepared images"):
+    with pytest.raises(
+        ValueError, match=r"holds prepared images.* and a UNet network \(.*configs/digits.yaml"
+    ):
         VectorDataModule("streaming", path=str(digits_set))
     with pytest.raises(UserError, match="no prepared data set there"):
         ImageDataModule("streaming", root=str(digits_set / "nothing"))
