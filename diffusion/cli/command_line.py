@@ -129,7 +129,23 @@ def said_as_written(text: str, written: Sequence[Written] | None = None) -> str:
             return match[0]
         return f"{last.file}: {plain_key(last.key)}" + (" " if match[2] else "")  # `=2.0` said ` 2.0`
 
-    return _FLAG_IN_TEXT.sub(as_given, text)
+    return _FLAG_IN_TEXT.sub(
+        as_given, _FLAG_AND_NUMBER.sub(lambda match: _number_as_typed(match, written), text)
+    )
+
+
+# `--model.lr -1.0`: a flag followed by the number it was given, as the parser read it
+_FLAG_AND_NUMBER = re.compile(r"(?<![\w-])(--([A-Za-z_][\w.]*\w)[ =])(-?\.?\d[\w.+-]*)")
+
+
+def _number_as_typed(match: re.Match, written: Sequence[Written]) -> str:
+    """A typed flag's number as the user typed it (`--model.lr -1`, not the parse's `-1.0`)."""
+    last = _last_written(written, match[2])
+    typed = last.values[0] if last is not None and last.file is None and len(last.values) == 1 else None
+    try:
+        return match[1] + typed if typed is not None and float(typed) == float(match[3]) else match[0]
+    except ValueError:
+        return match[0]
 
 
 def _last_written(written: Sequence[Written], key: str) -> Written | None:

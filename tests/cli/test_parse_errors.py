@@ -17,7 +17,7 @@ from helpers.parse_errors import CASES, a_parser, refused, refused_with_nonsense
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import Path_fr
 
-from diffusion.cli.command_line import everything_written
+from diffusion.cli.command_line import Written, everything_written, said_as_written
 from diffusion.cli.jsonargparse_internals import print_config_options
 from diffusion.cli.parse_errors import BadCommandLine, check_one_name_each, flags_written, parse_command_line
 from diffusion.errors import UserError
@@ -264,3 +264,19 @@ def test_a_near_miss_of_a_shorthand_of_train_py_names_the_shorthand(argv, capsys
         f"{argv[-2]} is not an option of this command — write {meant} if that is what was meant, or see --help for "
         "the options (--print_config for a full config)"
     )
+
+
+def test_a_typed_number_is_said_as_typed_not_as_parsed(capsys):
+    # Round 23a (noted): `--model.lr -1` was said as `--model.lr -1.0 is out of range`
+    assert train_line(["--model.lr", "-1"], capsys).startswith("--model.lr -1 is out of range (must be")
+    assert train_line(["--model.sampling.eta=-1"], capsys).startswith(
+        "--model.sampling.eta -1 is out of range"
+    )
+    typed = [Written("model.lr", ("-1",))]
+    fix = "— pass e.g. --model.lr 2e-4"  # another number after the flag: left as it is
+    assert (
+        said_as_written(f"--model.lr -1.0 is out of range {fix}", typed)
+        == f"--model.lr -1 is out of range {fix}"
+    )
+    in_a_file = [Written("model.lr", (-1.0,), "run.yaml")]  # a file's value is said as the file's key
+    assert said_as_written("--model.lr -1.0 is bad", in_a_file) == "run.yaml: model.lr -1.0 is bad"

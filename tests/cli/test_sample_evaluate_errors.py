@@ -22,7 +22,7 @@ SAMPLE_CASES = {
     ),
     "s_tmax_below_s_tmin": (
         ["--sampler", "heun", "--s_churn", "1", "--s_tmin", "5", "--s_tmax", "1"],
-        r"^error: --s_tmax 1.0 is below --s_tmin 5.0 — pass --s_tmax >= --s_tmin",
+        r"^error: --s_tmax 1 is below --s_tmin 5 — pass --s_tmax >= --s_tmin",
     ),
     "num_samples_0": (["--num_samples", "0"], r"--num_samples 0 is out of range — pass a value > 0"),
     "batch_size_0": (["--batch_size", "0"], r"--batch_size 0 is out of range"),
@@ -33,9 +33,9 @@ SAMPLE_CASES = {
     ),
     "eta_negative": (
         ["--eta", "-1"],
-        r"^error: --eta -1.0 is out of range \(must be in \[0, 1\]\) — pass 0 for deterministic DDIM",
+        r"^error: --eta -1 is out of range \(must be in \[0, 1\]\) — pass 0 for deterministic DDIM",
     ),
-    "eta_100": (["--eta", "100"], r"^error: --eta 100.0 is out of range \(must be in \[0, 1\]\)"),
+    "eta_100": (["--eta", "100"], r"^error: --eta 100 is out of range \(must be in \[0, 1\]\)"),
     "steps_beyond_the_schedule": (
         ["--steps", "5000"],
         r"--steps 5000 is more steps than the schedule's num_timesteps=1000 — pass at most 1000",
@@ -89,7 +89,7 @@ SAMPLE_CASES = {
     ),
     "guidance_negative": (
         ["--guidance_scale", "-1"],
-        r"^error: --guidance_scale -1.0 is out of range \(must be a finite number >= 0\) — pass 0 for unconditional",
+        r"^error: --guidance_scale -1 is out of range \(must be a finite number >= 0\) — pass 0 for unconditional",
     ),
     "guidance_infinite": (
         ["--guidance_scale", "inf"],

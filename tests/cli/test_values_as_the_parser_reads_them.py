@@ -14,7 +14,7 @@ from diffusion.cli.evaluate_notes import nll_requested
 from diffusion.cli.parse_errors import BadCommandLine, parse_command_line
 
 LR_BELOW_ZERO = (
-    "--model.lr -0.001 is out of range (must be a finite number > 0) — pass e.g. --model.lr 2e-4 (Ho et al.)"
+    "--model.lr -1e-3 is out of range (must be a finite number > 0) — pass e.g. --model.lr 2e-4 (Ho et al.)"
 )
 
 
