@@ -297,20 +297,26 @@ def check_init_from_on_resume(ckpt_path: str | None, init_from: str | None) -> N
     goes on from the checkpoint's weights, and init_from's were loaded and replaced without a word. Passed where
     they are the run's own (its config.yaml names them: resumed with that config, or a job restarted with the
     command line that started it, --ckpt_path auto)."""
-    if ckpt_path is None or init_from is None:
+    if ckpt_path is None or init_from is None or runs_own_init_from(ckpt_path, init_from):
         return
-    run = run_folder_of(ckpt_path)
-    if run is not None and run.config_file.is_file():
-        saved = (yaml.safe_load(run.config_file.read_text()) or {}).get("model") or {}
-        started_from = saved.get("init_from") if isinstance(saved, dict) else None
-        if started_from is not None and _same_path(str(started_from), init_from):
-            return
     raise UserError(
         f"--model.init_from {init_from} with --ckpt_path {ckpt_path}: a resume goes on from the checkpoint's "
         "weights and optimizer state, so those of --model.init_from would be loaded and replaced unused",
         "leave out --model.init_from to resume the run, or leave out --ckpt_path to start a new run from "
         "--model.init_from's weights",
     )
+
+
+def runs_own_init_from(ckpt_path: str | None, init_from: str | None) -> bool:
+    """Whether a resume's --model.init_from is its run's own (the run's config.yaml names it): the checkpoint's
+    weights replace it, so train.py does not read it, and a fine-tuned run resumes after its first weights were
+    moved away (tester round 24b: S5)."""
+    run = None if ckpt_path is None or init_from is None else run_folder_of(ckpt_path)
+    if run is None or not run.config_file.is_file():
+        return False
+    saved = (yaml.safe_load(run.config_file.read_text()) or {}).get("model") or {}
+    started_from = saved.get("init_from") if isinstance(saved, dict) else None
+    return started_from is not None and _same_path(str(started_from), str(init_from))
 
 
 def _same_path(one: str, other: str) -> bool:

@@ -30,10 +30,9 @@ from diffusion.cli.legacy import accept_moved_class_paths, class_at
 from diffusion.cli.parse_errors import CommandLine, link_arguments, parsed_command_line
 from diffusion.cli.process_group import check_other_machines_named, closing_process_group
 from diffusion.cli.reporting import reporting_user_errors
-from diffusion.cli.resume import check_init_from_on_resume, resolve_resume
+from diffusion.cli.resume import check_init_from_on_resume, resolve_resume, runs_own_init_from
 from diffusion.cli.resumed_state import check_resume_fits, check_same_training_settings, check_steps_left
 from diffusion.cli.train_checks import (
-    check_init_from,
     check_monitored_metric,
     check_network_class,
     check_output_folders,
@@ -41,8 +40,8 @@ from diffusion.cli.train_checks import (
     check_torchrun_restarts,
     check_torchrun_world_size,
     class_error_as_written,
+    resolve_init_from,
     settings_written,
-    take_diffusers_settings,
 )
 from diffusion.cli.train_warnings import CommandNote, notes_said_as_written, one_line_notes
 from diffusion.cli.trainer_loggers import (
@@ -78,8 +77,6 @@ from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
 from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartbeat
-from diffusion.training.exported import check_init_from_export
-from diffusion.training.loading import model_source
 from diffusion.training.module import DiffusionModule
 
 # LightningCLI's optimizer flags, not offered (DiffusionModule.configure_optimizers), and the flags that do their work.
@@ -130,6 +127,7 @@ class DiffusionCLI(LightningCLI):
             f"A user error ends in one line; --debug (or {DEBUG_VARIABLE}=1) shows its traceback."
         )
         self._resume_checkpoint: dict[str, Any] | None = None
+        self._init_from_unread = False  # a resume's own --model.init_from (before_instantiate_classes)
         self._command_line: CommandLine | None = None
         self._said: SayOption = as_flag
         accept_moved_class_paths()  # configs written before the layered package name the old modules
@@ -293,21 +291,10 @@ class DiffusionCLI(LightningCLI):
             asked, (self._resume_checkpoint, saving) = config.ckpt_path, resolve_resume(config)
             self.save_config_kwargs.update(saving)
             self.resume_chosen = chosen_resume(asked, config.ckpt_path)  # held to it once the run is locked
-        if config.model.init_from:
-            # What the path is (a diffusers folder, an export, a checkpoint or a folder holding one), decided
-            # where every command decides it, so a broken diffusers folder is reported as one.
-            kind, source = model_source(config.model.init_from, "--model.init_from")
-            if kind == "diffusers":
-                take_diffusers_settings(config)
-            elif kind == "export":  # its one set of weights, as a checkpoint's network weights
-                weights = check_init_from_export(source, class_at(config.model.network.class_path))
-                config.model.init_from = str(source)
-                rank_zero_info(
-                    f"--model.init_from {source}: starting from the {weights} weights the export holds"
-                )
-            else:
-                config.model.init_from = str(source)
-                check_init_from(config.model.init_from, config.model.network.class_path)
+        # The run's own init_from on a resume is not read (the checkpoint's weights win); another is resolved
+        self._init_from_unread = runs_own_init_from(config.ckpt_path, config.model.init_from)
+        if config.model.init_from and not self._init_from_unread:
+            resolve_init_from(config)
         check_init_from_on_resume(config.ckpt_path, config.model.init_from)  # the resume's weights win
         note = cpu_mixed_precision_note(str(config.trainer.precision), training=True)
         if note and runs_on_cpu(config.trainer):  # --accelerator cpu, or auto on a machine without a GPU
@@ -317,6 +304,8 @@ class DiffusionCLI(LightningCLI):
         chosen = {group: self.config[group].class_path for group in ("data", "model.network")}
         groups = {class_at(path): group for group, path in chosen.items()}
         written = self._command_line.written if self._command_line else []
+        init_from = self.config.model.init_from  # kept in the run's config.yaml, not read when resuming
+        self.config.model.init_from = None if self._init_from_unread else init_from
         try:
             with notes_said_as_written(groups, written):  # a class's note said of the flags, in one line
                 super().instantiate_classes()
@@ -328,6 +317,7 @@ class DiffusionCLI(LightningCLI):
                 raise
             raise named from error
         finally:
+            self.config.model.init_from = init_from
             # LightningCLI's instantiators hold the CLI, which would outlive its user in the shared parser (which
             # jsonargparse also leaves in a context variable) with its model and data, whether the instantiation
             # succeeded or not: plain ones stand in until the next CLI's.

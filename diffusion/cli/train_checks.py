@@ -31,9 +31,27 @@ from diffusion.models.checks import forward_parameters
 from diffusion.training.atomic_writes import check_replaceable, naming_a_refusing_folder
 from diffusion.training.callbacks.sample_quality import FID, KID, SampleQualityCallback
 from diffusion.training.checkpoint_files import read_checkpoint
+from diffusion.training.exported import check_init_from_export
 from diffusion.training.from_diffusers import init_settings
+from diffusion.training.loading import model_source
 from diffusion.training.module import TRAIN_LOSS, VAL_LOSS
 from diffusion.training.run_folders import CHECKPOINTS, run_folder_of
+
+
+def resolve_init_from(config: Namespace) -> None:
+    """--model.init_from as what the path is (a diffusers folder, an export, a checkpoint or a folder holding one),
+    decided where every command decides it, so a broken diffusers folder is reported as one; checked against the
+    network."""
+    kind, source = model_source(config.model.init_from, "--model.init_from")
+    if kind == "diffusers":
+        take_diffusers_settings(config)
+    elif kind == "export":  # its one set of weights, as a checkpoint's network weights
+        weights = check_init_from_export(source, class_at(config.model.network.class_path))
+        config.model.init_from = str(source)
+        rank_zero_info(f"--model.init_from {source}: starting from the {weights} weights the export holds")
+    else:
+        config.model.init_from = str(source)
+        check_init_from(config.model.init_from, config.model.network.class_path)
 
 
 def check_init_from(path: str, network_class: str) -> None:

@@ -4,6 +4,7 @@ Multi-process launches (`train.py --devices 2`, torchrun, two nodes) are in cli/
 """
 
 import gc
+import shutil
 import weakref
 from pathlib import Path
 
@@ -258,11 +259,15 @@ def test_init_from_beside_a_resume_is_refused_unless_the_run_started_from_it(tmp
     )
     assert "leave out --model.init_from to resume the run, or leave out --ckpt_path" in line
     # A run started from those weights names them in its config.yaml: its restarts (--ckpt_path auto, the same
-    # command line) and its resumes with that config go on.
-    started = tiny_run(tmp_path / "b", "--model.init_from", str(checkpoint))
+    # command line) and its resumes with that config go on, without reading them: the checkpoint's weights win, and
+    # the first weights may have been moved away since (tester round 24b: S5, "no checkpoint at first.ckpt").
+    first = shutil.copy(checkpoint, tmp_path / "first.ckpt")
+    started = tiny_run(tmp_path / "b", "--model.init_from", str(first))
     config = Path(started.trainer.log_dir) / "config.yaml"
+    Path(first).unlink()
     cli = main(["--config", str(config), "--ckpt_path", "last", "--max_steps", "6"])
     assert cli.trainer.global_step == 6
+    assert yaml.safe_load(config.read_text())["model"]["init_from"] == str(first)  # still the run's record
 
 
 def test_fast_dev_run_writes_no_files(tmp_path, monkeypatch, caplog):
