@@ -63,8 +63,12 @@ def check_model_settings(hparams: dict[str, Any], source: str, fix: str) -> None
         sampling_options_from(hparams.get("sampling") or {}, "sampling")
         normalization = hparams.get("normalization", MODULE_DEFAULTS["normalization"])
         if normalization is not None:
-            if not isinstance(normalization, dict) or not {"shift", "scale"} <= set(normalization):
+            if not isinstance(normalization, dict):
                 raise WrongType("normalization", normalization, "a mapping of 'shift' and 'scale'", fix)
+            if missing := [
+                repr(key) for key in ("shift", "scale") if key not in normalization
+            ]:  # "is a dict"
+                raise InvalidValue(f"normalization={normalization!r} has no {' and no '.join(missing)}", fix)
             check_normalization(normalization)
     except UserError as error:  # a file's settings: a ValueError, whichever kind its check was
         raise InvalidValue(f"{source}: {error.problem}", fix, error.owner) from error

@@ -68,6 +68,22 @@ def test_a_network_setting_of_a_checkpoint_is_said_as_its_key():
     assert str(refused.value) == f"hp.ckpt: network.init_args.num_res_blocks=-1 must be >= 0 — {SETTINGS_FIX}"
 
 
+@pytest.mark.parametrize(
+    ("normalization", "said"),
+    [
+        ({"scale": [2.0]}, "has no 'shift'"),
+        ({}, "has no 'shift' and no 'scale'"),
+        ([1.0], "is a list, not a mapping"),
+    ],
+)
+def test_a_normalization_without_its_shift_or_scale_names_what_it_lacks(normalization, said):
+    # Round 24a's R2: {"scale": 2.0} was "a dict, not a mapping of 'shift' and 'scale'"
+    hparams = {"network": NETWORK, "normalization": normalization}
+    with pytest.raises(InvalidValue) as refused:
+        check_model_settings(hparams, "ex/config.json", SETTINGS_FIX)
+    assert str(refused.value).startswith(f"ex/config.json: normalization={normalization!r} {said}")
+
+
 def test_a_folder_that_refuses_the_lock_file_is_said_in_one_line(tmp_path):
     folder = tmp_path / "stI"
     folder.mkdir()
