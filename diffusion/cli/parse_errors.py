@@ -173,7 +173,7 @@ def parsed_command_line(
             raise  # nothing written explains it: a bug, with its traceback
         raise BadCommandLine(*said) from error
     command_line = CommandLine(parser, written, config, items, print_request)
-    check_one_name_each(command_line.written, config, renamed or {})
+    check_one_name_each(command_line.written, config, renamed or {}, parser)
     for item in command_line.written:  # a file the parser read as meant may still say a key twice
         if item.file is None and item.values and is_config_file_flag(parser, item.key):
             found = config_file_problem(item.key, str(item.values[-1]), None, option_names(parser))

@@ -73,6 +73,7 @@ from diffusion.cli.training_run import (
     use_run_progress,
     with_default_config,
 )
+from diffusion.cli.written_twice import RENAMED_OPTIONS, take_old_names
 from diffusion.core.sampling import SamplingOptions
 from diffusion.errors import UserError
 from diffusion.training.callbacks import EMA, Checkpoint, SampleGrid
@@ -80,8 +81,6 @@ from diffusion.training.callbacks.heartbeat import DEFAULT_DDP_TIMEOUT_S, Heartb
 from diffusion.training.module import DiffusionModule
 
 # LightningCLI's optimizer flags, not offered (DiffusionModule.configure_optimizers), and the flags that do their work.
-# Options renamed, old name -> new: a command line giving both with different values is refused (both would load).
-RENAMED_OPTIONS = {"model.compile": "model.compile_training"}
 CLASS_GROUPS = ("checkpoint", "ema", "sample_grid")  # the callbacks built from a group of flags (below)
 NOT_OFFERED = {
     "optimizer": "--model.lr, --model.adam_betas and --model.weight_decay",
@@ -267,6 +266,8 @@ class DiffusionCLI(LightningCLI):
                 )
         # Here, before LightningCLI seeds (numpy's words for a bad --seed_everything) and prints "Seed set to".
         check_trainer_option_ranges(self.config, self._said)
+        if note := take_old_names(self.config, self._said, command_line.argv if command_line else None):
+            rank_zero_warn(CommandNote(note))
         for note_of in (validation_off_note, warmup_note, step_checkpoints_note, unused_root_dir_note):
             if warning := note_of(self.config, self._said):
                 rank_zero_warn(CommandNote(warning))

@@ -45,17 +45,46 @@ from diffusion.errors import UserError
 _NULL_WORDS = ("null", "Null", "NULL", "~")
 
 
-def check_one_name_each(written: Iterable[Written], config: Namespace, renamed: Mapping[str, str]) -> None:
-    """Refuse an option given under its old name (a key of `renamed`) and its new one with different values."""
+# Options renamed, old name -> new (train.py's): the old keeps working, said as a note (`take_old_names`).
+RENAMED_OPTIONS = {"model.compile": "model.compile_training"}
+
+
+def check_one_name_each(
+    written: Iterable[Written], config: Namespace, renamed: Mapping[str, str], parser: Any = None
+) -> None:
+    """Refuse an option given under its old name (a key of `renamed`) and its new one with different values; but
+    not in one file where the new name holds its default (`parser`'s): the config.yaml of a run given the old name
+    by a version before `take_old_names`, which saved both (tester round 24a: R1). The old one is taken."""
     last = {plain_key(item.key): item for item in written}
     for old, new in renamed.items():
         # A config saved since the rename holds the old name as null: not given.
         if old in last and new in last and config.get(old) is not None and config.get(old) != config.get(new):
+            one_file = last[old].file is not None and last[old].file == last[new].file
+            if one_file and parser is not None and config.get(new) == parser.get_default(new):
+                continue
             raise UserError(
                 f"{last[old].shown()} and {last[new].shown()} set one option ({old} is the old name of {new}) "
                 "to different values",
                 f"give it once, by its new name (--{new})",
             )
+
+
+def take_old_names(config: Namespace, say: SayOption = as_flag, argv: list[str] | None = None) -> str | None:
+    """Each option given by its old name (`RENAMED_OPTIONS`) set by its new one, the old one null, in `config` and
+    as flags at the end of `argv` (what --print_config parses again), so the config a run saves and --print_config
+    prints hold it once, by its new name (`--model.compile true` saved `compile_training: false` beside `compile:
+    true`, a config.yaml its own check then refused: tester round 24a, R1); the note, a deprecation's, says the new
+    name. None when no old name was given."""
+    notes = []
+    for old, new in RENAMED_OPTIONS.items():
+        if (value := config.get(old)) is not None:
+            config[new], config[old] = value, None
+            text = as_text(value)
+            (argv if argv is not None else []).extend([f"--{new}={text}", f"--{old}=null"])
+            notes.append(
+                f"{say(old, text)}: {old} is the old name of {new}, taken as {new} {text} — write that instead"
+            )
+    return "; ".join(notes) or None
 
 
 def check_short_and_long_form_agree(args: Sequence[str], shorthands: Sequence[str], group: str) -> None:

@@ -1,6 +1,6 @@
 """train.py (LightningCLI) says a refused command line as the other commands do (test_parse_errors.py), through
-its own parse: a bad value of its config file with the file, `--print_config` of the whole command line, an option
-under its old and its new name, a withdrawn flag, and the forms users write a list flag in.
+its own parse: a bad value of its config file with the file, `--print_config` of the whole command line, a
+withdrawn flag, and the forms users write a list flag in.
 """
 
 from pathlib import Path
@@ -35,24 +35,6 @@ def test_train_prints_the_config_of_the_whole_command_line(tmp_path, monkeypatch
     assert yaml.safe_load(capsys.readouterr().out)["model"]["lr"] == 0.25
     assert train_line(["--print_config", "--model.lr", "abc"], capsys) == (
         "--model.lr abc is not a valid float — pass a value of that type (see --help)"
-    )
-
-
-def test_train_refuses_an_option_under_its_old_and_new_name_with_different_values(
-    tmp_path, monkeypatch, capsys
-):
-    from diffusion.cli.train import DiffusionCLI
-
-    monkeypatch.chdir(tmp_path)
-    # A config saved since the rename holds both names, the old one null: not given, nothing to refuse.
-    Path("saved.yaml").write_text("model:\n  compile: null\n  compile_training: false\n")
-    with pytest.raises(SystemExit):
-        DiffusionCLI(["--config", "saved.yaml", "--print_config", "--model.compile_training", "true"])
-    assert yaml.safe_load(capsys.readouterr().out)["model"]["compile_training"] is True
-    Path("old.yaml").write_text("model:\n  compile: true\n")
-    assert train_line(["--config", "old.yaml", "--model.compile_training", "false"], capsys) == (
-        "old.yaml: model.compile true and --model.compile_training false set one option (model.compile is the old "
-        "name of model.compile_training) to different values — give it once, by its new name (--model.compile_training)"
     )
 
 
