@@ -18,8 +18,9 @@ Data that holds NaN or infinity makes the loss and the weights NaN at once: the 
 (`FirstBatch`, computed on the device at that batch, read at the first of these places) and refused as data, before
 any line blames divergence. The same read refuses labels that do not fit the model: a class-conditional model's
 first batch without a single class (unlabelled data: it would train as unconditional), or an unconditional model's
-with classes (they would be ignored). A run too short to reach any of them (a Python `Trainer.fit` of a few steps, no
-checkpoint, no validation) is checked at its end (`DiffusionModule.on_train_end`): the data, then the weights.
+with classes (they would be ignored); a validation's batches are checked alike (`ValidationData`, read at its
+end). A run too short to reach any of them (a Python `Trainer.fit` of a few steps, no checkpoint, no validation) is
+checked at its end (`DiffusionModule.on_train_end`): the data, then the weights.
 """
 
 import os
@@ -130,11 +131,12 @@ class FirstBatch:
 
     def see(
         self, x: torch.Tensor, index: torch.Tensor, label: object = None, num_classes: int | None = None
-    ) -> None:
+    ) -> bool:
         """At each training batch: the first after `arm` is kept, as flags on its device. `label` is the batch's as it
-        came (before any label dropout), `num_classes` the model's (None: unconditional)."""
+        came (before any label dropout), `num_classes` the model's (None: unconditional). Whether this batch is that
+        first one (its step checks the network's output too: `diffusion.training.loss.check_network_output`)."""
         if not self._armed:
-            return
+            return False
         self._armed = False
         bad = ~torch.isfinite(x.detach().flatten(1)).all(dim=1)
         if not isinstance(label, torch.Tensor):  # None or an int: check_batch refuses it if conditional
@@ -145,6 +147,7 @@ class FirstBatch:
             misfit = (label == NO_LABEL).all()
         peak = image_peak(x)  # of the finite values: NaN data is said as such first
         self._found = (bad, index, misfit.to(bad.device), peak.to(bad.device), num_classes)
+        return True
 
     def check(self) -> None:
         """Refuse the data if the batch seen holds NaN or infinity, or labels that do not fit the model (one read, the
@@ -189,8 +192,9 @@ class FirstBatch:
 
 class ValidationData:
     """Whether a validation's batches hold NaN or infinity (its loss would be NaN without a word, where a fit refuses
-    such data at its first batch), images far outside model units (0..255 floats, as `FirstBatch`), or no class at
-    all for a class-conditional model that never learnt an unconditional prediction (label_dropout 0): counts kept
+    such data at its first batch), images far outside model units (0..255 floats, as `FirstBatch`), no class at all
+    for a class-conditional model that never learnt an unconditional prediction (label_dropout 0), or classes for an
+    unconditional model (as `FirstBatch`: they would be ignored): counts kept
     on the device batch by batch (no read: no sync per batch), read once at the validation's end (`check`, with one gather across the ranks), where its loss is read."""
 
     def __init__(self) -> None:
@@ -202,13 +206,14 @@ class ValidationData:
         """A validation starts: nothing seen yet."""
         self._found = None
 
-    def see(self, x: torch.Tensor, index: torch.Tensor, labels: torch.Tensor | None) -> None:
-        """At each validation batch, after check_batch (`labels`: a conditional model's, None for another)."""
+    def see(self, x: torch.Tensor, index: torch.Tensor, labels: object) -> None:
+        """At each validation batch, after check_batch (`labels`: the batch's as they came, a tensor of classes and
+        NO_LABEL, or None, or NO_LABEL itself)."""
         bad = ~torch.isfinite(x.detach().flatten(1)).all(dim=1)
         unseen = torch.full_like(index, torch.iinfo(index.dtype).max)
         first = torch.where(bad.to(index.device), index, unseen).min().to(bad.device)
         labelled = torch.zeros((), dtype=torch.long, device=bad.device)
-        if labels is not None:
+        if isinstance(labels, torch.Tensor):
             labelled = (labels != NO_LABEL).sum().to(bad.device)
         seen = torch.full((), len(bad), dtype=torch.long, device=bad.device)  # a fill: no copy from the host
         # the images' largest magnitude in thousandths: an integer, as the counts are
@@ -223,7 +228,8 @@ class ValidationData:
 
     def check(self, module: L.LightningModule) -> None:
         """Refuse the data if a sample validated on any rank held NaN or infinity, or (`module` class-conditional,
-        trained without label_dropout) no sample held a class; every rank calls it (the gather)."""
+        trained without label_dropout) no sample held a class, or (`module` unconditional) any did; every rank calls
+        it (the gather)."""
         found, self._found = self._found, None
         if found is None:
             found = [torch.zeros((), dtype=torch.long, device=module.device)] * 5
@@ -250,6 +256,14 @@ class ValidationData:
                 SCALE_IMAGES,
             )
         num_classes = getattr(module, "num_classes", None)
+        if num_classes is None and labelled:
+            raise InvalidValue(
+                f"the validation data holds class labels ({labelled} of the {total} samples validated), "
+                "and this model is unconditional (its network has no num_classes): "
+                "it would validate without them, as unconditional",
+                "leave with_labels out of IndexedDataset to validate an unconditional model, "
+                "or build the network with num_classes (the number of classes) to train a class-conditional one",
+            )
         if total and num_classes is not None and not labelled and not module.hparams.get("label_dropout"):
             raise InvalidValue(
                 f"every label of the validation data is NO_LABEL (-1), and this model is class-conditional "

@@ -15,6 +15,9 @@ lambda = 0.001, where L_vlb, the variational bound (Ho et al. Eq. 5), is estimat
 timestep as T L_t (`diffusion.core.variational_bound.bound_term`, in bits/dim, as the authors' code). The
 gradient of L_vlb reaches only the variance channels: the mean is detached there, so L_simple alone trains the
 mean.
+
+The network's output is checked as sampling checks it (`check_network_output`) where the caller asks: at a fit's
+first step (a shape compare, no read), at each validation batch.
 """
 
 from typing import Literal
@@ -22,9 +25,9 @@ from typing import Literal
 import torch
 
 from diffusion.core import noise as counter_noise
-from diffusion.core.guidance import NO_LABEL
+from diffusion.core.guidance import NO_LABEL, as_float
 from diffusion.core.schedule import NoiseSchedule, PredictionType
-from diffusion.core.variance import split_output
+from diffusion.core.variance import check_output_fits, split_output
 from diffusion.core.variational_bound import ReverseProcess, bound_term, model_posterior
 
 LossWeighting = Literal["none", "min_snr"]
@@ -83,6 +86,21 @@ def drop_labels(
     return torch.where(uniform < probability, NO_LABEL, labels)
 
 
+def check_network_output(output: object, x_t: torch.Tensor, learned_variance: bool) -> None:
+    """The network's output at x_t, refused as sampling refuses it (`as_float`, `check_output_fits`: the same lines):
+    a tuple, another size, or another channel count (a fixed variance's 2C trained on a loss broadcast against the
+    samples, then could not sample). An odd count with learned variances is said by `split_output`, naming the
+    option. Shapes only: no read from the device."""
+    if not isinstance(output, torch.Tensor):
+        as_float(output)  # its refusal
+        return
+    size = (
+        output.ndim == x_t.ndim > 1 and output.shape[0] == x_t.shape[0] and output.shape[2:] == x_t.shape[2:]
+    )
+    if not (learned_variance and size and output.shape[1] % 2):
+        check_output_fits(output, x_t, learned_variance)
+
+
 def diffusion_loss(
     schedule: NoiseSchedule,
     output: torch.Tensor,
@@ -95,9 +113,13 @@ def diffusion_loss(
     loss_weighting: LossWeighting = "none",
     min_snr_gamma: float = 5.0,
     variance: ModelVariance = "fixed",
+    check_output: bool = False,
 ) -> torch.Tensor:
-    """The loss of each sample, (B,) float32, from the network `output` at x_t = q_sample(x0, t, noise)."""
+    """The loss of each sample, (B,) float32, from the network `output` at x_t = q_sample(x0, t, noise); with
+    `check_output`, `output` checked first (`check_network_output`)."""
     learned = variance == "learned_range"
+    if check_output:
+        check_network_output(output, x_t, learned)
     prediction, _ = split_output(output.float(), learned)
     target = schedule.training_target(prediction_type, x0, t, noise, check_range=False)  # t drawn in range
     loss = (prediction - target).pow(2).flatten(1).mean(dim=1)

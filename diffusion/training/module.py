@@ -323,12 +323,13 @@ class DiffusionModule(CheckedLoad, SamplingModule):  # load_from_checkpoint chec
         )
 
     def per_sample_loss(
-        self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None = None,
+        check_output: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
         """The loss of each sample, shape (B,): `diffusion.training.loss.diffusion_loss` of the network output."""
         x_t = self.schedule.q_sample(x0, t, noise, check_range=False)  # t is drawn in range: not read
         return diffusion_loss(
-            self.schedule, self.forward(x_t, t, labels), x0, x_t, t, noise,
+            self.schedule, self.forward(x_t, t, labels), x0, x_t, t, noise, check_output=check_output,
             prediction_type=self.hparams["prediction_type"], loss_weighting=self.hparams["loss_weighting"],
             min_snr_gamma=self.hparams["min_snr_gamma"], variance=self.hparams["variance"],
         )  # fmt: skip
@@ -344,12 +345,12 @@ class DiffusionModule(CheckedLoad, SamplingModule):  # load_from_checkpoint chec
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         x0, indices, labels = self._checked(batch, "training")
         # The labels as they came, before any label dropout.
-        self._first_batch.see(x0, indices, batch.label, self.num_classes)
+        first = self._first_batch.see(x0, indices, batch.label, self.num_classes)
         per_sample = self.hparams["noise_mode"] == "per_sample"
         noise, t = self.draw_noise_and_timesteps(x0, indices, self.global_step, per_sample)
         if labels is not None:
             labels = self.drop_labels(labels, indices, self.global_step, per_sample)
-        loss = self.per_sample_loss(x0, noise, t, labels).mean()
+        loss = self.per_sample_loss(x0, noise, t, labels, check_output=first).mean()  # as sampling checks it
         self._train_loss.add(loss)
         return loss
 
@@ -367,7 +368,7 @@ class DiffusionModule(CheckedLoad, SamplingModule):  # load_from_checkpoint chec
         # Fixed noise per validation sample (step 0), so val/loss is comparable across epochs and world sizes.
         # Labels are kept: a conditional model's val/loss is its conditional loss.
         noise, t = self.draw_noise_and_timesteps(x0, indices, step=0, per_sample=True)
-        self._validation_data.see(x0, indices, labels)
+        self._validation_data.see(x0, indices, batch.label)  # as they came: an unconditional model's too
         self.log(VAL_LOSS, self.per_sample_loss(x0, noise, t, labels).mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
