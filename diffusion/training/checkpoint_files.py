@@ -5,10 +5,10 @@ Files written by ``torch.save`` (checkpoints, post-hoc EMA snapshots, bare state
 entries carry a CRC-32 of their bytes; ``torch.load`` does not check them, so a byte changed inside a tensor (a bad
 copy, a failing disk) would load as a wrong weight. `check_zip_checksums` checks them, once per file version, before
 a file is trusted, and `check_finite` refuses weights that are NaN or infinite before any work is done with them.
+What a path given for a checkpoint is, when it is no checkpoint, is told by `checkpoint_paths`.
 """
 
 import contextlib
-import json
 import os
 import pickle
 import zipfile
@@ -19,49 +19,23 @@ from typing import IO, Any, Self, cast
 
 import lightning as L
 import torch
-from fsspec.implementations.local import LocalFileSystem
-from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _MAP_LOCATION_TYPE, _PATH
 from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 
-from diffusion.data.file_in_folder import FileKind, check_local_file, file_in_folder
+from diffusion.data.file_in_folder import check_local_file, file_in_folder
 from diffusion.data.numpy_files import PICKLED, numpy_file_kind
 from diffusion.errors import InvalidValue, MissingFile, UserError, check_weights_fit
+from diffusion.training.checkpoint_paths import (
+    CHECKPOINT,
+    check_not_an_export_without_config,
+    is_local_file_path,
+    is_safetensors,
+)
+from diffusion.training.checkpoint_paths import POST_HOC_EMA as POST_HOC_EMA  # run_folders' own, held equal
+from diffusion.training.checkpoint_paths import SNAPSHOT_FILES as SNAPSHOT_FILES
 from diffusion.training.export_files import export_network_weights, folder_of_weights_file, is_export
 from diffusion.training.from_diffusers import INIT_FROM, diffusers_folders, read_init_weights
 
-# A run's post-hoc EMA folder and its snapshots' names: run_folders' POST_HOC_EMA and SNAPSHOT_FILES (it imports this
-# module; tests/cli/test_local_paths.py holds them equal)
-POST_HOC_EMA, SNAPSHOT_FILES = "post_hoc_ema", "step=*-sigma_rel=*.pt"
-
-
-def checkpoint_folder_said(folder: Path, flag: str) -> tuple[str, str] | None:
-    """What a folder holding no checkpoint is, where it is a folder of a model that is no training checkpoint:
-    a run's post-hoc EMA snapshots, an export, a diffusers model (`FileKind.folder_said`: every command's --ckpt,
-    train.py's --ckpt_path and --model.init_from say it the same way; "holds no checkpoint" would call it empty)."""
-    if folder.name == POST_HOC_EMA or any(p.is_file() for p in folder.glob(SNAPSHOT_FILES)):
-        run = f" {folder.parent}" if folder.name == POST_HOC_EMA else ""
-        return (
-            "is a post-hoc EMA snapshots folder, which holds one profile's averages, not a model",
-            f"reconstruct a model from the snapshots first (python -m diffusion.phema with the run{run} and a "
-            "sigma_rel writes a .ckpt), then pass that checkpoint",
-        )
-    if is_export(folder) or diffusers_folders(folder, flag) is not None:
-        what = "a diffusers folder" if not is_export(folder) else "an export (python -m diffusion.export)"
-        return (
-            f"is {what}, which holds one set of weights and no training state",
-            "pass a training checkpoint (runs/<name>/version_N/checkpoints/*.ckpt); python -m diffusion.sample "
-            "and load_checkpoint take it as it is",
-        )
-    return None
-
-
-CHECKPOINT = FileKind(
-    "checkpoint",
-    ("*.ckpt",),
-    "train.py writes them into runs/<name>/version_N/checkpoints/",
-    checkpoint_folder_said,
-)
 DAMAGED = "its bytes do not match their checksum (a bad copy or a failing disk)"
 _INTACT: set[tuple[str, int, int]] = set()  # (path, size, mtime) of file versions whose checksums matched
 
@@ -106,11 +80,52 @@ def check_finite(weights: Mapping[str, torch.Tensor], what: str, fix: str) -> No
             )
 
 
+def check_device_available(map_location: str | torch.device) -> None:
+    """`map_location` names a device this machine has: refused by its name (InvalidValue) before the file is read
+    (by load_checkpoint and `CheckedLoad.load_from_checkpoint`), where torch's failure to move a tensor there would
+    read as a file it cannot load."""
+    fix = "pass map_location='cpu' (or a device this machine has), and move the model later with .to(device)"
+    try:
+        device = torch.device(map_location)
+    except (RuntimeError, ValueError) as error:
+        raise InvalidValue(f"map_location={map_location!r} is not a device", fix) from error
+    if device.type == "meta":  # its tensors have shapes and no values: the weights would be read into nothing
+        raise InvalidValue(
+            f"map_location={str(map_location)!r}: a tensor on the meta device holds no values, so the weights "
+            "cannot be loaded onto it",
+            fix,
+        )
+    # torch.device("cpu:1") is made, and torch.load failed as if the file were broken ("don't know how to restore
+    # data location ... (tagged with cpu:1)"), even for cpu:0
+    if device.type == "cpu":
+        if device.index is not None:
+            raise InvalidValue(
+                f"map_location={str(map_location)!r}: the CPU takes no index (torch loads a checkpoint onto 'cpu', "
+                f"not onto {device})",
+                fix,
+            )
+        return
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu: each says what it sees
+    is_available = getattr(backend, "is_available", None)
+    if is_available is None or not is_available():
+        raise InvalidValue(
+            f"map_location={str(map_location)!r}: torch sees no {device.type} device on this machine", fix
+        )
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        raise InvalidValue(
+            f"map_location={str(map_location)!r}: this machine has {count()} {device.type} device(s), "
+            f"{device.type}:0 to {device.type}:{count() - 1}",
+            fix,
+        )
+
+
 def checked_checkpoint_file(path: str | os.PathLike, flag: str = "checkpoint", verify: bool = True) -> Path:
     """The checkpoint file at `path` (a folder holding one stands for it: `file_in_folder`), checked before torch
     reads it: a missing, empty, truncated, damaged (`verify`: its zip checksums) or foreign file (an .npz, a
     safetensors file, a pickle, an export folder) raises one clear error naming `flag`, where torch's or fsspec's
     error (`OSError: [Errno 22] Invalid argument` for a truncated file) named neither the file nor its defect."""
+    check_not_an_export_without_config(path, flag)  # its folder or its model.safetensors: said as that
     path = file_in_folder(path, flag, CHECKPOINT)
     fix = "pass an intact .ckpt, e.g. runs/<name>/version_N/checkpoints/last.ckpt"
     if not path.is_file():
@@ -120,6 +135,15 @@ def checked_checkpoint_file(path: str | os.PathLike, flag: str = "checkpoint", v
     if not zipfile.is_zipfile(path):
         # torch.save writes zip archives; a truncated one has lost its central directory at the end. Files of
         # another kind are named by their first bytes: unpickling a pickle to see what it holds could run code.
+        # A safetensors file first: its header's length may start with a pickle's first byte.
+        if is_safetensors(path):  # an export's or a diffusers model's weights, or a state_dict saved so
+            raise UnreadableCheckpoint(
+                flag,
+                path,
+                "is a safetensors file: weights alone, without the model's settings, not a PyTorch checkpoint",
+                "pass a .ckpt written by train.py, or where a model is read (sample, evaluate, init_from) the "
+                "folder it belongs to: an export (python -m diffusion.export) or a diffusers model folder",
+            )
         kind = numpy_file_kind(path)
         if kind == "pickle":
             raise UnreadableCheckpoint(
@@ -132,14 +156,6 @@ def checked_checkpoint_file(path: str | os.PathLike, flag: str = "checkpoint", v
         if kind == "npy":
             raise UnreadableCheckpoint(
                 flag, path, "is a NumPy array (np.save), not a PyTorch checkpoint", fix
-            )
-        if is_safetensors(path):  # an export's or a diffusers model's weights, or a state_dict saved so
-            raise UnreadableCheckpoint(
-                flag,
-                path,
-                "is a safetensors file: weights alone, without the model's settings, not a PyTorch checkpoint",
-                "pass a .ckpt written by train.py, or where a model is read (sample, evaluate, init_from) the "
-                "folder it belongs to: an export (python -m diffusion.export) or a diffusers model folder",
             )
         raise UnreadableCheckpoint(
             flag, path, "is truncated or not a PyTorch checkpoint (no intact zip archive)", fix
@@ -263,23 +279,14 @@ def check_network_given(checkpoint: dict[str, Any], path: Path, network: torch.n
     check_weights_fit(network, weights, f"checkpoint_path {path}", fix)
 
 
-def is_local_file_path(path: object) -> bool:
-    """Whether `path` is a path of the local disk (not a file object, a URL or another fsspec filesystem's path),
-    which this package checks before Lightning reads it."""
-    return (
-        isinstance(path, str | os.PathLike)
-        and "://" not in str(path)
-        and isinstance(get_filesystem(str(path)), LocalFileSystem)
-    )
-
-
 class CheckedLoad(L.LightningModule):
     """Lightning's `load_from_checkpoint`, its file checked first as `load_checkpoint` and a Trainer's `ckpt_path`
     check it (`checked_checkpoint_file`, `check_holds_weights`): a missing, truncated, damaged (its zip checksums)
     or foreign file (an export folder, an .npz, weights alone) is one line naming it, where Lightning loaded a
     damaged file's changed weights without a word and said the others in fsspec's, torch's or its own words. A URL,
-    another fsspec path or a file object is Lightning's to read. `load_checkpoint`, which reads and checks the file
-    itself, calls Lightning's own (`super(CheckedLoad, DiffusionModule)`): the file is checked once."""
+    another fsspec path or a file object is Lightning's to read; a `map_location` of no device here is refused first
+    (`check_device_available`). `load_checkpoint`, which reads and checks the file itself, calls Lightning's own
+    (`super(CheckedLoad, DiffusionModule)`): the file is checked once."""
 
     @_restricted_classmethod
     def load_from_checkpoint(
@@ -291,6 +298,8 @@ class CheckedLoad(L.LightningModule):
         weights_only: bool | None = None,
         **kwargs: Any,
     ) -> Self:
+        if isinstance(map_location, str | torch.device):  # as load_checkpoint says it, before a file is read
+            check_device_available(map_location)
         if not is_local_file_path(checkpoint_path):
             return super().load_from_checkpoint(
                 checkpoint_path, map_location, hparams_file, strict, weights_only, **kwargs
@@ -316,20 +325,6 @@ class CheckedLoad(L.LightningModule):
                 check_holds_weights(checkpoint, path, "checkpoint_path")
                 check_holds_the_network(checkpoint, path, network_given="network" in kwargs)
             raise
-
-
-def is_safetensors(path: Path) -> bool:
-    """Whether the file at `path` is laid out as a safetensors file: the length of its header (8 bytes, little
-    endian, within the file), then the header, a JSON object."""
-    with open(path, "rb") as file:
-        length = int.from_bytes(file.read(8), "little")
-        if not 2 <= length <= min(path.stat().st_size - 8, 100_000_000):
-            return False
-        header = file.read(length)
-    try:
-        return isinstance(json.loads(header), dict)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
 
 
 def check_written_by_train(
@@ -366,6 +361,7 @@ def read_network_weights(
         exported = export_network_weights(path)
         check_finite(exported, f"init_from {path}", "start from an earlier checkpoint of that run")
         return exported
+    check_not_an_export_without_config(path, INIT_FROM)  # not "a folder that holds no checkpoint"
     path = file_in_folder(path, INIT_FROM, CHECKPOINT)
     if not path.is_file():
         raise MissingFile(f"init_from: no such file {path}", "pass a .ckpt of this project or a state_dict")

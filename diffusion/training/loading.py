@@ -8,18 +8,22 @@ from typing import Any, Literal
 
 import torch
 
-from diffusion.data.file_in_folder import check_local_file, file_in_folder, files_of_kind
-from diffusion.errors import InvalidValue, MissingFile, WrongType, check_choice
+from diffusion.data.file_in_folder import check_local_file, file_in_folder
+from diffusion.errors import InvalidValue, WrongType, check_choice
 from diffusion.models import UNet
 from diffusion.models.diffusers_unet import unet_weights_from_diffusers
 from diffusion.training.checkpoint_files import (
-    CHECKPOINT,
     CheckedLoad,
+    check_device_available,
     check_finite,
     check_written_by_train,
     read_checkpoint,
 )
-from diffusion.training.export_files import CONFIG, WEIGHTS, folder_of_weights_file, is_export
+from diffusion.training.checkpoint_paths import CHECKPOINT, check_not_an_export_without_config
+from diffusion.training.checkpoint_paths import (
+    is_export_without_config as is_export_without_config,  # cli.export
+)
+from diffusion.training.export_files import CONFIG, folder_of_weights_file, is_export
 from diffusion.training.exported import check_model_settings, load_export, read_export_config
 from diffusion.training.from_diffusers import (
     about,
@@ -97,45 +101,6 @@ def load_checkpoint(
     return module.eval()
 
 
-def check_device_available(map_location: str | torch.device) -> None:
-    """`map_location` names a device this machine has: refused by its name (InvalidValue) before the file is read,
-    where torch's failure to move a tensor there would read as a file it cannot load."""
-    fix = "pass map_location='cpu' (or a device this machine has), and move the model later with .to(device)"
-    try:
-        device = torch.device(map_location)
-    except (RuntimeError, ValueError) as error:
-        raise InvalidValue(f"map_location={map_location!r} is not a device", fix) from error
-    if device.type == "meta":  # its tensors have shapes and no values: the weights would be read into nothing
-        raise InvalidValue(
-            f"map_location={str(map_location)!r}: a tensor on the meta device holds no values, so the weights "
-            "cannot be loaded onto it",
-            fix,
-        )
-    # torch.device("cpu:1") is made, and torch.load failed as if the file were broken ("don't know how to restore
-    # data location ... (tagged with cpu:1)"), even for cpu:0
-    if device.type == "cpu":
-        if device.index is not None:
-            raise InvalidValue(
-                f"map_location={str(map_location)!r}: the CPU takes no index (torch loads a checkpoint onto 'cpu', "
-                f"not onto {device})",
-                fix,
-            )
-        return
-    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu: each says what it sees
-    is_available = getattr(backend, "is_available", None)
-    if is_available is None or not is_available():
-        raise InvalidValue(
-            f"map_location={str(map_location)!r}: torch sees no {device.type} device on this machine", fix
-        )
-    count = getattr(backend, "device_count", None)
-    if device.index is not None and count is not None and device.index >= count():
-        raise InvalidValue(
-            f"map_location={str(map_location)!r}: this machine has {count()} {device.type} device(s), "
-            f"{device.type}:0 to {device.type}:{count() - 1}",
-            fix,
-        )
-
-
 def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[ModelKind, Path]:
     """What a path given for a model is, decided in this one place for every command and `load_checkpoint`: a
     diffusers DDPMPipeline or UNet2DModel folder, an export (its folder, its config.json, or its model.safetensors,
@@ -159,30 +124,6 @@ def model_source(path: str | os.PathLike, flag: str = "checkpoint") -> tuple[Mod
         return "export", folder
     check_not_an_export_without_config(path, flag)
     return "checkpoint", file_in_folder(path, flag, CHECKPOINT)
-
-
-def check_not_an_export_without_config(path: str | os.PathLike, flag: str) -> None:
-    """A folder holding an export's model.safetensors without its config.json (a partial copy), and no checkpoint
-    that it could stand for, is refused as that: "it holds no checkpoint" would call it empty."""
-    if is_export_without_config(path):
-        folder = Path(path).expanduser()
-        raise MissingFile(
-            f"{flag} {folder} is a folder holding an export's model.safetensors without its config.json "
-            "(the model's settings)",
-            "copy the export's folder again whole, or export the checkpoint again (python -m diffusion.export)",
-        )
-
-
-def is_export_without_config(path: str | os.PathLike) -> bool:
-    """Whether `path` is a folder holding an export's weights (model.safetensors) and neither its config.json nor a
-    checkpoint."""
-    folder = Path(path).expanduser()
-    return (
-        folder.is_dir()
-        and (folder / WEIGHTS).is_file()
-        and not (folder / CONFIG).is_file()
-        and not files_of_kind(folder, CHECKPOINT)
-    )
 
 
 def model_hyperparameters(path: str | os.PathLike, flag: str = "checkpoint") -> dict[str, Any]:
