@@ -54,13 +54,27 @@ def check_output_fits(output: torch.Tensor, x: torch.Tensor, learned_variance: b
         return
     unit = ("channel" if x.ndim > 2 else "feature") + "s" * (given != 1)
     if learned_variance:
-        other = " (or pass learned_variance=False: it outputs the prediction alone)" if given == count else ""
+        other = (
+            (  # a DiffusionModule's option too: the user's own Trainer, or generate(module)
+                " (or pass learned_variance=False: it outputs the prediction alone; a DiffusionModule: "
+                "{DiffusionModule:--variance} fixed)"
+            )
+            if given == count
+            else ""
+        )
         raise InvalidValue(
             f"the network outputs {given} {unit} and x_T has {count}: a network with learned variances outputs "
             f"2 x {count} (the prediction, then v)",
             f"build it with out_channels {wanted}{other}",
         )
-    other = f" (or pass learned_variance=True for 2 x {count})" if given == 2 * count else ""
+    other = (
+        (
+            f" (or pass learned_variance=True for 2 x {count}; a DiffusionModule: {{DiffusionModule:--variance}} "
+            "learned_range)"
+        )
+        if given == 2 * count
+        else ""
+    )
     raise InvalidValue(
         f"the network outputs {given} {unit} and x_T has {count}",
         f"build it with out_channels {count}{other}",

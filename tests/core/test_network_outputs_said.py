@@ -26,10 +26,10 @@ def sample(network, x_T: torch.Tensor, **arguments) -> torch.Tensor:
     [
         (mlp(), True, "the network outputs 2 features and x_T has 2: a network with learned variances outputs "
          "2 x 2 (the prediction, then v) — build it with out_channels 4 (or pass learned_variance=False: it "
-         "outputs the prediction alone)"),
+         "outputs the prediction alone; a DiffusionModule: variance fixed)"),
         (mlp(out_channels=4), False,
          "the network outputs 4 features and x_T has 2 — build it with out_channels 2 (or pass "
-         "learned_variance=True for 2 x 2)"),
+         "learned_variance=True for 2 x 2; a DiffusionModule: variance learned_range)"),
         (mlp(out_channels=3), False, "the network outputs 3 features and x_T has 2 — build it with out_channels 2"),
         (mlp(out_channels=3), True, "the network outputs 3 features and x_T has 2: a network with learned "
          "variances outputs 2 x 2 (the prediction, then v) — build it with out_channels 4"),

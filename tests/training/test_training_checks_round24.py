@@ -53,7 +53,7 @@ def own(network, sample_shape=(1, 8, 8), **options) -> DiffusionModule:
 
 TWO_FOR_ONE = (
     "the network outputs 2 channels and x_T has 1 — build it with out_channels 1 (or pass learned_variance=True for "
-    "2 x 1)"
+    "2 x 1; a DiffusionModule: variance learned_range)"
 )
 
 
