@@ -256,7 +256,9 @@ def test_evaluate_cli_on_npz_files_and_a_dataset_name(tmp_path, digit_halves, ca
     assert result["fid"] == pytest.approx(16.31, abs=0.05) and math.isfinite(result["kid_mean"])
     out = capsys.readouterr().out
     assert "FD of pixels (not an FID): 16.3" in out and "FID:" not in out  # a pixel FD is never called FID
-    assert "note:" not in out  # about 900 images each for 64-d features: enough for their covariances
+    assert "covariance is singular" not in out  # about 900 images each for 64-d features: enough for them
+    # two halves of one data set: a KID about 0, whose unbiased estimate may fall below it, then said so
+    assert ("note: KID is below 0" in out) == (result["kid_mean"] < 0)
     few = tmp_path / "few.npz"
     np.savez(few, digit_halves[0][:40].permute(0, 2, 3, 1).numpy())
     evaluate_cli.main(["--samples", str(few), "--reference", str(second), "--features", "pixels"])
