@@ -6,7 +6,6 @@ callback runs during training.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -331,21 +330,8 @@ def build_quality(
         inception_weights=weights if args.features == "inception" else None,  # else noted unused
         reference=reference if isinstance(reference, FeatureStatistics) else None,
     )  # fmt: skip
-    if args.features != "inception" or weights is None:
-        with named_as_flags():
-            return SampleQuality(args.features, metrics, **options)
-    try:
-        with named_as_flags():
-            return SampleQuality(args.features, metrics, **options)
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        RuntimeError,
-    ) as err:  # other weights too: torch's report, first line
-        reason = " ".join((str(err.__cause__ or err).strip().splitlines() or [type(err).__name__])[0].split())
-        raise UserError(
-            f"--inception_weights {weights} is not a readable PyTorch weights file ({reason})", fix
-        ) from err
+    with named_as_flags():  # a damaged or foreign weights file is said by SampleQuality, as the flag
+        return SampleQuality(args.features, metrics, **options)
 
 
 def image_counts(samples: np.ndarray | int, reference: np.ndarray | FeatureStatistics | None) -> list[int]:

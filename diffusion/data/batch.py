@@ -31,18 +31,33 @@ class Batch(BatchFields):
     Checked as it is built (a user's DataModule yields it: a mistake there was found, if at all, deep inside
     training): a batch's ``x`` is a tensor, its ``index`` a 1-D integer tensor of one position per sample, its
     ``label`` None, an int (NO_LABEL) or an integer tensor of the index's shape; an item's (a dataset's, before
-    the DataLoader stacks them) ``index`` is an int. Types and shapes only, no values: it is built every step."""
+    the DataLoader stacks them) ``index`` is an int, or a 0-d integer tensor (`torch.tensor(i)`), taken as its
+    int. Types and shapes only, no values: it is built every step."""
 
     __slots__ = ()
 
     def __new__(
         cls, x: torch.Tensor, index: torch.Tensor, label: torch.Tensor | int | None = NO_LABEL
     ) -> "Batch":
+        if isinstance(index, torch.Tensor) and index.ndim == 0:  # an item's position, never a batch's
+            index = item_position(index)  # type: ignore[assignment]  # an item's index is an int
         check_fields(x, index, label)
         return super().__new__(cls, x, index, label)
 
 
 WRAP = "wrap your dataset in diffusion.data.IndexedDataset, whose items the DataLoader stacks into Batches"
+
+
+def item_position(index: torch.Tensor) -> int:
+    """The int of an item's 0-d `index` tensor (`torch.tensor(i)`): the DataLoader stacks it as it stacks an int
+    (into the batch's (B,) positions), so it is taken, as that int; one of no integer refused naming `index`."""
+    if not _integers(index):
+        raise InvalidValue(
+            f"index is a {index.dtype} tensor of shape (), and an item's index is its position in the dataset,"
+            " a whole number",
+            f"pass the index as an int: int(i); {WRAP}",
+        )
+    return int(index)
 
 
 def check_fields(x: Any, index: Any, label: Any) -> None:
@@ -51,6 +66,14 @@ def check_fields(x: Any, index: Any, label: Any) -> None:
         if not isinstance(x, torch.Tensor):
             raise WrongType(
                 "x", x, "a tensor of samples", f"pass the samples as a tensor (torch.as_tensor(x)); {WRAP}"
+            )
+        if index.ndim == 2 and index.shape[1] == 1 and _integers(index) and x.ndim and len(x) == len(index):
+            raise InvalidValue(  # what the DataLoader stacks from items whose index is torch.tensor([i])
+                f"index is a {index.dtype} tensor of shape {tuple(index.shape)}, not a 1-D integer tensor:"
+                " the DataLoader stacks such a column from items whose index is a 1-element tensor"
+                " (torch.tensor([i]))",
+                "give each item its index as an int: Batch(x, int(i)) in your dataset's __getitem__"
+                f" (a batch: index.flatten()); {WRAP}",
             )
         if index.ndim != 1 or not _integers(index):
             raise InvalidValue(

@@ -50,12 +50,21 @@ def check_images(images: Any, fix: str) -> None:
         raise InvalidValue(f"images has shape {tuple(images.shape)}, not (N, C, H, W)", f"{fix}{one}")
 
 
+def check_some_pixels(images: torch.Tensor) -> None:
+    """`images` (a tensor) holds some: an empty batch, refused naming `images` (there is nothing to draw or score)."""
+    if images.numel() == 0:
+        raise InvalidValue(
+            f"images has shape {tuple(images.shape)}, which holds no pixels", "pass at least one image"
+        )
+
+
 def rows_by_class(
     images: torch.Tensor, labels: torch.Tensor, per_class: int | None = None
 ) -> tuple[torch.Tensor, int]:
     """(N, C, H, W) images rearranged into one row per class present (ascending; samples in index order, at
     most `per_class` of each), short rows padded with blank images: (images, images per row)."""
     check_images(images, "pass generate's samples of images")
+    check_some_pixels(images)  # no rows: Python's max() of none had failed naming nothing
     if per_class is not None:
         check_whole_number(
             "per_class", per_class, 1, "pass how many samples of each class a row shows, or None"
@@ -106,8 +115,7 @@ def check_pixels(images: torch.Tensor) -> None:
             "images is a tensor on the meta device, whose values cannot be read",
             "pass images that hold values",
         )
-    if images.numel() == 0:
-        raise InvalidValue(f"images has shape {shape}, which holds no pixels", "pass at least one image")
+    check_some_pixels(images)
     if images.shape[1] not in (1, 3):
         check_channels_first(images, (1, 3))
         raise InvalidValue(

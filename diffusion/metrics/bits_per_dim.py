@@ -24,6 +24,7 @@ COLUMNS = ("prior", "decoder", "kl", "total")
 """What `image_bounds` returns per image, in bits/dim: L_T, L_0, L_1 + ... + L_{T-1}, and their sum."""
 
 
+NEGATIVE_ROUNDING = 1e-6  # bits/dim: a term below 0 by more is no rounding of a term >= 0
 BOUND_BATCH = 256  # images whose bound terms are evaluated at once (`python -m diffusion.evaluate --nll`)
 
 
@@ -88,8 +89,9 @@ class BitsPerDim:
     def of(cls, bounds: torch.Tensor) -> "BitsPerDim":
         """From every image's row of `image_bounds` (N, 4) of floats, N >= 1: refused (WrongType, OutOfRange) for
         anything else, which gave torch's IndexError or RuntimeError, or NaN for no images; rows holding NaN, a
-        bound of no number (a network whose outputs were not finite), are refused too (InvalidValue), not averaged
-        into a NaN bits/dim without a word."""
+        bound of no number (a network whose outputs were not finite), or infinity are refused too (InvalidValue),
+        not averaged into a NaN or infinite bits/dim without a word, and so are negative values (each term is >= 0:
+        rows of something else)."""
         fix = "pass the (N, 4) rows image_bounds returns, one per image, N >= 1"
         if not isinstance(bounds, torch.Tensor):
             raise WrongType("bounds", bounds, f"a tensor of shape (N, {len(COLUMNS)})", fix)
@@ -104,6 +106,24 @@ class BitsPerDim:
                 f"bounds holds NaN in {len(rows)} of its {len(bounds)} rows (first row {rows[0]}), and a mean of "
                 "NaN is no bits/dim: the network's outputs were not finite for those images",
                 "evaluate finite weights: the checkpoint's other weights (ema or raw), or an earlier checkpoint",
+            )
+        rows = torch.isinf(bounds).any(1).nonzero().flatten().tolist()
+        if rows:
+            raise InvalidValue(
+                f"bounds holds infinity in {len(rows)} of its {len(bounds)} rows (first row {rows[0]}),"
+                " and their mean would be an infinite bits/dim:"
+                " the model gave those images a probability of 0 (network outputs not finite, or extreme)",
+                "evaluate finite weights: the checkpoint's other weights (ema or raw), or an earlier checkpoint",
+            )
+        # Every term is a KL divergence or -log of a probability: >= 0, but for float64 rounding
+        low = float(bounds.min())
+        if low < -NEGATIVE_ROUNDING:
+            rows = (bounds < -NEGATIVE_ROUNDING).any(1).nonzero().flatten().tolist()
+            raise InvalidValue(
+                f"bounds holds negative values in {len(rows)} of its {len(bounds)} rows (first row {rows[0]},"
+                f" lowest {low:.4g}), and every term of the bound is >= 0"
+                " (a KL divergence, or -log of a probability)",
+                fix,
             )
         mean = bounds.mean(0)
         error = bounds[:, 3].std().item() / math.sqrt(len(bounds)) if len(bounds) > 1 else math.nan

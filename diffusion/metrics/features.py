@@ -22,13 +22,18 @@ callback, the sample CLI and the evaluator all score the same quantized pixels):
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diffusion.data.numpy_files import PICKLE, is_torch_archive
 from diffusion.errors import CannotRead, InvalidValue, MissingFile, WrongType
 
 Features = Literal["inception", "pixels"]
@@ -100,6 +105,67 @@ def check_inception_weights(weights_path: object, features: str = "inception") -
         )
 
 
+# The evaluate command's words for the file it was given (its --inception_weights flag, said as the parameter in
+# Python): the same file's faults read the same from both
+READABLE_WEIGHTS_FIX = (
+    "pass torch-fidelity's weights-inception-2015-12-05-6726825d.pth (github.com/toshas/torch-fidelity "
+    "releases), or leave {--inception_weights} out to download it"
+)
+
+
+def read_inception_weights(weights_path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict in the local InceptionV3 weights file `weights_path` (a file that is there:
+    `check_inception_weights`), read as tensors alone (no code of the file run), or InvalidValue naming
+    `{--inception_weights}` and what the file is: empty, truncated, another kind of file (a web page saved in
+    its place), pickled objects, or no state dict; CannotRead for the system's refusal. The reading check of
+    SampleQuality, its callback and the evaluate command, before torch-fidelity reads the file (with
+    ``weights_only=False``: it would have run such code)."""
+    path = os.fspath(weights_path)
+
+    def unreadable(reason: str) -> InvalidValue:
+        return InvalidValue(
+            f"{{--inception_weights}} {path} is not a readable PyTorch weights file ({reason})",
+            READABLE_WEIGHTS_FIX,
+        )
+
+    try:
+        with open(path, "rb") as file:
+            start = file.read(16)
+        is_zip = zipfile.is_zipfile(path)
+        if not start:
+            raise unreadable("it is empty: 0 bytes")
+        if start[:2] == b"PK" and not is_zip:  # torch.save's zip archive without its end: cut short
+            raise unreadable("it is truncated: a zip archive, torch.save's format, cut short")
+        if not is_zip and start[:1] != PICKLE:  # neither format of torch.save
+            raise unreadable(f"neither torch.save's zip archive nor a pickle: it starts with {start!r}")
+        if is_zip and not is_torch_archive(Path(path)):
+            raise unreadable("a zip archive torch.save did not write, such as np.savez's .npz")
+        # a pickle.dump's protocol was warned of by torch.load before the line that says what the file is
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:  # what weights_only=True refuses: objects other than tensors
+        raise unreadable(
+            "it holds pickled objects other than tensors, which could run code when loaded"
+        ) from err
+    except EOFError as err:  # torch.save's legacy format cut short
+        raise unreadable("it is truncated: it ends before its last tensor") from err
+    except RuntimeError as err:  # a damaged archive: torch's own reason, its first sentence
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0]
+        raise unreadable(f"torch.load: {first}") from err
+    except OSError as err:
+        raise CannotRead(
+            f"could not read inception_weights={path} ({err.strerror or err})", INCEPTION_WEIGHTS_FIX
+        ) from err
+    if not isinstance(state, Mapping):
+        raise unreadable(f"it holds a {type(state).__name__}, not a state dict: names -> tensors")
+    other = next((key for key, value in state.items() if not isinstance(value, torch.Tensor)), None)
+    if other is not None:
+        kind = type(state[other]).__name__
+        raise unreadable(f"its entry {other!r} is a {kind}, not a tensor: a state dict holds tensors alone")
+    return dict(state)
+
+
 class InceptionFeatures(nn.Module):
     """torch-fidelity's InceptionV3 (see the module docstring) for uint8 (N, 1 or 3, H, W) images: 2048-d pool
     features and 1008 logits from one pass; it resizes to 299 x 299 itself. Downloads its weights on first use
@@ -112,17 +178,17 @@ class InceptionFeatures(nn.Module):
         super().__init__()
         check_inception_weights(weights_path)
         try:
-            from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+            from diffusion.metrics.inception_network import InceptionV3
         except ImportError as err:
             raise ModuleNotFoundError(
                 "features='inception' needs torch-fidelity: pip install -e '.[fid]' (or use features='pixels')"
             ) from err
+        source = None
+        if weights_path is not None:  # its faults said of the file, before torch-fidelity reads it
+            read_inception_weights(weights_path)
+            source = f"{{--inception_weights}} {os.fspath(weights_path)}"
         try:
-            self.network = FeatureExtractorInceptionV3(
-                "inception-v3-compat",
-                ["2048", "logits_unbiased"],
-                feature_extractor_weights_path=weights_path,
-            )
+            self.network = InceptionV3(weights_path, source, READABLE_WEIGHTS_FIX)
         except OSError as err:  # urllib's URLError is an OSError: no network, or a file it cannot read
             if weights_path is not None:
                 raise CannotRead(

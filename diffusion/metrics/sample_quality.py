@@ -38,7 +38,13 @@ from diffusion.errors import (
     check_whole_number,
 )
 from diffusion.generation.arguments import checked_seed
-from diffusion.generation.image_grid import FROM_SAMPLES, HALF_A_LEVEL, check_channels_first, check_images
+from diffusion.generation.image_grid import (
+    FROM_SAMPLES,
+    HALF_A_LEVEL,
+    check_channels_first,
+    check_images,
+    check_some_pixels,
+)
 from diffusion.metrics.features import (
     Features,
     check_features,
@@ -264,8 +270,10 @@ class SampleQuality(nn.Module):
     def _check_images(self, images: torch.Tensor) -> None:
         """`images` are pixels this scores as the caller meant: (N, channels, H, W), uint8 or (pixel features) float
         in [0, 1] up to half a pixel level. Samples in model units (-1..1) or floats 0..255 gave another FID without
-        a word. A range check reads every value once, far less than the features cost."""
+        a word. A range check reads every value once, far less than the features cost. No images at all are
+        refused: a caller's empty slice was fed as nothing without a word."""
         check_images(images, FROM_SAMPLES)
+        check_some_pixels(images)
         if images.shape[1] != self.channels:
             check_channels_first(images, (self.channels,))
             built = (
@@ -289,8 +297,6 @@ class SampleQuality(nn.Module):
                 f"images are {images.dtype} values, and features='inception' takes uint8 images in 0..255",
                 f"pass {samples}, or images in [0, 1] as images.mul(255).round().to(torch.uint8)",
             )
-        if images.numel() == 0:
-            return
         low, high = (float(value) for value in torch.aminmax(images.detach()))
         if math.isnan(low) or math.isnan(high):
             raise InvalidValue("images holds NaN values, which are no pixels", FROM_SAMPLES)
