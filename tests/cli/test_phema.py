@@ -303,7 +303,7 @@ def test_train_refuses_a_snapshot_budget_below_one_snapshot_of_each_profile(home
     flags = ["--ema.post_hoc", "true", "--ema.max_snapshot_gb", "1e-5"]
     line = run_in_process(train, train_args(flags, home, home / "runs"), home, capsys)
     assert re.search(
-        r"--ema.max_snapshot_gb 1e-05 cannot hold one post-hoc EMA snapshot of each of the 2 profiles "
+        r"--ema.max_snapshot_gb 1e-5 cannot hold one post-hoc EMA snapshot of each of the 2 profiles "
         r"\(2 x [\d.]+ MB\) — pass --ema.max_snapshot_gb [\d.e-]+ \(a snapshot every 100 steps\)",
         line,
     )
