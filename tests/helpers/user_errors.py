@@ -65,3 +65,12 @@ def run_in_process(command, args: list[str], user: Path, capsys) -> str:
     line = error_line(capsys.readouterr().err)
     assert snapshot(user) == before
     return line
+
+
+def refused_line(capsys, command, argv: list[str]) -> str:
+    """A command's main refusing `argv`: exit status 2, and its one line (what stderr held before is dropped)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        command(argv)
+    assert exit_info.value.code == 2
+    return error_line(capsys.readouterr().err)

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.user_errors import error_line
+from helpers.user_errors import refused_line
 
 from diffusion.cli import export, sample
 from diffusion.errors import InvalidValue, MissingFile
@@ -28,14 +28,6 @@ def partial(toy2d_checkpoint, tmp_path_factory) -> Path:
     return out
 
 
-def refused(capsys, main, argv: list[str]) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    return error_line(capsys.readouterr().err)
-
-
 def test_load_checkpoint_says_the_export_lost_its_config_of_path(partial):
     with pytest.raises(MissingFile) as raised:
         load_checkpoint(partial)
@@ -44,13 +36,13 @@ def test_load_checkpoint_says_the_export_lost_its_config_of_path(partial):
 
 def test_sample_says_the_export_lost_its_config(partial, tmp_path, capsys):
     argv = ["--ckpt", str(partial), "--num_samples", "4", "--steps", "2", "--out", str(tmp_path / "s")]
-    assert refused(capsys, sample.main, argv) == f"error: --ckpt {partial} {SAID}"
+    assert refused_line(capsys, sample.main, argv) == f"error: --ckpt {partial} {SAID}"
     assert not (tmp_path / "s").exists()
 
 
 def test_export_says_it_is_an_export_not_a_checkpoint(partial, tmp_path, capsys):
     argv = ["--ckpt", str(partial), "--format", "safetensors", "--out", str(tmp_path / "x")]
-    line = refused(capsys, export.main, argv)
+    line = refused_line(capsys, export.main, argv)
     assert line.startswith(
         f"error: --ckpt {partial} is an export's model.safetensors without its config.json (python -m "
         "diffusion.export), which holds one set of weights and no training state — export converts training "

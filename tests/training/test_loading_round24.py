@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers.bad_checkpoints import MLP_SETTINGS  # a network the refusals come before
-from helpers.user_errors import error_line
+from helpers.user_errors import refused_line
 from safetensors.torch import load_file, save_file
 
 from diffusion import MLP, DiffusionModule
@@ -103,22 +103,14 @@ def test_its_folder_is_said_as_one_by_load_from_checkpoint_and_init_from(alone):
     assert str(said.value) == f"init_from {line}"
 
 
-def refused(capsys, main, argv: list[str]) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    return error_line(capsys.readouterr().err)
-
-
 def test_sample_and_export_say_it_in_their_flag(alone, tmp_path, capsys):
     argv = ["--ckpt", str(alone), "--num_samples", "4", "--steps", "2", "--out", str(tmp_path / "s")]
-    assert refused(capsys, sample.main, argv) == (
+    assert refused_line(capsys, sample.main, argv) == (
         f"error: --ckpt {alone} is an export's model.safetensors without its config.json beside it (the model's "
         f"settings) — {AGAIN}"
     )
     argv = ["--ckpt", str(alone), "--format", "safetensors", "--out", str(tmp_path / "x")]
-    assert refused(capsys, export.main, argv).startswith(
+    assert refused_line(capsys, export.main, argv).startswith(
         f"error: --ckpt {alone} is an export's model.safetensors without its config.json (python -m "
         "diffusion.export), which holds one set of weights and no training state — export converts training "
         "checkpoints"
