@@ -67,8 +67,8 @@ class VectorDataModule(SplitDataModule):
             few percent of the data's spread wide (thin rings, small clusters) is still resolved at noise
             levels the schedule spends many steps on; 3 scored best on ``benchmarks/quality/vectors.py`` (1, 6 and 12
             blurred such detail more).
-        labels: a ``.npy`` file of N integer classes 0..K-1, one per sample of the data (usually beside
-            ``path``). Giving it trains a class-conditional model (``num_classes`` = K, linked into the network
+        labels: a ``.npy`` file of N integer classes 0..K-1, one per sample of the data at ``path`` (refused
+            beside a generated toy set, whose points it says nothing of). Giving it trains a class-conditional model (``num_classes`` = K, linked into the network
             by the CLI); without it training is unconditional.
         cache_dir, max_cache_size: a streamed prepared set's local cache, as `ImageDataModule` takes them.
         on_device: hold the data on the training device and gather each training batch there
@@ -113,6 +113,16 @@ class VectorDataModule(SplitDataModule):
         elif dataset == "npy":
             raise InvalidValue(
                 "dataset 'npy' needs a file", "set {--path} to an (N, D) .npy array", type(self)
+            )
+        if labels is not None and dataset not in (
+            "npy",
+            "streaming",
+        ):  # the streamed set's refusal: _open_prepared
+            raise InvalidValue(  # a conditional model trained on classes that say nothing of the points
+                f"{{--labels}} {labels} gives classes of samples of your own data ({{--path}}), and dataset "
+                f"{dataset!r} draws its points at random: the file's classes would say nothing of them",
+                "pass {--path} with the (N, D) array the labels belong to, or leave {--labels} out",
+                type(self),
             )
         with options_of(type(self)):  # a fraction reached sklearn, refused there by its own n_samples
             num_samples = check_whole_number("num_samples", num_samples, 2)

@@ -63,9 +63,10 @@ def write_made_up_mnist(root, n=300) -> None:
 def data_module(kind: str, root, on_device: bool, random_flip: bool = False, **kwargs):
     common = {"batch_size": 16, "seed": 3, "on_device": on_device, **kwargs}
     if kind == "vectors":
-        labels = root / "labels.npy"
+        points, labels = root / "points.npy", root / "labels.npy"  # labels go with the user's own points
+        np.save(points, np.random.default_rng(1).normal(size=(200, 3)).astype(np.float32))
         np.save(labels, np.random.default_rng(2).integers(0, 4, 200))
-        return VectorDataModule("gaussian", num_samples=200, dim=3, labels=str(labels), **common)
+        return VectorDataModule(path=str(points), labels=str(labels), **common)
     name, _, size = kind.partition("@")  # "mnist@32": resized from 28 to 32
     images = {
         "random_flip": random_flip,

@@ -85,6 +85,19 @@ def test_labels_that_number_far_more_classes_than_samples_are_refused_naming_the
             make()
 
 
+@pytest.mark.parametrize("dataset", ["moons", "swiss_roll", "gaussian"])
+def test_labels_of_points_drawn_at_random_are_refused(dataset, tmp_path):
+    # Round 25b's S1: a labels file beside generated moons trained a conditional model on classes of nothing
+    np.save(tmp_path / "y.npy", np.arange(40) % 3)
+    with pytest.raises(ValueError) as refused:
+        VectorDataModule(dataset, num_samples=40, labels=str(tmp_path / "y.npy"))
+    assert str(refused.value) == (
+        f"labels {tmp_path / 'y.npy'} gives classes of samples of your own data (path), and dataset {dataset!r} "
+        "draws its points at random: the file's classes would say nothing of them — pass path with the (N, D) "
+        "array the labels belong to, or leave labels out"
+    )
+
+
 @pytest.mark.parametrize("name", ["path", "labels"])
 def test_an_array_where_its_file_goes_is_refused_naming_the_argument(name, tmp_path):
     np.save(tmp_path / "x.npy", np.zeros((10, 2)) + np.arange(10)[:, None])
