@@ -6,6 +6,7 @@ from collections.abc import Callable
 from numbers import Integral
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from diffusion.core.guidance import NO_LABEL
@@ -94,6 +95,13 @@ def check_fields(x: Any, index: Any, label: Any) -> None:
             )
     elif isinstance(index, bool) or not isinstance(index, Integral):  # an item: its position
         raise WrongType("index", index, "an int (an item) or a 1-D integer tensor (a batch)", WRAP)
+    elif not isinstance(x, torch.Tensor | np.ndarray):  # a PIL image, None: torch's collate error, at the fit
+        raise WrongType(
+            "x", x, "a tensor of one sample",
+            "make each item's x a tensor: a dataset of PIL images takes a transform, e.g. IndexedDataset(data, "
+            "transform=lambda image: torchvision.transforms.functional.to_tensor(image) * 2 - 1) for model units "
+            "-1..1",
+        )  # fmt: skip
     elif isinstance(label, torch.Tensor) and (label.ndim != 0 or not _integers(label)):
         raise InvalidValue(
             f"label is a {label.dtype} tensor of shape {tuple(label.shape)}, and an item's label is one class",

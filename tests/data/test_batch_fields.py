@@ -5,9 +5,11 @@ device move) is taken."""
 
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from diffusion import Batch, IndexedDataset
@@ -29,9 +31,13 @@ X = torch.rand(4, 2)
         ((X, torch.tensor([True, False, True, True])), ValueError, r"^index is a torch.bool tensor"),
         ((X[0], "0"), TypeError, r"^index='0' is a str, not an int \(an item\) or a 1-D integer tensor"),
         ((X[0], 0, 1.5), TypeError, r"^label=1.5 is a float, not a class"),
+        # round 25b's S2: an item's x no tensor (PIL images without a transform) ended in torch's collate error
+        ((Image.new("L", (8, 8)), 0), TypeError, r"^x=<PIL.*> is an Image, not a tensor of one sample — make each "),
+        ((None, 0), TypeError, r"^x=None is a NoneType, not a tensor of one sample"),
+        (([0.0, 1.0], 0), TypeError, r"^x=\[0.0, 1.0\] is a list, not a tensor of one sample"),
     ],
     ids=["list-x", "short-index", "text-label", "float-index", "2-D-index", "float-labels", "short-labels",
-         "bool-index", "text-item-index", "float-item-label"],
+         "bool-index", "text-item-index", "float-item-label", "pil-item", "none-item", "list-item"],
 )  # fmt: skip
 def test_fields_of_the_wrong_kind_or_length_are_refused_by_name(fields, error, words):
     with pytest.raises(error, match=words):
@@ -52,3 +58,6 @@ def test_what_the_project_builds_is_taken():
     assert Batch(X, torch.arange(4)).label == NO_LABEL and Batch(X, torch.arange(4), None).label is None
     assert Batch(X, torch.arange(4, dtype=torch.int32), torch.zeros(4, dtype=torch.uint8)).x is X
     assert batch._replace(label=None).label is None
+    assert (
+        Batch(np.zeros((1, 8, 8), np.float32), 3).index == 3
+    )  # a NumPy sample: the DataLoader makes it a tensor
