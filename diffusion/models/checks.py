@@ -150,6 +150,19 @@ def check_sample_shape(
                 f"pass sample_shape={fits} for this network, or train samples of shape {shape} with {network}",
             ),
         )
+    # (H, W, C), NumPy's and PIL's layout, of square images: (3, 8, 8) for 8 channels is no such thing
+    if rank == 3 and shape[0] == shape[1] != width and shape[-1] == width:
+        raise SampleShapeMisfit(
+            f"{name} is for images of {width} channel{'s' * (width != 1)}, (C, H, W), and the data's samples of "
+            f"shape {shape} look channels-last, (H, W, C)",
+            "put the channels first: x.permute(2, 0, 1) for an image (x.permute(0, 3, 1, 2) for a batch of them)",
+            owner,
+            (
+                f"{name} is for images of {width} channel{'s' * (width != 1)}, (C, H, W), and sample_shape={shape} "
+                "looks channels-last, (H, W, C)",
+                f"pass sample_shape={(width, *shape[:2])}, the images' channels first",
+            ),
+        )
     if shape[0] != width:
         unit = "features" if rank == 1 else f"channel{'s' * (width != 1)}"
         raise SampleShapeMisfit(

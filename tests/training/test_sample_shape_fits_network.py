@@ -25,6 +25,8 @@ CASES = {
                        r"with a UNet \(network diffusion.models.UNet\)$"),
     "unet-for-vectors": (UNET, (2,), r"^UNet is for images of shape \(1, H, W\), and sample_shape=\(2,\) is of vectors"),
     "features": (MLP2, (3,), r"^MLP is for vectors of 2 features, and sample_shape=\(3,\) has 3 — "),
+    "channels-last": (UNET, (8, 8, 1), r"^UNet is for images of 1 channel, \(C, H, W\), and sample_shape=\(8, 8, 1\) "
+                      r"looks channels-last, \(H, W, C\) — pass sample_shape=\(1, 8, 8\), the images' channels first$"),
 }  # fmt: skip
 
 
@@ -51,6 +53,20 @@ def test_a_command_reads_the_data_wording_and_a_forward_is_said_as_before():
     # The network's own check, outside DiffusionModule, says it of the data as before.
     with pytest.raises(ValueError, match=r"^UNet is for images of 1 channel, and the data's samples have 3"):
         UNET.check_input_shape((3, 8, 8))
+
+
+def test_channels_last_images_of_the_data_are_said_so_not_as_channels_to_build_for():
+    # Round 25b's S3: (8, 8, 1) images were told "build it with in_channels 8"
+    with pytest.raises(ValueError) as refused:
+        UNET.check_input_shape((8, 8, 1))
+    assert str(refused.value) == (
+        "UNet is for images of 1 channel, (C, H, W), and the data's samples of shape (8, 8, 1) look channels-last, "
+        "(H, W, C) — put the channels first: x.permute(2, 0, 1) for an image (x.permute(0, 3, 1, 2) for a batch of "
+        "them)"
+    )
+    wide = UNet(in_channels=8, **TINY)  # 3 channels of 8x8 for an 8-channel network: no layout of theirs
+    with pytest.raises(ValueError, match=r"^UNet is for images of 8 channels, and the data's samples have 3"):
+        wide.check_input_shape((3, 8, 8))
 
 
 def test_shapes_that_fit_are_taken():
