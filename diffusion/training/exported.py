@@ -10,6 +10,7 @@ carry no checksum of their own; exports written without it load unchecked). Read
 safetensors only, and the network must be one of this project's (`NETWORKS`).
 """
 
+import inspect
 import json
 import math
 import os
@@ -233,14 +234,14 @@ def read_export_config(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
     return config, config_path.parent
 
 
-def network_class(class_path: object) -> type[torch.nn.Module]:
+def network_class(class_path: object, config_path: Path) -> type[torch.nn.Module]:
     """The class a network's class_path names, among this project's networks only (no import of other code)."""
     module, _, name = str(class_path).rpartition(".")
     if name not in NETWORKS or not (module == "diffusion.models" or module.startswith("diffusion.models.")):
         raise InvalidValue(
-            f"the export's network {class_path} is not one of this project's networks, and loading runs no "
-            "other code",
-            f"use a network of {[f'diffusion.models.{n}' for n in NETWORKS]}",
+            f"{config_path}: the export's network {class_path} is not one of this project's networks, and loading "
+            "runs no other code",
+            f"use a network of {[f'diffusion.models.{n}' for n in NETWORKS]}, or export the checkpoint again",
         )
     return NETWORKS[name]
 
@@ -250,12 +251,22 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
     config, folder = read_export_config(path)
     hparams = dict(config["hyper_parameters"])
     network_config = hparams.pop("network")
-    network = network_class(network_config.get("class_path"))(**network_config.get("init_args", {}))
+    network = network_class(network_config.get("class_path"), folder / CONFIG)(
+        **network_config.get("init_args", {})
+    )
     try:
         module = DiffusionModule(network=network, **hparams)
     except TypeError as err:  # settings of another version of DiffusionModule
         if isinstance(err, UserError):  # its own check (a WrongType): said as it is
             raise
+        taken = inspect.signature(DiffusionModule.__init__).parameters
+        if unknown := [key for key in hparams if key not in taken]:  # an edit (as every other edit is said)
+            raise InvalidValue(
+                f"{folder / CONFIG}: hyper_parameters holds {', '.join(unknown)}, which this version's "
+                "DiffusionModule does not take",
+                "remove it from config.json's hyper_parameters if it was added there, or load the export with the "
+                "version of this package that wrote it",
+            ) from err
         raise InvalidValue(
             f"{folder / CONFIG} has settings this version does not take ({err})",
             "load it with the version of this package that wrote it",
@@ -294,7 +305,7 @@ def check_init_from_export(path: str | os.PathLike, network: type) -> str:
     (DiffusionModule's `init_from`). Returns which weights it holds ("ema" or "raw")."""
     config, folder = read_export_config(path)
     hparams = config["hyper_parameters"]
-    saved = network_class(hparams["network"].get("class_path"))
+    saved = network_class(hparams["network"].get("class_path"), folder / CONFIG)
     if not issubclass(network, saved):
         raise InvalidValue(
             f"{INIT_FROM} {path} holds {saved.__name__} weights (of a model of samples of shape "

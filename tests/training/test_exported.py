@@ -73,7 +73,8 @@ BROKEN = {
     ),
     "code_as_the_network": (
         lambda f: edit_config(f, lambda c: c["hyper_parameters"]["network"].update(class_path="os.system")),
-        r"network os.system is not one of this project's networks, and loading runs no other code",
+        r"config.json: the export's network os.system is not one of this project's networks, and loading runs no "
+        r"other code",
     ),
     "not_a_network": (
         lambda f: edit_config(
@@ -83,7 +84,8 @@ BROKEN = {
     ),
     "a_setting_of_another_version": (
         lambda f: edit_config(f, lambda c: c["hyper_parameters"].update(temperature=0.5)),
-        r"has settings this version does not take",
+        r"config.json: hyper_parameters holds temperature, which this version's DiffusionModule does not take — "
+        r"remove it from config.json's hyper_parameters if it was added there, or load the export with the version",
     ),
     "no_weights": (lambda f: (f / WEIGHTS).unlink(), r"model.safetensors cannot be read"),
     "random_weights_file": (
