@@ -262,8 +262,8 @@ def load_export(path: str | os.PathLike, map_location: str | torch.device = "cpu
         taken = inspect.signature(DiffusionModule.__init__).parameters
         if unknown := [key for key in hparams if key not in taken]:  # an edit (as every other edit is said)
             raise InvalidValue(
-                f"{folder / CONFIG}: hyper_parameters holds {', '.join(unknown)}, which this version's "
-                "DiffusionModule does not take",
+                f"{folder / CONFIG}: hyper_parameters holds {', '.join(unknown)}, "
+                "which this version's DiffusionModule does not take",
                 "remove it from config.json's hyper_parameters if it was added there, or load the export with the "
                 "version of this package that wrote it",
             ) from err
