@@ -151,10 +151,11 @@ def sampler_from_deprecated_options(module: Any, sampler: Sampler | None, option
 SEED_LIMIT = 2**64  # torch takes a seed modulo 2**64 (-1 is 2**64 - 1), and so does the counter-based noise
 
 
-def checked_seed(seed: Any) -> int:
+def checked_seed(seed: Any, draws: str = "sample i's noise is a function of (seed, i)") -> int:
     """`seed` as an int, refused unless a whole number in [0, 2**64): torch and the per-sample noise take a seed
-    modulo 2**64, so a larger one (or a negative one) would draw the samples of another seed without a word."""
-    fix = f"pass a seed from 0 to {SEED_LIMIT - 1}: sample i's noise is a function of (seed, i)"
+    modulo 2**64, so a larger one (or a negative one) would draw the samples of another seed without a word.
+    `draws`: what the seed draws, said in the fix."""
+    fix = f"pass a seed from 0 to {SEED_LIMIT - 1}: {draws}"
     number = check_whole_number("seed", seed, fix=fix)
     if not 0 <= number < SEED_LIMIT:
         raise OutOfRange("seed", seed, "a whole number in [0, 2**64 - 1]", fix)

@@ -315,7 +315,9 @@ class SampleQuality(nn.Module):
         it, and every rank gets the same values. KID draws its random subsets under ``seed`` in a forked RNG,
         so ranks agree and training randomness is left untouched.
         """
-        seed = checked_seed(seed)  # torch cut 1.5 to 1 and took -1 as 2**64 - 1 without a word
+        seed = checked_seed(
+            seed, "it draws KID's random subsets"
+        )  # torch took -1 as 2**64 - 1 without a word
         num_fake = _gathered_sum(self.fid, self.fid.fake_features_num_samples)
         num_real: int | None
         if self.reference is None:

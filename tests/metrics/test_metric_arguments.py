@@ -224,7 +224,11 @@ def test_a_second_compute_under_another_seed_draws_that_seeds_kid_subsets():
         (None, r"^seed=None is a NoneType, not a whole number"),
         (1.5, r"^seed=1.5 must be a whole number"),
         (True, r"^seed=True is a bool, not a whole number"),
-        (-1, r"^seed=-1 must be a whole number in \[0, 2\*\*64 - 1\]"),
+        # round 25b's S5: the fix spoke of "sample i's noise", which compute draws none of
+        (
+            -1,
+            r"^seed=-1 must be a whole number in \[0, 2\*\*64 - 1\] — pass a seed .*: it draws KID's random subsets$",
+        ),
         (2**70, r"^seed=1180591620717411303424 must be a whole number in \[0, 2\*\*64 - 1\]"),
     ],
 )
