@@ -266,9 +266,7 @@ def main(
         result = BitsPerDim.of(bounds[: len(images)])
         if rank == 0:
             print(f"images: {len(images)} ({source}); p(x_(t-1) | x_t): {process}", file=sys.stderr)
-            print(
-                f"bits/dim: {result.bits_per_dim:.5f} ± {result.standard_error:.5f} (standard error over images)"
-            )
+            print(bits_per_dim_line(result))
             print(
                 f"  prior L_T {result.prior:.6f}, decoder L_0 {result.decoder:.4f}, "
                 f"KL terms L_1..L_(T-1) {result.kl:.4f}"
@@ -276,6 +274,16 @@ def main(
         if fabric is not None:
             fabric.barrier()
         return {**result.__dict__, "per_image": bounds[: len(images), 3]}
+
+
+def bits_per_dim_line(result: BitsPerDim) -> str:
+    """`bits/dim: B ± SE (standard error over images)`; one image has no spread to estimate an error from (its
+    standard error is NaN), said so rather than as `± nan`."""
+    if result.num_images == 1:
+        return (
+            f"bits/dim: {result.bits_per_dim:.5f} (one image: no standard error; pass --num_images 2 or more)"
+        )
+    return f"bits/dim: {result.bits_per_dim:.5f} ± {result.standard_error:.5f} (standard error over images)"
 
 
 if __name__ == "__main__":  # the mode of evaluate's that --nll chooses

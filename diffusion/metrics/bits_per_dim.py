@@ -76,7 +76,8 @@ def image_bounds(
 
 @dataclass(frozen=True)
 class BitsPerDim:
-    """The mean bound over a set of images, in bits/dim, with its standard error over the images."""
+    """The mean bound over a set of images, in bits/dim, with its standard error over the images (NaN for one
+    image: no spread to estimate it from)."""
 
     bits_per_dim: float
     standard_error: float

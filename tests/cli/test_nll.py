@@ -1,6 +1,7 @@
 """`python -m diffusion.evaluate --nll --ckpt CKPT`: bits/dim of the run's held-out images (or an .npz), the same
 on 1 or 2 processes, refused for vector models in one line."""
 
+import math
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ from diffusion.cli import evaluate, evaluate_nll
 from diffusion.core.variational_bound import ReverseProcess, bound_terms
 from diffusion.data.images import ImageDataModule
 from diffusion.generation.render import to_uint8_images
-from diffusion.metrics.bits_per_dim import quantize_to_8_bits
+from diffusion.metrics.bits_per_dim import BitsPerDim, quantize_to_8_bits
 from diffusion.training.loading import load_checkpoint
 
 REPO_ROOT = Path(__file__).parents[2]
@@ -203,3 +204,14 @@ def test_nll_set_in_a_config_file_chooses_the_nll_command(tmp_path):
     assert evaluate_nll.requested(["--nll"]) and evaluate_nll.requested(["--nll=true"])
     assert not evaluate_nll.requested([*config, "--nll=false"])  # the last word wins, as in the parse
     assert not evaluate_nll.requested([*config, *off]) and not evaluate_nll.requested(["--samples", "s.npz"])
+
+
+def test_one_images_bits_per_dim_says_it_has_no_standard_error():
+    # Round 25b's S6: `--num_images 1` printed "bits/dim: 6.55353 ± nan"
+    one = BitsPerDim.of(torch.tensor([[0.0, 1.0, 2.0, 3.0]]))
+    assert math.isnan(one.standard_error)
+    assert evaluate_nll.bits_per_dim_line(one) == (
+        "bits/dim: 3.00000 (one image: no standard error; pass --num_images 2 or more)"
+    )
+    two = BitsPerDim.of(torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 5.0]]))
+    assert evaluate_nll.bits_per_dim_line(two) == "bits/dim: 4.00000 ± 1.00000 (standard error over images)"
