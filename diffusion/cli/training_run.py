@@ -228,7 +228,7 @@ def fit(cli: BuiltRun) -> None:
     with contextlib.ExitStack() as held:
         if cli.trainer.is_global_zero:
             try:
-                held.enter_context(training_in(run_folder(cli.trainer)))
+                held.enter_context(training_in(run_folder(cli.trainer), cli.config.ckpt_path))
                 check_resume_still_newest(getattr(cli, "resume_chosen", None))  # chosen before the lock
             except BaseException:
                 remove_unused_run_folders(

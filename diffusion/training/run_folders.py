@@ -101,18 +101,22 @@ def remove_unused_run_folders(folders: list[Path]) -> None:
 class RunFolderInUse(UserError):
     """Another job is training this run folder: its `folder`, and the `pid` and `host` of that job's rank 0."""
 
-    def __init__(self, folder: Path, pid: str, host: str) -> None:
-        super().__init__(
-            f"{folder} is being trained by another job (pid {pid} on host {host})",
-            "wait for it to end, or pass {Trainer:--logger.init_args.version} NEW for a new run",
+    def __init__(self, folder: Path, pid: str, host: str, resuming: str | None = None) -> None:
+        # A resume's folder is its checkpoint's: another version is no way round (tester round 25a, R1)
+        fix = (
+            "wait for it to end, or pass {Trainer:--logger.init_args.version} NEW for a new run"
+            if resuming is None
+            else "wait for it to end, or start a new run from that checkpoint's weights: "
+            f"{{DiffusionModule:--init_from}} {resuming} in place of {{command:--ckpt_path}}"
         )
+        super().__init__(f"{folder} is being trained by another job (pid {pid} on host {host})", fix)
         self.folder, self.pid, self.host = folder, pid, host
 
 
 @contextlib.contextmanager
-def training_in(folder: Path) -> Iterator[None]:
+def training_in(folder: Path, resuming: str | None = None) -> Iterator[None]:
     """Hold the run folder's lock while the block trains (rank 0 only: call it there), or raise `RunFolderInUse`
-    (`holding_lock`: the kernel's, gone with its process)."""
+    (`holding_lock`: the kernel's, gone with its process); `resuming`: the checkpoint a resume goes on from."""
     if fcntl is None:  # Windows: no advisory locks, so its run folders go unguarded
         yield
         return
@@ -120,7 +124,7 @@ def training_in(folder: Path) -> Iterator[None]:
 
     def refused(holder: list[str]) -> RunFolderInUse:
         pid, host = (holder + ["?", "?"])[:2]
-        return RunFolderInUse(folder, pid, host)
+        return RunFolderInUse(folder, pid, host, resuming)
 
     with contextlib.ExitStack() as held:
         # A folder that refuses the lock file: CannotWrite; a disk with no room for it (its holder's line is the

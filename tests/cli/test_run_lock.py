@@ -5,6 +5,7 @@ free again (a resume trains on), and a job killed with SIGKILL leaves it free as
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -70,9 +71,12 @@ def test_a_second_job_on_a_run_being_trained_is_refused_and_a_resume_after_it_tr
         release.touch()
         output = first.communicate(timeout=120)[0]
     assert exited.value.code == 2, error[-3000:]
-    assert error.strip().splitlines()[-1] == (
-        f"error: {run} is being trained by another job (pid {first.pid} on host {socket.gethostname()}) — wait for "
-        "it to end, or pass --trainer.logger.init_args.version NEW for a new run"
+    # a resume's folder is its checkpoint's: the way round is a new run from its weights, not another version
+    assert re.fullmatch(
+        rf"error: {re.escape(str(run))} is being trained by another job \(pid {first.pid} on host "
+        rf"{re.escape(socket.gethostname())}\) — wait for it to end, or start a new run from that checkpoint's "
+        rf"weights: --model.init_from {re.escape(str(run))}/checkpoints/\S+\.ckpt in place of --ckpt_path",
+        error.strip().splitlines()[-1],
     ), error[-3000:]
     assert first.returncode == 0, output[-4000:]
     assert not (run / TRAINING_LOCK).exists()
@@ -92,6 +96,9 @@ def test_the_lock_is_the_kernels_and_goes_with_a_killed_process(tmp_path):
         with pytest.raises(RunFolderInUse) as refused, training_in(tmp_path):
             pass
         assert (refused.value.folder, refused.value.pid, refused.value.host) == (tmp_path, "123", "elsewhere")
+        assert str(refused.value).endswith(
+            "— wait for it to end, or pass logger.init_args.version NEW for a new run"
+        )
     finally:
         holder.kill()
         holder.wait(timeout=30)
@@ -212,9 +219,9 @@ def test_a_resume_whose_checkpoint_another_job_saved_anew_before_the_lock_is_ref
     (last,) = runs.glob("digits/version_0/checkpoints/last.ckpt")
     locking = training_run.training_in
 
-    def saved_meanwhile(folder):
+    def saved_meanwhile(folder, resuming=None):
         os.utime(last, ns=(time.time_ns(), time.time_ns()))  # the other job's save, as it ended
-        return locking(folder)
+        return locking(folder, resuming)
 
     monkeypatch.setattr(training_run, "training_in", saved_meanwhile)
     with pytest.raises(SystemExit) as exited:
