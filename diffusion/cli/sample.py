@@ -196,6 +196,18 @@ def chosen_sampler(
             f"{default.sampler}); pass --steps N for another number (the schedule has "
             f"{module.schedule.num_timesteps})"
         )
+    # Vectors are standardized by default (std 3 per feature in model units, configs/toy2d.yaml), not bounded to
+    # [-1, 1]: clipped, every x_0 prediction was squeezed to within a third of a standard deviation of the mean
+    if (
+        "clip_denoised" in given
+        and getattr(sampler, "clip_denoised", False)
+        and len(module.sample_shape) == 1
+    ):
+        notes.append(
+            "--clip_denoised true clips each predicted x_0 to [-1, 1], where vectors lie only if trained with "
+            "--data.normalize minmax (standardized, the default, they spread beyond it): the samples would be "
+            "squeezed toward the mean — leave --clip_denoised false unless this model's data were min-max scaled"
+        )
     return sampler, "; ".join(notes) or None
 
 

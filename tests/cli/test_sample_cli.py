@@ -265,3 +265,16 @@ def test_a_sampler_given_without_steps_says_it_takes_the_checkpoints_steps(
     )
     main([*args, "--steps", "2", "--out", str(tmp_path / "b")])
     assert "note:" not in capsys.readouterr().err  # the steps given
+
+
+def test_clipping_a_vector_models_samples_is_noted(toy2d_checkpoint, digits_checkpoint, tmp_path, capsys):
+    # Round 25a's R2: standardized vectors clipped to [-1, 1] were squeezed toward their mean without a word
+    args = [*override(BASE, sampler="ddim", steps="2", num_samples="4"), "--clip_denoised", "true"]
+    main(["--ckpt", str(toy2d_checkpoint), *args, "--out", str(tmp_path / "v")])
+    assert (
+        "note: --clip_denoised true clips each predicted x_0 to [-1, 1], where vectors lie only if trained with "
+        "--data.normalize minmax (standardized, the default, they spread beyond it): the samples would be squeezed "
+        "toward the mean — leave --clip_denoised false unless this model's data were min-max scaled"
+    ) in capsys.readouterr().err
+    main(["--ckpt", str(digits_checkpoint), *args, "--out", str(tmp_path / "i")])  # images lie in [-1, 1]
+    assert "note:" not in capsys.readouterr().err
