@@ -119,7 +119,7 @@ def read_inception_weights(weights_path: str | os.PathLike) -> dict[str, torch.T
     `{--inception_weights}` and what the file is: empty, truncated, another kind of file (a web page saved in
     its place), pickled objects, or no state dict; CannotRead for the system's refusal. The reading check of
     SampleQuality, its callback and the evaluate command, before torch-fidelity reads the file (with
-    ``weights_only=False``: it would have run such code)."""
+    no restriction to tensors: it would have run such code)."""
     path = os.fspath(weights_path)
 
     def unreadable(reason: str) -> InvalidValue:

@@ -18,9 +18,8 @@ class InceptionV3(FeatureExtractorInceptionV3):
     `source` names (`{--inception_weights} PATH`) in the line refusing weights that do not fit, with `fix`."""
 
     def __init__(self, weights_path: str | None = None, source: str | None = None, fix: str = "") -> None:
-        # set before torch-fidelity's __init__, which calls load_state_dict
-        object.__setattr__(self, "weights_source", source)
-        object.__setattr__(self, "weights_fix", fix)
+        # set before torch-fidelity's __init__, which calls load_state_dict (plain values: nn.Module takes them)
+        self.weights_source, self.weights_fix = source, fix
         super().__init__("inception-v3-compat", FEATURES, feature_extractor_weights_path=weights_path)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
