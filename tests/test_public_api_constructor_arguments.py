@@ -14,6 +14,7 @@ from diffusion import (
     ImageDataModule,
     IndexedDataset,
     NoiseSchedule,
+    UNet,
     VectorDataModule,
 )
 from diffusion.training.callbacks import StepTimer
@@ -66,6 +67,8 @@ CASES = [
     ("batch-text-label", lambda: Batch(torch.rand(4, 2), torch.arange(4), "cat"), TypeError, "label"),
     # DiffusionModule itself: a network's name where the network goes failed at the first sample
     ("module-name-as-network", lambda: DiffusionModule("UNet", sample_shape=(2,)), TypeError, "network"),
+    # the class itself, not built (sampling_module.check_is_network)
+    ("module-class-as-network", lambda: DiffusionModule(UNet, sample_shape=(1, 8, 8)), TypeError, "network"),
     # a module of another kind failed at the first step: "forward() takes 2 positional arguments but 3 were given"
     ("module-linear-as-network", lambda: DiffusionModule(torch.nn.Linear(2, 2), sample_shape=(2,)), TypeError,
      "network"),
@@ -109,3 +112,12 @@ CASES = [
 def test_a_bad_argument_of_a_constructor_is_refused_by_its_name(call, error, argument, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a data set that was not refused would be written here, not in the repo
     assert_refused_by_name(call, error, argument, tmp_path)
+
+
+@pytest.mark.parametrize("given", [UNet, "UNet"], ids=["class", "name"])
+def test_a_network_not_built_is_told_to_build_it(given):
+    # sampling_module.check_is_network: the forward check after it would say "its forward takes nothing"
+    with pytest.raises(
+        TypeError, match=r"is a (type|str), not a network \(a torch.nn.Module\) — pass one built"
+    ):
+        DiffusionModule(given, sample_shape=(1, 8, 8))
